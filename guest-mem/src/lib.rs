@@ -1,0 +1,1 @@
+//! guest-mem (in progress).

@@ -1,0 +1,1 @@
+//! virtio-balloon (in progress).

@@ -1,0 +1,1 @@
+//! vmm (in progress).
