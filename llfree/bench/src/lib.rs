@@ -4,7 +4,11 @@
 //! the paper's bulk, rand and repeat benchmarks (LLFree, ATC'23, §5.1), the fragmentation
 //! benchmark (§5.6) and the recovery benchmark (§5.7).
 
+pub mod buddy;
 pub mod frame_alloc;
+pub mod rng;
 pub mod spin;
+#[cfg(test)]
+mod testing;
 
 pub use frame_alloc::{AllocError, FrameAllocator};
