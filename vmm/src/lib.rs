@@ -1,1 +1,4 @@
 //! vmm (in progress).
+
+pub mod devices;
+pub mod layout;

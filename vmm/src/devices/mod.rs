@@ -1,0 +1,6 @@
+//! Emulated devices: the I/O and MMIO bus, the 16550 serial console and virtio over MMIO.
+
+pub mod bus;
+pub mod virtio;
+
+pub use bus::{Bus, BusDevice, BusError, BusRange};

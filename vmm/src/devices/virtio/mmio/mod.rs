@@ -1,0 +1,440 @@
+//! The virtio-mmio transport, modern interface (version 2; virtio 1.2 §4.2.2).
+//!
+//! Every value the driver writes is validated: registers are only accepted as aligned 32-bit
+//! accesses, in the device states where the spec allows them, queue sizes must be powers of two
+//! no larger than the maximum, and rings must lie inside guest memory. Anything else is ignored
+//! with a warning; nothing a guest writes can panic the VMM.
+
+mod registers;
+mod status;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::warn;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestAddressSpace};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::interrupt::Interrupt;
+use super::status::{DRIVER, DRIVER_OK, FAILED, FEATURES_OK};
+use super::{Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX};
+use crate::devices::bus::BusDevice;
+use registers as reg;
+
+/// Errors creating a transport.
+#[derive(Debug, thiserror::Error)]
+pub enum MmioError {
+    /// The device reports a queue maximum that is zero, too large or not a power of two.
+    #[error("queue {index}: invalid maximum size {max_size}")]
+    InvalidQueueMaxSize {
+        /// Queue index.
+        index: usize,
+        /// Reported maximum.
+        max_size: u16,
+    },
+    /// The device has more queues than the transport can address.
+    #[error("too many queues: {0}")]
+    TooManyQueues(usize),
+    /// Creating an event fd failed.
+    #[error("event fd: {0}")]
+    EventFd(#[source] std::io::Error),
+}
+
+/// Driver-visible transport state, guarded by one lock.
+struct TransportState<M> {
+    memory: M,
+    device_status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    queues: Vec<Queue>,
+    activated: bool,
+}
+
+/// A virtio device behind the virtio-mmio register interface.
+pub struct MmioTransport<M: GuestAddressSpace, D: VirtioDevice<M>> {
+    state: Mutex<TransportState<M>>,
+    device: Arc<Mutex<D>>,
+    device_type: u32,
+    device_features: u64,
+    interrupt: Arc<Interrupt>,
+    notifiers: Vec<EventFd>,
+}
+
+/// Locks a mutex, recovering the data if a previous holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
+    /// Wraps `device`; its interrupt raises `irq` and its queues read and write `memory`.
+    pub fn new(memory: M, device: Arc<Mutex<D>>, irq: EventFd) -> Result<Self, MmioError> {
+        let (device_type, device_features, max_sizes) = {
+            let dev = lock(&device);
+            let max_sizes = dev.queue_max_sizes().to_vec();
+            (
+                dev.device_type(),
+                dev.device_features() | (1 << VIRTIO_F_VERSION_1),
+                max_sizes,
+            )
+        };
+        if max_sizes.len() > usize::from(u16::MAX) {
+            return Err(MmioError::TooManyQueues(max_sizes.len()));
+        }
+        let queues = max_sizes
+            .iter()
+            .enumerate()
+            .map(|(index, &max_size)| {
+                Queue::new(max_size).map_err(|_| MmioError::InvalidQueueMaxSize { index, max_size })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let notifiers = (0..queues.len())
+            .map(|_| EventFd::new(EFD_NONBLOCK).map_err(MmioError::EventFd))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(MmioTransport {
+            state: Mutex::new(TransportState {
+                memory,
+                device_status: 0,
+                device_features_sel: 0,
+                driver_features_sel: 0,
+                driver_features: 0,
+                queue_sel: 0,
+                queues,
+                activated: false,
+            }),
+            device,
+            device_type,
+            device_features,
+            interrupt: Arc::new(Interrupt::new(irq)),
+            notifiers,
+        })
+    }
+
+    /// The device, shared with whoever processes its queues.
+    pub fn device(&self) -> &Arc<Mutex<D>> {
+        &self.device
+    }
+
+    /// The interrupt; its event fd is the device's irqfd.
+    pub fn interrupt(&self) -> &Arc<Interrupt> {
+        &self.interrupt
+    }
+
+    /// One event fd per queue, signalled on a queue notification. Register each with
+    /// `KVM_IOEVENTFD` at `base + QUEUE_NOTIFY_OFFSET` with its queue index as datamatch.
+    pub fn queue_notifiers(&self) -> &[EventFd] {
+        &self.notifiers
+    }
+
+    /// Offset of the QueueNotify register, for ioeventfd registration.
+    pub const QUEUE_NOTIFY_OFFSET: u64 = reg::QUEUE_NOTIFY;
+
+    /// Current device status as the driver sees it.
+    pub fn device_status(&self) -> u32 {
+        lock(&self.state).device_status
+    }
+
+    /// Whether the device has been activated (DRIVER_OK accepted).
+    pub fn is_activated(&self) -> bool {
+        lock(&self.state).activated
+    }
+
+    fn read_register(&self, state: &TransportState<M>, offset: u64) -> Option<u32> {
+        let queue = state.queues.get(state.queue_sel as usize);
+        let value = match offset {
+            reg::MAGIC_VALUE => reg::MAGIC,
+            reg::VERSION => reg::MODERN_VERSION,
+            reg::DEVICE_ID => self.device_type,
+            reg::VENDOR_ID => reg::VENDOR,
+            reg::DEVICE_FEATURES => match state.device_features_sel {
+                0 => self.device_features as u32,
+                1 => (self.device_features >> 32) as u32,
+                _ => 0,
+            },
+            reg::QUEUE_NUM_MAX => queue.map_or(0, |q| u32::from(q.max_size())),
+            reg::QUEUE_READY => queue.map_or(0, |q| u32::from(q.ready())),
+            reg::INTERRUPT_STATUS => self.interrupt.status(),
+            reg::STATUS => state.device_status,
+            reg::SHM_LEN_LOW | reg::SHM_LEN_HIGH => reg::SHM_NOT_PRESENT,
+            reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => reg::SHM_NOT_PRESENT,
+            reg::CONFIG_GENERATION => self.interrupt.config_generation(),
+            _ => return None,
+        };
+        Some(value)
+    }
+
+    fn write_register(&self, state: &mut TransportState<M>, base: u64, offset: u64, value: u32) {
+        match offset {
+            reg::DEVICE_FEATURES_SEL => state.device_features_sel = value,
+            reg::DRIVER_FEATURES_SEL => state.driver_features_sel = value,
+            reg::DRIVER_FEATURES => self.write_driver_features(state, base, value),
+            reg::QUEUE_SEL => state.queue_sel = value,
+            reg::QUEUE_NUM
+            | reg::QUEUE_READY
+            | reg::QUEUE_DESC_LOW
+            | reg::QUEUE_DESC_HIGH
+            | reg::QUEUE_AVAIL_LOW
+            | reg::QUEUE_AVAIL_HIGH
+            | reg::QUEUE_USED_LOW
+            | reg::QUEUE_USED_HIGH => self.write_queue_register(state, base, offset, value),
+            reg::QUEUE_NOTIFY => self.notify_queue(state, base, value),
+            reg::INTERRUPT_ACK => self.interrupt.acknowledge(value),
+            reg::STATUS => self.write_status(state, base, value),
+            reg::SHM_SEL => {}
+            _ => warn!("virtio-mmio@{base:#x}: write to read-only or unknown register {offset:#x}"),
+        }
+    }
+
+    fn write_driver_features(&self, state: &mut TransportState<M>, base: u64, value: u32) {
+        let s = state.device_status;
+        if s & DRIVER == 0 || s & (FEATURES_OK | FAILED) != 0 {
+            warn!("virtio-mmio@{base:#x}: driver features written in status {s:#x}; ignored");
+            return;
+        }
+        let shift = match state.driver_features_sel {
+            0 => 0,
+            1 => 32,
+            sel => {
+                warn!("virtio-mmio@{base:#x}: driver features select {sel} out of range");
+                return;
+            }
+        };
+        state.driver_features =
+            (state.driver_features & !(0xffff_ffff << shift)) | (u64::from(value) << shift);
+    }
+
+    fn write_queue_register(
+        &self,
+        state: &mut TransportState<M>,
+        base: u64,
+        offset: u64,
+        value: u32,
+    ) {
+        let s = state.device_status;
+        let disabling = offset == reg::QUEUE_READY && value == 0 && s & DRIVER_OK == 0;
+        if !disabling && (s & FEATURES_OK == 0 || s & (DRIVER_OK | FAILED) != 0) {
+            warn!("virtio-mmio@{base:#x}: queue register {offset:#x} written in status {s:#x}");
+            return;
+        }
+        let sel = state.queue_sel;
+        let memory = state.memory.memory();
+        let Some(queue) = state.queues.get_mut(sel as usize) else {
+            warn!("virtio-mmio@{base:#x}: queue register {offset:#x} for missing queue {sel}");
+            return;
+        };
+        if queue.ready() && !disabling {
+            warn!("virtio-mmio@{base:#x}: queue {sel} is ready; disable it before changing it");
+            return;
+        }
+        let result = match offset {
+            reg::QUEUE_NUM => u16::try_from(value)
+                .map_err(|_| virtio_queue::Error::InvalidSize)
+                .and_then(|size| queue.try_set_size(size)),
+            reg::QUEUE_DESC_LOW => queue.try_set_desc_table_address(low(queue.desc_table(), value)),
+            reg::QUEUE_DESC_HIGH => {
+                queue.try_set_desc_table_address(high(queue.desc_table(), value))
+            }
+            reg::QUEUE_AVAIL_LOW => {
+                queue.try_set_avail_ring_address(low(queue.avail_ring(), value))
+            }
+            reg::QUEUE_AVAIL_HIGH => {
+                queue.try_set_avail_ring_address(high(queue.avail_ring(), value))
+            }
+            reg::QUEUE_USED_LOW => queue.try_set_used_ring_address(low(queue.used_ring(), value)),
+            reg::QUEUE_USED_HIGH => queue.try_set_used_ring_address(high(queue.used_ring(), value)),
+            _ => {
+                // QUEUE_READY
+                queue.set_ready(value != 0);
+                if value != 0 && !queue.is_valid(&*memory) {
+                    queue.set_ready(false);
+                    warn!("virtio-mmio@{base:#x}: queue {sel} rings are not in guest memory");
+                }
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            warn!("virtio-mmio@{base:#x}: queue {sel}: register {offset:#x} = {value:#x}: {e}");
+        }
+    }
+
+    fn notify_queue(&self, state: &TransportState<M>, base: u64, value: u32) {
+        let ready = state.queues.get(value as usize).is_some_and(|q| q.ready());
+        if !state.activated || !ready {
+            warn!("virtio-mmio@{base:#x}: notification for inactive queue {value}; ignored");
+            return;
+        }
+        if let Err(e) = self.notifiers[value as usize].write(1) {
+            warn!("virtio-mmio@{base:#x}: cannot signal queue {value}: {e}");
+        }
+    }
+
+    fn write_status(&self, state: &mut TransportState<M>, base: u64, value: u32) {
+        if value == 0 {
+            self.reset(state);
+            return;
+        }
+        let current = state.device_status;
+        let Some(next) = status::transition(current, value) else {
+            warn!("virtio-mmio@{base:#x}: illegal status change {current:#x} -> {value:#x}");
+            return;
+        };
+        if next & FEATURES_OK != 0 && current & FEATURES_OK == 0 {
+            let unknown = state.driver_features & !self.device_features;
+            if unknown != 0 || state.driver_features & (1 << VIRTIO_F_VERSION_1) == 0 {
+                warn!(
+                    "virtio-mmio@{base:#x}: features {:#x} rejected (unoffered {unknown:#x} or no VERSION_1)",
+                    state.driver_features
+                );
+                state.device_status = next & !FEATURES_OK;
+                return;
+            }
+        }
+        state.device_status = next;
+        if next & DRIVER_OK != 0 && current & DRIVER_OK == 0 {
+            self.activate(state, base);
+        }
+    }
+
+    fn activate(&self, state: &mut TransportState<M>, base: u64) {
+        let mut queues = Vec::new();
+        let memory = state.memory.memory();
+        let event_idx = state.driver_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        for (index, queue) in state.queues.iter().enumerate() {
+            if !queue.ready() {
+                continue;
+            }
+            if !queue.is_valid(&*memory) {
+                warn!("virtio-mmio@{base:#x}: queue {index} became invalid; not activating");
+                return self.fail_activation(state);
+            }
+            let notifier = match self.notifiers[index].try_clone() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    warn!("virtio-mmio@{base:#x}: cannot clone notifier: {e}");
+                    return self.fail_activation(state);
+                }
+            };
+            let Ok(mut queue) = Queue::try_from(queue.state()) else {
+                warn!("virtio-mmio@{base:#x}: queue {index} state is inconsistent");
+                return self.fail_activation(state);
+            };
+            queue.set_event_idx(event_idx);
+            queues.push(ActiveQueue {
+                index: index as u16,
+                queue,
+                notifier,
+            });
+        }
+        drop(memory);
+        let activation = Activation {
+            memory: state.memory.clone(),
+            acked_features: state.driver_features,
+            queues,
+            interrupt: self.interrupt.clone(),
+        };
+        match lock(&self.device).activate(activation) {
+            Ok(()) => state.activated = true,
+            Err(e) => {
+                warn!("virtio-mmio@{base:#x}: activation failed: {e}");
+                self.fail_activation(state);
+            }
+        }
+    }
+
+    /// Sets DEVICE_NEEDS_RESET and tells the driver (virtio 1.2 §2.1.2).
+    fn fail_activation(&self, state: &mut TransportState<M>) {
+        state.device_status |= super::status::DEVICE_NEEDS_RESET;
+        if let Err(e) = self.interrupt.signal_config_change() {
+            warn!("virtio-mmio: cannot raise the config interrupt: {e}");
+        }
+    }
+
+    fn reset(&self, state: &mut TransportState<M>) {
+        lock(&self.device).reset();
+        for queue in &mut state.queues {
+            queue.reset();
+        }
+        state.device_status = 0;
+        state.device_features_sel = 0;
+        state.driver_features_sel = 0;
+        state.driver_features = 0;
+        state.queue_sel = 0;
+        state.activated = false;
+        self.interrupt.reset();
+        for notifier in &self.notifiers {
+            // Drain stale notifications; EAGAIN just means there were none.
+            let _ = notifier.read();
+        }
+    }
+}
+
+/// Replaces the low 32 bits of an address.
+fn low(addr: u64, value: u32) -> GuestAddress {
+    GuestAddress((addr & !0xffff_ffff) | u64::from(value))
+}
+
+/// Replaces the high 32 bits of an address.
+fn high(addr: u64, value: u32) -> GuestAddress {
+    GuestAddress((addr & 0xffff_ffff) | (u64::from(value) << 32))
+}
+
+impl<M, D> BusDevice for MmioTransport<M, D>
+where
+    M: GuestAddressSpace + Send,
+    D: VirtioDevice<M>,
+{
+    fn read(&self, base: u64, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if offset >= reg::CONFIG {
+            let state = lock(&self.state);
+            if state.device_status & DRIVER == 0 {
+                warn!("virtio-mmio@{base:#x}: config read before DRIVER status");
+            }
+            lock(&self.device).read_config(offset - reg::CONFIG, data);
+            return;
+        }
+        if data.len() != 4 || !offset.is_multiple_of(4) {
+            warn!(
+                "virtio-mmio@{base:#x}: {}-byte register read at {offset:#x}",
+                data.len()
+            );
+            return;
+        }
+        let state = lock(&self.state);
+        match self.read_register(&state, offset) {
+            Some(value) => data.copy_from_slice(&value.to_le_bytes()),
+            None => warn!("virtio-mmio@{base:#x}: read of write-only/unknown register {offset:#x}"),
+        }
+    }
+
+    fn write(&self, base: u64, offset: u64, data: &[u8]) {
+        let mut state = lock(&self.state);
+        if offset >= reg::CONFIG {
+            let s = state.device_status;
+            if s & DRIVER == 0 || s & FAILED != 0 {
+                warn!("virtio-mmio@{base:#x}: config write in status {s:#x}; ignored");
+                return;
+            }
+            lock(&self.device).write_config(offset - reg::CONFIG, data);
+            return;
+        }
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            warn!(
+                "virtio-mmio@{base:#x}: {}-byte register write at {offset:#x}",
+                data.len()
+            );
+            return;
+        };
+        if !offset.is_multiple_of(4) {
+            warn!("virtio-mmio@{base:#x}: unaligned register write at {offset:#x}");
+            return;
+        }
+        self.write_register(&mut state, base, offset, u32::from_le_bytes(bytes));
+    }
+}
+
+#[cfg(test)]
+mod tests;

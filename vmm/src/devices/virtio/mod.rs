@@ -1,0 +1,94 @@
+//! Virtio devices and their transport.
+//!
+//! A device implements [`VirtioDevice`]: it describes itself (type, features, queues, config
+//! space) and, once the driver has set everything up, receives its queues in an [`Activation`].
+//! The transport ([`mmio::MmioTransport`]) owns all guest-visible registers, validates every
+//! value the driver writes and drives the device through activation and reset.
+
+pub mod interrupt;
+pub mod mmio;
+
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::eventfd::EventFd;
+
+pub use interrupt::Interrupt;
+
+/// Device status bits (virtio 1.2 §2.1).
+pub mod status {
+    /// The guest has noticed the device.
+    pub const ACKNOWLEDGE: u32 = 1;
+    /// The guest knows how to drive the device.
+    pub const DRIVER: u32 = 2;
+    /// The driver is set up and ready to drive the device.
+    pub const DRIVER_OK: u32 = 4;
+    /// The driver has acknowledged the features it understands; negotiation is complete.
+    pub const FEATURES_OK: u32 = 8;
+    /// The device has hit an error it cannot recover from without a reset.
+    pub const DEVICE_NEEDS_RESET: u32 = 64;
+    /// The driver has given up on the device.
+    pub const FAILED: u32 = 128;
+}
+
+/// Feature bit: compliance with virtio 1.0 and later; mandatory for the modern transport.
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+/// Feature bit: the driver and device use `used_event`/`avail_event` suppression.
+pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+
+/// Errors a device reports when it cannot be activated.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    /// The driver did not make a queue ready that the device needs.
+    #[error("queue {0} is required but was not set up by the driver")]
+    MissingQueue(u16),
+    /// Cloning or creating an event file descriptor failed.
+    #[error("event fd: {0}")]
+    EventFd(#[source] std::io::Error),
+    /// A device-specific failure.
+    #[error("device failed to activate: {0}")]
+    Device(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// A queue the driver made ready, handed to the device on activation.
+#[derive(Debug)]
+pub struct ActiveQueue {
+    /// Queue index as numbered by the device type (e.g. balloon: 0 inflate, 1 deflate).
+    pub index: u16,
+    /// The validated queue: ready, with a legal size and rings inside guest memory.
+    pub queue: Queue,
+    /// Signalled when the driver notifies this queue (via ioeventfd or a trapped MMIO write).
+    pub notifier: EventFd,
+}
+
+/// Everything a device needs to run, handed over when the driver sets DRIVER_OK.
+#[derive(Debug)]
+pub struct Activation<M> {
+    /// Guest memory the queues live in.
+    pub memory: M,
+    /// Features both sides agreed on.
+    pub acked_features: u64,
+    /// The queues the driver made ready, in index order; unused queues are left out.
+    pub queues: Vec<ActiveQueue>,
+    /// Interrupt to raise for used buffers and configuration changes.
+    pub interrupt: Arc<Interrupt>,
+}
+
+/// A virtio device, independent of the transport it sits behind.
+pub trait VirtioDevice<M: GuestAddressSpace>: Send {
+    /// Virtio device ID (virtio 1.2 §5; e.g. 5 for the balloon).
+    fn device_type(&self) -> u32;
+    /// Features the device offers. The modern transport adds `VIRTIO_F_VERSION_1` itself.
+    fn device_features(&self) -> u64;
+    /// Maximum size of each queue (powers of two, at most 32768); one entry per queue.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Reads config space at `offset`. Bytes past the end of config space read as 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes config space at `offset`. Writes to read-only or missing fields are ignored.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Starts the device with the queues the driver set up.
+    fn activate(&mut self, activation: Activation<M>) -> Result<(), ActivateError>;
+    /// Stops the device and drops its queues; it must be ready for a new activation.
+    fn reset(&mut self);
+}
