@@ -6,6 +6,10 @@
 
 pub mod buddy;
 pub mod frame_alloc;
+mod frame_links;
+pub mod list_cas;
+pub mod list_local;
+pub mod list_locked;
 pub mod rng;
 pub mod spin;
 #[cfg(test)]

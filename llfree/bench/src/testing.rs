@@ -4,7 +4,7 @@ use crate::frame_alloc::{AllocError, FrameAllocator};
 use crate::rng::Rng;
 
 /// Runs `threads` threads doing random gets and puts of the given orders on `alloc`, each on its
-/// own core id, then checks that no frame was handed out twice, frees everything, drains every
+/// own core id (draining it at the end), then checks that no frame was handed out twice, frees everything, drains every
 /// core and checks that all frames are free again.
 pub fn stress(alloc: &dyn FrameAllocator, threads: usize, orders: &[usize], ops: usize) {
     let held: Vec<Vec<(usize, usize)>> = std::thread::scope(|s| {
@@ -26,6 +26,7 @@ pub fn stress(alloc: &dyn FrameAllocator, threads: usize, orders: &[usize], ops:
                             alloc.put(core, frame, order).unwrap();
                         }
                     }
+                    alloc.drain(core);
                     held
                 })
             })
@@ -34,9 +35,9 @@ pub fn stress(alloc: &dyn FrameAllocator, threads: usize, orders: &[usize], ops:
     });
     let mut owned = vec![false; alloc.frames()];
     for &(frame, order) in held.iter().flatten() {
-        for f in frame..frame + (1 << order) {
-            assert!(!owned[f], "frame {f} handed out twice");
-            owned[f] = true;
+        for (offset, owned) in owned[frame..frame + (1 << order)].iter_mut().enumerate() {
+            assert!(!*owned, "frame {} handed out twice", frame + offset);
+            *owned = true;
         }
     }
     let in_use = owned.iter().filter(|&&o| o).count();
