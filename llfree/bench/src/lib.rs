@@ -4,9 +4,11 @@
 //! the paper's bulk, rand and repeat benchmarks (LLFree, ATC'23, §5.1), the fragmentation
 //! benchmark (§5.6) and the recovery benchmark (§5.7).
 
+mod affinity;
 pub mod buddy;
 pub mod frame_alloc;
 mod frame_links;
+pub mod harness;
 pub mod list_cas;
 pub mod list_local;
 pub mod list_locked;

@@ -1,0 +1,77 @@
+//! Tests of the benchmark harness.
+
+use super::*;
+use crate::buddy::{Buddy, BuddyConfig};
+use crate::list_local::ListLocal;
+
+fn params(bench: Bench, order: usize, threads: usize) -> RunParams {
+    RunParams {
+        bench,
+        order,
+        threads,
+        iterations: 3,
+        seed: 1,
+    }
+}
+
+#[test]
+fn every_bench_runs_and_leaves_the_zone_free() {
+    for (bench, order) in [
+        (Bench::Bulk, 0),
+        (Bench::Bulk, 9),
+        (Bench::Rand, 0),
+        (Bench::Rand, 3),
+        (Bench::Repeat, 0),
+    ] {
+        let alloc = Buddy::new(BuddyConfig::new(2), 1 << 14).unwrap();
+        let samples = run(&alloc, params(bench, order, 2)).unwrap();
+        assert_eq!(samples.len(), 3);
+        for sample in &samples {
+            let timed = [sample.get_ns, sample.put_ns];
+            assert!(
+                timed.iter().flatten().all(|&ns| ns > 0.0),
+                "{bench}: {sample:?}"
+            );
+        }
+        assert_eq!(samples[0].get_ns.is_some(), bench != Bench::Rand);
+        assert_eq!(samples[0].put_ns.is_some(), bench != Bench::Repeat);
+        assert_eq!(alloc.free_frames(), alloc.frames(), "{bench} order {order}");
+    }
+}
+
+#[test]
+fn rand_frees_frames_of_other_threads() {
+    let alloc = ListLocal::new(2, 4096).unwrap();
+    run(&alloc, params(Bench::Rand, 0, 2)).unwrap();
+    assert_eq!(alloc.free_frames(), 4096);
+}
+
+#[test]
+fn allocator_errors_end_the_run_without_hanging() {
+    // One ListLocal core shared by two threads: the second thread's claim fails.
+    let alloc = ListLocal::new(1, 4096).unwrap();
+    for bench in [Bench::Bulk, Bench::Rand, Bench::Repeat] {
+        let err = run(&alloc, params(bench, 0, 2)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BenchError::Alloc {
+                    source: AllocError::CoreBusy(_),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn rejects_runs_without_work() {
+    let alloc = Buddy::new(BuddyConfig::new(1), 1024).unwrap();
+    assert!(matches!(
+        run(&alloc, params(Bench::Bulk, 10, 1)),
+        Err(BenchError::Params(_))
+    ));
+    assert!("nope".parse::<Bench>().is_err());
+    assert_eq!("rand".parse::<Bench>().unwrap(), Bench::Rand);
+}
