@@ -1,6 +1,8 @@
 //! Emulated devices: the I/O and MMIO bus, the 16550 serial console and virtio over MMIO.
 
 pub mod bus;
+pub mod event_loop;
+pub mod serial;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError, BusRange};

@@ -89,6 +89,9 @@ pub trait VirtioDevice<M: GuestAddressSpace>: Send {
     fn write_config(&mut self, offset: u64, data: &[u8]);
     /// Starts the device with the queues the driver set up.
     fn activate(&mut self, activation: Activation<M>) -> Result<(), ActivateError>;
+    /// Handles a driver notification on queue `index`; called by the event loop. Must ignore
+    /// notifications while inactive and for queues it does not hold.
+    fn process_queue(&mut self, index: u16);
     /// Stops the device and drops its queues; it must be ready for a new activation.
     fn reset(&mut self);
 }

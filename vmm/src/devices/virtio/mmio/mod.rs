@@ -5,7 +5,7 @@
 //! no larger than the maximum, and rings must lie inside guest memory. Anything else is ignored
 //! with a warning; nothing a guest writes can panic the VMM.
 
-mod registers;
+pub(crate) mod registers;
 mod status;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -437,4 +437,4 @@ where
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -21,10 +21,11 @@ type ActivationRecord = (u64, Vec<QueueRecord>);
 
 /// A device with two queues and 8 bytes of config space that records what happens to it.
 #[derive(Default)]
-struct TestDevice {
+pub(crate) struct TestDevice {
     config: [u8; 8],
     activations: Vec<ActivationRecord>,
     resets: usize,
+    pub(crate) processed: Vec<u16>,
     fail_activation: bool,
 }
 
@@ -75,17 +76,20 @@ impl VirtioDevice<Memory> for TestDevice {
         self.activations.push((activation.acked_features, queues));
         Ok(())
     }
+    fn process_queue(&mut self, index: u16) {
+        self.processed.push(index);
+    }
     fn reset(&mut self) {
         self.resets += 1;
     }
 }
 
-struct Fixture {
-    transport: MmioTransport<Memory, TestDevice>,
+pub(crate) struct Fixture {
+    pub(crate) transport: MmioTransport<Memory, TestDevice>,
 }
 
 impl Fixture {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let memory =
             Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
         let device = Arc::new(Mutex::new(TestDevice::default()));
@@ -99,17 +103,17 @@ impl Fixture {
         self.transport.read(BASE, offset, &mut data);
         u32::from_le_bytes(data)
     }
-    fn write(&self, offset: u64, value: u32) {
+    pub(crate) fn write(&self, offset: u64, value: u32) {
         self.transport.write(BASE, offset, &value.to_le_bytes());
     }
     fn status(&self) -> u32 {
         self.read(reg::STATUS)
     }
-    fn set_status(&self, bits: u32) {
+    pub(crate) fn set_status(&self, bits: u32) {
         self.write(reg::STATUS, self.status() | bits);
     }
     /// ACKNOWLEDGE, DRIVER, features, FEATURES_OK.
-    fn negotiate(&self, features: u64) {
+    pub(crate) fn negotiate(&self, features: u64) {
         self.set_status(ACKNOWLEDGE);
         self.set_status(DRIVER);
         self.write(reg::DRIVER_FEATURES_SEL, 0);
@@ -118,7 +122,7 @@ impl Fixture {
         self.write(reg::DRIVER_FEATURES, (features >> 32) as u32);
         self.set_status(FEATURES_OK);
     }
-    fn setup_queue(&self, index: u32, size: u32, desc: u64) {
+    pub(crate) fn setup_queue(&self, index: u32, size: u32, desc: u64) {
         self.write(reg::QUEUE_SEL, index);
         self.write(reg::QUEUE_NUM, size);
         self.write(reg::QUEUE_DESC_LOW, desc as u32);
@@ -134,7 +138,7 @@ impl Fixture {
     }
 }
 
-const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+pub(crate) const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 
 #[test]
 fn identity_registers() {

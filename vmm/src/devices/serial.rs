@@ -1,0 +1,239 @@
+//! The 16550A UART at COM1 (0x3f8, IRQ 4), built on vm-superio.
+//!
+//! Output goes to any writer (stdout, a file, or a [`SharedBuffer`] that tests read back).
+//! Input is queued with [`SerialDevice::enqueue_input`]; when the guest drains the receive FIFO
+//! the device signals [`SerialDevice::rx_ready_evt`] so the event loop can feed it more.
+//! Interrupts are raised through an event fd, registered as the KVM irqfd of IRQ 4.
+
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::warn;
+use vm_superio::serial::SerialEvents;
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::bus::BusDevice;
+
+/// Errors of the serial device.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialError {
+    /// Cloning or creating an event fd failed.
+    #[error("serial event fd: {0}")]
+    EventFd(#[source] io::Error),
+    /// Queuing input failed (interrupt delivery or a full FIFO).
+    #[error("serial input: {0}")]
+    Input(String),
+}
+
+/// Raises the UART interrupt by signalling an event fd.
+#[derive(Debug)]
+pub struct EventFdTrigger(EventFd);
+
+impl Trigger for EventFdTrigger {
+    type E = io::Error;
+
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// Signals an event fd whenever the guest empties the receive FIFO.
+#[derive(Debug)]
+pub struct RxReadyEvents(EventFd);
+
+impl SerialEvents for RxReadyEvents {
+    fn buffer_read(&self) {}
+    fn out_byte(&self) {}
+    fn tx_lost_byte(&self) {
+        warn!("serial: output byte lost");
+    }
+    fn in_buffer_empty(&self) {
+        if let Err(e) = self.0.write(1) {
+            warn!("serial: cannot signal rx ready: {e}");
+        }
+    }
+}
+
+/// The writer the UART transmits to.
+pub type SerialOutput = Box<dyn Write + Send>;
+
+/// A 16550A UART on the port I/O bus.
+pub struct SerialDevice {
+    uart: Mutex<Serial<EventFdTrigger, RxReadyEvents, SerialOutput>>,
+    irq: EventFd,
+    rx_ready: EventFd,
+}
+
+impl SerialDevice {
+    /// Creates a UART raising `irq` and writing guest output to `out`.
+    pub fn new(irq: EventFd, out: SerialOutput) -> Result<Self, SerialError> {
+        let trigger = EventFdTrigger(irq.try_clone().map_err(SerialError::EventFd)?);
+        let rx_ready =
+            EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).map_err(SerialError::EventFd)?;
+        let events = RxReadyEvents(rx_ready.try_clone().map_err(SerialError::EventFd)?);
+        Ok(SerialDevice {
+            uart: Mutex::new(Serial::with_events(trigger, events, out)),
+            irq,
+            rx_ready,
+        })
+    }
+
+    /// The interrupt event fd (register it as the irqfd of [`crate::layout::SERIAL_IRQ`]).
+    pub fn irq_evt(&self) -> &EventFd {
+        &self.irq
+    }
+
+    /// Signalled when the guest has emptied the receive FIFO.
+    pub fn rx_ready_evt(&self) -> &EventFd {
+        &self.rx_ready
+    }
+
+    fn uart(&self) -> MutexGuard<'_, Serial<EventFdTrigger, RxReadyEvents, SerialOutput>> {
+        self.uart
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Free space in the receive FIFO.
+    pub fn fifo_capacity(&self) -> usize {
+        self.uart().fifo_capacity()
+    }
+
+    /// Queues input for the guest; returns how many bytes fit into the FIFO.
+    pub fn enqueue_input(&self, input: &[u8]) -> Result<usize, SerialError> {
+        let mut uart = self.uart();
+        let room = uart.fifo_capacity().min(input.len());
+        if room == 0 {
+            return Ok(0);
+        }
+        uart.enqueue_raw_bytes(&input[..room])
+            .map_err(|e| SerialError::Input(e.to_string()))
+    }
+}
+
+impl BusDevice for SerialDevice {
+    fn read(&self, base: u64, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        match (data, u8::try_from(offset)) {
+            ([byte], Ok(offset)) => *byte = self.uart().read(offset),
+            (data, _) => warn!(
+                "serial@{base:#x}: {}-byte read at offset {offset:#x} ignored",
+                data.len()
+            ),
+        }
+    }
+
+    fn write(&self, base: u64, offset: u64, data: &[u8]) {
+        match (data, u8::try_from(offset)) {
+            ([byte], Ok(offset)) => {
+                if let Err(e) = self.uart().write(offset, *byte) {
+                    warn!("serial@{base:#x}: {e}");
+                }
+            }
+            (data, _) => warn!(
+                "serial@{base:#x}: {}-byte write at offset {offset:#x} ignored",
+                data.len()
+            ),
+        }
+    }
+}
+
+/// An in-memory serial output that can be read back while the guest runs.
+#[derive(Clone, Debug, Default)]
+pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl SharedBuffer {
+    /// Creates an empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of everything written so far.
+    pub fn contents(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Write for SharedBuffer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    const DATA: u64 = 0;
+    const IER: u64 = 1;
+    const LSR: u64 = 5;
+    const LSR_DATA_READY: u8 = 1;
+    const IER_RDA: u8 = 1;
+
+    fn device() -> (SerialDevice, SharedBuffer) {
+        let out = SharedBuffer::new();
+        let serial =
+            SerialDevice::new(EventFd::new(EFD_NONBLOCK).unwrap(), Box::new(out.clone())).unwrap();
+        (serial, out)
+    }
+
+    #[test]
+    fn guest_output_reaches_the_writer() {
+        let (serial, out) = device();
+        for byte in b"hello\n" {
+            serial.write(0x3f8, DATA, &[*byte]);
+        }
+        assert_eq!(out.contents(), b"hello\n");
+    }
+
+    #[test]
+    fn input_is_readable_and_raises_the_interrupt() {
+        let (serial, _) = device();
+        serial.write(0x3f8, IER, &[IER_RDA]);
+        let _ = serial.irq_evt().read(); // THR-empty interrupt from enabling IER
+        assert_eq!(serial.enqueue_input(b"ab").unwrap(), 2);
+        assert_eq!(serial.irq_evt().read().unwrap(), 1);
+        let mut byte = [0];
+        serial.read(0x3f8, LSR, &mut byte);
+        assert_eq!(byte[0] & LSR_DATA_READY, LSR_DATA_READY);
+        serial.read(0x3f8, DATA, &mut byte);
+        assert_eq!(byte[0], b'a');
+        assert!(serial.rx_ready_evt().read().is_err(), "FIFO not empty yet");
+        serial.read(0x3f8, DATA, &mut byte);
+        assert_eq!(byte[0], b'b');
+        assert_eq!(serial.rx_ready_evt().read().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_full_fifo_accepts_only_what_fits() {
+        let (serial, _) = device();
+        let capacity = serial.fifo_capacity();
+        let input = vec![b'x'; capacity + 10];
+        assert_eq!(serial.enqueue_input(&input).unwrap(), capacity);
+        assert_eq!(serial.enqueue_input(b"y").unwrap(), 0);
+    }
+
+    #[test]
+    fn odd_accesses_are_ignored() {
+        let (serial, out) = device();
+        serial.write(0x3f8, DATA, b"ab");
+        serial.write(0x3f8, 0x1_0000, b"a");
+        let mut two = [0xff; 2];
+        serial.read(0x3f8, DATA, &mut two);
+        assert_eq!(two, [0, 0]);
+        assert!(out.contents().is_empty());
+    }
+}
