@@ -17,3 +17,137 @@
 
 pub mod error;
 pub use error::{Error, InitError};
+
+#[cfg(test)]
+#[macro_use]
+mod stop_macro {
+    /// A stop point for interleaving tests (see `stop`).
+    macro_rules! stop {
+        () => {
+            $crate::stop::point()
+        };
+    }
+}
+
+#[cfg(not(test))]
+#[macro_use]
+mod stop_macro {
+    /// A stop point for interleaving tests; nothing outside tests.
+    macro_rules! stop {
+        () => {};
+    }
+}
+
+mod allocator;
+mod flush;
+mod lower;
+mod meta;
+pub mod region;
+#[cfg(test)]
+mod stop;
+mod upper;
+
+pub use allocator::LLFree;
+pub use region::{FileRegion, HeapRegion, MetaRegion};
+
+/// Size of a base frame; frame numbers count in this unit.
+pub const FRAME_SIZE: usize = 4096;
+/// Order of a 2 MiB huge frame.
+pub const HUGE_ORDER: usize = 9;
+/// The largest order below [`GIANT_ORDER`] (4 MiB).
+pub const MAX_ORDER: usize = 10;
+/// Order of a 1 GiB giant frame.
+pub const GIANT_ORDER: usize = 18;
+/// Frames per child (2 MiB).
+pub const CHILD_FRAMES: usize = 1 << HUGE_ORDER;
+/// Children per tree.
+pub const TREE_CHILDREN: usize = 32;
+/// Frames per tree (64 MiB).
+pub const TREE_FRAMES: usize = CHILD_FRAMES * TREE_CHILDREN;
+/// Largest zone: frame numbers must fit the 40-bit hint of the per-core data.
+pub const MAX_FRAMES: usize = 1 << 40;
+
+/// Parameters of an allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Number of cores (per-core reservations); at most one per tree is used.
+    pub cores: usize,
+    /// Frames in the zone: a non-zero multiple of [`CHILD_FRAMES`].
+    pub frames: usize,
+    /// Reserve a tree after this many consecutive frees into it (0 disables reserve-on-free).
+    pub reserve_on_free: u32,
+    /// Trees with fewer free frames count as allocated (default 12.5 % of a tree).
+    pub almost_allocated: usize,
+    /// Trees with more free frames count as free (default 87.5 % of a tree).
+    pub almost_free: usize,
+    /// Write back every committed change of persistent metadata with `clwb` (ADR platforms).
+    pub flush: bool,
+}
+
+impl Config {
+    /// The default configuration for `cores` cores and `frames` frames.
+    pub fn new(cores: usize, frames: usize) -> Self {
+        Self {
+            cores,
+            frames,
+            reserve_on_free: 4,
+            almost_allocated: TREE_FRAMES / 8,
+            almost_free: TREE_FRAMES - TREE_FRAMES / 8,
+            flush: false,
+        }
+    }
+
+    fn validate(&self) -> Result<(), InitError> {
+        if self.cores == 0 {
+            return Err(InitError::Config("at least one core is needed"));
+        }
+        if self.frames == 0 || !self.frames.is_multiple_of(CHILD_FRAMES) {
+            return Err(InitError::Config(
+                "the zone must be a non-zero multiple of 512 frames (2 MiB)",
+            ));
+        }
+        if self.frames >= MAX_FRAMES {
+            return Err(InitError::Config("the zone is larger than 4 PiB"));
+        }
+        if self.almost_allocated > self.almost_free || self.almost_free > TREE_FRAMES {
+            return Err(InitError::Config(
+                "thresholds must satisfy almost_allocated <= almost_free <= TREE_FRAMES",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How persistent metadata is initialised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Init {
+    /// Format the region: all frames free.
+    Fresh,
+    /// Recover: after a clean shutdown the counters are validated only (fast); after a crash
+    /// they are rebuilt from the bitfields.
+    Recover,
+    /// Recover and always rebuild the counters from the bitfields.
+    RecoverDeep,
+}
+
+/// How an allocator came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Freshly initialised.
+    Fresh,
+    /// Recovered after a clean shutdown.
+    Clean,
+    /// Recovered by rebuilding counters from the bitfields (after a crash, or on request).
+    Crash,
+}
+
+/// Statistics of one tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeStats {
+    /// Index of the tree.
+    pub index: usize,
+    /// Free frames.
+    pub free: usize,
+    /// Whether a core has reserved the tree.
+    pub reserved: bool,
+}

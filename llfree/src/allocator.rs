@@ -1,0 +1,454 @@
+//! The allocator: lower and upper level together, with the public API.
+
+use std::hint::spin_loop;
+
+use crate::lower::bitfield::Bitfield;
+use crate::lower::child::{Child, ChildPair};
+use crate::lower::Lower;
+use crate::meta::{Layout, Meta};
+use crate::region::{HeapRegion, MetaRegion, REGION_ALIGN};
+use crate::upper::local::Local;
+use crate::upper::trees::{Trees, GIANT_TREES};
+use crate::upper::{Locals, Search};
+use crate::{
+    Config, Error, Init, InitError, Recovery, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER,
+    MAX_ORDER, TREE_CHILDREN, TREE_FRAMES,
+};
+
+/// Why a reservation did not happen.
+enum ReserveError {
+    /// Another thread of the same core is in a slow path.
+    Busy,
+    /// No tree has enough free frames.
+    Memory,
+}
+
+/// The LLFree page-frame allocator.
+///
+/// All operations are lock-free and may be called from any number of threads; `core` selects the
+/// per-core reservation and may be shared by several threads.
+pub struct LLFree {
+    lower: Lower,
+    trees: Trees,
+    locals: Locals,
+    config: Config,
+    meta: Option<&'static Meta>,
+    recovery: Recovery,
+    /// Owns the memory that `lower` and `meta` point into; dropped last.
+    _region: Box<dyn MetaRegion>,
+}
+
+impl LLFree {
+    /// Creates an allocator with volatile metadata on the heap; all frames are free.
+    pub fn new(config: Config) -> Result<Self, InitError> {
+        config.validate()?;
+        let layout = Layout::new(config.frames, false);
+        let region = HeapRegion::new(layout.size)
+            .map_err(|_| InitError::Config("cannot allocate the metadata"))?;
+        Self::with_region(config, Box::new(region), layout, None, Init::Fresh)
+    }
+
+    /// Bytes of persistent metadata for a zone of `frames` frames.
+    pub fn metadata_size(frames: usize) -> usize {
+        Layout::new(frames, true).size
+    }
+
+    /// Creates or recovers an allocator whose lower level lives in `region` (at least
+    /// [`LLFree::metadata_size`] bytes, 64-byte aligned), e.g. a shared file mapping.
+    pub fn persistent(
+        config: Config,
+        region: Box<dyn MetaRegion>,
+        init: Init,
+    ) -> Result<Self, InitError> {
+        config.validate()?;
+        let layout = Layout::new(config.frames, true);
+        if region.len() < layout.size {
+            return Err(InitError::RegionTooSmall {
+                need: layout.size,
+                have: region.len(),
+            });
+        }
+        if !(region.as_ptr() as usize).is_multiple_of(REGION_ALIGN) {
+            return Err(InitError::RegionMisaligned);
+        }
+        // SAFETY: the region is at least `layout.size` bytes, cache-line aligned, and outlives
+        // the allocator, which keeps it in `_region`. `Meta` consists of atomics, valid for any
+        // bit pattern.
+        let meta: &'static Meta = unsafe { &*region.as_ptr().cast::<Meta>() };
+        Self::with_region(config, region, layout, Some(meta), init)
+    }
+
+    fn with_region(
+        config: Config,
+        region: Box<dyn MetaRegion>,
+        layout: Layout,
+        meta: Option<&'static Meta>,
+        init: Init,
+    ) -> Result<Self, InitError> {
+        let children = config.frames / CHILD_FRAMES;
+        let base = region.as_ptr();
+        // SAFETY: the layout places the child pairs and bitfields inside the region (its size
+        // was checked by the callers), at 64-byte aligned offsets of a 64-byte aligned region.
+        // Both types are atomics, valid for any bit pattern. The region outlives `Lower`.
+        let (pairs, fields) = unsafe {
+            (
+                std::slice::from_raw_parts(
+                    base.add(layout.pairs).cast::<ChildPair>(),
+                    Lower::pairs_size(children) / 4,
+                ),
+                std::slice::from_raw_parts(base.add(layout.fields).cast::<Bitfield>(), children),
+            )
+        };
+        let lower = Lower::new(pairs, fields, config.flush && meta.is_some());
+        let recovery = match (meta, init) {
+            (None, _) | (Some(_), Init::Fresh) => {
+                meta.inspect(|m| m.invalidate());
+                lower.init_fresh();
+                meta.inspect(|m| m.format(config.frames));
+                Recovery::Fresh
+            }
+            (Some(meta), Init::Recover | Init::RecoverDeep) => {
+                let clean = meta.check(config.frames)?;
+                let deep = !clean || init == Init::RecoverDeep;
+                lower.recover(deep)?;
+                meta.mark_running();
+                if deep {
+                    Recovery::Crash
+                } else {
+                    Recovery::Clean
+                }
+            }
+        };
+        let tree_count = children.div_ceil(TREE_CHILDREN);
+        let free: Vec<usize> = (0..tree_count).map(|t| lower.tree_free(t)).collect();
+        let trees = Trees::new(&free, config.almost_allocated, config.almost_free);
+        let locals = Locals::new(config.cores.min(tree_count));
+        Ok(Self {
+            lower,
+            trees,
+            locals,
+            config,
+            meta,
+            recovery,
+            _region: region,
+        })
+    }
+
+    /// Frames in the zone.
+    pub fn frames(&self) -> usize {
+        self.config.frames
+    }
+
+    /// Per-core reservation slots (the configured cores, at most one per tree).
+    pub fn cores(&self) -> usize {
+        self.locals.len()
+    }
+
+    /// How this allocator was initialised.
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+
+    fn check(&self, frame: usize, order: usize) -> Result<(), Error> {
+        check_order(order)?;
+        if !frame.is_multiple_of(1 << order) {
+            return Err(Error::Misaligned { frame, order });
+        }
+        if frame >= self.frames() || self.frames() - frame < 1 << order {
+            return Err(Error::OutOfRange {
+                frame,
+                order,
+                frames: self.frames(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Allocates `2^order` contiguous, aligned frames with the reservation of `core`.
+    /// Returns the first frame.
+    pub fn get(&self, core: usize, order: usize) -> Result<usize, Error> {
+        check_order(order)?;
+        if order == GIANT_ORDER {
+            return self.get_giant();
+        }
+        let local = self.locals.get(core);
+        let frames = 1 << order;
+        let mut fragmented = false;
+        for _ in 0..=self.trees.len() * 2 {
+            if let Some(state) = local.take(frames) {
+                if let Some(frame) = self.lower.get(state.hint(), order) {
+                    if frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
+                        local.set_hint(frame);
+                    }
+                    return Ok(frame);
+                }
+                // The tree counted enough frames, but none in the right shape.
+                if !local.give(state.tree(), frames) {
+                    self.trees.add(state.tree(), frames);
+                }
+                fragmented = true;
+            }
+            match self.reserve(core, local, frames, fragmented) {
+                Ok(()) => {}
+                Err(ReserveError::Busy) => {
+                    if let Some(frame) = self.get_unreserved(order) {
+                        return Ok(frame);
+                    }
+                    spin_loop();
+                }
+                Err(ReserveError::Memory) => break,
+            }
+        }
+        self.get_unreserved(order).ok_or(Error::Memory { order })
+    }
+
+    /// Syncs the local counter with the tree, or reserves a new tree for `core`.
+    fn reserve(
+        &self,
+        core: usize,
+        local: &Local,
+        frames: usize,
+        fragmented: bool,
+    ) -> Result<(), ReserveError> {
+        let state = local.begin_slow_path().ok_or(ReserveError::Busy)?;
+        if state.present() && !fragmented {
+            let foreign = self.trees.take_foreign_frees(state.tree());
+            if foreign > 0 {
+                local.give(state.tree(), foreign);
+                if local.load().free() >= frames {
+                    local.end_slow_path();
+                    return Ok(());
+                }
+            }
+        }
+        let search = Search {
+            start: if state.present() {
+                state.tree()
+            } else {
+                (core % self.locals.len()) * self.trees.len() / self.locals.len()
+            },
+            frames,
+            fragmented,
+        };
+        let found = self.trees.search(search).or_else(|| {
+            self.drain_others(local);
+            self.trees.search(search)
+        });
+        let Some((tree, free)) = found else {
+            local.end_slow_path();
+            return Err(ReserveError::Memory);
+        };
+        self.install(local, tree * TREE_FRAMES, free);
+        Ok(())
+    }
+
+    /// Makes the reserved tree of `local` the one of `hint` (reserved by the caller, with `free`
+    /// frames) and gives back the previous one.
+    fn install(&self, local: &Local, hint: usize, free: usize) {
+        let old = local.install(hint, free);
+        if old.present() {
+            self.trees.unreserve(old.tree(), old.free());
+        }
+    }
+
+    /// Allocates from any unreserved tree without reserving it (when the core's slow path is
+    /// busy, or as the last resort).
+    fn get_unreserved(&self, order: usize) -> Option<usize> {
+        let frames = 1 << order;
+        (0..self.trees.len()).find_map(|tree| {
+            if !self.trees.take(tree, frames) {
+                return None;
+            }
+            let frame = self.lower.get(tree * TREE_FRAMES, order);
+            if frame.is_none() {
+                self.trees.add(tree, frames);
+            }
+            frame
+        })
+    }
+
+    /// Drains the reservations of all other cores whose slow path is idle.
+    fn drain_others(&self, own: &Local) {
+        for local in self.locals.iter() {
+            if !std::ptr::eq(local, own) && local.begin_slow_path().is_some() {
+                self.uninstall(local);
+            }
+        }
+    }
+
+    fn uninstall(&self, local: &Local) {
+        let old = local.uninstall();
+        if old.present() {
+            self.trees.unreserve(old.tree(), old.free());
+        }
+    }
+
+    fn get_giant(&self) -> Result<usize, Error> {
+        let whole_trees = self.frames() / TREE_FRAMES;
+        let tree = self.trees.claim_giant(whole_trees).or_else(|| {
+            for local in self.locals.iter() {
+                if local.begin_slow_path().is_some() {
+                    self.uninstall(local);
+                }
+            }
+            self.trees.claim_giant(whole_trees)
+        });
+        let Some(tree) = tree else {
+            return Err(Error::Memory { order: GIANT_ORDER });
+        };
+        let frame = tree * TREE_FRAMES;
+        if self.lower.get_giant(frame) {
+            Ok(frame)
+        } else {
+            self.add_giant_trees(frame);
+            Err(Error::Memory { order: GIANT_ORDER })
+        }
+    }
+
+    fn add_giant_trees(&self, frame: usize) {
+        let first = frame / TREE_FRAMES;
+        for tree in first..first + GIANT_TREES {
+            self.trees.add(tree, TREE_FRAMES);
+        }
+    }
+
+    /// Frees `2^order` frames starting at `frame`, from `core`.
+    ///
+    /// Fails without changing anything if the frames are out of range, misaligned, not
+    /// allocated, or were allocated with another order (as far as the metadata records orders:
+    /// huge, order-10 and giant frames are recorded, base-frame runs are not).
+    pub fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
+        self.check(frame, order)?;
+        if order == GIANT_ORDER {
+            self.lower.put_giant(frame)?;
+            self.add_giant_trees(frame);
+            return Ok(());
+        }
+        self.lower.put(frame, order)?;
+        let tree = frame / TREE_FRAMES;
+        let frames = 1 << order;
+        let local = self.locals.get(core);
+        if local.give(tree, frames) {
+            return Ok(());
+        }
+        self.trees.add(tree, frames);
+        let threshold = self.config.reserve_on_free as usize;
+        if threshold > 0 && local.count_free(tree) >= threshold {
+            self.reserve_on_free(local, tree, frame);
+        }
+        Ok(())
+    }
+
+    /// Reserves `tree` for `local` after consecutive frees into it, if it is partial or free.
+    fn reserve_on_free(&self, local: &Local, tree: usize, frame: usize) {
+        if local.begin_slow_path().is_none() {
+            return;
+        }
+        match self
+            .trees
+            .reserve(tree, |free| free >= self.config.almost_allocated)
+        {
+            Some(free) => {
+                self.install(local, frame, free);
+                local.reset_frees();
+            }
+            None => local.end_slow_path(),
+        }
+    }
+
+    /// Whether the `2^order` frames at `frame` are free (false for invalid arguments).
+    pub fn is_free(&self, frame: usize, order: usize) -> bool {
+        self.check(frame, order).is_ok() && self.lower.is_free(frame, order)
+    }
+
+    /// Gives up the reserved tree of `core`, returning its frames to the global counters.
+    /// Best effort: skipped if another thread of the core is reserving a tree at this moment.
+    pub fn drain(&self, core: usize) {
+        let local = self.locals.get(core);
+        if local.begin_slow_path().is_some() {
+            self.uninstall(local);
+        }
+    }
+
+    /// Free frames (exact while no operation runs).
+    pub fn free_frames(&self) -> usize {
+        let global: usize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
+        let local: usize = self
+            .locals
+            .iter()
+            .map(|l| l.load())
+            .filter(|s| s.present())
+            .map(|s| s.free())
+            .sum();
+        global + local
+    }
+
+    /// Entirely free 2 MiB children.
+    pub fn free_huge(&self) -> usize {
+        self.free_huge_frames().count()
+    }
+
+    /// Entirely free, aligned 1 GiB regions.
+    pub fn free_giant(&self) -> usize {
+        let giant = 1 << (GIANT_ORDER - HUGE_ORDER);
+        (0..self.lower.children() / giant)
+            .filter(|g| self.lower.is_free(g * (1 << GIANT_ORDER), GIANT_ORDER))
+            .count()
+    }
+
+    /// The first frame of every entirely free 2 MiB child.
+    pub fn free_huge_frames(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.lower.children())
+            .filter(|c| self.lower.child(*c) == Child::FREE)
+            .map(|c| c * CHILD_FRAMES)
+    }
+
+    /// Statistics of every tree.
+    pub fn tree_stats(&self) -> impl Iterator<Item = TreeStats> + '_ {
+        (0..self.trees.len()).map(|index| TreeStats {
+            index,
+            free: self.lower.tree_free(index),
+            reserved: self.trees.load(index).1,
+        })
+    }
+
+    /// Checks that the counters of both levels agree with the bitfields. Only meaningful while no
+    /// operation runs; for tests and debugging.
+    pub fn validate(&self) -> Result<(), InitError> {
+        let mut local_free = vec![0; self.trees.len()];
+        for state in self.locals.iter().map(|l| l.load()) {
+            if state.present() {
+                local_free[state.tree()] += state.free();
+            }
+        }
+        for (tree, local) in local_free.iter().enumerate() {
+            if self.trees.load(tree).0 + local != self.lower.tree_free(tree) {
+                return Err(InitError::Corrupted {
+                    what: "tree counter differs from its children",
+                    index: tree,
+                });
+            }
+        }
+        self.lower.validate_counters()
+    }
+}
+
+impl Drop for LLFree {
+    fn drop(&mut self) {
+        if let Some(meta) = self.meta {
+            meta.mark_clean();
+        }
+    }
+}
+
+/// Checks that `order` is supported.
+fn check_order(order: usize) -> Result<(), Error> {
+    if order <= MAX_ORDER || order == GIANT_ORDER {
+        Ok(())
+    } else {
+        Err(Error::InvalidOrder(order))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,310 @@
+//! Unit tests of the allocator.
+
+use std::fs::File;
+use std::sync::Mutex;
+
+use super::*;
+use crate::region::FileRegion;
+use crate::stop;
+use crate::MAX_FRAMES;
+
+fn zone(cores: usize, trees: usize) -> LLFree {
+    LLFree::new(Config::new(cores, trees * TREE_FRAMES)).unwrap()
+}
+
+#[test]
+fn every_order_round_trips() {
+    let alloc = zone(2, 32);
+    for order in (0..=MAX_ORDER).chain([GIANT_ORDER]) {
+        let frame = alloc.get(1, order).unwrap();
+        assert!(!alloc.is_free(frame, order));
+        assert_eq!(alloc.free_frames(), alloc.frames() - (1 << order));
+        alloc.validate().unwrap();
+        alloc.put(0, frame, order).unwrap();
+        assert!(alloc.is_free(frame, order));
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn invalid_requests_are_errors() {
+    let alloc = zone(1, 1);
+    assert_eq!(alloc.get(0, 11), Err(Error::InvalidOrder(11)));
+    assert_eq!(alloc.put(0, 0, 17), Err(Error::InvalidOrder(17)));
+    assert_eq!(
+        alloc.put(0, TREE_FRAMES, 0),
+        Err(Error::OutOfRange {
+            frame: TREE_FRAMES,
+            order: 0,
+            frames: TREE_FRAMES
+        })
+    );
+    assert_eq!(
+        alloc.put(0, 0, GIANT_ORDER),
+        Err(Error::OutOfRange {
+            frame: 0,
+            order: GIANT_ORDER,
+            frames: TREE_FRAMES
+        })
+    );
+    assert_eq!(
+        alloc.put(0, 3, 1),
+        Err(Error::Misaligned { frame: 3, order: 1 })
+    );
+    assert_eq!(
+        alloc.put(0, 0, 0),
+        Err(Error::NotAllocated { frame: 0, order: 0 })
+    );
+    let huge = alloc.get(0, HUGE_ORDER).unwrap();
+    assert_eq!(
+        alloc.put(0, huge, 0),
+        Err(Error::WrongOrder {
+            frame: huge,
+            order: 0
+        })
+    );
+    assert_eq!(alloc.get(0, GIANT_ORDER), Err(Error::Memory { order: 18 }));
+    alloc.validate().unwrap();
+    assert!(!alloc.is_free(usize::MAX, 0));
+}
+
+#[test]
+fn invalid_configurations_are_errors() {
+    for config in [
+        Config::new(0, 512),
+        Config::new(1, 0),
+        Config::new(1, 513),
+        Config::new(1, MAX_FRAMES),
+        Config {
+            almost_allocated: TREE_FRAMES,
+            almost_free: 1,
+            ..Config::new(1, 512)
+        },
+    ] {
+        assert!(matches!(LLFree::new(config), Err(InitError::Config(_))));
+    }
+}
+
+#[test]
+fn allocates_everything_then_frees_everything() {
+    for order in [0, 3, 7, HUGE_ORDER, 10] {
+        let alloc = zone(2, 2);
+        let frames: Vec<usize> = std::iter::from_fn(|| alloc.get(order, order).ok()).collect();
+        assert_eq!(frames.len(), alloc.frames() >> order);
+        assert_eq!(alloc.get(0, order), Err(Error::Memory { order }));
+        assert_eq!(alloc.free_frames(), 0);
+        alloc.validate().unwrap();
+        for frame in frames {
+            alloc.put(1, frame, order).unwrap();
+        }
+        assert_eq!(alloc.free_frames(), alloc.frames());
+        assert_eq!(alloc.free_huge(), alloc.frames() / CHILD_FRAMES);
+        alloc.validate().unwrap();
+    }
+}
+
+#[test]
+fn cores_reserve_different_trees() {
+    let alloc = zone(2, 8);
+    let a = alloc.get(0, 0).unwrap();
+    let b = alloc.get(1, 0).unwrap();
+    assert_ne!(a / TREE_FRAMES, b / TREE_FRAMES);
+    assert_eq!(alloc.tree_stats().filter(|t| t.reserved).count(), 2);
+    alloc.drain(0);
+    alloc.drain(1);
+    assert_eq!(alloc.tree_stats().filter(|t| t.reserved).count(), 0);
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn reserve_on_free_takes_over_a_tree() {
+    let alloc = zone(2, 8);
+    let frames: Vec<usize> = (0..8).map(|_| alloc.get(0, 0).unwrap()).collect();
+    let tree = frames[0] / TREE_FRAMES;
+    alloc.drain(0);
+    let own = alloc.get(1, 0).unwrap() / TREE_FRAMES;
+    assert_ne!(own, tree);
+    for frame in &frames[..4] {
+        alloc.put(1, *frame, 0).unwrap();
+    }
+    let reserved: Vec<usize> = alloc
+        .tree_stats()
+        .filter(|t| t.reserved)
+        .map(|t| t.index)
+        .collect();
+    assert_eq!(reserved, vec![tree]);
+    // Core 1 now allocates next to the frames it freed.
+    assert_eq!(alloc.get(1, 0).unwrap() / TREE_FRAMES, tree);
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn fragmented_trees_are_left_for_free_ones() {
+    let alloc = zone(1, 2);
+    // Take one base frame in every child of the first tree.
+    let mut held = Vec::new();
+    for _ in 0..TREE_FRAMES {
+        held.push(alloc.get(0, 0).unwrap());
+        if held.len() == TREE_CHILDREN * 2 {
+            break;
+        }
+    }
+    let keep: Vec<usize> = held
+        .iter()
+        .copied()
+        .filter(|f| f % CHILD_FRAMES == 0)
+        .collect();
+    for frame in held.iter().filter(|f| *f % CHILD_FRAMES != 0) {
+        alloc.put(0, *frame, 0).unwrap();
+    }
+    assert_eq!(keep.len(), 1);
+    let huge = alloc.get(0, HUGE_ORDER).unwrap();
+    assert!(alloc.is_free(huge, 0) || !alloc.is_free(huge, HUGE_ORDER));
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn fewer_trees_than_cores_share_slots() {
+    let alloc = zone(8, 1);
+    assert_eq!(alloc.cores(), 1);
+    let frames: Vec<usize> = (0..16).map(|c| alloc.get(c, 0).unwrap()).collect();
+    for (c, frame) in frames.iter().enumerate() {
+        alloc.put(c + 3, *frame, 0).unwrap();
+    }
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn giant_frames_need_sixteen_free_trees() {
+    let alloc = zone(2, 32);
+    let a = alloc.get(0, GIANT_ORDER).unwrap();
+    let b = alloc.get(1, GIANT_ORDER).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(alloc.get(0, GIANT_ORDER), Err(Error::Memory { order: 18 }));
+    assert_eq!(alloc.get(0, 0), Err(Error::Memory { order: 0 }));
+    alloc.put(0, a, GIANT_ORDER).unwrap();
+    assert_eq!(alloc.free_giant(), 1);
+    let base = alloc.get(0, 0).unwrap();
+    assert_eq!(alloc.get(1, GIANT_ORDER), Err(Error::Memory { order: 18 }));
+    alloc.put(1, base, 0).unwrap();
+    // The base frame's tree is still reserved by core 0: the giant search drains it.
+    assert_eq!(alloc.get(1, GIANT_ORDER), Ok(a));
+    alloc.validate().unwrap();
+}
+
+#[test]
+fn threads_of_one_core_race_for_a_new_tree() {
+    for bits in 0..1u32 << 12 {
+        let schedule: Vec<usize> = (0..12).map(|i| ((bits >> i) & 1) as usize).collect();
+        let alloc = zone(1, 2);
+        // Leave exactly one free frame in the reserved tree.
+        let orders = [10; 15].into_iter().chain((0..HUGE_ORDER + 1).rev());
+        let held: Vec<(usize, usize)> = orders.map(|o| (alloc.get(0, o).unwrap(), o)).collect();
+        assert_eq!(alloc.free_frames(), alloc.frames() - TREE_FRAMES + 1);
+        let got = Mutex::new(Vec::new());
+        stop::run(2, &schedule, |_| {
+            let frame = alloc.get(0, 0).unwrap();
+            got.lock().unwrap().push(frame);
+        });
+        let mut got = got.into_inner().unwrap();
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len(), 2, "schedule {schedule:?}");
+        assert!(got
+            .iter()
+            .all(|f| held.iter().all(|(h, o)| f < h || *f >= h + (1 << o))));
+        alloc.validate().unwrap();
+    }
+}
+
+fn temp_file(name: &str, len: usize) -> File {
+    let path = std::env::temp_dir().join(format!("llfree-{name}-{}", std::process::id()));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file.set_len(len as u64).unwrap();
+    file
+}
+
+fn persistent(file: &File, config: Config, init: Init) -> Result<LLFree, InitError> {
+    let len = LLFree::metadata_size(config.frames);
+    let region = FileRegion::map(file, 0, len).unwrap();
+    LLFree::persistent(config, Box::new(region), init)
+}
+
+#[test]
+fn persistent_state_survives_a_clean_shutdown() {
+    let config = Config::new(2, 64 * TREE_FRAMES);
+    let file = temp_file("clean", LLFree::metadata_size(config.frames));
+    assert!(matches!(
+        persistent(&file, config, Init::Recover),
+        Err(InitError::BadMagic { found: 0 })
+    ));
+    let alloc = persistent(&file, config, Init::Fresh).unwrap();
+    let frames: Vec<(usize, usize)> = (0..=MAX_ORDER)
+        .chain([GIANT_ORDER])
+        .map(|order| (alloc.get(order % 2, order).unwrap(), order))
+        .collect();
+    let free = alloc.free_frames();
+    drop(alloc);
+    let alloc = persistent(&file, config, Init::Recover).unwrap();
+    assert_eq!(alloc.recovery(), Recovery::Clean);
+    assert_eq!(alloc.free_frames(), free);
+    for (frame, order) in &frames {
+        assert!(!alloc.is_free(*frame, *order));
+    }
+    alloc.validate().unwrap();
+    drop(alloc);
+    let alloc = persistent(&file, config, Init::RecoverDeep).unwrap();
+    assert_eq!(alloc.recovery(), Recovery::Crash);
+    assert_eq!(alloc.free_frames(), free);
+    for (frame, order) in frames {
+        alloc.put(0, frame, order).unwrap();
+    }
+    assert_eq!(alloc.free_frames(), alloc.frames());
+}
+
+#[test]
+fn persistent_metadata_is_checked() {
+    let config = Config::new(1, TREE_FRAMES);
+    let file = temp_file("checked", LLFree::metadata_size(config.frames) * 2);
+    drop(persistent(&file, config, Init::Fresh).unwrap());
+    let bigger = Config::new(1, 2 * TREE_FRAMES);
+    assert!(matches!(
+        persistent(&file, bigger, Init::Recover),
+        Err(InitError::Size { .. })
+    ));
+    let small = FileRegion::map(&file, 0, 4096).unwrap();
+    assert!(matches!(
+        LLFree::persistent(config, Box::new(small), Init::Fresh),
+        Err(InitError::RegionTooSmall { .. })
+    ));
+    // Corrupt a child entry: the first pair claims 1000 free frames.
+    let region = FileRegion::map(&file, 0, 8192).unwrap();
+    // SAFETY: the region is 8192 bytes; the child pairs start at 4096.
+    unsafe { region.as_ptr().add(4096).cast::<u32>().write(1000) };
+    assert!(matches!(
+        persistent(&file, config, Init::Recover),
+        Err(InitError::Corrupted { index: 0, .. })
+    ));
+}
+
+#[test]
+fn a_crashed_allocator_is_recovered_deeply() {
+    let config = Config::new(1, TREE_FRAMES);
+    let file = temp_file("crashed", LLFree::metadata_size(config.frames));
+    let alloc = persistent(&file, config, Init::Fresh).unwrap();
+    let frame = alloc.get(0, 0).unwrap();
+    // Simulate a crash: the allocator is never dropped, so no clean marker is written.
+    std::mem::forget(alloc);
+    let alloc = persistent(&file, config, Init::Recover).unwrap();
+    assert_eq!(alloc.recovery(), Recovery::Crash);
+    assert!(!alloc.is_free(frame, 0));
+    assert_eq!(alloc.free_frames(), alloc.frames() - 1);
+}

@@ -1,0 +1,161 @@
+//! Child entries: the 16-bit state of one 2 MiB child.
+//!
+//! Bits 0..=9 count the free 4 KiB frames (0..=512). [`HUGE`] marks a child allocated as one
+//! 2 MiB frame, [`PAIR`] additionally marks the two children of an order-10 frame, and [`GIANT`]
+//! marks the children of a 1 GiB frame. Two neighbouring children share one `AtomicU32`, so an
+//! order-10 frame is one 32-bit compare-and-swap; 16 pairs (one tree) fill one cache line.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::CHILD_FRAMES;
+
+/// Mask of the free counter.
+const FREE_MASK: u16 = 0x3ff;
+/// The child is allocated as a huge frame (order 9 or 10).
+pub const HUGE: u16 = 1 << 12;
+/// The child is half of an order-10 frame.
+pub const PAIR: u16 = 1 << 13;
+/// The child belongs to a giant (order 18) frame; the first child of the frame commits it.
+pub const GIANT: u16 = 1 << 14;
+/// All flag bits.
+const FLAGS: u16 = HUGE | PAIR | GIANT;
+
+/// The decoded state of one child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Child(u16);
+
+impl Child {
+    /// An entirely free child.
+    pub const FREE: Child = Child(CHILD_FRAMES as u16);
+    /// A child that does not exist (padding at the end of the zone).
+    pub const ABSENT: Child = Child(0);
+
+    /// A child with `free` free frames and the given flags.
+    pub const fn new(free: usize, flags: u16) -> Self {
+        Child(free as u16 | flags)
+    }
+    /// Free frames.
+    pub const fn free(self) -> usize {
+        (self.0 & FREE_MASK) as usize
+    }
+    /// Flag bits.
+    pub const fn flags(self) -> u16 {
+        self.0 & FLAGS
+    }
+    /// Whether any bit outside the counter and the flags is set, or the counter is too large.
+    pub const fn is_malformed(self) -> bool {
+        self.0 & !(FREE_MASK | FLAGS) != 0 || self.free() > CHILD_FRAMES
+    }
+}
+
+/// Two neighbouring children in one atomic word: the even child in the low half.
+#[derive(Debug, Default)]
+#[repr(transparent)]
+pub struct ChildPair(AtomicU32);
+
+/// Decodes both halves of a pair word.
+const fn split(word: u32) -> [Child; 2] {
+    [Child(word as u16), Child((word >> 16) as u16)]
+}
+
+/// Encodes both halves of a pair word.
+const fn join(pair: [Child; 2]) -> u32 {
+    pair[0].0 as u32 | (pair[1].0 as u32) << 16
+}
+
+impl ChildPair {
+    /// Reads both children.
+    pub fn load(&self) -> [Child; 2] {
+        split(self.0.load(Ordering::Acquire))
+    }
+
+    /// Writes both children (initialisation and recovery only).
+    pub fn store(&self, pair: [Child; 2]) {
+        self.0.store(join(pair), Ordering::Release);
+    }
+
+    /// Atomically replaces child `half` (0 or 1) by `f(child)` while `f` returns `Some`.
+    /// Returns the previous value, or the value that made `f` refuse.
+    pub fn update(
+        &self,
+        half: usize,
+        mut f: impl FnMut(Child) -> Option<Child>,
+    ) -> Result<Child, Child> {
+        stop!();
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                let mut pair = split(word);
+                pair[half] = f(pair[half])?;
+                Some(join(pair))
+            })
+            .map(|word| split(word)[half])
+            .map_err(|word| split(word)[half])
+    }
+
+    /// Atomically replaces both children if they equal `current`.
+    pub fn exchange(&self, current: [Child; 2], new: [Child; 2]) -> Result<(), [Child; 2]> {
+        stop!();
+        self.0
+            .compare_exchange(
+                join(current),
+                join(new),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(split)
+    }
+
+    /// Reserves `frames` base frames of child `half` for an allocation (decrements the counter).
+    pub fn take(&self, half: usize, frames: usize) -> bool {
+        self.update(half, |c| {
+            (c.flags() == 0 && c.free() >= frames).then(|| Child::new(c.free() - frames, 0))
+        })
+        .is_ok()
+    }
+
+    /// Returns `frames` base frames to child `half` (increments the counter).
+    pub fn give(&self, half: usize, frames: usize) {
+        let result = self.update(half, |c| {
+            (c.flags() == 0 && c.free() + frames <= CHILD_FRAMES)
+                .then(|| Child::new(c.free() + frames, 0))
+        });
+        debug_assert!(result.is_ok(), "child counter overflow: {result:?}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_counter_and_flags() {
+        let c = Child::new(300, HUGE | PAIR);
+        assert_eq!(c.free(), 300);
+        assert_eq!(c.flags(), HUGE | PAIR);
+        assert!(!c.is_malformed());
+        assert!(Child(0x3ff).is_malformed());
+        assert!(Child(1 << 15).is_malformed());
+    }
+
+    #[test]
+    fn halves_are_independent() {
+        let pair = ChildPair::default();
+        pair.store([Child::FREE, Child::FREE]);
+        assert!(pair.take(1, 10));
+        assert_eq!(pair.load(), [Child::FREE, Child::new(502, 0)]);
+        assert!(!pair.take(1, 503));
+        pair.give(1, 10);
+        assert_eq!(pair.load(), [Child::FREE; 2]);
+    }
+
+    #[test]
+    fn take_refuses_huge_children() {
+        let pair = ChildPair::default();
+        pair.store([Child::new(0, HUGE), Child::FREE]);
+        assert!(!pair.take(0, 1));
+        assert!(pair
+            .exchange([Child::FREE; 2], [Child::new(0, HUGE | PAIR); 2])
+            .is_err());
+    }
+}

@@ -1,0 +1,389 @@
+//! The lower level: allocation mechanisms inside one 64 MiB tree.
+//!
+//! Every child (2 MiB) has a [`child::Child`] entry and a [`bitfield::Bitfield`]. The lower level
+//! alone is the crash-consistent state of a persistent allocator; every allocation and free is
+//! committed by **one atomic change in one cache line**:
+//!
+//! * **Orders 0 to 6** first take `2^order` frames from the child counter, then set an aligned run
+//!   of bits inside one bitfield word with one CAS. The bit change is the commit: after a crash the
+//!   counters are recomputed from the bitfields, so a crash between the two steps loses nothing; a
+//!   crash after the bits are set but before the caller received the frame loses that one frame.
+//! * **Orders 7 and 8** set two or four whole words, one CAS each, and roll back when a race is
+//!   lost. A crash in between leaves some words set: less than one frame of the order is lost.
+//! * **Order 9** changes the child entry from "512 free" to "huge" with one CAS; the bitfield stays
+//!   zero and the huge flag is authoritative on recovery.
+//! * **Order 10** changes the two child entries that share one 32-bit word with one CAS.
+//! * **Order 18** (1 GiB, 512 children) is claimed by the upper level first, so its children are
+//!   exclusively owned by the allocating thread. Children 2..512 are marked [`child::GIANT`], then
+//!   the pair holding the first child is marked with one CAS: this commits the frame. Recovery
+//!   treats marked children whose first child is unmarked as an unfinished allocation (or free)
+//!   and frees them. A free first clears the first pair (uncommitting the frame), then the rest.
+//!
+//! Frees run in the opposite order: clear the authoritative state, then raise the counter.
+
+pub mod bitfield;
+pub mod child;
+
+use bitfield::{Bitfield, ClearError};
+use child::{Child, ChildPair, GIANT, HUGE, PAIR};
+
+use crate::flush::persist;
+use crate::{Error, InitError, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER, TREE_CHILDREN, TREE_FRAMES};
+
+/// Children in one giant frame.
+const GIANT_CHILDREN: usize = 1 << (GIANT_ORDER - HUGE_ORDER);
+/// A child that is part of a giant frame.
+const GIANT_CHILD: Child = Child::new(0, GIANT);
+/// A child that is an order-9 frame.
+const HUGE_CHILD: Child = Child::new(0, HUGE);
+/// A child that is half of an order-10 frame.
+const PAIR_CHILD: Child = Child::new(0, HUGE | PAIR);
+
+/// The lower-level metadata of a zone.
+///
+/// The slices point into the allocator's metadata region, which the allocator keeps alive for at
+/// least as long as this value (see `LLFree`).
+pub(crate) struct Lower {
+    /// Child entries in pairs; 16 pairs (one cache line) per tree, padding children are absent.
+    pairs: &'static [ChildPair],
+    /// One bitfield per existing child.
+    fields: &'static [Bitfield],
+    /// Write back changed cache lines (ADR platforms).
+    flush: bool,
+}
+
+impl Lower {
+    /// Bytes needed for the child entries of `children` children.
+    pub fn pairs_size(children: usize) -> usize {
+        children.div_ceil(TREE_CHILDREN) * TREE_CHILDREN * 2
+    }
+
+    /// Bytes needed for the bitfields of `children` children.
+    pub fn fields_size(children: usize) -> usize {
+        children * std::mem::size_of::<Bitfield>()
+    }
+
+    /// Creates the lower level over `pairs` and `fields` (neither initialised nor recovered).
+    pub fn new(pairs: &'static [ChildPair], fields: &'static [Bitfield], flush: bool) -> Self {
+        Self {
+            pairs,
+            fields,
+            flush,
+        }
+    }
+
+    /// Number of existing children.
+    pub fn children(&self) -> usize {
+        self.fields.len()
+    }
+
+    fn pair(&self, child: usize) -> &ChildPair {
+        &self.pairs[child / 2]
+    }
+
+    /// The state of one child.
+    pub fn child(&self, child: usize) -> Child {
+        self.pair(child).load()[child % 2]
+    }
+
+    /// Marks every child free (a fresh zone).
+    pub fn init_fresh(&self) {
+        for (index, pair) in self.pairs.iter().enumerate() {
+            pair.store([0, 1].map(|half| {
+                if index * 2 + half < self.children() {
+                    Child::FREE
+                } else {
+                    Child::ABSENT
+                }
+            }));
+        }
+        for field in self.fields {
+            field.reset();
+        }
+    }
+
+    /// Allocates `1 << order` frames (order <= 10) in the tree of `hint`, searching its children
+    /// from the child of `hint`. Returns the first frame, or `None` if this tree has no room.
+    pub fn get(&self, hint: usize, order: usize) -> Option<usize> {
+        let first = (hint / TREE_FRAMES) * TREE_CHILDREN;
+        let start = (hint / CHILD_FRAMES) % TREE_CHILDREN;
+        let end = (first + TREE_CHILDREN).min(self.children());
+        let children = (0..TREE_CHILDREN)
+            .map(|i| first + (start + i) % TREE_CHILDREN)
+            .filter(|child| *child < end);
+        match order {
+            HUGE_ORDER => children.into_iter().find_map(|child| self.get_huge(child)),
+            10 => children
+                .filter(|child| child % 2 == 0)
+                .find_map(|child| self.get_pair(child)),
+            _ => {
+                let frames = 1 << order;
+                let mut word = (hint % CHILD_FRAMES) / 64;
+                for child in children {
+                    let pair = self.pair(child);
+                    if pair.take(child % 2, frames) {
+                        if let Some(bit) = self.fields[child].set_first_zeros(word, order) {
+                            self.persist_field(child);
+                            return Some(child * CHILD_FRAMES + bit);
+                        }
+                        pair.give(child % 2, frames);
+                    }
+                    word = 0;
+                }
+                None
+            }
+        }
+    }
+
+    fn get_huge(&self, child: usize) -> Option<usize> {
+        self.pair(child)
+            .update(child % 2, |c| (c == Child::FREE).then_some(HUGE_CHILD))
+            .ok()?;
+        self.persist_pair(child);
+        Some(child * CHILD_FRAMES)
+    }
+
+    fn get_pair(&self, child: usize) -> Option<usize> {
+        self.pair(child)
+            .exchange([Child::FREE; 2], [PAIR_CHILD; 2])
+            .ok()?;
+        self.persist_pair(child);
+        Some(child * CHILD_FRAMES)
+    }
+
+    /// Frees `1 << order` frames (order <= 10) starting at `frame`.
+    pub fn put(&self, frame: usize, order: usize) -> Result<(), Error> {
+        let child = frame / CHILD_FRAMES;
+        let pair = self.pair(child);
+        let wrong_order = Error::WrongOrder { frame, order };
+        let not_allocated = Error::NotAllocated { frame, order };
+        match order {
+            HUGE_ORDER => pair
+                .update(child % 2, |c| (c == HUGE_CHILD).then_some(Child::FREE))
+                .map(|_| ())
+                .map_err(|c| {
+                    if c == Child::FREE {
+                        not_allocated
+                    } else {
+                        wrong_order
+                    }
+                })?,
+            10 => pair
+                .exchange([PAIR_CHILD; 2], [Child::FREE; 2])
+                .map_err(|c| {
+                    if c == [Child::FREE; 2] {
+                        not_allocated
+                    } else {
+                        wrong_order
+                    }
+                })?,
+            _ => {
+                if self.child(child).flags() != 0 {
+                    return Err(wrong_order);
+                }
+                match self.fields[child].clear(frame % CHILD_FRAMES, order) {
+                    Ok(()) => {}
+                    Err(ClearError::NotSet) => return Err(not_allocated),
+                    Err(ClearError::Partial { cleared_frames }) => {
+                        self.persist_field(child);
+                        pair.give(child % 2, cleared_frames);
+                        return Err(not_allocated);
+                    }
+                }
+                self.persist_field(child);
+                pair.give(child % 2, 1 << order);
+            }
+        }
+        self.persist_pair(child);
+        Ok(())
+    }
+
+    /// Marks the 512 free children of the giant frame at `frame` allocated. The caller owns them
+    /// (it claimed their 16 trees in the upper level). Returns false if a child was not free.
+    pub fn get_giant(&self, frame: usize) -> bool {
+        let first = frame / CHILD_FRAMES;
+        let pairs = first / 2 + 1..(first + GIANT_CHILDREN) / 2;
+        for (done, p) in pairs.clone().enumerate() {
+            if self.pairs[p]
+                .exchange([Child::FREE; 2], [GIANT_CHILD; 2])
+                .is_err()
+            {
+                self.release_pairs(pairs.start..pairs.start + done);
+                return false;
+            }
+        }
+        self.persist_range(pairs.clone());
+        // Commit: the first child becomes a giant child.
+        if self
+            .pair(first)
+            .exchange([Child::FREE; 2], [GIANT_CHILD; 2])
+            .is_err()
+        {
+            self.release_pairs(pairs);
+            return false;
+        }
+        self.persist_pair(first);
+        true
+    }
+
+    /// Frees the giant frame at `frame`.
+    pub fn put_giant(&self, frame: usize) -> Result<(), Error> {
+        let first = frame / CHILD_FRAMES;
+        // Uncommit: the first pair is cleared with one CAS.
+        self.pair(first)
+            .exchange([GIANT_CHILD; 2], [Child::FREE; 2])
+            .map_err(|c| {
+                if c[0] == Child::FREE {
+                    Error::NotAllocated {
+                        frame,
+                        order: GIANT_ORDER,
+                    }
+                } else {
+                    Error::WrongOrder {
+                        frame,
+                        order: GIANT_ORDER,
+                    }
+                }
+            })?;
+        self.persist_pair(first);
+        self.release_pairs(first / 2 + 1..(first + GIANT_CHILDREN) / 2);
+        Ok(())
+    }
+
+    fn release_pairs(&self, pairs: std::ops::Range<usize>) {
+        for p in pairs.clone() {
+            self.pairs[p].store([Child::FREE; 2]);
+        }
+        self.persist_range(pairs);
+    }
+
+    /// Whether the `1 << order` frames at `frame` are free.
+    pub fn is_free(&self, frame: usize, order: usize) -> bool {
+        let child = frame / CHILD_FRAMES;
+        match order {
+            HUGE_ORDER => self.child(child) == Child::FREE,
+            10 => self.pair(child).load() == [Child::FREE; 2],
+            GIANT_ORDER => (child..child + GIANT_CHILDREN).all(|c| self.child(c) == Child::FREE),
+            _ => {
+                self.child(child).flags() == 0
+                    && self.fields[child].is_zero(frame % CHILD_FRAMES, order)
+            }
+        }
+    }
+
+    /// Free frames of the children of `tree`.
+    pub fn tree_free(&self, tree: usize) -> usize {
+        let first = tree * TREE_CHILDREN;
+        (first..(first + TREE_CHILDREN).min(self.children()))
+            .map(|c| self.child(c).free())
+            .sum()
+    }
+
+    /// Recovers the child entries after a restart. With `deep` (after a crash) the counters of
+    /// base-frame children are rebuilt from the bitfields; otherwise they are validated only.
+    pub fn recover(&self, deep: bool) -> Result<(), InitError> {
+        let corrupted = |what, index| Err(InitError::Corrupted { what, index });
+        for index in 0..self.children() {
+            let child = self.child(index);
+            if child.is_malformed() {
+                return corrupted("malformed child entry", index);
+            }
+            let flags = child.flags();
+            if flags & GIANT != 0 {
+                if flags != GIANT || child.free() != 0 {
+                    return corrupted("malformed giant child", index);
+                }
+            } else if flags & HUGE != 0 {
+                let partner = self.child(index ^ 1);
+                if child.free() != 0 || (flags & PAIR != 0 && partner != PAIR_CHILD) {
+                    return corrupted("malformed huge child", index);
+                }
+            } else if flags != 0 {
+                return corrupted("pair flag without huge flag", index);
+            }
+            if deep && flags == 0 {
+                let free = CHILD_FRAMES - self.fields[index].count_ones();
+                self.pair(index)
+                    .update(index % 2, |_| Some(Child::new(free, 0)))
+                    .ok();
+            }
+            if deep && flags != 0 && self.fields[index].count_ones() != 0 {
+                return corrupted("huge child with allocated base frames", index);
+            }
+        }
+        self.recover_giants()?;
+        self.persist_range(0..self.pairs.len());
+        Ok(())
+    }
+
+    /// Keeps committed giant frames and frees the children of unfinished ones.
+    fn recover_giants(&self) -> Result<(), InitError> {
+        for first in (0..self.children()).step_by(GIANT_CHILDREN) {
+            let children = first..(first + GIANT_CHILDREN).min(self.children());
+            let committed = self.child(first) == GIANT_CHILD;
+            if committed && children.len() < GIANT_CHILDREN {
+                return Err(InitError::Corrupted {
+                    what: "giant frame beyond the end of the zone",
+                    index: first,
+                });
+            }
+            for index in children {
+                let giant = self.child(index) == GIANT_CHILD;
+                if committed && !giant {
+                    return Err(InitError::Corrupted {
+                        what: "incomplete committed giant frame",
+                        index,
+                    });
+                }
+                if !committed && giant {
+                    self.pair(index)
+                        .update(index % 2, |_| Some(Child::FREE))
+                        .ok();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every base-frame child counts exactly its zero bits.
+    pub fn validate_counters(&self) -> Result<(), InitError> {
+        for (index, field) in self.fields.iter().enumerate() {
+            let child = self.child(index);
+            let expected = if child.flags() == 0 {
+                CHILD_FRAMES - field.count_ones()
+            } else {
+                0
+            };
+            if child.free() != expected {
+                return Err(InitError::Corrupted {
+                    what: "child counter differs from its bitfield",
+                    index,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn persist_field(&self, child: usize) {
+        if self.flush {
+            persist((&self.fields[child] as *const Bitfield).cast());
+        }
+    }
+
+    fn persist_pair(&self, child: usize) {
+        if self.flush {
+            persist((self.pair(child) as *const ChildPair).cast());
+        }
+    }
+
+    fn persist_range(&self, pairs: std::ops::Range<usize>) {
+        if self.flush {
+            for p in (pairs.start & !15..pairs.end).step_by(16) {
+                persist((&self.pairs[p] as *const ChildPair).cast());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+//! The persistent meta page and the layout of a metadata region.
+//!
+//! A persistent region starts with one 4 KiB meta page (magic, layout version, frame count and a
+//! running/clean marker), followed by the child entries (one cache line per tree) and the
+//! bitfields (one cache line per child). A volatile region has the same layout without the meta
+//! page.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::lower::Lower;
+use crate::{InitError, CHILD_FRAMES};
+
+/// Size of the meta page.
+pub const META_SIZE: usize = 4096;
+/// "LLFREE" followed by two zero bytes, little endian.
+const MAGIC: u64 = u64::from_le_bytes(*b"LLFREE\0\0");
+/// Version of the persistent layout.
+pub const VERSION: u32 = 1;
+/// Marker: the allocator was shut down cleanly.
+const CLEAN: u64 = 0xC1EA_C1EA_C1EA_C1EA;
+/// Marker: the allocator is (or was, at a crash) running.
+const RUNNING: u64 = 0x5151_5151_5151_5151;
+
+/// Offsets of the metadata inside a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Offset of the child entries.
+    pub pairs: usize,
+    /// Offset of the bitfields.
+    pub fields: usize,
+    /// Total size of the region.
+    pub size: usize,
+}
+
+impl Layout {
+    /// The layout for `frames` frames, with or without a meta page.
+    pub fn new(frames: usize, with_meta: bool) -> Self {
+        let children = frames.div_ceil(CHILD_FRAMES);
+        let pairs = if with_meta { META_SIZE } else { 0 };
+        let fields = pairs + Lower::pairs_size(children);
+        Self {
+            pairs,
+            fields,
+            size: fields + Lower::fields_size(children),
+        }
+    }
+}
+
+/// The meta page at the start of a persistent region.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Meta {
+    magic: AtomicU64,
+    version: AtomicU64,
+    frames: AtomicU64,
+    state: AtomicU64,
+}
+
+impl Meta {
+    /// Invalidates the page before a fresh initialisation, so that a crash during it is detected.
+    pub fn invalidate(&self) {
+        self.magic.store(0, Ordering::Release);
+    }
+
+    /// Writes a valid page for `frames` frames; the magic is written last.
+    pub fn format(&self, frames: usize) {
+        self.version.store(VERSION.into(), Ordering::Relaxed);
+        self.frames.store(frames as u64, Ordering::Relaxed);
+        self.state.store(RUNNING, Ordering::Relaxed);
+        self.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// Checks the page against `frames`; returns whether the last shutdown was clean.
+    pub fn check(&self, frames: usize) -> Result<bool, InitError> {
+        let magic = self.magic.load(Ordering::Acquire);
+        if magic != MAGIC {
+            return Err(InitError::BadMagic { found: magic });
+        }
+        let version = self.version.load(Ordering::Relaxed);
+        if version != u64::from(VERSION) {
+            return Err(InitError::Version {
+                found: u32::try_from(version).unwrap_or(u32::MAX),
+                expected: VERSION,
+            });
+        }
+        let found = self.frames.load(Ordering::Relaxed);
+        if found != frames as u64 {
+            return Err(InitError::Size {
+                found,
+                expected: frames as u64,
+            });
+        }
+        match self.state.load(Ordering::Relaxed) {
+            CLEAN => Ok(true),
+            RUNNING => Ok(false),
+            _ => Err(InitError::Corrupted {
+                what: "shutdown marker",
+                index: 0,
+            }),
+        }
+    }
+
+    /// Marks the allocator as running (a crash from now on needs a deep recovery).
+    pub fn mark_running(&self) {
+        self.state.store(RUNNING, Ordering::Release);
+    }
+
+    /// Marks a clean shutdown.
+    pub fn mark_clean(&self) {
+        self.state.store(CLEAN, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page() -> Meta {
+        Meta {
+            magic: AtomicU64::new(0),
+            version: AtomicU64::new(0),
+            frames: AtomicU64::new(0),
+            state: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn layout_has_a_cache_line_per_tree_and_child() {
+        let layout = Layout::new(1 << 20, true);
+        assert_eq!(layout.pairs, META_SIZE);
+        assert_eq!(layout.fields, META_SIZE + 64 * 64);
+        assert_eq!(layout.size, layout.fields + 2048 * 64);
+        assert_eq!(Layout::new(512, false).size, 64 + 64);
+    }
+
+    #[test]
+    fn format_then_check() {
+        let meta = page();
+        assert_eq!(meta.check(512), Err(InitError::BadMagic { found: 0 }));
+        meta.format(512);
+        assert_eq!(meta.check(512), Ok(false));
+        meta.mark_clean();
+        assert_eq!(meta.check(512), Ok(true));
+        assert_eq!(
+            meta.check(1024),
+            Err(InitError::Size {
+                found: 512,
+                expected: 1024
+            })
+        );
+        meta.version.store(7, Ordering::Relaxed);
+        assert!(matches!(
+            meta.check(512),
+            Err(InitError::Version { found: 7, .. })
+        ));
+        meta.version.store(VERSION.into(), Ordering::Relaxed);
+        meta.state.store(3, Ordering::Relaxed);
+        assert!(matches!(meta.check(512), Err(InitError::Corrupted { .. })));
+        meta.invalidate();
+        assert!(matches!(meta.check(512), Err(InitError::BadMagic { .. })));
+    }
+}

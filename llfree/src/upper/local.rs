@@ -1,0 +1,185 @@
+//! Per-core data: the reserved tree, its local free counter, the last-allocated hint and the
+//! in-reservation flag, packed into one 64-bit word; plus the reserve-on-free history.
+//!
+//! Several threads may share one core id: every change is a compare-and-swap on the word. The
+//! in-reservation flag serialises the slow paths (sync, reservation, draining) of one core without
+//! blocking its fast path: allocations and frees go on while a reservation is being searched.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::TREE_FRAMES;
+
+/// Bits of the hint (a frame number).
+const HINT_MASK: u64 = (1 << 40) - 1;
+/// Position of the local free counter.
+const FREE_SHIFT: u32 = 40;
+/// Mask of the local free counter (after shifting).
+const FREE_MASK: u64 = 0x7fff;
+/// A tree is reserved.
+const PRESENT: u64 = 1 << 62;
+/// A thread runs a slow path (sync, reservation or drain) for this core.
+const RESERVING: u64 = 1 << 63;
+
+/// A snapshot of the per-core word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State(u64);
+
+impl State {
+    /// A reservation of `tree` with `free` frames and the hint `hint` (inside the tree).
+    fn reserved(hint: usize, free: usize) -> Self {
+        State(PRESENT | (free as u64) << FREE_SHIFT | hint as u64)
+    }
+    /// Whether a tree is reserved.
+    pub fn present(self) -> bool {
+        self.0 & PRESENT != 0
+    }
+    /// The last allocated frame (or the start of the reserved tree).
+    pub fn hint(self) -> usize {
+        (self.0 & HINT_MASK) as usize
+    }
+    /// The reserved tree.
+    pub fn tree(self) -> usize {
+        self.hint() / TREE_FRAMES
+    }
+    /// Free frames counted locally.
+    pub fn free(self) -> usize {
+        ((self.0 >> FREE_SHIFT) & FREE_MASK) as usize
+    }
+    fn with_free(self, free: usize) -> Self {
+        State(self.0 & !(FREE_MASK << FREE_SHIFT) | (free as u64) << FREE_SHIFT)
+    }
+    fn owns(self, tree: usize) -> bool {
+        self.present() && self.tree() == tree
+    }
+}
+
+/// The data of one core, on its own pair of cache lines.
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct Local {
+    state: AtomicU64,
+    /// Reserve-on-free history: tree << 16 | consecutive frees into it.
+    frees: AtomicU64,
+}
+
+impl Local {
+    fn update(&self, f: impl FnMut(State) -> Option<State>) -> Result<State, State> {
+        let mut f = f;
+        stop!();
+        self.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                f(State(v)).map(|s| s.0)
+            })
+            .map(State)
+            .map_err(State)
+    }
+
+    /// The current state.
+    pub fn load(&self) -> State {
+        State(self.state.load(Ordering::Acquire))
+    }
+
+    /// Fast path: takes `frames` from the local counter. Returns the state before.
+    pub fn take(&self, frames: usize) -> Option<State> {
+        self.update(|s| (s.present() && s.free() >= frames).then(|| s.with_free(s.free() - frames)))
+            .ok()
+    }
+
+    /// Adds `frames` to the local counter if `tree` is reserved here.
+    pub fn give(&self, tree: usize, frames: usize) -> bool {
+        self.update(|s| s.owns(tree).then(|| s.with_free(s.free() + frames)))
+            .is_ok()
+    }
+
+    /// Moves the hint to `frame` if its tree is still reserved here.
+    pub fn set_hint(&self, frame: usize) {
+        let tree = frame / TREE_FRAMES;
+        let _ = self.update(|s| {
+            s.owns(tree)
+                .then_some(State(s.0 & !HINT_MASK | frame as u64))
+        });
+    }
+
+    /// Starts a slow path. Fails if another thread of this core runs one.
+    pub fn begin_slow_path(&self) -> Option<State> {
+        self.update(|s| (s.0 & RESERVING == 0).then_some(State(s.0 | RESERVING)))
+            .ok()
+    }
+
+    /// Ends a slow path without changing the reservation.
+    pub fn end_slow_path(&self) {
+        self.state.fetch_and(!RESERVING, Ordering::AcqRel);
+    }
+
+    /// Installs a new reservation (ending the slow path); returns the previous state.
+    pub fn install(&self, hint: usize, free: usize) -> State {
+        stop!();
+        State(
+            self.state
+                .swap(State::reserved(hint, free).0, Ordering::AcqRel),
+        )
+    }
+
+    /// Removes the reservation (ending the slow path); returns the previous state.
+    pub fn uninstall(&self) -> State {
+        stop!();
+        State(self.state.swap(0, Ordering::AcqRel))
+    }
+
+    /// Records a free into a tree this core has not reserved. Returns how many consecutive frees
+    /// went to `tree`.
+    pub fn count_free(&self, tree: usize) -> usize {
+        let last = self.frees.load(Ordering::Relaxed);
+        let count = if (last >> 16) as usize == tree {
+            (last & 0xffff) + 1
+        } else {
+            1
+        };
+        self.frees
+            .store((tree as u64) << 16 | count.min(0xffff), Ordering::Relaxed);
+        count as usize
+    }
+
+    /// Forgets the reserve-on-free history.
+    pub fn reset_frees(&self) {
+        self.frees.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_path_counts_down() {
+        let local = Local::default();
+        assert_eq!(local.take(1), None);
+        assert!(local.begin_slow_path().is_some());
+        assert!(local.begin_slow_path().is_none());
+        let old = local.install(3 * TREE_FRAMES, 10);
+        assert!(!old.present());
+        assert_eq!(local.take(4).unwrap().free(), 10);
+        assert_eq!(local.take(7), None);
+        assert!(local.give(3, 2));
+        assert!(!local.give(2, 2));
+        assert_eq!(local.load().free(), 8);
+        local.set_hint(3 * TREE_FRAMES + 700);
+        assert_eq!(local.load().hint(), 3 * TREE_FRAMES + 700);
+        local.set_hint(5);
+        assert_eq!(local.load().tree(), 3);
+        assert!(local.begin_slow_path().is_some());
+        let old = local.uninstall();
+        assert_eq!((old.tree(), old.free()), (3, 8));
+        assert!(!local.load().present());
+    }
+
+    #[test]
+    fn counts_consecutive_frees() {
+        let local = Local::default();
+        local.reset_frees();
+        assert_eq!(local.count_free(7), 1);
+        assert_eq!(local.count_free(7), 2);
+        assert_eq!(local.count_free(8), 1);
+        assert_eq!(local.count_free(7), 1);
+    }
+}

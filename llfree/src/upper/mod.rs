@@ -1,0 +1,155 @@
+//! The upper level: allocation strategies over 64 MiB trees.
+//!
+//! Each core reserves a tree and allocates from it through its local counter, so cores rarely
+//! share cache lines. A new tree is searched in the paper's order: the reserved tree's cache-line
+//! neighbourhood, then partial trees, then free trees, then any tree with enough frames, and
+//! finally the reservations of other cores are drained and the search repeated. After a number of
+//! consecutive frees into a tree that is not reserved, the freeing core reserves it
+//! (reserve-on-free).
+
+pub mod local;
+pub mod trees;
+
+use local::Local;
+use trees::{Class, Trees, LINE_TREES};
+
+/// What a tree search is looking for.
+#[derive(Debug, Clone, Copy)]
+pub struct Search {
+    /// The tree to start from (the current or initial tree of the core).
+    pub start: usize,
+    /// Frames the allocation needs.
+    pub frames: usize,
+    /// The previous tree could not serve the order although it had enough free frames: prefer
+    /// free trees, which are not fragmented.
+    pub fragmented: bool,
+}
+
+impl Trees {
+    /// Finds and reserves a tree for `search`. Returns the tree and its free frames.
+    pub fn search(&self, search: Search) -> Option<(usize, usize)> {
+        let Search {
+            start,
+            frames,
+            fragmented,
+        } = search;
+        let line = start / LINE_TREES * LINE_TREES;
+        let neighbours = (0..LINE_TREES)
+            .map(move |i| line + (start - line + i) % LINE_TREES)
+            .filter(|t| *t < self.len());
+        let all = (0..self.len()).map(move |i| (start + i) % self.len());
+        let fits = move |free: usize| free >= frames;
+        let class = |c: Class| move |free: usize| fits(free) && self.class(free) == c;
+        let near = |free: usize| fits(free) && self.class(free) != Class::Allocated;
+        if fragmented {
+            self.first(neighbours, class(Class::Free))
+                .or_else(|| self.first(all.clone(), class(Class::Free)))
+                .or_else(|| self.first(all.clone(), class(Class::Partial)))
+                .or_else(|| self.first(all, fits))
+        } else {
+            self.first(neighbours, near)
+                .or_else(|| self.first(all.clone(), class(Class::Partial)))
+                .or_else(|| self.first(all.clone(), class(Class::Free)))
+                .or_else(|| self.first(all, fits))
+        }
+    }
+
+    /// Reserves the first tree of `trees` whose free count is accepted.
+    fn first(
+        &self,
+        trees: impl Iterator<Item = usize>,
+        accept: impl Fn(usize) -> bool + Copy,
+    ) -> Option<(usize, usize)> {
+        trees
+            .filter(|t| {
+                let (free, reserved) = self.load(*t);
+                !reserved && accept(free)
+            })
+            .find_map(|t| Some((t, self.reserve(t, accept)?)))
+    }
+}
+
+/// Per-core data of all cores.
+pub struct Locals(Box<[Local]>);
+
+impl Locals {
+    /// Data for `cores` cores.
+    pub fn new(cores: usize) -> Self {
+        let locals: Box<[Local]> = (0..cores).map(|_| Local::default()).collect();
+        for local in &locals {
+            local.reset_frees();
+        }
+        Self(locals)
+    }
+
+    /// The data of `core` (core ids beyond the slots share them).
+    pub fn get(&self, core: usize) -> &Local {
+        &self.0[core % self.0.len()]
+    }
+
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// All slots.
+    pub fn iter(&self) -> impl Iterator<Item = &Local> {
+        self.0.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TREE_FRAMES;
+
+    fn trees(free: &[usize]) -> Trees {
+        Trees::new(free, TREE_FRAMES / 8, TREE_FRAMES - TREE_FRAMES / 8)
+    }
+
+    fn search(start: usize, frames: usize, fragmented: bool) -> Search {
+        Search {
+            start,
+            frames,
+            fragmented,
+        }
+    }
+
+    #[test]
+    fn prefers_partial_trees() {
+        let full = TREE_FRAMES;
+        let mut free = vec![10; 64];
+        free[40] = 5000;
+        free[2] = 6000;
+        free[50] = full;
+        let t = trees(&free);
+        // The neighbourhood of tree 35 (trees 32..64) is searched first, in order.
+        assert_eq!(t.search(search(35, 1, false)), Some((40, 5000)));
+        assert_eq!(t.search(search(35, 1, false)), Some((50, full)));
+        // Then partial trees anywhere.
+        assert_eq!(t.search(search(35, 1, false)), Some((2, 6000)));
+        // Nothing big enough.
+        assert_eq!(t.search(search(0, full + 1, false)), None);
+        // Fragmented: free trees first.
+        let t = trees(&free);
+        assert_eq!(t.search(search(1, 512, true)), Some((50, full)));
+    }
+
+    #[test]
+    fn falls_back_to_allocated_trees() {
+        let t = trees(&[0, 10, 0]);
+        assert_eq!(t.search(search(2, 4, false)), Some((1, 10)));
+        assert_eq!(t.search(search(2, 1, false)), None);
+    }
+
+    #[test]
+    fn global_search_finds_partial_before_free() {
+        let full = TREE_FRAMES;
+        let mut free = vec![10; 96];
+        free[70] = full;
+        free[90] = 3000;
+        let t = trees(&free);
+        assert_eq!(t.search(search(0, 1, false)), Some((90, 3000)));
+        assert_eq!(t.search(search(0, 1, false)), Some((70, full)));
+    }
+}

@@ -1,0 +1,209 @@
+//! The tree array: per 64 MiB tree a 16-bit entry with a free counter and a reserved flag.
+//!
+//! Entries are packed 32 to a cache line. While a tree is reserved by a core, its free frames
+//! live in that core's local counter and the entry only collects frees from other cores.
+
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use crate::{GIANT_ORDER, TREE_FRAMES};
+
+/// The reserved flag.
+const RESERVED: u16 = 1 << 15;
+/// Trees in one cache line.
+pub const LINE_TREES: usize = 32;
+/// Trees in one giant frame.
+pub const GIANT_TREES: usize = (1 << GIANT_ORDER) / TREE_FRAMES;
+
+/// One cache line of tree entries.
+#[repr(C, align(64))]
+#[derive(Default)]
+struct Line([AtomicU16; LINE_TREES]);
+
+/// How full a tree is, for the reservation heuristic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Almost all frames are taken.
+    Allocated,
+    /// Neither almost free nor almost allocated.
+    Partial,
+    /// Almost all frames are free.
+    Free,
+}
+
+/// The tree array.
+pub struct Trees {
+    lines: Box<[Line]>,
+    len: usize,
+    /// Trees with fewer free frames are [`Class::Allocated`].
+    almost_allocated: usize,
+    /// Trees with more free frames are [`Class::Free`].
+    almost_free: usize,
+}
+
+impl Trees {
+    /// Creates `free.len()` unreserved trees with the given free counts.
+    pub fn new(free: &[usize], almost_allocated: usize, almost_free: usize) -> Self {
+        let lines: Box<[Line]> = (0..free.len().div_ceil(LINE_TREES))
+            .map(|_| Line::default())
+            .collect();
+        let trees = Self {
+            lines,
+            len: free.len(),
+            almost_allocated,
+            almost_free,
+        };
+        for (tree, free) in free.iter().enumerate() {
+            trees.entry(tree).store(*free as u16, Ordering::Relaxed);
+        }
+        trees
+    }
+
+    /// Number of trees.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    fn entry(&self, tree: usize) -> &AtomicU16 {
+        &self.lines[tree / LINE_TREES].0[tree % LINE_TREES]
+    }
+
+    /// The global free counter and the reserved flag of `tree`.
+    pub fn load(&self, tree: usize) -> (usize, bool) {
+        let v = self.entry(tree).load(Ordering::Acquire);
+        ((v & !RESERVED) as usize, v & RESERVED != 0)
+    }
+
+    /// Classifies a free count.
+    pub fn class(&self, free: usize) -> Class {
+        if free < self.almost_allocated {
+            Class::Allocated
+        } else if free > self.almost_free {
+            Class::Free
+        } else {
+            Class::Partial
+        }
+    }
+
+    /// Reserves `tree` if it is unreserved and `accept(free)` holds; moves its free counter out
+    /// and returns it.
+    pub fn reserve(&self, tree: usize, accept: impl Fn(usize) -> bool) -> Option<usize> {
+        stop!();
+        self.entry(tree)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v & RESERVED == 0 && accept(v as usize)).then_some(RESERVED)
+            })
+            .ok()
+            .map(usize::from)
+    }
+
+    /// Clears the reservation of `tree` and adds the frames its core still counted.
+    pub fn unreserve(&self, tree: usize, free: usize) {
+        stop!();
+        let result = self
+            .entry(tree)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some((v & !RESERVED) + free as u16)
+            });
+        debug_assert!(result.is_ok_and(|v| v & RESERVED != 0));
+    }
+
+    /// Takes the frames freed into a reserved `tree` by other cores (the owner's sync).
+    pub fn take_foreign_frees(&self, tree: usize) -> usize {
+        stop!();
+        self.entry(tree)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v & RESERVED != 0 && v != RESERVED).then_some(RESERVED)
+            })
+            .map_or(0, |v| usize::from(v & !RESERVED))
+    }
+
+    /// Adds freed frames to the global counter of `tree`.
+    pub fn add(&self, tree: usize, frames: usize) {
+        stop!();
+        self.entry(tree).fetch_add(frames as u16, Ordering::AcqRel);
+    }
+
+    /// Takes `frames` from the global counter of an unreserved `tree` (an allocation without a
+    /// reservation).
+    pub fn take(&self, tree: usize, frames: usize) -> bool {
+        self.entry(tree)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v & RESERVED == 0 && v as usize >= frames).then(|| v - frames as u16)
+            })
+            .is_ok()
+    }
+
+    /// Claims `GIANT_TREES` entirely free, unreserved, aligned trees among the first `trees`
+    /// (those entirely inside the zone). Returns the first tree.
+    pub fn claim_giant(&self, trees: usize) -> Option<usize> {
+        let full = TREE_FRAMES as u16;
+        'groups: for first in (0..trees / GIANT_TREES * GIANT_TREES).step_by(GIANT_TREES) {
+            let group = first..first + GIANT_TREES;
+            if group
+                .clone()
+                .any(|t| self.entry(t).load(Ordering::Relaxed) != full)
+            {
+                continue;
+            }
+            for tree in group.clone() {
+                stop!();
+                let claimed =
+                    self.entry(tree)
+                        .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed);
+                if claimed.is_err() {
+                    for claimed in first..tree {
+                        self.add(claimed, TREE_FRAMES);
+                    }
+                    continue 'groups;
+                }
+            }
+            return Some(first);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trees(free: &[usize]) -> Trees {
+        Trees::new(free, TREE_FRAMES / 8, TREE_FRAMES - TREE_FRAMES / 8)
+    }
+
+    #[test]
+    fn reserve_moves_the_counter_out() {
+        let t = trees(&[100, TREE_FRAMES]);
+        assert_eq!(t.reserve(0, |f| f >= 200), None);
+        assert_eq!(t.reserve(0, |f| f >= 100), Some(100));
+        assert_eq!(t.load(0), (0, true));
+        assert_eq!(t.reserve(0, |_| true), None);
+        t.add(0, 5);
+        assert_eq!(t.take_foreign_frees(0), 5);
+        assert_eq!(t.take_foreign_frees(0), 0);
+        t.unreserve(0, 42);
+        assert_eq!(t.load(0), (42, false));
+    }
+
+    #[test]
+    fn classes_follow_thresholds() {
+        let t = trees(&[0]);
+        assert_eq!(t.class(0), Class::Allocated);
+        assert_eq!(t.class(2047), Class::Allocated);
+        assert_eq!(t.class(2048), Class::Partial);
+        assert_eq!(t.class(14336), Class::Partial);
+        assert_eq!(t.class(14337), Class::Free);
+    }
+
+    #[test]
+    fn giant_claims_sixteen_free_trees() {
+        let mut free = vec![TREE_FRAMES; 40];
+        free[3] = 10;
+        let t = trees(&free);
+        assert_eq!(t.claim_giant(40), Some(16));
+        assert_eq!(t.claim_giant(40), None);
+        assert!((16..32).all(|i| t.load(i) == (0, false)));
+        assert!(!t.take(16, 1));
+        assert!(t.take(0, 1));
+    }
+}
