@@ -5,6 +5,7 @@
 //! benchmark (§5.6) and the recovery benchmark (§5.7).
 
 mod affinity;
+pub mod alloc_kind;
 pub mod buddy;
 pub mod frame_alloc;
 mod frame_links;
@@ -12,9 +13,11 @@ pub mod harness;
 pub mod list_cas;
 pub mod list_local;
 pub mod list_locked;
+pub mod report;
 pub mod rng;
 pub mod spin;
 #[cfg(test)]
 mod testing;
+pub mod units;
 
 pub use frame_alloc::{AllocError, FrameAllocator};

@@ -1,0 +1,95 @@
+//! The allocators selectable on the command line, and their construction.
+
+use crate::buddy::{Buddy, BuddyConfig};
+use crate::frame_alloc::{AllocError, FrameAllocator};
+use crate::list_cas::ListCas;
+use crate::list_local::ListLocal;
+use crate::list_locked::ListLocked;
+use std::fmt;
+use std::str::FromStr;
+
+/// One of the benchmarked allocators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllocKind {
+    /// The spin-locked buddy allocator with per-CPU lists.
+    Buddy,
+    /// One spin-locked global list.
+    ListLocked,
+    /// One lock-free global list.
+    ListCas,
+    /// Per-core lists only.
+    ListLocal,
+}
+
+impl AllocKind {
+    /// Every allocator, in the order of the default command line.
+    pub const ALL: [AllocKind; 4] = [
+        AllocKind::Buddy,
+        AllocKind::ListLocked,
+        AllocKind::ListCas,
+        AllocKind::ListLocal,
+    ];
+
+    /// The name used on the command line and in the output.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocKind::Buddy => "buddy",
+            AllocKind::ListLocked => "list-locked",
+            AllocKind::ListCas => "list-cas",
+            AllocKind::ListLocal => "list-local",
+        }
+    }
+
+    /// Creates the allocator for `cores` cores over a zone of `frames` free frames.
+    pub fn create(
+        self,
+        cores: usize,
+        frames: usize,
+    ) -> Result<Box<dyn FrameAllocator>, AllocError> {
+        Ok(match self {
+            AllocKind::Buddy => Box::new(Buddy::new(BuddyConfig::new(cores), frames)?),
+            AllocKind::ListLocked => Box::new(ListLocked::new(frames)?),
+            AllocKind::ListCas => Box::new(ListCas::new(frames)?),
+            AllocKind::ListLocal => Box::new(ListLocal::new(cores, frames)?),
+        })
+    }
+}
+
+impl fmt::Display for AllocKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AllocKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "unknown allocator {s:?} (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_create() {
+        for kind in AllocKind::ALL {
+            assert_eq!(kind.name().parse::<AllocKind>(), Ok(kind));
+            let alloc = kind.create(2, 1024).unwrap();
+            assert_eq!(alloc.name(), kind.name());
+            assert_eq!(alloc.free_frames(), 1024);
+        }
+        assert!("slab".parse::<AllocKind>().unwrap_err().contains("buddy"));
+    }
+}

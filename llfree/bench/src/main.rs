@@ -1,0 +1,109 @@
+//! `llfree-bench`: the command-line front end of the benchmarks (see the crate docs).
+
+use clap::{Args, Parser, Subcommand};
+use llfree_bench::alloc_kind::AllocKind;
+use llfree_bench::harness::{self, Bench, RunParams};
+use llfree_bench::report::{write_csv, RunKey, Summary, CSV_HEADER};
+use llfree_bench::units::parse_zone;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// Benchmarks LLFree against buddy and list-based page-frame allocators.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Every thread allocates its share of half the zone, then frees it; repeated.
+    Bulk(RunArgs),
+    /// Every thread allocates its share of the zone; frees in random order are timed.
+    Rand(RunArgs),
+    /// Every thread allocates and frees one frame in a loop (a get+put pair is timed).
+    Repeat(RunArgs),
+}
+
+/// Options of bulk, rand and repeat.
+#[derive(Args)]
+struct RunArgs {
+    /// Allocators to compare in this run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "buddy,list-locked,list-cas,list-local"
+    )]
+    alloc: Vec<AllocKind>,
+    /// Allocation orders (log2 of 4 KiB frames).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    order: Vec<usize>,
+    /// Thread counts; thread t is pinned to allowed CPU t % nproc and uses core id t.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<usize>,
+    /// Zone size (K, M, G, T suffixes; a multiple of 2 MiB).
+    #[arg(long, default_value = "8G", value_parser = parse_zone)]
+    zone: usize,
+    /// Timed iterations per run.
+    #[arg(long, default_value_t = 5)]
+    iterations: usize,
+    /// Seed of the random order of `rand`.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Bulk(args) => run_harness(Bench::Bulk, &args),
+        Command::Rand(args) => run_harness(Bench::Rand, &args),
+        Command::Repeat(args) => run_harness(Bench::Repeat, &args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llfree-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error>;
+
+fn run_harness(bench: Bench, args: &RunArgs) -> Result<(), BoxError> {
+    let frames = args.zone / llfree_bench::units::FRAME_SIZE;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{CSV_HEADER}")?;
+    let mut summary = Summary::default();
+    for &order in &args.order {
+        for &threads in &args.threads {
+            for &kind in &args.alloc {
+                let alloc = kind.create(threads, frames)?;
+                if !alloc.supports_order(order) {
+                    eprintln!("{kind}: order {order} not supported, skipped");
+                    continue;
+                }
+                let params = RunParams {
+                    bench,
+                    order,
+                    threads,
+                    iterations: args.iterations,
+                    seed: args.seed,
+                };
+                let samples = harness::run(alloc.as_ref(), params)?;
+                let key = RunKey {
+                    alloc: alloc.name(),
+                    bench,
+                    order,
+                    threads,
+                    zone_bytes: args.zone,
+                };
+                write_csv(&mut stdout, &key, &samples)?;
+                stdout.flush()?;
+                summary.add(key, &samples);
+            }
+        }
+    }
+    summary.write(&mut std::io::stderr().lock())?;
+    Ok(())
+}
