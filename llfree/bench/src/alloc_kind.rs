@@ -5,12 +5,17 @@ use crate::frame_alloc::{AllocError, FrameAllocator};
 use crate::list_cas::ListCas;
 use crate::list_local::ListLocal;
 use crate::list_locked::ListLocked;
+use crate::llfree_alloc::LLFreeAlloc;
+use llfree::InitError;
 use std::fmt;
 use std::str::FromStr;
+use thiserror::Error;
 
 /// One of the benchmarked allocators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AllocKind {
+    /// LLFree with volatile metadata.
+    LLFree,
     /// The spin-locked buddy allocator with per-CPU lists.
     Buddy,
     /// One spin-locked global list.
@@ -23,7 +28,8 @@ pub enum AllocKind {
 
 impl AllocKind {
     /// Every allocator, in the order of the default command line.
-    pub const ALL: [AllocKind; 4] = [
+    pub const ALL: [AllocKind; 5] = [
+        AllocKind::LLFree,
         AllocKind::Buddy,
         AllocKind::ListLocked,
         AllocKind::ListCas,
@@ -33,6 +39,7 @@ impl AllocKind {
     /// The name used on the command line and in the output.
     pub fn name(self) -> &'static str {
         match self {
+            AllocKind::LLFree => "llfree",
             AllocKind::Buddy => "buddy",
             AllocKind::ListLocked => "list-locked",
             AllocKind::ListCas => "list-cas",
@@ -45,14 +52,26 @@ impl AllocKind {
         self,
         cores: usize,
         frames: usize,
-    ) -> Result<Box<dyn FrameAllocator>, AllocError> {
+    ) -> Result<Box<dyn FrameAllocator>, CreateError> {
         Ok(match self {
+            AllocKind::LLFree => Box::new(LLFreeAlloc::new(cores, frames)?),
             AllocKind::Buddy => Box::new(Buddy::new(BuddyConfig::new(cores), frames)?),
             AllocKind::ListLocked => Box::new(ListLocked::new(frames)?),
             AllocKind::ListCas => Box::new(ListCas::new(frames)?),
             AllocKind::ListLocal => Box::new(ListLocal::new(cores, frames)?),
         })
     }
+}
+
+/// An allocator could not be created.
+#[derive(Debug, Error)]
+pub enum CreateError {
+    /// A baseline rejected the zone.
+    #[error(transparent)]
+    Baseline(#[from] AllocError),
+    /// LLFree rejected the configuration.
+    #[error("llfree: {0}")]
+    LLFree(#[from] InitError),
 }
 
 impl fmt::Display for AllocKind {

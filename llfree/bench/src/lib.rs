@@ -13,6 +13,7 @@ pub mod harness;
 pub mod list_cas;
 pub mod list_local;
 pub mod list_locked;
+pub mod llfree_alloc;
 pub mod report;
 pub mod rng;
 pub mod spin;

@@ -33,7 +33,7 @@ struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "buddy,list-locked,list-cas,list-local"
+        default_value = "llfree,buddy,list-locked,list-cas,list-local"
     )]
     alloc: Vec<AllocKind>,
     /// Allocation orders (log2 of 4 KiB frames).
