@@ -1,4 +1,5 @@
 //! vmm (in progress).
 
+pub mod boot;
 pub mod devices;
 pub mod layout;
