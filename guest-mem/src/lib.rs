@@ -1,1 +1,30 @@
-//! guest-mem (in progress).
+//! Guest physical memory made of LLFree-managed host frames, populated eagerly or lazily per vCPU.
+//!
+//! * A [`Pool`] is one LLFree allocator over one host memory zone (plain memory, hugetlb with
+//!   2 MiB or 1 GiB pages, or a persistent file / DAX device), shared by guests through `Arc`.
+//! * A [`GuestMemory`] is a guest's RAM: regions, each one contiguous host virtual range made of
+//!   chunks the size of a pool frame. A chunk is unpopulated (an anonymous placeholder registered
+//!   with userfaultfd) or mapped onto exactly one pool frame with `MAP_FIXED | MAP_SHARED`.
+//! * Lazy population: a fault is resolved by a handler thread that allocates with the faulting
+//!   vCPU's own core id ([`GuestMemory::register_vcpu`]), maps the frame and wakes the vCPU.
+//! * Discards return whole chunks' frames to the pool, scrubbed ([`Scrub`]); partial discards
+//!   are counted in per-chunk bitmaps until the chunk is entirely given away.
+//! * [`GuestMemory`] implements vm-memory's `GuestMemoryBackend`, so loaders, virtio queues and
+//!   devices use it directly; their accesses populate first and never fault fatally.
+
+mod access;
+mod fault;
+mod frame_table;
+mod memory;
+mod pieces;
+pub mod pool;
+mod region;
+pub mod stats;
+mod sys;
+mod vcpu;
+
+pub use memory::{DiscardStats, GuestMemory, MemoryConfig, MemoryError, Populate, Snapshot};
+pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
+pub use region::{GuestRegion, RegionError};
+pub use stats::{MemoryStats, PoolStats};
+pub use vcpu::FaultError;

@@ -1,0 +1,140 @@
+//! The userfaultfd fault handler threads of a guest memory.
+//!
+//! A fault is resolved without any global lock: the chunk is claimed with one compare-and-swap
+//! of its frame-table entry, a frame is allocated with the faulting vCPU's own LLFree core id
+//! (so each vCPU fills its own reserved tree), mapped over the chunk, and the waiters are woken.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::memory::Inner;
+use crate::region::RegionError;
+use crate::stats::Counters;
+use crate::sys::uffd::Fault;
+use crate::vcpu::FaultError;
+
+const PAGE: usize = 4096;
+
+/// Running handler threads; stopped and joined on drop.
+#[derive(Debug)]
+pub(crate) struct FaultHandlers {
+    stop: Arc<EventFd>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl FaultHandlers {
+    /// Starts `count` threads serving the faults of `inner`.
+    pub fn spawn(inner: &Arc<Inner>, count: usize) -> io::Result<Self> {
+        let stop = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let mut handlers = Self {
+            stop,
+            threads: Vec::with_capacity(count),
+        };
+        for i in 0..count {
+            let (inner, stop) = (Arc::clone(inner), Arc::clone(&handlers.stop));
+            let thread = std::thread::Builder::new()
+                .name(format!("guest-mem-fault-{i}"))
+                .spawn(move || serve(&inner, &stop))?;
+            handlers.threads.push(thread);
+        }
+        Ok(handlers)
+    }
+}
+
+impl Drop for FaultHandlers {
+    fn drop(&mut self) {
+        // Level-triggered: one write stops every thread.
+        let _ = self.stop.write(1);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(inner: &Inner, stop: &EventFd) {
+    let uffd = &inner.shared.uffd;
+    let mut faults = [Fault {
+        address: 0,
+        tid: 0,
+        write: false,
+    }; 16];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: uffd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is an array of two valid pollfd structures.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if rc < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        // Another handler may have taken the messages: then nothing is read.
+        let Ok(n) = uffd.read_faults(&mut faults) else {
+            return;
+        };
+        for fault in &faults[..n] {
+            handle(inner, fault);
+        }
+    }
+}
+
+/// Resolves one fault: populate the chunk with the faulting vCPU's core, then wake.
+fn handle(inner: &Inner, fault: &Fault) {
+    let shared = &inner.shared;
+    let Some((region, chunk)) = inner.locate(fault.address) else {
+        // Not guest memory (cannot happen: only regions are registered); do not leave it hanging.
+        let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+        return;
+    };
+    let vcpu = shared.vcpus.index_of(fault.tid);
+    let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
+    match region.populate(chunk, core) {
+        Ok(fresh) => {
+            if fresh {
+                Counters::bump(&shared.counters.faults);
+                if let Some(i) = vcpu {
+                    Counters::bump(&shared.counters.vcpu_faults[i]);
+                }
+            }
+            let (addr, len) = region.chunk_range(chunk);
+            // Fails only if the range is gone, i.e. the memory is being torn down.
+            let _ = shared.uffd.wake(addr, len);
+        }
+        Err(error) => {
+            let error = match error {
+                RegionError::Exhausted(_) => {
+                    Counters::bump(&shared.counters.exhausted);
+                    FaultError::PoolExhausted
+                }
+                _ => FaultError::MapFailed,
+            };
+            match vcpu {
+                // The vCPU gets the error from KVM_RUN (EINTR, then take_fault_error).
+                Some(i) => shared.vcpus.report(i, fault.tid, error),
+                // A VMM thread raced with a discard (vm-memory accesses populate first): give it
+                // the zero page rather than a SIGBUS; the chunk stays unpopulated in the table.
+                None => {
+                    let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+                }
+            }
+        }
+    }
+}

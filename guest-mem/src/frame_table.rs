@@ -1,0 +1,100 @@
+//! The frame table: for every guest chunk, the pool frame backing it, one `AtomicU64` each.
+//!
+//! Every change is one atomic store or compare-and-swap of one entry, so the table can later live
+//! in a persistent zone. An entry is `EMPTY` (unpopulated), `BUSY` (one thread is mapping or
+//! unmapping the chunk) or `frame index + 1` (mapped onto that frame).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const EMPTY: u64 = 0;
+const BUSY: u64 = u64::MAX;
+
+/// What a chunk is backed by now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Not backed; a touch faults.
+    Empty,
+    /// Being mapped or unmapped by some thread; wait for it.
+    Busy,
+    /// Mapped onto the pool frame with this first 4 KiB frame number.
+    Mapped(u64),
+}
+
+/// Chunk-to-frame entries of one region.
+#[derive(Debug)]
+pub struct FrameTable {
+    entries: Box<[AtomicU64]>,
+}
+
+impl FrameTable {
+    /// A table of `chunks` unpopulated chunks.
+    pub fn new(chunks: usize) -> Self {
+        Self {
+            entries: (0..chunks).map(|_| AtomicU64::new(EMPTY)).collect(),
+        }
+    }
+
+    /// The number of chunks.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The state of `chunk`.
+    pub fn state(&self, chunk: usize) -> ChunkState {
+        match self.entries[chunk].load(Ordering::Acquire) {
+            EMPTY => ChunkState::Empty,
+            BUSY => ChunkState::Busy,
+            entry => ChunkState::Mapped(entry - 1),
+        }
+    }
+
+    /// Claims an unpopulated chunk for populating it.
+    pub fn claim_empty(&self, chunk: usize) -> bool {
+        self.entries[chunk]
+            .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Claims a chunk mapped onto `frame` for changing or unmapping it.
+    pub fn claim_mapped(&self, chunk: usize, frame: u64) -> bool {
+        self.entries[chunk]
+            .compare_exchange(frame + 1, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Publishes a claimed chunk as mapped onto `frame`.
+    pub fn publish(&self, chunk: usize, frame: u64) {
+        self.entries[chunk].store(frame + 1, Ordering::Release);
+    }
+
+    /// Publishes a claimed chunk as unpopulated.
+    pub fn publish_empty(&self, chunk: usize) {
+        self.entries[chunk].store(EMPTY, Ordering::Release);
+    }
+
+    /// Chunks mapped now.
+    pub fn populated(&self) -> usize {
+        (0..self.len())
+            .filter(|&c| matches!(self.state(c), ChunkState::Mapped(_)))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_are_exclusive() {
+        let table = FrameTable::new(2);
+        assert!(table.claim_empty(1));
+        assert!(!table.claim_empty(1));
+        assert_eq!(table.state(1), ChunkState::Busy);
+        table.publish(1, 0);
+        assert_eq!(table.state(1), ChunkState::Mapped(0));
+        assert!(!table.claim_mapped(1, 512));
+        assert!(table.claim_mapped(1, 0));
+        table.publish_empty(1);
+        assert_eq!(table.populated(), 0);
+    }
+}

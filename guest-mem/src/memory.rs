@@ -1,0 +1,498 @@
+//! A guest's physical memory: regions of chunks backed by frames of a shared pool.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::Arc;
+
+use llfree::FRAME_SIZE;
+use thiserror::Error;
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::fault::FaultHandlers;
+use crate::pool::{Frame, FrameSize, Pool};
+use crate::region::{GuestRegion, RegionError};
+use crate::stats::{Counters, MemoryStats};
+use crate::sys::uffd::{Uffd, UffdError};
+use crate::vcpu::{FaultError, VcpuRegistry};
+
+/// When chunks get their frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Populate {
+    /// Every chunk at creation.
+    Eager,
+    /// On first touch, through userfaultfd, with the toucher's core id.
+    #[default]
+    Lazy,
+}
+
+/// Parameters of a guest memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// RAM regions as (guest address, size), sorted and not overlapping; both multiples of the
+    /// chunk size.
+    pub ranges: Vec<(GuestAddress, u64)>,
+    /// The chunk size; `None` takes the pool's frame size.
+    pub chunk_size: Option<FrameSize>,
+    /// Eager or lazy population.
+    pub populate: Populate,
+    /// The number of vCPUs (each gets its own core id in the pool).
+    pub vcpus: usize,
+    /// Fault handler threads.
+    pub fault_threads: usize,
+    /// Signal sent to a vCPU thread whose fault cannot be resolved, so that KVM_RUN returns
+    /// EINTR; the VMM must have a handler installed for it. `None`: the vCPU keeps waiting.
+    pub kick_signal: Option<i32>,
+}
+
+impl MemoryConfig {
+    /// Lazy memory of `ranges` for `vcpus` vCPUs, pool-sized chunks, one fault thread.
+    pub fn new(ranges: Vec<(GuestAddress, u64)>, vcpus: usize) -> Self {
+        Self {
+            ranges,
+            chunk_size: None,
+            populate: Populate::Lazy,
+            vcpus,
+            fault_threads: 1,
+            kick_signal: None,
+        }
+    }
+}
+
+/// Errors of creating and changing guest memory.
+#[derive(Debug, Error)]
+pub enum MemoryError {
+    /// No RAM region was given.
+    #[error("guest memory needs at least one region")]
+    NoRegions,
+    /// A region is empty, not chunk-aligned, overlaps its predecessor or wraps.
+    #[error("bad RAM region at {start:#x}, size {size:#x}: {why} ({chunk} chunks)")]
+    BadRegion {
+        /// Its guest address.
+        start: u64,
+        /// Its size.
+        size: u64,
+        /// What is wrong.
+        why: &'static str,
+        /// The chunk size.
+        chunk: &'static str,
+    },
+    /// The chunk size is smaller than the pool's frames.
+    #[error("chunk size {chunk} is smaller than the pool's frames ({pool})")]
+    ChunkTooSmall {
+        /// The chunk size asked for.
+        chunk: &'static str,
+        /// The pool's frame size.
+        pool: &'static str,
+    },
+    /// No fault handler thread.
+    #[error("at least one fault handler thread is needed")]
+    NoFaultThreads,
+    /// The userfaultfd could not be set up.
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    /// A thread or eventfd could not be created.
+    #[error("cannot start the fault handlers: {0}")]
+    Handlers(#[source] io::Error),
+    /// A region operation failed.
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    /// A guest range is empty or not 4 KiB aligned.
+    #[error("guest range {addr:#x}+{len:#x} is empty or not 4 KiB aligned")]
+    Unaligned {
+        /// Its start.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A guest range is not all RAM.
+    #[error("guest range {addr:#x}+{len:#x} is not RAM")]
+    NotRam {
+        /// Its start.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A vCPU index is out of range.
+    #[error("vCPU {index} does not exist (the memory has {vcpus} vCPUs)")]
+    NoSuchVcpu {
+        /// The index.
+        index: usize,
+        /// vCPUs configured.
+        vcpus: usize,
+    },
+    /// A snapshot does not fit the configuration or the pool.
+    #[error("frame table snapshot does not fit: {0}")]
+    Snapshot(String),
+}
+
+/// What a discard did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiscardStats {
+    /// Chunks whose frame went back to the pool.
+    pub freed_chunks: usize,
+    /// 4 KiB pieces newly counted as given away.
+    pub pieces: usize,
+}
+
+/// The frames of a detached guest memory, to map them again later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The chunk size.
+    pub chunk_size: FrameSize,
+    /// Per region: its guest address and the frame (first 4 KiB frame number) of every chunk.
+    pub regions: Vec<(GuestAddress, Vec<Option<u64>>)>,
+}
+
+/// State shared by the regions and the fault handler threads.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub pool: Arc<Pool>,
+    pub uffd: Uffd,
+    pub vcpus: VcpuRegistry,
+    pub counters: Counters,
+    pub core_base: usize,
+    pub vmm_core: usize,
+}
+
+/// The regions, kept alive by the memory and its fault handlers.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub regions: Vec<GuestRegion>,
+    pub shared: Arc<Shared>,
+}
+
+impl Inner {
+    /// The region and chunk of host address `addr`.
+    pub fn locate(&self, addr: usize) -> Option<(&GuestRegion, usize)> {
+        self.regions
+            .iter()
+            .find_map(|r| r.chunk_of_host(addr).map(|chunk| (r, chunk)))
+    }
+}
+
+/// A guest's physical memory. Implements vm-memory's `GuestMemoryBackend`.
+#[derive(Debug)]
+pub struct GuestMemory {
+    // Declared first: dropped (stopped and joined) before the regions go.
+    handlers: FaultHandlers,
+    inner: Arc<Inner>,
+}
+
+impl GuestMemory {
+    /// Creates guest memory on `pool`.
+    pub fn new(pool: Arc<Pool>, config: MemoryConfig) -> Result<Self, MemoryError> {
+        let memory = Self::build(pool, &config)?;
+        if config.populate == Populate::Eager {
+            memory.populate_all()?;
+        }
+        Ok(memory)
+    }
+
+    /// Creates guest memory whose chunks are mapped onto the frames of `snapshot` (taken with
+    /// [`GuestMemory::detach`], possibly before the pool was closed and recovered).
+    pub fn restore(
+        pool: Arc<Pool>,
+        config: MemoryConfig,
+        snapshot: &Snapshot,
+    ) -> Result<Self, MemoryError> {
+        let memory = Self::build(Arc::clone(&pool), &config)?;
+        let bad = |why: String| MemoryError::Snapshot(why);
+        if snapshot.regions.len() != memory.inner.regions.len() {
+            return Err(bad("the number of regions differs".into()));
+        }
+        let mut seen = HashSet::new();
+        for (region, (start, frames)) in memory.inner.regions.iter().zip(&snapshot.regions) {
+            if region.start() != *start
+                || region.chunk_size() != snapshot.chunk_size
+                || region.table().len() != frames.len()
+            {
+                return Err(bad(format!("region {:#x} differs", start.0)));
+            }
+            for (chunk, index) in frames.iter().enumerate() {
+                let Some(index) = *index else { continue };
+                let frame = Frame {
+                    index,
+                    size: snapshot.chunk_size,
+                };
+                if !seen.insert(index) || !pool.is_allocated(frame) {
+                    return Err(bad(format!("frame {index} is not allocated or used twice")));
+                }
+                region.adopt(chunk, frame)?;
+            }
+        }
+        if config.populate == Populate::Eager {
+            memory.populate_all()?;
+        }
+        Ok(memory)
+    }
+
+    fn build(pool: Arc<Pool>, config: &MemoryConfig) -> Result<Self, MemoryError> {
+        let chunk = config.chunk_size.unwrap_or(pool.frame_size());
+        if chunk < pool.frame_size() {
+            return Err(MemoryError::ChunkTooSmall {
+                chunk: chunk.name(),
+                pool: pool.frame_size().name(),
+            });
+        }
+        check_ranges(&config.ranges, chunk)?;
+        if config.fault_threads == 0 {
+            return Err(MemoryError::NoFaultThreads);
+        }
+        let core_base = pool.claim_cores(config.vcpus + 1);
+        let shared = Arc::new(Shared {
+            vmm_core: core_base + config.vcpus,
+            core_base,
+            pool,
+            uffd: Uffd::new()?,
+            vcpus: VcpuRegistry::new(config.vcpus, config.kick_signal)
+                .map_err(MemoryError::Handlers)?,
+            counters: Counters::new(config.vcpus),
+        });
+        let regions = config
+            .ranges
+            .iter()
+            .map(|&(start, size)| GuestRegion::new(start, size, chunk, Arc::clone(&shared)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let inner = Arc::new(Inner { regions, shared });
+        let handlers =
+            FaultHandlers::spawn(&inner, config.fault_threads).map_err(MemoryError::Handlers)?;
+        Ok(Self { handlers, inner })
+    }
+
+    fn populate_all(&self) -> Result<(), MemoryError> {
+        let core = self.inner.shared.vmm_core;
+        for region in &self.inner.regions {
+            for chunk in 0..region.table().len() {
+                region.populate(chunk, core)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The regions, in guest address order.
+    pub fn regions(&self) -> &[GuestRegion] {
+        &self.inner.regions
+    }
+
+    /// The pool the frames come from.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.inner.shared.pool
+    }
+
+    /// Records the calling thread as vCPU `index`: its faults allocate with that vCPU's core.
+    pub fn register_vcpu(&self, index: usize) -> Result<(), MemoryError> {
+        let vcpus = &self.inner.shared.vcpus;
+        if !vcpus.register_current(index) {
+            return Err(MemoryError::NoSuchVcpu {
+                index,
+                vcpus: vcpus.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The pool core id that vCPU `index` allocates with.
+    pub fn vcpu_core(&self, index: usize) -> usize {
+        self.inner.shared.core_base + index
+    }
+
+    /// The pool core id of VMM-side population (vm-memory accesses, eager population).
+    pub fn vmm_core(&self) -> usize {
+        self.inner.shared.vmm_core
+    }
+
+    /// Takes the error that stopped vCPU `index`'s last fault (check after KVM_RUN gives EINTR).
+    pub fn take_fault_error(&self, index: usize) -> Option<FaultError> {
+        self.inner.shared.vcpus.take_error(index)
+    }
+
+    /// Readable when some vCPU has a fault error pending.
+    pub fn fault_event(&self) -> &EventFd {
+        self.inner.shared.vcpus.event()
+    }
+
+    /// The frame behind guest address `addr`, if populated.
+    pub fn frame_at(&self, addr: GuestAddress) -> Option<Frame> {
+        let region = self.locate_guest(addr)?;
+        region.frame_at(addr.0 - region.start().0)
+    }
+
+    fn locate_guest(&self, addr: GuestAddress) -> Option<&GuestRegion> {
+        self.inner
+            .regions
+            .iter()
+            .find(|r| addr.0 >= r.start().0 && addr.0 - r.start().0 < r.size())
+    }
+
+    /// Calls `f(region, chunk, first piece, pieces)` for every chunk part of `[addr, addr+len)`,
+    /// after checking that the whole range is aligned RAM.
+    fn for_each_part(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        mut f: impl FnMut(&GuestRegion, usize, usize, usize) -> Result<(), MemoryError>,
+    ) -> Result<(), MemoryError> {
+        let page = FRAME_SIZE as u64;
+        let end = addr.0.checked_add(len);
+        if len == 0 || addr.0 % page != 0 || len % page != 0 || end.is_none() {
+            return Err(MemoryError::Unaligned { addr: addr.0, len });
+        }
+        let end = end.unwrap_or_default();
+        let mut at = addr.0;
+        while at < end {
+            let region = self.locate_guest(GuestAddress(at)).ok_or(MemoryError::NotRam {
+                addr: addr.0,
+                len,
+            })?;
+            at = (region.start().0 + region.size()).min(end);
+        }
+        let mut at = addr.0;
+        while at < end {
+            let region = self.locate_guest(GuestAddress(at)).expect("checked above");
+            let chunk_bytes = region.chunk_size().bytes();
+            let offset = at - region.start().0;
+            let chunk = offset / chunk_bytes;
+            let part_end = ((chunk + 1) * chunk_bytes).min(end - region.start().0);
+            let first = (offset % chunk_bytes) / page;
+            let pieces = (part_end - offset) / page;
+            f(region, chunk as usize, first as usize, pieces as usize)?;
+            at = region.start().0 + part_end;
+        }
+        Ok(())
+    }
+
+    /// Discards `[addr, addr + len)`: the guest no longer needs its contents but may touch it
+    /// again (free page reporting). Whole chunks go back to unpopulated and their frames, scrubbed,
+    /// to the pool (allocated to `core`'s reservation on free); parts of chunks keep their frame
+    /// (on plain memory their 4 KiB pages go back to the host). Given-away pieces are not counted.
+    pub fn discard(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        core: usize,
+    ) -> Result<DiscardStats, MemoryError> {
+        let mut stats = DiscardStats::default();
+        self.for_each_part(addr, len, |region, chunk, first, pieces| {
+            if pieces == region.pieces().pieces_per_chunk() {
+                stats.freed_chunks += usize::from(region.discard_chunk(chunk, core)?);
+            } else {
+                region.punch_pieces(chunk, first, pieces)?;
+            }
+            Ok(())
+        })?;
+        Self::count_discards(&self.inner.shared, stats.freed_chunks);
+        Ok(stats)
+    }
+
+    /// Gives `[addr, addr + len)` away until [`GuestMemory::reclaim_pieces`] (balloon inflation).
+    /// Its 4 KiB pieces are counted in per-chunk bitmaps that outlive the call; a chunk whose
+    /// pieces are all given away returns its frame to the pool with `core`.
+    pub fn release_pieces(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        core: usize,
+    ) -> Result<DiscardStats, MemoryError> {
+        let mut stats = DiscardStats::default();
+        self.for_each_part(addr, len, |region, chunk, first, pieces| {
+            let (newly, full) = region.pieces().set(chunk, first, pieces);
+            stats.pieces += newly;
+            if full {
+                stats.freed_chunks += usize::from(region.discard_chunk(chunk, core)?);
+            } else if newly > 0 {
+                region.punch_pieces(chunk, first, pieces)?;
+            }
+            Ok(())
+        })?;
+        Self::count_discards(&self.inner.shared, stats.freed_chunks);
+        Ok(stats)
+    }
+
+    /// Takes back pieces given away with [`GuestMemory::release_pieces`] (balloon deflation);
+    /// returns how many were given away. They are repopulated when touched.
+    pub fn reclaim_pieces(&self, addr: GuestAddress, len: u64) -> Result<usize, MemoryError> {
+        let mut reclaimed = 0;
+        self.for_each_part(addr, len, |region, chunk, first, pieces| {
+            reclaimed += region.pieces().clear(chunk, first, pieces);
+            Ok(())
+        })?;
+        Ok(reclaimed)
+    }
+
+    fn count_discards(shared: &Shared, chunks: usize) {
+        shared
+            .counters
+            .discarded_chunks
+            .fetch_add(chunks as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counters of this guest memory.
+    pub fn stats(&self) -> MemoryStats {
+        let counters = &self.inner.shared.counters;
+        let regions = &self.inner.regions;
+        let populated_bytes = regions
+            .iter()
+            .map(|r| r.table().populated() as u64 * r.chunk_size().bytes())
+            .sum();
+        MemoryStats {
+            chunks: regions.iter().map(|r| r.table().len()).sum(),
+            populated_chunks: regions.iter().map(|r| r.table().populated()).sum(),
+            populated_bytes,
+            faults: Counters::read(&counters.faults),
+            vcpu_faults: counters.vcpu_faults.iter().map(Counters::read).collect(),
+            exhausted: Counters::read(&counters.exhausted),
+            discarded_chunks: Counters::read(&counters.discarded_chunks),
+            given_away_pieces: regions
+                .iter()
+                .flat_map(|r| (0..r.table().len()).map(|c| r.pieces().count(c) as u64))
+                .sum(),
+        }
+    }
+
+    /// Stops the memory and unmaps it, but keeps its frames allocated in the pool; returns them
+    /// so that [`GuestMemory::restore`] can map them again (e.g. after a persistent pool was
+    /// closed and reopened).
+    pub fn detach(self) -> Snapshot {
+        let GuestMemory { handlers, inner } = self;
+        drop(handlers);
+        Snapshot {
+            chunk_size: inner.regions[0].chunk_size(),
+            regions: inner
+                .regions
+                .iter()
+                .map(|r| (r.start(), r.take_frames()))
+                .collect(),
+        }
+    }
+}
+
+fn check_ranges(ranges: &[(GuestAddress, u64)], chunk: FrameSize) -> Result<(), MemoryError> {
+    if ranges.is_empty() {
+        return Err(MemoryError::NoRegions);
+    }
+    let mut previous_end = 0;
+    for (i, &(start, size)) in ranges.iter().enumerate() {
+        let why = if size == 0 {
+            Some("empty")
+        } else if start.0 % chunk.bytes() != 0 || size % chunk.bytes() != 0 {
+            Some("not a multiple of the chunk size")
+        } else if start.0.checked_add(size).is_none() {
+            Some("wraps around the address space")
+        } else if i > 0 && start.0 < previous_end {
+            Some("overlaps or precedes the region before it")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(MemoryError::BadRegion {
+                start: start.0,
+                size,
+                why,
+                chunk: chunk.name(),
+            });
+        }
+        previous_end = start.0 + size;
+    }
+    Ok(())
+}

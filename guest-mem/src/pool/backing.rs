@@ -1,0 +1,242 @@
+//! The host memory zone under a pool: a memfd (plain or hugetlb) or a file / DAX device.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::sys::{self, mmap};
+
+/// The kind of host memory a pool is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// Plain shared memory (a memfd without huge pages); needs no set-up. Frames are 2 MiB.
+    Anonymous,
+    /// hugetlb memory with 2 MiB pages (a memfd, no mount needed). Frames are 2 MiB.
+    Hugetlb2M,
+    /// hugetlb memory with 1 GiB pages (a memfd, no mount needed). Frames are 1 GiB.
+    Hugetlb1G,
+    /// A file or a DAX device (persistent). The allocator's metadata lives in a header at the
+    /// start of the same file, before the frame area. Frames are 2 MiB.
+    File {
+        /// The path of the file or device.
+        path: PathBuf,
+        /// Format the file even if it holds a pool already (its old contents are lost).
+        format: bool,
+    },
+}
+
+/// Errors of setting up the backing memory.
+#[derive(Debug, Error)]
+pub enum BackingError {
+    /// The kernel has no huge pages of this size.
+    #[error("{size} huge pages are not supported by this kernel (no {dir})")]
+    HugePagesUnsupported {
+        /// "2 MiB" or "1 GiB".
+        size: &'static str,
+        /// The sysfs directory that is missing.
+        dir: String,
+    },
+    /// Too few free huge pages.
+    #[error(
+        "not enough {size} huge pages: need {need}, free {free} (raise {dir}/nr_hugepages)"
+    )]
+    NotEnoughHugePages {
+        /// "2 MiB" or "1 GiB".
+        size: &'static str,
+        /// Pages needed.
+        need: u64,
+        /// Pages free and unreserved.
+        free: u64,
+        /// The sysfs directory of this page size.
+        dir: String,
+    },
+    /// memfd_create or ftruncate failed.
+    #[error("cannot create the pool's memfd: {0}")]
+    Memfd(#[source] io::Error),
+    /// Opening, sizing or inspecting the file failed.
+    #[error("pool file {path}: {source}")]
+    File {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The device is smaller than the pool needs.
+    #[error("pool device {path} holds {have} bytes, but the pool needs {need}")]
+    DeviceTooSmall {
+        /// The path.
+        path: PathBuf,
+        /// Bytes needed (header and frames).
+        need: u64,
+        /// Bytes the device has.
+        have: u64,
+    },
+}
+
+/// An open backing: the fd whose offsets are frames, and what it is.
+#[derive(Debug)]
+pub struct BackingFile {
+    file: File,
+    /// Whether the memory is hugetlb.
+    pub hugetlb: bool,
+    /// Whether mappings may use MAP_SYNC (the file is on DAX).
+    pub map_sync: bool,
+    /// Whether holes can be punched (false for device DAX).
+    pub can_punch: bool,
+    /// Whether this is a file that already existed with contents.
+    pub had_contents: bool,
+    /// Keeps the huge page reservation of a hugetlb memfd.
+    _reservation: Option<mmap::Mapping>,
+}
+
+impl BackingFile {
+    /// Creates a memfd of `size` bytes; hugetlb pages are checked and reserved.
+    pub fn memfd(backing: &Backing, size: u64) -> Result<Self, BackingError> {
+        let huge = match backing {
+            Backing::Hugetlb2M => Some((21u32, "2 MiB", 2048u64)),
+            Backing::Hugetlb1G => Some((30u32, "1 GiB", 1_048_576u64)),
+            _ => None,
+        };
+        if let Some((shift, name, kb)) = huge {
+            check_huge_pages(name, kb, size >> shift)?;
+        }
+        let fd = sys::memfd(c"llfree-pool", huge.map(|h| h.0)).map_err(BackingError::Memfd)?;
+        let file = File::from(fd);
+        file.set_len(size).map_err(BackingError::Memfd)?;
+        let reservation = match huge {
+            Some((shift, name, kb)) => Some(
+                mmap::Mapping::reserve_file(file.as_raw_fd(), size as usize).map_err(|e| {
+                    match e.raw_os_error() {
+                        Some(libc::ENOMEM) => not_enough(name, kb, size >> shift),
+                        _ => BackingError::Memfd(e),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            file,
+            hugetlb: huge.is_some(),
+            map_sync: false,
+            can_punch: true,
+            had_contents: false,
+            _reservation: reservation,
+        })
+    }
+
+    /// Opens (or creates) a file or device that must hold at least `need` bytes.
+    pub fn open(path: &Path, need: u64) -> Result<Self, BackingError> {
+        let err = |source| BackingError::File {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(err)?;
+        let meta = file.metadata().map_err(err)?;
+        let device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
+        let have = if device {
+            device_size(&file, &meta).map_err(err)?
+        } else {
+            meta.len()
+        };
+        if device && have < need {
+            return Err(BackingError::DeviceTooSmall {
+                path: path.to_owned(),
+                need,
+                have,
+            });
+        }
+        if !device && have < need {
+            file.set_len(need).map_err(err)?;
+        }
+        let map_sync = mmap::supports_map_sync(file.as_raw_fd(), 0, 4096);
+        Ok(Self {
+            file,
+            hugetlb: false,
+            map_sync,
+            can_punch: !meta.file_type().is_char_device(),
+            had_contents: device || have > 0,
+            _reservation: None,
+        })
+    }
+
+    /// The raw fd, for mmap and fallocate.
+    pub fn raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// The file.
+    pub fn as_file(&self) -> &File {
+        &self.file
+    }
+}
+
+fn huge_dir(kb: u64) -> String {
+    format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB")
+}
+
+fn read_count(dir: &str, name: &str) -> Option<u64> {
+    fs::read_to_string(format!("{dir}/{name}"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Free huge pages of `kb` KiB that nobody has reserved yet.
+pub fn available_huge_pages(kb: u64) -> Option<u64> {
+    let dir = huge_dir(kb);
+    let free = read_count(&dir, "free_hugepages")?;
+    let resv = read_count(&dir, "resv_hugepages").unwrap_or(0);
+    Some(free.saturating_sub(resv))
+}
+
+fn not_enough(size: &'static str, kb: u64, need: u64) -> BackingError {
+    BackingError::NotEnoughHugePages {
+        size,
+        need,
+        free: available_huge_pages(kb).unwrap_or(0),
+        dir: huge_dir(kb),
+    }
+}
+
+fn check_huge_pages(size: &'static str, kb: u64, need: u64) -> Result<(), BackingError> {
+    let dir = huge_dir(kb);
+    if !Path::new(&dir).is_dir() {
+        return Err(BackingError::HugePagesUnsupported { size, dir });
+    }
+    match available_huge_pages(kb) {
+        Some(free) if free >= need => Ok(()),
+        _ => Err(not_enough(size, kb, need)),
+    }
+}
+
+/// The size of a block device (BLKGETSIZE64) or a DAX character device (from sysfs).
+fn device_size(file: &File, meta: &fs::Metadata) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    if meta.file_type().is_block_device() {
+        const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+        let mut size = 0u64;
+        // SAFETY: BLKGETSIZE64 writes one u64 into `size`.
+        if unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        return Ok(size);
+    }
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let text = fs::read_to_string(format!("/sys/dev/char/{major}:{minor}/size"))?;
+    text.trim()
+        .parse()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad size in sysfs"))
+}

@@ -1,0 +1,403 @@
+//! Frame pools: one LLFree allocator over one host memory zone, shared by guests.
+
+mod backing;
+mod header;
+
+pub use backing::{available_huge_pages, Backing, BackingError};
+pub use header::HeaderError;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use llfree::{Config, FileRegion, Init, InitError, LLFree, FRAME_SIZE, GIANT_ORDER, HUGE_ORDER};
+use thiserror::Error;
+
+use crate::stats::PoolStats;
+use crate::sys::{self, mmap};
+use backing::BackingFile;
+use header::{Header, META_OFFSET};
+
+/// The size of a pool frame, which is also the size of the guest chunks mapped onto it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrameSize {
+    /// 2 MiB (LLFree order 9).
+    Huge,
+    /// 1 GiB (LLFree order 18).
+    Giant,
+}
+
+impl FrameSize {
+    /// The LLFree order (in 4 KiB frames).
+    pub fn order(self) -> usize {
+        match self {
+            FrameSize::Huge => HUGE_ORDER,
+            FrameSize::Giant => GIANT_ORDER,
+        }
+    }
+
+    /// The size in bytes.
+    pub fn bytes(self) -> u64 {
+        (FRAME_SIZE as u64) << self.order()
+    }
+
+    /// A human-readable name ("2 MiB", "1 GiB").
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameSize::Huge => "2 MiB",
+            FrameSize::Giant => "1 GiB",
+        }
+    }
+}
+
+/// How a frame's old contents are destroyed before another guest gets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scrub {
+    /// Punch a hole in the backing file when the frame is freed; the kernel zeroes the memory
+    /// when it is next touched (and plain memory goes back to the host meanwhile).
+    #[default]
+    PunchHole,
+    /// Write zeroes over the frame when it is freed (the memory stays allocated to the pool).
+    ZeroOnFree,
+}
+
+/// Parameters of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// The host memory to use.
+    pub backing: Backing,
+    /// Bytes of frame memory (a multiple of the frame size).
+    pub size: u64,
+    /// Per-core reservation slots of the allocator (vCPUs of all guests, plus device cores).
+    pub cores: usize,
+    /// How freed frames are cleaned.
+    pub scrub: Scrub,
+}
+
+impl PoolConfig {
+    /// A pool of `size` bytes of `backing` with 64 cores and hole punching.
+    pub fn new(backing: Backing, size: u64) -> Self {
+        Self {
+            backing,
+            size,
+            cores: 64,
+            scrub: Scrub::PunchHole,
+        }
+    }
+}
+
+/// Errors of creating or using a pool.
+#[derive(Debug, Error)]
+pub enum PoolError {
+    /// The size is zero.
+    #[error("pool size must not be zero")]
+    ZeroSize,
+    /// The size is not a multiple of the frame size.
+    #[error("pool size {size:#x} is not a multiple of the frame size ({frame})")]
+    Misaligned {
+        /// The size given.
+        size: u64,
+        /// The frame size of the backing.
+        frame: &'static str,
+    },
+    /// The number of cores is zero.
+    #[error("a pool needs at least one core")]
+    NoCores,
+    /// The backing memory is not available.
+    #[error(transparent)]
+    Backing(#[from] BackingError),
+    /// A persistent pool file has an unusable header.
+    #[error("pool file {path}: {source}")]
+    Header {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: HeaderError,
+    },
+    /// A persistent pool file holds a pool of another size.
+    #[error("pool file {path} holds {found} bytes of frames, but {expected} were requested")]
+    SizeMismatch {
+        /// The path.
+        path: PathBuf,
+        /// Bytes of frames in the file.
+        found: u64,
+        /// Bytes requested.
+        expected: u64,
+    },
+    /// Device DAX cannot punch holes.
+    #[error("{0} cannot punch holes (device DAX); use Scrub::ZeroOnFree")]
+    CannotPunch(PathBuf),
+    /// Mapping the allocator metadata failed.
+    #[error("cannot map the allocator metadata: {0}")]
+    MapMetadata(#[source] io::Error),
+    /// Cleaning the frames of a freshly formatted file failed.
+    #[error("cannot clean the frames of the new pool file: {0}")]
+    Format(#[source] io::Error),
+    /// The allocator refused the configuration or the persistent metadata.
+    #[error("allocator: {0}")]
+    Allocator(#[from] InitError),
+}
+
+/// One frame handed out by a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// The first 4 KiB frame number (LLFree numbering).
+    pub index: u64,
+    /// The frame's size.
+    pub size: FrameSize,
+}
+
+/// A frame pool: an LLFree allocator over one host memory zone. Share it with `Arc`.
+pub struct Pool {
+    llfree: LLFree,
+    file: BackingFile,
+    data_offset: u64,
+    size: u64,
+    frame_size: FrameSize,
+    scrub: Scrub,
+    next_core: AtomicUsize,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("file", &self.file)
+            .field("size", &self.size)
+            .field("frame_size", &self.frame_size)
+            .field("scrub", &self.scrub)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// Creates a pool (or, for a file holding one already, recovers it).
+    pub fn new(config: PoolConfig) -> Result<Arc<Self>, PoolError> {
+        let frame_size = match config.backing {
+            Backing::Hugetlb1G => FrameSize::Giant,
+            _ => FrameSize::Huge,
+        };
+        if config.size == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if config.size % frame_size.bytes() != 0 {
+            return Err(PoolError::Misaligned {
+                size: config.size,
+                frame: frame_size.name(),
+            });
+        }
+        if config.cores == 0 {
+            return Err(PoolError::NoCores);
+        }
+        let frames = (config.size / FRAME_SIZE as u64) as usize;
+        let llfree_config = Config::new(config.cores, frames);
+        let mut llfree_recovered = false;
+        let (llfree, file, data_offset) = match &config.backing {
+            Backing::File { path, format } => {
+                let meta_len = LLFree::metadata_size(frames) as u64;
+                let layout = Header::new(frames as u64, meta_len);
+                let file = BackingFile::open(path, layout.data_offset + config.size)?;
+                if !file.can_punch && config.scrub == Scrub::PunchHole {
+                    return Err(PoolError::CannotPunch(path.clone()));
+                }
+                let fresh = *format || !file.had_contents;
+                let header_err = |source| PoolError::Header {
+                    path: path.clone(),
+                    source,
+                };
+                if !fresh {
+                    let found = Header::read(file.as_file()).map_err(header_err)?;
+                    if found.frames != layout.frames || found.meta_len != meta_len {
+                        return Err(PoolError::SizeMismatch {
+                            path: path.clone(),
+                            found: found.frames * FRAME_SIZE as u64,
+                            expected: config.size,
+                        });
+                    }
+                }
+                let region = FileRegion::map(file.as_file(), META_OFFSET, meta_len as usize)
+                    .map_err(PoolError::MapMetadata)?;
+                llfree_recovered = !fresh;
+                let init = if fresh { Init::Fresh } else { Init::Recover };
+                let llfree = LLFree::persistent(llfree_config, Box::new(region), init)?;
+                if fresh {
+                    layout
+                        .write(file.as_file())
+                        .map_err(|e| header_err(HeaderError::Io(e)))?;
+                }
+                (llfree, file, layout.data_offset)
+            }
+            backing => {
+                let file = BackingFile::memfd(backing, config.size)?;
+                (LLFree::new(llfree_config)?, file, 0)
+            }
+        };
+        let fresh_file = matches!(config.backing, Backing::File { .. }) && !llfree_recovered;
+        let pool = Self {
+            llfree,
+            file,
+            data_offset,
+            size: config.size,
+            frame_size,
+            scrub: config.scrub,
+            next_core: AtomicUsize::new(0),
+        };
+        if fresh_file {
+            pool.scrub_all().map_err(PoolError::Format)?;
+        }
+        Ok(Arc::new(pool))
+    }
+
+    /// The smallest frame (and chunk) size this pool hands out.
+    pub fn frame_size(&self) -> FrameSize {
+        self.frame_size
+    }
+
+    /// Bytes of frame memory.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the memory is hugetlb.
+    pub fn is_hugetlb(&self) -> bool {
+        self.file.hugetlb
+    }
+
+    /// Whether mappings use MAP_SYNC (the pool lives on DAX).
+    pub fn uses_map_sync(&self) -> bool {
+        self.file.map_sync
+    }
+
+    /// How freed frames are cleaned.
+    pub fn scrub_policy(&self) -> Scrub {
+        self.scrub
+    }
+
+    /// The allocator (read-only views such as `is_free` and `tree_stats`).
+    pub fn allocator(&self) -> &LLFree {
+        &self.llfree
+    }
+
+    /// Hands out `count` consecutive core ids (modulo the allocator's cores) for a guest's vCPUs
+    /// and devices, so that guests sharing the pool use different reservations where possible.
+    pub fn claim_cores(&self, count: usize) -> usize {
+        self.next_core.fetch_add(count, Ordering::Relaxed) % self.llfree.cores()
+    }
+
+    /// Allocates a frame with `core`'s reservation; `None` when the pool is exhausted.
+    pub fn alloc(&self, core: usize, size: FrameSize) -> Option<Frame> {
+        let index = self.llfree.get(core, size.order()).ok()? as u64;
+        Some(Frame { index, size })
+    }
+
+    /// Returns a frame to the pool. Its contents must have been scrubbed already.
+    pub fn free(&self, core: usize, frame: Frame) -> Result<(), llfree::Error> {
+        self.llfree
+            .put(core, frame.index as usize, frame.size.order())
+    }
+
+    /// Whether `frame` is currently allocated (used when restoring a frame table).
+    pub fn is_allocated(&self, frame: Frame) -> bool {
+        let end = frame.index + (1 << frame.size.order());
+        frame.index % (1 << frame.size.order()) == 0
+            && end <= (self.size / FRAME_SIZE as u64)
+            && !self.llfree.is_free(frame.index as usize, frame.size.order())
+    }
+
+    /// Maps all of `frame`, shared, over `[addr, addr + frame size)`.
+    ///
+    /// # Safety
+    /// The caller owns the address range and nothing relies on what is mapped there now.
+    pub(crate) unsafe fn map_frame(&self, frame: Frame, addr: usize) -> io::Result<()> {
+        let offset = self.data_offset + frame.index * FRAME_SIZE as u64;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            mmap::map_shared_fixed(
+                addr,
+                frame.size.bytes() as usize,
+                self.file.raw_fd(),
+                offset,
+                self.file.map_sync,
+            )
+        }
+    }
+
+    /// Releases the memory of 4 KiB frames `[first, first + count)` to the host (their
+    /// contents read as zero afterwards).
+    pub(crate) fn punch(&self, first: u64, count: u64) -> io::Result<()> {
+        let offset = self.data_offset + first * FRAME_SIZE as u64;
+        sys::punch_hole(self.file.raw_fd(), offset, count * FRAME_SIZE as u64)
+    }
+
+    /// Scrubs `frame` by the pool's policy, then returns it to the pool with `core`. A frame that
+    /// cannot be scrubbed is not freed.
+    pub(crate) fn scrub_and_free(&self, core: usize, frame: Frame) -> io::Result<()> {
+        let pages = 1u64 << frame.size.order();
+        match self.scrub {
+            Scrub::PunchHole => self.punch(frame.index, pages)?,
+            Scrub::ZeroOnFree => self.zero(frame.index, pages)?,
+        }
+        self.free(core, frame).map_err(io::Error::other)
+    }
+
+    /// Writes zeroes over 4 KiB frames `[first, first + count)` through a temporary mapping.
+    fn zero(&self, first: u64, count: u64) -> io::Result<()> {
+        let offset = self.data_offset + first * FRAME_SIZE as u64;
+        let len = (count * FRAME_SIZE as u64) as usize;
+        let view = mmap::Mapping::shared_file(self.file.raw_fd(), offset, len)?;
+        // SAFETY: `view` is a fresh read/write mapping of `len` bytes that only we use.
+        unsafe { std::ptr::write_bytes(view.addr() as *mut u8, 0, len) };
+        Ok(())
+    }
+
+    /// Cleans every frame of a freshly formatted file pool (a file may hold old data).
+    fn scrub_all(&self) -> io::Result<()> {
+        let frames = self.size / FRAME_SIZE as u64;
+        if self.file.can_punch {
+            return self.punch(0, frames);
+        }
+        let step = 1u64 << GIANT_ORDER;
+        (0..frames)
+            .step_by(step as usize)
+            .try_for_each(|first| self.zero(first, step.min(frames - first)))
+    }
+
+    /// The pool's counters and the allocator's trees.
+    pub fn stats(&self) -> PoolStats {
+        PoolStats::collect(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_sizes_give_clear_errors() {
+        let err = Pool::new(PoolConfig::new(Backing::Anonymous, 0)).unwrap_err();
+        assert_eq!(err.to_string(), "pool size must not be zero");
+        let err = Pool::new(PoolConfig::new(Backing::Anonymous, 3 << 20)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pool size 0x300000 is not a multiple of the frame size (2 MiB)"
+        );
+        let err = Pool::new(PoolConfig::new(Backing::Hugetlb1G, 2 << 20)).unwrap_err();
+        assert!(err.to_string().contains("frame size (1 GiB)"), "{err}");
+    }
+
+    #[test]
+    fn anonymous_pool_hands_out_and_takes_back_frames() {
+        let pool = Pool::new(PoolConfig::new(Backing::Anonymous, 64 << 20)).expect("pool");
+        assert_eq!(pool.frame_size(), FrameSize::Huge);
+        let frames: Vec<_> = (0..32)
+            .map(|_| pool.alloc(0, FrameSize::Huge).expect("frame"))
+            .collect();
+        assert!(pool.alloc(0, FrameSize::Huge).is_none());
+        assert!(frames.iter().all(|f| pool.is_allocated(*f)));
+        for f in frames {
+            pool.free(0, f).expect("free");
+        }
+        assert_eq!(pool.stats().free_bytes, 64 << 20);
+    }
+}

@@ -1,0 +1,324 @@
+//! One guest RAM region: a contiguous host virtual range made of chunks, each unpopulated (an
+//! anonymous placeholder registered with userfaultfd) or mapped onto exactly one pool frame.
+
+use std::io;
+use std::sync::Arc;
+
+use llfree::FRAME_SIZE;
+use thiserror::Error;
+use vm_memory::GuestAddress;
+
+use crate::frame_table::{ChunkState, FrameTable};
+use crate::memory::Shared;
+use crate::pieces::PieceMap;
+use crate::pool::{Frame, FrameSize};
+use crate::sys::mmap::{self, Mapping};
+use crate::sys::uffd::UffdError;
+
+/// Errors of populating and discarding chunks.
+#[derive(Debug, Error)]
+pub enum RegionError {
+    /// Reserving the host address range failed.
+    #[error("cannot reserve {len:#x} bytes of host address space: {source}")]
+    Reserve {
+        /// Bytes requested.
+        len: u64,
+        /// The mmap error.
+        #[source]
+        source: io::Error,
+    },
+    /// The pool has no free frame.
+    #[error("guest memory pool exhausted: no free {0} frame")]
+    Exhausted(&'static str),
+    /// Mapping a frame over a chunk failed.
+    #[error("cannot map a pool frame over guest chunk {chunk}: {source}")]
+    MapFrame {
+        /// The chunk.
+        chunk: usize,
+        /// The mmap error.
+        #[source]
+        source: io::Error,
+    },
+    /// Mapping the placeholder over a chunk failed.
+    #[error("cannot unmap guest chunk {chunk}: {source}")]
+    Placeholder {
+        /// The chunk.
+        chunk: usize,
+        /// The mmap error.
+        #[source]
+        source: io::Error,
+    },
+    /// Registering a placeholder with userfaultfd failed.
+    #[error(transparent)]
+    Register(#[from] UffdError),
+    /// Releasing pieces of a chunk to the host failed.
+    #[error("cannot punch pieces of guest chunk {chunk}: {source}")]
+    Punch {
+        /// The chunk.
+        chunk: usize,
+        /// The fallocate error.
+        #[source]
+        source: io::Error,
+    },
+    /// Scrubbing or freeing a frame failed; the frame is kept out of the pool.
+    #[error("cannot scrub frame {frame}: {source}")]
+    Scrub {
+        /// The first 4 KiB frame number.
+        frame: u64,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A guest RAM region backed by pool frames.
+#[derive(Debug)]
+pub struct GuestRegion {
+    start: GuestAddress,
+    host: Mapping,
+    chunk: FrameSize,
+    table: FrameTable,
+    pieces: PieceMap,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl GuestRegion {
+    /// Reserves the host range (aligned to the chunk size, like the guest address), maps the
+    /// placeholder over it and registers it with userfaultfd.
+    pub(crate) fn new(
+        start: GuestAddress,
+        len: u64,
+        chunk: FrameSize,
+        shared: Arc<Shared>,
+    ) -> Result<Self, RegionError> {
+        let reserve_err = |source| RegionError::Reserve { len, source };
+        let host = Mapping::reserve_aligned(len as usize, chunk.bytes() as usize, 0)
+            .map_err(reserve_err)?;
+        // SAFETY: the range was just reserved by `host` and holds nothing.
+        unsafe { mmap::map_placeholder(host.addr(), host.len()) }.map_err(reserve_err)?;
+        shared.uffd.register(host.addr(), host.len())?;
+        let chunks = (len / chunk.bytes()) as usize;
+        let pieces = (chunk.bytes() / FRAME_SIZE as u64) as usize;
+        Ok(Self {
+            start,
+            host,
+            chunk,
+            table: FrameTable::new(chunks),
+            pieces: PieceMap::new(chunks, pieces),
+            shared,
+        })
+    }
+
+    /// The guest physical address of the first byte.
+    pub fn start(&self) -> GuestAddress {
+        self.start
+    }
+
+    /// The size in bytes.
+    pub fn size(&self) -> u64 {
+        self.host.len() as u64
+    }
+
+    /// The host virtual address of the first byte (for a KVM memslot).
+    pub fn host_addr(&self) -> usize {
+        self.host.addr()
+    }
+
+    /// The chunk (and frame) size.
+    pub fn chunk_size(&self) -> FrameSize {
+        self.chunk
+    }
+
+    /// The chunk-to-frame table.
+    pub(crate) fn table(&self) -> &FrameTable {
+        &self.table
+    }
+
+    /// The given-away piece bitmaps.
+    pub(crate) fn pieces(&self) -> &PieceMap {
+        &self.pieces
+    }
+
+    /// The pool frame behind byte `offset` of the region, if populated.
+    pub fn frame_at(&self, offset: u64) -> Option<Frame> {
+        if offset >= self.size() {
+            return None;
+        }
+        match self.table.state((offset / self.chunk.bytes()) as usize) {
+            ChunkState::Mapped(index) => Some(Frame {
+                index,
+                size: self.chunk,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The chunk holding host address `addr`.
+    pub(crate) fn chunk_of_host(&self, addr: usize) -> Option<usize> {
+        let offset = addr.checked_sub(self.host.addr())?;
+        (offset < self.host.len()).then(|| offset / self.chunk.bytes() as usize)
+    }
+
+    /// The host address of `chunk` and its length.
+    pub(crate) fn chunk_range(&self, chunk: usize) -> (usize, usize) {
+        let len = self.chunk.bytes() as usize;
+        (self.host.addr() + chunk * len, len)
+    }
+
+    /// Waits until `chunk` is not busy and claims it with `claim`; returns the state seen.
+    fn claim(&self, chunk: usize, want_mapped: bool) -> ChunkState {
+        loop {
+            let state = self.table.state(chunk);
+            let claimed = match state {
+                ChunkState::Busy => {
+                    std::thread::yield_now();
+                    continue;
+                }
+                ChunkState::Empty if !want_mapped => self.table.claim_empty(chunk),
+                ChunkState::Mapped(f) if want_mapped => self.table.claim_mapped(chunk, f),
+                other => return other,
+            };
+            if claimed {
+                return state;
+            }
+        }
+    }
+
+    /// Makes sure `chunk` is backed by a frame, allocating it with `core`. Returns `true` when
+    /// this call mapped a new frame, `false` when the chunk was populated already.
+    pub(crate) fn populate(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
+        if let ChunkState::Mapped(_) = self.claim(chunk, false) {
+            return Ok(false);
+        }
+        let pool = &self.shared.pool;
+        let Some(frame) = pool.alloc(core, self.chunk) else {
+            self.table.publish_empty(chunk);
+            return Err(RegionError::Exhausted(self.chunk.name()));
+        };
+        if let Err(e) = self.map_claimed(chunk, frame) {
+            // The frame never held guest data; give it back as it is.
+            let _ = pool.free(core, frame);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// Maps a frame that a snapshot names over an unpopulated chunk (restore).
+    pub(crate) fn adopt(&self, chunk: usize, frame: Frame) -> Result<(), RegionError> {
+        match self.claim(chunk, false) {
+            ChunkState::Empty => self.map_claimed(chunk, frame),
+            _ => Ok(()),
+        }
+    }
+
+    /// Maps `frame` over claimed `chunk` and publishes it; on failure the chunk is put back to a
+    /// registered placeholder and published unpopulated.
+    fn map_claimed(&self, chunk: usize, frame: Frame) -> Result<(), RegionError> {
+        let (addr, len) = self.chunk_range(chunk);
+        // SAFETY: the chunk belongs to this region and is claimed by us; it holds a placeholder.
+        match unsafe { self.shared.pool.map_frame(frame, addr) } {
+            Ok(()) => {
+                self.table.publish(chunk, frame.index);
+                Ok(())
+            }
+            Err(source) => {
+                // MAP_FIXED may have removed the placeholder: put a fresh one back.
+                // SAFETY: as above.
+                let restored = unsafe { mmap::map_placeholder(addr, len) }
+                    .is_ok()
+                    && self.shared.uffd.register(addr, len).is_ok();
+                debug_assert!(restored, "cannot restore the placeholder of chunk {chunk}");
+                self.table.publish_empty(chunk);
+                Err(RegionError::MapFrame { chunk, source })
+            }
+        }
+    }
+
+    /// Unmaps `chunk` (back to a registered placeholder) and returns its frame to the pool,
+    /// scrubbed, using `core`. Returns whether a frame was freed.
+    pub(crate) fn discard_chunk(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
+        let ChunkState::Mapped(index) = self.claim(chunk, true) else {
+            return Ok(false);
+        };
+        let frame = Frame {
+            index,
+            size: self.chunk,
+        };
+        let (addr, len) = self.chunk_range(chunk);
+        // SAFETY: the chunk belongs to this region and is claimed by us; the guest gave it up.
+        if let Err(source) = unsafe { mmap::map_placeholder(addr, len) } {
+            let _ = self.map_claimed(chunk, frame);
+            return Err(RegionError::Placeholder { chunk, source });
+        }
+        if let Err(e) = self.shared.uffd.register(addr, len) {
+            let _ = self.map_claimed(chunk, frame);
+            return Err(e.into());
+        }
+        // The guest cannot reach the frame any more: scrub it and give it back.
+        let result = self
+            .shared
+            .pool
+            .scrub_and_free(core, frame)
+            .map_err(|source| RegionError::Scrub {
+                frame: index,
+                source,
+            });
+        self.table.publish_empty(chunk);
+        result.map(|()| true)
+    }
+
+    /// Releases the host memory of pieces `[first, first + count)` of a populated chunk, where
+    /// the pool can do so at 4 KiB granularity (plain memory with hole punching).
+    pub(crate) fn punch_pieces(
+        &self,
+        chunk: usize,
+        first: usize,
+        count: usize,
+    ) -> Result<(), RegionError> {
+        let pool = &self.shared.pool;
+        if pool.is_hugetlb() || pool.scrub_policy() != crate::pool::Scrub::PunchHole {
+            return Ok(());
+        }
+        let ChunkState::Mapped(index) = self.claim(chunk, true) else {
+            return Ok(());
+        };
+        let result = pool.punch(index + first as u64, count as u64);
+        self.table.publish(chunk, index);
+        result.map_err(|source| RegionError::Punch { chunk, source })
+    }
+
+    /// Unmaps every chunk without freeing its frame and returns the frames (detach).
+    pub(crate) fn take_frames(&self) -> Vec<Option<u64>> {
+        (0..self.table.len())
+            .map(|chunk| match self.claim(chunk, true) {
+                ChunkState::Mapped(index) => {
+                    self.table.publish_empty(chunk);
+                    Some(index)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for GuestRegion {
+    fn drop(&mut self) {
+        // Cut every frame off the guest first, then scrub and free them.
+        // SAFETY: the whole range belongs to this region, which nobody can use any more.
+        let _ = unsafe { mmap::map_placeholder(self.host.addr(), self.host.len()) };
+        for chunk in 0..self.table.len() {
+            if let ChunkState::Mapped(index) = self.table.state(chunk) {
+                let frame = Frame {
+                    index,
+                    size: self.chunk,
+                };
+                // A frame that cannot be scrubbed stays allocated: better lost than leaked.
+                let _ = self
+                    .shared
+                    .pool
+                    .scrub_and_free(self.shared.vmm_core, frame);
+                self.table.publish_empty(chunk);
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Counters of pools and guest memories.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use llfree::FRAME_SIZE;
+
+use crate::pool::{FrameSize, Pool};
+
+/// One 64 MiB tree of a pool's allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeUsage {
+    /// The tree's index (its first frame is `index * 16384`).
+    pub index: usize,
+    /// Free 4 KiB frames in the tree.
+    pub free_frames: usize,
+    /// Whether some core has reserved the tree.
+    pub reserved: bool,
+}
+
+/// A snapshot of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStats {
+    /// The pool's (smallest) frame size.
+    pub frame_size: FrameSize,
+    /// Bytes of frame memory.
+    pub total_bytes: u64,
+    /// Bytes not allocated.
+    pub free_bytes: u64,
+    /// Bytes allocated to guests.
+    pub used_bytes: u64,
+    /// Entirely free 2 MiB frames.
+    pub free_huge: usize,
+    /// Entirely free, aligned 1 GiB frames.
+    pub free_giant: usize,
+    /// The allocator's trees and which of them are reserved by a core.
+    pub trees: Vec<TreeUsage>,
+}
+
+impl PoolStats {
+    pub(crate) fn collect(pool: &Pool) -> Self {
+        let llfree = pool.allocator();
+        let free_bytes = (llfree.free_frames() * FRAME_SIZE) as u64;
+        Self {
+            frame_size: pool.frame_size(),
+            total_bytes: pool.size(),
+            free_bytes,
+            used_bytes: pool.size() - free_bytes,
+            free_huge: llfree.free_huge(),
+            free_giant: llfree.free_giant(),
+            trees: llfree
+                .tree_stats()
+                .map(|t| TreeUsage {
+                    index: t.index,
+                    free_frames: t.free,
+                    reserved: t.reserved,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A snapshot of one guest memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Chunks of all regions.
+    pub chunks: usize,
+    /// Chunks backed by a pool frame now.
+    pub populated_chunks: usize,
+    /// Bytes backed by pool frames now.
+    pub populated_bytes: u64,
+    /// userfaultfd faults resolved with a new frame.
+    pub faults: u64,
+    /// Faults resolved per vCPU (index = vCPU index).
+    pub vcpu_faults: Vec<u64>,
+    /// Faults that found the pool exhausted.
+    pub exhausted: u64,
+    /// Chunks whose frame went back to the pool by a discard.
+    pub discarded_chunks: u64,
+    /// 4 KiB pieces given away (balloon) and not reclaimed yet.
+    pub given_away_pieces: u64,
+}
+
+/// Event counters of a guest memory, updated lock-free.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub faults: AtomicU64,
+    pub exhausted: AtomicU64,
+    pub discarded_chunks: AtomicU64,
+    pub vcpu_faults: Box<[AtomicU64]>,
+}
+
+impl Counters {
+    pub fn new(vcpus: usize) -> Self {
+        Self {
+            vcpu_faults: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            ..Self::default()
+        }
+    }
+
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn read(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

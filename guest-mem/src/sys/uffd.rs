@@ -1,0 +1,279 @@
+//! A userfaultfd in "missing" mode, driven with raw ioctls (the uapi of `linux/userfaultfd.h`).
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use thiserror::Error;
+
+/// Errors of the userfaultfd wrapper.
+#[derive(Debug, Error)]
+pub enum UffdError {
+    /// The `userfaultfd` system call failed.
+    #[error("cannot create a userfaultfd (needs root or vm.unprivileged_userfaultfd=1): {0}")]
+    Create(#[source] io::Error),
+    /// The kernel refused the API handshake or lacks a feature.
+    #[error("userfaultfd API handshake failed: {0}")]
+    Api(#[source] io::Error),
+    /// The kernel does not report the faulting thread id.
+    #[error("the kernel's userfaultfd lacks UFFD_FEATURE_THREAD_ID")]
+    NoThreadId,
+    /// Registering a range failed.
+    #[error("cannot register {len:#x} bytes at {start:#x} with userfaultfd: {source}")]
+    Register {
+        /// Start of the range.
+        start: usize,
+        /// Length of the range.
+        len: usize,
+        /// The error of the ioctl.
+        #[source]
+        source: io::Error,
+    },
+}
+
+const UFFD_API: u64 = 0xAA;
+const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1;
+
+const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
+    (dir << 30) | ((size as u64) << 16) | (0xAA << 8) | nr
+}
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+
+/// The kernel's `struct uffd_msg` (32 bytes), page-fault view.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdMsg {
+    event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    flags: u64,
+    address: u64,
+    ptid: u32,
+    pad: u32,
+}
+
+const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, 0x3F, size_of::<UffdioApi>());
+const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, 0x00, size_of::<UffdioRegister>());
+const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, size_of::<UffdioRange>());
+const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, 0x04, size_of::<UffdioZeropage>());
+
+/// One page fault read from the userfaultfd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// The faulting host virtual address (page aligned by the kernel).
+    pub address: usize,
+    /// The thread id of the faulting thread.
+    pub tid: u32,
+    /// Whether the access was a write.
+    pub write: bool,
+}
+
+/// A userfaultfd with the thread-id feature, for missing-page faults.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+impl Uffd {
+    /// Creates a non-blocking userfaultfd that also sees faults taken inside the kernel (KVM).
+    pub fn new() -> Result<Self, UffdError> {
+        // SAFETY: the syscall takes only flags and returns a new fd or -1.
+        let raw = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        if raw < 0 {
+            return Err(UffdError::Create(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: UFFD_FEATURE_THREAD_ID,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`, which `api` is.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } < 0 {
+            return Err(UffdError::Api(io::Error::last_os_error()));
+        }
+        if api.features & UFFD_FEATURE_THREAD_ID == 0 {
+            return Err(UffdError::NoThreadId);
+        }
+        Ok(Self { fd })
+    }
+
+    /// Registers `[start, start + len)` for missing-page faults.
+    pub fn register(&self, start: usize, len: usize) -> Result<(), UffdError> {
+        let mut reg = UffdioRegister {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: UFFDIO_REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register`, which `reg` is.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) } < 0 {
+            return Err(UffdError::Register {
+                start,
+                len,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Wakes the threads blocked on faults in `[start, start + len)`.
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut range = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        // SAFETY: UFFDIO_WAKE reads a `struct uffdio_range`, which `range` is.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE as _, &mut range) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Resolves a fault on the 4 KiB page at `page` with the shared zero page and wakes the waiters.
+    pub fn zero_page(&self, page: usize) -> io::Result<()> {
+        let mut zp = UffdioZeropage {
+            range: UffdioRange {
+                start: page as u64,
+                len: 4096,
+            },
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: UFFDIO_ZEROPAGE reads and writes a `struct uffdio_zeropage`, which `zp` is.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_ZEROPAGE as _, &mut zp) } < 0 {
+            let err = io::Error::last_os_error();
+            // EEXIST: the page is present already (another resolver won); the waiter retries.
+            if err.raw_os_error() != Some(libc::EEXIST) {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads pending page faults into `out` without blocking; returns how many were read.
+    ///
+    /// Events other than page faults (none are enabled) are skipped.
+    pub fn read_faults(&self, out: &mut [Fault]) -> io::Result<usize> {
+        const BATCH: usize = 16;
+        let mut msgs = [UffdMsg::default(); BATCH];
+        let want = out.len().min(BATCH);
+        // SAFETY: `msgs` is writable memory of `want` messages; read() writes whole messages only.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr().cast(),
+                want * size_of::<UffdMsg>(),
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            return match err.kind() {
+                io::ErrorKind::WouldBlock => Ok(0),
+                _ => Err(err),
+            };
+        }
+        let mut count = 0;
+        for msg in &msgs[..n as usize / size_of::<UffdMsg>()] {
+            if msg.event == UFFD_EVENT_PAGEFAULT {
+                out[count] = Fault {
+                    address: msg.address as usize,
+                    tid: msg.ptid,
+                    write: msg.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0,
+                };
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+}
+
+impl AsRawFd for Uffd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uapi_layout_matches_the_kernel() {
+        assert_eq!(size_of::<UffdMsg>(), 32);
+        assert_eq!(UFFDIO_API, 0xc018_aa3f);
+        assert_eq!(UFFDIO_REGISTER, 0xc020_aa00);
+        assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
+        assert_eq!(UFFDIO_ZEROPAGE, 0xc020_aa04);
+    }
+
+    #[test]
+    fn fault_from_another_thread_is_reported_with_its_tid() {
+        let uffd = Uffd::new().expect("userfaultfd");
+        let len = 4096 * 4;
+        let map = crate::sys::mmap::Mapping::anonymous(len).expect("mmap");
+        uffd.register(map.addr(), len).expect("register");
+        let addr = map.addr();
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: the page lies in `map`, which outlives the thread (joined below).
+            unsafe { std::ptr::read_volatile((addr + 4096) as *const u8) }
+        });
+        let mut faults = [Fault {
+            address: 0,
+            tid: 0,
+            write: false,
+        }; 4];
+        let n = loop {
+            let n = uffd.read_faults(&mut faults).expect("read");
+            if n > 0 {
+                break n;
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(n, 1);
+        assert_eq!(faults[0].address, addr + 4096);
+        assert!(!faults[0].write);
+        assert_ne!(faults[0].tid, 0);
+        uffd.zero_page(addr + 4096).expect("zeropage");
+        assert_eq!(toucher.join().expect("join"), 0);
+    }
+}
