@@ -224,7 +224,21 @@ fn loads_a_real_kernel_if_available() {
         return;
     };
     let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 256 << 20)]).unwrap();
-    let kernel = load_kernel_file(&memory, &path).unwrap();
+    let boot = load_linux(
+        &memory,
+        &LinuxBootConfig {
+            kernel: &path,
+            initrd: None,
+            cmdline: None,
+            virtio_devices: &[],
+        },
+    )
+    .unwrap();
+    let kernel = boot.kernel;
     assert!(kernel.entry.0 >= 0x10_0000, "{kernel:?}");
     assert!(kernel.kernel_end > kernel.entry.0);
+    if let Some(header) = kernel.setup_header {
+        assert!({ header.version } >= 0x020c);
+        assert_eq!(kernel.entry.0, u64::from(header.code32_start) + 0x200);
+    }
 }
