@@ -5,6 +5,7 @@
 //! no larger than the maximum, and rings must lie inside guest memory. Anything else is ignored
 //! with a warning; nothing a guest writes can panic the VMM.
 
+mod queue_config;
 pub(crate) mod registers;
 mod status;
 
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::warn;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace};
+use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::interrupt::Interrupt;
@@ -206,60 +207,6 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             (state.driver_features & !(0xffff_ffff << shift)) | (u64::from(value) << shift);
     }
 
-    fn write_queue_register(
-        &self,
-        state: &mut TransportState<M>,
-        base: u64,
-        offset: u64,
-        value: u32,
-    ) {
-        let s = state.device_status;
-        let disabling = offset == reg::QUEUE_READY && value == 0 && s & DRIVER_OK == 0;
-        if !disabling && (s & FEATURES_OK == 0 || s & (DRIVER_OK | FAILED) != 0) {
-            warn!("virtio-mmio@{base:#x}: queue register {offset:#x} written in status {s:#x}");
-            return;
-        }
-        let sel = state.queue_sel;
-        let memory = state.memory.memory();
-        let Some(queue) = state.queues.get_mut(sel as usize) else {
-            warn!("virtio-mmio@{base:#x}: queue register {offset:#x} for missing queue {sel}");
-            return;
-        };
-        if queue.ready() && !disabling {
-            warn!("virtio-mmio@{base:#x}: queue {sel} is ready; disable it before changing it");
-            return;
-        }
-        let result = match offset {
-            reg::QUEUE_NUM => u16::try_from(value)
-                .map_err(|_| virtio_queue::Error::InvalidSize)
-                .and_then(|size| queue.try_set_size(size)),
-            reg::QUEUE_DESC_LOW => queue.try_set_desc_table_address(low(queue.desc_table(), value)),
-            reg::QUEUE_DESC_HIGH => {
-                queue.try_set_desc_table_address(high(queue.desc_table(), value))
-            }
-            reg::QUEUE_AVAIL_LOW => {
-                queue.try_set_avail_ring_address(low(queue.avail_ring(), value))
-            }
-            reg::QUEUE_AVAIL_HIGH => {
-                queue.try_set_avail_ring_address(high(queue.avail_ring(), value))
-            }
-            reg::QUEUE_USED_LOW => queue.try_set_used_ring_address(low(queue.used_ring(), value)),
-            reg::QUEUE_USED_HIGH => queue.try_set_used_ring_address(high(queue.used_ring(), value)),
-            _ => {
-                // QUEUE_READY
-                queue.set_ready(value != 0);
-                if value != 0 && !queue.is_valid(&*memory) {
-                    queue.set_ready(false);
-                    warn!("virtio-mmio@{base:#x}: queue {sel} rings are not in guest memory");
-                }
-                Ok(())
-            }
-        };
-        if let Err(e) = result {
-            warn!("virtio-mmio@{base:#x}: queue {sel}: register {offset:#x} = {value:#x}: {e}");
-        }
-    }
-
     fn notify_queue(&self, state: &TransportState<M>, base: u64, value: u32) {
         let ready = state.queues.get(value as usize).is_some_and(|q| q.ready());
         if !state.activated || !ready {
@@ -369,16 +316,6 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             let _ = notifier.read();
         }
     }
-}
-
-/// Replaces the low 32 bits of an address.
-fn low(addr: u64, value: u32) -> GuestAddress {
-    GuestAddress((addr & !0xffff_ffff) | u64::from(value))
-}
-
-/// Replaces the high 32 bits of an address.
-fn high(addr: u64, value: u32) -> GuestAddress {
-    GuestAddress((addr & 0xffff_ffff) | (u64::from(value) << 32))
 }
 
 impl<M, D> BusDevice for MmioTransport<M, D>

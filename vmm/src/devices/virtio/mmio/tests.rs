@@ -5,7 +5,7 @@ use crate::devices::virtio::interrupt::{INT_CONFIG, INT_USED_RING};
 use crate::devices::virtio::status::{ACKNOWLEDGE, DEVICE_NEEDS_RESET};
 use crate::devices::virtio::ActivateError;
 use proptest::prelude::*;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 type Memory = Arc<GuestMemoryMmap<()>>;
 
