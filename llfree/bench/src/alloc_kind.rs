@@ -72,6 +72,14 @@ pub enum CreateError {
     /// LLFree rejected the configuration.
     #[error("llfree: {0}")]
     LLFree(#[from] InitError),
+    /// The allocator cannot run this benchmark.
+    #[error("{alloc} does not support {bench}")]
+    Unsupported {
+        /// The allocator.
+        alloc: AllocKind,
+        /// The benchmark.
+        bench: &'static str,
+    },
 }
 
 impl fmt::Display for AllocKind {

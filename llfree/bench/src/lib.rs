@@ -7,6 +7,7 @@
 mod affinity;
 pub mod alloc_kind;
 pub mod buddy;
+pub mod frag;
 pub mod frame_alloc;
 mod frame_links;
 pub mod harness;
@@ -17,6 +18,7 @@ pub mod llfree_alloc;
 pub mod report;
 pub mod rng;
 pub mod spin;
+pub mod svg_plot;
 #[cfg(test)]
 mod testing;
 pub mod units;

@@ -2,10 +2,12 @@
 
 use clap::{Args, Parser, Subcommand};
 use llfree_bench::alloc_kind::AllocKind;
+use llfree_bench::frag::{self, FragParams};
 use llfree_bench::harness::{self, Bench, RunParams};
 use llfree_bench::report::{write_csv, RunKey, Summary, CSV_HEADER};
 use llfree_bench::units::parse_zone;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Benchmarks LLFree against buddy and list-based page-frame allocators.
@@ -24,6 +26,8 @@ enum Command {
     Rand(RunArgs),
     /// Every thread allocates and frees one frame in a loop (a get+put pair is timed).
     Repeat(RunArgs),
+    /// Huge-frame fragmentation and compaction cost over reallocation rounds (paper §5.6).
+    Frag(FragArgs),
 }
 
 /// Options of bulk, rand and repeat.
@@ -53,11 +57,35 @@ struct RunArgs {
     seed: u64,
 }
 
+/// Options of frag.
+#[derive(Args)]
+struct FragArgs {
+    /// Allocators to compare (llfree and buddy).
+    #[arg(long, value_delimiter = ',', default_value = "llfree,buddy")]
+    alloc: Vec<AllocKind>,
+    /// Zone size (K, M, G, T suffixes; a multiple of 2 MiB).
+    #[arg(long, default_value = "8G", value_parser = parse_zone)]
+    zone: usize,
+    /// Reallocation rounds.
+    #[arg(long, default_value_t = 100)]
+    rounds: usize,
+    /// Threads (core ids) freeing and allocating in parallel.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Seed of the random choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the plot (free huge frames and compaction cost per round) to this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Bulk(args) => run_harness(Bench::Bulk, &args),
         Command::Rand(args) => run_harness(Bench::Rand, &args),
         Command::Repeat(args) => run_harness(Bench::Repeat, &args),
+        Command::Frag(args) => run_frag(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -105,5 +133,43 @@ fn run_harness(bench: Bench, args: &RunArgs) -> Result<(), BoxError> {
         }
     }
     summary.write(&mut std::io::stderr().lock())?;
+    Ok(())
+}
+
+fn run_frag(args: &FragArgs) -> Result<(), BoxError> {
+    let frames = args.zone / llfree_bench::units::FRAME_SIZE;
+    let huge_frames = args.zone / llfree_bench::units::HUGE_SIZE;
+    let params = FragParams {
+        rounds: args.rounds,
+        threads: args.threads.max(1),
+        seed: args.seed,
+    };
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", frag::CSV_HEADER)?;
+    let mut results = Vec::new();
+    for &kind in &args.alloc {
+        let alloc = frag::create(kind, params.threads, frames)?;
+        let rounds = frag::run(alloc.as_ref(), params)?;
+        frag::write_csv(&mut stdout, kind.name(), &rounds)?;
+        if let (Some(first), Some(last)) = (rounds.first(), rounds.last()) {
+            let cost = |r: &frag::FragRound| r.compaction_cost as f64;
+            eprintln!(
+                "{kind}: free huge frames {} -> {} of {huge_frames} ({:.1} % of the initially polluted \
+                 huge frames recovered); compaction cost {} -> {} ({:.1} %)",
+                first.free_huge,
+                last.free_huge,
+                frag::recovered_percent(&rounds, huge_frames),
+                first.compaction_cost,
+                last.compaction_cost,
+                100.0 * cost(last) / cost(first).max(1.0),
+            );
+        }
+        results.push((kind.name(), rounds));
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, frag::plot(&results))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("plot written to {}", path.display());
+    }
     Ok(())
 }

@@ -28,6 +28,14 @@ impl Rng {
         ((u128::from(self.next_u64()) * bound as u128) >> 64) as usize
     }
 
+    /// Moves a uniformly random choice of `count` items (in random order) to the front of
+    /// `items`: the first `count` steps of Fisher-Yates.
+    pub fn choose_front<T>(&mut self, items: &mut [T], count: usize) {
+        for i in 0..count.min(items.len()) {
+            items.swap(i, i + self.below(items.len() - i));
+        }
+    }
+
     /// Shuffles `items` uniformly (Fisher-Yates).
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
@@ -48,6 +56,19 @@ mod tests {
             seen[rng.below(7)] += 1;
         }
         assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
+    }
+
+    #[test]
+    fn choose_front_picks_distinct_items() {
+        let mut items: Vec<u32> = (0..100).collect();
+        Rng::new(3).choose_front(&mut items, 10);
+        let mut front = items[..10].to_vec();
+        front.sort_unstable();
+        front.dedup();
+        assert_eq!(front.len(), 10);
+        assert_ne!(&items[..10], &(0..10).collect::<Vec<_>>()[..]);
+        items.sort_unstable();
+        assert_eq!(items, (0..100).collect::<Vec<_>>());
     }
 
     #[test]
