@@ -15,6 +15,7 @@ pub mod list_cas;
 pub mod list_local;
 pub mod list_locked;
 pub mod llfree_alloc;
+pub mod recover;
 pub mod report;
 pub mod rng;
 pub mod spin;

@@ -4,11 +4,13 @@ use clap::{Args, Parser, Subcommand};
 use llfree_bench::alloc_kind::AllocKind;
 use llfree_bench::frag::{self, FragParams};
 use llfree_bench::harness::{self, Bench, RunParams};
+use llfree_bench::recover::{self, RecoverParams};
 use llfree_bench::report::{write_csv, RunKey, Summary, CSV_HEADER};
 use llfree_bench::units::parse_zone;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Benchmarks LLFree against buddy and list-based page-frame allocators.
 #[derive(Parser)]
@@ -28,6 +30,8 @@ enum Command {
     Repeat(RunArgs),
     /// Huge-frame fragmentation and compaction cost over reallocation rounds (paper §5.6).
     Frag(FragArgs),
+    /// Recovery time of a persistent LLFree after a clean shutdown and after a crash (§5.7).
+    Recover(RecoverArgs),
 }
 
 /// Options of bulk, rand and repeat.
@@ -80,12 +84,33 @@ struct FragArgs {
     svg: Option<PathBuf>,
 }
 
+/// Options of recover.
+#[derive(Args)]
+struct RecoverArgs {
+    /// Zone sizes (K, M, G, T suffixes; multiples of 2 MiB).
+    #[arg(long, value_delimiter = ',', default_value = "8G,16G", value_parser = parse_zone)]
+    zone: Vec<usize>,
+    /// Timed recoveries per zone and shutdown kind.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// The crash child is killed a random time up to this many milliseconds after it started.
+    #[arg(long, default_value_t = 50)]
+    max_crash_delay_ms: u64,
+    /// Directory of the metadata file (default: the temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Seed of the random choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Bulk(args) => run_harness(Bench::Bulk, &args),
         Command::Rand(args) => run_harness(Bench::Rand, &args),
         Command::Repeat(args) => run_harness(Bench::Repeat, &args),
         Command::Frag(args) => run_frag(&args),
+        Command::Recover(args) => run_recover(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -170,6 +195,53 @@ fn run_frag(args: &FragArgs) -> Result<(), BoxError> {
         std::fs::write(path, frag::plot(&results))
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("plot written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn run_recover(args: &RecoverArgs) -> Result<(), BoxError> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        "zone_bytes,shutdown,run,recovery_us,us_per_gib,free_frames"
+    )?;
+    for &zone in &args.zone {
+        let params = RecoverParams {
+            frames: zone / llfree_bench::units::FRAME_SIZE,
+            runs: args.runs,
+            max_crash_delay: Duration::from_millis(args.max_crash_delay_ms),
+            dir: args.dir.clone().unwrap_or_else(std::env::temp_dir),
+            seed: args.seed,
+        };
+        let gib = zone as f64 / (1u64 << 30) as f64;
+        let samples = recover::run(&params)?;
+        for s in &samples {
+            let micros = s.duration.as_secs_f64() * 1e6;
+            writeln!(
+                stdout,
+                "{zone},{:?},{},{micros:.1},{:.2},{}",
+                s.shutdown,
+                s.run,
+                micros / gib,
+                s.free_frames
+            )?;
+        }
+        for shutdown in [recover::Shutdown::Clean, recover::Shutdown::Crash] {
+            let mut micros: Vec<f64> = samples
+                .iter()
+                .filter(|s| s.shutdown == shutdown)
+                .map(|s| s.duration.as_secs_f64() * 1e6)
+                .collect();
+            micros.sort_by(f64::total_cmp);
+            if let Some(median) = micros.get(micros.len() / 2) {
+                eprintln!(
+                    "recover {:.0} GiB after {shutdown:?} shutdown: median {median:.1} us ({:.2} us/GiB) over {} runs",
+                    gib,
+                    median / gib,
+                    micros.len()
+                );
+            }
+        }
     }
     Ok(())
 }
