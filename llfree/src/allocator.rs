@@ -177,7 +177,9 @@ impl LLFree {
         for _ in 0..=self.trees.len() * 2 {
             if let Some(state) = local.take(frames) {
                 if let Some(frame) = self.lower.get(state.hint(), order) {
-                    if frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
+                    // Huge frames find the next free child within the tree's single cache line
+                    // of child entries; only base frames keep a last-allocated hint.
+                    if order < HUGE_ORDER && frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
                         local.set_hint(frame);
                     }
                     return Ok(frame);

@@ -55,7 +55,7 @@ fn child(file: &File, config: Config, log: &'static Log, seed: u64) -> ! {
         for t in 0..THREADS {
             let alloc = &alloc;
             scope.spawn(move || {
-                let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1 + t as u64 * 2;
+                let mut rng = (seed + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t as u64 + 1);
                 loop {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
@@ -179,8 +179,8 @@ fn lost_runs(alloc: &LLFree, logged: &[bool]) -> Vec<(usize, usize)> {
         if alloc.is_free(child, 9) {
             continue;
         }
-        for frame in child..child + 512 {
-            if alloc.is_free(frame, 0) || logged[frame] {
+        for (frame, logged) in logged.iter().enumerate().skip(child).take(512) {
+            if *logged || alloc.is_free(frame, 0) {
                 continue;
             }
             match runs.last_mut() {

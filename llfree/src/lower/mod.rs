@@ -20,6 +20,9 @@
 //!   and frees them. A free first clears the first pair (uncommitting the frame), then the rest.
 //!
 //! Frees run in the opposite order: clear the authoritative state, then raise the counter.
+//!
+//! Base frames are taken from partially used children before entirely free ones, so that free
+//! children stay available as huge frames (the child-level analogue of the tree heuristic).
 
 pub mod bitfield;
 pub mod child;
@@ -116,23 +119,37 @@ impl Lower {
             10 => children
                 .filter(|child| child % 2 == 0)
                 .find_map(|child| self.get_pair(child)),
-            _ => {
-                let frames = 1 << order;
-                let mut word = (hint % CHILD_FRAMES) / 64;
-                for child in children {
-                    let pair = self.pair(child);
-                    if pair.take(child % 2, frames) {
-                        if let Some(bit) = self.fields[child].set_first_zeros(word, order) {
-                            self.persist_field(child);
-                            return Some(child * CHILD_FRAMES + bit);
-                        }
-                        pair.give(child % 2, frames);
-                    }
-                    word = 0;
-                }
-                None
-            }
+            // Partially used children first: entirely free ones are kept for huge frames.
+            _ => self
+                .get_base(children.clone(), hint, order, false)
+                .or_else(|| self.get_base(children, hint, order, true)),
         }
+    }
+
+    /// Allocates base frames in the first of `children` with room (and, unless `free_children`,
+    /// not entirely free), starting at the word of `hint` in the first child.
+    fn get_base(
+        &self,
+        children: impl Iterator<Item = usize>,
+        hint: usize,
+        order: usize,
+        free_children: bool,
+    ) -> Option<usize> {
+        let frames = 1 << order;
+        let mut word = (hint % CHILD_FRAMES) / 64;
+        for child in children {
+            let pair = self.pair(child);
+            let usable = |c: Child| free_children || c != Child::FREE;
+            if usable(pair.load()[child % 2]) && pair.take(child % 2, frames) {
+                if let Some(bit) = self.fields[child].set_first_zeros(word, order) {
+                    self.persist_field(child);
+                    return Some(child * CHILD_FRAMES + bit);
+                }
+                pair.give(child % 2, frames);
+            }
+            word = 0;
+        }
+        None
     }
 
     fn get_huge(&self, child: usize) -> Option<usize> {
