@@ -47,6 +47,15 @@ impl AllocKind {
         }
     }
 
+    /// Whether the allocator supports `order` (as [`FrameAllocator::supports_order`]).
+    pub fn supports_order(self, order: usize) -> bool {
+        match self {
+            AllocKind::LLFree => order <= llfree::MAX_ORDER || order == llfree::GIANT_ORDER,
+            AllocKind::Buddy => order <= crate::buddy::MAX_ORDER,
+            AllocKind::ListLocked | AllocKind::ListCas | AllocKind::ListLocal => order == 0,
+        }
+    }
+
     /// Creates the allocator for `cores` cores over a zone of `frames` free frames.
     pub fn create(
         self,
@@ -116,6 +125,9 @@ mod tests {
             let alloc = kind.create(2, 1024).unwrap();
             assert_eq!(alloc.name(), kind.name());
             assert_eq!(alloc.free_frames(), 1024);
+            for order in 0..=20 {
+                assert_eq!(kind.supports_order(order), alloc.supports_order(order));
+            }
         }
         assert!("slab".parse::<AllocKind>().unwrap_err().contains("buddy"));
     }

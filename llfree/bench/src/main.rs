@@ -129,13 +129,23 @@ fn run_harness(bench: Bench, args: &RunArgs) -> Result<(), BoxError> {
     writeln!(stdout, "{CSV_HEADER}")?;
     let mut summary = Summary::default();
     for &order in &args.order {
+        let (kinds, skipped): (Vec<AllocKind>, Vec<AllocKind>) = args
+            .alloc
+            .iter()
+            .partition(|kind| kind.supports_order(order));
+        if kinds.is_empty() {
+            return Err(format!("no selected allocator supports order {order}").into());
+        }
+        if !skipped.is_empty() {
+            let names: Vec<_> = skipped.iter().map(|k| k.name()).collect();
+            eprintln!(
+                "order {order}: skipping {} (unsupported order)",
+                names.join(", ")
+            );
+        }
         for &threads in &args.threads {
-            for &kind in &args.alloc {
+            for &kind in &kinds {
                 let alloc = kind.create(threads, frames)?;
-                if !alloc.supports_order(order) {
-                    eprintln!("{kind}: order {order} not supported, skipped");
-                    continue;
-                }
                 let params = RunParams {
                     bench,
                     order,
