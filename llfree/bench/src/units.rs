@@ -1,10 +1,9 @@
 //! Sizes on the command line.
 
-/// Bytes per base frame.
-pub const FRAME_SIZE: usize = 4096;
+pub use llfree::FRAME_SIZE;
 
 /// Bytes per huge (2 MiB) frame; zones are whole multiples of it.
-pub const HUGE_SIZE: usize = 512 * FRAME_SIZE;
+pub const HUGE_SIZE: usize = FRAME_SIZE << llfree::HUGE_ORDER;
 
 /// Parses a size like `8G`, `512M`, `64MiB` or `4096` (binary units) that is a non-zero multiple
 /// of 2 MiB.

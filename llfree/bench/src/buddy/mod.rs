@@ -60,15 +60,12 @@ pub struct Buddy {
 impl Buddy {
     /// Creates a zone of `frames` free frames.
     pub fn new(config: BuddyConfig, frames: usize) -> Result<Self, AllocError> {
-        let reason = if frames == 0 || frames >= page::NIL as usize {
-            "the buddy allocator manages 1 to 2^32 - 2 frames"
-        } else if config.cores == 0 || config.pcp_batch == 0 || config.pcp_high < config.pcp_batch {
-            "needs at least one core and 0 < pcp_batch <= pcp_high"
-        } else {
-            ""
-        };
-        if !reason.is_empty() {
-            return Err(AllocError::Zone { frames, reason });
+        let invalid = |reason| Err(AllocError::Zone { frames, reason });
+        if frames == 0 || frames >= page::NIL as usize {
+            return invalid("the buddy allocator manages 1 to 2^32 - 2 frames");
+        }
+        if config.cores == 0 || config.pcp_batch == 0 || config.pcp_high < config.pcp_batch {
+            return invalid("needs at least one core and 0 < pcp_batch <= pcp_high");
         }
         let pages = page_array(frames);
         let zone = SpinLock::new(FreeAreas::new(&pages));
