@@ -1,0 +1,367 @@
+//! The balloon device: what it offers, its configuration space, activation with the driver's
+//! queues, and what the VMM asks of it (targets, statistics requests, information).
+
+#[cfg(test)]
+mod fuzz_tests;
+mod process;
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::{debug, error, warn};
+use serde::Serialize;
+use thiserror::Error;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddressSpace;
+
+use crate::backend::{BalloonBackend, GuestNotifier};
+use crate::config::{pages_from_mib, BalloonConfig, ConfigError, ConfigSpace};
+use crate::queues::{QueueLayout, QueueRole};
+use crate::spec::VIRTIO_ID_BALLOON;
+use crate::stats::GuestStats;
+use crate::violations::{Violation, Violations};
+use process::Handler;
+
+/// Errors of the balloon device.
+#[derive(Debug, Error)]
+pub enum BalloonError {
+    /// The options or a target are invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `activate` was called on an active device.
+    #[error("the balloon is active already; reset it first")]
+    AlreadyActive,
+    /// The driver acknowledged features the device did not offer.
+    #[error("the driver acknowledged features {0:#x} that the balloon did not offer")]
+    UnofferedFeatures(u64),
+    /// A queue was handed over that does not exist with the negotiated features.
+    #[error("balloon queue {0} does not exist with the negotiated features")]
+    UnexpectedQueue(u16),
+    /// A queue was handed over twice.
+    #[error("balloon queue {0} was handed over twice")]
+    DuplicateQueue(u16),
+    /// A queue that the negotiated features require was not handed over.
+    #[error("balloon queue {index} ({role:?}) was not set up by the driver")]
+    MissingQueue {
+        /// The queue index.
+        index: u16,
+        /// What it is for.
+        role: QueueRole,
+    },
+    /// A queue is not ready or its rings are not in guest memory.
+    #[error("balloon queue {0} is not ready or its rings lie outside guest memory")]
+    InvalidQueue(u16),
+    /// A queue's rings are broken (e.g. the driver moved the available index too far). The
+    /// device ignores the guest until it is reset.
+    #[error("balloon queue {index} is broken, the device needs a reset: {source}")]
+    Queue {
+        /// The queue index.
+        index: u16,
+        /// What virtio-queue reported.
+        #[source]
+        source: virtio_queue::Error,
+    },
+    /// Raising an interrupt failed.
+    #[error("cannot notify the guest: {0}")]
+    Notify(#[source] io::Error),
+}
+
+/// What the device did, as the host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct BalloonCounters {
+    /// 4 KiB pages the guest has given away and not taken back.
+    pub inflated_pages: u64,
+    /// 4 KiB pages taken back by deflation.
+    pub deflated_pages: u64,
+    /// Frames that inflation returned to the pool.
+    pub inflate_freed_frames: u64,
+    /// Free ranges the guest reported (after merging adjacent ones).
+    pub reported_ranges: u64,
+    /// Bytes the guest reported free.
+    pub reported_bytes: u64,
+    /// Frames that free page reporting returned to the pool.
+    pub report_freed_frames: u64,
+    /// Statistics buffers received.
+    pub stats_updates: u64,
+    /// Backend operations that failed on the host side.
+    pub backend_errors: u64,
+}
+
+/// A snapshot of the device for the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BalloonInfo {
+    /// The target in 4 KiB pages (`num_pages`).
+    pub target_pages: u32,
+    /// The balloon size the driver last reported, in 4 KiB pages (`actual`).
+    pub actual_pages: u32,
+    /// Whether a driver is driving the device.
+    pub active: bool,
+    /// Whether the device stopped after broken queues and waits for a reset.
+    pub needs_reset: bool,
+    /// The features the driver acknowledged (0 while inactive).
+    pub acked_features: u64,
+    /// What the device did.
+    pub counters: BalloonCounters,
+    /// The guest's latest statistics.
+    pub stats: GuestStats,
+    /// Invalid driver input seen.
+    pub violations: Violations,
+}
+
+/// Bookkeeping the queue handlers update.
+#[derive(Debug, Default)]
+struct Record {
+    counters: BalloonCounters,
+    violations: Violations,
+    stats: GuestStats,
+}
+
+/// State while a driver drives the device.
+struct Active<M> {
+    memory: M,
+    acked_features: u64,
+    layout: QueueLayout,
+    queues: [Option<Queue>; QueueRole::COUNT],
+    notifier: Arc<dyn GuestNotifier>,
+    /// The head of the statistics buffer the device holds until it wants new statistics.
+    held_stats: Option<u16>,
+    needs_reset: bool,
+}
+
+/// A virtio-balloon device over memory backend `B`, with queues in guest memory `M`.
+pub struct Balloon<M: GuestAddressSpace, B: BalloonBackend> {
+    config: BalloonConfig,
+    queue_max_sizes: Vec<u16>,
+    backend: B,
+    space: ConfigSpace,
+    active: Option<Active<M>>,
+    record: Record,
+}
+
+impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
+    /// Creates a device with `config`'s options over `backend`.
+    pub fn new(config: BalloonConfig, backend: B) -> Result<Self, BalloonError> {
+        config.validate()?;
+        let queues = QueueLayout::new(config.features()).len();
+        Ok(Self {
+            config,
+            queue_max_sizes: vec![config.queue_size; queues],
+            backend,
+            space: ConfigSpace {
+                num_pages: config.target_pages,
+                actual: 0,
+            },
+            active: None,
+            record: Record::default(),
+        })
+    }
+
+    /// The virtio device ID.
+    pub fn device_type(&self) -> u32 {
+        VIRTIO_ID_BALLOON
+    }
+
+    /// The features offered, VIRTIO_F_VERSION_1 included.
+    pub fn device_features(&self) -> u64 {
+        self.config.features()
+    }
+
+    /// The maximum size of each queue; one entry per queue the offered features can bring.
+    pub fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_max_sizes
+    }
+
+    /// The memory backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// How often the VMM should call [`Balloon::request_stats`]; `None` without statistics.
+    pub fn stats_interval(&self) -> Option<Duration> {
+        self.config.stats_interval
+    }
+
+    /// Reads the configuration space.
+    pub fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.space.read(offset, data);
+    }
+
+    /// Writes the configuration space (the driver reporting `actual`).
+    pub fn write_config(&mut self, offset: u64, data: &[u8]) {
+        self.space.write(offset, data);
+    }
+
+    /// The target in 4 KiB pages.
+    pub fn target_pages(&self) -> u32 {
+        self.space.num_pages
+    }
+
+    /// The balloon size the driver reported, in 4 KiB pages.
+    pub fn actual_pages(&self) -> u32 {
+        self.space.actual
+    }
+
+    /// Whether a driver is driving the device.
+    pub fn is_active(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// Sets the target and tells an active driver.
+    pub fn set_target_pages(&mut self, pages: u32) -> Result<(), BalloonError> {
+        self.space.num_pages = pages;
+        match &self.active {
+            Some(active) if !active.needs_reset => active
+                .notifier
+                .config_changed()
+                .map_err(BalloonError::Notify),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sets the target in MiB (the API's unit).
+    pub fn set_target_mib(&mut self, mib: u64) -> Result<(), BalloonError> {
+        self.set_target_pages(pages_from_mib(mib)?)
+    }
+
+    /// A snapshot for the API.
+    pub fn info(&self) -> BalloonInfo {
+        BalloonInfo {
+            target_pages: self.space.num_pages,
+            actual_pages: self.space.actual,
+            active: self.active.is_some(),
+            needs_reset: self.active.as_ref().is_some_and(|a| a.needs_reset),
+            acked_features: self.active.as_ref().map_or(0, |a| a.acked_features),
+            counters: self.record.counters,
+            stats: self.record.stats,
+            violations: self.record.violations,
+        }
+    }
+
+    /// Starts the device with the queues the driver set up, as (index, queue) pairs, and
+    /// processes the buffers the driver made available before (such as the first statistics).
+    pub fn activate(
+        &mut self,
+        memory: M,
+        acked_features: u64,
+        queues: impl IntoIterator<Item = (u16, Queue)>,
+        notifier: Arc<dyn GuestNotifier>,
+    ) -> Result<(), BalloonError> {
+        if self.active.is_some() {
+            return Err(BalloonError::AlreadyActive);
+        }
+        let unoffered = acked_features & !self.device_features();
+        if unoffered != 0 {
+            return Err(BalloonError::UnofferedFeatures(unoffered));
+        }
+        let layout = QueueLayout::new(acked_features);
+        let mut slots: [Option<Queue>; QueueRole::COUNT] = Default::default();
+        for (index, queue) in queues {
+            let role = layout
+                .role(index)
+                .ok_or(BalloonError::UnexpectedQueue(index))?;
+            if !queue.ready() || !queue.is_valid(&*memory.memory()) {
+                return Err(BalloonError::InvalidQueue(index));
+            }
+            if slots[role.slot()].replace(queue).is_some() {
+                return Err(BalloonError::DuplicateQueue(index));
+            }
+        }
+        for role in layout.roles() {
+            if slots[role.slot()].is_none() {
+                let index = layout.index(role).unwrap_or_default();
+                return Err(BalloonError::MissingQueue { index, role });
+            }
+        }
+        self.active = Some(Active {
+            memory,
+            acked_features,
+            layout,
+            queues: slots,
+            notifier,
+            held_stats: None,
+            needs_reset: false,
+        });
+        for role in layout.roles() {
+            if let Err(e) = self.process_role(role) {
+                self.reset();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles a driver notification on queue `index`. Notifications while inactive are
+    /// ignored. A broken queue returns [`BalloonError::Queue`] once; the device then ignores the
+    /// guest until it is reset.
+    pub fn process_queue(&mut self, index: u16) -> Result<(), BalloonError> {
+        let Some(active) = &self.active else {
+            debug!("virtio-balloon: notification for queue {index} while inactive");
+            return Ok(());
+        };
+        match active.layout.role(index) {
+            Some(role) => self.process_role(role),
+            None => {
+                self.record.violations.record(
+                    Violation::UnknownQueue,
+                    1,
+                    format_args!("notification for queue {index}"),
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn process_role(&mut self, role: QueueRole) -> Result<(), BalloonError> {
+        let Some(active) = self.active.as_mut().filter(|a| !a.needs_reset) else {
+            return Ok(());
+        };
+        let mut handler = Handler {
+            backend: &self.backend,
+            record: &mut self.record,
+        };
+        let result = handler.process(active, role);
+        if let Err(e @ BalloonError::Queue { .. }) = &result {
+            error!("virtio-balloon: {e}");
+            active.needs_reset = true;
+        }
+        result
+    }
+
+    /// Asks the guest for fresh statistics by returning the statistics buffer it holds; the VMM
+    /// calls this every [`Balloon::stats_interval`]. Returns whether a request went out (not
+    /// when the driver has not given a buffer back yet).
+    pub fn request_stats(&mut self) -> Result<bool, BalloonError> {
+        let Some(active) = self.active.as_mut().filter(|a| !a.needs_reset) else {
+            return Ok(false);
+        };
+        let result = process::return_stats_buffer(active);
+        if let Err(e @ BalloonError::Queue { .. }) = &result {
+            error!("virtio-balloon: {e}");
+            active.needs_reset = true;
+        }
+        result
+    }
+
+    /// Stops the device: drops the queues, forgets `actual`, and takes every given-away page back
+    /// (a driver that resets the device no longer knows its balloon).
+    pub fn reset(&mut self) {
+        self.space.actual = 0;
+        if self.active.take().is_none() {
+            return;
+        }
+        match self.backend.deflate_all() {
+            Ok(pages) => {
+                let counters = &mut self.record.counters;
+                counters.deflated_pages += pages;
+                counters.inflated_pages = 0;
+            }
+            Err(e) => {
+                self.record.counters.backend_errors += 1;
+                warn!("virtio-balloon: cannot take the balloon's pages back on reset: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The queue handlers: drain a queue, hand each chain to its parser, check every range against
+//! guest RAM and apply it to the backend. Nothing here allocates.
+
+use log::error;
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemory};
+
+use super::{Active, BalloonError, Record};
+use crate::backend::{BalloonBackend, GuestNotifier, GuestRange};
+use crate::page_report::read_reported_ranges;
+use crate::pfn_list::read_pfn_runs;
+use crate::queues::QueueRole;
+use crate::stats::GuestStats;
+use crate::violations::{Violation, Violations};
+use crate::BalloonCounters;
+
+/// Applies the buffers of one queue to the backend and the record.
+pub(super) struct Handler<'a, B> {
+    pub backend: &'a B,
+    pub record: &'a mut Record,
+}
+
+impl<B: BalloonBackend> Handler<'_, B> {
+    /// Processes every available buffer of the queue playing `role`.
+    pub fn process<M: GuestAddressSpace>(
+        &mut self,
+        active: &mut Active<M>,
+        role: QueueRole,
+    ) -> Result<(), BalloonError> {
+        let index = active.layout.index(role).unwrap_or_default();
+        let guard = active.memory.memory();
+        let mem = &*guard;
+        let Some(queue) = active.queues[role.slot()].as_mut() else {
+            return Ok(());
+        };
+        let used = match role {
+            QueueRole::Inflate => drain(queue, mem, |chain| self.inflate(mem, chain)),
+            QueueRole::Deflate => drain(queue, mem, |chain| self.deflate(mem, chain)),
+            QueueRole::Reporting => drain(queue, mem, |chain| self.report(chain)),
+            QueueRole::Stats => self.take_stats(queue, mem, &mut active.held_stats),
+        }
+        .map_err(|source| BalloonError::Queue { index, source })?;
+        if used {
+            notify(queue, mem, active.notifier.as_ref(), index)?;
+        }
+        Ok(())
+    }
+
+    fn inflate<G: GuestMemory>(&mut self, mem: &G, chain: DescriptorChain<&G>) {
+        let Record {
+            counters,
+            violations,
+            ..
+        } = &mut *self.record;
+        let backend = self.backend;
+        read_pfn_runs(mem, chain, violations, |run, violations| {
+            for_each_ram_part(backend, run, violations, |range, violations| match backend
+                .inflate(range)
+            {
+                Ok(done) => {
+                    counters.inflated_pages += done.new_pages;
+                    counters.inflate_freed_frames += done.freed_frames;
+                    violations.record(
+                        Violation::DuplicateInflation,
+                        range.pages().saturating_sub(done.new_pages),
+                        format_args!("pages of {range} are inflated already"),
+                    );
+                }
+                Err(e) => backend_failure(counters, "inflate", range, &e),
+            })
+        });
+    }
+
+    fn deflate<G: GuestMemory>(&mut self, mem: &G, chain: DescriptorChain<&G>) {
+        let Record {
+            counters,
+            violations,
+            ..
+        } = &mut *self.record;
+        let backend = self.backend;
+        read_pfn_runs(mem, chain, violations, |run, violations| {
+            for_each_ram_part(backend, run, violations, |range, violations| match backend
+                .deflate(range)
+            {
+                Ok(reclaimed) => {
+                    counters.deflated_pages += reclaimed;
+                    counters.inflated_pages = counters.inflated_pages.saturating_sub(reclaimed);
+                    violations.record(
+                        Violation::NotInflated,
+                        range.pages().saturating_sub(reclaimed),
+                        format_args!("pages of {range} were not inflated"),
+                    );
+                }
+                Err(e) => backend_failure(counters, "deflate", range, &e),
+            })
+        });
+    }
+
+    fn report<G: GuestMemory>(&mut self, chain: DescriptorChain<&G>) {
+        let Record {
+            counters,
+            violations,
+            ..
+        } = &mut *self.record;
+        let backend = self.backend;
+        read_reported_ranges(chain, violations, |range, violations| {
+            // A reported range is free memory as a whole: one that strays outside RAM is
+            // nonsense and dropped (checking its pages one by one would let 16 descriptor
+            // bytes cost a million lookups).
+            if !backend.is_ram(range) {
+                violations.record(
+                    Violation::OutsideRam,
+                    1,
+                    format_args!("reported range {range} is not all guest RAM"),
+                );
+                return;
+            }
+            counters.reported_ranges += 1;
+            counters.reported_bytes += range.len;
+            match backend.discard(range) {
+                Ok(freed) => counters.report_freed_frames += freed,
+                Err(e) => backend_failure(counters, "discard", range, &e),
+            }
+        });
+    }
+
+    /// Parses new statistics buffers and holds the latest; one held before is returned at once
+    /// (the driver should only ever give one).
+    fn take_stats<G: GuestMemory>(
+        &mut self,
+        queue: &mut Queue,
+        mem: &G,
+        held: &mut Option<u16>,
+    ) -> Result<bool, virtio_queue::Error> {
+        let mut used = false;
+        loop {
+            queue.disable_notification(mem)?;
+            while let Some(chain) = next_chain(queue, mem)? {
+                let head = chain.head_index();
+                let record = &mut *self.record;
+                record.stats = GuestStats::read(mem, chain, &mut record.violations);
+                record.counters.stats_updates += 1;
+                if let Some(previous) = held.replace(head) {
+                    record.violations.record(
+                        Violation::ExtraStatsBuffer,
+                        1,
+                        format_args!("statistics buffer {head} while holding {previous}"),
+                    );
+                    queue.add_used(mem, previous, 0)?;
+                    used = true;
+                }
+            }
+            if !queue.enable_notification(mem)? {
+                return Ok(used);
+            }
+        }
+    }
+}
+
+/// Gives the held statistics buffer back, which asks the driver for new statistics.
+pub(super) fn return_stats_buffer<M: GuestAddressSpace>(
+    active: &mut Active<M>,
+) -> Result<bool, BalloonError> {
+    let Some(index) = active.layout.index(QueueRole::Stats) else {
+        return Ok(false);
+    };
+    let guard = active.memory.memory();
+    let mem = &*guard;
+    let (Some(queue), Some(head)) = (
+        active.queues[QueueRole::Stats.slot()].as_mut(),
+        active.held_stats.take(),
+    ) else {
+        return Ok(false);
+    };
+    queue
+        .add_used(mem, head, 0)
+        .map_err(|source| BalloonError::Queue { index, source })?;
+    notify(queue, mem, active.notifier.as_ref(), index)?;
+    Ok(true)
+}
+
+/// The next available chain, if any.
+fn next_chain<'m, G: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'m G,
+) -> Result<Option<DescriptorChain<&'m G>>, virtio_queue::Error> {
+    Ok(queue.iter(mem)?.next())
+}
+
+/// Hands every available chain to `handle` and puts it in the used ring (nothing is ever
+/// written into the buffers, so the used length is 0). Returns whether any chain was used.
+fn drain<G: GuestMemory>(
+    queue: &mut Queue,
+    mem: &G,
+    mut handle: impl FnMut(DescriptorChain<&G>),
+) -> Result<bool, virtio_queue::Error> {
+    let mut used = false;
+    loop {
+        queue.disable_notification(mem)?;
+        while let Some(chain) = next_chain(queue, mem)? {
+            let head = chain.head_index();
+            handle(chain);
+            queue.add_used(mem, head, 0)?;
+            used = true;
+        }
+        if !queue.enable_notification(mem)? {
+            return Ok(used);
+        }
+    }
+}
+
+/// Raises the used-buffer interrupt of queue `index` if the driver wants one.
+fn notify<G: GuestMemory>(
+    queue: &mut Queue,
+    mem: &G,
+    notifier: &dyn GuestNotifier,
+    index: u16,
+) -> Result<(), BalloonError> {
+    let wanted = queue
+        .needs_notification(mem)
+        .map_err(|source| BalloonError::Queue { index, source })?;
+    if wanted {
+        notifier.queue_used(index).map_err(BalloonError::Notify)?;
+    }
+    Ok(())
+}
+
+/// Calls `apply` with a run of pages if it is all RAM; otherwise with each of its pages that is,
+/// the others counted as violations. The per-page work is bounded by the page frame numbers the
+/// guest wrote, one per page.
+fn for_each_ram_part<B: BalloonBackend>(
+    backend: &B,
+    range: GuestRange,
+    violations: &mut Violations,
+    mut apply: impl FnMut(GuestRange, &mut Violations),
+) {
+    if range.end().is_some() && backend.is_ram(range) {
+        apply(range, violations);
+        return;
+    }
+    let first = range.addr.0 >> crate::spec::VIRTIO_BALLOON_PFN_SHIFT;
+    for pfn in first..first + range.pages() {
+        let page = GuestRange::from_pfns(pfn, 1);
+        if page.end().is_some() && backend.is_ram(page) {
+            apply(page, violations);
+        } else {
+            violations.record(
+                Violation::OutsideRam,
+                1,
+                format_args!("page {:#x} is not guest RAM", page.addr.0),
+            );
+        }
+    }
+}
+
+/// Counts a host-side backend failure and logs it (at powers of two, like violations).
+fn backend_failure(
+    counters: &mut BalloonCounters,
+    what: &str,
+    range: GuestRange,
+    e: &dyn std::error::Error,
+) {
+    counters.backend_errors += 1;
+    if counters.backend_errors.is_power_of_two() {
+        error!(
+            "virtio-balloon: {what} of {range} failed ({} failures so far): {e}",
+            counters.backend_errors
+        );
+    }
+}

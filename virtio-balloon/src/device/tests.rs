@@ -1,0 +1,401 @@
+//! Device tests on real split rings in a `GuestMemoryMmap`, with a recording backend.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+use super::*;
+use crate::spec::{stat_tag, CONFIG_ACTUAL, CONFIG_NUM_PAGES};
+use crate::testing::{
+    guest_memory, Call, CountingNotifier, Driver, RecordingBackend, BUFFERS, CHUNK_PAGES, RAM,
+};
+use crate::{GuestRange, DEFAULT_QUEUE_SIZE};
+
+type TestBalloon = Balloon<Arc<GuestMemoryMmap>, RecordingBackend>;
+
+const QUEUE_SIZE: u16 = 64;
+const INFLATE: u16 = 0;
+const DEFLATE: u16 = 1;
+const STATS: u16 = 2;
+const REPORTING: u16 = 3;
+
+fn full_config() -> BalloonConfig {
+    BalloonConfig {
+        deflate_on_oom: true,
+        free_page_reporting: true,
+        stats_interval: Some(Duration::from_secs(2)),
+        queue_size: QUEUE_SIZE,
+        ..BalloonConfig::default()
+    }
+}
+
+fn range(first_pfn: u64, pages: u64) -> GuestRange {
+    GuestRange::from_pfns(first_pfn, pages)
+}
+
+/// An active balloon with every feature, and its driver side.
+struct Setup<'a> {
+    balloon: TestBalloon,
+    driver: Driver<'a>,
+    notifier: Arc<CountingNotifier>,
+}
+
+fn activate(mem: &Arc<GuestMemoryMmap>) -> Setup<'_> {
+    let mut balloon = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    let driver = Driver::new(mem, 4, QUEUE_SIZE);
+    let notifier = Arc::new(CountingNotifier::default());
+    let features = balloon.device_features();
+    balloon
+        .activate(
+            mem.clone(),
+            features,
+            driver.device_queues(),
+            notifier.clone(),
+        )
+        .unwrap();
+    Setup {
+        balloon,
+        driver,
+        notifier,
+    }
+}
+
+#[test]
+fn offers_features_and_queues_from_its_options() {
+    let basic = TestBalloon::new(BalloonConfig::default(), RecordingBackend::default()).unwrap();
+    assert_eq!(basic.device_type(), 5);
+    assert_eq!(basic.device_features(), 1 << 32 | 1);
+    assert_eq!(basic.queue_max_sizes(), [DEFAULT_QUEUE_SIZE; 2]);
+    assert_eq!(basic.stats_interval(), None);
+
+    let full = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    assert_eq!(full.device_features(), 1 << 32 | 0b10_0111);
+    assert_eq!(full.queue_max_sizes(), [QUEUE_SIZE; 4]);
+    assert_eq!(full.stats_interval(), Some(Duration::from_secs(2)));
+
+    let bad = BalloonConfig {
+        queue_size: 100,
+        ..BalloonConfig::default()
+    };
+    assert!(matches!(
+        TestBalloon::new(bad, RecordingBackend::default()),
+        Err(BalloonError::Config(ConfigError::QueueSize(100)))
+    ));
+}
+
+#[test]
+fn inflation_coalesces_pages_and_frees_full_chunks() {
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    // One whole 2 MiB chunk at 4 MiB in a batch of 256 and a batch of 256 + 3 stray pages.
+    let chunk: Vec<u32> = (1024..1024 + CHUNK_PAGES as u32).collect();
+    let first = s.driver.write_pfns(BUFFERS, &chunk[..256]);
+    let mut second = chunk[256..].to_vec();
+    second.extend([7, 9, 8]);
+    let len = s.driver.write_pfns(BUFFERS + 0x1000, &second);
+    let a = s.driver.add_chain(INFLATE, &[(BUFFERS, first, false)]);
+    let b = s
+        .driver
+        .add_chain(INFLATE, &[(BUFFERS + 0x1000, len, false)]);
+    s.balloon.process_queue(INFLATE).unwrap();
+
+    assert_eq!(s.driver.take_used(INFLATE), [a, b]);
+    assert_eq!(s.notifier.used(INFLATE), 1);
+    assert_eq!(
+        s.balloon.backend().calls(),
+        [
+            Call::Inflate(range(1024, 256)),
+            Call::Inflate(range(1280, 256)),
+            Call::Inflate(range(7, 1)),
+            Call::Inflate(range(9, 1)),
+            Call::Inflate(range(8, 1)),
+        ]
+    );
+    let info = s.balloon.info();
+    assert_eq!(info.counters.inflated_pages, CHUNK_PAGES + 3);
+    assert_eq!(info.counters.inflate_freed_frames, 1);
+    assert_eq!(info.violations.total(), 0);
+}
+
+#[test]
+fn invalid_and_duplicate_pages_are_ignored_and_counted() {
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    let hole = (RAM[0].1 / 4096) as u32; // first page of the MMIO hole
+    let ram2 = (RAM[1].0 / 4096) as u32;
+    let pfns = [hole - 1, hole, hole + 1, ram2 - 1, ram2, u32::MAX, 5, 5];
+    let len = s.driver.write_pfns(BUFFERS, &pfns);
+    s.driver.add_chain(INFLATE, &[(BUFFERS, len, false)]);
+    s.balloon.process_queue(INFLATE).unwrap();
+
+    let calls = s.balloon.backend().calls();
+    assert_eq!(
+        calls,
+        [
+            Call::Inflate(range(u64::from(hole) - 1, 1)),
+            Call::Inflate(range(u64::from(ram2), 1)),
+            Call::Inflate(range(5, 1)),
+            Call::Inflate(range(5, 1)),
+        ]
+    );
+    let violations = s.balloon.info().violations;
+    assert_eq!(violations.outside_ram, 4);
+    assert_eq!(violations.duplicate_inflation, 1);
+    assert_eq!(s.balloon.info().counters.inflated_pages, 3);
+}
+
+#[test]
+fn deflation_returns_pages_and_counts_never_inflated_ones() {
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    let len = s.driver.write_pfns(BUFFERS, &[100, 101, 102]);
+    s.driver.add_chain(INFLATE, &[(BUFFERS, len, false)]);
+    s.balloon.process_queue(INFLATE).unwrap();
+
+    let len = s.driver.write_pfns(BUFFERS + 0x1000, &[101, 102, 103]);
+    let head = s
+        .driver
+        .add_chain(DEFLATE, &[(BUFFERS + 0x1000, len, false)]);
+    s.balloon.process_queue(DEFLATE).unwrap();
+    assert_eq!(s.driver.take_used(DEFLATE), [head]);
+    assert!(s.balloon.backend().is_given_away(100));
+    assert!(!s.balloon.backend().is_given_away(101));
+    let info = s.balloon.info();
+    assert_eq!(info.counters.inflated_pages, 1);
+    assert_eq!(info.counters.deflated_pages, 2);
+    assert_eq!(info.violations.not_inflated, 1);
+}
+
+#[test]
+fn reported_ranges_are_discarded_and_merged() {
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    let mb2 = 2 << 20;
+    let head = s.driver.add_chain(
+        REPORTING,
+        &[
+            (4 * mb2, 2 * mb2 as u32, true),
+            (6 * mb2, mb2 as u32, true),
+            (0x3000, 0x1000, true),
+            (0x5000, 0x1000, false),
+            (RAM[0].1, mb2 as u32, true),
+        ],
+    );
+    s.balloon.process_queue(REPORTING).unwrap();
+    assert_eq!(s.driver.take_used(REPORTING), [head]);
+    assert_eq!(
+        s.balloon.backend().calls(),
+        [
+            Call::Discard(GuestRange {
+                addr: GuestAddress(4 * mb2),
+                len: 3 * mb2
+            }),
+            Call::Discard(range(3, 1)),
+        ]
+    );
+    let info = s.balloon.info();
+    assert_eq!(info.counters.report_freed_frames, 3);
+    assert_eq!(info.counters.reported_bytes, 3 * mb2 + 0x1000);
+    assert_eq!(info.violations.wrong_direction, 1);
+    assert_eq!(info.violations.outside_ram, 1);
+}
+
+fn stats_entry(tag: u16, value: u64) -> Vec<u8> {
+    [&tag.to_le_bytes()[..], &value.to_le_bytes()].concat()
+}
+
+#[test]
+fn statistics_are_held_and_requested_on_the_timer() {
+    let mem = guest_memory();
+    let mut balloon = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    let mut driver = Driver::new(&mem, 4, QUEUE_SIZE);
+    let notifier = Arc::new(CountingNotifier::default());
+    assert!(!balloon.request_stats().unwrap(), "inactive");
+
+    // The driver queues its first statistics before DRIVER_OK.
+    let bytes = [stats_entry(stat_tag::MEMFREE, 1 << 30), stats_entry(42, 1)].concat();
+    driver.write(BUFFERS, &bytes);
+    let head = driver.add_chain(STATS, &[(BUFFERS, bytes.len() as u32, false)]);
+    let features = balloon.device_features();
+    balloon
+        .activate(
+            mem.clone(),
+            features,
+            driver.device_queues(),
+            notifier.clone(),
+        )
+        .unwrap();
+    assert_eq!(balloon.info().stats.free_memory, Some(1 << 30));
+    assert!(
+        driver.take_used(STATS).is_empty(),
+        "the device holds the buffer"
+    );
+
+    assert!(balloon.request_stats().unwrap());
+    assert_eq!(driver.take_used(STATS), [head]);
+    assert_eq!(notifier.used(STATS), 1);
+    assert!(!balloon.request_stats().unwrap(), "nothing held");
+
+    driver.write(BUFFERS, &stats_entry(stat_tag::MEMFREE, 2 << 30));
+    let second = driver.add_chain(STATS, &[(BUFFERS, 10, false)]);
+    balloon.process_queue(STATS).unwrap();
+    assert_eq!(balloon.info().stats.free_memory, Some(2 << 30));
+    assert_eq!(balloon.info().counters.stats_updates, 2);
+
+    // A second buffer while one is held: the old one goes back at once.
+    let third = driver.add_chain(STATS, &[(BUFFERS, 10, false)]);
+    balloon.process_queue(STATS).unwrap();
+    assert_eq!(driver.take_used(STATS), [second]);
+    assert_eq!(balloon.info().violations.extra_stats_buffer, 1);
+    assert!(balloon.request_stats().unwrap());
+    assert_eq!(driver.take_used(STATS), [third]);
+}
+
+#[test]
+fn targets_update_the_config_space_and_notify_an_active_driver() {
+    let mem = guest_memory();
+    let mut idle = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    idle.set_target_mib(4).unwrap();
+    assert_eq!(idle.target_pages(), 1024);
+
+    let mut s = activate(&mem);
+    s.balloon.set_target_mib(256).unwrap();
+    let mut word = [0; 4];
+    s.balloon.read_config(CONFIG_NUM_PAGES, &mut word);
+    assert_eq!(u32::from_le_bytes(word), 65536);
+    assert_eq!(s.notifier.config(), 1);
+    assert!(matches!(
+        s.balloon.set_target_mib(1 << 40),
+        Err(BalloonError::Config(ConfigError::TargetTooLarge { .. }))
+    ));
+    assert_eq!(s.balloon.target_pages(), 65536);
+
+    s.balloon.write_config(CONFIG_ACTUAL, &300u32.to_le_bytes());
+    s.balloon
+        .write_config(CONFIG_NUM_PAGES, &1u32.to_le_bytes());
+    assert_eq!(
+        (s.balloon.target_pages(), s.balloon.actual_pages()),
+        (65536, 300)
+    );
+    s.balloon.reset();
+    assert_eq!(s.balloon.actual_pages(), 0);
+}
+
+#[test]
+fn activation_checks_features_and_queues() {
+    let mem = guest_memory();
+    let driver = Driver::new(&mem, 4, QUEUE_SIZE);
+    let notifier: Arc<dyn GuestNotifier> = Arc::new(CountingNotifier::default());
+    let mut balloon = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    let all = balloon.device_features();
+    let basic = 1 << 32;
+    let mut try_activate = |features, queues: Vec<(u16, Queue)>| {
+        balloon.activate(mem.clone(), features, queues, notifier.clone())
+    };
+    let queues = || driver.device_queues();
+    let first = |n: usize| queues().into_iter().take(n).collect::<Vec<_>>();
+    assert!(matches!(
+        try_activate(all | 1 << 3, queues()),
+        Err(BalloonError::UnofferedFeatures(8))
+    ));
+    assert!(matches!(
+        try_activate(basic, queues()),
+        Err(BalloonError::UnexpectedQueue(2))
+    ));
+    assert!(matches!(
+        try_activate(all, first(3)),
+        Err(BalloonError::MissingQueue {
+            index: 3,
+            role: QueueRole::Reporting
+        })
+    ));
+    let mut twice = first(2);
+    twice.extend(first(2).pop());
+    assert!(matches!(
+        try_activate(basic, twice),
+        Err(BalloonError::DuplicateQueue(1))
+    ));
+    let mut not_ready = first(2);
+    not_ready[1].1.set_ready(false);
+    assert!(matches!(
+        try_activate(basic, not_ready),
+        Err(BalloonError::InvalidQueue(1))
+    ));
+    try_activate(all, queues()).unwrap();
+    assert!(matches!(
+        try_activate(all, queues()),
+        Err(BalloonError::AlreadyActive)
+    ));
+}
+
+#[test]
+fn reporting_takes_index_2_without_statistics() {
+    let mem = guest_memory();
+    let config = BalloonConfig {
+        stats_interval: None,
+        ..full_config()
+    };
+    let mut balloon = TestBalloon::new(config, RecordingBackend::default()).unwrap();
+    assert_eq!(balloon.queue_max_sizes().len(), 3);
+    let mut driver = Driver::new(&mem, 3, QUEUE_SIZE);
+    let notifier = Arc::new(CountingNotifier::default());
+    let features = balloon.device_features();
+    balloon
+        .activate(mem.clone(), features, driver.device_queues(), notifier)
+        .unwrap();
+    driver.add_chain(2, &[(0x20_0000, 0x20_0000, true)]);
+    balloon.process_queue(2).unwrap();
+    assert_eq!(balloon.backend().calls(), [Call::Discard(range(512, 512))]);
+    balloon.process_queue(3).unwrap();
+    assert_eq!(balloon.info().violations.unknown_queue, 1);
+}
+
+#[test]
+fn broken_rings_stop_the_device_until_reset() {
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    let len = s.driver.write_pfns(BUFFERS, &[10]);
+    s.driver.add_chain(INFLATE, &[(BUFFERS, len, false)]);
+    s.balloon.process_queue(INFLATE).unwrap();
+    s.driver.bump_avail_idx(DEFLATE, QUEUE_SIZE + 1);
+    assert!(matches!(
+        s.balloon.process_queue(DEFLATE),
+        Err(BalloonError::Queue { index: 1, .. })
+    ));
+    assert!(s.balloon.info().needs_reset);
+    s.balloon.process_queue(INFLATE).unwrap();
+    assert!(!s.balloon.request_stats().unwrap());
+
+    s.balloon.reset();
+    let info = s.balloon.info();
+    assert!(!info.active && !info.needs_reset);
+    assert_eq!(info.counters.inflated_pages, 0);
+    assert_eq!(s.balloon.backend().calls().last(), Some(&Call::DeflateAll));
+    assert!(!s.balloon.backend().is_given_away(10));
+    s.balloon.process_queue(INFLATE).unwrap();
+}
+
+#[test]
+fn backend_failures_are_counted_and_buffers_still_returned() {
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    s.balloon.backend().failing.store(true, Ordering::Relaxed);
+    let len = s.driver.write_pfns(BUFFERS, &[10, 20]);
+    let head = s.driver.add_chain(INFLATE, &[(BUFFERS, len, false)]);
+    s.balloon.process_queue(INFLATE).unwrap();
+    assert_eq!(s.driver.take_used(INFLATE), [head]);
+    assert_eq!(s.balloon.info().counters.backend_errors, 2);
+    assert_eq!(s.balloon.info().counters.inflated_pages, 0);
+}
+
+#[test]
+fn notifications_while_inactive_are_ignored() {
+    let mut balloon = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    balloon.process_queue(0).unwrap();
+    balloon.process_queue(9).unwrap();
+    balloon.reset();
+    assert!(balloon.backend().calls().is_empty());
+    assert_eq!(balloon.info().violations.total(), 0);
+}
