@@ -151,7 +151,7 @@ impl LLFree {
 
     fn check(&self, frame: usize, order: usize) -> Result<(), Error> {
         check_order(order)?;
-        if !frame.is_multiple_of(1 << order) {
+        if frame & ((1 << order) - 1) != 0 {
             return Err(Error::Misaligned { frame, order });
         }
         if frame >= self.frames() || self.frames() - frame < 1 << order {
@@ -177,9 +177,7 @@ impl LLFree {
         for _ in 0..=self.trees.len() * 2 {
             if let Some(state) = local.take(frames) {
                 if let Some(frame) = self.lower.get(state.hint(), order) {
-                    // Huge frames find the next free child within the tree's single cache line
-                    // of child entries; only base frames keep a last-allocated hint.
-                    if order < HUGE_ORDER && frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
+                    if frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
                         local.set_hint(frame);
                     }
                     return Ok(frame);

@@ -82,7 +82,8 @@ pub struct FileRegion {
 
 impl FileRegion {
     /// Maps `len` bytes of `file` starting at `offset` (a multiple of the page size) shared and
-    /// writable. The file must already be at least `offset + len` bytes long.
+    /// writable, prefaulting the pages. The file must already be at least `offset + len` bytes
+    /// long.
     pub fn map(file: &File, offset: u64, len: usize) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(
@@ -109,7 +110,7 @@ impl FileRegion {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 offset,
             )

@@ -16,8 +16,10 @@ use thiserror::Error;
 pub enum AllocKind {
     /// LLFree with volatile metadata.
     LLFree,
-    /// The spin-locked buddy allocator with per-CPU lists.
+    /// The spin-locked buddy allocator with per-order free lists.
     Buddy,
+    /// The buddy allocator with Linux-like per-CPU lists for order 0.
+    BuddyPcp,
     /// One spin-locked global list.
     ListLocked,
     /// One lock-free global list.
@@ -28,9 +30,10 @@ pub enum AllocKind {
 
 impl AllocKind {
     /// Every allocator, in the order of the default command line.
-    pub const ALL: [AllocKind; 5] = [
+    pub const ALL: [AllocKind; 6] = [
         AllocKind::LLFree,
         AllocKind::Buddy,
+        AllocKind::BuddyPcp,
         AllocKind::ListLocked,
         AllocKind::ListCas,
         AllocKind::ListLocal,
@@ -41,6 +44,7 @@ impl AllocKind {
         match self {
             AllocKind::LLFree => "llfree",
             AllocKind::Buddy => "buddy",
+            AllocKind::BuddyPcp => "buddy-pcp",
             AllocKind::ListLocked => "list-locked",
             AllocKind::ListCas => "list-cas",
             AllocKind::ListLocal => "list-local",
@@ -51,7 +55,7 @@ impl AllocKind {
     pub fn supports_order(self, order: usize) -> bool {
         match self {
             AllocKind::LLFree => order <= llfree::MAX_ORDER || order == llfree::GIANT_ORDER,
-            AllocKind::Buddy => order <= crate::buddy::MAX_ORDER,
+            AllocKind::Buddy | AllocKind::BuddyPcp => order <= crate::buddy::MAX_ORDER,
             AllocKind::ListLocked | AllocKind::ListCas | AllocKind::ListLocal => order == 0,
         }
     }
@@ -64,7 +68,8 @@ impl AllocKind {
     ) -> Result<Box<dyn FrameAllocator>, CreateError> {
         Ok(match self {
             AllocKind::LLFree => Box::new(LLFreeAlloc::new(cores, frames)?),
-            AllocKind::Buddy => Box::new(Buddy::new(BuddyConfig::new(cores), frames)?),
+            AllocKind::Buddy => Box::new(Buddy::new(BuddyConfig::without_pcp(cores), frames)?),
+            AllocKind::BuddyPcp => Box::new(Buddy::new(BuddyConfig::new(cores), frames)?),
             AllocKind::ListLocked => Box::new(ListLocked::new(frames)?),
             AllocKind::ListCas => Box::new(ListCas::new(frames)?),
             AllocKind::ListLocal => Box::new(ListLocal::new(cores, frames)?),

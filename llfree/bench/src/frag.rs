@@ -66,7 +66,11 @@ pub fn create(
 ) -> Result<Box<dyn HugeFragmentation>, CreateError> {
     match kind {
         AllocKind::LLFree => Ok(Box::new(LLFreeAlloc::new(cores, frames)?)),
-        AllocKind::Buddy => Ok(Box::new(Buddy::new(BuddyConfig::new(cores), frames)?)),
+        AllocKind::Buddy => Ok(Box::new(Buddy::new(
+            BuddyConfig::without_pcp(cores),
+            frames,
+        )?)),
+        AllocKind::BuddyPcp => Ok(Box::new(Buddy::new(BuddyConfig::new(cores), frames)?)),
         alloc => Err(CreateError::Unsupported {
             alloc,
             bench: "the fragmentation benchmark",

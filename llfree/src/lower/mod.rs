@@ -136,10 +136,12 @@ impl Lower {
         free_children: bool,
     ) -> Option<usize> {
         let frames = 1 << order;
+        let hint_child = hint / CHILD_FRAMES;
         let mut word = (hint % CHILD_FRAMES) / 64;
         for child in children {
             let pair = self.pair(child);
-            let usable = |c: Child| free_children || c != Child::FREE;
+            // The hint's own child stays usable: it was freed by the core that allocates here.
+            let usable = |c: Child| free_children || c != Child::FREE || child == hint_child;
             if usable(pair.load()[child % 2]) && pair.take(child % 2, frames) {
                 if let Some(bit) = self.fields[child].set_first_zeros(word, order) {
                     self.persist_field(child);
@@ -299,38 +301,57 @@ impl Lower {
     /// Recovers the child entries after a restart. With `deep` (after a crash) the counters of
     /// base-frame children are rebuilt from the bitfields; otherwise they are validated only.
     pub fn recover(&self, deep: bool) -> Result<(), InitError> {
-        let corrupted = |what, index| Err(InitError::Corrupted { what, index });
-        for index in 0..self.children() {
-            let child = self.child(index);
-            if child.is_malformed() {
-                return corrupted("malformed child entry", index);
-            }
-            let flags = child.flags();
-            if flags & GIANT != 0 {
-                if flags != GIANT || child.free() != 0 {
-                    return corrupted("malformed giant child", index);
+        for (index, pair) in self.pairs.iter().enumerate() {
+            let old = pair.load();
+            let mut new = old;
+            for half in 0..2 {
+                let child = index * 2 + half;
+                if child < self.children() {
+                    new[half] = self.recover_child(child, old[half], old[half ^ 1], deep)?;
                 }
-            } else if flags & HUGE != 0 {
-                let partner = self.child(index ^ 1);
-                if child.free() != 0 || (flags & PAIR != 0 && partner != PAIR_CHILD) {
-                    return corrupted("malformed huge child", index);
-                }
-            } else if flags != 0 {
-                return corrupted("pair flag without huge flag", index);
             }
-            if deep && flags == 0 {
-                let free = CHILD_FRAMES - self.fields[index].count_ones();
-                self.pair(index)
-                    .update(index % 2, |_| Some(Child::new(free, 0)))
-                    .ok();
-            }
-            if deep && flags != 0 && self.fields[index].count_ones() != 0 {
-                return corrupted("huge child with allocated base frames", index);
+            if new != old {
+                pair.store(new);
             }
         }
         self.recover_giants()?;
         self.persist_range(0..self.pairs.len());
         Ok(())
+    }
+
+    /// Validates one child entry (given its partner in the pair) and, with `deep`, rebuilds the
+    /// counter of a base-frame child from its bitfield.
+    fn recover_child(
+        &self,
+        index: usize,
+        child: Child,
+        partner: Child,
+        deep: bool,
+    ) -> Result<Child, InitError> {
+        let corrupted = |what| Err(InitError::Corrupted { what, index });
+        if child.is_malformed() {
+            return corrupted("malformed child entry");
+        }
+        let flags = child.flags();
+        if flags & GIANT != 0 && (flags != GIANT || child.free() != 0) {
+            return corrupted("malformed giant child");
+        }
+        if flags & HUGE != 0 && (child.free() != 0 || (flags & PAIR != 0 && partner != PAIR_CHILD))
+        {
+            return corrupted("malformed huge child");
+        }
+        if flags == PAIR {
+            return corrupted("pair flag without huge flag");
+        }
+        if !deep {
+            return Ok(child);
+        }
+        let used = self.fields[index].count_ones();
+        match flags {
+            0 => Ok(Child::new(CHILD_FRAMES - used, 0)),
+            _ if used != 0 => corrupted("huge child with allocated base frames"),
+            _ => Ok(child),
+        }
     }
 
     /// Keeps committed giant frames and frees the children of unfinished ones.

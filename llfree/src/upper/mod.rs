@@ -90,7 +90,11 @@ impl Locals {
 
     /// The data of `core` (core ids beyond the slots share them).
     pub fn get(&self, core: usize) -> &Local {
-        &self.0[core % self.0.len()]
+        // Avoid the division on the hot path when the core id is in range.
+        match self.0.get(core) {
+            Some(local) => local,
+            None => &self.0[core % self.0.len()],
+        }
     }
 
     /// Number of slots.

@@ -32,6 +32,8 @@ pub struct BuddyConfig {
     pub pcp_batch: usize,
     /// A per-CPU list holding this many frames gives a batch back (Linux: 6 × batch).
     pub pcp_high: usize,
+    /// Whether order-0 frames go through the per-CPU lists at all.
+    pub pcp: bool,
 }
 
 impl BuddyConfig {
@@ -41,6 +43,15 @@ impl BuddyConfig {
             cores,
             pcp_batch: 63,
             pcp_high: 6 * 63,
+            pcp: true,
+        }
+    }
+
+    /// The plain spin-locked buddy allocator: every order goes to the zone's free lists.
+    pub fn without_pcp(cores: usize) -> Self {
+        Self {
+            pcp: false,
+            ..Self::new(cores)
         }
     }
 }
@@ -55,6 +66,7 @@ pub struct Buddy {
     pcps: Box<[PaddedPcp]>,
     batch: usize,
     high: usize,
+    pcp: bool,
 }
 
 impl Buddy {
@@ -77,6 +89,7 @@ impl Buddy {
                 .collect(),
             batch: config.pcp_batch,
             high: config.pcp_high,
+            pcp: config.pcp,
         })
     }
 
@@ -122,7 +135,7 @@ impl Buddy {
     }
 
     fn try_get(&self, core: usize, order: usize) -> Option<usize> {
-        if order == 0 {
+        if order == 0 && self.pcp {
             self.get_pcp(core)
         } else {
             self.zone.lock().alloc(&self.pages, order)
@@ -132,7 +145,11 @@ impl Buddy {
 
 impl FrameAllocator for Buddy {
     fn name(&self) -> &'static str {
-        "buddy"
+        if self.pcp {
+            "buddy-pcp"
+        } else {
+            "buddy"
+        }
     }
 
     fn supports_order(&self, order: usize) -> bool {
@@ -161,7 +178,7 @@ impl FrameAllocator for Buddy {
             .state
             .compare_exchange(state_allocated(order), STATE_NONE, Acquire, Relaxed)
             .map_err(|_| AllocError::NotAllocated { frame, order })?;
-        if order == 0 {
+        if order == 0 && self.pcp {
             let mut pcp = self.pcp(core).lock();
             pcp.push(&self.pages, frame);
             if pcp.len() >= self.high {
