@@ -160,9 +160,7 @@ impl Bytes<MemoryRegionAddress> for GuestRegion {
         addr: MemoryRegionAddress,
         order: Ordering,
     ) -> Result<()> {
-        Ok(self
-            .get_slice(addr, size_of::<T>())?
-            .store(val, 0, order)?)
+        Ok(self.get_slice(addr, size_of::<T>())?.store(val, 0, order)?)
     }
 
     fn load<T: AtomicAccess>(&self, addr: MemoryRegionAddress, order: Ordering) -> Result<T> {

@@ -3,6 +3,11 @@
 //! A fault is resolved without any global lock: the chunk is claimed with one compare-and-swap
 //! of its frame-table entry, a frame is allocated with the faulting vCPU's own LLFree core id
 //! (so each vCPU fills its own reserved tree), mapped over the chunk, and the waiters are woken.
+//!
+//! When the pool is exhausted, the vCPU's error is recorded, the VMM's event is signalled and the
+//! vCPU thread is kicked (on hardware KVM its KVM_RUN returns EINTR). The fault stays pending and
+//! is retried every [`RETRY_MS`] until a frame is free (overcommit: another guest may give memory
+//! back) or the VMM gives up with [`crate::GuestMemory::unblock_vcpus`].
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -18,6 +23,8 @@ use crate::sys::uffd::Fault;
 use crate::vcpu::FaultError;
 
 const PAGE: usize = 4096;
+/// How often blocked faults are retried.
+pub const RETRY_MS: i32 = 5;
 
 /// Running handler threads; stopped and joined on drop.
 #[derive(Debug)]
@@ -75,8 +82,13 @@ fn serve(inner: &Inner, stop: &EventFd) {
                 revents: 0,
             },
         ];
+        let timeout = if inner.shared.vcpus.any_blocked() {
+            RETRY_MS
+        } else {
+            -1
+        };
         // SAFETY: `fds` is an array of two valid pollfd structures.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if rc < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -86,12 +98,40 @@ fn serve(inner: &Inner, stop: &EventFd) {
         if fds[1].revents != 0 {
             return;
         }
+        if rc == 0 {
+            retry_blocked(inner);
+            continue;
+        }
         // Another handler may have taken the messages: then nothing is read.
         let Ok(n) = uffd.read_faults(&mut faults) else {
             return;
         };
         for fault in &faults[..n] {
             handle(inner, fault);
+        }
+    }
+}
+
+/// Retries the faults vCPUs are blocked on.
+fn retry_blocked(inner: &Inner) {
+    let shared = &inner.shared;
+    for index in 0..shared.vcpus.len() {
+        let Some(addr) = shared.vcpus.take_blocked(index) else {
+            continue;
+        };
+        let Some((region, chunk)) = inner.locate(addr) else {
+            continue;
+        };
+        match region.populate(chunk, shared.core_base + index) {
+            Ok(fresh) => {
+                if fresh {
+                    Counters::bump(&shared.counters.faults);
+                    Counters::bump(&shared.counters.vcpu_faults[index]);
+                }
+                let (start, len) = region.chunk_range(chunk);
+                let _ = shared.uffd.wake(start, len);
+            }
+            Err(_) => shared.vcpus.block(index, addr),
         }
     }
 }
@@ -127,8 +167,11 @@ fn handle(inner: &Inner, fault: &Fault) {
                 _ => FaultError::MapFailed,
             };
             match vcpu {
-                // The vCPU gets the error from KVM_RUN (EINTR, then take_fault_error).
-                Some(i) => shared.vcpus.report(i, fault.tid, error),
+                // The VMM gets the error; the vCPU waits for a frame (see the module docs).
+                Some(i) => {
+                    shared.vcpus.block(i, fault.address);
+                    shared.vcpus.report(i, fault.tid, error);
+                }
                 // A VMM thread raced with a discard (vm-memory accesses populate first): give it
                 // the zero page rather than a SIGBUS; the chunk stays unpopulated in the table.
                 None => {

@@ -40,8 +40,9 @@ pub struct MemoryConfig {
     pub vcpus: usize,
     /// Fault handler threads.
     pub fault_threads: usize,
-    /// Signal sent to a vCPU thread whose fault cannot be resolved, so that KVM_RUN returns
-    /// EINTR; the VMM must have a handler installed for it. `None`: the vCPU keeps waiting.
+    /// Signal sent to a vCPU thread whose fault cannot be resolved (the VMM must have a handler
+    /// installed for it): where KVM waits on userfaultfd interruptibly, KVM_RUN returns EINTR.
+    /// Either way the fault stays pending until a frame is free or [`GuestMemory::unblock_vcpus`].
     pub kick_signal: Option<i32>,
 }
 
@@ -307,6 +308,17 @@ impl GuestMemory {
         self.inner.shared.vcpus.take_error(index)
     }
 
+    /// Lets every vCPU blocked on an unresolvable fault go on (with the shared zero page at the
+    /// faulting address, outside the pool), so that the VMM can stop it; returns how many.
+    /// Call when giving up on a guest after a fault error, before stopping its vCPUs.
+    pub fn unblock_vcpus(&self) -> usize {
+        let shared = &self.inner.shared;
+        (0..shared.vcpus.len())
+            .filter_map(|index| shared.vcpus.take_blocked(index))
+            .filter(|addr| shared.uffd.zero_page(addr & !(FRAME_SIZE - 1)).is_ok())
+            .count()
+    }
+
     /// Readable when some vCPU has a fault error pending.
     pub fn fault_event(&self) -> &EventFd {
         self.inner.shared.vcpus.event()
@@ -335,16 +347,15 @@ impl GuestMemory {
     ) -> Result<(), MemoryError> {
         let page = FRAME_SIZE as u64;
         let end = addr.0.checked_add(len);
-        if len == 0 || addr.0 % page != 0 || len % page != 0 || end.is_none() {
+        if len == 0 || !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) || end.is_none() {
             return Err(MemoryError::Unaligned { addr: addr.0, len });
         }
         let end = end.unwrap_or_default();
         let mut at = addr.0;
         while at < end {
-            let region = self.locate_guest(GuestAddress(at)).ok_or(MemoryError::NotRam {
-                addr: addr.0,
-                len,
-            })?;
+            let region = self
+                .locate_guest(GuestAddress(at))
+                .ok_or(MemoryError::NotRam { addr: addr.0, len })?;
             at = (region.start().0 + region.size()).min(end);
         }
         let mut at = addr.0;
@@ -475,7 +486,7 @@ fn check_ranges(ranges: &[(GuestAddress, u64)], chunk: FrameSize) -> Result<(), 
     for (i, &(start, size)) in ranges.iter().enumerate() {
         let why = if size == 0 {
             Some("empty")
-        } else if start.0 % chunk.bytes() != 0 || size % chunk.bytes() != 0 {
+        } else if !start.0.is_multiple_of(chunk.bytes()) || !size.is_multiple_of(chunk.bytes()) {
             Some("not a multiple of the chunk size")
         } else if start.0.checked_add(size).is_none() {
             Some("wraps around the address space")

@@ -62,14 +62,21 @@ impl PieceMap {
         count: usize,
         apply: impl Fn(&AtomicU64, u64) -> u32,
     ) -> usize {
-        assert!(first + count <= self.pieces_per_chunk, "piece range out of chunk");
+        assert!(
+            first + count <= self.pieces_per_chunk,
+            "piece range out of chunk"
+        );
         let base = chunk * self.pieces_per_chunk + first;
         let (mut bit, end) = (base, base + count);
         let mut changed = 0;
         while bit < end {
             let shift = bit % 64;
             let n = (64 - shift).min(end - bit);
-            let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << shift };
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << shift
+            };
             changed += apply(&self.words[bit / 64], mask) as usize;
             bit += n;
         }

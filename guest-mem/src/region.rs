@@ -224,8 +224,7 @@ impl GuestRegion {
             Err(source) => {
                 // MAP_FIXED may have removed the placeholder: put a fresh one back.
                 // SAFETY: as above.
-                let restored = unsafe { mmap::map_placeholder(addr, len) }
-                    .is_ok()
+                let restored = unsafe { mmap::map_placeholder(addr, len) }.is_ok()
                     && self.shared.uffd.register(addr, len).is_ok();
                 debug_assert!(restored, "cannot restore the placeholder of chunk {chunk}");
                 self.table.publish_empty(chunk);
@@ -313,10 +312,7 @@ impl Drop for GuestRegion {
                     size: self.chunk,
                 };
                 // A frame that cannot be scrubbed stays allocated: better lost than leaked.
-                let _ = self
-                    .shared
-                    .pool
-                    .scrub_and_free(self.shared.vmm_core, frame);
+                let _ = self.shared.pool.scrub_and_free(self.shared.vmm_core, frame);
                 self.table.publish_empty(chunk);
             }
         }

@@ -1,7 +1,7 @@
 //! Which thread is which vCPU, and the errors their faults could not be resolved with.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -21,12 +21,15 @@ pub enum FaultError {
 
 const NO_ERROR: u8 = 0;
 const NO_TID: u32 = 0;
+const NOT_BLOCKED: usize = 0;
 
-/// Thread ids of vCPUs (lock-free lookup) and their pending fault errors.
+/// Thread ids of vCPUs (lock-free lookup), their pending fault errors and the faults they are
+/// blocked on (a vCPU waits on at most one fault at a time).
 #[derive(Debug)]
 pub(crate) struct VcpuRegistry {
     tids: Box<[AtomicU32]>,
     errors: Box<[AtomicU8]>,
+    blocked: Box<[AtomicUsize]>,
     event: EventFd,
     kick_signal: Option<i32>,
 }
@@ -36,6 +39,7 @@ impl VcpuRegistry {
         Ok(Self {
             tids: (0..vcpus).map(|_| AtomicU32::new(NO_TID)).collect(),
             errors: (0..vcpus).map(|_| AtomicU8::new(NO_ERROR)).collect(),
+            blocked: (0..vcpus).map(|_| AtomicUsize::new(NOT_BLOCKED)).collect(),
             event: EventFd::new(EFD_NONBLOCK)?,
             kick_signal,
         })
@@ -79,6 +83,26 @@ impl VcpuRegistry {
         }
     }
 
+    /// Records that vCPU `index` waits on an unresolved fault at host address `addr`.
+    pub fn block(&self, index: usize, addr: usize) {
+        self.blocked[index].store(addr, Ordering::Release);
+    }
+
+    /// Takes the address vCPU `index` is blocked on, if any.
+    pub fn take_blocked(&self, index: usize) -> Option<usize> {
+        match self.blocked[index].swap(NOT_BLOCKED, Ordering::AcqRel) {
+            NOT_BLOCKED => None,
+            addr => Some(addr),
+        }
+    }
+
+    /// Whether some vCPU waits on an unresolved fault.
+    pub fn any_blocked(&self) -> bool {
+        self.blocked
+            .iter()
+            .any(|slot| slot.load(Ordering::Acquire) != NOT_BLOCKED)
+    }
+
     /// Takes the pending error of vCPU `index`.
     pub fn take_error(&self, index: usize) -> Option<FaultError> {
         match self.errors.get(index)?.swap(NO_ERROR, Ordering::AcqRel) {
@@ -109,5 +133,10 @@ mod tests {
         assert_eq!(reg.event().read().expect("event"), 1);
         assert_eq!(reg.take_error(1), Some(FaultError::PoolExhausted));
         assert_eq!(reg.take_error(1), None);
+        assert!(!reg.any_blocked());
+        reg.block(0, 0x1000);
+        assert!(reg.any_blocked());
+        assert_eq!(reg.take_blocked(0), Some(0x1000));
+        assert_eq!(reg.take_blocked(0), None);
     }
 }

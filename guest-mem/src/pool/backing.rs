@@ -41,9 +41,7 @@ pub enum BackingError {
         dir: String,
     },
     /// Too few free huge pages.
-    #[error(
-        "not enough {size} huge pages: need {need}, free {free} (raise {dir}/nr_hugepages)"
-    )]
+    #[error("not enough {size} huge pages: need {need}, free {free} (raise {dir}/nr_hugepages)")]
     NotEnoughHugePages {
         /// "2 MiB" or "1 GiB".
         size: &'static str,
@@ -110,12 +108,12 @@ impl BackingFile {
         file.set_len(size).map_err(BackingError::Memfd)?;
         let reservation = match huge {
             Some((shift, name, kb)) => Some(
-                mmap::Mapping::reserve_file(file.as_raw_fd(), size as usize).map_err(|e| {
-                    match e.raw_os_error() {
+                mmap::Mapping::reserve_file(file.as_raw_fd(), size as usize).map_err(
+                    |e| match e.raw_os_error() {
                         Some(libc::ENOMEM) => not_enough(name, kb, size >> shift),
                         _ => BackingError::Memfd(e),
-                    }
-                })?,
+                    },
+                )?,
             ),
             None => None,
         };

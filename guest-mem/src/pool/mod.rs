@@ -181,7 +181,7 @@ impl Pool {
         if config.size == 0 {
             return Err(PoolError::ZeroSize);
         }
-        if config.size % frame_size.bytes() != 0 {
+        if !config.size.is_multiple_of(frame_size.bytes()) {
             return Err(PoolError::Misaligned {
                 size: config.size,
                 frame: frame_size.name(),
@@ -300,9 +300,11 @@ impl Pool {
     /// Whether `frame` is currently allocated (used when restoring a frame table).
     pub fn is_allocated(&self, frame: Frame) -> bool {
         let end = frame.index + (1 << frame.size.order());
-        frame.index % (1 << frame.size.order()) == 0
+        frame.index.is_multiple_of(1 << frame.size.order())
             && end <= (self.size / FRAME_SIZE as u64)
-            && !self.llfree.is_free(frame.index as usize, frame.size.order())
+            && !self
+                .llfree
+                .is_free(frame.index as usize, frame.size.order())
     }
 
     /// Maps all of `frame`, shared, over `[addr, addr + frame size)`.

@@ -114,7 +114,8 @@ impl Uffd {
     /// Creates a non-blocking userfaultfd that also sees faults taken inside the kernel (KVM).
     pub fn new() -> Result<Self, UffdError> {
         // SAFETY: the syscall takes only flags and returns a new fd or -1.
-        let raw = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let raw =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
         if raw < 0 {
             return Err(UffdError::Create(io::Error::last_os_error()));
         }

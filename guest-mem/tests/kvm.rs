@@ -1,0 +1,256 @@
+//! Real KVM vCPUs populating, discarding and sharing pool-backed guest memory (plain memory pool).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{kick_signal, RunError, Touch, Vm, MIB};
+use guest_mem::{
+    Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate,
+};
+use llfree::TREE_FRAMES;
+use vm_memory::{Bytes, GuestAddress};
+
+const CHUNK: u64 = 2 * MIB;
+
+fn pool(size: u64) -> Arc<Pool> {
+    let mut config = PoolConfig::new(Backing::Anonymous, size);
+    config.cores = 8;
+    Pool::new(config).expect("pool")
+}
+
+fn memory(pool: &Arc<Pool>, size: u64, vcpus: usize) -> GuestMemory {
+    let mut config = MemoryConfig::new(vec![(GuestAddress(0), size)], vcpus);
+    config.kick_signal = Some(kick_signal());
+    GuestMemory::new(Arc::clone(pool), config).expect("memory")
+}
+
+/// Touches `count` chunks from chunk `first`, one dword each.
+fn chunks(first: u64, count: u32, marker: u32) -> Touch {
+    Touch {
+        start: first * CHUNK + 8,
+        count,
+        stride: CHUNK as u32,
+        marker,
+    }
+}
+
+fn tree_of(memory: &GuestMemory, chunk: u64) -> usize {
+    let frame = memory
+        .frame_at(GuestAddress(chunk * CHUNK))
+        .expect("chunk populated");
+    frame.index as usize / TREE_FRAMES
+}
+
+#[test]
+fn two_vcpus_populate_lazily_into_their_own_reservations() {
+    let pool = pool(512 * MIB);
+    let memory = memory(&pool, 256 * MIB, 2);
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(
+        memory.stats().populated_chunks,
+        1,
+        "only the program's chunk"
+    );
+    let results: Vec<_> = std::thread::scope(|s| {
+        let jobs = [chunks(1, 20, 0xAAAA_0001), chunks(64, 20, 0xBBBB_0002)];
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let (vm, memory) = (&vm, &memory);
+                s.spawn(move || vm.run(memory, i, jobs[i]))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect()
+    });
+    assert_eq!(results, vec![Ok(0), Ok(0)], "fresh frames read as zero");
+    let stats = memory.stats();
+    assert_eq!(stats.vcpu_faults, vec![20, 20]);
+    assert_eq!(stats.populated_chunks, 41);
+    let tree0 = tree_of(&memory, 1);
+    let tree1 = tree_of(&memory, 64);
+    assert_ne!(
+        tree0, tree1,
+        "each vCPU allocates from its own reserved tree"
+    );
+    assert!((1..21).all(|c| tree_of(&memory, c) == tree0));
+    assert!((64..84).all(|c| tree_of(&memory, c) == tree1));
+    let reserved = pool.stats().trees.iter().filter(|t| t.reserved).count();
+    assert!(reserved >= 2, "{:?}", pool.stats().trees);
+    // The VMM sees what the vCPUs wrote.
+    let value: u32 = memory.read_obj(GuestAddress(5 * CHUNK + 8)).expect("read");
+    assert_eq!(value, 0xAAAA_0001);
+}
+
+#[test]
+fn discard_then_touch_gives_a_fresh_zeroed_frame() {
+    let pool = pool(128 * MIB);
+    let memory = memory(&pool, 64 * MIB, 1);
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, chunks(1, 8, 0x1234_5678)), Ok(0));
+    let used = pool.stats().used_bytes;
+    let balloon_core = pool.claim_cores(1);
+    let freed = memory
+        .discard(GuestAddress(CHUNK), 8 * CHUNK, balloon_core)
+        .expect("discard");
+    assert_eq!(freed.freed_chunks, 8);
+    assert_eq!(pool.stats().used_bytes, used - 8 * CHUNK);
+    assert!(memory.frame_at(GuestAddress(CHUNK)).is_none());
+    // Touching again faults in fresh frames: the old marker is gone.
+    let again = std::thread::scope(|s| {
+        s.spawn(|| {
+            let vcpu = vm_again(&memory);
+            vcpu.run(&memory, 0, chunks(1, 8, 0x9999_0000))
+        })
+        .join()
+        .expect("join")
+    });
+    assert_eq!(again, Ok(0), "a discarded chunk comes back zeroed");
+    assert_eq!(memory.stats().faults, 16);
+    assert_eq!(memory.stats().discarded_chunks, 8);
+    drop(vm);
+}
+
+/// A second VM over the same memory (a vCPU id can only be created once per VM).
+fn vm_again(memory: &GuestMemory) -> Vm {
+    Vm::new(memory).expect("KVM worked a moment ago")
+}
+
+#[test]
+fn given_away_pieces_accumulate_until_the_chunk_goes_back() {
+    let pool = pool(128 * MIB);
+    let memory = memory(&pool, 64 * MIB, 1);
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, chunks(3, 1, 7)), Ok(0));
+    let core = pool.claim_cores(1);
+    let base = GuestAddress(3 * CHUNK);
+    let first = memory.release_pieces(base, MIB, core).expect("inflate");
+    assert_eq!((first.pieces, first.freed_chunks), (256, 0));
+    assert_eq!(memory.reclaim_pieces(base, 4096).expect("deflate"), 1);
+    let second = memory
+        .release_pieces(GuestAddress(3 * CHUNK + MIB), MIB, core)
+        .expect("inflate");
+    assert_eq!((second.pieces, second.freed_chunks), (256, 0));
+    assert!(memory.frame_at(base).is_some(), "one piece is still in use");
+    let last = memory.release_pieces(base, 4096, core).expect("inflate");
+    assert_eq!((last.pieces, last.freed_chunks), (1, 1));
+    assert!(memory.frame_at(base).is_none());
+    assert_eq!(memory.stats().given_away_pieces, 512);
+}
+
+#[test]
+fn two_guests_share_one_pool() {
+    let pool = pool(64 * MIB);
+    let a = memory(&pool, 64 * MIB, 1);
+    let b = memory(&pool, 64 * MIB, 1);
+    let (Some(vm_a), Some(vm_b)) = (Vm::new(&a), Vm::new(&b)) else {
+        return;
+    };
+    // 32 frames: A takes 1 + 24, B 1 + 6, leaving 0 after B wants 12 more unless A gives back.
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(vm_a.run(&a, 0, chunks(1, 24, 0xA)), Ok(0)));
+    });
+    let a_frames: Vec<_> = (1..25)
+        .map(|c| a.frame_at(GuestAddress(c * CHUNK)).expect("populated"))
+        .collect();
+    let core = pool.claim_cores(1);
+    a.discard(GuestAddress(CHUNK), 12 * CHUNK, core)
+        .expect("discard");
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(vm_b.run(&b, 0, chunks(1, 18, 0xB)), Ok(0)));
+    });
+    assert_eq!(pool.stats().free_bytes, 0);
+    let reused = (1..19)
+        .filter_map(|c| b.frame_at(GuestAddress(c * CHUNK)))
+        .filter(|f| a_frames.contains(f))
+        .count();
+    assert!(reused >= 12, "B runs on frames A gave back ({reused})");
+}
+
+/// Waits until `event` is readable.
+fn wait_readable(event: &vmm_sys_util::eventfd::EventFd, timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: event.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) == 1 }
+}
+
+#[test]
+fn exhaustion_gives_the_vcpu_and_the_vmm_an_error() {
+    let pool = pool(16 * MIB);
+    let memory = memory(&pool, 64 * MIB, 1);
+    let Some(vm) = Vm::new(&memory) else { return };
+    let result = std::thread::scope(|s| {
+        let vcpu = s.spawn(|| vm.run(&memory, 0, chunks(1, 20, 1)));
+        assert!(
+            wait_readable(memory.fault_event(), Duration::from_secs(20)),
+            "the VMM is told"
+        );
+        // While the vCPU waits for a frame, VMM accesses fail cleanly.
+        let err = memory
+            .write_obj(5u32, GuestAddress(30 * CHUNK))
+            .expect_err("no frame left");
+        assert!(err.to_string().contains("exhausted"), "{err}");
+        // Give up on the guest: let the vCPU go on so that its kick ends KVM_RUN.
+        while !vcpu.is_finished() {
+            memory.unblock_vcpus();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        vcpu.join().expect("join")
+    });
+    assert_eq!(result, Err(RunError::Fault(FaultError::PoolExhausted)));
+    assert_eq!(memory.stats().populated_chunks, 8);
+    assert!(memory.stats().exhausted >= 1);
+    assert_eq!(pool.stats().free_bytes, 0);
+}
+
+#[test]
+fn a_blocked_vcpu_goes_on_when_another_guest_frees_memory() {
+    let pool = pool(16 * MIB);
+    let hog = memory(&pool, 16 * MIB, 1);
+    hog.write_slice(&[1; 4096], GuestAddress(0))
+        .expect("populate");
+    hog.write_slice(&[1; 4096], GuestAddress(CHUNK))
+        .expect("populate");
+    let memory = memory(&pool, 64 * MIB, 1);
+    let Some(vm) = Vm::new(&memory) else { return };
+    let result = std::thread::scope(|s| {
+        let vcpu = s.spawn(|| vm.run(&memory, 0, chunks(1, 7, 1)));
+        assert!(wait_readable(memory.fault_event(), Duration::from_secs(20)));
+        assert_eq!(memory.take_fault_error(0), Some(FaultError::PoolExhausted));
+        hog.discard(GuestAddress(0), 2 * CHUNK, pool.claim_cores(1))
+            .expect("discard");
+        vcpu.join().expect("join")
+    });
+    assert_eq!(
+        result,
+        Ok(0),
+        "the vCPU finished on the frames the other guest gave back"
+    );
+}
+
+#[test]
+fn eager_memory_is_populated_up_front() {
+    let pool = pool(64 * MIB);
+    let mut config = MemoryConfig::new(vec![(GuestAddress(0), 16 * MIB)], 1);
+    config.populate = Populate::Eager;
+    config.chunk_size = Some(FrameSize::Huge);
+    let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
+    assert_eq!(memory.stats().populated_chunks, 8);
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, chunks(1, 7, 3)), Ok(0));
+    assert_eq!(memory.stats().faults, 0);
+    drop(memory);
+    assert_eq!(
+        pool.stats().free_bytes,
+        64 * MIB,
+        "dropping frees every frame"
+    );
+}
