@@ -104,7 +104,7 @@ pub fn pages_from_mib(mib: u64) -> Result<u32, ConfigError> {
 
 /// Converts a target in bytes (a multiple of 4 KiB) to balloon pages.
 pub fn pages_from_bytes(bytes: u64) -> Result<u32, ConfigError> {
-    if bytes % BALLOON_PAGE_SIZE != 0 {
+    if !bytes.is_multiple_of(BALLOON_PAGE_SIZE) {
         return Err(ConfigError::UnalignedTarget(bytes));
     }
     u32::try_from(bytes / BALLOON_PAGE_SIZE).map_err(|_| ConfigError::TargetTooLarge {

@@ -31,8 +31,8 @@ pub(crate) fn read_reported_ranges(
             Some(Violation::WrongDirection)
         } else if range.len == 0 {
             Some(Violation::ZeroLength)
-        } else if range.addr.0 % BALLOON_PAGE_SIZE != 0
-            || range.len % BALLOON_PAGE_SIZE != 0
+        } else if !range.addr.0.is_multiple_of(BALLOON_PAGE_SIZE)
+            || !range.len.is_multiple_of(BALLOON_PAGE_SIZE)
             || range.end().is_none()
         {
             Some(Violation::Misaligned)

@@ -67,7 +67,9 @@ impl RecordingBackend {
 
     fn check(&self, range: GuestRange) -> io::Result<()> {
         assert!(
-            range.len > 0 && range.addr.0 % BALLOON_PAGE_SIZE == 0 && range.len % 4096 == 0,
+            range.len > 0
+                && range.addr.0.is_multiple_of(BALLOON_PAGE_SIZE)
+                && range.len.is_multiple_of(BALLOON_PAGE_SIZE),
             "device passed an unaligned or empty range {range}"
         );
         assert!(
