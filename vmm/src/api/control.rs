@@ -1,0 +1,69 @@
+//! [`VmmControl`]: what the API server asks of the VMM. The VMM core implements it; the server
+//! only parses requests, calls it and serialises the answers.
+
+use super::model::{BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo};
+
+/// Why the VMM refused or failed a control request.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ControlError {
+    /// The VM has no balloon device (answered with 400).
+    #[error("balloon not configured")]
+    BalloonNotConfigured,
+    /// The request does not fit the VM's state, e.g. resuming a stopped VM (answered with 400).
+    #[error("{0}")]
+    InvalidState(String),
+    /// A value in the request is out of range, e.g. a balloon larger than RAM (answered with 400).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The VMM failed to carry out a valid request (answered with 500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ControlError {
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            ControlError::Internal(_) => 500,
+            _ => 400,
+        }
+    }
+}
+
+/// The VMM's side of the control API. Calls come from the API server's thread.
+///
+/// The balloon methods default to [`ControlError::BalloonNotConfigured`], which is right for a
+/// VM without a balloon device.
+pub trait VmmControl: Send + Sync {
+    /// The machine and its run state (`GET /`, `GET /machine`).
+    fn machine_info(&self) -> Result<MachineInfo, ControlError>;
+
+    /// Guest memory, per-vCPU and pool counters (`GET /memory`).
+    fn memory_info(&self) -> Result<MemoryInfo, ControlError>;
+
+    /// Pauses all vCPUs and returns once they are out of the guest (`PATCH /vm` Paused).
+    fn pause(&self) -> Result<(), ControlError>;
+
+    /// Lets paused vCPUs run again (`PATCH /vm` Resumed).
+    fn resume(&self) -> Result<(), ControlError>;
+
+    /// Asks the VM to stop; returns without waiting (`PUT /actions` Shutdown).
+    fn shutdown(&self) -> Result<(), ControlError>;
+
+    /// The balloon's configuration and size (`GET /balloon`).
+    fn balloon(&self) -> Result<BalloonInfo, ControlError> {
+        Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// Changes the balloon's target or statistics interval (`PUT`/`PATCH /balloon`,
+    /// `PATCH /balloon/statistics`). At least one field is set.
+    fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
+        let _ = update;
+        Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// The guest's memory statistics from the balloon (`GET /balloon/statistics`).
+    fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
+        Err(ControlError::BalloonNotConfigured)
+    }
+}

@@ -1,0 +1,347 @@
+//! The JSON bodies of the control API: what the VMM reports and what clients send.
+
+use guest_mem::{GuestMemory, PoolStats, Populate};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{GuestConfig, VmConfig};
+
+/// Run state of the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmState {
+    /// The VM is being set up; its vCPUs have not run yet.
+    NotStarted,
+    /// The vCPUs run the guest.
+    Running,
+    /// The vCPUs are paused.
+    Paused,
+    /// The VM has stopped (or is stopping).
+    Stopped,
+}
+
+/// When guest memory is populated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PopulateMode {
+    /// All chunks before the guest starts.
+    Eager,
+    /// On first touch.
+    Lazy,
+}
+
+impl From<Populate> for PopulateMode {
+    fn from(populate: Populate) -> Self {
+        match populate {
+            Populate::Eager => PopulateMode::Eager,
+            Populate::Lazy => PopulateMode::Lazy,
+        }
+    }
+}
+
+/// `GET /` and `GET /machine`: the machine and its run state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineInfo {
+    /// The VMM's version.
+    pub vmm_version: String,
+    /// Run state.
+    pub state: VmState,
+    /// Number of vCPUs.
+    pub vcpu_count: usize,
+    /// Guest RAM in MiB.
+    pub mem_size_mib: u64,
+    /// The backing as on the command line (`anon`, `hugetlb-2m`, `file:PATH`, ...).
+    pub backing: String,
+    /// Frame (and chunk) size of the pool, in KiB.
+    pub frame_size_kib: u64,
+    /// Eager or lazy population.
+    pub populate: PopulateMode,
+    /// `test-guest` or `linux`.
+    pub guest: String,
+    /// Whether a balloon device is configured.
+    pub balloon: bool,
+}
+
+impl MachineInfo {
+    /// The info of a VM configured by `config`, now in `state`.
+    pub fn new(config: &VmConfig, state: VmState) -> Self {
+        MachineInfo {
+            vmm_version: env!("CARGO_PKG_VERSION").to_owned(),
+            state,
+            vcpu_count: config.vcpus,
+            mem_size_mib: config.memory_size >> 20,
+            backing: config.backing.to_string(),
+            frame_size_kib: config.backing.frame_size().bytes() >> 10,
+            populate: config.populate.into(),
+            guest: match config.guest {
+                GuestConfig::TestGuest(_) => "test-guest",
+                GuestConfig::Linux(_) => "linux",
+            }
+            .to_owned(),
+            balloon: config.balloon.is_some(),
+        }
+    }
+}
+
+/// Guest memory counters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestMemoryInfo {
+    /// Chunk size in KiB (the pool's frame size).
+    pub chunk_size_kib: u64,
+    /// Chunks of all RAM regions.
+    pub chunks: usize,
+    /// Chunks backed by a pool frame now.
+    pub populated_chunks: usize,
+    /// Bytes backed by pool frames now.
+    pub populated_bytes: u64,
+    /// userfaultfd faults resolved with a new frame.
+    pub faults: u64,
+    /// Faults that found the pool exhausted.
+    pub exhausted_faults: u64,
+    /// Chunks whose frame went back to the pool by a discard (balloon, free page reporting).
+    pub discarded_chunks: u64,
+    /// 4 KiB pages given away by the balloon and not reclaimed yet.
+    pub given_away_pages: u64,
+}
+
+/// One vCPU's view of the pool: its LLFree core and its faults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuMemoryInfo {
+    /// vCPU index.
+    pub vcpu: usize,
+    /// The LLFree core its faults allocate with.
+    pub core: usize,
+    /// Faults it resolved.
+    pub faults: u64,
+}
+
+/// One 64 MiB tree of the pool's allocator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeInfo {
+    /// Tree index.
+    pub index: usize,
+    /// Free 4 KiB frames in it.
+    pub free_frames: usize,
+    /// Whether a core has reserved it.
+    pub reserved: bool,
+}
+
+/// The frame pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    /// The pool's frame size in KiB.
+    pub frame_size_kib: u64,
+    /// Bytes of frame memory.
+    pub total_bytes: u64,
+    /// Free bytes.
+    pub free_bytes: u64,
+    /// Bytes allocated to guests.
+    pub used_bytes: u64,
+    /// Free 4 KiB frames.
+    pub free_frames: u64,
+    /// Allocated 4 KiB frames.
+    pub used_frames: u64,
+    /// Entirely free 2 MiB frames.
+    pub free_huge_frames: usize,
+    /// Entirely free 1 GiB frames.
+    pub free_giant_frames: usize,
+    /// Trees reserved by a core (per-core reservations).
+    pub reserved_trees: usize,
+    /// Every tree of the allocator.
+    pub trees: Vec<TreeInfo>,
+}
+
+impl From<&PoolStats> for PoolInfo {
+    fn from(stats: &PoolStats) -> Self {
+        PoolInfo {
+            frame_size_kib: stats.frame_size.bytes() >> 10,
+            total_bytes: stats.total_bytes,
+            free_bytes: stats.free_bytes,
+            used_bytes: stats.used_bytes,
+            free_frames: stats.free_bytes >> 12,
+            used_frames: stats.used_bytes >> 12,
+            free_huge_frames: stats.free_huge,
+            free_giant_frames: stats.free_giant,
+            reserved_trees: stats.trees.iter().filter(|t| t.reserved).count(),
+            trees: stats
+                .trees
+                .iter()
+                .map(|t| TreeInfo {
+                    index: t.index,
+                    free_frames: t.free_frames,
+                    reserved: t.reserved,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `GET /memory`: guest memory, its vCPUs' cores and the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryInfo {
+    /// Guest memory counters.
+    pub guest: GuestMemoryInfo,
+    /// Per vCPU: core and faults.
+    pub vcpus: Vec<VcpuMemoryInfo>,
+    /// The pool the guest's frames come from.
+    pub pool: PoolInfo,
+}
+
+impl MemoryInfo {
+    /// Collects the counters of `memory` and its pool.
+    pub fn collect(memory: &GuestMemory) -> Self {
+        let stats = memory.stats();
+        let chunk_size = memory
+            .regions()
+            .first()
+            .map_or(memory.pool().frame_size(), |r| r.chunk_size());
+        MemoryInfo {
+            guest: GuestMemoryInfo {
+                chunk_size_kib: chunk_size.bytes() >> 10,
+                chunks: stats.chunks,
+                populated_chunks: stats.populated_chunks,
+                populated_bytes: stats.populated_bytes,
+                faults: stats.faults,
+                exhausted_faults: stats.exhausted,
+                discarded_chunks: stats.discarded_chunks,
+                given_away_pages: stats.given_away_pieces,
+            },
+            vcpus: stats
+                .vcpu_faults
+                .iter()
+                .enumerate()
+                .map(|(vcpu, faults)| VcpuMemoryInfo {
+                    vcpu,
+                    core: memory.vcpu_core(vcpu),
+                    faults: *faults,
+                })
+                .collect(),
+            pool: PoolInfo::from(&memory.pool().stats()),
+        }
+    }
+}
+
+/// `GET /balloon`: the balloon's configuration, target and size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonInfo {
+    /// Target size in MiB.
+    pub amount_mib: u64,
+    /// Size the guest has reached, in MiB.
+    pub actual_mib: u64,
+    /// Whether the guest may deflate on OOM.
+    pub deflate_on_oom: bool,
+    /// Whether free page reporting is on.
+    pub free_page_reporting: bool,
+    /// Seconds between statistics requests; 0: none.
+    pub stats_polling_interval_s: u32,
+}
+
+/// `GET /balloon/statistics`: target and actual size, and the guest's memory statistics (each
+/// present once the guest has reported it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonStatistics {
+    /// Target in 4 KiB pages.
+    pub target_pages: u64,
+    /// Actual size in 4 KiB pages.
+    pub actual_pages: u64,
+    /// Target in MiB.
+    pub target_mib: u64,
+    /// Actual size in MiB.
+    pub actual_mib: u64,
+    /// Bytes swapped in (VIRTIO_BALLOON_S_SWAP_IN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_in: Option<u64>,
+    /// Bytes swapped out (VIRTIO_BALLOON_S_SWAP_OUT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_out: Option<u64>,
+    /// Major page faults (VIRTIO_BALLOON_S_MAJFLT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_faults: Option<u64>,
+    /// Minor page faults (VIRTIO_BALLOON_S_MINFLT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor_faults: Option<u64>,
+    /// Free memory in bytes (VIRTIO_BALLOON_S_MEMFREE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_memory: Option<u64>,
+    /// Total memory in bytes (VIRTIO_BALLOON_S_MEMTOT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_memory: Option<u64>,
+    /// Available memory in bytes (VIRTIO_BALLOON_S_AVAIL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_memory: Option<u64>,
+    /// Disk caches in bytes (VIRTIO_BALLOON_S_CACHES).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_caches: Option<u64>,
+    /// Successful hugetlb allocations (VIRTIO_BALLOON_S_HTLB_PGALLOC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugetlb_allocations: Option<u64>,
+    /// Failed hugetlb allocations (VIRTIO_BALLOON_S_HTLB_PGFAIL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugetlb_failures: Option<u64>,
+}
+
+/// A balloon change: `PUT /balloon` (target), `PATCH /balloon` (either),
+/// `PATCH /balloon/statistics` (polling interval).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonUpdate {
+    /// New target in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_mib: Option<u64>,
+    /// New statistics polling interval in seconds (0 stops polling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_polling_interval_s: Option<u32>,
+}
+
+/// `PUT /balloon`: the new target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonTarget {
+    /// New target in MiB.
+    pub amount_mib: u64,
+}
+
+/// `PATCH /balloon/statistics`: the new polling interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatsUpdate {
+    /// Seconds between statistics requests (0 stops polling).
+    pub stats_polling_interval_s: u32,
+}
+
+/// `PATCH /vm`: the state to move the VM to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStateRequest {
+    /// The new state.
+    pub state: RequestedState,
+}
+
+/// A state `PATCH /vm` can ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RequestedState {
+    /// Pause all vCPUs.
+    Paused,
+    /// Let paused vCPUs run.
+    Resumed,
+}
+
+/// `PUT /actions`: an action on the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionRequest {
+    /// The action.
+    pub action_type: ActionType,
+}
+
+/// Actions of `PUT /actions`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActionType {
+    /// Stop the VM: the vCPUs leave the guest and `vmm run` exits.
+    Shutdown,
+}
+
+/// The body of every error response.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What went wrong.
+    pub fault_message: String,
+}

@@ -1,0 +1,251 @@
+//! The API server: a Unix socket served by one thread, one request per connection.
+//!
+//! Requests are served one after the other. A client gets [`REQUEST_TIMEOUT`] to send its
+//! whole request and as long to take the response, so a stalled client holds the API up for
+//! at most that long. The socket is made owner-only (0600) and removed when the server stops.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::control::VmmControl;
+use super::http::{read_request, Response};
+use super::routes;
+
+/// Time a client has to send its request, and again to take the response.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time given to a client to stop sending after its response, before the connection closes.
+const LINGER: Duration = Duration::from_millis(100);
+
+/// Errors of starting the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Another process serves the socket path.
+    #[error("API socket {0}: another process is listening on it")]
+    InUse(PathBuf),
+    /// The path exists and is not a socket.
+    #[error("API socket {0}: exists and is not a socket")]
+    NotASocket(PathBuf),
+    /// Binding, chmod or removing a stale socket failed.
+    #[error("API socket {path}: {source}")]
+    Socket {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The stop eventfd or the thread could not be created.
+    #[error("cannot start the API server thread: {0}")]
+    Thread(#[source] io::Error),
+}
+
+/// A running API server. Dropping it stops the thread and removes the socket.
+#[derive(Debug)]
+pub struct ApiServer {
+    path: PathBuf,
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Binds `path`, replacing a stale socket that nobody listens on.
+fn bind(path: &Path) -> Result<UnixListener, ServerError> {
+    let socket_err = |source| ServerError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(ServerError::InUse(path.to_owned()));
+            }
+            fs::remove_file(path).map_err(socket_err)?;
+        }
+        Ok(_) => return Err(ServerError::NotASocket(path.to_owned())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(socket_err(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(socket_err)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(socket_err)?;
+    listener.set_nonblocking(true).map_err(socket_err)?;
+    Ok(listener)
+}
+
+impl ApiServer {
+    /// Serves the API for `control` on a Unix socket at `path`.
+    pub fn start(
+        path: impl AsRef<Path>,
+        control: Arc<dyn VmmControl>,
+    ) -> Result<Self, ServerError> {
+        let path = path.as_ref().to_owned();
+        let listener = bind(&path)?;
+        let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ServerError::Thread)?);
+        let thread_stop = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("api".into())
+            .spawn(move || serve(listener, &thread_stop, control.as_ref()));
+        match thread {
+            Ok(thread) => Ok(ApiServer {
+                path,
+                stop,
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(&path);
+                Err(ServerError::Thread(e))
+            }
+        }
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if self.stop.write(1).is_err() {
+            log::error!("cannot signal the API server thread to stop");
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the API server thread panicked");
+            }
+        }
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Waits for connections until `stop` is signalled.
+fn serve(listener: UnixListener, stop: &EventFd, control: &dyn VmmControl) {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfds whose fds outlive the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            log::error!("API server: poll failed, stopping: {error}");
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => serve_connection(stream, control),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                // E.g. out of file descriptors: back off instead of spinning.
+                log::warn!("API server: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// A stream whose reads and writes fail with `TimedOut` once `deadline` has passed.
+struct DeadlineStream {
+    stream: UnixStream,
+    deadline: Instant,
+}
+
+impl DeadlineStream {
+    fn time_left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.time_left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.time_left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// Reads one request, answers it and closes the connection.
+fn serve_connection(stream: UnixStream, control: &dyn VmmControl) {
+    if stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    let mut stream = DeadlineStream {
+        stream,
+        deadline: Instant::now() + REQUEST_TIMEOUT,
+    };
+    let response = match read_request(&mut stream) {
+        Ok(request) => catch_unwind(AssertUnwindSafe(|| routes::handle(control, &request)))
+            .unwrap_or_else(|_| {
+                Response::fault(
+                    500,
+                    "internal error: the VMM failed while handling the request",
+                )
+            }),
+        Err(error) => match error.status() {
+            Some(status) => Response::fault(status, error.to_string()),
+            None => return,
+        },
+    };
+    stream.deadline = Instant::now() + REQUEST_TIMEOUT;
+    if let Err(e) = response.write_to(&mut stream) {
+        log::debug!("API server: cannot send the response: {e}");
+        return;
+    }
+    linger(stream.stream);
+}
+
+/// Closes our side, then reads what the client still sends for a moment, so that unread input
+/// does not turn the close into a reset that could make the client lose the response.
+fn linger(mut stream: UnixStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    if stream.set_read_timeout(Some(LINGER)).is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let deadline = Instant::now() + LINGER;
+    while Instant::now() < deadline {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}

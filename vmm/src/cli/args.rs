@@ -1,0 +1,201 @@
+//! The command line, declared with clap's derive API. Every flag's doc comment is its `--help`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::backing::BackingKind;
+use super::balloon::BalloonConfig;
+use super::exit::EXIT_STATUS_HELP;
+use super::size::parse_size;
+use super::workload::WorkloadSpec;
+
+/// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
+///
+/// `vmm run` boots a VM (the built-in test guest unless --kernel is given); the other
+/// subcommands talk to a running VMM through its API socket (see `vmm run --api-socket`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "vmm",
+    version,
+    after_help = EXIT_STATUS_HELP,
+    arg_required_else_help = false
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot a VM and run it until the guest finishes.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Run(RunArgs),
+    /// Send one HTTP request to a running VMM's API and print the JSON response.
+    ///
+    /// Resources: GET / and GET /machine (machine info), GET /memory (guest memory and pool),
+    /// PATCH /vm {"state":"Paused"|"Resumed"}, PUT /actions {"action_type":"Shutdown"},
+    /// GET|PUT|PATCH /balloon, GET|PATCH /balloon/statistics.
+    Api(ApiArgs),
+    /// Show the machine: vCPUs, memory, backing, population and run state (GET /machine).
+    Info(SocketArgs),
+    /// Show guest memory, pool and per-vCPU fault statistics (GET /memory).
+    Memory(SocketArgs),
+    /// Pause all vCPUs (PATCH /vm {"state":"Paused"}).
+    Pause(SocketArgs),
+    /// Resume paused vCPUs (PATCH /vm {"state":"Resumed"}).
+    Resume(SocketArgs),
+    /// Stop the VM; `vmm run` then exits (PUT /actions {"action_type":"Shutdown"}).
+    Shutdown(SocketArgs),
+    /// Set or show the balloon (/balloon resources).
+    #[command(arg_required_else_help = false)]
+    Balloon(BalloonArgs),
+}
+
+/// When guest memory is populated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PopulateArg {
+    /// Every chunk gets its pool frame before the guest starts.
+    Eager,
+    /// A chunk gets its frame on the first touch, allocated on the touching vCPU's LLFree core.
+    Lazy,
+}
+
+/// Options of `vmm run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Guest RAM size: a number with an optional K, M, G or T suffix (binary units).
+    ///
+    /// It must be a multiple of the backing's frame size (2 MiB; 1 GiB for hugetlb-1g), at least
+    /// 4 MiB and at most 1 TiB. RAM above 3 GiB continues at 4 GiB (the MMIO gap lies between).
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
+    pub memory: u64,
+
+    /// Host memory behind guest RAM, managed by an LLFree frame pool.
+    ///
+    /// anon: plain shared memory, 2 MiB frames, no set-up needed.
+    /// hugetlb-2m: 2 MiB huge pages (raise /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages).
+    /// hugetlb-1g: 1 GiB huge pages (raise .../hugepages-1048576kB/nr_hugepages).
+    /// file:PATH: a persistent pool file, created if missing (its directory must exist).
+    /// dax:PATH: a device DAX (/dev/daxX.Y) or a file on a DAX file system; it must exist.
+    #[arg(
+        long,
+        value_name = "KIND",
+        default_value = "anon",
+        verbatim_doc_comment
+    )]
+    pub backing: BackingKind,
+
+    /// When guest memory gets its host frames: all at start (eager) or on first touch (lazy).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
+    pub populate: PopulateArg,
+
+    /// Number of vCPUs, 1 to 254 (1 to 64 for the built-in test guest); one thread each.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub vcpus: usize,
+
+    /// Linux kernel to boot: a bzImage or an uncompressed ELF vmlinux.
+    ///
+    /// Without it, the built-in test guest runs the --workload. The kernel needs
+    /// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES to find virtio devices.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+
+    /// Initial ramdisk for the kernel (needs --kernel).
+    #[arg(long, value_name = "PATH", requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+
+    /// Kernel command line (needs --kernel). Default: "console=ttyS0 reboot=k panic=1 pci=off";
+    /// virtio-mmio devices are appended to it.
+    #[arg(long, value_name = "ARGS", requires = "kernel")]
+    pub cmdline: Option<String>,
+
+    /// Serve the control API (HTTP/1.1 + JSON) on this Unix socket path.
+    ///
+    /// A stale socket file left by a dead VMM is replaced; a live one is an error. Use
+    /// `vmm api`, `vmm info`, `vmm pause`, ... or curl --unix-socket PATH to talk to it.
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
+    /// Memory workload of the built-in test guest (not with --kernel).
+    ///
+    /// Comma-separated steps, run in order by all vCPUs with a barrier after each:
+    ///   write[@VCPU]:RANGE[:PATTERN]   write PATTERN ^ page address into every 4 KiB page
+    ///   verify[@VCPU]:RANGE[:PATTERN]  check what write wrote
+    ///   verify-zero[@VCPU]:RANGE       check that every page reads zero
+    ///   read[@VCPU]:RANGE              read every page (populates by reads)
+    ///   checkpoint[@VCPU]:ID           stop at a checkpoint the VMM handles
+    /// RANGE is `all` (2 MiB to the end of low RAM) or START+SIZE (e.g. 2M+64M), 4 KiB aligned
+    /// and at or above 2M. PATTERN is a u64 (decimal or 0x-hex), default 0x5a5a5a5a5a5a5a5a.
+    /// @VCPU runs the step on that vCPU alone; otherwise the range is split among all vCPUs.
+    #[arg(
+        long,
+        value_name = "STEPS",
+        conflicts_with = "kernel",
+        default_value = super::workload::DEFAULT_WORKLOAD,
+        verbatim_doc_comment
+    )]
+    pub workload: WorkloadSpec,
+
+    /// Add a virtio-balloon device: comma-separated key=value options.
+    ///
+    ///   size=SIZE                    initial balloon target (default 0), 4 KiB aligned
+    ///   deflate_on_oom=on|off        the guest may deflate when it runs out of memory (off)
+    ///   free_page_reporting=on|off   the guest reports free pages back to the pool (off)
+    ///   stats_polling_interval_s=N   seconds between statistics requests, 0 = none (0)
+    #[arg(long, value_name = "OPTIONS", verbatim_doc_comment)]
+    pub balloon: Option<BalloonConfig>,
+}
+
+/// The API socket of a running VMM.
+#[derive(Debug, Args)]
+pub struct SocketArgs {
+    /// The running VMM's API socket (its `vmm run --api-socket`).
+    #[arg(long, short = 's', value_name = "PATH")]
+    pub socket: PathBuf,
+}
+
+/// Options of `vmm api`.
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    /// The API socket.
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// HTTP method: GET, PUT or PATCH.
+    #[arg(value_name = "METHOD")]
+    pub method: String,
+    /// Resource path, e.g. /machine.
+    #[arg(value_name = "PATH")]
+    pub path: String,
+    /// JSON request body, e.g. '{"state":"Paused"}'.
+    #[arg(value_name = "BODY")]
+    pub body: Option<String>,
+}
+
+/// Options of `vmm balloon`.
+#[derive(Debug, Args)]
+pub struct BalloonArgs {
+    /// The API socket.
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// What to do with the balloon.
+    #[command(subcommand)]
+    pub action: BalloonAction,
+}
+
+/// `vmm balloon` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum BalloonAction {
+    /// Set the balloon target in MiB (PATCH /balloon {"amount_mib":N}).
+    Set {
+        /// Target size of the balloon in MiB.
+        #[arg(value_name = "MIB")]
+        amount_mib: u64,
+    },
+    /// Show the balloon's configuration, target and actual size (GET /balloon).
+    Get,
+    /// Show the guest's memory statistics from the balloon (GET /balloon/statistics).
+    Stats,
+}

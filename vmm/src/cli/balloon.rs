@@ -1,0 +1,208 @@
+//! The `--balloon` option: `size=SIZE,deflate_on_oom=on|off,free_page_reporting=on|off,
+//! stats_polling_interval_s=N`, in the style of Cloud Hypervisor's `--balloon`.
+
+use std::str::FromStr;
+
+use super::size::{parse_size, SizeError};
+
+/// The keys `--balloon` accepts, for messages.
+const KEYS: &str = "size, deflate_on_oom, free_page_reporting, stats_polling_interval_s";
+
+/// Errors of parsing `--balloon`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BalloonError {
+    /// The option is empty.
+    #[error("no balloon options given: expected e.g. size=256M,deflate_on_oom=on")]
+    Empty,
+    /// An item is not `key=value`.
+    #[error("balloon option '{0}' is not key=value (keys: {KEYS})")]
+    NotKeyValue(String),
+    /// The key is unknown.
+    #[error("unknown balloon option '{0}' (keys: {KEYS})")]
+    UnknownKey(String),
+    /// A key appears twice.
+    #[error("balloon option '{0}' is given twice")]
+    Duplicate(String),
+    /// An on/off value is something else.
+    #[error("balloon option {key}={value}: expected on or off")]
+    NotOnOff {
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        value: String,
+    },
+    /// The size is malformed.
+    #[error("balloon option size: {0}")]
+    Size(SizeError),
+    /// The size is not a whole number of 4 KiB balloon pages.
+    #[error("balloon size {0} is not a multiple of 4 KiB (balloon pages are 4 KiB)")]
+    UnalignedSize(u64),
+    /// The polling interval is not a number of seconds.
+    #[error("balloon option stats_polling_interval_s={0}: expected whole seconds (0 disables)")]
+    BadInterval(String),
+}
+
+/// A virtio-balloon device configured on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BalloonConfig {
+    /// Initial balloon target in bytes: memory the guest is asked to give back (default 0).
+    pub size: u64,
+    /// Whether the guest may deflate the balloon when it runs out of memory (default off).
+    pub deflate_on_oom: bool,
+    /// Whether the guest reports free pages, which go back to the pool (default off).
+    pub free_page_reporting: bool,
+    /// Seconds between statistics requests to the guest; 0 disables statistics (default 0).
+    pub stats_polling_interval_s: u32,
+}
+
+/// Size of a balloon page.
+const BALLOON_PAGE_SIZE: u64 = 4096;
+
+fn on_off(key: &'static str, value: &str) -> Result<bool, BalloonError> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(BalloonError::NotOnOff {
+            key,
+            value: value.to_owned(),
+        }),
+    }
+}
+
+impl FromStr for BalloonConfig {
+    type Err = BalloonError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.is_empty() {
+            return Err(BalloonError::Empty);
+        }
+        let mut config = BalloonConfig::default();
+        let mut seen: Vec<&str> = Vec::new();
+        for item in text.split(',') {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| BalloonError::NotKeyValue(item.to_owned()))?;
+            if seen.contains(&key) {
+                return Err(BalloonError::Duplicate(key.to_owned()));
+            }
+            seen.push(key);
+            match key {
+                "size" => {
+                    config.size = parse_size(value).map_err(BalloonError::Size)?;
+                    if !config.size.is_multiple_of(BALLOON_PAGE_SIZE) {
+                        return Err(BalloonError::UnalignedSize(config.size));
+                    }
+                }
+                "deflate_on_oom" => config.deflate_on_oom = on_off("deflate_on_oom", value)?,
+                "free_page_reporting" => {
+                    config.free_page_reporting = on_off("free_page_reporting", value)?
+                }
+                "stats_polling_interval_s" => {
+                    config.stats_polling_interval_s = value
+                        .parse()
+                        .ok()
+                        .filter(|_| value.bytes().all(|b| b.is_ascii_digit()))
+                        .ok_or_else(|| BalloonError::BadInterval(value.to_owned()))?
+                }
+                _ => return Err(BalloonError::UnknownKey(key.to_owned())),
+            }
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_all_options_in_any_order() {
+        let config: BalloonConfig =
+            "free_page_reporting=on,size=256M,stats_polling_interval_s=2,deflate_on_oom=on"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            config,
+            BalloonConfig {
+                size: 256 << 20,
+                deflate_on_oom: true,
+                free_page_reporting: true,
+                stats_polling_interval_s: 2,
+            }
+        );
+        assert_eq!("size=0".parse(), Ok(BalloonConfig::default()));
+        assert_eq!(
+            "deflate_on_oom=off".parse::<BalloonConfig>().unwrap(),
+            BalloonConfig::default()
+        );
+    }
+
+    #[test]
+    fn every_malformed_option_has_its_own_error() {
+        let cases = [
+            ("", BalloonError::Empty),
+            ("size", BalloonError::NotKeyValue("size".into())),
+            ("size=1M,", BalloonError::NotKeyValue("".into())),
+            (
+                "size=1M,,deflate_on_oom=on",
+                BalloonError::NotKeyValue("".into()),
+            ),
+            ("amount=1M", BalloonError::UnknownKey("amount".into())),
+            ("SIZE=1M", BalloonError::UnknownKey("SIZE".into())),
+            ("size=1M,size=2M", BalloonError::Duplicate("size".into())),
+            (
+                "size=1X",
+                BalloonError::Size(SizeError::Malformed("1X".into())),
+            ),
+            ("size=", BalloonError::Size(SizeError::Empty)),
+            ("size=4097", BalloonError::UnalignedSize(4097)),
+            (
+                "deflate_on_oom=yes",
+                BalloonError::NotOnOff {
+                    key: "deflate_on_oom",
+                    value: "yes".into(),
+                },
+            ),
+            (
+                "free_page_reporting=",
+                BalloonError::NotOnOff {
+                    key: "free_page_reporting",
+                    value: "".into(),
+                },
+            ),
+            (
+                "stats_polling_interval_s=-1",
+                BalloonError::BadInterval("-1".into()),
+            ),
+            (
+                "stats_polling_interval_s=+1",
+                BalloonError::BadInterval("+1".into()),
+            ),
+            (
+                "stats_polling_interval_s=1s",
+                BalloonError::BadInterval("1s".into()),
+            ),
+            (
+                "stats_polling_interval_s=99999999999",
+                BalloonError::BadInterval("99999999999".into()),
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(text.parse::<BalloonConfig>(), Err(expected), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn messages_name_the_offending_option() {
+        let err = "deflate_on_oom=1".parse::<BalloonConfig>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "balloon option deflate_on_oom=1: expected on or off"
+        );
+        let err = "foo=1".parse::<BalloonConfig>().unwrap_err();
+        assert!(
+            err.to_string().contains("keys: size, deflate_on_oom"),
+            "{err}"
+        );
+    }
+}

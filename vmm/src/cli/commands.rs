@@ -1,0 +1,78 @@
+//! The subcommands' work: `run` boots a VM, the others talk to a running VMM's API.
+
+use std::fmt::Display;
+use std::path::Path;
+
+use super::args::{BalloonAction, RunArgs};
+use super::config::VmConfig;
+use super::exit::ExitStatus;
+use super::host::check_host;
+use crate::api::{ApiClient, ClientError};
+use crate::runner::RunOutcome;
+
+/// Prints `error: {message}` and returns `status`.
+fn fail(status: ExitStatus, message: impl Display) -> ExitStatus {
+    eprintln!("error: {message}");
+    status
+}
+
+/// `vmm run`: validate, check the host, run.
+pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
+    let config = match VmConfig::try_from(args) {
+        Ok(config) => config,
+        Err(e) => return fail(ExitStatus::Usage, e),
+    };
+    if let Err(e) = check_host(&config) {
+        return fail(
+            ExitStatus::HostUnsupported,
+            format!("host unsupported: {e}"),
+        );
+    }
+    match crate::run(config) {
+        Ok(RunOutcome::Success) => ExitStatus::Success,
+        Ok(RunOutcome::GuestFailure(why)) => {
+            fail(ExitStatus::GuestFailure, format!("the guest failed: {why}"))
+        }
+        Err(e) => fail(e.exit_status(), e),
+    }
+}
+
+/// Sends one request and prints the response body (pretty JSON) on stdout.
+pub(super) fn api(socket: &Path, method: &str, path: &str, body: Option<&str>) -> ExitStatus {
+    let response = match ApiClient::new(socket).request(method, path, body) {
+        Ok(response) => response,
+        Err(e @ ClientError::InvalidRequest(_)) => return fail(ExitStatus::Usage, e),
+        Err(e) => return fail(ExitStatus::Runtime, e),
+    };
+    if !response.is_success() {
+        let message = response
+            .fault_message()
+            .unwrap_or_else(|| response.body.trim().to_owned());
+        return fail(
+            ExitStatus::ApiError,
+            format!("{method} {path}: {} {message}", response.status),
+        );
+    }
+    if !response.body.is_empty() {
+        match serde_json::from_str::<serde_json::Value>(&response.body) {
+            Ok(json) => println!(
+                "{}",
+                serde_json::to_string_pretty(&json).unwrap_or(response.body)
+            ),
+            Err(_) => println!("{}", response.body),
+        }
+    }
+    ExitStatus::Success
+}
+
+/// `vmm balloon set|get|stats`.
+pub(super) fn balloon(socket: &Path, action: BalloonAction) -> ExitStatus {
+    match action {
+        BalloonAction::Set { amount_mib } => {
+            let body = format!(r#"{{"amount_mib":{amount_mib}}}"#);
+            api(socket, "PATCH", "/balloon", Some(&body))
+        }
+        BalloonAction::Get => api(socket, "GET", "/balloon", None),
+        BalloonAction::Stats => api(socket, "GET", "/balloon/statistics", None),
+    }
+}

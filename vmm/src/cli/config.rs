@@ -1,0 +1,301 @@
+//! [`VmConfig`]: the validated configuration of one VM, built from `vmm run`'s flags.
+
+use std::fs;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use guest_mem::{Populate, Scrub};
+
+use super::args::{PopulateArg, RunArgs};
+use super::backing::BackingKind;
+use super::balloon::BalloonConfig;
+use super::size::format_size;
+use super::workload::WorkloadSpecError;
+use crate::boot::cmdline::DEFAULT_CMDLINE;
+use crate::layout::{ram_regions, RamRegion, CMDLINE_MAX_SIZE};
+use crate::testguest::{protocol, Workload};
+
+/// Most vCPUs a VM can have: xAPIC ids are 8 bits and 0xff is the broadcast id.
+pub const MAX_VCPUS: usize = 254;
+/// Smallest guest RAM.
+pub const MIN_MEMORY: u64 = 4 << 20;
+/// Largest guest RAM.
+pub const MAX_MEMORY: u64 = 1 << 40;
+/// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Errors of validating `vmm run`'s flags.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The vCPU count is out of range.
+    #[error("--vcpus {0}: must be between 1 and {MAX_VCPUS}")]
+    Vcpus(usize),
+    /// The test guest supports fewer vCPUs than KVM.
+    #[error("--vcpus {0}: the built-in test guest runs on at most {max} vCPUs", max = protocol::MAX_VCPUS)]
+    TestGuestVcpus(usize),
+    /// The memory size is outside [`MIN_MEMORY`, `MAX_MEMORY`].
+    #[error("--memory {}: must be between 4 MiB and 1 TiB", format_size(*.0))]
+    MemoryRange(u64),
+    /// The memory size is not a multiple of the backing's frame size.
+    #[error("--memory {}: must be a multiple of {frame} for --backing {backing}", format_size(*.size))]
+    MemoryMisaligned {
+        /// The size.
+        size: u64,
+        /// The frame size.
+        frame: &'static str,
+        /// The backing.
+        backing: BackingKind,
+    },
+    /// A file the VM needs is missing or unusable.
+    #[error("{flag}{}: {why}", .path.display())]
+    Path {
+        /// The flag naming the file, with its separator ("--kernel ", "--backing file:").
+        flag: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The kernel command line is too long or has bytes a kernel cannot take.
+    #[error("--cmdline: {0}")]
+    Cmdline(String),
+    /// The workload does not fit the VM.
+    #[error("--workload: {0}")]
+    Workload(#[from] WorkloadSpecError),
+    /// The balloon is larger than guest RAM.
+    #[error("--balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
+    BalloonTooLarge {
+        /// The balloon size.
+        size: u64,
+        /// Guest RAM.
+        memory: u64,
+    },
+}
+
+/// A Linux guest: kernel, initrd and command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinuxConfig {
+    /// The kernel image (bzImage or ELF).
+    pub kernel: PathBuf,
+    /// The initial ramdisk.
+    pub initrd: Option<PathBuf>,
+    /// The command line, before virtio-mmio devices are appended.
+    pub cmdline: String,
+}
+
+/// What the VM runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuestConfig {
+    /// The built-in test guest with its workload.
+    TestGuest(Workload),
+    /// A Linux kernel.
+    Linux(LinuxConfig),
+}
+
+/// The validated configuration of one VM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Guest RAM in bytes, a multiple of the backing's frame size.
+    pub memory_size: u64,
+    /// The host memory of the frame pool.
+    pub backing: BackingKind,
+    /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
+    /// punching otherwise.
+    pub scrub: Scrub,
+    /// Eager or lazy population.
+    pub populate: Populate,
+    /// Number of vCPUs.
+    pub vcpus: usize,
+    /// What the VM runs.
+    pub guest: GuestConfig,
+    /// Where to serve the control API.
+    pub api_socket: Option<PathBuf>,
+    /// The balloon device, if any.
+    pub balloon: Option<BalloonConfig>,
+}
+
+impl VmConfig {
+    /// Guest RAM regions around the MMIO gap.
+    pub fn ram_regions(&self) -> Vec<RamRegion> {
+        ram_regions(self.memory_size)
+    }
+}
+
+impl TryFrom<RunArgs> for VmConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
+        if args.vcpus == 0 || args.vcpus > MAX_VCPUS {
+            return Err(ConfigError::Vcpus(args.vcpus));
+        }
+        check_memory(args.memory, &args.backing)?;
+        let scrub = check_backing(&args.backing)?;
+        let guest = match args.kernel {
+            Some(kernel) => GuestConfig::Linux(linux_config(kernel, args.initrd, args.cmdline)?),
+            None => {
+                if args.vcpus > protocol::MAX_VCPUS as usize {
+                    return Err(ConfigError::TestGuestVcpus(args.vcpus));
+                }
+                GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)
+            }
+        };
+        if let Some(socket) = &args.api_socket {
+            check_socket_path(socket)?;
+        }
+        if let Some(balloon) = &args.balloon {
+            if balloon.size > args.memory {
+                return Err(ConfigError::BalloonTooLarge {
+                    size: balloon.size,
+                    memory: args.memory,
+                });
+            }
+        }
+        Ok(VmConfig {
+            memory_size: args.memory,
+            backing: args.backing,
+            scrub,
+            populate: match args.populate {
+                PopulateArg::Eager => Populate::Eager,
+                PopulateArg::Lazy => Populate::Lazy,
+            },
+            vcpus: args.vcpus,
+            guest,
+            api_socket: args.api_socket,
+            balloon: args.balloon,
+        })
+    }
+}
+
+fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError> {
+    if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
+        return Err(ConfigError::MemoryRange(size));
+    }
+    let frame = backing.frame_size();
+    if !size.is_multiple_of(frame.bytes()) {
+        return Err(ConfigError::MemoryMisaligned {
+            size,
+            frame: frame.name(),
+            backing: backing.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn path_error(flag: &'static str, path: &Path, why: impl Into<String>) -> ConfigError {
+    ConfigError::Path {
+        flag,
+        path: path.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// The parent directory of `path` ("." for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+/// Checks the pool file or DAX path and picks how freed frames are scrubbed.
+fn check_backing(backing: &BackingKind) -> Result<Scrub, ConfigError> {
+    match backing {
+        BackingKind::File(path) => match fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => Err(path_error("--backing file:", path, "is a directory")),
+            Ok(_) => Ok(Scrub::PunchHole),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if parent_dir(path).is_dir() {
+                    Ok(Scrub::PunchHole)
+                } else {
+                    Err(path_error(
+                        "--backing file:",
+                        path,
+                        "its directory does not exist",
+                    ))
+                }
+            }
+            Err(e) => Err(path_error("--backing file:", path, e.to_string())),
+        },
+        BackingKind::Dax(path) => {
+            let meta = fs::metadata(path)
+                .map_err(|e| path_error("--backing dax:", path, e.to_string()))?;
+            let kind = meta.file_type();
+            if kind.is_char_device() {
+                Ok(Scrub::ZeroOnFree)
+            } else if kind.is_file() || kind.is_block_device() {
+                Ok(Scrub::PunchHole)
+            } else {
+                Err(path_error(
+                    "--backing dax:",
+                    path,
+                    "is neither a DAX device nor a file",
+                ))
+            }
+        }
+        _ => Ok(Scrub::PunchHole),
+    }
+}
+
+/// Checks that `path` is a readable regular file.
+fn check_input_file(flag: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let meta = fs::metadata(path).map_err(|e| path_error(flag, path, e.to_string()))?;
+    if !meta.is_file() {
+        return Err(path_error(flag, path, "is not a regular file"));
+    }
+    fs::File::open(path).map_err(|e| path_error(flag, path, e.to_string()))?;
+    Ok(())
+}
+
+fn linux_config(
+    kernel: PathBuf,
+    initrd: Option<PathBuf>,
+    cmdline: Option<String>,
+) -> Result<LinuxConfig, ConfigError> {
+    check_input_file("--kernel ", &kernel)?;
+    if let Some(initrd) = &initrd {
+        check_input_file("--initrd ", initrd)?;
+    }
+    let cmdline = cmdline.unwrap_or_else(|| DEFAULT_CMDLINE.to_owned());
+    if cmdline.len() >= CMDLINE_MAX_SIZE {
+        return Err(ConfigError::Cmdline(format!(
+            "{} bytes; at most {} fit",
+            cmdline.len(),
+            CMDLINE_MAX_SIZE - 1
+        )));
+    }
+    if let Some(bad) = cmdline.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(ConfigError::Cmdline(format!(
+            "{bad:?} is not a printable ASCII character"
+        )));
+    }
+    Ok(LinuxConfig {
+        kernel,
+        initrd,
+        cmdline,
+    })
+}
+
+fn check_socket_path(path: &Path) -> Result<(), ConfigError> {
+    let flag = "--api-socket ";
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(path_error(
+            flag,
+            path,
+            format!("longer than {MAX_SOCKET_PATH} bytes (the Unix socket limit)"),
+        ));
+    }
+    if !parent_dir(path).is_dir() {
+        return Err(path_error(flag, path, "its directory does not exist"));
+    }
+    match fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => Err(path_error(
+            flag,
+            path,
+            "exists and is not a socket (refusing to replace it)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,67 @@
+//! Exit statuses of the `vmm` command.
+
+use std::process::ExitCode;
+
+/// The help text that lists the exit statuses (shown by `vmm --help` and `vmm run --help`).
+pub const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  success: the guest finished its work (or the API request succeeded)
+  1  the guest reported a failure (e.g. a test guest verification failed)
+  2  usage or configuration error: bad flags, missing files, invalid sizes
+  3  host unsupported: no usable /dev/kvm, or too few huge pages
+  4  runtime error: the VMM failed while setting up or running the VM, or the API socket
+     could not be reached
+  5  the API answered with an error (non-2xx); its fault message is printed";
+
+/// What `vmm` exits with. See [`EXIT_STATUS_HELP`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExitStatus {
+    /// The guest finished its work, or the API request succeeded.
+    Success = 0,
+    /// The guest reported a failure.
+    GuestFailure = 1,
+    /// Bad flags, missing files, invalid sizes.
+    Usage = 2,
+    /// No usable /dev/kvm, or too few huge pages.
+    HostUnsupported = 3,
+    /// The VMM failed while setting up or running the VM, or the API was unreachable.
+    Runtime = 4,
+    /// The API answered with an error status.
+    ApiError = 5,
+}
+
+impl ExitStatus {
+    /// The numeric exit status.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl From<ExitStatus> for ExitCode {
+    fn from(status: ExitStatus) -> Self {
+        ExitCode::from(status.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_is_documented_with_its_number() {
+        let all = [
+            ExitStatus::Success,
+            ExitStatus::GuestFailure,
+            ExitStatus::Usage,
+            ExitStatus::HostUnsupported,
+            ExitStatus::Runtime,
+            ExitStatus::ApiError,
+        ];
+        for (expected, status) in all.into_iter().enumerate() {
+            assert_eq!(status.code() as usize, expected);
+            let line = format!("\n  {expected}  ");
+            assert!(EXIT_STATUS_HELP.contains(&line), "{status:?} undocumented");
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The `vmm` command line, in the style of Cloud Hypervisor and Firecracker.
+//!
+//! ```text
+//! vmm run --memory 1G --backing hugetlb-2m --populate lazy --vcpus 2 --api-socket /tmp/vmm.sock
+//! vmm info --socket /tmp/vmm.sock
+//! vmm api --socket /tmp/vmm.sock PATCH /vm '{"state":"Paused"}'
+//! ```
+//!
+//! `vmm run` parses its flags into a validated [`VmConfig`], checks the host
+//! ([`host::check_host`]) and hands the config to [`crate::run`]. The other subcommands are
+//! clients of a running VMM's control API ([`crate::api`]).
+//!
+//! Every error prints one line, `error: ...`, on stderr. Exit statuses ([`ExitStatus`]):
+//!
+//! | status | meaning |
+//! |--------|---------|
+//! | 0 | the guest finished its work, or the API request succeeded |
+//! | 1 | the guest reported a failure |
+//! | 2 | usage or configuration error: bad flags, missing files, invalid sizes |
+//! | 3 | host unsupported: no usable /dev/kvm, too few huge pages |
+//! | 4 | runtime error: the VMM failed, or the API socket could not be reached |
+//! | 5 | the API answered with an error status |
+
+mod args;
+mod backing;
+mod balloon;
+mod commands;
+mod config;
+mod exit;
+pub mod host;
+mod size;
+mod workload;
+
+use std::ffi::OsString;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+pub use args::{
+    ApiArgs, BalloonAction, BalloonArgs, Cli, Command, PopulateArg, RunArgs, SocketArgs,
+};
+pub use backing::{BackingError, BackingKind};
+pub use balloon::{BalloonConfig, BalloonError};
+pub use config::{
+    ConfigError, GuestConfig, LinuxConfig, VmConfig, MAX_MEMORY, MAX_VCPUS, MIN_MEMORY,
+};
+pub use exit::{ExitStatus, EXIT_STATUS_HELP};
+pub use size::{format_size, parse_size, SizeError};
+pub use workload::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
+
+/// Runs the `vmm` command with `args` (the first is the program name) and returns its exit
+/// status.
+pub fn main<I, T>(args: I) -> ExitStatus
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => return clap_error(err),
+    };
+    match cli.command {
+        Command::Run(args) => commands::run_vm(args),
+        Command::Api(args) => commands::api(
+            &args.socket.socket,
+            &args.method,
+            &args.path,
+            args.body.as_deref(),
+        ),
+        Command::Info(socket) => commands::api(&socket.socket, "GET", "/machine", None),
+        Command::Memory(socket) => commands::api(&socket.socket, "GET", "/memory", None),
+        Command::Pause(socket) => commands::api(
+            &socket.socket,
+            "PATCH",
+            "/vm",
+            Some(r#"{"state":"Paused"}"#),
+        ),
+        Command::Resume(socket) => commands::api(
+            &socket.socket,
+            "PATCH",
+            "/vm",
+            Some(r#"{"state":"Resumed"}"#),
+        ),
+        Command::Shutdown(socket) => commands::api(
+            &socket.socket,
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"Shutdown"}"#),
+        ),
+        Command::Balloon(balloon) => commands::balloon(&balloon.socket.socket, balloon.action),
+    }
+}
+
+/// Prints help and version as clap does, and any other clap error as one line.
+fn clap_error(err: clap::Error) -> ExitStatus {
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        // Help goes to stdout; if that fails there is nobody to tell.
+        let _ = err.print();
+        return ExitStatus::Success;
+    }
+    eprintln!("{}", one_line(&err.render().to_string()));
+    ExitStatus::Usage
+}
+
+/// Joins the lines of a clap error before its usage section into one line.
+fn one_line(text: &str) -> String {
+    let lines = text
+        .lines()
+        .map(str::trim)
+        .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .filter(|line| !line.is_empty());
+    let mut joined = String::new();
+    for line in lines {
+        if !joined.is_empty() {
+            joined.push_str(if joined.ends_with(':') { " " } else { "; " });
+        }
+        joined.push_str(line);
+    }
+    joined
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_errors_become_one_line() {
+        let err = Cli::try_parse_from(["vmm", "run", "--memroy", "1G"]).unwrap_err();
+        let line = one_line(&err.render().to_string());
+        assert!(!line.contains('\n'));
+        assert_eq!(
+            line,
+            "error: unexpected argument '--memroy' found; tip: a similar argument exists: '--memory'"
+        );
+        let err = Cli::try_parse_from(["vmm", "run", "--initrd", "i"]).unwrap_err();
+        assert_eq!(
+            one_line(&err.render().to_string()),
+            "error: the following required arguments were not provided: --kernel <PATH>"
+        );
+        let err = Cli::try_parse_from(["vmm"]).unwrap_err();
+        let line = one_line(&err.render().to_string());
+        assert!(
+            line.starts_with("error: 'vmm' requires a subcommand"),
+            "{line}"
+        );
+        assert!(
+            line.contains("provided; [subcommands: run, api, info"),
+            "{line}"
+        );
+        assert!(!line.contains("Usage"), "{line}");
+        let err = Cli::try_parse_from(["vmm", "balloon", "--socket", "s"]).unwrap_err();
+        let line = one_line(&err.render().to_string());
+        assert!(
+            line.starts_with("error: 'vmm balloon' requires a subcommand"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_and_subcommand_has_help() {
+        use clap::CommandFactory;
+        let mut stack = vec![Cli::command()];
+        while let Some(command) = stack.pop() {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" {
+                    assert!(
+                        arg.get_help().is_some(),
+                        "{} {id} has no help",
+                        command.get_name()
+                    );
+                }
+            }
+            for sub in command.get_subcommands() {
+                assert!(sub.get_about().is_some(), "{} has no help", sub.get_name());
+                stack.push(sub.clone());
+            }
+        }
+    }
+}

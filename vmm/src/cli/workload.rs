@@ -1,0 +1,303 @@
+//! The `--workload` option: the memory workload of the built-in test guest.
+//!
+//! ```text
+//! WORKLOAD := STEP[,STEP...]
+//! STEP     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID
+//! KIND     := write | verify | verify-zero | read
+//! RANGE    := all | START+SIZE      (sizes with K/M/G suffixes, 4 KiB aligned, START >= 2M)
+//! PATTERN  := a u64, decimal or 0x-hex (write and verify only)
+//! ```
+//!
+//! `all` is the workload area of low RAM: from 2 MiB (below it live the guest's own code and
+//! tables) to the end of RAM or the MMIO gap. A step without `@VCPU` is split among all vCPUs.
+
+use std::str::FromStr;
+
+use super::size::{format_size, parse_size, SizeError};
+use crate::layout::ram_regions;
+use crate::testguest::protocol::{MAX_STEPS, PAGE_SIZE, WORKLOAD_MIN_ADDR};
+use crate::testguest::Workload;
+
+/// The pattern of `write` and `verify` steps that give none.
+pub const DEFAULT_PATTERN: u64 = 0x5a5a_5a5a_5a5a_5a5a;
+/// The workload of `vmm run` without `--workload`: write and verify every page of `all`.
+pub const DEFAULT_WORKLOAD: &str = "write:all,verify:all";
+
+/// Errors of parsing and resolving `--workload`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkloadSpecError {
+    /// The option is empty, or has an empty step.
+    #[error("empty workload step (steps are separated by single commas)")]
+    EmptyStep,
+    /// A step's kind is unknown.
+    #[error(
+        "unknown workload step '{0}': expected write, verify, verify-zero, read or checkpoint"
+    )]
+    UnknownKind(String),
+    /// A step is missing its range (or checkpoint id) or has extra fields.
+    #[error("workload step '{step}': {why}")]
+    Malformed {
+        /// The step as given.
+        step: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A number (vCPU, pattern, checkpoint id) does not parse.
+    #[error("workload step '{step}': '{text}' is not a number (decimal or 0x-hex)")]
+    BadNumber {
+        /// The step as given.
+        step: String,
+        /// The text.
+        text: String,
+    },
+    /// A range's start or size does not parse.
+    #[error("workload step '{step}': {source}")]
+    BadSize {
+        /// The step as given.
+        step: String,
+        /// What is wrong with the size.
+        source: SizeError,
+    },
+    /// More steps than the guest's descriptor holds.
+    #[error("the workload has {0} steps; the test guest takes at most {MAX_STEPS}")]
+    TooManySteps(usize),
+    /// A step names a vCPU that does not exist.
+    #[error("workload step '{step}' runs on vCPU {vcpu}, but the VM has {vcpus} vCPUs")]
+    NoSuchVcpu {
+        /// The step as given.
+        step: String,
+        /// Its vCPU.
+        vcpu: u32,
+        /// vCPUs of the VM.
+        vcpus: usize,
+    },
+    /// A range is empty, unaligned, below the workload area or not inside one RAM region.
+    #[error("workload step '{step}': {why}")]
+    BadRange {
+        /// The step as given.
+        step: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// A memory step's range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Range {
+    /// The whole workload area of low RAM.
+    All,
+    /// `start+size`.
+    Bytes { start: u64, size: u64 },
+}
+
+/// What a step does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Write(Range, u64),
+    Verify(Range, u64),
+    VerifyZero(Range),
+    Read(Range),
+    Checkpoint(u64),
+}
+
+/// One parsed step, kept with its text for messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct StepSpec {
+    text: String,
+    vcpu: Option<u32>,
+    action: Action,
+}
+
+/// A parsed `--workload`, resolved against the VM's memory and vCPUs by [`Self::resolve`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadSpec {
+    steps: Vec<StepSpec>,
+}
+
+fn parse_number(step: &str, text: &str) -> Result<u64, WorkloadSpecError> {
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u64::from_str_radix(hex, 16).ok()
+        }
+        Some(_) => None,
+        None if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text.parse().ok(),
+        None => None,
+    };
+    parsed.ok_or_else(|| WorkloadSpecError::BadNumber {
+        step: step.to_owned(),
+        text: text.to_owned(),
+    })
+}
+
+fn parse_range(step: &str, text: &str) -> Result<Range, WorkloadSpecError> {
+    if text == "all" {
+        return Ok(Range::All);
+    }
+    let (start, size) = text
+        .split_once('+')
+        .ok_or_else(|| WorkloadSpecError::Malformed {
+            step: step.to_owned(),
+            why: "the range must be 'all' or START+SIZE (e.g. 2M+64M)",
+        })?;
+    let size_err = |source| WorkloadSpecError::BadSize {
+        step: step.to_owned(),
+        source,
+    };
+    Ok(Range::Bytes {
+        start: parse_size(start).map_err(size_err)?,
+        size: parse_size(size).map_err(size_err)?,
+    })
+}
+
+fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
+    if text.is_empty() {
+        return Err(WorkloadSpecError::EmptyStep);
+    }
+    let malformed = |why| WorkloadSpecError::Malformed {
+        step: text.to_owned(),
+        why,
+    };
+    let mut fields = text.split(':');
+    let head = fields.next().unwrap_or_default();
+    let (kind, vcpu) = match head.split_once('@') {
+        Some((kind, vcpu)) => (kind, Some(parse_number(text, vcpu)?)),
+        None => (head, None),
+    };
+    let vcpu = vcpu
+        .map(|v| u32::try_from(v).map_err(|_| malformed("the vCPU index is too large")))
+        .transpose()?;
+    let argument = fields.next().ok_or_else(|| match kind {
+        "checkpoint" => malformed("a checkpoint needs an id (checkpoint:ID)"),
+        _ => malformed("the step needs a range (KIND:all or KIND:START+SIZE)"),
+    })?;
+    let pattern = fields.next();
+    if fields.next().is_some() {
+        return Err(malformed("too many ':'-separated fields"));
+    }
+    let pattern_or_default = || pattern.map_or(Ok(DEFAULT_PATTERN), |p| parse_number(text, p));
+    let no_pattern = |action| match pattern {
+        Some(_) => Err(malformed("only write and verify steps take a pattern")),
+        None => Ok(action),
+    };
+    let action = match kind {
+        "write" => Action::Write(parse_range(text, argument)?, pattern_or_default()?),
+        "verify" => Action::Verify(parse_range(text, argument)?, pattern_or_default()?),
+        "verify-zero" => no_pattern(Action::VerifyZero(parse_range(text, argument)?))?,
+        "read" => no_pattern(Action::Read(parse_range(text, argument)?))?,
+        "checkpoint" => no_pattern(Action::Checkpoint(parse_number(text, argument)?))?,
+        _ => return Err(WorkloadSpecError::UnknownKind(text.to_owned())),
+    };
+    Ok(StepSpec {
+        text: text.to_owned(),
+        vcpu,
+        action,
+    })
+}
+
+impl FromStr for WorkloadSpec {
+    type Err = WorkloadSpecError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let steps = text
+            .split(',')
+            .map(parse_step)
+            .collect::<Result<Vec<_>, _>>()?;
+        if steps.len() > MAX_STEPS {
+            return Err(WorkloadSpecError::TooManySteps(steps.len()));
+        }
+        Ok(WorkloadSpec { steps })
+    }
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        DEFAULT_WORKLOAD
+            .parse()
+            .expect("the default workload is well formed")
+    }
+}
+
+impl WorkloadSpec {
+    /// The workload for a VM with `memory_size` bytes of RAM and `vcpus` vCPUs: `all` becomes
+    /// the workload area, and every range must lie inside one RAM region.
+    pub fn resolve(&self, memory_size: u64, vcpus: usize) -> Result<Workload, WorkloadSpecError> {
+        let regions = ram_regions(memory_size);
+        let area_end = regions.first().map_or(0, |r| r.end());
+        let mut workload = Workload::new();
+        for step in &self.steps {
+            let bad_range = |why: String| WorkloadSpecError::BadRange {
+                step: step.text.clone(),
+                why,
+            };
+            let resolve = |range| match range {
+                Range::All if area_end > WORKLOAD_MIN_ADDR => {
+                    Ok((WORKLOAD_MIN_ADDR, area_end - WORKLOAD_MIN_ADDR))
+                }
+                Range::All => Err(bad_range(format!(
+                    "'all' is empty: guest RAM ({}) must be larger than 2 MiB",
+                    format_size(memory_size)
+                ))),
+                Range::Bytes { start, size } => check_range(start, size, memory_size)
+                    .map(|_| (start, size))
+                    .map_err(bad_range),
+            };
+            workload = match step.action {
+                Action::Write(range, pattern) => {
+                    let (start, size) = resolve(range)?;
+                    workload.write(start, size, pattern)
+                }
+                Action::Verify(range, pattern) => {
+                    let (start, size) = resolve(range)?;
+                    workload.verify(start, size, pattern)
+                }
+                Action::VerifyZero(range) => {
+                    let (start, size) = resolve(range)?;
+                    workload.verify_zero(start, size)
+                }
+                Action::Read(range) => {
+                    let (start, size) = resolve(range)?;
+                    workload.read(start, size)
+                }
+                Action::Checkpoint(id) => workload.checkpoint(id),
+            };
+            if let Some(vcpu) = step.vcpu {
+                if vcpu as usize >= vcpus {
+                    return Err(WorkloadSpecError::NoSuchVcpu {
+                        step: step.text.clone(),
+                        vcpu,
+                        vcpus,
+                    });
+                }
+                workload = workload.on_vcpu(vcpu);
+            }
+        }
+        Ok(workload)
+    }
+}
+
+/// Checks that `[start, start + size)` is a non-empty, page-aligned part of the workload area
+/// inside one RAM region of `memory_size` bytes of RAM.
+fn check_range(start: u64, size: u64, memory_size: u64) -> Result<(), String> {
+    if size == 0 {
+        return Err("the range is empty".into());
+    }
+    if !start.is_multiple_of(PAGE_SIZE) || !size.is_multiple_of(PAGE_SIZE) {
+        return Err("start and size must be multiples of 4 KiB".into());
+    }
+    if start < WORKLOAD_MIN_ADDR {
+        return Err("the range must start at or above 2M (the guest's own memory)".into());
+    }
+    let inside = |r: &crate::layout::RamRegion| {
+        start >= r.start && start.checked_add(size).is_some_and(|end| end <= r.end())
+    };
+    if !ram_regions(memory_size).iter().any(inside) {
+        return Err(format!(
+            "the range is not inside guest RAM ({} of RAM, with the MMIO gap at 3 GiB..4 GiB)",
+            format_size(memory_size)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

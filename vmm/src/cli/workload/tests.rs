@@ -1,0 +1,198 @@
+use super::*;
+use crate::testguest::protocol::{step_kind, ALL_VCPUS};
+
+const MIB: u64 = 1 << 20;
+
+fn resolve(text: &str, memory: u64, vcpus: usize) -> Result<Workload, WorkloadSpecError> {
+    text.parse::<WorkloadSpec>()?.resolve(memory, vcpus)
+}
+
+#[test]
+fn default_workload_writes_and_verifies_the_whole_area() {
+    let workload = WorkloadSpec::default().resolve(64 * MIB, 2).unwrap();
+    let steps = workload.steps();
+    assert_eq!(steps.len(), 2);
+    assert_eq!(
+        (steps[0].kind, steps[1].kind),
+        (step_kind::WRITE, step_kind::VERIFY)
+    );
+    for step in steps {
+        assert_eq!((step.addr, step.size), (2 * MIB, 62 * MIB));
+        assert_eq!((step.pattern, step.vcpu), (DEFAULT_PATTERN, ALL_VCPUS));
+    }
+}
+
+#[test]
+fn all_stops_at_the_mmio_gap() {
+    let workload = resolve("read:all", 8 << 30, 1).unwrap();
+    assert_eq!(workload.steps()[0].addr + workload.steps()[0].size, 3 << 30);
+}
+
+#[test]
+fn parses_every_step_kind_with_vcpus_and_patterns() {
+    let text = "write@1:2M+4M:0xabc,verify:2M+4M:2748,verify-zero:8M+1M,read@0:4G+4K,checkpoint:7";
+    let workload = resolve(text, 6 << 30, 2).unwrap();
+    let steps = workload.steps();
+    assert_eq!(steps.len(), 5);
+    assert_eq!(
+        (steps[0].kind, steps[0].vcpu, steps[0].pattern),
+        (step_kind::WRITE, 1, 0xabc)
+    );
+    assert_eq!(
+        (steps[1].kind, steps[1].pattern),
+        (step_kind::VERIFY, 0xabc)
+    );
+    assert_eq!(
+        (steps[2].kind, steps[2].addr, steps[2].size),
+        (step_kind::VERIFY_ZERO, 8 * MIB, MIB)
+    );
+    assert_eq!(
+        (steps[3].kind, steps[3].addr, steps[3].vcpu),
+        (step_kind::READ, 4 << 30, 0)
+    );
+    assert_eq!(
+        (steps[4].kind, steps[4].pattern),
+        (step_kind::CHECKPOINT, 7)
+    );
+}
+
+#[test]
+fn every_syntax_error_has_its_own_message() {
+    let malformed = |step: &str, why| WorkloadSpecError::Malformed {
+        step: step.into(),
+        why,
+    };
+    let cases = [
+        ("", WorkloadSpecError::EmptyStep),
+        ("write:all,", WorkloadSpecError::EmptyStep),
+        (
+            "touch:all",
+            WorkloadSpecError::UnknownKind("touch:all".into()),
+        ),
+        (
+            "Write:all",
+            WorkloadSpecError::UnknownKind("Write:all".into()),
+        ),
+        (
+            "write",
+            malformed(
+                "write",
+                "the step needs a range (KIND:all or KIND:START+SIZE)",
+            ),
+        ),
+        (
+            "checkpoint",
+            malformed("checkpoint", "a checkpoint needs an id (checkpoint:ID)"),
+        ),
+        (
+            "write:all:1:2",
+            malformed("write:all:1:2", "too many ':'-separated fields"),
+        ),
+        (
+            "read:all:5",
+            malformed("read:all:5", "only write and verify steps take a pattern"),
+        ),
+        (
+            "checkpoint:1:2",
+            malformed(
+                "checkpoint:1:2",
+                "only write and verify steps take a pattern",
+            ),
+        ),
+        (
+            "write:2M",
+            malformed(
+                "write:2M",
+                "the range must be 'all' or START+SIZE (e.g. 2M+64M)",
+            ),
+        ),
+        (
+            "write@99999999999:all",
+            malformed("write@99999999999:all", "the vCPU index is too large"),
+        ),
+        (
+            "write:all:zz",
+            WorkloadSpecError::BadNumber {
+                step: "write:all:zz".into(),
+                text: "zz".into(),
+            },
+        ),
+        (
+            "write@x:all",
+            WorkloadSpecError::BadNumber {
+                step: "write@x:all".into(),
+                text: "x".into(),
+            },
+        ),
+        (
+            "checkpoint:0x",
+            WorkloadSpecError::BadNumber {
+                step: "checkpoint:0x".into(),
+                text: "0x".into(),
+            },
+        ),
+        (
+            "write:all:0x10000000000000000",
+            WorkloadSpecError::BadNumber {
+                step: "write:all:0x10000000000000000".into(),
+                text: "0x10000000000000000".into(),
+            },
+        ),
+        (
+            "write:2X+1M",
+            WorkloadSpecError::BadSize {
+                step: "write:2X+1M".into(),
+                source: SizeError::Malformed("2X".into()),
+            },
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(text.parse::<WorkloadSpec>(), Err(expected), "{text:?}");
+    }
+    let too_many = vec!["checkpoint:1"; MAX_STEPS + 1].join(",");
+    assert_eq!(
+        too_many.parse::<WorkloadSpec>(),
+        Err(WorkloadSpecError::TooManySteps(MAX_STEPS + 1))
+    );
+}
+
+#[test]
+fn ranges_are_checked_against_memory_and_vcpus() {
+    let bad_range = |text: &str| match resolve(text, 64 * MIB, 2) {
+        Err(WorkloadSpecError::BadRange { why, .. }) => why,
+        other => panic!("{text}: {other:?}"),
+    };
+    assert_eq!(bad_range("write:2M+0"), "the range is empty");
+    assert_eq!(
+        bad_range("write:2M+100"),
+        "start and size must be multiples of 4 KiB"
+    );
+    assert_eq!(
+        bad_range("write:2050K+4K"),
+        "start and size must be multiples of 4 KiB"
+    );
+    assert!(bad_range("write:1M+1M").contains("at or above 2M"));
+    assert!(bad_range("write:32M+64M").contains("not inside guest RAM (64 MiB of RAM"));
+    assert!(bad_range("write:16T+16T").contains("not inside guest RAM"));
+    assert!(matches!(
+        resolve("read:all", 2 * MIB, 1),
+        Err(WorkloadSpecError::BadRange { why, .. }) if why.contains("'all' is empty")
+    ));
+    // Across the MMIO gap is not one region.
+    assert!(matches!(
+        resolve("read:3G-4K+8K", 6 << 30, 1),
+        Err(WorkloadSpecError::BadSize { .. })
+    ));
+    assert!(matches!(
+        resolve("read:3071M+2M", 6 << 30, 1),
+        Err(WorkloadSpecError::BadRange { .. })
+    ));
+    assert_eq!(
+        resolve("read@2:all", 64 * MIB, 2),
+        Err(WorkloadSpecError::NoSuchVcpu {
+            step: "read@2:all".into(),
+            vcpu: 2,
+            vcpus: 2
+        })
+    );
+}
