@@ -346,11 +346,13 @@ impl GuestMemory {
         mut f: impl FnMut(&GuestRegion, usize, usize, usize) -> Result<(), MemoryError>,
     ) -> Result<(), MemoryError> {
         let page = FRAME_SIZE as u64;
-        let end = addr.0.checked_add(len);
-        if len == 0 || !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) || end.is_none() {
+        if len == 0 || !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(MemoryError::Unaligned { addr: addr.0, len });
         }
-        let end = end.unwrap_or_default();
+        let end = addr
+            .0
+            .checked_add(len)
+            .ok_or(MemoryError::NotRam { addr: addr.0, len })?;
         let mut at = addr.0;
         while at < end {
             let region = self

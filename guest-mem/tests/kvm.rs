@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{kick_signal, RunError, Touch, Vm, MIB};
 use guest_mem::{
-    Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate,
+    Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate, Scrub,
 };
 use llfree::TREE_FRAMES;
 use vm_memory::{Bytes, GuestAddress};
@@ -15,8 +15,13 @@ use vm_memory::{Bytes, GuestAddress};
 const CHUNK: u64 = 2 * MIB;
 
 fn pool(size: u64) -> Arc<Pool> {
+    pool_scrubbed(size, Scrub::PunchHole)
+}
+
+fn pool_scrubbed(size: u64, scrub: Scrub) -> Arc<Pool> {
     let mut config = PoolConfig::new(Backing::Anonymous, size);
     config.cores = 8;
+    config.scrub = scrub;
     Pool::new(config).expect("pool")
 }
 
@@ -28,12 +33,7 @@ fn memory(pool: &Arc<Pool>, size: u64, vcpus: usize) -> GuestMemory {
 
 /// Touches `count` chunks from chunk `first`, one dword each.
 fn chunks(first: u64, count: u32, marker: u32) -> Touch {
-    Touch {
-        start: first * CHUNK + 8,
-        count,
-        stride: CHUNK as u32,
-        marker,
-    }
+    common::touch(first * CHUNK, CHUNK, count, marker)
 }
 
 fn tree_of(memory: &GuestMemory, chunk: u64) -> usize {
@@ -87,7 +87,16 @@ fn two_vcpus_populate_lazily_into_their_own_reservations() {
 
 #[test]
 fn discard_then_touch_gives_a_fresh_zeroed_frame() {
-    let pool = pool(128 * MIB);
+    discard_then_touch(Scrub::PunchHole);
+}
+
+#[test]
+fn discard_then_touch_gives_a_zeroed_frame_when_zeroing_on_free() {
+    discard_then_touch(Scrub::ZeroOnFree);
+}
+
+fn discard_then_touch(scrub: Scrub) {
+    let pool = pool_scrubbed(128 * MIB, scrub);
     let memory = memory(&pool, 64 * MIB, 1);
     let Some(vm) = Vm::new(&memory) else { return };
     assert_eq!(vm.run(&memory, 0, chunks(1, 8, 0x1234_5678)), Ok(0));

@@ -3,6 +3,8 @@
 //! memory.
 #![allow(dead_code)]
 
+pub mod hugepages;
+
 use std::sync::Once;
 
 use guest_mem::{FaultError, GuestMemory};
@@ -43,6 +45,16 @@ pub struct Touch {
     pub stride: u32,
     /// The value written.
     pub marker: u32,
+}
+
+/// Touches `count` dwords `stride` bytes apart, the first at `start + 8`.
+pub fn touch(start: u64, stride: u64, count: u32, marker: u32) -> Touch {
+    Touch {
+        start: start + 8,
+        count,
+        stride: stride as u32,
+        marker,
+    }
 }
 
 /// How a vCPU run ended, if not with the program's result.

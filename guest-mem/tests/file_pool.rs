@@ -1,0 +1,131 @@
+//! Persistent pools in a file: the allocator's metadata in the file's header, guest contents in
+//! its frames, surviving unmapping, closing and reopening.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{kick_signal, touch, Vm, MIB};
+use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
+use vm_memory::{Bytes, GuestAddress};
+
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::var_os("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+        let path = dir.join(format!("guest-mem-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn file_config(path: &TempFile, size: u64, format: bool) -> PoolConfig {
+    PoolConfig::new(
+        Backing::File {
+            path: path.0.clone(),
+            format,
+        },
+        size,
+    )
+}
+
+fn memory_config() -> MemoryConfig {
+    let mut config = MemoryConfig::new(vec![(GuestAddress(0), 32 * MIB)], 1);
+    config.kick_signal = Some(kick_signal());
+    config
+}
+
+#[test]
+fn contents_survive_unmapping_closing_and_reopening() {
+    let file = TempFile::new("survive");
+    let pool = Pool::new(file_config(&file, 64 * MIB, false)).expect("new pool");
+    eprintln!("MAP_SYNC (DAX): {}", pool.uses_map_sync());
+    let memory = GuestMemory::new(Arc::clone(&pool), memory_config()).expect("memory");
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(
+        vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 8, 0xC0FFEE)),
+        Ok(0)
+    );
+    memory
+        .write_slice(b"persistent hello", GuestAddress(20 * MIB + 4096))
+        .expect("write");
+    drop(vm);
+    let snapshot = memory.detach();
+    drop(pool);
+
+    let pool = Pool::new(file_config(&file, 64 * MIB, false)).expect("reopen pool");
+    assert_eq!(
+        pool.stats().used_bytes,
+        10 * 2 * MIB,
+        "the frames are still allocated"
+    );
+    let memory =
+        GuestMemory::restore(Arc::clone(&pool), memory_config(), &snapshot).expect("restore");
+    let mut text = [0u8; 16];
+    memory
+        .read_slice(&mut text, GuestAddress(20 * MIB + 4096))
+        .expect("read");
+    assert_eq!(&text, b"persistent hello");
+    let Some(vm) = Vm::new(&memory) else { return };
+    // The guest finds its markers again (the program ORs the old values).
+    assert_eq!(
+        vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 8, 0xC0FFEE)),
+        Ok(0xC0FFEE)
+    );
+    drop(vm);
+    drop(memory);
+    assert_eq!(
+        pool.stats().used_bytes,
+        0,
+        "dropping the memory frees its frames"
+    );
+    drop(pool);
+    let pool = Pool::new(file_config(&file, 64 * MIB, false)).expect("reopen again");
+    assert_eq!(pool.stats().used_bytes, 0);
+}
+
+#[test]
+fn restoring_frames_the_pool_does_not_hold_is_refused() {
+    let file = TempFile::new("refuse");
+    let pool = Pool::new(file_config(&file, 64 * MIB, false)).expect("pool");
+    let memory = GuestMemory::new(Arc::clone(&pool), memory_config()).expect("memory");
+    memory.write_obj(1u8, GuestAddress(0)).expect("populate");
+    let snapshot = memory.detach();
+    // Formatting frees everything (and scrubs the frames).
+    drop(pool);
+    let pool = Pool::new(file_config(&file, 64 * MIB, true)).expect("format");
+    let err = GuestMemory::restore(pool, memory_config(), &snapshot).expect_err("stale");
+    assert!(err.to_string().contains("is not allocated"), "{err}");
+}
+
+#[test]
+fn foreign_and_mismatched_files_give_clear_errors() {
+    let file = TempFile::new("foreign");
+    std::fs::write(&file.0, b"some precious user data").expect("write");
+    let err = Pool::new(file_config(&file, 64 * MIB, false)).expect_err("foreign");
+    assert!(
+        err.to_string().contains("holds no llfree-vmm pool"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&file.0).expect("read")[..23],
+        b"some precious user data"[..],
+        "the file is left alone"
+    );
+    drop(Pool::new(file_config(&file, 64 * MIB, true)).expect("format"));
+    let err = Pool::new(file_config(&file, 128 * MIB, false)).expect_err("size");
+    assert!(
+        err.to_string()
+            .contains("holds 67108864 bytes of frames, but 134217728 were requested"),
+        "{err}"
+    );
+}
