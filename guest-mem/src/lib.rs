@@ -13,6 +13,7 @@
 //!   devices use it directly; their accesses populate first and never fault fatally.
 
 mod access;
+mod discard;
 mod fault;
 mod frame_table;
 mod memory;
@@ -23,7 +24,8 @@ pub mod stats;
 mod sys;
 mod vcpu;
 
-pub use memory::{DiscardStats, GuestMemory, MemoryConfig, MemoryError, Populate, Snapshot};
+pub use discard::DiscardStats;
+pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Snapshot};
 pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
 pub use region::{GuestRegion, RegionError};
 pub use stats::{MemoryStats, PoolStats};
