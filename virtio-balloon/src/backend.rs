@@ -22,11 +22,12 @@ pub struct GuestRange {
 }
 
 impl GuestRange {
-    /// The range of `pages` 4 KiB balloon pages starting at page frame number `first_pfn`.
+    /// The range of `pages` 4 KiB balloon pages starting at page frame number `first_pfn`
+    /// (a page frame number below 2^52; lengths saturate).
     pub fn from_pfns(first_pfn: u64, pages: u64) -> Self {
         Self {
             addr: GuestAddress(first_pfn << VIRTIO_BALLOON_PFN_SHIFT),
-            len: pages * BALLOON_PAGE_SIZE,
+            len: pages.saturating_mul(BALLOON_PAGE_SIZE),
         }
     }
 

@@ -64,6 +64,10 @@ pub enum BalloonError {
         #[source]
         source: virtio_queue::Error,
     },
+    /// The driver published a chain whose available ring entry cannot be read. The device
+    /// ignores the guest until it is reset.
+    #[error("balloon queue {0} is broken, the device needs a reset: unreadable available ring")]
+    UnreadableRing(u16),
     /// Raising an interrupt failed.
     #[error("cannot notify the guest: {0}")]
     Notify(#[source] io::Error),
@@ -323,10 +327,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
             record: &mut self.record,
         };
         let result = handler.process(active, role);
-        if let Err(e @ BalloonError::Queue { .. }) = &result {
-            error!("virtio-balloon: {e}");
-            active.needs_reset = true;
-        }
+        Self::check_broken(active, &result);
         result
     }
 
@@ -338,11 +339,16 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
             return Ok(false);
         };
         let result = process::return_stats_buffer(active);
-        if let Err(e @ BalloonError::Queue { .. }) = &result {
+        Self::check_broken(active, &result);
+        result
+    }
+
+    /// Stops processing after an error that leaves the rings in an unknown state.
+    fn check_broken<T>(active: &mut Active<M>, result: &Result<T, BalloonError>) {
+        if let Err(e @ (BalloonError::Queue { .. } | BalloonError::UnreadableRing(_))) = result {
             error!("virtio-balloon: {e}");
             active.needs_reset = true;
         }
-        result
     }
 
     /// Stops the device: drops the queues, forgets `actual`, and takes every given-away page back

@@ -1,6 +1,9 @@
 //! The queue handlers: drain a queue, hand each chain to its parser, check every range against
 //! guest RAM and apply it to the backend. Nothing here allocates.
 
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
+
 use log::error;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemory};
@@ -34,12 +37,11 @@ impl<B: BalloonBackend> Handler<'_, B> {
             return Ok(());
         };
         let used = match role {
-            QueueRole::Inflate => drain(queue, mem, |chain| self.inflate(mem, chain)),
-            QueueRole::Deflate => drain(queue, mem, |chain| self.deflate(mem, chain)),
-            QueueRole::Reporting => drain(queue, mem, |chain| self.report(chain)),
-            QueueRole::Stats => self.take_stats(queue, mem, &mut active.held_stats),
-        }
-        .map_err(|source| BalloonError::Queue { index, source })?;
+            QueueRole::Inflate => drain(queue, mem, index, |chain| self.inflate(mem, chain)),
+            QueueRole::Deflate => drain(queue, mem, index, |chain| self.deflate(mem, chain)),
+            QueueRole::Reporting => drain(queue, mem, index, |chain| self.report(chain)),
+            QueueRole::Stats => self.take_stats(queue, mem, index, &mut active.held_stats),
+        }?;
         if used {
             notify(queue, mem, active.notifier.as_ref(), index)?;
         }
@@ -130,12 +132,15 @@ impl<B: BalloonBackend> Handler<'_, B> {
         &mut self,
         queue: &mut Queue,
         mem: &G,
+        index: u16,
         held: &mut Option<u16>,
-    ) -> Result<bool, virtio_queue::Error> {
+    ) -> Result<bool, BalloonError> {
+        let ring = |source| BalloonError::Queue { index, source };
         let mut used = false;
         loop {
-            queue.disable_notification(mem)?;
-            while let Some(chain) = next_chain(queue, mem)? {
+            queue.disable_notification(mem).map_err(ring)?;
+            let mut chains = AvailChains::new(queue, mem, index)?;
+            while let Some(chain) = chains.next(queue, mem)? {
                 let head = chain.head_index();
                 let record = &mut *self.record;
                 record.stats = GuestStats::read(mem, chain, &mut record.violations);
@@ -146,11 +151,11 @@ impl<B: BalloonBackend> Handler<'_, B> {
                         1,
                         format_args!("statistics buffer {head} while holding {previous}"),
                     );
-                    queue.add_used(mem, previous, 0)?;
+                    queue.add_used(mem, previous, 0).map_err(ring)?;
                     used = true;
                 }
             }
-            if !queue.enable_notification(mem)? {
+            if !queue.enable_notification(mem).map_err(ring)? {
                 return Ok(used);
             }
         }
@@ -179,31 +184,62 @@ pub(super) fn return_stats_buffer<M: GuestAddressSpace>(
     Ok(true)
 }
 
-/// The next available chain, if any.
-fn next_chain<'m, G: GuestMemory>(
-    queue: &mut Queue,
-    mem: &'m G,
-) -> Result<Option<DescriptorChain<&'m G>>, virtio_queue::Error> {
-    Ok(queue.iter(mem)?.next())
+/// Pops the available chains one by one. A chain the driver published but whose ring entry
+/// cannot be read (the ring went bad after activation) is an error rather than the end, so that a
+/// driver cannot make the device spin on it.
+struct AvailChains {
+    index: u16,
+    published: Wrapping<u16>,
 }
 
-/// Hands every available chain to `handle` and puts it in the used ring (nothing is ever
-/// written into the buffers, so the used length is 0). Returns whether any chain was used.
+impl AvailChains {
+    fn new<G: GuestMemory>(queue: &Queue, mem: &G, index: u16) -> Result<Self, BalloonError> {
+        let published = queue
+            .avail_idx(mem, Ordering::Acquire)
+            .map_err(|source| BalloonError::Queue { index, source })?;
+        Ok(Self { index, published })
+    }
+
+    fn next<'m, G: GuestMemory>(
+        &mut self,
+        queue: &mut Queue,
+        mem: &'m G,
+    ) -> Result<Option<DescriptorChain<&'m G>>, BalloonError> {
+        if Wrapping(queue.next_avail()) == self.published {
+            return Ok(None);
+        }
+        let index = self.index;
+        let mut chains = queue
+            .iter(mem)
+            .map_err(|source| BalloonError::Queue { index, source })?;
+        chains
+            .next()
+            .map(Some)
+            .ok_or(BalloonError::UnreadableRing(index))
+    }
+}
+
+/// Hands every available chain of queue `index` to `handle` and puts it in the used ring
+/// (nothing is ever written into the buffers, so the used length is 0). Returns whether any
+/// chain was used.
 fn drain<G: GuestMemory>(
     queue: &mut Queue,
     mem: &G,
+    index: u16,
     mut handle: impl FnMut(DescriptorChain<&G>),
-) -> Result<bool, virtio_queue::Error> {
+) -> Result<bool, BalloonError> {
+    let ring = |source| BalloonError::Queue { index, source };
     let mut used = false;
     loop {
-        queue.disable_notification(mem)?;
-        while let Some(chain) = next_chain(queue, mem)? {
+        queue.disable_notification(mem).map_err(ring)?;
+        let mut chains = AvailChains::new(queue, mem, index)?;
+        while let Some(chain) = chains.next(queue, mem)? {
             let head = chain.head_index();
             handle(chain);
-            queue.add_used(mem, head, 0)?;
+            queue.add_used(mem, head, 0).map_err(ring)?;
             used = true;
         }
-        if !queue.enable_notification(mem)? {
+        if !queue.enable_notification(mem).map_err(ring)? {
             return Ok(used);
         }
     }

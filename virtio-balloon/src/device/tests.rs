@@ -399,3 +399,9 @@ fn notifications_while_inactive_are_ignored() {
     assert!(balloon.backend().calls().is_empty());
     assert_eq!(balloon.info().violations.total(), 0);
 }
+
+#[test]
+fn the_device_can_move_to_the_event_loop_thread() {
+    fn assert_send<T: Send>() {}
+    assert_send::<TestBalloon>();
+}
