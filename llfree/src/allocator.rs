@@ -139,7 +139,9 @@ impl LLFree {
         self.config.frames
     }
 
-    /// Per-core reservation slots (the configured cores, at most one per tree).
+    /// Per-core reservation slots: the configured cores, but at most one per tree, so a zone of
+    /// fewer trees (64 MiB each) than cores shares slots between cores (core ids are taken
+    /// modulo this number).
     pub fn cores(&self) -> usize {
         self.locals.len()
     }
@@ -359,6 +361,21 @@ impl LLFree {
     /// Whether the `2^order` frames at `frame` are free (false for invalid arguments).
     pub fn is_free(&self, frame: usize, order: usize) -> bool {
         self.check(frame, order).is_ok() && self.lower.is_free(frame, order)
+    }
+
+    /// Whether the `2^order` frames at `frame` are allocated as one frame of that order. Huge,
+    /// order-10 and giant frames record their order; for base orders this checks that every
+    /// frame of the run is allocated (false for invalid arguments).
+    pub fn is_allocated(&self, frame: usize, order: usize) -> bool {
+        self.check(frame, order).is_ok() && self.lower.is_allocated(frame, order)
+    }
+
+    /// The reserved tree of every per-core slot (`None` where the slot has no reservation).
+    pub fn reservations(&self) -> impl Iterator<Item = Option<usize>> + '_ {
+        self.locals
+            .iter()
+            .map(|l| l.load())
+            .map(|s| s.present().then(|| s.tree()))
     }
 
     /// Gives up the reserved tree of `core`, returning its frames to the global counters.

@@ -85,13 +85,36 @@ impl FileRegion {
     /// writable, prefaulting the pages. The file must already be at least `offset + len` bytes
     /// long.
     pub fn map(file: &File, offset: u64, len: usize) -> io::Result<Self> {
+        Self::map_with(file, offset, len, libc::MAP_SHARED)
+    }
+
+    /// Like [`FileRegion::map`], with `MAP_SYNC`: for a file on a DAX file system, the metadata
+    /// is written to persistent memory directly (no page cache), so a committed change survives
+    /// a power failure once it leaves the CPU cache. Fails with `EOPNOTSUPP` where the file
+    /// system does not support it.
+    pub fn map_sync(file: &File, offset: u64, len: usize) -> io::Result<Self> {
+        Self::map_with(
+            file,
+            offset,
+            len,
+            libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
+        )
+    }
+
+    fn map_with(file: &File, offset: u64, len: usize, flags: libc::c_int) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "cannot map an empty metadata region",
             ));
         }
-        let file_len = file.metadata()?.len();
+        // Device DAX and other character devices report no length; the kernel checks the range.
+        let metadata = file.metadata()?;
+        let file_len = if metadata.is_file() {
+            metadata.len()
+        } else {
+            u64::MAX
+        };
         if offset
             .checked_add(len as u64)
             .is_none_or(|end| end > file_len)
@@ -110,7 +133,7 @@ impl FileRegion {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                flags | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 offset,
             )
@@ -181,6 +204,16 @@ mod tests {
         let err = FileRegion::map(&file, 0, 8192).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(FileRegion::map(&file, 0, 0).is_err());
+    }
+
+    #[test]
+    fn map_sync_needs_dax() {
+        let file = tempfile();
+        file.set_len(4096).unwrap();
+        match FileRegion::map_sync(&file, 0, 4096) {
+            Ok(_) => eprintln!("note: the temp directory is on a DAX file system"),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP)),
+        }
     }
 
     fn tempfile() -> File {

@@ -28,6 +28,24 @@ fn every_order_round_trips() {
 }
 
 #[test]
+fn is_allocated_checks_the_recorded_order() {
+    let alloc = zone(2, 32);
+    let huge = alloc.get(0, HUGE_ORDER).unwrap();
+    let pair = alloc.get(0, 10).unwrap();
+    let run = alloc.get(0, 3).unwrap();
+    let giant = alloc.get(0, GIANT_ORDER).unwrap();
+    assert!(alloc.is_allocated(huge, HUGE_ORDER) && !alloc.is_allocated(huge, 10));
+    assert!(alloc.is_allocated(pair, 10) && !alloc.is_allocated(pair, HUGE_ORDER));
+    assert!(alloc.is_allocated(run, 3) && alloc.is_allocated(run, 0));
+    assert!(!alloc.is_allocated(run + 8, 0) && !alloc.is_allocated(run, 4));
+    assert!(alloc.is_allocated(giant, GIANT_ORDER) && !alloc.is_allocated(giant, HUGE_ORDER));
+    assert!(!alloc.is_allocated(usize::MAX, 0));
+    let reserved: Vec<_> = alloc.reservations().collect();
+    assert_eq!(reserved.len(), 2);
+    assert!(reserved[0].is_some() && reserved[1].is_none());
+}
+
+#[test]
 fn invalid_requests_are_errors() {
     let alloc = zone(1, 1);
     assert_eq!(alloc.get(0, 11), Err(Error::InvalidOrder(11)));

@@ -173,6 +173,19 @@ impl Bitfield {
         }
     }
 
+    /// Whether all bits of the aligned run of `1 << order` bits at `bit` are set.
+    pub fn is_full(&self, bit: usize, order: usize) -> bool {
+        if order <= 6 {
+            let mask = run_mask(order) << (bit % WORD_BITS);
+            self.0[bit / WORD_BITS].load(Ordering::Acquire) & mask == mask
+        } else {
+            let first = bit / WORD_BITS;
+            self.0[first..first + (1 << (order - 6))]
+                .iter()
+                .all(|w| w.load(Ordering::Acquire) == u64::MAX)
+        }
+    }
+
     /// Number of set bits (allocated frames).
     pub fn count_ones(&self) -> usize {
         self.0

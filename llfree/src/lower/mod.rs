@@ -290,6 +290,21 @@ impl Lower {
         }
     }
 
+    /// Whether the `1 << order` frames at `frame` are allocated as exactly one frame of this
+    /// order (for base orders: whether all their bits are set; runs do not record their order).
+    pub fn is_allocated(&self, frame: usize, order: usize) -> bool {
+        let child = frame / CHILD_FRAMES;
+        match order {
+            HUGE_ORDER => self.child(child) == HUGE_CHILD,
+            10 => self.pair(child).load() == [PAIR_CHILD; 2],
+            GIANT_ORDER => (child..child + GIANT_CHILDREN).all(|c| self.child(c) == GIANT_CHILD),
+            _ => {
+                self.child(child).flags() == 0
+                    && self.fields[child].is_full(frame % CHILD_FRAMES, order)
+            }
+        }
+    }
+
     /// Free frames of the children of `tree`.
     pub fn tree_free(&self, tree: usize) -> usize {
         let first = tree * TREE_CHILDREN;
