@@ -345,3 +345,6 @@ pub struct Fault {
     /// What went wrong.
     pub fault_message: String,
 }
+
+#[cfg(test)]
+mod tests;

@@ -92,3 +92,41 @@ fn check_huge_pages(config: &VmConfig) -> Result<(), HostError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn config(flags: &[&str]) -> VmConfig {
+        let cli = Cli::try_parse_from(["vmm", "run"].iter().chain(flags)).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        VmConfig::try_from(args).unwrap()
+    }
+
+    #[test]
+    fn plain_memory_needs_no_huge_pages() {
+        assert!(check_huge_pages(&config(&["--memory=1T"])).is_ok());
+    }
+
+    #[test]
+    fn a_terabyte_of_giant_pages_is_more_than_this_host_has() {
+        let err = check_huge_pages(&config(&["--backing=hugetlb-1g", "--memory=1T"])).unwrap_err();
+        match err {
+            HostError::NotEnoughHugePages { need, free, .. } => {
+                assert_eq!(need, 1024);
+                assert!(free < need);
+                assert!(
+                    err.to_string().contains("raise /sys/kernel/mm/hugepages/"),
+                    "{err}"
+                );
+            }
+            HostError::NoHugePages { .. } => {}
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! End-to-end: the control API server on a real Unix socket, driven by the API client and by
+//! raw (also malformed) HTTP, in front of an in-test `VmmControl`.
+
+mod api_common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use api_common::{serve, socket_path, TestVmm};
+use serde_json::Value;
+use vmm::api::model::VmState;
+use vmm::api::{ApiClient, ApiResponse, ApiServer, ServerError};
+
+fn call(socket: &Path, method: &str, path: &str, body: Option<&str>) -> ApiResponse {
+    ApiClient::new(socket)
+        .request(method, path, body)
+        .expect("request")
+}
+
+fn json(response: &ApiResponse) -> Value {
+    serde_json::from_str(&response.body).expect("JSON body")
+}
+
+/// Sends `bytes` as they are and returns the whole raw response.
+fn raw(socket: &Path, bytes: &[u8]) -> String {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// The status and fault message of a raw error response.
+fn raw_fault(socket: &Path, bytes: &[u8]) -> (u16, String) {
+    let response = raw(socket, bytes);
+    let status = response[9..12].parse().unwrap();
+    let body = response.split_once("\r\n\r\n").unwrap().1;
+    let fault: Value = serde_json::from_str(body).unwrap();
+    (status, fault["fault_message"].as_str().unwrap().to_owned())
+}
+
+#[test]
+fn machine_and_memory_info() {
+    let (server, _vmm) = serve("info", TestVmm::new());
+    for path in ["/", "/machine", "/machine/"] {
+        let response = call(server.path(), "GET", path, None);
+        assert_eq!(response.status, 200, "{path}");
+        let info = json(&response);
+        assert_eq!(info["vcpu_count"], 2);
+        assert_eq!(info["state"], "Running");
+        assert_eq!(info["backing"], "hugetlb-2m");
+        assert_eq!(info["populate"], "lazy");
+    }
+    let memory = json(&call(server.path(), "GET", "/memory", None));
+    assert_eq!(memory["guest"]["populated_chunks"], 3);
+    assert_eq!(memory["pool"]["free_huge_frames"], 125);
+}
+
+#[test]
+fn pause_resume_and_shutdown_change_the_state() {
+    let (server, vmm) = serve("state", TestVmm::new());
+    let socket = server.path();
+    let paused = call(socket, "PATCH", "/vm", Some(r#"{"state":"Paused"}"#));
+    assert_eq!((paused.status, paused.body.as_str()), (204, ""));
+    assert_eq!(
+        json(&call(socket, "GET", "/machine", None))["state"],
+        "Paused"
+    );
+    assert_eq!(
+        call(socket, "PATCH", "/vm", Some(r#"{"state":"Resumed"}"#)).status,
+        204
+    );
+    assert_eq!(vmm.state(), VmState::Running);
+    let shutdown = call(
+        socket,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"Shutdown"}"#),
+    );
+    assert_eq!(shutdown.status, 204);
+    assert_eq!(vmm.shutdowns.load(Ordering::SeqCst), 1);
+    // The VMM refuses what does not fit its state: 400 with its reason.
+    let refused = call(socket, "PATCH", "/vm", Some(r#"{"state":"Resumed"}"#));
+    assert_eq!(refused.status, 400);
+    assert_eq!(
+        refused.fault_message().as_deref(),
+        Some("the VM has stopped")
+    );
+}
+
+#[test]
+fn balloon_resources_answer_400_until_a_balloon_exists() {
+    let (server, _vmm) = serve("no-balloon", TestVmm::new());
+    let requests = [
+        ("GET", "/balloon", None),
+        ("PUT", "/balloon", Some(r#"{"amount_mib":64}"#)),
+        ("PATCH", "/balloon", Some(r#"{"amount_mib":64}"#)),
+        ("GET", "/balloon/statistics", None),
+        (
+            "PATCH",
+            "/balloon/statistics",
+            Some(r#"{"stats_polling_interval_s":1}"#),
+        ),
+    ];
+    for (method, path, body) in requests {
+        let response = call(server.path(), method, path, body);
+        assert_eq!(response.status, 400, "{method} {path}");
+        assert_eq!(
+            response.fault_message().as_deref(),
+            Some("balloon not configured")
+        );
+    }
+}
+
+#[test]
+fn balloon_target_and_statistics() {
+    let (server, _vmm) = serve("balloon", TestVmm::with_balloon());
+    let socket = server.path();
+    assert_eq!(
+        call(socket, "PUT", "/balloon", Some(r#"{"amount_mib":64}"#)).status,
+        204
+    );
+    assert_eq!(
+        json(&call(socket, "GET", "/balloon", None))["amount_mib"],
+        64
+    );
+    let patch = r#"{"amount_mib":32,"stats_polling_interval_s":2}"#;
+    assert_eq!(call(socket, "PATCH", "/balloon", Some(patch)).status, 204);
+    let balloon = json(&call(socket, "GET", "/balloon", None));
+    assert_eq!(
+        (
+            balloon["amount_mib"].as_u64(),
+            balloon["stats_polling_interval_s"].as_u64()
+        ),
+        (Some(32), Some(2))
+    );
+    let interval = r#"{"stats_polling_interval_s":5}"#;
+    assert_eq!(
+        call(socket, "PATCH", "/balloon/statistics", Some(interval)).status,
+        204
+    );
+    let stats = json(&call(socket, "GET", "/balloon/statistics", None));
+    assert_eq!(stats["target_mib"], 32);
+    assert_eq!(stats["free_memory"], 100 << 20);
+    assert!(
+        stats.get("swap_in").is_none(),
+        "unreported statistics are left out"
+    );
+    let too_big = call(socket, "PUT", "/balloon", Some(r#"{"amount_mib":1024}"#));
+    assert_eq!(too_big.status, 400);
+    assert!(too_big
+        .fault_message()
+        .unwrap()
+        .contains("exceeds guest RAM"));
+    let empty = call(socket, "PATCH", "/balloon", Some("{}"));
+    assert_eq!(
+        empty.fault_message().as_deref(),
+        Some("PATCH /balloon needs amount_mib or stats_polling_interval_s")
+    );
+}
+
+#[test]
+fn unknown_paths_wrong_methods_and_bad_bodies() {
+    let (server, _vmm) = serve("errors", TestVmm::new());
+    let socket = server.path();
+    let missing = call(socket, "GET", "/snapshot", None);
+    assert_eq!(
+        (missing.status, missing.fault_message().as_deref()),
+        (404, Some("no resource at /snapshot"))
+    );
+    let wrong = raw(socket, b"DELETE /balloon HTTP/1.1\r\n\r\n");
+    assert!(
+        wrong.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, PUT, PATCH\r\n"),
+        "{wrong}"
+    );
+    assert_eq!(call(socket, "PUT", "/memory", Some("{}")).status, 405);
+    assert_eq!(call(socket, "GET", "/vm", None).status, 405);
+    let cases = [
+        (
+            "PATCH",
+            "/vm",
+            Some(r#"{"state":"Frozen"}"#),
+            "invalid JSON body for PATCH /vm: unknown variant `Frozen`",
+        ),
+        (
+            "PATCH",
+            "/vm",
+            Some(r#"{"state":"Paused","extra":1}"#),
+            "invalid JSON body for PATCH /vm: unknown field `extra`",
+        ),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"SendCtrlAltDel"}"#),
+            "invalid JSON body for PUT /actions: unknown variant",
+        ),
+        (
+            "PUT",
+            "/balloon",
+            Some(r#"{"amount_mib":-1}"#),
+            "invalid JSON body for PUT /balloon: invalid value",
+        ),
+        (
+            "PUT",
+            "/balloon",
+            Some("[]"),
+            "invalid JSON body for PUT /balloon",
+        ),
+        (
+            "GET",
+            "/machine?verbose=1",
+            None,
+            "query strings are not supported",
+        ),
+    ];
+    for (method, path, body, message) in cases {
+        let response = call(socket, method, path, body);
+        assert_eq!(response.status, 400, "{method} {path} {body:?}");
+        let fault = response.fault_message().unwrap();
+        assert!(fault.starts_with(message), "{fault}");
+    }
+    let (status, fault) = raw_fault(socket, b"PATCH /vm HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(
+        (status, fault.as_str()),
+        (400, "PATCH /vm needs a JSON body")
+    );
+    let (status, fault) = raw_fault(
+        socket,
+        b"PATCH /vm HTTP/1.1\r\nContent-Length: 4\r\n\r\n{\xff}x",
+    );
+    assert_eq!(status, 400, "{fault}");
+    let (status, fault) = raw_fault(
+        socket,
+        b"GET /memory HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+    );
+    assert_eq!((status, fault.as_str()), (400, "GET /memory takes no body"));
+}
+
+#[test]
+fn malformed_and_oversized_requests_get_json_faults() {
+    let (server, _vmm) = serve("malformed", TestVmm::new());
+    let socket = server.path();
+    let mut huge = b"GET / HTTP/1.1\r\nX: ".to_vec();
+    huge.extend(vec![b'a'; 10_000]);
+    huge.extend_from_slice(b"\r\n\r\n");
+    let cases: [(&[u8], u16, &str); 7] = [
+        (
+            b"hello\r\n\r\n",
+            400,
+            "malformed request: the request line is not",
+        ),
+        (b"\x00\x01\x02\r\n\r\n", 400, "malformed request"),
+        (
+            b"GET / HTTP/2\r\n\r\n",
+            505,
+            "HTTP version HTTP/2 not supported",
+        ),
+        (
+            b"PUT /actions HTTP/1.1\r\n\r\n",
+            411,
+            "Content-Length required",
+        ),
+        (
+            b"PUT /balloon HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n",
+            413,
+            "body of 100000000 bytes exceeds",
+        ),
+        (&huge, 431, "request line and headers exceed 8192 bytes"),
+        (
+            b"PUT /vm HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400,
+            "malformed request: Transfer-Encoding is not supported",
+        ),
+    ];
+    for (bytes, status, message) in cases {
+        let (got, fault) = raw_fault(socket, bytes);
+        assert_eq!(got, status, "{fault}");
+        assert!(fault.starts_with(message), "{fault}");
+    }
+    // The server still works.
+    assert_eq!(call(socket, "GET", "/", None).status, 200);
+}
+
+#[test]
+fn a_stalled_client_times_out_and_others_are_served_after_it() {
+    let (server, _vmm) = serve("stall", TestVmm::new());
+    let socket = server.path().to_owned();
+    let started = Instant::now();
+    let mut stalled = UnixStream::connect(&socket).unwrap();
+    stalled.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    let mut response = String::new();
+    stalled.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 408 Request Timeout"),
+        "{response}"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    // Clients that vanish mid-request do not hurt either.
+    drop(UnixStream::connect(&socket).unwrap());
+    let mut half = UnixStream::connect(&socket).unwrap();
+    half.write_all(b"PATCH /vm HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")
+        .unwrap();
+    drop(half);
+    assert_eq!(call(&socket, "GET", "/", None).status, 200);
+}
+
+#[test]
+fn concurrent_clients_all_get_answers() {
+    let (server, _vmm) = serve("concurrent", TestVmm::new());
+    let socket = server.path().to_owned();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                for _ in 0..25 {
+                    assert_eq!(call(&socket, "GET", "/memory", None).status, 200);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+#[test]
+fn a_panicking_vmm_gives_500_and_the_server_lives_on() {
+    let vmm = TestVmm {
+        panic_on_memory: true,
+        ..TestVmm::new()
+    };
+    let (server, _vmm) = serve("panic", vmm);
+    let response = call(server.path(), "GET", "/memory", None);
+    assert_eq!(response.status, 500);
+    assert!(response
+        .fault_message()
+        .unwrap()
+        .starts_with("internal error"));
+    assert_eq!(call(server.path(), "GET", "/machine", None).status, 200);
+}
+
+#[test]
+fn socket_lifecycle_stale_live_and_foreign_paths() {
+    let path = socket_path("lifecycle");
+    // A stale socket (bound, nobody listening) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let server = ApiServer::start(&path, std::sync::Arc::new(TestVmm::new())).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "only the owner may control the VM");
+    // A live one is not taken over.
+    let err = ApiServer::start(&path, std::sync::Arc::new(TestVmm::new())).unwrap_err();
+    assert!(matches!(err, ServerError::InUse(_)), "{err}");
+    assert_eq!(call(&path, "GET", "/", None).status, 200);
+    drop(server);
+    assert!(
+        !path.exists(),
+        "the socket is removed when the server stops"
+    );
+    // A file that is not a socket is left alone.
+    std::fs::write(&path, b"data").unwrap();
+    let err = ApiServer::start(&path, std::sync::Arc::new(TestVmm::new())).unwrap_err();
+    assert!(matches!(err, ServerError::NotASocket(_)), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    std::fs::remove_file(&path).unwrap();
+}
