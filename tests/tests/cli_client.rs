@@ -76,7 +76,7 @@ fn raw_api_requests() {
     let socket = server.path().to_str().unwrap();
     let machine = vmm(&["api", "--socket", socket, "GET", "/machine"]);
     assert_eq!(stdout_json(&machine)["state"], "Running");
-    let paused = vmm(&["api", "-s", socket, "PATCH", "/vm", r#"{"state":"Paused"}"#]);
+    let paused = vmm(&["api", "-s", socket, "patch", "/vm", r#"{"state":"Paused"}"#]);
     assert!(paused.status.success(), "{}", stderr(&paused));
     assert_eq!(vmm_state.state(), VmState::Paused);
     assert_fails(

@@ -163,7 +163,7 @@ pub struct ApiArgs {
     /// The API socket.
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// HTTP method: GET, PUT or PATCH.
+    /// HTTP method: GET, PUT or PATCH (case-insensitive).
     #[arg(value_name = "METHOD")]
     pub method: String,
     /// Resource path, e.g. /machine.

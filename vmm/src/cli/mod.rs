@@ -63,7 +63,7 @@ where
         Command::Run(args) => commands::run_vm(args),
         Command::Api(args) => commands::api(
             &args.socket.socket,
-            &args.method,
+            &args.method.to_ascii_uppercase(),
             &args.path,
             args.body.as_deref(),
         ),
