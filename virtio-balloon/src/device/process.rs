@@ -56,19 +56,8 @@ impl<B: BalloonBackend> Handler<'_, B> {
         } = &mut *self.record;
         let backend = self.backend;
         read_pfn_runs(mem, chain, violations, |run, violations| {
-            for_each_ram_part(backend, run, violations, |range, violations| match backend
-                .inflate(range)
-            {
-                Ok(done) => {
-                    counters.inflated_pages += done.new_pages;
-                    counters.inflate_freed_frames += done.freed_frames;
-                    violations.record(
-                        Violation::DuplicateInflation,
-                        range.pages().saturating_sub(done.new_pages),
-                        format_args!("pages of {range} are inflated already"),
-                    );
-                }
-                Err(e) => backend_failure(counters, "inflate", range, &e),
+            for_each_ram_part(backend, run, violations, |range, violations| {
+                inflate_range(backend, counters, violations, range)
             })
         });
     }
@@ -81,19 +70,8 @@ impl<B: BalloonBackend> Handler<'_, B> {
         } = &mut *self.record;
         let backend = self.backend;
         read_pfn_runs(mem, chain, violations, |run, violations| {
-            for_each_ram_part(backend, run, violations, |range, violations| match backend
-                .deflate(range)
-            {
-                Ok(reclaimed) => {
-                    counters.deflated_pages += reclaimed;
-                    counters.inflated_pages = counters.inflated_pages.saturating_sub(reclaimed);
-                    violations.record(
-                        Violation::NotInflated,
-                        range.pages().saturating_sub(reclaimed),
-                        format_args!("pages of {range} were not inflated"),
-                    );
-                }
-                Err(e) => backend_failure(counters, "deflate", range, &e),
+            for_each_ram_part(backend, run, violations, |range, violations| {
+                deflate_range(backend, counters, violations, range)
             })
         });
     }
@@ -286,6 +264,48 @@ fn for_each_ram_part<B: BalloonBackend>(
                 format_args!("page {:#x} is not guest RAM", page.addr.0),
             );
         }
+    }
+}
+
+/// Gives a range of RAM pages away.
+fn inflate_range<B: BalloonBackend>(
+    backend: &B,
+    counters: &mut BalloonCounters,
+    violations: &mut Violations,
+    range: GuestRange,
+) {
+    match backend.inflate(range) {
+        Ok(done) => {
+            counters.inflated_pages += done.new_pages;
+            counters.inflate_freed_frames += done.freed_frames;
+            violations.record(
+                Violation::DuplicateInflation,
+                range.pages().saturating_sub(done.new_pages),
+                format_args!("pages of {range} are inflated already"),
+            );
+        }
+        Err(e) => backend_failure(counters, "inflate", range, &e),
+    }
+}
+
+/// Takes a range of RAM pages back.
+fn deflate_range<B: BalloonBackend>(
+    backend: &B,
+    counters: &mut BalloonCounters,
+    violations: &mut Violations,
+    range: GuestRange,
+) {
+    match backend.deflate(range) {
+        Ok(reclaimed) => {
+            counters.deflated_pages += reclaimed;
+            counters.inflated_pages = counters.inflated_pages.saturating_sub(reclaimed);
+            violations.record(
+                Violation::NotInflated,
+                range.pages().saturating_sub(reclaimed),
+                format_args!("pages of {range} were not inflated"),
+            );
+        }
+        Err(e) => backend_failure(counters, "deflate", range, &e),
     }
 }
 
