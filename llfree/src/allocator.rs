@@ -151,6 +151,7 @@ impl LLFree {
         self.recovery
     }
 
+    #[inline]
     fn check(&self, frame: usize, order: usize) -> Result<(), Error> {
         check_order(order)?;
         if frame & ((1 << order) - 1) != 0 {
@@ -169,27 +170,44 @@ impl LLFree {
     /// Allocates `2^order` contiguous, aligned frames with the reservation of `core`.
     /// Returns the first frame.
     pub fn get(&self, core: usize, order: usize) -> Result<usize, Error> {
-        check_order(order)?;
-        if order == GIANT_ORDER {
+        if order > MAX_ORDER {
+            check_order(order)?;
             return self.get_giant();
         }
         let local = self.locals.get(core);
         let frames = 1 << order;
-        let mut fragmented = false;
-        for _ in 0..=self.trees.len() * 2 {
-            if let Some(state) = local.take(frames) {
-                if let Some(frame) = self.lower.get(state.hint(), order) {
-                    if frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
-                        local.set_hint(frame);
-                    }
-                    return Ok(frame);
+        if let Some(state) = local.take(frames) {
+            if let Some(frame) = self.lower.get(state.hint(), order) {
+                if frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
+                    local.set_hint(frame);
                 }
-                // The tree counted enough frames, but none in the right shape.
-                if !local.give(state.tree(), frames) {
-                    self.trees.add(state.tree(), frames);
-                }
-                fragmented = true;
+                return Ok(frame);
             }
+            self.give_back(local, state.tree(), frames);
+            return self.get_slow(core, local, order, true);
+        }
+        self.get_slow(core, local, order, false)
+    }
+
+    /// Returns frames taken from a tree that could not serve the order.
+    fn give_back(&self, local: &Local, tree: usize, frames: usize) {
+        if !local.give(tree, frames) {
+            self.trees.add(tree, frames);
+        }
+    }
+
+    /// The slow path of [`LLFree::get`]: sync or reserve trees until the order is served.
+    /// `fragmented`: the reserved tree counted enough frames, but none in the right shape.
+    #[cold]
+    fn get_slow(
+        &self,
+        core: usize,
+        local: &Local,
+        order: usize,
+        mut fragmented: bool,
+    ) -> Result<usize, Error> {
+        let frames = 1 << order;
+        for _ in 0..=self.trees.len() * 2 {
             match self.reserve(core, local, frames, fragmented) {
                 Ok(()) => {}
                 Err(ReserveError::Busy) => {
@@ -199,6 +217,14 @@ impl LLFree {
                     spin_loop();
                 }
                 Err(ReserveError::Memory) => break,
+            }
+            if let Some(state) = local.take(frames) {
+                if let Some(frame) = self.lower.get(state.hint(), order) {
+                    local.set_hint(frame);
+                    return Ok(frame);
+                }
+                self.give_back(local, state.tree(), frames);
+                fragmented = true;
             }
         }
         self.get_unreserved(order).ok_or(Error::Memory { order })
@@ -459,6 +485,7 @@ impl Drop for LLFree {
 }
 
 /// Checks that `order` is supported.
+#[inline]
 fn check_order(order: usize) -> Result<(), Error> {
     if order <= MAX_ORDER || order == GIANT_ORDER {
         Ok(())

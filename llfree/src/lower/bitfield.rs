@@ -53,6 +53,7 @@ const RUN_STARTS: [u64; 7] = [
 ];
 
 /// A mask of `1 << order` bits starting at bit 0 (orders 0 to 6).
+#[inline]
 const fn run_mask(order: usize) -> u64 {
     if order >= 6 {
         u64::MAX
@@ -62,6 +63,7 @@ const fn run_mask(order: usize) -> u64 {
 }
 
 /// Index of the first aligned run of `1 << order` zero bits in `word`, if any.
+#[inline]
 fn first_free_run(word: u64, order: usize) -> Option<usize> {
     let mut free = !word;
     let mut width = 1;
@@ -76,6 +78,7 @@ fn first_free_run(word: u64, order: usize) -> Option<usize> {
 impl Bitfield {
     /// Allocates an aligned run of `1 << order` bits, searching from word `start_word`.
     /// Returns the index of the first bit.
+    #[inline]
     pub fn set_first_zeros(&self, start_word: usize, order: usize) -> Option<usize> {
         if order <= 6 {
             self.set_in_word(start_word, order)
@@ -85,11 +88,15 @@ impl Bitfield {
     }
 
     /// Orders 0 to 6: one compare-and-swap inside one word.
+    #[inline]
     fn set_in_word(&self, start_word: usize, order: usize) -> Option<usize> {
         for i in 0..WORDS {
             let index = (start_word + i) % WORDS;
             let word = &self.0[index];
             let mut current = word.load(Ordering::Relaxed);
+            if current == u64::MAX {
+                continue;
+            }
             while let Some(bit) = first_free_run(current, order) {
                 let new = current | (run_mask(order) << bit);
                 stop!();
@@ -129,6 +136,7 @@ impl Bitfield {
     }
 
     /// Frees the aligned run of `1 << order` bits starting at `bit`. Fails if any bit is not set.
+    #[inline]
     pub fn clear(&self, bit: usize, order: usize) -> Result<(), ClearError> {
         if order <= 6 {
             let mask = run_mask(order) << (bit % WORD_BITS);

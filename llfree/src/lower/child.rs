@@ -31,14 +31,17 @@ impl Child {
     pub const ABSENT: Child = Child(0);
 
     /// A child with `free` free frames and the given flags.
+    #[inline]
     pub const fn new(free: usize, flags: u16) -> Self {
         Child(free as u16 | flags)
     }
     /// Free frames.
+    #[inline]
     pub const fn free(self) -> usize {
         (self.0 & FREE_MASK) as usize
     }
     /// Flag bits.
+    #[inline]
     pub const fn flags(self) -> u16 {
         self.0 & FLAGS
     }
@@ -54,17 +57,20 @@ impl Child {
 pub struct ChildPair(AtomicU32);
 
 /// Decodes both halves of a pair word.
+#[inline]
 const fn split(word: u32) -> [Child; 2] {
     [Child(word as u16), Child((word >> 16) as u16)]
 }
 
 /// Encodes both halves of a pair word.
+#[inline]
 const fn join(pair: [Child; 2]) -> u32 {
     pair[0].0 as u32 | (pair[1].0 as u32) << 16
 }
 
 impl ChildPair {
     /// Reads both children.
+    #[inline]
     pub fn load(&self) -> [Child; 2] {
         split(self.0.load(Ordering::Acquire))
     }
@@ -76,6 +82,7 @@ impl ChildPair {
 
     /// Atomically replaces child `half` (0 or 1) by `f(child)` while `f` returns `Some`.
     /// Returns the previous value, or the value that made `f` refuse.
+    #[inline]
     pub fn update(
         &self,
         half: usize,
@@ -107,20 +114,31 @@ impl ChildPair {
     }
 
     /// Reserves `frames` base frames of child `half` for an allocation (decrements the counter).
-    pub fn take(&self, half: usize, frames: usize) -> bool {
+    /// Returns the free frames before.
+    #[inline]
+    pub fn take(&self, half: usize, frames: usize) -> Option<usize> {
         self.update(half, |c| {
             (c.flags() == 0 && c.free() >= frames).then(|| Child::new(c.free() - frames, 0))
         })
-        .is_ok()
+        .ok()
+        .map(Child::free)
     }
 
     /// Returns `frames` base frames to child `half` (increments the counter).
+    ///
+    /// A plain atomic add: the caller gives back frames it took or whose bits it just cleared,
+    /// so the counter stays at most 512 and the flags (zero while base frames are allocated)
+    /// are not touched.
+    #[inline]
     pub fn give(&self, half: usize, frames: usize) {
-        let result = self.update(half, |c| {
-            (c.flags() == 0 && c.free() + frames <= CHILD_FRAMES)
-                .then(|| Child::new(c.free() + frames, 0))
-        });
-        debug_assert!(result.is_ok(), "child counter overflow: {result:?}");
+        stop!();
+        let old = self
+            .0
+            .fetch_add((frames as u32) << (16 * half), Ordering::AcqRel);
+        debug_assert!(
+            split(old)[half].flags() == 0 && split(old)[half].free() + frames <= CHILD_FRAMES,
+            "child counter overflow: {old:#x}"
+        );
     }
 }
 
@@ -142,9 +160,9 @@ mod tests {
     fn halves_are_independent() {
         let pair = ChildPair::default();
         pair.store([Child::FREE, Child::FREE]);
-        assert!(pair.take(1, 10));
+        assert_eq!(pair.take(1, 10), Some(512));
         assert_eq!(pair.load(), [Child::FREE, Child::new(502, 0)]);
-        assert!(!pair.take(1, 503));
+        assert_eq!(pair.take(1, 503), None);
         pair.give(1, 10);
         assert_eq!(pair.load(), [Child::FREE; 2]);
     }
@@ -153,7 +171,7 @@ mod tests {
     fn take_refuses_huge_children() {
         let pair = ChildPair::default();
         pair.store([Child::new(0, HUGE), Child::FREE]);
-        assert!(!pair.take(0, 1));
+        assert_eq!(pair.take(0, 1), None);
         assert!(pair
             .exchange([Child::FREE; 2], [Child::new(0, HUGE | PAIR); 2])
             .is_err());

@@ -80,11 +80,13 @@ impl Lower {
         self.fields.len()
     }
 
+    #[inline]
     fn pair(&self, child: usize) -> &ChildPair {
         &self.pairs[child / 2]
     }
 
     /// The state of one child.
+    #[inline]
     pub fn child(&self, child: usize) -> Child {
         self.pair(child).load()[child % 2]
     }
@@ -107,50 +109,55 @@ impl Lower {
 
     /// Allocates `1 << order` frames (order <= 10) in the tree of `hint`, searching its children
     /// from the child of `hint`. Returns the first frame, or `None` if this tree has no room.
+    #[inline]
     pub fn get(&self, hint: usize, order: usize) -> Option<usize> {
-        let first = (hint / TREE_FRAMES) * TREE_CHILDREN;
-        let start = (hint / CHILD_FRAMES) % TREE_CHILDREN;
-        let end = (first + TREE_CHILDREN).min(self.children());
-        let children = (0..TREE_CHILDREN)
-            .map(|i| first + (start + i) % TREE_CHILDREN)
-            .filter(|child| *child < end);
         match order {
-            HUGE_ORDER => children.into_iter().find_map(|child| self.get_huge(child)),
-            10 => children
-                .filter(|child| child % 2 == 0)
-                .find_map(|child| self.get_pair(child)),
-            // Partially used children first: entirely free ones are kept for huge frames.
-            _ => self
-                .get_base(children.clone(), hint, order, false)
-                .or_else(|| self.get_base(children, hint, order, true)),
+            HUGE_ORDER => self.children_from(hint).find_map(|c| self.get_huge(c)),
+            10 => self
+                .children_from(hint)
+                .filter(|c| c % 2 == 0)
+                .find_map(|c| self.get_pair(c)),
+            _ => {
+                // Fast path: the hint's child. Then partially used children, and entirely free
+                // ones last, so that they stay available as huge frames.
+                let hint_child = hint / CHILD_FRAMES;
+                let others = self.children_from(hint).skip(1);
+                self.get_base(hint_child, order)
+                    .or_else(|| {
+                        others
+                            .clone()
+                            .filter(|c| self.child(*c) != Child::FREE)
+                            .find_map(|c| self.get_base(c, order))
+                    })
+                    .or_else(|| others.clone().find_map(|c| self.get_base(c, order)))
+            }
         }
     }
 
-    /// Allocates base frames in the first of `children` with room (and, unless `free_children`,
-    /// not entirely free), starting at the word of `hint` in the first child.
-    fn get_base(
-        &self,
-        children: impl Iterator<Item = usize>,
-        hint: usize,
-        order: usize,
-        free_children: bool,
-    ) -> Option<usize> {
+    /// The existing children of the tree of `hint`, starting at the child of `hint`.
+    #[inline]
+    fn children_from(&self, hint: usize) -> impl Iterator<Item = usize> + Clone {
+        let first = hint / TREE_FRAMES * TREE_CHILDREN;
+        let start = hint / CHILD_FRAMES % TREE_CHILDREN;
+        let end = (first + TREE_CHILDREN).min(self.children());
+        (0..TREE_CHILDREN)
+            .map(move |i| first + (start + i) % TREE_CHILDREN)
+            .filter(move |c| *c < end)
+    }
+
+    /// Allocates `1 << order` base frames in `child`: takes them from its counter, then sets
+    /// their bits, searching from the word where the used frames end.
+    #[inline]
+    fn get_base(&self, child: usize, order: usize) -> Option<usize> {
         let frames = 1 << order;
-        let hint_child = hint / CHILD_FRAMES;
-        let mut word = (hint % CHILD_FRAMES) / 64;
-        for child in children {
-            let pair = self.pair(child);
-            // The hint's own child stays usable: it was freed by the core that allocates here.
-            let usable = |c: Child| free_children || c != Child::FREE || child == hint_child;
-            if usable(pair.load()[child % 2]) && pair.take(child % 2, frames) {
-                if let Some(bit) = self.fields[child].set_first_zeros(word, order) {
-                    self.persist_field(child);
-                    return Some(child * CHILD_FRAMES + bit);
-                }
-                pair.give(child % 2, frames);
-            }
-            word = 0;
+        let pair = self.pair(child);
+        let free = pair.take(child % 2, frames)?;
+        let word = (CHILD_FRAMES - free) / 64 % bitfield::WORDS;
+        if let Some(bit) = self.fields[child].set_first_zeros(word, order) {
+            self.persist_field(child);
+            return Some(child * CHILD_FRAMES + bit);
         }
+        pair.give(child % 2, frames);
         None
     }
 
@@ -171,6 +178,7 @@ impl Lower {
     }
 
     /// Frees `1 << order` frames (order <= 10) starting at `frame`.
+    #[inline]
     pub fn put(&self, frame: usize, order: usize) -> Result<(), Error> {
         let child = frame / CHILD_FRAMES;
         let pair = self.pair(child);
@@ -417,12 +425,14 @@ impl Lower {
         Ok(())
     }
 
+    #[inline]
     fn persist_field(&self, child: usize) {
         if self.flush {
             persist((&self.fields[child] as *const Bitfield).cast());
         }
     }
 
+    #[inline]
     fn persist_pair(&self, child: usize) {
         if self.flush {
             persist((self.pair(child) as *const ChildPair).cast());

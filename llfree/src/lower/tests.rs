@@ -104,7 +104,7 @@ fn deep_recovery_rebuilds_counters_from_bitfields() {
     let lower = lower(4);
     let frame = lower.get(0, 3).unwrap();
     // A crash between the counter decrement and the bit set: the counter is off by 8.
-    assert!(lower.pair(1).take(1, 8));
+    assert_eq!(lower.pair(1).take(1, 8), Some(CHILD_FRAMES));
     lower.recover(true).unwrap();
     assert_eq!(lower.child(0).free(), CHILD_FRAMES - 8);
     assert_eq!(lower.child(1).free(), CHILD_FRAMES);

@@ -30,24 +30,30 @@ impl State {
         State(PRESENT | (free as u64) << FREE_SHIFT | hint as u64)
     }
     /// Whether a tree is reserved.
+    #[inline]
     pub fn present(self) -> bool {
         self.0 & PRESENT != 0
     }
     /// The last allocated frame (or the start of the reserved tree).
+    #[inline]
     pub fn hint(self) -> usize {
         (self.0 & HINT_MASK) as usize
     }
     /// The reserved tree.
+    #[inline]
     pub fn tree(self) -> usize {
         self.hint() / TREE_FRAMES
     }
     /// Free frames counted locally.
+    #[inline]
     pub fn free(self) -> usize {
         ((self.0 >> FREE_SHIFT) & FREE_MASK) as usize
     }
+    #[inline]
     fn with_free(self, free: usize) -> Self {
         State(self.0 & !(FREE_MASK << FREE_SHIFT) | (free as u64) << FREE_SHIFT)
     }
+    #[inline]
     fn owns(self, tree: usize) -> bool {
         self.present() && self.tree() == tree
     }
@@ -63,6 +69,7 @@ pub struct Local {
 }
 
 impl Local {
+    #[inline]
     fn update(&self, f: impl FnMut(State) -> Option<State>) -> Result<State, State> {
         let mut f = f;
         stop!();
@@ -80,18 +87,21 @@ impl Local {
     }
 
     /// Fast path: takes `frames` from the local counter. Returns the state before.
+    #[inline]
     pub fn take(&self, frames: usize) -> Option<State> {
         self.update(|s| (s.present() && s.free() >= frames).then(|| s.with_free(s.free() - frames)))
             .ok()
     }
 
     /// Adds `frames` to the local counter if `tree` is reserved here.
+    #[inline]
     pub fn give(&self, tree: usize, frames: usize) -> bool {
         self.update(|s| s.owns(tree).then(|| s.with_free(s.free() + frames)))
             .is_ok()
     }
 
     /// Moves the hint to `frame` if its tree is still reserved here.
+    #[inline]
     pub fn set_hint(&self, frame: usize) {
         let tree = frame / TREE_FRAMES;
         let _ = self.update(|s| {

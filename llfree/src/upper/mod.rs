@@ -89,6 +89,7 @@ impl Locals {
     }
 
     /// The data of `core` (core ids beyond the slots share them).
+    #[inline]
     pub fn get(&self, core: usize) -> &Local {
         // Avoid the division on the hot path when the core id is in range.
         match self.0.get(core) {
