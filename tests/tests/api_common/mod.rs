@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vmm::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, GuestMemoryInfo, MachineInfo, MemoryInfo,
-    PoolInfo, PopulateMode, VmState,
+    BalloonInfo, BalloonStatistics, BalloonUpdate, CoreReservation, GuestMemoryInfo, MachineInfo,
+    MemoryInfo, PoolInfo, PopulateMode, VmState,
 };
 use vmm::api::{ApiServer, ControlError, VmmControl};
 
@@ -97,7 +97,8 @@ impl VmmControl for TestVmm {
                 used_frames: (3 << 21) >> 12,
                 free_huge_frames: 125,
                 free_giant_frames: 0,
-                reserved_trees: 1,
+                cores: 4,
+                reservations: vec![CoreReservation { core: 0, tree: 0 }],
                 trees: Vec::new(),
             },
         })

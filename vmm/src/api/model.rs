@@ -1,6 +1,6 @@
 //! The JSON bodies of the control API: what the VMM reports and what clients send.
 
-use guest_mem::{GuestMemory, PoolStats, Populate};
+use guest_mem::{GuestMemory, Pool, Populate};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{GuestConfig, VmConfig};
@@ -111,6 +111,18 @@ pub struct VcpuMemoryInfo {
     pub core: usize,
     /// Faults it resolved.
     pub faults: u64,
+    /// The tree its core's reservation slot holds, if any.
+    pub reserved_tree: Option<usize>,
+}
+
+/// A per-core reservation of the pool's allocator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreReservation {
+    /// The reservation slot: a core id modulo [`PoolInfo::cores`] (vCPUs of every guest, VMM
+    /// and device cores map onto the slots).
+    pub core: usize,
+    /// The tree it has reserved.
+    pub tree: usize,
 }
 
 /// One 64 MiB tree of the pool's allocator.
@@ -143,14 +155,18 @@ pub struct PoolInfo {
     pub free_huge_frames: usize,
     /// Entirely free 1 GiB frames.
     pub free_giant_frames: usize,
-    /// Trees reserved by a core (per-core reservations).
-    pub reserved_trees: usize,
+    /// Reservation slots of the allocator: min(cores, trees).
+    pub cores: usize,
+    /// The reserved tree of every slot that holds one.
+    pub reservations: Vec<CoreReservation>,
     /// Every tree of the allocator.
     pub trees: Vec<TreeInfo>,
 }
 
-impl From<&PoolStats> for PoolInfo {
-    fn from(stats: &PoolStats) -> Self {
+impl PoolInfo {
+    /// Collects the counters and reservations of `pool`.
+    pub fn collect(pool: &Pool) -> Self {
+        let stats = pool.stats();
         PoolInfo {
             frame_size_kib: stats.frame_size.bytes() >> 10,
             total_bytes: stats.total_bytes,
@@ -160,7 +176,13 @@ impl From<&PoolStats> for PoolInfo {
             used_frames: stats.used_bytes >> 12,
             free_huge_frames: stats.free_huge,
             free_giant_frames: stats.free_giant,
-            reserved_trees: stats.trees.iter().filter(|t| t.reserved).count(),
+            cores: pool.allocator().cores(),
+            reservations: pool
+                .allocator()
+                .reservations()
+                .enumerate()
+                .filter_map(|(core, tree)| tree.map(|tree| CoreReservation { core, tree }))
+                .collect(),
             trees: stats
                 .trees
                 .iter()
@@ -189,6 +211,7 @@ impl MemoryInfo {
     /// Collects the counters of `memory` and its pool.
     pub fn collect(memory: &GuestMemory) -> Self {
         let stats = memory.stats();
+        let pool = PoolInfo::collect(memory.pool());
         let chunk_size = memory
             .regions()
             .first()
@@ -208,13 +231,21 @@ impl MemoryInfo {
                 .vcpu_faults
                 .iter()
                 .enumerate()
-                .map(|(vcpu, faults)| VcpuMemoryInfo {
-                    vcpu,
-                    core: memory.vcpu_core(vcpu),
-                    faults: *faults,
+                .map(|(vcpu, faults)| {
+                    let core = memory.vcpu_core(vcpu);
+                    VcpuMemoryInfo {
+                        vcpu,
+                        core,
+                        faults: *faults,
+                        reserved_tree: pool
+                            .reservations
+                            .iter()
+                            .find(|r| r.core == core % pool.cores.max(1))
+                            .map(|r| r.tree),
+                    }
                 })
                 .collect(),
-            pool: PoolInfo::from(&memory.pool().stats()),
+            pool,
         }
     }
 }
