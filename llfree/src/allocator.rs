@@ -178,7 +178,8 @@ impl LLFree {
         let frames = 1 << order;
         if let Some(state) = local.take(frames) {
             if let Some(frame) = self.lower.get(state.hint(), order) {
-                if frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
+                // Huge frames are found without a hint (see `Lower::get`).
+                if order < HUGE_ORDER && frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
                     local.set_hint(frame);
                 }
                 return Ok(frame);

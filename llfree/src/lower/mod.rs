@@ -112,11 +112,8 @@ impl Lower {
     #[inline]
     pub fn get(&self, hint: usize, order: usize) -> Option<usize> {
         match order {
-            HUGE_ORDER => self.children_from(hint).find_map(|c| self.get_huge(c)),
-            10 => self
-                .children_from(hint)
-                .filter(|c| c % 2 == 0)
-                .find_map(|c| self.get_pair(c)),
+            HUGE_ORDER => self.get_whole_children(hint, false),
+            10 => self.get_whole_children(hint, true),
             _ => {
                 // Fast path: the hint's child. Then partially used children, and entirely free
                 // ones last, so that they stay available as huge frames.
@@ -158,6 +155,37 @@ impl Lower {
             return Some(child * CHILD_FRAMES + bit);
         }
         pair.give(child % 2, frames);
+        None
+    }
+
+    /// Allocates a huge frame (one child) or, with `pair`, an order-10 frame (an aligned pair of
+    /// children) in the tree of `hint`: the first entirely free child (pair) of the tree's cache
+    /// line of child entries.
+    #[inline]
+    fn get_whole_children(&self, hint: usize, pair: bool) -> Option<usize> {
+        let first = hint / TREE_FRAMES * TREE_CHILDREN;
+        let pairs = &self.pairs[first / 2..][..TREE_CHILDREN / 2];
+        for (i, p) in pairs.iter().enumerate() {
+            let [even, odd] = p.load();
+            let child = first + 2 * i;
+            let frame = if pair {
+                (even == Child::FREE && odd == Child::FREE)
+                    .then(|| self.get_pair(child))
+                    .flatten()
+            } else {
+                (even == Child::FREE)
+                    .then(|| self.get_huge(child))
+                    .flatten()
+                    .or_else(|| {
+                        (odd == Child::FREE)
+                            .then(|| self.get_huge(child + 1))
+                            .flatten()
+                    })
+            };
+            if frame.is_some() {
+                return frame;
+            }
+        }
         None
     }
 

@@ -33,45 +33,52 @@ pub struct Search {
 
 impl Trees {
     /// Finds and reserves a tree for `search`. Returns the tree and its free frames.
+    ///
+    /// One pass over the tree entries, starting with the cache line of `search.start` (its
+    /// neighbourhood), remembers the first partial, free and merely large enough tree; the pass
+    /// stops early at the first tree of the preferred class. A lost race for the chosen tree
+    /// repeats the pass.
     pub fn search(&self, search: Search) -> Option<(usize, usize)> {
-        let Search {
-            start,
-            frames,
-            fragmented,
-        } = search;
-        let line = start / LINE_TREES * LINE_TREES;
-        let neighbours = (0..LINE_TREES)
-            .map(move |i| line + (start - line + i) % LINE_TREES)
-            .filter(|t| *t < self.len());
-        let all = (0..self.len()).map(move |i| (start + i) % self.len());
-        let fits = move |free: usize| free >= frames;
-        let class = |c: Class| move |free: usize| fits(free) && self.class(free) == c;
-        let near = |free: usize| fits(free) && self.class(free) == Class::Partial;
-        if fragmented {
-            self.first(neighbours, class(Class::Free))
-                .or_else(|| self.first(all.clone(), class(Class::Free)))
-                .or_else(|| self.first(all.clone(), class(Class::Partial)))
-                .or_else(|| self.first(all, fits))
+        const ATTEMPTS: usize = 4;
+        let first = search.start / LINE_TREES * LINE_TREES;
+        let preferred = if search.fragmented {
+            Class::Free
         } else {
-            self.first(neighbours, near)
-                .or_else(|| self.first(all.clone(), class(Class::Partial)))
-                .or_else(|| self.first(all.clone(), class(Class::Free)))
-                .or_else(|| self.first(all, fits))
+            Class::Partial
+        };
+        for _ in 0..ATTEMPTS {
+            // First tree of each class: [allocated (large enough), partial, free].
+            let mut found = [None; 3];
+            // The neighbourhood from the start on, then the other lines.
+            let line_end = (first + LINE_TREES).min(self.len());
+            let neighbours = (search.start..line_end).chain(first..search.start);
+            let others = (line_end..self.len()).chain(0..first);
+            for tree in neighbours.chain(others) {
+                let (free, reserved) = self.load(tree);
+                if reserved || free < search.frames {
+                    continue;
+                }
+                let class = self.class(free);
+                let slot = &mut found[class as usize];
+                if slot.is_none() {
+                    *slot = Some(tree);
+                    if class == preferred {
+                        break;
+                    }
+                }
+            }
+            let [fits, partial, free] = found;
+            let choice = if search.fragmented {
+                free.or(partial).or(fits)
+            } else {
+                partial.or(free).or(fits)
+            };
+            let tree = choice?;
+            if let Some(free) = self.reserve(tree, |free| free >= search.frames) {
+                return Some((tree, free));
+            }
         }
-    }
-
-    /// Reserves the first tree of `trees` whose free count is accepted.
-    fn first(
-        &self,
-        trees: impl Iterator<Item = usize>,
-        accept: impl Fn(usize) -> bool + Copy,
-    ) -> Option<(usize, usize)> {
-        trees
-            .filter(|t| {
-                let (free, reserved) = self.load(*t);
-                !reserved && accept(free)
-            })
-            .find_map(|t| Some((t, self.reserve(t, accept)?)))
+        None
     }
 }
 

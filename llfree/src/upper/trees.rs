@@ -23,11 +23,11 @@ struct Line([AtomicU16; LINE_TREES]);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     /// Almost all frames are taken.
-    Allocated,
+    Allocated = 0,
     /// Neither almost free nor almost allocated.
-    Partial,
+    Partial = 1,
     /// Almost all frames are free.
-    Free,
+    Free = 2,
 }
 
 /// The tree array.
