@@ -1,10 +1,14 @@
-//! vmm (in progress).
+//! llfree-vmm: a KVM microVM monitor whose guest memory is managed by LLFree.
 
 pub mod api;
+pub mod arch;
 pub mod boot;
 pub mod cli;
 pub mod devices;
 pub mod layout;
 pub mod runner;
+pub mod testguest;
+pub mod vcpu;
+pub mod vm;
 
 pub use runner::run;

@@ -1,0 +1,236 @@
+//! The built-in test guest: a freestanding 64-bit program that runs the memory workload the VMM
+//! describes (see `src/testguest/protocol.rs`) and reports the results over MMIO and the serial
+//! port. Built by `build.rs` with `rustc` directly: no std, no libc, static, linked at 1 MiB.
+//!
+//! Every instruction may be emulated on hosts without hardware virtualization: it touches one
+//! `u64` per 4 KiB page and does little else. KVM's instruction emulator (all PVM has) knows no
+//! SSE, so the guest is built without it and reads the descriptor one integer at a time.
+
+#![no_std]
+#![no_main]
+
+use core::arch::{asm, global_asm};
+use core::ptr::{read_volatile, write_volatile};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+#[allow(dead_code)]
+#[path = "../src/testguest/protocol.rs"]
+mod protocol;
+
+use protocol::*;
+
+// Entry: RDI = vCPU index, RSI = descriptor, RSP = stack top (16-byte aligned).
+global_asm!(
+    ".section .text.start, \"ax\"",
+    ".global _start",
+    "_start:",
+    "call guest_main",
+    "2:",
+    "cli",
+    "hlt",
+    "jmp 2b",
+);
+
+const SERIAL_DATA: u16 = 0x3f8;
+const SERIAL_LINE_STATUS: u16 = 0x3fd;
+const LINE_STATUS_THR_EMPTY: u8 = 1 << 5;
+
+/// vCPUs that reached the current barrier.
+static BARRIER_ARRIVED: AtomicU32 = AtomicU32::new(0);
+/// Barrier generation, bumped by the last vCPU to arrive.
+static BARRIER_GENERATION: AtomicU32 = AtomicU32::new(0);
+/// Mismatches found by all vCPUs in the current step.
+static STEP_MISMATCHES: AtomicU64 = AtomicU64::new(0);
+/// Whether any step failed.
+static FAILED: AtomicU32 = AtomicU32::new(0);
+
+fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O to the serial port has no memory effects.
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack)) };
+}
+
+fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: port I/O to the serial port has no memory effects.
+    unsafe { asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack)) };
+    value
+}
+
+fn outb_serial(byte: u8) {
+    while inb(SERIAL_LINE_STATUS) & LINE_STATUS_THR_EMPTY == 0 {}
+    outb(SERIAL_DATA, byte);
+}
+
+fn print(text: &str) {
+    for byte in text.bytes() {
+        outb_serial(byte);
+    }
+}
+
+fn print_number(value: u64) {
+    let mut divisor = 1;
+    while value / divisor >= 10 {
+        divisor *= 10;
+    }
+    while divisor > 0 {
+        outb_serial(b'0' + (value / divisor % 10) as u8);
+        divisor /= 10;
+    }
+}
+
+fn report(vcpu: u32, code: u64, value: u64) {
+    // SAFETY: the report window is MMIO the VMM emulates; the write exits to the VMM.
+    unsafe { write_volatile(report_address(vcpu, code) as *mut u64, value) };
+}
+
+fn barrier(vcpus: u32) {
+    let generation = BARRIER_GENERATION.load(Ordering::Acquire);
+    if BARRIER_ARRIVED.fetch_add(1, Ordering::AcqRel) + 1 == vcpus {
+        BARRIER_ARRIVED.store(0, Ordering::Relaxed);
+        BARRIER_GENERATION.store(generation.wrapping_add(1), Ordering::Release);
+    } else {
+        while BARRIER_GENERATION.load(Ordering::Acquire) == generation {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+fn halt(vcpu: u32, status: u64) -> ! {
+    report(vcpu, report_code::EXIT, status);
+    loop {
+        // SAFETY: halting with interrupts off only stops this vCPU.
+        unsafe { asm!("cli", "hlt", options(nomem, nostack)) };
+    }
+}
+
+/// Runs this vCPU's share of a memory step; returns (pages, mismatches).
+fn run_memory_step(step: &Step, vcpu: u32, vcpus: u32) -> (u64, u64) {
+    let (first, last) = vcpu_share(step.vcpu, step.size / PAGE_SIZE, vcpu, vcpus);
+    let mut mismatches = 0;
+    for page in first..last {
+        let addr = step.addr + page * PAGE_SIZE;
+        let word = addr as *mut u64;
+        let expected = match step.kind {
+            step_kind::WRITE => {
+                // SAFETY: the page is workload RAM the descriptor assigned to this vCPU.
+                unsafe { write_volatile(word, page_value(step.pattern, addr)) };
+                continue;
+            }
+            step_kind::VERIFY => page_value(step.pattern, addr),
+            _ => 0,
+        };
+        // SAFETY: as above; reads of workload RAM.
+        let found = unsafe { read_volatile(word) };
+        if step.kind != step_kind::READ && found != expected {
+            if mismatches == 0 {
+                report(vcpu, report_code::FIRST_MISMATCH_ADDR, addr);
+                report(vcpu, report_code::FIRST_MISMATCH_VALUE, found);
+            }
+            mismatches += 1;
+        }
+    }
+    (last - first, mismatches)
+}
+
+fn read_descriptor(descriptor: u64, vcpu: u32) -> (Header, u64) {
+    // SAFETY: the VMM wrote the descriptor at this address before starting the vCPUs.
+    let header = unsafe {
+        Header {
+            magic: read_volatile(descriptor as *const u64),
+            vcpu_count: read_volatile((descriptor + 8) as *const u32),
+            step_count: read_volatile((descriptor + 12) as *const u32),
+        }
+    };
+    let valid = header.magic == DESCRIPTOR_MAGIC
+        && header.step_count as usize <= MAX_STEPS
+        && header.vcpu_count >= 1
+        && header.vcpu_count <= MAX_VCPUS
+        && vcpu < header.vcpu_count;
+    if !valid {
+        halt(vcpu, exit_status::BAD_DESCRIPTOR);
+    }
+    (header, descriptor + HEADER_SIZE)
+}
+
+/// Reads the step at `addr` field by field (a whole-struct copy could use SSE).
+fn read_step(addr: u64) -> Step {
+    // SAFETY: within the descriptor page (step_count <= MAX_STEPS).
+    unsafe {
+        Step {
+            kind: read_volatile(addr as *const u32),
+            vcpu: read_volatile((addr + 4) as *const u32),
+            addr: read_volatile((addr + 8) as *const u64),
+            size: read_volatile((addr + 16) as *const u64),
+            pattern: read_volatile((addr + 24) as *const u64),
+        }
+    }
+}
+
+#[no_mangle]
+extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
+    let vcpu = vcpu as u32;
+    report(vcpu, report_code::STARTED, descriptor);
+    let (header, steps) = read_descriptor(descriptor, vcpu);
+    let vcpus = header.vcpu_count;
+    if vcpu == 0 {
+        print("llfree-vmm test guest: ");
+        print_number(vcpus.into());
+        print(" vCPUs, ");
+        print_number(header.step_count.into());
+        print(" steps\n");
+    }
+    let mut status = exit_status::SUCCESS;
+    for index in 0..header.step_count {
+        let step = read_step(steps + u64::from(index) * STEP_SIZE);
+        if !step_is_valid(&step, vcpus) {
+            halt(vcpu, exit_status::BAD_DESCRIPTOR);
+        }
+        if step.kind == step_kind::CHECKPOINT {
+            let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
+            if vcpu == owner {
+                report(vcpu, report_code::CHECKPOINT, step.pattern);
+            }
+        } else {
+            let (pages, mismatches) = run_memory_step(&step, vcpu, vcpus);
+            report(vcpu, report_code::STEP_PAGES, pages);
+            report(vcpu, report_code::STEP_MISMATCHES, mismatches);
+            if mismatches != 0 {
+                STEP_MISMATCHES.fetch_add(mismatches, Ordering::Relaxed);
+                status = exit_status::VERIFY_FAILED;
+            }
+        }
+        report(vcpu, report_code::STEP_DONE, index.into());
+        barrier(vcpus);
+        if vcpu == 0 {
+            let mismatches = STEP_MISMATCHES.swap(0, Ordering::Relaxed);
+            print("step ");
+            print_number(index.into());
+            if mismatches == 0 {
+                print(": ok\n");
+            } else {
+                FAILED.store(1, Ordering::Relaxed);
+                print(": FAILED, mismatching pages: ");
+                print_number(mismatches);
+                print("\n");
+            }
+        }
+        barrier(vcpus);
+    }
+    if vcpu == 0 {
+        if FAILED.load(Ordering::Relaxed) == 0 {
+            print("test guest: done\n");
+        } else {
+            print("test guest: FAILED\n");
+        }
+    }
+    halt(vcpu, status)
+}
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    print("test guest: panic\n");
+    loop {
+        // SAFETY: halting with interrupts off only stops this vCPU.
+        unsafe { asm!("cli", "hlt", options(nomem, nostack)) };
+    }
+}

@@ -1,0 +1,240 @@
+//! The built-in test guest: a tiny freestanding 64-bit program (vmm/guest/) that runs memory
+//! workloads and reports the results, and [`run`], which boots it in a fresh VM.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use vm_memory::{GuestAddress, GuestMemoryMmap};
+//! use vmm::testguest::{self, Workload};
+//! let memory = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)])?);
+//! let workload = Workload::new().write(2 << 20, 62 << 20, 0x5a5a).verify(2 << 20, 62 << 20, 0x5a5a);
+//! let report = testguest::run(memory, 2, &workload)?;
+//! assert!(report.success(), "{report:?}");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod protocol;
+pub mod report;
+pub mod workload;
+
+pub use report::{exit_code, CheckpointHook, Mismatch, Report, StepReport, VcpuReport};
+pub use workload::{Workload, WorkloadError};
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use linux_loader::loader::{Elf, KernelLoader};
+use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
+use crate::arch::x86_64::paging::PageSize;
+use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
+use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
+use crate::devices::serial::{SerialDevice, SharedBuffer};
+use crate::layout::{
+    BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
+};
+use crate::vcpu::Buses;
+use crate::vm::{Vm, VmError};
+use protocol::{
+    DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,
+    REPORT_MMIO_SIZE, STACKS_START, STACK_SIZE, WORKLOAD_MIN_ADDR,
+};
+use report::ReportDevice;
+
+/// The test guest's ELF image, built by build.rs.
+pub static IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/testguest.elf"));
+
+/// Errors of setting up a test guest run (the guest's own outcome is in the [`Report`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TestGuestError {
+    /// The workload is invalid for this memory and vCPU count.
+    #[error("invalid workload: {0}")]
+    Workload(#[from] WorkloadError),
+    /// Guest memory does not start at 0 or is too small for the guest's own structures.
+    #[error("the test guest needs guest RAM covering [0, {WORKLOAD_MIN_ADDR:#x})")]
+    MemoryTooSmall,
+    /// The vCPU count is outside what the test guest supports.
+    #[error("the test guest runs on 1 to {MAX_VCPUS} vCPUs, not {0}")]
+    BadVcpuCount(usize),
+    /// The VM could not be created or started.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// Loading the guest image failed.
+    #[error("cannot load the test guest image: {0}")]
+    Load(linux_loader::loader::Error),
+    /// Writing boot tables or setting vCPU registers failed.
+    #[error("cannot set up the vCPUs: {0}")]
+    Setup(String),
+    /// Creating or wiring a device failed.
+    #[error("cannot set up the devices: {0}")]
+    Devices(String),
+}
+
+/// A start hook: receives the vCPU thread ids, by vCPU index, before the guest runs.
+pub type StartHook = Box<dyn FnOnce(&[libc::pid_t]) + Send>;
+
+/// Options of [`run_with`].
+pub struct RunOptions {
+    /// Longest the guest may run before it is stopped and the report marked timed out.
+    pub timeout: Duration,
+    /// Called with the vCPU thread ids (by vCPU index) after the threads started and before the
+    /// guest runs, e.g. to map fault threads to vCPUs.
+    pub on_start: Option<StartHook>,
+    /// Called at every checkpoint step.
+    pub on_checkpoint: Option<CheckpointHook>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            timeout: Duration::from_secs(60),
+            on_start: None,
+            on_checkpoint: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Boots the test guest on `vcpus` vCPUs over `memory`, runs `workload` and reports.
+pub fn run<M>(memory: Arc<M>, vcpus: usize, workload: &Workload) -> Result<Report, TestGuestError>
+where
+    M: GuestMemoryBackend + Send + Sync + 'static,
+{
+    run_with(memory, vcpus, workload, RunOptions::default())
+}
+
+/// [`run`] with options: timeout and hooks.
+pub fn run_with<M>(
+    memory: Arc<M>,
+    vcpus: usize,
+    workload: &Workload,
+    options: RunOptions,
+) -> Result<Report, TestGuestError>
+where
+    M: GuestMemoryBackend + Send + Sync + 'static,
+{
+    if vcpus == 0 || vcpus > MAX_VCPUS as usize {
+        return Err(TestGuestError::BadVcpuCount(vcpus));
+    }
+    if !memory.check_range(GuestAddress(0), WORKLOAD_MIN_ADDR as usize) {
+        return Err(TestGuestError::MemoryTooSmall);
+    }
+    workload.validate(memory.as_ref(), vcpus)?;
+    let vm = Vm::new(memory.clone(), vcpus)?;
+    let entry = load_image(memory.as_ref())?;
+    workload.write_descriptor(memory.as_ref(), vcpus)?;
+    setup_vcpus(&vm, entry)?;
+
+    let serial_output = SharedBuffer::new();
+    let serial_irq =
+        EventFd::new(EFD_NONBLOCK).map_err(|e| TestGuestError::Devices(e.to_string()))?;
+    let serial = SerialDevice::new(serial_irq, Box::new(serial_output.clone()))
+        .map_err(|e| TestGuestError::Devices(e.to_string()))?;
+    vm.fd()
+        .register_irqfd(serial.irq_evt(), SERIAL_IRQ)
+        .map_err(|e| TestGuestError::Devices(format!("KVM_IRQFD: {e}")))?;
+    let reports = Arc::new(ReportDevice::new(
+        vcpus,
+        workload.steps().len(),
+        options.on_checkpoint,
+    ));
+    let mut buses = Buses::default();
+    let devices_err = |e: crate::devices::BusError| TestGuestError::Devices(e.to_string());
+    buses
+        .pio
+        .insert(Arc::new(serial), SERIAL_PORT_BASE, SERIAL_PORT_SIZE)
+        .map_err(devices_err)?;
+    buses
+        .mmio
+        .insert(reports.clone(), REPORT_MMIO_BASE, REPORT_MMIO_SIZE)
+        .map_err(devices_err)?;
+
+    let running = vm.start(Arc::new(buses))?;
+    reports.set_control(running.control().clone());
+    if let Some(on_start) = options.on_start {
+        on_start(running.vcpu_tids());
+    }
+    let started = Instant::now();
+    running
+        .resume()
+        .map_err(|e| TestGuestError::Setup(e.to_string()))?;
+    let (stop_reason, timed_out) = running.wait_timeout(Some(options.timeout));
+    let elapsed = started.elapsed();
+    let (vcpu_reports, protocol_errors) = reports.reports();
+    Ok(Report {
+        stop_reason,
+        timed_out,
+        vcpus: vcpu_reports,
+        protocol_errors,
+        serial_output: String::from_utf8_lossy(&serial_output.contents()).into_owned(),
+        elapsed,
+    })
+}
+
+/// Loads the guest image and returns its entry point.
+fn load_image<M: GuestMemoryBackend>(memory: &M) -> Result<GuestAddress, TestGuestError> {
+    let loaded = Elf::load(
+        memory,
+        None,
+        &mut Cursor::new(IMAGE),
+        Some(GuestAddress(IMAGE_START)),
+    )
+    .map_err(TestGuestError::Load)?;
+    Ok(loaded.kernel_load)
+}
+
+/// Writes GDT and page tables and puts every vCPU at `entry` in 64-bit mode.
+fn setup_vcpus<M>(vm: &Vm<M>, entry: GuestAddress) -> Result<(), TestGuestError>
+where
+    M: GuestMemoryBackend + Send + Sync + 'static,
+{
+    let setup_err = |e: &dyn std::fmt::Display| TestGuestError::Setup(e.to_string());
+    let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup_err(&e))?;
+    let layout = BootLayout {
+        gdt: GuestAddress(BOOT_GDT_START),
+        idt: GuestAddress(BOOT_IDT_START),
+        page_tables: GuestAddress(PAGE_TABLES_START),
+        page_tables_max_size: PAGE_TABLES_END - PAGE_TABLES_START,
+        page_size: if cpuid_has_1g_pages(&cpuid) {
+            PageSize::Size1G
+        } else {
+            PageSize::Size2M
+        },
+    };
+    let ram_end = vm.memory().last_addr().unchecked_add(1).raw_value();
+    let tables =
+        write_boot_tables(vm.memory().as_ref(), &layout, ram_end).map_err(|e| setup_err(&e))?;
+    for vcpu in vm.vcpus() {
+        let topology = VcpuTopology {
+            vcpu_id: vcpu.index() as u32,
+            vcpu_count: vm.vcpus().len() as u32,
+        };
+        set_vcpu_cpuid(vcpu.fd(), &cpuid, topology).map_err(|e| setup_err(&e))?;
+        let index = vcpu.index() as u64;
+        let entry = EntryPoint {
+            rip: entry.raw_value(),
+            rsp: STACKS_START + (index + 1) * STACK_SIZE,
+            rdi: index,
+            rsi: DESCRIPTOR_ADDR,
+        };
+        setup_long_mode(vcpu.fd(), &tables, &entry).map_err(|e| setup_err(&e))?;
+        // With the in-kernel LAPIC, vCPUs other than 0 wait for INIT/SIPI; the test guest
+        // starts them all at once.
+        let runnable = kvm_bindings::kvm_mp_state {
+            mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+        };
+        vcpu.fd()
+            .set_mp_state(runnable)
+            .map_err(|e| setup_err(&e))?;
+    }
+    Ok(())
+}

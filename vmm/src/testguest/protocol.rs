@@ -1,0 +1,191 @@
+//! The protocol between the VMM and the built-in test guest, shared by both: this file is
+//! compiled into the VMM and, through `#[path]`, into the freestanding guest (so it is `no_std`
+//! plain data and constants).
+//!
+//! # Guest physical memory layout
+//!
+//! ```text
+//! 0x0000_0500            GDT, 0x520 IDT (see crate::arch::x86_64::gdt)
+//! 0x0000_1000            workload descriptor (one page, written by the VMM)
+//! 0x0000_9000..0x8_0000  identity-mapped page tables
+//! 0x0008_0000..0x10_0000 vCPU stacks, STACK_SIZE each
+//! 0x0010_0000            the guest image (ELF, loaded by linux-loader)
+//! 0x0020_0000..          workload area: steps may only touch [WORKLOAD_MIN_ADDR, RAM end)
+//! 0xfe00_0000            report MMIO window (REPORT_STRIDE bytes per vCPU)
+//! ```
+//!
+//! # Entry
+//!
+//! Every vCPU enters the image's entry point in 64-bit mode with RDI = its index, RSI = the
+//! descriptor address and RSP = the top of its stack.
+//!
+//! # Descriptor
+//!
+//! A [`Header`] followed by `step_count` [`Step`]s. The vCPUs run the steps in order with a
+//! barrier after each; a step with `vcpu == ALL_VCPUS` is split into contiguous, page-aligned
+//! parts, one per vCPU, otherwise only vCPU `vcpu` runs it. Memory steps handle one `u64` at the
+//! start of each 4 KiB page: page `a` holds `pattern ^ a` after a WRITE step.
+//!
+//! # Reports
+//!
+//! A vCPU reports by an 8-byte write of a value to `report_address(vcpu, code)` (one MMIO exit).
+//! Per step it sends STEP_PAGES, STEP_MISMATCHES, then FIRST_MISMATCH_ADDR/VALUE if any, then
+//! STEP_DONE with the step index, which commits them. It ends with EXIT and its status and halts.
+//! vCPU 0 also prints progress on the 16550 at port 0x3f8.
+
+/// Guest physical address of the workload descriptor.
+pub const DESCRIPTOR_ADDR: u64 = 0x1000;
+/// Size of the descriptor area.
+pub const DESCRIPTOR_SIZE: u64 = 0x1000;
+/// `Header::magic`: "LLFVMMWL".
+pub const DESCRIPTOR_MAGIC: u64 = u64::from_le_bytes(*b"LLFVMMWL");
+/// Size of [`Header`].
+pub const HEADER_SIZE: u64 = 16;
+/// Size of [`Step`].
+pub const STEP_SIZE: u64 = 32;
+/// Most steps one descriptor holds.
+pub const MAX_STEPS: usize = ((DESCRIPTOR_SIZE - HEADER_SIZE) / STEP_SIZE) as usize;
+
+/// Guest physical address of the page tables.
+pub const PAGE_TABLES_START: u64 = 0x9000;
+/// End (exclusive) of the page table area.
+pub const PAGE_TABLES_END: u64 = 0x8_0000;
+/// Guest physical address of the first vCPU stack.
+pub const STACKS_START: u64 = 0x8_0000;
+/// Stack size per vCPU.
+pub const STACK_SIZE: u64 = 0x2000;
+/// Most vCPUs the test guest supports (stacks must end below the image).
+pub const MAX_VCPUS: u32 = 64;
+/// Where the linker script places the guest image.
+pub const IMAGE_START: u64 = 0x10_0000;
+/// Lowest address a workload step may touch.
+pub const WORKLOAD_MIN_ADDR: u64 = 0x20_0000;
+/// Granule of workload steps: one `u64` is touched per page.
+pub const PAGE_SIZE: u64 = 0x1000;
+
+/// Base of the report MMIO window.
+pub const REPORT_MMIO_BASE: u64 = 0xfe00_0000;
+/// Bytes of the report window per vCPU (32 codes of 8 bytes).
+pub const REPORT_STRIDE: u64 = 0x100;
+/// Size of the report MMIO window.
+pub const REPORT_MMIO_SIZE: u64 = REPORT_STRIDE * MAX_VCPUS as u64;
+
+/// `Step::vcpu` value: all vCPUs share the step.
+pub const ALL_VCPUS: u32 = u32::MAX;
+
+/// Descriptor header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    /// [`DESCRIPTOR_MAGIC`].
+    pub magic: u64,
+    /// Number of vCPUs running the workload.
+    pub vcpu_count: u32,
+    /// Number of steps following the header.
+    pub step_count: u32,
+}
+
+/// One workload step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    /// One of [`step_kind`].
+    pub kind: u32,
+    /// The vCPU running the step, or [`ALL_VCPUS`].
+    pub vcpu: u32,
+    /// First guest physical address (page aligned).
+    pub addr: u64,
+    /// Bytes (a multiple of the page size).
+    pub size: u64,
+    /// Pattern for WRITE/VERIFY; checkpoint id for CHECKPOINT.
+    pub pattern: u64,
+}
+
+/// Step kinds.
+pub mod step_kind {
+    /// Write `pattern ^ page_address` to the first `u64` of each page.
+    pub const WRITE: u32 = 1;
+    /// Check that the first `u64` of each page holds `pattern ^ page_address`.
+    pub const VERIFY: u32 = 2;
+    /// Check that the first `u64` of each page is 0.
+    pub const VERIFY_ZERO: u32 = 3;
+    /// Read the first `u64` of each page (population by reads).
+    pub const READ: u32 = 4;
+    /// Report CHECKPOINT with `pattern` as id, and wait until the VMM handled it.
+    pub const CHECKPOINT: u32 = 5;
+}
+
+/// Report codes (the offset of the write is `code * 8`).
+pub mod report_code {
+    /// The vCPU started; value: descriptor address.
+    pub const STARTED: u64 = 0;
+    /// Pages this vCPU handled in the current step.
+    pub const STEP_PAGES: u64 = 1;
+    /// Mismatching pages this vCPU found in the current step.
+    pub const STEP_MISMATCHES: u64 = 2;
+    /// Address of the first mismatching page.
+    pub const FIRST_MISMATCH_ADDR: u64 = 3;
+    /// Value found in the first mismatching page.
+    pub const FIRST_MISMATCH_VALUE: u64 = 4;
+    /// The step with index `value` is done on this vCPU.
+    pub const STEP_DONE: u64 = 5;
+    /// Checkpoint `value` reached; the VMM handles it before the write returns.
+    pub const CHECKPOINT: u64 = 6;
+    /// The vCPU finished with status `value` (see [`super::exit_status`]).
+    pub const EXIT: u64 = 7;
+    /// Number of codes.
+    pub const COUNT: u64 = 8;
+}
+
+/// Exit statuses.
+pub mod exit_status {
+    /// All steps ran and every verification passed.
+    pub const SUCCESS: u64 = 0;
+    /// A verification found mismatches.
+    pub const VERIFY_FAILED: u64 = 1;
+    /// The descriptor is malformed.
+    pub const BAD_DESCRIPTOR: u64 = 2;
+}
+
+/// Address a vCPU writes to report `code`.
+pub const fn report_address(vcpu: u32, code: u64) -> u64 {
+    REPORT_MMIO_BASE + vcpu as u64 * REPORT_STRIDE + code * 8
+}
+
+/// The value page `addr` holds after a WRITE step with `pattern`.
+pub const fn page_value(pattern: u64, addr: u64) -> u64 {
+    pattern ^ addr
+}
+
+/// The first and last (exclusive) page of a step of `pages` pages that `vcpu` of `vcpus`
+/// handles.
+pub const fn vcpu_share(step_vcpu: u32, pages: u64, vcpu: u32, vcpus: u32) -> (u64, u64) {
+    if step_vcpu == ALL_VCPUS {
+        // The first `pages % vcpus` vCPUs take one page more; no product can overflow.
+        let (base, extra) = (pages / vcpus as u64, pages % vcpus as u64);
+        let vcpu = vcpu as u64;
+        let first = vcpu * base + if vcpu < extra { vcpu } else { extra };
+        (first, first + base + if vcpu < extra { 1 } else { 0 })
+    } else if step_vcpu == vcpu {
+        (0, pages)
+    } else {
+        (0, 0)
+    }
+}
+
+/// Whether `step` is well formed for `vcpus` vCPUs (ranges are not checked against RAM).
+pub const fn step_is_valid(step: &Step, vcpus: u32) -> bool {
+    if step.vcpu != ALL_VCPUS && step.vcpu >= vcpus {
+        return false;
+    }
+    match step.kind {
+        step_kind::CHECKPOINT => true,
+        step_kind::WRITE | step_kind::VERIFY | step_kind::VERIFY_ZERO | step_kind::READ => {
+            step.addr.is_multiple_of(PAGE_SIZE)
+                && step.size.is_multiple_of(PAGE_SIZE)
+                && step.addr >= WORKLOAD_MIN_ADDR
+                && step.addr.checked_add(step.size).is_some()
+        }
+        _ => false,
+    }
+}

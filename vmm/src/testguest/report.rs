@@ -1,0 +1,282 @@
+//! The test guest's report device (the MMIO window of [`super::protocol`]) and the [`Report`]
+//! it assembles. Every value comes from the guest and is treated as hostile: unknown codes,
+//! bad sizes, out-of-range vCPUs or step indices are counted as protocol errors, never trusted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use super::protocol::{exit_status, report_code, REPORT_STRIDE};
+use crate::devices::BusDevice;
+use crate::vm::control::{StopReason, VmControl};
+
+/// A checkpoint hook: runs on the vCPU thread that reached the checkpoint, while the other vCPUs
+/// wait at the guest's barrier.
+pub type CheckpointHook = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// The first page a verification found wrong.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Guest physical address of the page.
+    pub addr: u64,
+    /// The `u64` found there.
+    pub found: u64,
+}
+
+/// What one vCPU reported for one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// The vCPU finished the step.
+    pub done: bool,
+    /// Pages it handled.
+    pub pages: u64,
+    /// Pages that did not hold the expected value.
+    pub mismatches: u64,
+    /// The first of them.
+    pub first_mismatch: Option<Mismatch>,
+}
+
+/// What one vCPU reported.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VcpuReport {
+    /// It reached the guest's entry point.
+    pub started: bool,
+    /// Per workload step.
+    pub steps: Vec<StepReport>,
+    /// Its exit status (see `protocol::exit_status`), once it exited.
+    pub exit_status: Option<u64>,
+    /// Checkpoints it reported, in order.
+    pub checkpoints: Vec<u64>,
+}
+
+/// The outcome of a test guest run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Why the VM stopped.
+    pub stop_reason: StopReason,
+    /// The VM did not finish in time and was stopped.
+    pub timed_out: bool,
+    /// Per vCPU.
+    pub vcpus: Vec<VcpuReport>,
+    /// Malformed reports the guest sent.
+    pub protocol_errors: u64,
+    /// What the guest printed on the serial port.
+    pub serial_output: String,
+    /// Time from resuming the vCPUs to their end.
+    pub elapsed: Duration,
+}
+
+/// Exit codes of a run, for the CLI and tests.
+pub mod exit_code {
+    /// The workload ran and every check passed.
+    pub const SUCCESS: i32 = 0;
+    /// The guest reported a failed verification.
+    pub const VERIFY_FAILED: i32 = 1;
+    /// The guest rejected the workload, broke the protocol, or did not finish all steps.
+    pub const GUEST_ERROR: i32 = 2;
+    /// A vCPU failed or the guest crashed (triple fault).
+    pub const VM_ERROR: i32 = 3;
+    /// The run timed out.
+    pub const TIMEOUT: i32 = 4;
+}
+
+impl Report {
+    /// Whether every vCPU ran every step and exited with success.
+    pub fn success(&self) -> bool {
+        self.exit_code() == exit_code::SUCCESS
+    }
+
+    /// The run's exit code (see [`exit_code`]).
+    pub fn exit_code(&self) -> i32 {
+        if self.timed_out {
+            return exit_code::TIMEOUT;
+        }
+        match self.stop_reason {
+            StopReason::GuestShutdown { .. } | StopReason::VcpuFailed { .. } => {
+                return exit_code::VM_ERROR
+            }
+            StopReason::GuestExit(exit_status::VERIFY_FAILED) => return exit_code::VERIFY_FAILED,
+            StopReason::GuestExit(exit_status::SUCCESS) => {}
+            _ => return exit_code::GUEST_ERROR,
+        }
+        let complete = self
+            .vcpus
+            .iter()
+            .all(|v| v.exit_status == Some(exit_status::SUCCESS) && v.steps.iter().all(|s| s.done));
+        if complete && self.protocol_errors == 0 {
+            exit_code::SUCCESS
+        } else {
+            exit_code::GUEST_ERROR
+        }
+    }
+
+    /// Pages all vCPUs handled in step `index`.
+    pub fn pages(&self, index: usize) -> u64 {
+        self.vcpus
+            .iter()
+            .filter_map(|v| v.steps.get(index))
+            .map(|s| s.pages)
+            .sum()
+    }
+
+    /// Mismatching pages all vCPUs found in step `index`.
+    pub fn mismatches(&self, index: usize) -> u64 {
+        self.vcpus
+            .iter()
+            .filter_map(|v| v.steps.get(index))
+            .map(|s| s.mismatches)
+            .sum()
+    }
+}
+
+/// Per-vCPU state of the device: the report so far and the step being reported.
+#[derive(Default)]
+struct VcpuState {
+    report: VcpuReport,
+    current: StepReport,
+}
+
+/// The MMIO device receiving the guest's reports.
+pub struct ReportDevice {
+    vcpus: Vec<Mutex<VcpuState>>,
+    exited: AtomicU64,
+    protocol_errors: AtomicU64,
+    control: OnceLock<Arc<VmControl>>,
+    on_checkpoint: Option<CheckpointHook>,
+}
+
+impl ReportDevice {
+    /// A device for `vcpus` vCPUs running a workload of `steps` steps.
+    pub fn new(vcpus: usize, steps: usize, on_checkpoint: Option<CheckpointHook>) -> Self {
+        let state = || {
+            Mutex::new(VcpuState {
+                report: VcpuReport {
+                    steps: vec![StepReport::default(); steps],
+                    ..Default::default()
+                },
+                current: StepReport::default(),
+            })
+        };
+        ReportDevice {
+            vcpus: (0..vcpus).map(|_| state()).collect(),
+            exited: AtomicU64::new(0),
+            protocol_errors: AtomicU64::new(0),
+            control: OnceLock::new(),
+            on_checkpoint,
+        }
+    }
+
+    /// Connects the device to the VM it stops when the guest exits.
+    pub fn set_control(&self, control: Arc<VmControl>) {
+        // Set once, before the vCPUs run; a second call keeps the first VM.
+        let _ = self.control.set(control);
+    }
+
+    /// The reports so far, per vCPU, and the number of protocol errors.
+    pub fn reports(&self) -> (Vec<VcpuReport>, u64) {
+        let reports = self
+            .vcpus
+            .iter()
+            .map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).report.clone())
+            .collect();
+        (reports, self.protocol_errors.load(Ordering::Relaxed))
+    }
+
+    fn protocol_error(&self, what: std::fmt::Arguments<'_>) {
+        self.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        log::warn!("test guest report: {what}");
+    }
+
+    fn stop(&self, reason: StopReason) {
+        if let Some(control) = self.control.get() {
+            control.request_stop(reason);
+        }
+    }
+
+    fn record(&self, vcpu: usize, code: u64, value: u64) {
+        let Some(state) = self.vcpus.get(vcpu) else {
+            return self.protocol_error(format_args!("report from unknown vCPU {vcpu}"));
+        };
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        match code {
+            report_code::STARTED => state.report.started = true,
+            report_code::STEP_PAGES => state.current.pages = value,
+            report_code::STEP_MISMATCHES => state.current.mismatches = value,
+            report_code::FIRST_MISMATCH_ADDR => {
+                state.current.first_mismatch = Some(Mismatch {
+                    addr: value,
+                    found: 0,
+                })
+            }
+            report_code::FIRST_MISMATCH_VALUE => {
+                if let Some(mismatch) = state.current.first_mismatch.as_mut() {
+                    mismatch.found = value;
+                }
+            }
+            report_code::STEP_DONE => {
+                let current = std::mem::take(&mut state.current);
+                match usize::try_from(value)
+                    .ok()
+                    .and_then(|i| state.report.steps.get_mut(i))
+                {
+                    Some(step) if !step.done => {
+                        *step = StepReport {
+                            done: true,
+                            ..current
+                        }
+                    }
+                    _ => {
+                        drop(state);
+                        self.protocol_error(format_args!("vCPU {vcpu}: bad step index {value}"));
+                    }
+                }
+            }
+            report_code::CHECKPOINT => {
+                state.report.checkpoints.push(value);
+                drop(state);
+                if let Some(hook) = &self.on_checkpoint {
+                    hook(value);
+                }
+            }
+            report_code::EXIT => {
+                if state.report.exit_status.is_some() {
+                    drop(state);
+                    return self.protocol_error(format_args!("vCPU {vcpu} exited twice"));
+                }
+                state.report.exit_status = Some(value);
+                drop(state);
+                if value != exit_status::SUCCESS {
+                    self.stop(StopReason::GuestExit(value));
+                } else if self.exited.fetch_add(1, Ordering::AcqRel) + 1 == self.vcpus.len() as u64
+                {
+                    self.stop(StopReason::GuestExit(exit_status::SUCCESS));
+                }
+            }
+            _ => {
+                drop(state);
+                self.protocol_error(format_args!("vCPU {vcpu}: unknown code {code}"));
+            }
+        }
+    }
+}
+
+impl BusDevice for ReportDevice {
+    fn read(&self, _base: u64, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&self, _base: u64, offset: u64, data: &[u8]) {
+        let Ok(bytes) = <[u8; 8]>::try_from(data) else {
+            return self.protocol_error(format_args!("{}-byte write", data.len()));
+        };
+        if !offset.is_multiple_of(8) {
+            return self.protocol_error(format_args!("unaligned write at {offset:#x}"));
+        }
+        let vcpu = usize::try_from(offset / REPORT_STRIDE).unwrap_or(usize::MAX);
+        self.record(
+            vcpu,
+            (offset % REPORT_STRIDE) / 8,
+            u64::from_le_bytes(bytes),
+        );
+    }
+}

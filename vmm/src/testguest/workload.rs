@@ -1,0 +1,294 @@
+//! Workloads for the test guest: a builder, validation against guest memory, and the encoding
+//! into the descriptor the guest reads (see [`super::protocol`]).
+
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
+
+use super::protocol::{
+    self, step_kind, Header, Step, ALL_VCPUS, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC, MAX_STEPS,
+    MAX_VCPUS,
+};
+
+/// Errors of workload validation and encoding.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkloadError {
+    /// More steps than fit in the descriptor page.
+    #[error("the workload has {0} steps; at most {MAX_STEPS} fit in the descriptor")]
+    TooManySteps(usize),
+    /// The vCPU count is outside what the test guest supports.
+    #[error("the test guest runs on 1 to {MAX_VCPUS} vCPUs, not {0}")]
+    BadVcpuCount(usize),
+    /// A step is malformed: unaligned, below the workload area, or for a missing vCPU.
+    #[error(
+        "step {index} ({kind}) is malformed: addresses and sizes must be 4 KiB aligned, start \
+         at or above {min:#x} and name an existing vCPU (addr {addr:#x}, size {size:#x}, \
+         vcpu {vcpu})",
+        min = protocol::WORKLOAD_MIN_ADDR
+    )]
+    BadStep {
+        /// Index of the step.
+        index: usize,
+        /// Step kind.
+        kind: &'static str,
+        /// Its address.
+        addr: u64,
+        /// Its size.
+        size: u64,
+        /// Its vCPU (`u32::MAX`: all).
+        vcpu: u32,
+    },
+    /// A step touches memory that is not guest RAM.
+    #[error("step {index} touches {addr:#x}+{size:#x}, which is not all guest RAM")]
+    OutsideRam {
+        /// Index of the step.
+        index: usize,
+        /// Its address.
+        addr: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// The descriptor could not be written.
+    #[error("cannot write the workload descriptor at {DESCRIPTOR_ADDR:#x}: {0}")]
+    Write(String),
+}
+
+// SAFETY: `Header` is `repr(C)` with two u32 after a u64: no padding, and any bytes are valid.
+unsafe impl ByteValued for Header {}
+// SAFETY: `Step` is `repr(C)`, two u32 then three u64: no padding, and any bytes are valid.
+unsafe impl ByteValued for Step {}
+
+/// A memory workload: steps the test guest's vCPUs run in order, with a barrier after each.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Workload {
+    steps: Vec<Step>,
+}
+
+/// Name of a step kind, for messages.
+pub fn kind_name(kind: u32) -> &'static str {
+    match kind {
+        step_kind::WRITE => "write",
+        step_kind::VERIFY => "verify",
+        step_kind::VERIFY_ZERO => "verify-zero",
+        step_kind::READ => "read",
+        step_kind::CHECKPOINT => "checkpoint",
+        _ => "unknown",
+    }
+}
+
+impl Workload {
+    /// An empty workload.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn push(mut self, kind: u32, addr: u64, size: u64, pattern: u64) -> Self {
+        self.steps.push(Step {
+            kind,
+            vcpu: ALL_VCPUS,
+            addr,
+            size,
+            pattern,
+        });
+        self
+    }
+
+    /// Writes `pattern ^ page address` into one `u64` of every page of `[addr, addr + size)`,
+    /// the range split among all vCPUs.
+    pub fn write(self, addr: u64, size: u64, pattern: u64) -> Self {
+        self.push(step_kind::WRITE, addr, size, pattern)
+    }
+
+    /// Checks what [`Self::write`] with `pattern` wrote.
+    pub fn verify(self, addr: u64, size: u64, pattern: u64) -> Self {
+        self.push(step_kind::VERIFY, addr, size, pattern)
+    }
+
+    /// Checks that one `u64` of every page of the range is zero (fresh or discarded memory).
+    pub fn verify_zero(self, addr: u64, size: u64) -> Self {
+        self.push(step_kind::VERIFY_ZERO, addr, size, 0)
+    }
+
+    /// Reads one `u64` of every page of the range.
+    pub fn read(self, addr: u64, size: u64) -> Self {
+        self.push(step_kind::READ, addr, size, 0)
+    }
+
+    /// Stops at a checkpoint: the VMM runs its checkpoint hook with `id` while all vCPUs wait.
+    pub fn checkpoint(self, id: u64) -> Self {
+        self.push(step_kind::CHECKPOINT, 0, 0, id)
+    }
+
+    /// Makes the last step run on vCPU `vcpu` alone instead of on all vCPUs.
+    pub fn on_vcpu(mut self, vcpu: u32) -> Self {
+        if let Some(step) = self.steps.last_mut() {
+            step.vcpu = vcpu;
+        }
+        self
+    }
+
+    /// The steps in descriptor form.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Checks the workload for `vcpus` vCPUs against `memory`.
+    pub fn validate<M: GuestMemoryBackend>(
+        &self,
+        memory: &M,
+        vcpus: usize,
+    ) -> Result<(), WorkloadError> {
+        if vcpus == 0 || vcpus > MAX_VCPUS as usize {
+            return Err(WorkloadError::BadVcpuCount(vcpus));
+        }
+        if self.steps.len() > MAX_STEPS {
+            return Err(WorkloadError::TooManySteps(self.steps.len()));
+        }
+        for (index, step) in self.steps.iter().enumerate() {
+            if !protocol::step_is_valid(step, vcpus as u32) {
+                return Err(WorkloadError::BadStep {
+                    index,
+                    kind: kind_name(step.kind),
+                    addr: step.addr,
+                    size: step.size,
+                    vcpu: step.vcpu,
+                });
+            }
+            let in_ram = step.kind == step_kind::CHECKPOINT
+                || usize::try_from(step.size)
+                    .is_ok_and(|size| memory.check_range(GuestAddress(step.addr), size));
+            if !in_ram {
+                return Err(WorkloadError::OutsideRam {
+                    index,
+                    addr: step.addr,
+                    size: step.size,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates the workload and writes its descriptor at [`DESCRIPTOR_ADDR`].
+    pub fn write_descriptor<M: GuestMemoryBackend>(
+        &self,
+        memory: &M,
+        vcpus: usize,
+    ) -> Result<(), WorkloadError> {
+        self.validate(memory, vcpus)?;
+        let header = Header {
+            magic: DESCRIPTOR_MAGIC,
+            vcpu_count: vcpus as u32,
+            step_count: self.steps.len() as u32,
+        };
+        let mut bytes = header.as_slice().to_vec();
+        for step in &self.steps {
+            bytes.extend_from_slice(step.as_slice());
+        }
+        memory
+            .write_slice(&bytes, GuestAddress(DESCRIPTOR_ADDR))
+            .map_err(|e| WorkloadError::Write(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testguest::protocol::{HEADER_SIZE, STEP_SIZE};
+    use vm_memory::GuestMemoryMmap;
+
+    const MIB: u64 = 1 << 20;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap()
+    }
+
+    #[test]
+    fn encodes_header_and_steps_as_the_guest_reads_them() {
+        assert_eq!(std::mem::size_of::<Header>() as u64, HEADER_SIZE);
+        assert_eq!(std::mem::size_of::<Step>() as u64, STEP_SIZE);
+        let mem = memory();
+        let workload = Workload::new()
+            .write(2 * MIB, 4 * MIB, 0xabcd)
+            .checkpoint(7)
+            .verify(2 * MIB, MIB, 0xabcd)
+            .on_vcpu(1);
+        workload.write_descriptor(&mem, 2).unwrap();
+        let header: Header = mem.read_obj(GuestAddress(DESCRIPTOR_ADDR)).unwrap();
+        assert_eq!(
+            header,
+            Header {
+                magic: DESCRIPTOR_MAGIC,
+                vcpu_count: 2,
+                step_count: 3
+            }
+        );
+        for (index, expected) in workload.steps().iter().enumerate() {
+            let addr = DESCRIPTOR_ADDR + HEADER_SIZE + index as u64 * STEP_SIZE;
+            let step: Step = mem.read_obj(GuestAddress(addr)).unwrap();
+            assert_eq!(step, *expected);
+        }
+        assert_eq!(workload.steps()[2].vcpu, 1);
+        assert_eq!(workload.steps()[0].vcpu, ALL_VCPUS);
+    }
+
+    #[test]
+    fn rejects_malformed_steps() {
+        let mem = memory();
+        let bad = [
+            Workload::new().write(2 * MIB + 8, MIB, 1),
+            Workload::new().write(2 * MIB, 100, 1),
+            Workload::new().write(MIB, MIB, 1),
+            Workload::new().read(2 * MIB, MIB).on_vcpu(2),
+        ];
+        for workload in bad {
+            let err = workload.validate(&mem, 2).unwrap_err();
+            assert!(
+                matches!(err, WorkloadError::BadStep { index: 0, .. }),
+                "{err}"
+            );
+        }
+        let outside = Workload::new().verify_zero(4 * MIB, 8 * MIB);
+        assert_eq!(
+            outside.validate(&mem, 1),
+            Err(WorkloadError::OutsideRam {
+                index: 0,
+                addr: 4 * MIB,
+                size: 8 * MIB
+            })
+        );
+        let wrapping = Workload::new().write(u64::MAX - 0xfff, 0x2000, 0);
+        assert!(wrapping.validate(&mem, 1).is_err());
+    }
+
+    #[test]
+    fn rejects_bad_vcpu_counts_and_too_many_steps() {
+        let mem = memory();
+        assert_eq!(
+            Workload::new().validate(&mem, 0),
+            Err(WorkloadError::BadVcpuCount(0))
+        );
+        assert_eq!(
+            Workload::new().validate(&mem, 65),
+            Err(WorkloadError::BadVcpuCount(65))
+        );
+        let long = (0..=MAX_STEPS).fold(Workload::new(), |w, i| w.checkpoint(i as u64));
+        assert_eq!(
+            long.validate(&mem, 1),
+            Err(WorkloadError::TooManySteps(MAX_STEPS + 1))
+        );
+    }
+
+    #[test]
+    fn shares_split_pages_without_gaps_or_overlaps() {
+        for vcpus in 1..=7u32 {
+            let mut next = 0;
+            for vcpu in 0..vcpus {
+                let (first, last) = protocol::vcpu_share(ALL_VCPUS, 1001, vcpu, vcpus);
+                assert_eq!(first, next);
+                assert!(last - first <= 1001 / u64::from(vcpus) + 1);
+                next = last;
+            }
+            assert_eq!(next, 1001);
+        }
+        assert_eq!(protocol::vcpu_share(1, 10, 1, 2), (0, 10));
+        assert_eq!(protocol::vcpu_share(1, 10, 0, 2), (0, 0));
+    }
+}

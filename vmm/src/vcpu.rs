@@ -1,0 +1,246 @@
+//! A vCPU and its run loop: one thread per vCPU enters `KVM_RUN`, dispatches port I/O and MMIO
+//! exits to the device buses, and leaves on HLT, shutdown, errors or a stop request.
+//!
+//! Kicking: to get a thread out of `KVM_RUN`, [`kick_thread`] sends it [`kick_signal`]. The
+//! handler sets `immediate_exit` in that thread's own `kvm_run` (found through a thread-local
+//! pointer), so a kick that lands just before `KVM_RUN` is not lost: `KVM_RUN` returns `EINTR`
+//! at once and the loop looks at the pending request.
+
+use std::cell::Cell;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Once;
+
+use kvm_bindings::kvm_run;
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use crate::devices::Bus;
+use crate::vm::control::{StopReason, VmControl};
+
+/// The device buses vCPUs dispatch exits to.
+#[derive(Debug, Default)]
+pub struct Buses {
+    /// Port I/O bus (addresses are ports).
+    pub pio: Bus,
+    /// MMIO bus (addresses are guest physical addresses).
+    pub mmio: Bus,
+}
+
+/// How a vCPU thread ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VcpuExitReason {
+    /// It saw a stop request.
+    Stopped,
+    /// The guest executed HLT (only exits without an in-kernel irqchip).
+    Halted,
+    /// The guest triple-faulted or asked for a reset or power-off.
+    Shutdown,
+    /// KVM reported an error; the message says which.
+    Failed(String),
+}
+
+/// A vCPU of a [`crate::vm::Vm`], not yet running.
+#[derive(Debug)]
+pub struct Vcpu {
+    index: usize,
+    fd: VcpuFd,
+}
+
+thread_local! {
+    /// The `kvm_run` of the vCPU this thread runs, for the kick signal handler.
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+    /// Index of the vCPU this thread runs.
+    static VCPU_INDEX: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The signal that kicks vCPU threads out of `KVM_RUN`: the first real-time signal.
+pub fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+extern "C" fn handle_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Only async-signal-safe work: one thread-local read and one volatile store.
+    let run = KVM_RUN.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: `run` points at this thread's mapped `kvm_run`; the pointer is cleared before
+        // the mapping goes away, and a signal handler runs on the thread it interrupts.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+    }
+}
+
+/// Installs the kick signal handler once per process.
+fn install_kick_handler() -> Result<(), vmm_sys_util::errno::Error> {
+    static INSTALL: Once = Once::new();
+    let mut result = Ok(());
+    INSTALL.call_once(|| {
+        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), handle_kick);
+    });
+    result
+}
+
+/// Sends the kick signal to a vCPU thread.
+pub(crate) fn kick_thread(thread: libc::pthread_t) {
+    // SAFETY: `thread` is a vCPU thread that has not been joined (the caller checks it has not
+    // ended under the control lock), and the kick signal has a handler.
+    unsafe { libc::pthread_kill(thread, kick_signal()) };
+}
+
+/// The index of the vCPU the calling thread runs, if it is a vCPU thread.
+pub fn current_vcpu_index() -> Option<usize> {
+    VCPU_INDEX.with(Cell::get)
+}
+
+/// Kernel thread id of the calling thread.
+pub(crate) fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Clears the thread's `kvm_run` pointer when dropped.
+struct ClearKvmRun;
+
+impl Drop for ClearKvmRun {
+    fn drop(&mut self) {
+        KVM_RUN.with(|r| r.set(std::ptr::null_mut()));
+    }
+}
+
+impl Vcpu {
+    pub(crate) fn new(index: usize, fd: VcpuFd) -> Self {
+        Vcpu { index, fd }
+    }
+
+    /// Index of this vCPU (also its KVM vCPU id and APIC id).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The KVM vCPU, to set CPUID, MSRs and registers before the VM starts.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// Prepares the calling thread to run this vCPU: installs the kick handler.
+    pub(crate) fn prepare_thread() -> Result<(), vmm_sys_util::errno::Error> {
+        install_kick_handler()
+    }
+
+    /// The run loop; returns when the vCPU stops. Asks `control` to stop the whole VM when the
+    /// guest shut down or the vCPU failed.
+    pub(crate) fn run(mut self, buses: &Buses, control: &VmControl) -> VcpuExitReason {
+        VCPU_INDEX.with(|i| i.set(Some(self.index)));
+        KVM_RUN.with(|r| r.set(self.fd.get_kvm_run()));
+        // Locals drop before parameters: the pointer is cleared before `self.fd` unmaps
+        // `kvm_run`, even when unwinding.
+        let _clear = ClearKvmRun;
+        let reason = self.run_loop(buses, control);
+        match &reason {
+            VcpuExitReason::Shutdown => {
+                control.request_stop(StopReason::GuestShutdown { vcpu: self.index })
+            }
+            VcpuExitReason::Failed(message) => control.request_stop(StopReason::VcpuFailed {
+                vcpu: self.index,
+                message: message.clone(),
+            }),
+            VcpuExitReason::Stopped | VcpuExitReason::Halted => {}
+        }
+        reason
+    }
+
+    fn run_loop(&mut self, buses: &Buses, control: &VmControl) -> VcpuExitReason {
+        loop {
+            if control.is_pending() && !control.vcpu_checkpoint() {
+                return VcpuExitReason::Stopped;
+            }
+            match self.fd.run() {
+                Ok(VcpuExit::InternalError) => {
+                    return VcpuExitReason::Failed(self.internal_error_message())
+                }
+                Ok(exit) => {
+                    if let Some(reason) = Self::handle_exit(self.index, exit, buses) {
+                        return reason;
+                    }
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    // Order the reset before the next look at the pending flag: a kick sent
+                    // after this point either sets `immediate_exit` again or is seen there.
+                    fence(Ordering::SeqCst);
+                }
+                Err(e) if e.errno() == libc::EFAULT => {
+                    return VcpuExitReason::Failed(format!(
+                        "vCPU {}: guest memory access failed (KVM_RUN: {e}); \
+                         is guest memory exhausted or unmapped?",
+                        self.index
+                    ))
+                }
+                Err(e) => {
+                    return VcpuExitReason::Failed(format!("vCPU {}: KVM_RUN: {e}", self.index))
+                }
+            }
+        }
+    }
+
+    /// Describes a `KVM_EXIT_INTERNAL_ERROR`: sub-error, its data words (for an emulation
+    /// failure: the instruction bytes) and the guest RIP.
+    fn internal_error_message(&mut self) -> String {
+        // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member of the union is the valid one.
+        let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
+        let words = internal.data.len().min(internal.ndata as usize);
+        let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or_default();
+        format!(
+            "vCPU {}: KVM internal error {} at RIP {rip:#x} (1 = emulation failure), data {:x?}",
+            self.index,
+            internal.suberror,
+            &internal.data[..words]
+        )
+    }
+
+    /// Handles one exit; `Some` ends the run loop.
+    fn handle_exit(index: usize, exit: VcpuExit<'_>, buses: &Buses) -> Option<VcpuExitReason> {
+        match exit {
+            VcpuExit::IoIn(port, data) => {
+                if let Err(e) = buses.pio.read(u64::from(port), data) {
+                    log::trace!("vCPU {index}: port read: {e}");
+                    data.fill(0xff);
+                }
+            }
+            VcpuExit::IoOut(port, data) => {
+                if let Err(e) = buses.pio.write(u64::from(port), data) {
+                    log::trace!("vCPU {index}: port write: {e}");
+                }
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                if let Err(e) = buses.mmio.read(addr, data) {
+                    log::debug!("vCPU {index}: MMIO read: {e}");
+                    data.fill(0xff);
+                }
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                if let Err(e) = buses.mmio.write(addr, data) {
+                    log::debug!("vCPU {index}: MMIO write: {e}");
+                }
+            }
+            VcpuExit::Hlt => return Some(VcpuExitReason::Halted),
+            VcpuExit::Shutdown | VcpuExit::SystemEvent(..) => {
+                return Some(VcpuExitReason::Shutdown)
+            }
+            VcpuExit::FailEntry(reason, cpu) => {
+                return Some(VcpuExitReason::Failed(format!(
+                    "vCPU {index}: entry failed (hardware reason {reason:#x}, host CPU {cpu})"
+                )))
+            }
+            VcpuExit::MemoryFault { gpa, size, .. } => {
+                return Some(VcpuExitReason::Failed(format!(
+                    "vCPU {index}: guest memory fault at {gpa:#x}+{size:#x}"
+                )))
+            }
+            VcpuExit::Intr => {}
+            other => {
+                return Some(VcpuExitReason::Failed(format!(
+                    "vCPU {index}: unexpected exit {other:?}"
+                )))
+            }
+        }
+        None
+    }
+}

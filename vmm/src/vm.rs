@@ -1,0 +1,373 @@
+//! A KVM virtual machine: guest memory registered as memslots, an in-kernel irqchip and PIT, and
+//! N vCPUs that run on their own threads once started.
+//!
+//! ```text
+//! Vm::new(memory, vcpus)  -> configure vCPUs through Vm::vcpus() (CPUID, registers)
+//! Vm::start(buses)        -> RunningVm, all vCPUs parked; read vcpu_tids() here
+//! RunningVm::resume()     -> the guest runs; pause()/resume()/request_stop() via control()
+//! RunningVm::wait()       -> joins the vCPU threads, returns the StopReason
+//! ```
+//!
+//! The vCPUs start paused so that a lazy guest-memory backend can map each vCPU thread id to its
+//! vCPU (and its allocator core) before the guest touches memory.
+
+pub mod control;
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+
+use crate::vcpu::{self, Buses, Vcpu, VcpuExitReason};
+use control::{StopReason, VmControl};
+
+/// Errors of VM creation and start.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// /dev/kvm could not be opened.
+    #[error("cannot open /dev/kvm (is KVM available and accessible?): {0}")]
+    KvmUnavailable(kvm_ioctls::Error),
+    /// A KVM ioctl failed.
+    #[error("{what} failed: {source}")]
+    Kvm {
+        /// The ioctl.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// The vCPU count is 0 or above what KVM supports.
+    #[error("invalid vCPU count {requested}: must be between 1 and {max}")]
+    InvalidVcpuCount {
+        /// Requested vCPUs.
+        requested: usize,
+        /// KVM's (and our APIC id) limit.
+        max: usize,
+    },
+    /// A guest memory region has no host mapping or is not page aligned.
+    #[error("guest memory region at {guest_addr:#x} cannot be a KVM memslot: {reason}")]
+    BadRegion {
+        /// Guest physical start of the region.
+        guest_addr: u64,
+        /// Why.
+        reason: &'static str,
+    },
+    /// More memory regions than KVM has memslots.
+    #[error("{regions} guest memory regions, but KVM only has {max} memslots")]
+    TooManyRegions {
+        /// Regions of the guest memory.
+        regions: usize,
+        /// KVM's limit.
+        max: usize,
+    },
+    /// A vCPU thread could not be started.
+    #[error("cannot start vCPU thread {index}: {reason}")]
+    VcpuThread {
+        /// vCPU index.
+        index: usize,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Guest physical address of the 3-page region KVM needs for the TSS on Intel (as Firecracker).
+const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+/// Highest vCPU count: xAPIC ids are 8 bits and 0xff is the broadcast id.
+pub const MAX_VCPUS: usize = 254;
+const HOST_PAGE_SIZE: u64 = 4096;
+
+/// A VM whose vCPUs have not started yet.
+pub struct Vm<M> {
+    // Field order is drop order: the VM and vCPU fds go before the memory they map.
+    vcpus: Vec<Vcpu>,
+    fd: Arc<VmFd>,
+    kvm: Kvm,
+    memory: Arc<M>,
+}
+
+impl<M> std::fmt::Debug for Vm<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("vcpus", &self.vcpus.len())
+            .finish()
+    }
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
+    /// Creates a VM over `memory` (one memslot per region) with `vcpu_count` vCPUs, an in-kernel
+    /// irqchip (PIC, IOAPIC, LAPICs) and PIT.
+    pub fn new(memory: Arc<M>, vcpu_count: usize) -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::KvmUnavailable)?;
+        let max = kvm.get_max_vcpus().min(MAX_VCPUS);
+        if vcpu_count == 0 || vcpu_count > max {
+            return Err(VmError::InvalidVcpuCount {
+                requested: vcpu_count,
+                max,
+            });
+        }
+        let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        fd.set_tss_address(KVM_TSS_ADDRESS)
+            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+        fd.create_irq_chip()
+            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+        register_memslots(&kvm, &fd, memory.as_ref())?;
+        let vcpus = (0..vcpu_count)
+            .map(|index| {
+                let vcpu_fd = fd
+                    .create_vcpu(index as u64)
+                    .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+                Ok(Vcpu::new(index, vcpu_fd))
+            })
+            .collect::<Result<Vec<_>, VmError>>()?;
+        Ok(Vm {
+            vcpus,
+            fd: Arc::new(fd),
+            kvm,
+            memory,
+        })
+    }
+
+    /// The KVM system handle (supported CPUID, MSR lists).
+    pub fn kvm(&self) -> &Kvm {
+        &self.kvm
+    }
+
+    /// The KVM VM (irq lines, irqfds, ioeventfds).
+    pub fn fd(&self) -> &Arc<VmFd> {
+        &self.fd
+    }
+
+    /// The guest memory.
+    pub fn memory(&self) -> &Arc<M> {
+        &self.memory
+    }
+
+    /// The vCPUs, to configure before [`Self::start`].
+    pub fn vcpus(&self) -> &[Vcpu] {
+        &self.vcpus
+    }
+
+    /// Starts one thread per vCPU. The vCPUs wait, paused, until [`RunningVm::resume`]; their
+    /// thread ids are known when this returns.
+    pub fn start(self, buses: Arc<Buses>) -> Result<RunningVm, VmError> {
+        let count = self.vcpus.len();
+        let control = Arc::new(VmControl::new(count));
+        let (tid_sender, tid_receiver) = std::sync::mpsc::channel();
+        let mut threads = Vec::with_capacity(count);
+        for vcpu in self.vcpus {
+            let index = vcpu.index();
+            let (buses, memory) = (buses.clone(), self.memory.clone());
+            let thread_control = control.clone();
+            let tid_sender = tid_sender.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("vcpu{index}"))
+                .spawn(move || {
+                    let mut exit = ExitGuard {
+                        control: &thread_control,
+                        index,
+                        reason: VcpuExitReason::Failed(format!("vCPU {index} thread panicked")),
+                    };
+                    let ready = Vcpu::prepare_thread().map_err(|e| e.to_string());
+                    let failed = ready.is_err();
+                    // The receiver lives until every thread has reported; dropping the sender
+                    // lets it see the end of the reports.
+                    let _ = tid_sender.send((index, vcpu::gettid(), ready));
+                    drop(tid_sender);
+                    exit.reason = if failed {
+                        VcpuExitReason::Failed(format!("vCPU {index}: no kick signal handler"))
+                    } else {
+                        vcpu.run(&buses, exit.control)
+                    };
+                    let reason = exit.reason.clone();
+                    drop(exit);
+                    // The memory outlives the vCPU fd, which `run` consumed.
+                    drop(memory);
+                    reason
+                });
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    let running = RunningVm::new(control, threads, Vec::new(), self.fd);
+                    running.control.request_stop(StopReason::Requested);
+                    drop(running);
+                    return Err(VmError::VcpuThread {
+                        index,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        drop(tid_sender);
+        let mut tids = vec![0; count];
+        let mut failure = None;
+        for (index, tid, ready) in tid_receiver.iter() {
+            tids[index] = tid;
+            if let Err(reason) = ready {
+                failure.get_or_insert(VmError::VcpuThread { index, reason });
+            }
+        }
+        let running = RunningVm::new(control, threads, tids, self.fd);
+        if let Some(error) = failure {
+            running.control.request_stop(StopReason::Requested);
+            return Err(error);
+        }
+        Ok(running)
+    }
+}
+
+/// Reports a vCPU thread's end to the run control, also when the thread panics.
+struct ExitGuard<'a> {
+    control: &'a VmControl,
+    index: usize,
+    reason: VcpuExitReason,
+}
+
+impl Drop for ExitGuard<'_> {
+    fn drop(&mut self) {
+        self.control.vcpu_exited(self.index, self.reason.clone());
+    }
+}
+
+/// Registers every region of `memory` as a memslot.
+fn register_memslots<M: GuestMemoryBackend>(
+    kvm: &Kvm,
+    fd: &VmFd,
+    memory: &M,
+) -> Result<(), VmError> {
+    let max = kvm.get_nr_memslots();
+    if memory.num_regions() > max {
+        return Err(VmError::TooManyRegions {
+            regions: memory.num_regions(),
+            max,
+        });
+    }
+    for (slot, region) in memory.iter().enumerate() {
+        let guest_addr = region.start_addr().0;
+        let bad = |reason| VmError::BadRegion { guest_addr, reason };
+        let host = region
+            .get_host_address(MemoryRegionAddress(0))
+            .map_err(|_| bad("it has no host mapping"))? as u64;
+        if !guest_addr.is_multiple_of(HOST_PAGE_SIZE)
+            || !host.is_multiple_of(HOST_PAGE_SIZE)
+            || !region.len().is_multiple_of(HOST_PAGE_SIZE)
+        {
+            return Err(bad("start, host address and size must be 4 KiB aligned"));
+        }
+        let slot_region = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: guest_addr,
+            memory_size: region.len(),
+            userspace_addr: host,
+        };
+        // SAFETY: the region is a host mapping of `region.len()` bytes owned by `memory`, which
+        // the Vm (and every vCPU thread) keeps alive longer than the VM fd that uses it.
+        unsafe { fd.set_user_memory_region(slot_region) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
+/// A VM whose vCPU threads have started. Dropping it stops and joins them.
+pub struct RunningVm {
+    control: Arc<VmControl>,
+    threads: Vec<JoinHandle<VcpuExitReason>>,
+    tids: Vec<libc::pid_t>,
+    fd: Arc<VmFd>,
+}
+
+impl std::fmt::Debug for RunningVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningVm")
+            .field("tids", &self.tids)
+            .field("control", &self.control)
+            .finish()
+    }
+}
+
+impl RunningVm {
+    fn new(
+        control: Arc<VmControl>,
+        threads: Vec<JoinHandle<VcpuExitReason>>,
+        tids: Vec<libc::pid_t>,
+        fd: Arc<VmFd>,
+    ) -> Self {
+        use std::os::unix::thread::JoinHandleExt;
+        control.set_threads(threads.iter().map(|t| t.as_pthread_t()).collect());
+        RunningVm {
+            control,
+            threads,
+            tids,
+            fd,
+        }
+    }
+
+    /// Kernel thread id of each vCPU thread, by vCPU index.
+    pub fn vcpu_tids(&self) -> &[libc::pid_t] {
+        &self.tids
+    }
+
+    /// The vCPU index of a thread id, if it is one of this VM's vCPU threads.
+    pub fn vcpu_of_tid(&self, tid: libc::pid_t) -> Option<usize> {
+        self.tids.iter().position(|t| *t == tid)
+    }
+
+    /// Run control, shareable with devices and the API.
+    pub fn control(&self) -> &Arc<VmControl> {
+        &self.control
+    }
+
+    /// The KVM VM.
+    pub fn fd(&self) -> &Arc<VmFd> {
+        &self.fd
+    }
+
+    /// Lets the vCPUs run (they start paused).
+    pub fn resume(&self) -> Result<(), control::ControlError> {
+        self.control.resume()
+    }
+
+    /// Waits until all vCPUs have ended, for at most `timeout`; on timeout, stops them with
+    /// [`StopReason::Requested`]. Returns why the VM stopped and whether it timed out.
+    pub fn wait_timeout(mut self, timeout: Option<Duration>) -> (StopReason, bool) {
+        let finished = self.control.wait_for_exit(timeout);
+        if !finished {
+            self.control.request_stop(StopReason::Requested);
+        }
+        self.join();
+        let reason = self.control.stop_reason().unwrap_or(StopReason::Requested);
+        (reason, !finished)
+    }
+
+    /// Waits until all vCPUs have ended and returns why the VM stopped.
+    pub fn wait(self) -> StopReason {
+        self.wait_timeout(None).0
+    }
+
+    fn join(&mut self) {
+        for thread in self.threads.drain(..) {
+            // A panicking vCPU thread has already been recorded as ended or will be stopped.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for RunningVm {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.control.request_stop(StopReason::Requested);
+            self.join();
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Run control shared by a VM's vCPU threads and whoever drives the VM (the CLI, the API,
+//! devices): pause, resume and stop, and the reason the VM stopped.
+//!
+//! The vCPUs poll one atomic flag after every exit (lock-free on the hot path); only when a
+//! request is pending do they take the lock. A request also kicks every vCPU thread out of
+//! `KVM_RUN` with a signal (see [`crate::vcpu`]), so a guest spinning without exits stops too.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::vcpu::{self, VcpuExitReason};
+
+/// Errors of run control requests.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ControlError {
+    /// The VM has stopped (or is stopping) and cannot be paused or resumed.
+    #[error("the VM has stopped")]
+    Stopped,
+    /// `pause` was called on a vCPU thread, which would wait for itself.
+    #[error("a vCPU thread cannot pause its own VM")]
+    CalledFromVcpu,
+}
+
+/// What the VM's owner asked the vCPUs to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// vCPUs run the guest.
+    Running,
+    /// vCPUs wait outside `KVM_RUN` until resumed.
+    Paused,
+    /// vCPUs leave their run loops for good.
+    Stopped,
+}
+
+/// Why a VM stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// Its owner asked it to stop (API, Ctrl-C, a timeout).
+    Requested,
+    /// The guest asked to exit with a status (e.g. the test guest's exit report).
+    GuestExit(u64),
+    /// A vCPU triple-faulted (`KVM_EXIT_SHUTDOWN`) or asked for a reset or power-off.
+    GuestShutdown {
+        /// Index of the vCPU.
+        vcpu: usize,
+    },
+    /// Every vCPU halted with interrupts off.
+    AllHalted,
+    /// A vCPU failed: a KVM error, a failed entry, an internal error or a memory fault.
+    VcpuFailed {
+        /// Index of the vCPU.
+        vcpu: usize,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl StopReason {
+    /// Whether the VM ended in an orderly way with success (owner stop, guest exit 0, halt).
+    pub fn is_success(&self) -> bool {
+        matches!(
+            self,
+            StopReason::Requested | StopReason::GuestExit(0) | StopReason::AllHalted
+        )
+    }
+}
+
+struct State {
+    requested: RunState,
+    /// vCPUs waiting in `vcpu_checkpoint` while paused.
+    parked: usize,
+    /// Per vCPU: how its thread ended, once it has.
+    exits: Vec<Option<VcpuExitReason>>,
+    stop_reason: Option<StopReason>,
+    /// pthread handles of the vCPU threads, to kick them.
+    threads: Vec<libc::pthread_t>,
+}
+
+impl State {
+    fn exited(&self) -> usize {
+        self.exits.iter().filter(|e| e.is_some()).count()
+    }
+}
+
+/// Shared run control of one VM.
+pub struct VmControl {
+    /// Set while the vCPUs must look at `state` (a pause or stop is pending).
+    pending: AtomicBool,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl std::fmt::Debug for VmControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmControl")
+            .field("state", &self.state())
+            .field("stop_reason", &self.stop_reason())
+            .finish()
+    }
+}
+
+impl VmControl {
+    /// Control for `vcpu_count` vCPUs, which start paused.
+    pub(crate) fn new(vcpu_count: usize) -> Self {
+        VmControl {
+            pending: AtomicBool::new(true),
+            state: Mutex::new(State {
+                requested: RunState::Paused,
+                parked: 0,
+                exits: vec![None; vcpu_count],
+                stop_reason: None,
+                threads: Vec::new(),
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves the state consistent: keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the vCPU threads so that requests can kick them.
+    pub(crate) fn set_threads(&self, threads: Vec<libc::pthread_t>) {
+        self.lock().threads = threads;
+    }
+
+    /// Kicks every vCPU thread that has not ended out of `KVM_RUN`.
+    fn kick_all(state: &State) {
+        for (thread, exit) in state.threads.iter().zip(&state.exits) {
+            if exit.is_none() {
+                vcpu::kick_thread(*thread);
+            }
+        }
+    }
+
+    /// The state the owner asked for.
+    pub fn state(&self) -> RunState {
+        self.lock().requested
+    }
+
+    /// Why the VM stopped, once it has.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.lock().stop_reason.clone()
+    }
+
+    /// How each vCPU thread ended (`None`: still running).
+    pub fn vcpu_exits(&self) -> Vec<Option<VcpuExitReason>> {
+        self.lock().exits.clone()
+    }
+
+    /// Asks all vCPUs to stop for `reason` and returns at once; the first reason sticks.
+    /// Safe to call from a vCPU thread (e.g. from a device).
+    pub fn request_stop(&self, reason: StopReason) {
+        let mut state = self.lock();
+        state.stop_reason.get_or_insert(reason);
+        state.requested = RunState::Stopped;
+        self.pending.store(true, Ordering::SeqCst);
+        Self::kick_all(&state);
+        self.changed.notify_all();
+    }
+
+    /// Pauses all vCPUs and returns once every running vCPU waits outside `KVM_RUN`.
+    pub fn pause(&self) -> Result<(), ControlError> {
+        if vcpu::current_vcpu_index().is_some() {
+            return Err(ControlError::CalledFromVcpu);
+        }
+        let mut state = self.lock();
+        if state.requested == RunState::Stopped {
+            return Err(ControlError::Stopped);
+        }
+        state.requested = RunState::Paused;
+        self.pending.store(true, Ordering::SeqCst);
+        Self::kick_all(&state);
+        while state.requested == RunState::Paused
+            && state.parked + state.exited() < state.exits.len()
+        {
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        match state.requested {
+            RunState::Stopped => Err(ControlError::Stopped),
+            _ => Ok(()),
+        }
+    }
+
+    /// Lets paused vCPUs run (again).
+    pub fn resume(&self) -> Result<(), ControlError> {
+        let mut state = self.lock();
+        if state.requested == RunState::Stopped {
+            return Err(ControlError::Stopped);
+        }
+        state.requested = RunState::Running;
+        self.pending.store(false, Ordering::SeqCst);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Waits until every vCPU thread has ended, or `timeout` passed. Returns whether they all
+    /// ended.
+    pub fn wait_for_exit(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.lock();
+        while state.exited() < state.exits.len() {
+            state = match deadline {
+                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    self.changed
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+        true
+    }
+
+    /// Whether a vCPU must call [`Self::vcpu_checkpoint`] before entering the guest again.
+    /// One atomic load: the hot path.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Called by a vCPU when a request is pending: waits while paused. Returns `false` when the
+    /// vCPU must stop.
+    pub(crate) fn vcpu_checkpoint(&self) -> bool {
+        let mut state = self.lock();
+        loop {
+            match state.requested {
+                RunState::Running => return true,
+                RunState::Stopped => return false,
+                RunState::Paused => {
+                    state.parked += 1;
+                    self.changed.notify_all();
+                    state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                    state.parked -= 1;
+                }
+            }
+        }
+    }
+
+    /// Called by a vCPU thread as it ends. When the last vCPU ends without a stop request, the
+    /// VM has stopped because all vCPUs halted (or failed).
+    pub(crate) fn vcpu_exited(&self, index: usize, reason: VcpuExitReason) {
+        let mut state = self.lock();
+        if let Some(slot) = state.exits.get_mut(index) {
+            *slot = Some(reason);
+        }
+        if state.exited() == state.exits.len() {
+            state.stop_reason.get_or_insert(StopReason::AllHalted);
+            state.requested = RunState::Stopped;
+            self.pending.store(true, Ordering::SeqCst);
+        }
+        self.changed.notify_all();
+    }
+}
