@@ -12,6 +12,8 @@
 //! vCPU (and its allocator core) before the guest touches memory.
 
 pub mod control;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -36,7 +36,7 @@ use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
 };
 use crate::vcpu::Buses;
-use crate::vm::{Vm, VmError};
+use crate::vm::{RunningVm, Vm, VmError};
 use protocol::{
     DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,
     REPORT_MMIO_SIZE, STACKS_START, STACK_SIZE, WORKLOAD_MIN_ADDR,
@@ -72,15 +72,15 @@ pub enum TestGuestError {
     Devices(String),
 }
 
-/// A start hook: receives the vCPU thread ids, by vCPU index, before the guest runs.
-pub type StartHook = Box<dyn FnOnce(&[libc::pid_t]) + Send>;
+/// A start hook: sees the started VM (vCPU thread ids, run control) before the guest runs.
+pub type StartHook = Box<dyn FnOnce(&RunningVm) + Send>;
 
 /// Options of [`run_with`].
 pub struct RunOptions {
     /// Longest the guest may run before it is stopped and the report marked timed out.
     pub timeout: Duration,
-    /// Called with the vCPU thread ids (by vCPU index) after the threads started and before the
-    /// guest runs, e.g. to map fault threads to vCPUs.
+    /// Called once the vCPU threads exist and before the guest runs, e.g. to map fault threads
+    /// to vCPUs ([`RunningVm::vcpu_tids`]) or to keep its [`RunningVm::control`].
     pub on_start: Option<StartHook>,
     /// Called at every checkpoint step.
     pub on_checkpoint: Option<CheckpointHook>,
@@ -161,7 +161,7 @@ where
     let running = vm.start(Arc::new(buses))?;
     reports.set_control(running.control().clone());
     if let Some(on_start) = options.on_start {
-        on_start(running.vcpu_tids());
+        on_start(&running);
     }
     let started = Instant::now();
     running

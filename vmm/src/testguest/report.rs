@@ -280,3 +280,118 @@ impl BusDevice for ReportDevice {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testguest::protocol::{report_address, REPORT_MMIO_BASE};
+
+    fn send(device: &ReportDevice, vcpu: u32, code: u64, value: u64) {
+        let offset = report_address(vcpu, code) - REPORT_MMIO_BASE;
+        device.write(REPORT_MMIO_BASE, offset, &value.to_le_bytes());
+    }
+
+    fn report_of(device: &ReportDevice, stop_reason: StopReason) -> Report {
+        let (vcpus, protocol_errors) = device.reports();
+        Report {
+            stop_reason,
+            timed_out: false,
+            vcpus,
+            protocol_errors,
+            serial_output: String::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn assembles_step_reports_and_exit() {
+        let device = ReportDevice::new(1, 2, None);
+        send(&device, 0, report_code::STARTED, 0x1000);
+        send(&device, 0, report_code::STEP_PAGES, 10);
+        send(&device, 0, report_code::STEP_MISMATCHES, 0);
+        send(&device, 0, report_code::STEP_DONE, 0);
+        send(&device, 0, report_code::STEP_PAGES, 4);
+        send(&device, 0, report_code::STEP_MISMATCHES, 2);
+        send(&device, 0, report_code::FIRST_MISMATCH_ADDR, 0x20_0000);
+        send(&device, 0, report_code::FIRST_MISMATCH_VALUE, 7);
+        send(&device, 0, report_code::STEP_DONE, 1);
+        send(&device, 0, report_code::EXIT, exit_status::VERIFY_FAILED);
+        let report = report_of(&device, StopReason::GuestExit(exit_status::VERIFY_FAILED));
+        let vcpu = &report.vcpus[0];
+        assert!(vcpu.started);
+        assert_eq!(
+            vcpu.steps[0],
+            StepReport {
+                done: true,
+                pages: 10,
+                mismatches: 0,
+                first_mismatch: None
+            }
+        );
+        let mismatch = Mismatch {
+            addr: 0x20_0000,
+            found: 7,
+        };
+        assert_eq!(vcpu.steps[1].first_mismatch, Some(mismatch));
+        assert_eq!((report.pages(1), report.mismatches(1)), (4, 2));
+        assert_eq!(report.exit_code(), exit_code::VERIFY_FAILED);
+        assert_eq!(report.protocol_errors, 0);
+    }
+
+    #[test]
+    fn hostile_reports_are_counted_not_trusted() {
+        let device = ReportDevice::new(2, 1, None);
+        device.write(REPORT_MMIO_BASE, 0, &[1, 2, 3, 4]); // 4-byte write
+        device.write(REPORT_MMIO_BASE, 3, &[0; 8]); // unaligned
+        send(&device, 5, report_code::STARTED, 0); // unknown vCPU
+        send(&device, 0, 31, 0); // unknown code
+        send(&device, 0, report_code::STEP_DONE, 1); // step out of range
+        send(&device, 0, report_code::STEP_DONE, u64::MAX);
+        send(&device, 0, report_code::STEP_DONE, 0);
+        send(&device, 0, report_code::STEP_DONE, 0); // twice
+        send(&device, 1, report_code::EXIT, 0);
+        send(&device, 1, report_code::EXIT, 0); // twice
+        let mut data = [0xffu8; 8];
+        device.read(REPORT_MMIO_BASE, 0, &mut data);
+        assert_eq!(data, [0; 8]);
+        let report = report_of(&device, StopReason::GuestExit(0));
+        assert_eq!(report.protocol_errors, 8);
+        assert_eq!(report.vcpus[1].exit_status, Some(0));
+        assert_eq!(
+            report.exit_code(),
+            exit_code::GUEST_ERROR,
+            "vCPU 0 never exited"
+        );
+    }
+
+    #[test]
+    fn checkpoints_call_the_hook() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook_seen = seen.clone();
+        let hook: CheckpointHook = Arc::new(move |id| hook_seen.lock().unwrap().push(id));
+        let device = ReportDevice::new(1, 0, Some(hook));
+        send(&device, 0, report_code::CHECKPOINT, 3);
+        send(&device, 0, report_code::CHECKPOINT, 4);
+        assert_eq!(*seen.lock().unwrap(), vec![3, 4]);
+        assert_eq!(device.reports().0[0].checkpoints, vec![3, 4]);
+    }
+
+    #[test]
+    fn exit_codes_follow_the_stop_reason() {
+        let device = ReportDevice::new(1, 0, None);
+        send(&device, 0, report_code::EXIT, 0);
+        assert_eq!(
+            report_of(&device, StopReason::GuestExit(0)).exit_code(),
+            exit_code::SUCCESS
+        );
+        let crashed = report_of(&device, StopReason::GuestShutdown { vcpu: 0 });
+        assert_eq!(crashed.exit_code(), exit_code::VM_ERROR);
+        let bad = report_of(&device, StopReason::GuestExit(exit_status::BAD_DESCRIPTOR));
+        assert_eq!(bad.exit_code(), exit_code::GUEST_ERROR);
+        let timed_out = Report {
+            timed_out: true,
+            ..report_of(&device, StopReason::Requested)
+        };
+        assert_eq!(timed_out.exit_code(), exit_code::TIMEOUT);
+    }
+}

@@ -258,3 +258,58 @@ impl VmControl {
         self.changed.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Runs `count` threads that behave like vCPUs at their checkpoints, without KVM.
+    fn fake_vcpus(control: &Arc<VmControl>, count: usize) -> Vec<std::thread::JoinHandle<()>> {
+        (0..count)
+            .map(|index| {
+                let control = control.clone();
+                std::thread::spawn(move || {
+                    while !control.is_pending() || control.vcpu_checkpoint() {
+                        std::thread::yield_now();
+                    }
+                    control.vcpu_exited(index, VcpuExitReason::Stopped);
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pause_waits_for_every_vcpu_and_stop_ends_them() {
+        let control = Arc::new(VmControl::new(2));
+        let threads = fake_vcpus(&control, 2);
+        control.resume().unwrap();
+        assert_eq!(control.state(), RunState::Running);
+        control.pause().unwrap();
+        assert_eq!(control.lock().parked, 2);
+        control.resume().unwrap();
+        control.request_stop(StopReason::GuestExit(3));
+        control.request_stop(StopReason::Requested);
+        assert!(control.wait_for_exit(Some(Duration::from_secs(10))));
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(
+            control.stop_reason(),
+            Some(StopReason::GuestExit(3)),
+            "first wins"
+        );
+        assert_eq!(control.pause(), Err(ControlError::Stopped));
+        assert_eq!(control.resume(), Err(ControlError::Stopped));
+    }
+
+    #[test]
+    fn all_vcpus_ending_on_their_own_means_all_halted() {
+        let control = VmControl::new(2);
+        assert!(!control.wait_for_exit(Some(Duration::from_millis(10))));
+        control.vcpu_exited(0, VcpuExitReason::Halted);
+        control.vcpu_exited(1, VcpuExitReason::Halted);
+        assert!(control.wait_for_exit(None));
+        assert_eq!(control.stop_reason(), Some(StopReason::AllHalted));
+        assert!(StopReason::AllHalted.is_success());
+        assert!(!StopReason::GuestExit(1).is_success());
+    }
+}
