@@ -13,6 +13,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -106,8 +107,9 @@ fn serve(inner: &Inner, stop: &EventFd) {
         let Ok(n) = uffd.read_faults(&mut faults) else {
             return;
         };
+        let read_at = Instant::now();
         for fault in &faults[..n] {
-            handle(inner, fault);
+            handle(inner, fault, read_at);
         }
     }
 }
@@ -136,8 +138,9 @@ fn retry_blocked(inner: &Inner) {
     }
 }
 
-/// Resolves one fault: populate the chunk with the faulting vCPU's core, then wake.
-fn handle(inner: &Inner, fault: &Fault) {
+/// Resolves one fault read at `read_at`: populate the chunk with the faulting vCPU's core, then
+/// wake.
+fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     let shared = &inner.shared;
     let Some((region, chunk)) = inner.locate(fault.address) else {
         // Not guest memory (cannot happen: only regions are registered); do not leave it hanging.
@@ -148,15 +151,22 @@ fn handle(inner: &Inner, fault: &Fault) {
     let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
     match region.populate(chunk, core) {
         Ok(fresh) => {
+            let counters = &shared.counters;
             if fresh {
-                Counters::bump(&shared.counters.faults);
+                Counters::bump(&counters.faults);
                 if let Some(i) = vcpu {
-                    Counters::bump(&shared.counters.vcpu_faults[i]);
+                    Counters::bump(&counters.vcpu_faults[i]);
                 }
             }
             let (addr, len) = region.chunk_range(chunk);
+            let waking = Instant::now();
             // Fails only if the range is gone, i.e. the memory is being torn down.
             let _ = shared.uffd.wake(addr, len);
+            let woken = Instant::now();
+            counters.fault_wake.record(woken - waking);
+            if fresh {
+                counters.fault_handling.record(woken - read_at);
+            }
         }
         Err(error) => {
             let error = match error {

@@ -16,17 +16,21 @@ mod access;
 mod discard;
 mod fault;
 mod frame_table;
+mod latency;
 mod memory;
 mod pieces;
 pub mod pool;
 mod region;
 pub mod stats;
 mod sys;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod vcpu;
 
 pub use discard::DiscardStats;
+pub use latency::LatencySummary;
 pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Snapshot};
 pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
 pub use region::{GuestRegion, RegionError};
-pub use stats::{MemoryStats, PoolStats};
+pub use stats::{FaultLatency, MemoryStats, PoolStats};
 pub use vcpu::FaultError;

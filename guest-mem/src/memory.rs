@@ -348,6 +348,7 @@ impl GuestMemory {
                 .iter()
                 .flat_map(|r| (0..r.table().len()).map(|c| r.pieces().count(c) as u64))
                 .sum(),
+            fault_latency: counters.fault_latency(),
         }
     }
 

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Instant;
 
 use llfree::FRAME_SIZE;
 use thiserror::Error;
@@ -215,9 +216,11 @@ impl GuestRegion {
     /// registered placeholder and published unpopulated.
     fn map_claimed(&self, chunk: usize, frame: Frame) -> Result<(), RegionError> {
         let (addr, len) = self.chunk_range(chunk);
+        let started = Instant::now();
         // SAFETY: the chunk belongs to this region and is claimed by us; it holds a placeholder.
         match unsafe { self.shared.pool.map_frame(frame, addr) } {
             Ok(()) => {
+                self.shared.counters.frame_map.record(started.elapsed());
                 self.table.publish(chunk, frame.index);
                 Ok(())
             }

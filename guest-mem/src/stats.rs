@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use llfree::FRAME_SIZE;
 
+use crate::latency::{LatencyHistogram, LatencySummary};
 use crate::pool::{FrameSize, Pool};
 
 /// One 64 MiB tree of a pool's allocator.
@@ -78,6 +79,22 @@ pub struct MemoryStats {
     pub discarded_chunks: u64,
     /// 4 KiB pieces given away (balloon) and not reclaimed yet.
     pub given_away_pieces: u64,
+    /// Where the time of populating chunks goes.
+    pub fault_latency: FaultLatency,
+}
+
+/// Latencies of populating chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FaultLatency {
+    /// userfaultfd faults resolved with a new frame, from reading the fault message to
+    /// UFFDIO_WAKE returning (frame allocation, mapping and wake-up; faults read in one batch
+    /// include the handling of those before them).
+    pub handling: LatencySummary,
+    /// `mmap(MAP_FIXED)` of a frame over a chunk, for every population (faults, eager
+    /// population, VMM accesses).
+    pub map: LatencySummary,
+    /// The UFFDIO_WAKE ioctl after resolving a fault.
+    pub wake: LatencySummary,
 }
 
 /// Event counters of a guest memory, updated lock-free.
@@ -87,6 +104,9 @@ pub(crate) struct Counters {
     pub exhausted: AtomicU64,
     pub discarded_chunks: AtomicU64,
     pub vcpu_faults: Box<[AtomicU64]>,
+    pub fault_handling: LatencyHistogram,
+    pub frame_map: LatencyHistogram,
+    pub fault_wake: LatencyHistogram,
 }
 
 impl Counters {
@@ -103,5 +123,13 @@ impl Counters {
 
     pub fn read(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    pub fn fault_latency(&self) -> FaultLatency {
+        FaultLatency {
+            handling: self.fault_handling.summary(),
+            map: self.frame_map.summary(),
+            wake: self.fault_wake.summary(),
+        }
     }
 }

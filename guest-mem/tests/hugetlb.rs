@@ -4,8 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::hugepages::HugePages;
-use common::{kick_signal, touch, Vm, GIB, MIB};
+use common::{kick_signal, touch, HugePages, Vm, GIB, MIB};
 use guest_mem::{Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig};
 use llfree::TREE_FRAMES;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};

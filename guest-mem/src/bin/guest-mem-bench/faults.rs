@@ -1,0 +1,176 @@
+//! Group `faults`: per-fault latency of lazy population.
+//!
+//! * In the handler: guest-mem's own histograms (fault message read to UFFDIO_WAKE returned,
+//!   the mmap of the frame, the wake ioctl).
+//! * As the guest sees it: the stepped program exits to the VMM after every touch, which times
+//!   each touch from one exit to the next. The same is measured for the first touch of eagerly
+//!   mapped chunks (kernel allocation and zeroing, but no userfaultfd) and for touching
+//!   populated memory again (the cost of the exits themselves).
+
+use std::time::{Duration, Instant};
+
+use guest_mem::{GuestMemory, LatencySummary, Populate, Scrub};
+use vm_memory::GuestAddress;
+
+use crate::guest::{Guest, Stride};
+use crate::report::{quantile, Key, Report};
+use crate::subject::{memory, pool, reserve_most, PoolKind, Ram};
+use crate::{Args, GIB};
+
+const GROUP: &str = "faults";
+const MARKER: u32 = 0x5A5A_0002;
+
+fn us(d: &[Duration]) -> Vec<f64> {
+    d.iter().map(|d| d.as_secs_f64() * 1e6).collect()
+}
+
+/// Touch times of one run: first touches of lazy and of eager chunks, and touches of
+/// populated chunks.
+#[derive(Default)]
+struct Touches {
+    lazy: Vec<Duration>,
+    eager: Vec<Duration>,
+    hot: Vec<Duration>,
+}
+
+/// Waits until the handler has recorded the latency of every fault (it does so after waking the
+/// vCPU), then returns its summaries.
+pub fn handler_latency(memory: &GuestMemory) -> guest_mem::FaultLatency {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let stats = memory.stats();
+        if stats.fault_latency.handling.count >= stats.faults || Instant::now() > deadline {
+            return stats.fault_latency;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Lazy then eager memory on a fresh pool of `size` bytes of `kind`, `cycles` times each.
+fn once(
+    kind: PoolKind,
+    size: u64,
+    cycles: usize,
+) -> Result<(Touches, guest_mem::FaultLatency, u64), String> {
+    let stride = Stride::parse(kind.frame_stride())?;
+    let pool = pool(kind, size, Scrub::PunchHole)?;
+    let core = pool.claim_cores(1);
+    let mut touches = Touches::default();
+    let ram = Ram::Pool(memory(&pool, size, Populate::Lazy)?);
+    let lazy = ram.memory().expect("pool memory");
+    let mut guest = Guest::new(&ram)?;
+    for cycle in 0..cycles {
+        if cycle > 0 {
+            lazy.discard(GuestAddress(0), size, core)
+                .map_err(|e| e.to_string())?;
+        }
+        let (times, old) = guest.touch_each(stride, MARKER)?;
+        if old != 0 {
+            return Err(format!("a lazily populated chunk read {old:#x}"));
+        }
+        touches.lazy.extend(times);
+    }
+    touches.hot = guest.touch_each(stride, MARKER)?.0;
+    let latency = handler_latency(lazy);
+    let faults = lazy.stats().faults;
+    drop(guest);
+    drop(ram);
+    for _ in 0..cycles {
+        let ram = Ram::Pool(memory(&pool, size, Populate::Eager)?);
+        let mut guest = Guest::new(&ram)?;
+        touches.eager.extend(guest.touch_each(stride, MARKER)?.0);
+    }
+    Ok((touches, latency, faults))
+}
+
+fn add_summary(
+    report: &mut Report,
+    key: &Key,
+    run: usize,
+    name: [&'static str; 2],
+    s: LatencySummary,
+) {
+    report.add(key, run, name[0], "us", s.p50_ns as f64 / 1e3);
+    report.add(key, run, name[1], "us", s.p99_ns as f64 / 1e3);
+}
+
+fn record(
+    report: &mut Report,
+    key: &Key,
+    run: usize,
+    touches: &Touches,
+    latency: guest_mem::FaultLatency,
+    faults: u64,
+) {
+    let (lazy, eager, hot) = (us(&touches.lazy), us(&touches.eager), us(&touches.hot));
+    let p50 = |v: &[f64]| quantile(v, 0.5);
+    report.add(key, run, "faults", "count", faults as f64);
+    report.add(key, run, "guest_lazy_p50", "us", p50(&lazy));
+    report.add(key, run, "guest_lazy_p99", "us", quantile(&lazy, 0.99));
+    report.add(key, run, "guest_eager_p50", "us", p50(&eager));
+    report.add(key, run, "guest_eager_p99", "us", quantile(&eager, 0.99));
+    report.add(key, run, "guest_populated_p50", "us", p50(&hot));
+    add_summary(
+        report,
+        key,
+        run,
+        ["handler_p50", "handler_p99"],
+        latency.handling,
+    );
+    add_summary(
+        report,
+        key,
+        run,
+        ["handler_mmap_p50", "handler_mmap_p99"],
+        latency.map,
+    );
+    add_summary(
+        report,
+        key,
+        run,
+        ["handler_wake_p50", "handler_wake_p99"],
+        latency.wake,
+    );
+    // What lazy population adds to a first touch, and what a first touch adds to a touch.
+    report.add(key, run, "uffd_added_p50", "us", p50(&lazy) - p50(&eager));
+    report.add(
+        key,
+        run,
+        "first_touch_added_p50",
+        "us",
+        p50(&eager) - p50(&hot),
+    );
+}
+
+/// Runs the group.
+pub fn run(args: &Args, report: &mut Report) {
+    for kind in PoolKind::ALL {
+        let (max, cycles) = match kind {
+            PoolKind::Huge1G => (args.giant_pages * GIB, args.giant_cycles),
+            _ => (GIB, 1),
+        };
+        let name = format!("{}/lazy-vs-eager", kind.name());
+        if !args.wants(&name) {
+            continue;
+        }
+        let (_pages, size) = match reserve_most(kind, max) {
+            Ok(reserved) => reserved,
+            Err(why) => {
+                report.skip(&Key::new(GROUP, name, max, kind.frame_stride()), &why);
+                continue;
+            }
+        };
+        let key = Key::new(GROUP, name, size, kind.frame_stride());
+        for run in 0..args.repeats {
+            match once(kind, size, cycles) {
+                Ok((touches, latency, faults)) => {
+                    record(report, &key, run, &touches, latency, faults)
+                }
+                Err(why) => {
+                    report.skip(&key, &why);
+                    break;
+                }
+            }
+        }
+    }
+}

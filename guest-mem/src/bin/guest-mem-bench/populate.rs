@@ -1,0 +1,156 @@
+//! Group `populate`: time until the guest has touched all of its RAM, split into the part before
+//! the guest runs (building the memory, eager population, prefaulting) and the guest's run.
+
+use std::time::Duration;
+
+use crate::guest::{Guest, Stride};
+use crate::report::{Key, Report};
+use crate::subject::{reserve, Mode, PoolKind, Ram, Subject};
+use crate::{Args, GIB, MIB};
+
+const GROUP: &str = "populate";
+/// What the guest writes.
+const MARKER: u32 = 0x5A5A_0001;
+
+/// One measurement.
+struct Sample {
+    setup: Duration,
+    guest: Duration,
+    faults: Option<u64>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Builds `size` bytes of `subject` and lets the guest touch all of it with `stride`.
+fn once(subject: Subject, size: u64, stride: Stride) -> Result<Sample, String> {
+    let (ram, setup) = Ram::build(subject, size)?;
+    let mut guest = Guest::new(&ram)?;
+    let (guest_time, old) = guest.touch_all(stride, MARKER)?;
+    if old != 0 {
+        return Err(format!("fresh memory read {old:#x}"));
+    }
+    let faults = ram.memory().map(|m| m.stats().faults);
+    Ok(Sample {
+        setup,
+        guest: guest_time,
+        faults,
+    })
+}
+
+fn record(report: &mut Report, key: &Key, run: usize, sample: &Sample) {
+    report.add(key, run, "setup_ms", "ms", ms(sample.setup));
+    report.add(key, run, "guest_ms", "ms", ms(sample.guest));
+    report.add(key, run, "total_ms", "ms", ms(sample.setup + sample.guest));
+    if let Some(faults) = sample.faults {
+        report.add(key, run, "uffd_faults", "count", faults as f64);
+    }
+}
+
+/// Measures every wanted (size, subject, stride) `args.repeats` times.
+fn measure(args: &Args, report: &mut Report, subjects: &[Subject], sizes: &[u64]) {
+    let mut failed = Vec::new();
+    for run in 0..args.repeats {
+        for &size in sizes {
+            for &subject in subjects {
+                for &stride in &args.strides {
+                    let key = Key::new(GROUP, subject.name(), size, stride.name());
+                    if failed.contains(&key) {
+                        continue;
+                    }
+                    match once(subject, size, stride) {
+                        Ok(sample) => record(report, &key, run, &sample),
+                        Err(why) => {
+                            report.skip(&key, &why);
+                            failed.push(key);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The modes measured for pools.
+const MODES: [Mode; 3] = [Mode::Eager, Mode::Lazy, Mode::Prefault];
+
+/// Runs the group.
+pub fn run(args: &Args, report: &mut Report) {
+    let sizes: Vec<u64> = args.sizes.iter().map(|s| s * MIB).collect();
+    let mut giant_sizes = vec![GIB, args.giant_pages * GIB];
+    giant_sizes.dedup();
+    let mut plain_sizes: Vec<u64> = sizes.iter().chain(&giant_sizes).copied().collect();
+    plain_sizes.sort_unstable();
+    plain_sizes.dedup();
+    let plain: Vec<Subject> = [(false, false), (true, false), (true, true)]
+        .into_iter()
+        .map(|(thp, prefault)| Subject::Plain { thp, prefault })
+        .filter(|s| args.wants(&s.name()))
+        .collect();
+    measure(args, report, &plain, &plain_sizes);
+    for kind in PoolKind::ALL {
+        let subjects: Vec<Subject> = MODES
+            .into_iter()
+            .map(|mode| Subject::Pool(kind, mode))
+            .filter(|s| args.wants(&s.name()))
+            .collect();
+        if subjects.is_empty() {
+            continue;
+        }
+        let mut sizes = if kind == PoolKind::Huge1G {
+            giant_sizes.clone()
+        } else {
+            sizes.clone()
+        };
+        // Hold the pages for the largest size that can be had, for all runs of this pool kind.
+        sizes.sort_unstable();
+        let pages = loop {
+            let Some(&largest) = sizes.last() else {
+                break None;
+            };
+            match reserve(kind, largest) {
+                Ok(pages) => break Some(pages),
+                Err(why) => {
+                    for subject in &subjects {
+                        for stride in &args.strides {
+                            let key = Key::new(GROUP, subject.name(), largest, stride.name());
+                            report.skip(&key, &why);
+                        }
+                    }
+                    sizes.pop();
+                }
+            }
+        };
+        if pages.is_some() {
+            measure(args, report, &subjects, &sizes);
+        }
+    }
+    add_ratios(args, report, &plain_sizes);
+}
+
+/// Total time relative to plain anonymous memory with THP of the same size and stride.
+fn add_ratios(args: &Args, report: &mut Report, sizes: &[u64]) {
+    let baseline = Subject::Plain {
+        thp: true,
+        prefault: false,
+    }
+    .name();
+    for &size in sizes {
+        for stride in &args.strides {
+            let base_key = Key::new(GROUP, baseline.clone(), size, stride.name());
+            let Some(base) = report.median(&base_key, "total_ms") else {
+                continue;
+            };
+            for kind in PoolKind::ALL {
+                for mode in MODES {
+                    let key =
+                        Key::new(GROUP, Subject::Pool(kind, mode).name(), size, stride.name());
+                    if let Some(total) = report.median(&key, "total_ms") {
+                        report.add_derived(&key, "total_vs_plain_thp", "ratio", total / base);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! What is measured: guest RAM from a guest-mem pool (eager, lazy or eager and prefaulted), or
+//! plain anonymous memory (the baseline), with the huge pages a pool needs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_mem::testing::HugePages;
+use guest_mem::{Backing, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate, Scrub};
+use vm_memory::GuestAddress;
+
+use crate::host::{self, HostMap};
+use crate::{GIB, MIB};
+
+/// The kinds of pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Plain shared memory (a memfd with 4 KiB pages), 2 MiB frames.
+    Anonymous,
+    /// hugetlb with 2 MiB pages.
+    Huge2M,
+    /// hugetlb with 1 GiB pages.
+    Huge1G,
+}
+
+impl PoolKind {
+    /// Every kind.
+    pub const ALL: [PoolKind; 3] = [PoolKind::Anonymous, PoolKind::Huge2M, PoolKind::Huge1G];
+
+    /// The name used in the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Anonymous => "anon-pool",
+            PoolKind::Huge2M => "hugetlb-2m",
+            PoolKind::Huge1G => "hugetlb-1g",
+        }
+    }
+
+    /// The frame (and chunk) size in bytes.
+    pub fn frame(self) -> u64 {
+        match self {
+            PoolKind::Huge1G => FrameSize::Giant.bytes(),
+            _ => FrameSize::Huge.bytes(),
+        }
+    }
+
+    /// The stride that touches each frame once ("2m" or "1g").
+    pub fn frame_stride(self) -> &'static str {
+        match self {
+            PoolKind::Huge1G => "1g",
+            _ => "2m",
+        }
+    }
+
+    /// The hugetlb page size in KiB and log2 of its bytes.
+    pub fn huge_page(self) -> Option<(u64, u32)> {
+        match self {
+            PoolKind::Anonymous => None,
+            PoolKind::Huge2M => Some((2048, 21)),
+            PoolKind::Huge1G => Some((1 << 20, 30)),
+        }
+    }
+
+    fn backing(self) -> Backing {
+        match self {
+            PoolKind::Anonymous => Backing::Anonymous,
+            PoolKind::Huge2M => Backing::Hugetlb2M,
+            PoolKind::Huge1G => Backing::Hugetlb1G,
+        }
+    }
+}
+
+/// Reserves the huge pages for `bytes` of `kind` until dropped; `Err` is the reason to skip.
+pub fn reserve(kind: PoolKind, bytes: u64) -> Result<Option<HugePages>, String> {
+    match kind.huge_page() {
+        Some((kb, shift)) => HugePages::reserve(kb, bytes >> shift).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reserves the huge pages for `max` bytes of `kind` or, for 1 GiB pages, for as many whole
+/// pages below that as can be had; returns them and the bytes reserved.
+pub fn reserve_most(kind: PoolKind, max: u64) -> Result<(Option<HugePages>, u64), String> {
+    let mut size = max;
+    loop {
+        match reserve(kind, size) {
+            Ok(pages) => return Ok((pages, size)),
+            Err(why) if kind != PoolKind::Huge1G || size <= kind.frame() => return Err(why),
+            Err(_) => size -= kind.frame(),
+        }
+    }
+}
+
+/// A pool of `size` bytes of `kind` scrubbing by `scrub` (the caller holds its huge pages, see
+/// [`reserve`]); `Err` is the reason to skip.
+pub fn pool(kind: PoolKind, size: u64, scrub: Scrub) -> Result<Arc<Pool>, String> {
+    let mut config = PoolConfig::new(kind.backing(), size);
+    config.cores = 8;
+    config.scrub = scrub;
+    Pool::new(config).map_err(|e| e.to_string())
+}
+
+/// Guest memory of `size` bytes at guest address 0 for one vCPU, populated by `populate`.
+pub fn memory(pool: &Arc<Pool>, size: u64, populate: Populate) -> Result<GuestMemory, String> {
+    let mut config = MemoryConfig::new(vec![(GuestAddress(0), size)], 1);
+    config.populate = populate;
+    GuestMemory::new(Arc::clone(pool), config).map_err(|e| e.to_string())
+}
+
+/// How pool memory is populated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every chunk mapped at creation (the kernel allocates and zeroes on first touch).
+    Eager,
+    /// Chunks mapped on first touch, through userfaultfd.
+    Lazy,
+    /// Eager, then every page written from the host with MADV_POPULATE_WRITE before the guest
+    /// runs (the kernel's allocation and zeroing moved before the guest).
+    Prefault,
+}
+
+/// One kind of guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// A guest-mem pool.
+    Pool(PoolKind, Mode),
+    /// Plain private anonymous memory, with or without transparent huge pages.
+    Plain {
+        /// MADV_HUGEPAGE (else MADV_NOHUGEPAGE).
+        thp: bool,
+        /// MADV_POPULATE_WRITE before the guest runs.
+        prefault: bool,
+    },
+}
+
+impl Subject {
+    /// The name used in the results.
+    pub fn name(self) -> String {
+        match self {
+            Subject::Pool(kind, mode) => {
+                let mode = match mode {
+                    Mode::Eager => "eager",
+                    Mode::Lazy => "lazy",
+                    Mode::Prefault => "eager+prefault",
+                };
+                format!("{}/{mode}", kind.name())
+            }
+            Subject::Plain { thp, prefault } => {
+                let pages = if thp { "thp" } else { "4k" };
+                let mode = if prefault { "/prefault" } else { "" };
+                format!("plain-anon-{pages}{mode}")
+            }
+        }
+    }
+}
+
+/// Guest RAM at guest address 0 and what keeps it alive.
+pub enum Ram {
+    /// Pool memory.
+    Pool(GuestMemory),
+    /// Plain anonymous memory.
+    Plain(HostMap),
+}
+
+impl Ram {
+    /// Builds `size` bytes of `subject` (the caller holds the huge pages); returns it and the
+    /// time spent before a guest can run on it (pool creation excluded). `Err` is the reason
+    /// to skip.
+    pub fn build(subject: Subject, size: u64) -> Result<(Self, Duration), String> {
+        match subject {
+            Subject::Pool(kind, mode) => {
+                let pool = pool(kind, size, Scrub::PunchHole)?;
+                let populate = match mode {
+                    Mode::Lazy => Populate::Lazy,
+                    Mode::Eager | Mode::Prefault => Populate::Eager,
+                };
+                let started = Instant::now();
+                let memory = memory(&pool, size, populate)?;
+                if mode == Mode::Prefault {
+                    let host = memory.regions()[0].host_addr();
+                    host::populate_write(host, size as usize).map_err(|e| e.to_string())?;
+                }
+                Ok((Ram::Pool(memory), started.elapsed()))
+            }
+            Subject::Plain { thp, prefault } => {
+                let started = Instant::now();
+                let align = if size >= GIB { GIB } else { 2 * MIB };
+                let map =
+                    HostMap::anonymous(size as usize, align as usize).map_err(|e| e.to_string())?;
+                let advice = if thp {
+                    libc::MADV_HUGEPAGE
+                } else {
+                    libc::MADV_NOHUGEPAGE
+                };
+                host::madvise(map.addr(), map.len(), advice).map_err(|e| e.to_string())?;
+                if prefault {
+                    host::populate_write(map.addr(), map.len()).map_err(|e| e.to_string())?;
+                }
+                Ok((Ram::Plain(map), started.elapsed()))
+            }
+        }
+    }
+
+    /// The host address of guest address 0.
+    pub fn host_addr(&self) -> usize {
+        match self {
+            Ram::Pool(memory) => memory.regions()[0].host_addr(),
+            Ram::Plain(map) => map.addr(),
+        }
+    }
+
+    /// The size in bytes.
+    pub fn size(&self) -> u64 {
+        match self {
+            Ram::Pool(memory) => memory.regions()[0].size(),
+            Ram::Plain(map) => map.len() as u64,
+        }
+    }
+
+    /// The guest memory, for pool RAM.
+    pub fn memory(&self) -> Option<&GuestMemory> {
+        match self {
+            Ram::Pool(memory) => Some(memory),
+            Ram::Plain(_) => None,
+        }
+    }
+}
