@@ -12,6 +12,7 @@
 
 pub mod cpuid;
 pub mod gdt;
+pub mod lapic;
 pub mod msr;
 pub mod paging;
 pub mod regs;
@@ -52,6 +53,22 @@ pub struct BootLayout {
     pub page_size: PageSize,
 }
 
+impl BootLayout {
+    /// The layout for Linux's 64-bit boot protocol (see [`crate::layout`]): GDT and IDT in the
+    /// first page, page tables from `PML4_START` up to the command line. Map only
+    /// [`MIN_IDENTITY_MAPPED`] bytes with it: Linux builds its own page tables for the rest.
+    pub fn linux() -> Self {
+        use crate::layout::{BOOT_GDT_START, BOOT_IDT_START, CMDLINE_START, PML4_START};
+        BootLayout {
+            gdt: GuestAddress(BOOT_GDT_START),
+            idt: GuestAddress(BOOT_IDT_START),
+            page_tables: GuestAddress(PML4_START),
+            page_tables_max_size: CMDLINE_START - PML4_START,
+            page_size: PageSize::Size2M,
+        }
+    }
+}
+
 /// Whether a CPUID table offers 1 GiB pages (CPUID.80000001H:EDX bit 26).
 pub fn cpuid_has_1g_pages(cpuid: &kvm_bindings::CpuId) -> bool {
     cpuid
@@ -80,4 +97,42 @@ pub fn write_boot_tables<M: GuestMemoryBackend>(
         idt: layout.idt.0,
         cr3,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{CMDLINE_START, ZERO_PAGE_START};
+    use vm_memory::{Bytes, GuestMemoryMmap};
+
+    #[test]
+    fn linux_tables_fit_between_zero_page_and_command_line() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        mem.write_obj(0x5a5a_u64, GuestAddress(CMDLINE_START))
+            .unwrap();
+        let layout = BootLayout::linux();
+        assert!(layout.page_tables.0 >= ZERO_PAGE_START + 0x1000);
+        let tables = write_boot_tables(&mem, &layout, 1 << 30).unwrap();
+        assert_eq!((tables.gdt, tables.idt, tables.cr3), (0x500, 0x520, 0x9000));
+        let cmdline: u64 = mem.read_obj(GuestAddress(CMDLINE_START)).unwrap();
+        assert_eq!(cmdline, 0x5a5a, "the tables end before the command line");
+        let too_much = write_boot_tables(&mem, &layout, 64 << 30);
+        assert!(matches!(
+            too_much,
+            Err(ArchError::Paging(PagingError::TooLarge { .. }))
+        ));
+    }
+
+    #[test]
+    fn detects_1g_page_support_in_cpuid() {
+        let mut entry = kvm_bindings::kvm_cpuid_entry2 {
+            function: 0x8000_0001,
+            ..Default::default()
+        };
+        let without = kvm_bindings::CpuId::from_entries(&[entry]).unwrap();
+        entry.edx |= 1 << 26;
+        let with = kvm_bindings::CpuId::from_entries(&[entry]).unwrap();
+        assert!(!cpuid_has_1g_pages(&without));
+        assert!(cpuid_has_1g_pages(&with));
+    }
 }
