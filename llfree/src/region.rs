@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn file_region_is_shared_with_the_file() {
-        let mut file = tempfile();
+        let mut file = temp_file(0);
         file.write_all(&[0u8; 8192]).unwrap();
         {
             let region = FileRegion::map(&file, 4096, 4096).unwrap();
@@ -199,8 +199,7 @@ mod tests {
 
     #[test]
     fn file_region_rejects_ranges_past_the_end() {
-        let file = tempfile();
-        file.set_len(4096).unwrap();
+        let file = temp_file(4096);
         let err = FileRegion::map(&file, 0, 8192).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(FileRegion::map(&file, 0, 0).is_err());
@@ -208,28 +207,24 @@ mod tests {
 
     #[test]
     fn map_sync_needs_dax() {
-        let file = tempfile();
-        file.set_len(4096).unwrap();
+        let file = temp_file(4096);
         match FileRegion::map_sync(&file, 0, 4096) {
             Ok(_) => eprintln!("note: the temp directory is on a DAX file system"),
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP)),
         }
     }
+}
 
-    fn tempfile() -> File {
-        let path = std::env::temp_dir().join(format!(
-            "llfree-region-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        file
-    }
+/// An unnamed temporary file of `len` bytes (`O_TMPFILE`), for tests.
+#[cfg(test)]
+pub(crate) fn temp_file(len: u64) -> File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(std::env::temp_dir())
+        .unwrap();
+    file.set_len(len).unwrap();
+    file
 }

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::sync::Mutex;
 
 use super::*;
-use crate::region::FileRegion;
+use crate::region::{temp_file, FileRegion};
 use crate::stop;
 use crate::MAX_FRAMES;
 
@@ -236,20 +236,6 @@ fn threads_of_one_core_race_for_a_new_tree() {
     }
 }
 
-fn temp_file(name: &str, len: usize) -> File {
-    let path = std::env::temp_dir().join(format!("llfree-{name}-{}", std::process::id()));
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    std::fs::remove_file(&path).unwrap();
-    file.set_len(len as u64).unwrap();
-    file
-}
-
 fn persistent(file: &File, config: Config, init: Init) -> Result<LLFree, InitError> {
     let len = LLFree::metadata_size(config.frames);
     let region = FileRegion::map(file, 0, len).unwrap();
@@ -259,7 +245,7 @@ fn persistent(file: &File, config: Config, init: Init) -> Result<LLFree, InitErr
 #[test]
 fn persistent_state_survives_a_clean_shutdown() {
     let config = Config::new(2, 64 * TREE_FRAMES);
-    let file = temp_file("clean", LLFree::metadata_size(config.frames));
+    let file = temp_file(LLFree::metadata_size(config.frames) as u64);
     assert!(matches!(
         persistent(&file, config, Init::Recover),
         Err(InitError::BadMagic { found: 0 })
@@ -291,7 +277,7 @@ fn persistent_state_survives_a_clean_shutdown() {
 #[test]
 fn persistent_metadata_is_checked() {
     let config = Config::new(1, TREE_FRAMES);
-    let file = temp_file("checked", LLFree::metadata_size(config.frames) * 2);
+    let file = temp_file(LLFree::metadata_size(config.frames) as u64 * 2);
     drop(persistent(&file, config, Init::Fresh).unwrap());
     let bigger = Config::new(1, 2 * TREE_FRAMES);
     assert!(matches!(
@@ -316,7 +302,7 @@ fn persistent_metadata_is_checked() {
 #[test]
 fn a_crashed_allocator_is_recovered_deeply() {
     let config = Config::new(1, TREE_FRAMES);
-    let file = temp_file("crashed", LLFree::metadata_size(config.frames));
+    let file = temp_file(LLFree::metadata_size(config.frames) as u64);
     let alloc = persistent(&file, config, Init::Fresh).unwrap();
     let frame = alloc.get(0, 0).unwrap();
     // Simulate a crash: the allocator is never dropped, so no clean marker is written.
