@@ -169,6 +169,20 @@ unsafe impl Send for FileRegion {}
 // SAFETY: see `Send`.
 unsafe impl Sync for FileRegion {}
 
+/// An unnamed temporary file of `len` bytes (`O_TMPFILE`), for tests.
+#[cfg(test)]
+pub(crate) fn temp_file(len: u64) -> File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(std::env::temp_dir())
+        .unwrap();
+    file.set_len(len).unwrap();
+    file
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,18 +227,4 @@ mod tests {
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP)),
         }
     }
-}
-
-/// An unnamed temporary file of `len` bytes (`O_TMPFILE`), for tests.
-#[cfg(test)]
-pub(crate) fn temp_file(len: u64) -> File {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .open(std::env::temp_dir())
-        .unwrap();
-    file.set_len(len).unwrap();
-    file
 }
