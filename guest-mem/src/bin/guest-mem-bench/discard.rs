@@ -10,7 +10,7 @@ use vm_memory::GuestAddress;
 use crate::guest::{Guest, Stride};
 use crate::host;
 use crate::report::{Key, Report};
-use crate::subject::{memory, pool, reserve_most, PoolKind, Ram, Subject};
+use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind, Ram, Subject};
 use crate::{Args, GIB};
 
 const GROUP: &str = "discard";
@@ -56,6 +56,7 @@ fn pool_once(
     size: u64,
     strides: &[Stride],
 ) -> Result<Sample, String> {
+    warm_pool(kind, size)?;
     let pool = pool(kind, size, scrub)?;
     let core = pool.claim_cores(1);
     let ram = Ram::Pool(memory(&pool, size, Populate::Eager)?);

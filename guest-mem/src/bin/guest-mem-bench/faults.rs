@@ -14,7 +14,7 @@ use vm_memory::GuestAddress;
 
 use crate::guest::{Guest, Stride};
 use crate::report::{quantile, Key, Report};
-use crate::subject::{memory, pool, reserve_most, PoolKind, Ram};
+use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind, Ram};
 use crate::{Args, GIB};
 
 const GROUP: &str = "faults";
@@ -56,6 +56,7 @@ fn once(
     let pool = pool(kind, size, Scrub::PunchHole)?;
     let core = pool.claim_cores(1);
     let mut touches = Touches::default();
+    warm_pool(kind, size)?;
     let ram = Ram::Pool(memory(&pool, size, Populate::Lazy)?);
     let lazy = ram.memory().expect("pool memory");
     let mut guest = Guest::new(&ram)?;
@@ -76,6 +77,7 @@ fn once(
     drop(guest);
     drop(ram);
     for _ in 0..cycles {
+        warm_pool(kind, size)?;
         let ram = Ram::Pool(memory(&pool, size, Populate::Eager)?);
         let mut guest = Guest::new(&ram)?;
         touches.eager.extend(guest.touch_each(stride, MARKER)?.0);

@@ -73,6 +73,9 @@ pub struct Args {
     /// Lazy populate-discard cycles per run in the faults group for 1 GiB frames.
     #[arg(long, default_value_t = 4)]
     pub giant_cycles: usize,
+    /// Measure memory cold: do not warm it first (this host is a VM whose hypervisor backs memory on first touch and takes freed memory back).
+    #[arg(long)]
+    pub cold: bool,
     /// Only cases whose name contains one of these (e.g. "hugetlb-2m/lazy,plain-anon-thp").
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -118,6 +121,9 @@ fn main() {
         std::process::exit(2);
     }
     install_signal_handlers();
+    if args.cold {
+        subject::measure_cold();
+    }
     let kvm = Vm::empty(0).err().map(|e: KvmError| e.to_string());
     let mut report = Report::new();
     for group in &args.groups {

@@ -25,7 +25,7 @@ use guest_mem::{FaultLatency, GuestMemory, Populate, Scrub};
 use crate::faults::handler_latency;
 use crate::host::{self, HostMap};
 use crate::report::{quantile, Key, Report};
-use crate::subject::{memory, pool, reserve_most, PoolKind};
+use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind};
 use crate::{Args, GIB, MIB};
 
 const GROUP: &str = "steps";
@@ -49,6 +49,7 @@ fn per_frame(
 fn direct(kind: PoolKind, size: u64) -> Result<Vec<(&'static str, Vec<f64>)>, String> {
     let frame = kind.frame();
     let frames = size / frame;
+    warm_pool(kind, size)?;
     let file: File =
         host::memfd(kind.huge_page().map(|(_, shift)| shift), size).map_err(|e| e.to_string())?;
     let map = HostMap::shared(&file, size as usize).map_err(|e| e.to_string())?;
@@ -96,6 +97,7 @@ fn touch_chunks(memory: &GuestMemory, frame: u64) -> Result<(Vec<f64>, FaultLate
 
 /// Lazy memory on fresh frames, and on frames zeroed on free but still resident.
 fn in_guest_mem(kind: PoolKind, size: u64) -> Result<[(Vec<f64>, FaultLatency); 2], String> {
+    warm_pool(kind, size)?;
     let fresh_pool = pool(kind, size, Scrub::PunchHole)?;
     let fresh = touch_chunks(&memory(&fresh_pool, size, Populate::Lazy)?, kind.frame())?;
     drop(fresh_pool);

@@ -1,6 +1,7 @@
 //! What is measured: guest RAM from a guest-mem pool (eager, lazy or eager and prefaulted), or
 //! plain anonymous memory (the baseline), with the huge pages a pool needs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,11 +70,57 @@ impl PoolKind {
     }
 }
 
-/// Reserves the huge pages for `bytes` of `kind` until dropped; `Err` is the reason to skip.
+/// Whether memory is measured cold (see [`warm_buddy`]).
+static COLD: AtomicBool = AtomicBool::new(false);
+
+/// Measures cold memory from now on: no warming (see [`warm_buddy`]).
+pub fn measure_cold() {
+    COLD.store(true, Ordering::Relaxed);
+}
+
+/// Reserves the huge pages for `bytes` of `kind` until dropped, and warms them (see [`warm_buddy`]);
+/// `Err` is the reason to skip.
 pub fn reserve(kind: PoolKind, bytes: u64) -> Result<Option<HugePages>, String> {
-    match kind.huge_page() {
-        Some((kb, shift)) => HugePages::reserve(kb, bytes >> shift).map(Some),
-        None => Ok(None),
+    let Some((kb, shift)) = kind.huge_page() else {
+        return Ok(None);
+    };
+    let pages = HugePages::reserve(kb, bytes >> shift)?;
+    if !COLD.load(Ordering::Relaxed) {
+        let file = host::memfd(Some(shift), bytes).map_err(|e| e.to_string())?;
+        let map = HostMap::shared(&file, bytes as usize).map_err(|e| e.to_string())?;
+        host::populate_write(map.addr(), map.len()).map_err(|e| format!("warming: {e}"))?;
+    }
+    Ok(Some(pages))
+}
+
+/// Warms `size` bytes of the page allocator's memory, in 4 KiB pages or (with `thp`) 2 MiB
+/// ones, for a measurement that is about to take them.
+///
+/// This host is itself a VM whose hypervisor backs its memory on first touch and takes freed
+/// memory back (free page reporting, 2 MiB blocks, a few seconds after the free): touching
+/// such memory first costs ~10 µs per 4 KiB more than the kernel's own work, which would blur
+/// every comparison. So buddy memory of the same page size is touched and freed right before a
+/// measurement (the allocator hands the same pages out again, well within the reporting delay),
+/// and hugetlb pages once after their reservation (the hugetlb pool is not reported).
+pub fn warm_buddy(size: u64, thp: bool) -> Result<(), String> {
+    if COLD.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let map = HostMap::anonymous(size as usize, 2 * MIB as usize).map_err(|e| e.to_string())?;
+    let advice = match thp {
+        true => libc::MADV_HUGEPAGE,
+        false => libc::MADV_NOHUGEPAGE,
+    };
+    host::madvise(map.addr(), map.len(), advice).map_err(|e| e.to_string())?;
+    host::populate_write(map.addr(), map.len()).map_err(|e| format!("warming: {e}"))
+}
+
+/// Warms what a pool of `kind` is about to take from the page allocator (see [`warm_buddy`]):
+/// a plain pool takes 4 KiB pages, hugetlb pools were warmed when reserved.
+pub fn warm_pool(kind: PoolKind, size: u64) -> Result<(), String> {
+    match kind {
+        PoolKind::Anonymous => warm_buddy(size, false),
+        PoolKind::Huge2M | PoolKind::Huge1G => Ok(()),
     }
 }
 
@@ -168,6 +215,7 @@ impl Ram {
     pub fn build(subject: Subject, size: u64) -> Result<(Self, Duration), String> {
         match subject {
             Subject::Pool(kind, mode) => {
+                warm_pool(kind, size)?;
                 let pool = pool(kind, size, Scrub::PunchHole)?;
                 let populate = match mode {
                     Mode::Lazy => Populate::Lazy,
@@ -182,6 +230,7 @@ impl Ram {
                 Ok((Ram::Pool(memory), started.elapsed()))
             }
             Subject::Plain { thp, prefault } => {
+                warm_buddy(size, thp)?;
                 let started = Instant::now();
                 let align = if size >= GIB { GIB } else { 2 * MIB };
                 let map =
