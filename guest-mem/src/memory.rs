@@ -284,6 +284,21 @@ impl GuestMemory {
         Ok(())
     }
 
+    /// Records thread `tid` (a kernel thread id of this process) as vCPU `index`, for a VMM
+    /// that starts its vCPU threads elsewhere and learns their ids: like [`Self::register_vcpu`]
+    /// called on that thread. Register before the vCPU first touches guest memory.
+    pub fn register_vcpu_tid(&self, index: usize, tid: libc::pid_t) -> Result<(), MemoryError> {
+        let vcpus = &self.inner.shared.vcpus;
+        // Thread ids are positive; a cast of anything else matches no thread.
+        if !vcpus.register(index, tid as u32) {
+            return Err(MemoryError::NoSuchVcpu {
+                index,
+                vcpus: vcpus.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// The pool core id that vCPU `index` allocates with.
     pub fn vcpu_core(&self, index: usize) -> usize {
         self.inner.shared.core_base + index

@@ -51,9 +51,14 @@ impl VcpuRegistry {
 
     /// Records the calling thread as vCPU `index`.
     pub fn register_current(&self, index: usize) -> bool {
+        self.register(index, sys::gettid())
+    }
+
+    /// Records thread `tid` as vCPU `index`.
+    pub fn register(&self, index: usize, tid: u32) -> bool {
         match self.tids.get(index) {
             Some(slot) => {
-                slot.store(sys::gettid(), Ordering::Release);
+                slot.store(tid, Ordering::Release);
                 true
             }
             None => false,
@@ -129,6 +134,8 @@ mod tests {
         assert!(!reg.register_current(2));
         assert_eq!(reg.index_of(sys::gettid()), Some(1));
         assert_eq!(reg.index_of(1), None);
+        assert!(reg.register(0, 4242));
+        assert_eq!(reg.index_of(4242), Some(0));
         reg.report(1, sys::gettid(), FaultError::PoolExhausted);
         assert_eq!(reg.event().read().expect("event"), 1);
         assert_eq!(reg.take_error(1), Some(FaultError::PoolExhausted));
