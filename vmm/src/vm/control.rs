@@ -161,18 +161,29 @@ impl VmControl {
         self.changed.notify_all();
     }
 
+    /// Asks all vCPUs to pause and returns at once; each parks when it next leaves `KVM_RUN`.
+    /// Safe to call from a vCPU thread (e.g. from a device); [`Self::pause`] also waits.
+    pub fn request_pause(&self) -> Result<(), ControlError> {
+        Self::request_pause_locked(&mut self.lock(), &self.pending)
+    }
+
+    fn request_pause_locked(state: &mut State, pending: &AtomicBool) -> Result<(), ControlError> {
+        if state.requested == RunState::Stopped {
+            return Err(ControlError::Stopped);
+        }
+        state.requested = RunState::Paused;
+        pending.store(true, Ordering::SeqCst);
+        Self::kick_all(state);
+        Ok(())
+    }
+
     /// Pauses all vCPUs and returns once every running vCPU waits outside `KVM_RUN`.
     pub fn pause(&self) -> Result<(), ControlError> {
         if vcpu::current_vcpu_index().is_some() {
             return Err(ControlError::CalledFromVcpu);
         }
         let mut state = self.lock();
-        if state.requested == RunState::Stopped {
-            return Err(ControlError::Stopped);
-        }
-        state.requested = RunState::Paused;
-        self.pending.store(true, Ordering::SeqCst);
-        Self::kick_all(&state);
+        Self::request_pause_locked(&mut state, &self.pending)?;
         while state.requested == RunState::Paused
             && state.parked + state.exited() < state.exits.len()
         {
@@ -299,6 +310,21 @@ mod tests {
         );
         assert_eq!(control.pause(), Err(ControlError::Stopped));
         assert_eq!(control.resume(), Err(ControlError::Stopped));
+    }
+
+    #[test]
+    fn a_requested_pause_returns_at_once_and_parks_the_vcpus() {
+        let control = Arc::new(VmControl::new(2));
+        let threads = fake_vcpus(&control, 2);
+        control.resume().unwrap();
+        control.request_pause().unwrap();
+        assert_eq!(control.state(), RunState::Paused);
+        while control.lock().parked < 2 {
+            std::thread::yield_now();
+        }
+        control.request_stop(StopReason::Requested);
+        assert_eq!(control.request_pause(), Err(ControlError::Stopped));
+        threads.into_iter().for_each(|t| t.join().unwrap());
     }
 
     #[test]
