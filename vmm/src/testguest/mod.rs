@@ -23,6 +23,7 @@ use std::io::Cursor;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvm_ioctls::VmFd;
 use linux_loader::loader::{Elf, KernelLoader};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -31,11 +32,12 @@ use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::paging::PageSize;
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
-use crate::devices::serial::{SerialDevice, SharedBuffer};
+use crate::devices::serial::{SerialDevice, SerialOutput, SharedBuffer};
 use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
 };
 use crate::vcpu::Buses;
+use crate::vm::control::ControlError;
 use crate::vm::{RunningVm, Vm, VmError};
 use protocol::{
     DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,
@@ -75,15 +77,25 @@ pub enum TestGuestError {
 /// A start hook: sees the started VM (vCPU thread ids, run control) before the guest runs.
 pub type StartHook = Box<dyn FnOnce(&RunningVm) + Send>;
 
+/// A devices hook: adds devices to the buses (e.g. virtio-mmio transports) and wires their
+/// interrupts and notifications on the VM (irqfds, ioeventfds) before the vCPUs start.
+pub type DevicesHook = Box<dyn FnOnce(&VmFd, &mut Buses) -> Result<(), String> + Send>;
+
 /// Options of [`run_with`].
 pub struct RunOptions {
-    /// Longest the guest may run before it is stopped and the report marked timed out.
+    /// Longest the guest may run before it is stopped and the report marked timed out;
+    /// [`Duration::MAX`] for no limit.
     pub timeout: Duration,
     /// Called once the vCPU threads exist and before the guest runs, e.g. to map fault threads
     /// to vCPUs ([`RunningVm::vcpu_tids`]) or to keep its [`RunningVm::control`].
     pub on_start: Option<StartHook>,
     /// Called at every checkpoint step.
     pub on_checkpoint: Option<CheckpointHook>,
+    /// Where the guest's serial output goes as it is written; `None` collects it in
+    /// [`Report::serial_output`] (which stays empty otherwise).
+    pub serial_output: Option<SerialOutput>,
+    /// Called after the serial port and the report device are on the buses.
+    pub add_devices: Option<DevicesHook>,
 }
 
 impl Default for RunOptions {
@@ -92,6 +104,8 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             on_start: None,
             on_checkpoint: None,
+            serial_output: None,
+            add_devices: None,
         }
     }
 }
@@ -137,7 +151,10 @@ where
     let serial_output = SharedBuffer::new();
     let serial_irq =
         EventFd::new(EFD_NONBLOCK).map_err(|e| TestGuestError::Devices(e.to_string()))?;
-    let serial = SerialDevice::new(serial_irq, Box::new(serial_output.clone()))
+    let serial_writer = options
+        .serial_output
+        .unwrap_or_else(|| Box::new(serial_output.clone()));
+    let serial = SerialDevice::new(serial_irq, serial_writer)
         .map_err(|e| TestGuestError::Devices(e.to_string()))?;
     vm.fd()
         .register_irqfd(serial.irq_evt(), SERIAL_IRQ)
@@ -157,6 +174,9 @@ where
         .mmio
         .insert(reports.clone(), REPORT_MMIO_BASE, REPORT_MMIO_SIZE)
         .map_err(devices_err)?;
+    if let Some(add_devices) = options.add_devices {
+        add_devices(vm.fd(), &mut buses).map_err(TestGuestError::Devices)?;
+    }
 
     let running = vm.start(Arc::new(buses))?;
     reports.set_control(running.control().clone());
@@ -164,10 +184,14 @@ where
         on_start(&running);
     }
     let started = Instant::now();
-    running
-        .resume()
-        .map_err(|e| TestGuestError::Setup(e.to_string()))?;
-    let (stop_reason, timed_out) = running.wait_timeout(Some(options.timeout));
+    match running.resume() {
+        // Stopped by its owner (e.g. from the start hook) before it ran: the report says so.
+        Ok(()) | Err(ControlError::Stopped) => {}
+        Err(e) => return Err(TestGuestError::Setup(e.to_string())),
+    }
+    // A timeout too long to be a deadline is no limit.
+    let timeout = Some(options.timeout).filter(|t| started.checked_add(*t).is_some());
+    let (stop_reason, timed_out) = running.wait_timeout(timeout);
     let elapsed = started.elapsed();
     let (vcpu_reports, protocol_errors) = reports.reports();
     Ok(Report {
