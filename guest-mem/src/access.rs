@@ -174,4 +174,59 @@ impl GuestMemoryBackend for GuestMemory {
     fn iter(&self) -> impl Iterator<Item = &GuestRegion> {
         self.regions().iter()
     }
+
+    /// Whether `[base, base + len)` is all RAM, without populating it (the default goes
+    /// through `get_slices`, which would populate the whole range and defeat lazy population).
+    fn check_range(&self, base: GuestAddress, len: usize) -> bool {
+        let (mut addr, mut left) = (base, len as u64);
+        while left > 0 {
+            let Some(region) = self.find_region(addr) else {
+                return false;
+            };
+            let step = left.min(region.size() - (addr.0 - region.start().0));
+            addr = GuestAddress(addr.0 + step);
+            left -= step;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{MemoryConfig, Pool, PoolConfig};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn check_range_looks_at_the_regions_and_populates_nothing() {
+        let pool = Pool::new(PoolConfig::new(crate::Backing::Anonymous, 64 * MIB)).expect("pool");
+        let ranges = vec![
+            (GuestAddress(0), 16 * MIB),
+            (GuestAddress(16 * MIB), 8 * MIB),
+            (GuestAddress(32 * MIB), 16 * MIB),
+        ];
+        let memory =
+            GuestMemory::new(Arc::clone(&pool), MemoryConfig::new(ranges, 1)).expect("memory");
+        let mib = |n: u64| (n * MIB) as usize;
+        assert!(
+            memory.check_range(GuestAddress(0), mib(24)),
+            "adjacent regions"
+        );
+        assert!(memory.check_range(GuestAddress(40 * MIB), mib(8)));
+        assert!(memory.check_range(GuestAddress(60 * MIB), 0));
+        assert!(
+            !memory.check_range(GuestAddress(20 * MIB), mib(8)),
+            "a hole"
+        );
+        assert!(
+            !memory.check_range(GuestAddress(47 * MIB), mib(2)),
+            "past the end"
+        );
+        assert!(!memory.check_range(GuestAddress(u64::MAX), 2));
+        assert_eq!(memory.stats().populated_chunks, 0);
+        assert_eq!(pool.stats().used_bytes, 0);
+    }
 }
