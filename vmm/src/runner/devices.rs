@@ -1,0 +1,161 @@
+//! The VM's virtio-mmio devices: each gets a slot of the MMIO gap
+//! ([`crate::layout::virtio_mmio_base`]) and an interrupt line
+//! ([`crate::layout::virtio_mmio_irq`]), a KVM irqfd for its interrupt, a KVM ioeventfd per
+//! queue (a QueueNotify write wakes the event loop without a trip through the vCPU thread), a
+//! queue subscriber in the event loop, and a `virtio_mmio.device=` entry for Linux.
+//!
+//! [`create_devices`] is where the VM's devices are made from its configuration.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::{IoEventAddress, VmFd};
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::events::Subscriber;
+use super::session::Session;
+use super::RunError;
+use crate::boot::VirtioMmioEntry;
+use crate::devices::event_loop::QueueSubscriber;
+use crate::devices::serial::SerialError;
+use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport};
+use crate::devices::virtio::VirtioDevice;
+use crate::devices::{BusDevice, BusError};
+use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
+use crate::vcpu::Buses;
+
+/// Errors of creating and wiring devices.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// Every virtio-mmio slot is taken.
+    #[error("no free virtio-mmio slot (there are {VIRTIO_MMIO_SLOTS})")]
+    NoSlot,
+    /// The serial port could not be created.
+    #[error(transparent)]
+    Serial(#[from] SerialError),
+    /// A virtio-mmio transport could not be created.
+    #[error(transparent)]
+    Transport(#[from] MmioError),
+    /// An event fd could not be created or cloned.
+    #[error("event fd: {0}")]
+    EventFd(#[source] io::Error),
+    /// Registering an irqfd or ioeventfd with KVM failed.
+    #[error("{what}: {source}")]
+    Kvm {
+        /// The ioctl.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// A device does not fit on its bus.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+}
+
+/// One device in its slot.
+struct Slot {
+    entry: VirtioMmioEntry,
+    transport: Arc<dyn BusDevice>,
+    irq: EventFd,
+    notifiers: Vec<EventFd>,
+}
+
+/// The virtio-mmio devices of a VM, before they are attached to it.
+#[derive(Default)]
+pub struct VirtioMmioDevices {
+    slots: Vec<Slot>,
+    subscribers: Vec<Subscriber>,
+}
+
+impl std::fmt::Debug for VirtioMmioDevices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.entries()).finish()
+    }
+}
+
+impl VirtioMmioDevices {
+    /// No devices.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Puts `device` behind a virtio-mmio transport in the next free slot; its queues read and
+    /// write `memory`. Returns its slot.
+    pub fn add<M, D>(
+        &mut self,
+        memory: M,
+        device: Arc<Mutex<D>>,
+    ) -> Result<VirtioMmioEntry, DeviceError>
+    where
+        M: GuestAddressSpace + Send + Sync + 'static,
+        D: VirtioDevice<M> + 'static,
+    {
+        let slot = self.slots.len() as u64;
+        let (Some(base), Some(irq_line)) = (virtio_mmio_base(slot), virtio_mmio_irq(slot)) else {
+            return Err(DeviceError::NoSlot);
+        };
+        let irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+        let irq_clone = irq.try_clone().map_err(DeviceError::EventFd)?;
+        let transport = MmioTransport::new(memory, device.clone(), irq_clone)?;
+        let notifiers = transport
+            .queue_notifiers()
+            .iter()
+            .map(EventFd::try_clone)
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(DeviceError::EventFd)?;
+        let subscriber = QueueSubscriber::new(device, transport.queue_notifiers())
+            .map_err(DeviceError::EventFd)?;
+        let entry = VirtioMmioEntry {
+            base,
+            size: VIRTIO_MMIO_SIZE,
+            irq: irq_line,
+        };
+        self.subscribers.push(Box::new(subscriber));
+        self.slots.push(Slot {
+            entry,
+            transport: Arc::new(transport),
+            irq,
+            notifiers,
+        });
+        Ok(entry)
+    }
+
+    /// The devices' slots, for the kernel command line.
+    pub fn entries(&self) -> Vec<VirtioMmioEntry> {
+        self.slots.iter().map(|slot| slot.entry).collect()
+    }
+
+    /// The event loop subscribers of the devices' queues (taken once).
+    pub(super) fn take_subscribers(&mut self) -> Vec<Subscriber> {
+        std::mem::take(&mut self.subscribers)
+    }
+
+    /// Wires the devices to `vm` (irqfds, one ioeventfd per queue on QueueNotify with the
+    /// queue index as datamatch) and puts them on the MMIO bus.
+    pub fn attach(&self, vm: &VmFd, buses: &mut Buses) -> Result<(), DeviceError> {
+        let kvm = |what| move |source| DeviceError::Kvm { what, source };
+        for slot in &self.slots {
+            let VirtioMmioEntry { base, size, irq } = slot.entry;
+            vm.register_irqfd(&slot.irq, irq)
+                .map_err(kvm("KVM_IRQFD"))?;
+            let notify = IoEventAddress::Mmio(base + registers::QUEUE_NOTIFY);
+            for (index, notifier) in slot.notifiers.iter().enumerate() {
+                vm.register_ioevent(notifier, &notify, index as u32)
+                    .map_err(kvm("KVM_IOEVENTFD"))?;
+            }
+            buses.mmio.insert(slot.transport.clone(), base, size)?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates the devices `session`'s configuration asks for.
+pub(super) fn create_devices(session: &Session) -> Result<VirtioMmioDevices, RunError> {
+    let devices = VirtioMmioDevices::new();
+    if session.config().balloon.is_some() {
+        // The virtio-balloon device goes here: `devices.add(memory, balloon)`.
+        return Err(RunError::BalloonUnavailable);
+    }
+    Ok(devices)
+}

@@ -1,0 +1,161 @@
+//! The VMM's event loop on its own thread (event-manager): stop signals, guest memory fault
+//! errors, device queue notifications and console input.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::session::Session;
+use super::signals::{SignalFd, StopSignals};
+
+/// A subscriber the loop owns.
+pub(super) type Subscriber = Box<dyn MutEventSubscriber + Send>;
+
+/// Stops the VM on SIGINT or SIGTERM.
+struct StopSignalSubscriber {
+    signals: Arc<SignalFd>,
+    session: Arc<Session>,
+}
+
+impl MutEventSubscriber for StopSignalSubscriber {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(self.signals.as_ref(), EventSet::IN)) {
+            log::error!("cannot watch SIGINT and SIGTERM: {e}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        while let Some(signal) = self.signals.take() {
+            log::info!("signal {signal}: stopping the VM");
+            self.session.request_stop();
+        }
+    }
+}
+
+/// Reports guest memory faults that cannot be served and stops the VM.
+struct GuestFaultSubscriber {
+    session: Arc<Session>,
+}
+
+impl MutEventSubscriber for GuestFaultSubscriber {
+    fn init(&mut self, ops: &mut EventOps) {
+        let event = self.session.memory().fault_event();
+        if let Err(e) = ops.add(Events::new(event, EventSet::IN)) {
+            log::error!("cannot watch guest memory faults: {e}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        // The count does not matter: every vCPU's error is looked at.
+        let _ = self.session.memory().fault_event().read();
+        self.session.guest_fault_reported();
+    }
+}
+
+/// Ends the loop when its event is signalled.
+struct QuitSubscriber {
+    event: Arc<EventFd>,
+    quit: Arc<AtomicBool>,
+}
+
+impl MutEventSubscriber for QuitSubscriber {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(self.event.as_ref(), EventSet::IN)) {
+            log::error!("cannot watch the event loop's quit event: {e}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        self.quit.store(true, Ordering::Release);
+    }
+}
+
+/// The event loop, being set up.
+pub(super) struct EventLoop {
+    manager: EventManager<Subscriber>,
+    quit_event: Arc<EventFd>,
+    quit: Arc<AtomicBool>,
+}
+
+impl EventLoop {
+    /// A loop that handles `signals` and the fault errors of `session`'s memory.
+    pub fn new(session: &Arc<Session>, signals: &StopSignals) -> io::Result<Self> {
+        let mut manager: EventManager<Subscriber> =
+            EventManager::new().map_err(|e| io::Error::other(e.to_string()))?;
+        let quit_event = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let quit = Arc::new(AtomicBool::new(false));
+        manager.add_subscriber(Box::new(QuitSubscriber {
+            event: quit_event.clone(),
+            quit: quit.clone(),
+        }));
+        manager.add_subscriber(Box::new(StopSignalSubscriber {
+            signals: signals.fd().clone(),
+            session: session.clone(),
+        }));
+        manager.add_subscriber(Box::new(GuestFaultSubscriber {
+            session: session.clone(),
+        }));
+        Ok(EventLoop {
+            manager,
+            quit_event,
+            quit,
+        })
+    }
+
+    /// Adds a subscriber (a device's queues, console input).
+    pub fn add(&mut self, subscriber: Subscriber) {
+        self.manager.add_subscriber(subscriber);
+    }
+
+    /// Adds several subscribers.
+    pub fn add_all(&mut self, subscribers: Vec<Subscriber>) {
+        subscribers.into_iter().for_each(|s| self.add(s));
+    }
+
+    /// Runs the loop on its own thread until the returned handle is dropped.
+    pub fn start(self) -> io::Result<EventThread> {
+        let EventLoop {
+            mut manager,
+            quit_event,
+            quit,
+        } = self;
+        let thread = std::thread::Builder::new()
+            .name("vmm-events".into())
+            .spawn(move || {
+                while !quit.load(Ordering::Acquire) {
+                    if let Err(e) = manager.run() {
+                        log::error!("event loop: {e}");
+                        return;
+                    }
+                }
+            })?;
+        Ok(EventThread {
+            quit_event,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// The running event loop; dropping it ends and joins the thread.
+pub(super) struct EventThread {
+    quit_event: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for EventThread {
+    fn drop(&mut self) {
+        if let Err(e) = self.quit_event.write(1) {
+            log::error!("cannot stop the event loop: {e}");
+            return;
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the event loop thread panicked");
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Booting a Linux kernel: load kernel, initrd and command line (with the virtio-mmio devices),
+//! set up the vCPUs for the 64-bit boot protocol as Firecracker does, wire the console and the
+//! devices, and run until the guest resets or powers off.
+//!
+//! vCPU 0 enters the kernel in long mode (RIP = entry, RSI = zero page); the others wait for
+//! INIT/SIPI in their in-kernel LAPICs, as on real hardware.
+
+use std::sync::Arc;
+
+use guest_mem::GuestMemory;
+
+use super::console::Console;
+use super::devices::VirtioMmioDevices;
+use super::session::Session;
+use super::{DeviceError, RunError, RunOutcome};
+use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
+use crate::arch::x86_64::lapic::setup_lint_pins;
+use crate::arch::x86_64::msr::setup_boot_msrs;
+use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
+use crate::arch::x86_64::{write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED};
+use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
+use crate::cli::LinuxConfig;
+use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
+use crate::vcpu::Buses;
+use crate::vm::control::{ControlError, StopReason};
+use crate::vm::Vm;
+
+/// Boots `linux` over the session's memory and runs it to its end.
+pub(super) fn run(
+    session: &Arc<Session>,
+    linux: &LinuxConfig,
+    devices: VirtioMmioDevices,
+    console: Console,
+) -> Result<RunOutcome, RunError> {
+    let memory = session.memory().clone();
+    let vm = Vm::new(memory.clone(), session.config().vcpus)?;
+    let entries = devices.entries();
+    let boot = load_linux(
+        memory.as_ref(),
+        &LinuxBootConfig {
+            kernel: &linux.kernel,
+            initrd: linux.initrd.as_deref(),
+            cmdline: Some(&linux.cmdline),
+            virtio_devices: &entries,
+        },
+    )?;
+    setup_vcpus(&vm, &boot)?;
+
+    let mut buses = Buses::default();
+    vm.fd()
+        .register_irqfd(console.serial().irq_evt(), SERIAL_IRQ)
+        .map_err(|source| DeviceError::Kvm {
+            what: "KVM_IRQFD",
+            source,
+        })?;
+    buses
+        .pio
+        .insert(console.serial().clone(), SERIAL_PORT_BASE, SERIAL_PORT_SIZE)
+        .map_err(DeviceError::Bus)?;
+    devices.attach(vm.fd(), &mut buses)?;
+
+    let running = vm.start(Arc::new(buses))?;
+    session.started(&running);
+    match running.resume() {
+        Ok(()) | Err(ControlError::Stopped) => {}
+        Err(e) => return Err(RunError::VcpuSetup(e.to_string())),
+    }
+    match running.wait() {
+        // A reset (Linux reboots on panic=1 and reboot=k) or power-off ends the VM.
+        StopReason::Requested | StopReason::GuestShutdown { .. } | StopReason::AllHalted => {
+            Ok(RunOutcome::Success)
+        }
+        StopReason::GuestExit(status) => Ok(RunOutcome::GuestFailure(format!(
+            "the guest exited with status {status}"
+        ))),
+        StopReason::VcpuFailed { message, .. } => Err(RunError::VcpuFailed(message)),
+    }
+}
+
+/// CPUID, MSRs and LAPIC for every vCPU; long mode at the kernel's entry for vCPU 0.
+fn setup_vcpus(vm: &Vm<GuestMemory>, boot: &LinuxBoot) -> Result<(), RunError> {
+    let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
+    let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup(&e))?;
+    // Linux builds its own page tables: the boot map covers the low 4 GiB with 2 MiB pages.
+    let tables = write_boot_tables(
+        vm.memory().as_ref(),
+        &BootLayout::linux(),
+        MIN_IDENTITY_MAPPED,
+    )
+    .map_err(|e| setup(&e))?;
+    let count = vm.vcpus().len() as u32;
+    for vcpu in vm.vcpus() {
+        let topology = VcpuTopology {
+            vcpu_id: vcpu.index() as u32,
+            vcpu_count: count,
+        };
+        set_vcpu_cpuid(vcpu.fd(), &cpuid, topology).map_err(|e| setup(&e))?;
+        setup_boot_msrs(vcpu.fd()).map_err(|e| setup(&e))?;
+        setup_lint_pins(vcpu.fd()).map_err(|e| setup(&e))?;
+        if vcpu.index() == 0 {
+            let entry = EntryPoint {
+                rip: boot.entry.0,
+                rsp: BOOT_STACK_POINTER,
+                rdi: 0,
+                rsi: boot.zero_page.0,
+            };
+            setup_long_mode(vcpu.fd(), &tables, &entry).map_err(|e| setup(&e))?;
+        }
+    }
+    Ok(())
+}

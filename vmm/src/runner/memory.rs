@@ -1,0 +1,66 @@
+//! The frame pool and the guest memory of a VM, as configured.
+
+use std::sync::Arc;
+
+use guest_mem::pool::BackingError;
+use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError};
+use vm_memory::GuestAddress;
+
+use crate::cli::{ExitStatus, VmConfig};
+use crate::vcpu::kick_signal;
+
+/// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device
+/// accesses) and one for a device that frees frames (the balloon).
+pub(super) const SPARE_CORES: usize = 2;
+/// Most userfaultfd handler threads; a VM gets one per vCPU up to this.
+const MAX_FAULT_THREADS: usize = 4;
+
+/// Creates the pool: guest RAM's size of the configured backing, one core per vCPU plus
+/// [`SPARE_CORES`].
+pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
+    Pool::new(PoolConfig {
+        backing: config.backing.pool_backing(),
+        size: config.memory_size,
+        cores: config.vcpus + SPARE_CORES,
+        scrub: config.scrub,
+    })
+}
+
+/// Creates guest memory over the RAM regions of the layout, in chunks of the pool's frame size,
+/// populated eagerly or lazily. Faults that cannot be served kick the vCPU out of `KVM_RUN`.
+pub(super) fn create_memory(
+    config: &VmConfig,
+    pool: Arc<Pool>,
+) -> Result<GuestMemory, MemoryError> {
+    let ranges = config
+        .ram_regions()
+        .iter()
+        .map(|region| (GuestAddress(region.start), region.size))
+        .collect();
+    GuestMemory::new(
+        pool,
+        MemoryConfig {
+            ranges,
+            chunk_size: Some(config.backing.frame_size()),
+            populate: config.populate,
+            vcpus: config.vcpus,
+            fault_threads: config.vcpus.clamp(1, MAX_FAULT_THREADS),
+            kick_signal: Some(kick_signal()),
+        },
+    )
+}
+
+/// The exit status of a pool error: the host lacks huge pages, the pool file is unusable, or
+/// something failed at run time.
+pub(super) fn pool_error_status(error: &PoolError) -> ExitStatus {
+    match error {
+        PoolError::Backing(
+            BackingError::HugePagesUnsupported { .. } | BackingError::NotEnoughHugePages { .. },
+        ) => ExitStatus::HostUnsupported,
+        PoolError::Backing(BackingError::File { .. } | BackingError::DeviceTooSmall { .. })
+        | PoolError::Header { .. }
+        | PoolError::SizeMismatch { .. }
+        | PoolError::CannotPunch(_) => ExitStatus::Usage,
+        _ => ExitStatus::Runtime,
+    }
+}

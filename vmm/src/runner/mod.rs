@@ -1,0 +1,170 @@
+//! `vmm run`'s engine: builds the frame pool and guest memory, the VM and its devices, boots the
+//! built-in test guest or a Linux kernel, serves the control API and runs the guest to its end.
+//!
+//! ```text
+//! main thread    block SIGINT/SIGTERM -> pool -> guest memory -> devices -> event thread
+//!                -> API server -> VM (test guest or Linux) -> wait for the vCPUs -> outcome
+//! event thread   SIGINT/SIGTERM (signalfd): stop the VM; guest memory fault errors: report
+//!                and stop; virtio queue notifications; console input (Linux)
+//! vCPU threads   run the guest; registered with guest-mem by thread id, so that each vCPU's
+//!                lazy faults allocate with its own LLFree core (its own reservation)
+//! ```
+//!
+//! The vCPUs start paused: their thread ids are registered, the run control is handed to the
+//! API and the signal handling, and only then does the guest run.
+//!
+//! Outcomes ([`RunOutcome`], [`RunError::exit_status`]): a guest that finished its work, a
+//! Linux guest that reset or powered off, and a stop asked for by the owner (API shutdown,
+//! SIGINT, SIGTERM) are successes. A test guest whose verification or protocol failed, or
+//! that crashed, is a guest failure. A fault the pool cannot serve ends the run with an error.
+//!
+//! Workload checkpoints (`--workload ...,checkpoint:ID`) pause the VM when an API socket is
+//! served, so that the VM can be inspected and then resumed (`vmm resume`); without an API
+//! the guest goes on.
+
+mod console;
+mod control;
+mod devices;
+mod events;
+mod linux;
+mod memory;
+mod session;
+mod signals;
+mod test_guest;
+
+pub use devices::{DeviceError, VirtioMmioDevices};
+
+use std::sync::Arc;
+
+use guest_mem::{FaultError, MemoryError, PoolError};
+
+use crate::api::{ApiServer, ServerError};
+use crate::boot::BootError;
+use crate::cli::{ExitStatus, GuestConfig, LinuxConfig, VmConfig};
+use crate::testguest::{TestGuestError, Workload};
+use crate::vm::VmError;
+use session::Session;
+
+/// How a VM run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The guest finished its work (test guest: every step passed; Linux: reset or powered
+    /// off), or its owner stopped it (API shutdown, SIGINT, SIGTERM).
+    Success,
+    /// The guest reported a failure, described here.
+    GuestFailure(String),
+}
+
+/// Why a VM could not be set up or run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `--balloon` was given, but no balloon device exists yet.
+    #[error("--balloon: this VMM has no virtio-balloon device yet")]
+    BalloonUnavailable,
+    /// SIGINT and SIGTERM could not be routed to the event loop.
+    #[error("cannot handle SIGINT and SIGTERM: {0}")]
+    Signals(#[source] std::io::Error),
+    /// The frame pool could not be created.
+    #[error("cannot create the frame pool: {0}")]
+    Pool(#[from] PoolError),
+    /// Guest memory could not be created or populated.
+    #[error("cannot create guest memory: {0}")]
+    Memory(#[from] MemoryError),
+    /// A device could not be created or wired.
+    #[error("cannot set up the devices: {0}")]
+    Devices(#[from] DeviceError),
+    /// The event loop could not be started.
+    #[error("cannot start the event loop: {0}")]
+    EventLoop(#[source] std::io::Error),
+    /// The API server could not be started.
+    #[error(transparent)]
+    Api(#[from] ServerError),
+    /// The VM could not be created or started.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The test guest could not be set up.
+    #[error(transparent)]
+    TestGuest(#[from] TestGuestError),
+    /// The kernel, initrd or command line could not be loaded.
+    #[error("--kernel: {0}")]
+    Boot(#[from] BootError),
+    /// Setting up the vCPUs (CPUID, MSRs, LAPIC, registers) failed.
+    #[error("cannot set up the vCPUs: {0}")]
+    VcpuSetup(String),
+    /// A vCPU touched guest memory that could not be given a frame; the VM was stopped.
+    #[error("vCPU {vcpu}: {error} ({pool}); the VM was stopped")]
+    GuestMemory {
+        /// The vCPU.
+        vcpu: usize,
+        /// What went wrong.
+        error: FaultError,
+        /// The pool's state, e.g. "pool of 64 MiB, 0 bytes free".
+        pool: String,
+    },
+    /// A vCPU failed (a KVM error, a failed entry, an emulation failure).
+    #[error("{0}")]
+    VcpuFailed(String),
+}
+
+impl RunError {
+    /// The exit status for this error.
+    pub fn exit_status(&self) -> ExitStatus {
+        match self {
+            RunError::BalloonUnavailable | RunError::Boot(_) => ExitStatus::Usage,
+            RunError::Pool(e) => memory::pool_error_status(e),
+            RunError::Api(ServerError::InUse(_) | ServerError::NotASocket(_)) => ExitStatus::Usage,
+            RunError::Vm(VmError::KvmUnavailable(_))
+            | RunError::TestGuest(TestGuestError::Vm(VmError::KvmUnavailable(_))) => {
+                ExitStatus::HostUnsupported
+            }
+            RunError::TestGuest(TestGuestError::Workload(_)) => ExitStatus::Usage,
+            _ => ExitStatus::Runtime,
+        }
+    }
+}
+
+/// Boots and runs the VM `config` describes, until the guest ends or is shut down.
+///
+/// SIGINT and SIGTERM are blocked on the calling thread (and so in every thread it starts) and
+/// handled by the event loop until this returns; call it before starting other threads that
+/// leave them unblocked.
+pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
+    let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
+    let pool = memory::create_pool(&config)?;
+    let guest_memory = Arc::new(memory::create_memory(&config, pool)?);
+    let session = Arc::new(Session::new(config, guest_memory));
+    let mut devices = devices::create_devices(&session)?;
+    let guest = match &session.config().guest {
+        GuestConfig::TestGuest(workload) => Guest::Test(workload),
+        GuestConfig::Linux(linux) => Guest::Linux(
+            linux,
+            console::Console::stdio().map_err(DeviceError::Serial)?,
+        ),
+    };
+    let mut event_loop = events::EventLoop::new(&session, &signals).map_err(RunError::EventLoop)?;
+    event_loop.add_all(devices.take_subscribers());
+    if let Guest::Linux(_, console) = &guest {
+        event_loop.add_all(console.input_subscriber().into_iter().collect());
+    }
+    let events = event_loop.start().map_err(RunError::EventLoop)?;
+    let api = match &session.config().api_socket {
+        Some(path) => Some(ApiServer::start(path, session.clone())?),
+        None => None,
+    };
+    let outcome = match guest {
+        Guest::Test(workload) => test_guest::run(&session, workload, devices),
+        Guest::Linux(linux, console) => linux::run(&session, linux, devices, console),
+    };
+    drop(api);
+    drop(events);
+    drop(signals);
+    session.outcome(outcome)
+}
+
+/// What the VM runs, with what it needs beyond the common parts.
+enum Guest<'a> {
+    /// The built-in test guest and its workload.
+    Test(&'a Workload),
+    /// A Linux kernel and the console on stdin and stdout.
+    Linux(&'a LinuxConfig, console::Console),
+}

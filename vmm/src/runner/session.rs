@@ -1,0 +1,147 @@
+//! [`Session`]: what the main thread, the event loop, the API server and the guest's hooks
+//! share about one VM run.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use guest_mem::{FaultError, GuestMemory};
+
+use super::{RunError, RunOutcome};
+use crate::cli::{format_size, BackingKind, VmConfig};
+use crate::vm::control::{StopReason, VmControl};
+use crate::vm::RunningVm;
+
+/// How often vCPUs blocked on an unservable fault are let go while the VM stops.
+const UNBLOCK_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A fault a vCPU's memory access could not be served with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GuestFault {
+    vcpu: usize,
+    error: FaultError,
+    pool: String,
+}
+
+/// One VM run's shared state.
+#[derive(Debug)]
+pub(super) struct Session {
+    config: VmConfig,
+    memory: Arc<GuestMemory>,
+    /// The VM's run control, once its vCPU threads exist.
+    control: OnceLock<Arc<VmControl>>,
+    /// Its owner asked for a stop before the VM started.
+    stop_before_start: AtomicBool,
+    /// The first fault a vCPU could not be served with.
+    fault: Mutex<Option<GuestFault>>,
+}
+
+impl Session {
+    /// A session for `config` over `memory`.
+    pub fn new(config: VmConfig, memory: Arc<GuestMemory>) -> Self {
+        Session {
+            config,
+            memory,
+            control: OnceLock::new(),
+            stop_before_start: AtomicBool::new(false),
+            fault: Mutex::new(None),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
+    /// Guest memory.
+    pub fn memory(&self) -> &Arc<GuestMemory> {
+        &self.memory
+    }
+
+    /// The run control, once the VM has started.
+    pub fn control(&self) -> Option<&Arc<VmControl>> {
+        self.control.get()
+    }
+
+    /// Called once the vCPU threads exist, before the guest runs: registers each vCPU thread
+    /// with guest memory (its faults allocate with its own core) and hands out the control.
+    pub fn started(&self, vm: &RunningVm) {
+        let control = vm.control();
+        for (index, tid) in vm.vcpu_tids().iter().enumerate() {
+            if let Err(e) = self.memory.register_vcpu_tid(index, *tid) {
+                control.request_stop(StopReason::VcpuFailed {
+                    vcpu: index,
+                    message: format!("cannot register vCPU {index} with guest memory: {e}"),
+                });
+            }
+        }
+        // The first VM of a session is its only one.
+        let _ = self.control.set(control.clone());
+        if self.stop_before_start.load(Ordering::SeqCst) {
+            control.request_stop(StopReason::Requested);
+        }
+    }
+
+    /// Stops the VM at its owner's request (API, signals); before the start, the VM stops as
+    /// soon as it has started.
+    pub fn request_stop(&self) {
+        self.stop_before_start.store(true, Ordering::SeqCst);
+        if let Some(control) = self.control.get() {
+            control.request_stop(StopReason::Requested);
+        }
+    }
+
+    /// Called when guest memory reports a fault error: records the first, stops the VM and
+    /// lets the vCPUs blocked on their faults go on until they have all stopped.
+    pub fn guest_fault_reported(&self) {
+        let Some(control) = self.control.get() else {
+            return;
+        };
+        let fault = (0..self.config.vcpus).find_map(|vcpu| {
+            self.memory.take_fault_error(vcpu).map(|error| GuestFault {
+                vcpu,
+                error,
+                pool: self.pool_summary(),
+            })
+        });
+        let Some(fault) = fault else {
+            return;
+        };
+        let message = format!("guest memory fault: {}", fault.error);
+        let vcpu = fault.vcpu;
+        self.fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(fault);
+        control.request_stop(StopReason::VcpuFailed { vcpu, message });
+        while !control.wait_for_exit(Some(UNBLOCK_INTERVAL)) {
+            self.memory.unblock_vcpus();
+        }
+    }
+
+    /// "pool of 64 MiB, 0 bytes free" (and a hint for persistent pools).
+    fn pool_summary(&self) -> String {
+        let stats = self.memory.pool().stats();
+        let hint = if matches!(self.config.backing, BackingKind::File(_)) {
+            "; a pool file keeps the frames of a VMM that was killed"
+        } else {
+            ""
+        };
+        format!(
+            "pool of {}, {} free{hint}",
+            format_size(stats.total_bytes),
+            format_size(stats.free_bytes)
+        )
+    }
+
+    /// The run's outcome: a recorded guest memory fault wins over what the guest path saw.
+    pub fn outcome(&self, outcome: Result<RunOutcome, RunError>) -> Result<RunOutcome, RunError> {
+        let fault = self.fault.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match fault {
+            Some(GuestFault { vcpu, error, pool }) => {
+                Err(RunError::GuestMemory { vcpu, error, pool })
+            }
+            None => outcome,
+        }
+    }
+}
