@@ -10,8 +10,10 @@ use crate::subject::Ram;
 use crate::MIB;
 
 /// Guest address of the program slot: the last 2 MiB below 4 GiB (the programs run in 32-bit
-/// mode); RAM ends there at the latest.
+/// mode).
 pub const CODE_GPA: u64 = (4 << 30) - 2 * MIB;
+/// The most RAM: it ends below the local APIC page at 0xfee0_0000, which KVM keeps for MMIO.
+pub const MAX_RAM: u64 = (4 << 30) - 32 * MIB;
 
 /// Strides of the touch programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -60,9 +60,9 @@ pub struct Args {
         default_value = "populate,faults,discard,steps"
     )]
     pub groups: Vec<Group>,
-    /// Guest RAM sizes in MiB for 2 MiB frames and plain memory (at most 4094: the programs
-    /// take the last 2 MiB below 4 GiB).
-    #[arg(long, value_delimiter = ',', default_value = "1024,4094")]
+    /// Guest RAM sizes in MiB for 2 MiB frames and plain memory (at most 4064: the programs run
+    /// in 32-bit mode, and the top 32 MiB below 4 GiB hold the local APIC and the programs).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4064")]
     pub sizes: Vec<u64>,
     /// Touch strides of the populate group: 4k, 2m.
     #[arg(long, value_delimiter = ',', default_value = "4k,2m", value_parser = Stride::parse)]
@@ -108,12 +108,13 @@ fn install_signal_handlers() {
 
 fn main() {
     let args = Args::parse();
+    let max_mib = guest::MAX_RAM >> 20;
     if let Some(bad) = args
         .sizes
         .iter()
-        .find(|&&s| s == 0 || s % 2 != 0 || s > 4094)
+        .find(|&&s| s == 0 || s % 2 != 0 || s > max_mib)
     {
-        eprintln!("error: bad size {bad} MiB: a multiple of 2 from 2 to 4094");
+        eprintln!("error: bad size {bad} MiB: a multiple of 2 from 2 to {max_mib}");
         std::process::exit(2);
     }
     if !(1..=3).contains(&args.giant_pages) || args.repeats == 0 || args.giant_cycles == 0 {

@@ -78,9 +78,9 @@ const MODES: [Mode; 3] = [Mode::Eager, Mode::Lazy, Mode::Prefault];
 /// Runs the group.
 pub fn run(args: &Args, report: &mut Report) {
     let sizes: Vec<u64> = args.sizes.iter().map(|s| s * MIB).collect();
-    let mut giant_sizes = vec![GIB, args.giant_pages * GIB];
-    giant_sizes.dedup();
-    let mut plain_sizes: Vec<u64> = sizes.iter().chain(&giant_sizes).copied().collect();
+    // Baselines for every size a 1 GiB pool may end up with.
+    let giant_sizes = (1..=args.giant_pages).map(|n| n * GIB);
+    let mut plain_sizes: Vec<u64> = sizes.iter().copied().chain(giant_sizes).collect();
     plain_sizes.sort_unstable();
     plain_sizes.dedup();
     let plain: Vec<Subject> = [(false, false), (true, false), (true, true)]
@@ -98,33 +98,43 @@ pub fn run(args: &Args, report: &mut Report) {
         if subjects.is_empty() {
             continue;
         }
-        let mut sizes = if kind == PoolKind::Huge1G {
-            giant_sizes.clone()
-        } else {
-            sizes.clone()
-        };
         // Hold the pages for the largest size that can be had, for all runs of this pool kind.
-        sizes.sort_unstable();
-        let pages = loop {
-            let Some(&largest) = sizes.last() else {
-                break None;
-            };
-            match reserve(kind, largest) {
-                Ok(pages) => break Some(pages),
-                Err(why) => {
-                    for subject in &subjects {
-                        for stride in &args.strides {
-                            let key = Key::new(GROUP, subject.name(), largest, stride.name());
-                            report.skip(&key, &why);
-                        }
-                    }
-                    sizes.pop();
+        let candidates: Vec<u64> = match kind {
+            PoolKind::Huge1G => (1..=args.giant_pages).map(|n| n * GIB).collect(),
+            _ => sizes.clone(),
+        };
+        let mut failure = None;
+        let mut reserved = None;
+        for &size in candidates.iter().rev() {
+            match reserve(kind, size) {
+                Ok(pages) => {
+                    reserved = Some((pages, size));
+                    break;
+                }
+                Err(why) => failure = failure.or(Some(why)),
+            }
+        }
+        let largest = reserved.as_ref().map_or(0, |(_, size)| *size);
+        let wanted = match kind {
+            PoolKind::Huge1G => vec![GIB, args.giant_pages * GIB],
+            _ => sizes.clone(),
+        };
+        let (fit, too_big): (Vec<u64>, Vec<u64>) = wanted.iter().partition(|&&s| s <= largest);
+        for size in too_big {
+            for subject in &subjects {
+                for stride in &args.strides {
+                    let key = Key::new(GROUP, subject.name(), size, stride.name());
+                    report.skip(&key, failure.as_deref().unwrap_or("no huge pages"));
                 }
             }
-        };
-        if pages.is_some() {
-            measure(args, report, &subjects, &sizes);
         }
+        let mut fit: Vec<u64> = fit
+            .into_iter()
+            .chain((largest > 0).then_some(largest))
+            .collect();
+        fit.sort_unstable();
+        fit.dedup();
+        measure(args, report, &subjects, &fit);
     }
     add_ratios(args, report, &plain_sizes);
 }

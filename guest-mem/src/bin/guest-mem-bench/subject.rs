@@ -84,7 +84,14 @@ pub fn reserve(kind: PoolKind, bytes: u64) -> Result<Option<HugePages>, String> 
     let Some((kb, shift)) = kind.huge_page() else {
         return Ok(None);
     };
-    let pages = HugePages::reserve(kb, bytes >> shift)?;
+    let pages = match HugePages::reserve(kb, bytes >> shift) {
+        // 1 GiB pages need 1 GiB of contiguous memory: compact it and try once more.
+        Err(_) if kind == PoolKind::Huge1G => {
+            let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+            HugePages::reserve(kb, bytes >> shift)?
+        }
+        reserved => reserved?,
+    };
     if !COLD.load(Ordering::Relaxed) {
         let file = host::memfd(Some(shift), bytes).map_err(|e| e.to_string())?;
         let map = HostMap::shared(&file, bytes as usize).map_err(|e| e.to_string())?;
