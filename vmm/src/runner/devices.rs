@@ -159,3 +159,76 @@ pub(super) fn create_devices(session: &Session) -> Result<VirtioMmioDevices, Run
     }
     Ok(devices)
 }
+
+#[cfg(test)]
+mod tests {
+    use kvm_ioctls::Kvm;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+    use crate::devices::virtio::mmio::tests::TestDevice;
+
+    fn memory() -> Arc<GuestMemoryMmap<()>> {
+        Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap())
+    }
+
+    fn test_device() -> Arc<Mutex<TestDevice>> {
+        Arc::new(Mutex::new(TestDevice::default()))
+    }
+
+    #[test]
+    fn devices_take_consecutive_slots_until_none_is_left() {
+        let mut devices = VirtioMmioDevices::new();
+        let first = devices.add(memory(), test_device()).unwrap();
+        assert_eq!(
+            first,
+            VirtioMmioEntry {
+                base: 0xc000_0000,
+                size: 0x1000,
+                irq: 5
+            }
+        );
+        let second = devices.add(memory(), test_device()).unwrap();
+        assert_eq!((second.base, second.irq), (0xc000_1000, 6));
+        assert_eq!(devices.entries(), vec![first, second]);
+        assert_eq!(devices.take_subscribers().len(), 2);
+        assert!(devices.take_subscribers().is_empty(), "taken once");
+        for _ in 2..VIRTIO_MMIO_SLOTS {
+            devices.add(memory(), test_device()).unwrap();
+        }
+        assert!(matches!(
+            devices.add(memory(), test_device()),
+            Err(DeviceError::NoSlot)
+        ));
+    }
+
+    #[test]
+    fn attached_devices_are_on_the_bus_with_their_irqfd_and_ioeventfds() {
+        let Ok(kvm) = Kvm::new() else {
+            eprintln!("SKIP: attached_devices_are_on_the_bus: /dev/kvm is not available");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let mut devices = VirtioMmioDevices::new();
+        devices.add(memory(), test_device()).unwrap();
+        devices.add(memory(), test_device()).unwrap();
+        let mut buses = Buses::default();
+        devices.attach(&vm, &mut buses).unwrap();
+        let mut magic = [0u8; 4];
+        buses.mmio.read(0xc000_1000, &mut magic).unwrap();
+        assert_eq!(u32::from_le_bytes(magic), registers::MAGIC);
+        // KVM holds the registrations: the same irqfd cannot be registered twice.
+        let again = devices.attach(&vm, &mut Buses::default());
+        assert!(
+            matches!(
+                again,
+                Err(DeviceError::Kvm {
+                    what: "KVM_IRQFD",
+                    ..
+                })
+            ),
+            "{again:?}"
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! End-to-end: `vmm run` boots the built-in test guest and runs its memory workload on every
+//! backing (plain memory, hugetlb with 2 MiB and 1 GiB pages, a pool file), eager and lazy.
+
+mod vmm_common;
+
+use e2e_tests::kvm_available;
+use guest_mem::testing::HugePages;
+use vmm_common::{Scratch, VmmRun};
+
+/// Runs the workload with `--populate eager` and `--populate lazy`: both must pass.
+fn eager_and_lazy(args: &[&str]) {
+    for populate in ["eager", "lazy"] {
+        let run = VmmRun::run(&[args, &["--populate", populate]].concat());
+        run.assert_success();
+        assert!(
+            run.stdout.contains("test guest: done"),
+            "--populate {populate}: {run:#?}"
+        );
+    }
+}
+
+#[test]
+fn plain_memory_on_two_vcpus() {
+    if kvm_available("plain_memory_on_two_vcpus") {
+        // The default workload writes and verifies every page above 2 MiB.
+        eager_and_lazy(&["--memory", "64M", "--vcpus", "2", "--backing", "anon"]);
+    }
+}
+
+#[test]
+fn plain_memory_above_the_mmio_gap() {
+    if kvm_available("plain_memory_above_the_mmio_gap") {
+        // 4 GiB of RAM: 3 GiB below the gap, 1 GiB from 4 GiB on; touch both ends.
+        let workload = "write:2M+8M,write:4G+8M:7,verify:2M+8M,verify:4G+8M:7,verify-zero:5112M+8M";
+        eager_and_lazy(&["--memory", "4G", "--workload", workload]);
+    }
+}
+
+#[test]
+fn a_pool_file_and_its_reuse() {
+    if !kvm_available("a_pool_file_and_its_reuse") {
+        return;
+    }
+    let scratch = Scratch::new("pool-file");
+    let pool = scratch.path("pool");
+    let backing = format!("file:{pool}");
+    eager_and_lazy(&["--memory", "32M", "--vcpus", "2", "--backing", &backing]);
+    let size = std::fs::metadata(&pool).unwrap().len();
+    assert!(size > 32 << 20, "header and 32 MiB of frames: {size}");
+    // Clean exits gave every frame back: the pool is whole for an eager guest, and what the
+    // last guest wrote is gone.
+    let run = VmmRun::run(&[
+        "--memory",
+        "32M",
+        "--backing",
+        &backing,
+        "--populate",
+        "eager",
+        "--workload",
+        "verify-zero:all",
+    ]);
+    run.assert_success();
+}
+
+/// Reserves `count` huge pages of `kib` KiB for the test, or prints SKIP.
+fn huge_pages(test: &str, kib: u64, count: u64) -> Option<HugePages> {
+    if !kvm_available(test) {
+        return None;
+    }
+    match HugePages::reserve(kib, count) {
+        Ok(pages) => Some(pages),
+        Err(why) => {
+            eprintln!("SKIP: {test}: {why}");
+            None
+        }
+    }
+}
+
+#[test]
+fn hugetlb_with_2m_pages() {
+    let Some(_pages) = huge_pages("hugetlb_with_2m_pages", 2048, 32) else {
+        return;
+    };
+    eager_and_lazy(&["--memory", "64M", "--vcpus", "2", "--backing", "hugetlb-2m"]);
+}
+
+#[test]
+fn hugetlb_with_1g_pages() {
+    let Some(_pages) = huge_pages("hugetlb_with_1g_pages", 1_048_576, 1) else {
+        return;
+    };
+    // One 1 GiB chunk: touch a part of it (every page would take the emulator long).
+    let workload = "write:2M+62M:3,verify:2M+62M:3,verify-zero:960M+64M";
+    eager_and_lazy(&[
+        "--memory",
+        "1G",
+        "--vcpus",
+        "2",
+        "--backing",
+        "hugetlb-1g",
+        "--workload",
+        workload,
+    ]);
+}
