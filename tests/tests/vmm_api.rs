@@ -1,0 +1,146 @@
+//! End-to-end: the control API of a running `vmm run`: per-vCPU LLFree reservations in
+//! GET /memory, checkpoints that pause the VM, and the `vmm` client subcommands.
+
+mod vmm_common;
+
+use e2e_tests::kvm_available;
+use serde_json::Value;
+use vmm_common::{client, get, send, wait_for_state, Scratch, VmmRun};
+
+/// 4 KiB frames in one 64 MiB tree of the allocator.
+const TREE_FRAMES: u64 = 16384;
+/// 4 KiB frames in one 2 MiB chunk.
+const CHUNK_FRAMES: u64 = 512;
+
+fn tree(memory: &Value, index: &Value) -> Value {
+    let trees = memory["pool"]["trees"].as_array().unwrap();
+    trees.iter().find(|t| t["index"] == *index).unwrap().clone()
+}
+
+#[test]
+fn two_vcpus_fault_into_their_own_reservations() {
+    if !kvm_available("two_vcpus_fault_into_their_own_reservations") {
+        return;
+    }
+    let scratch = Scratch::new("reservations");
+    let socket = scratch.path("api.sock");
+    // 512 MiB: 8 trees of 64 MiB. Both vCPUs write half of 62 MiB (about 16 chunks each: less
+    // than a tree), then the VM pauses at the checkpoint.
+    let mut vmm = VmmRun::start(&[
+        "--memory",
+        "512M",
+        "--vcpus",
+        "2",
+        "--populate",
+        "lazy",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "write:2M+62M,checkpoint:1,verify:2M+62M",
+    ]);
+    let api = vmm.api(&socket);
+    wait_for_state(&api, "Paused");
+    let memory = get(&api, "/memory");
+    let vcpus = memory["vcpus"].as_array().unwrap();
+    assert_eq!(vcpus.len(), 2);
+    let faults: Vec<u64> = vcpus
+        .iter()
+        .map(|v| v["faults"].as_u64().unwrap())
+        .collect();
+    assert!(faults.iter().all(|&f| f >= 15), "{memory:#}");
+    // Chunk 0 (the guest's code) was populated by the VMM; every other by a vCPU fault.
+    let populated = memory["guest"]["populated_chunks"].as_u64().unwrap();
+    assert_eq!(populated, 32, "{memory:#}");
+    assert_eq!(faults.iter().sum::<u64>(), populated - 1);
+    let trees: Vec<&Value> = vcpus.iter().map(|v| &v["reserved_tree"]).collect();
+    assert!(trees.iter().all(|t| t.is_u64()), "{memory:#}");
+    assert_ne!(trees[0], trees[1], "each vCPU reserved its own tree");
+    for (vcpu, tree_index) in trees.iter().enumerate() {
+        let core = &vcpus[vcpu]["core"];
+        let reservations = memory["pool"]["reservations"].as_array().unwrap();
+        assert!(reservations
+            .iter()
+            .any(|r| r["core"] == *core && r["tree"] == **tree_index));
+        // Every frame of the vCPU's faults came out of its own reserved tree.
+        let free = tree(&memory, tree_index)["free_frames"].as_u64().unwrap();
+        assert_eq!(
+            free,
+            TREE_FRAMES - faults[vcpu] * CHUNK_FRAMES,
+            "{memory:#}"
+        );
+    }
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = vmm.wait(std::time::Duration::from_secs(60));
+    run.assert_success();
+    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
+}
+
+#[test]
+fn the_client_subcommands_drive_a_running_guest() {
+    if !kvm_available("the_client_subcommands_drive_a_running_guest") {
+        return;
+    }
+    let scratch = Scratch::new("client-commands");
+    let socket = scratch.path("api.sock");
+    // Stops at the checkpoint, so that every command meets a live VM.
+    let mut vmm = VmmRun::start(&[
+        "--memory",
+        "128M",
+        "--api-socket",
+        &socket,
+        "--populate",
+        "eager",
+        "--workload",
+        "write:2M+8M,checkpoint:7,verify:2M+8M",
+    ]);
+    let api = vmm.api(&socket);
+    wait_for_state(&api, "Paused");
+    let info = client(&["info", "--socket", &socket]);
+    assert_eq!(info.code, Some(0), "{info:#?}");
+    let info: Value = serde_json::from_str(&info.stdout).unwrap();
+    assert_eq!(info["state"], "Paused");
+    assert_eq!(info["populate"], "eager");
+    assert_eq!(info["mem_size_mib"], 128);
+    let memory = client(&["memory", "--socket", &socket]);
+    let memory: Value = serde_json::from_str(&memory.stdout).unwrap();
+    assert_eq!(memory["guest"]["populated_chunks"], 64, "eager: all of it");
+    assert_eq!(memory["guest"]["faults"], 0);
+    // Resume, pause again by hand (pausing a paused VM is fine), then resume to the end.
+    assert_eq!(client(&["resume", "--socket", &socket]).code, Some(0));
+    let paused = client(&["pause", "--socket", &socket]);
+    assert_eq!(paused.code, Some(0), "{paused:#?}");
+    assert_eq!(get(&api, "/machine")["state"], "Paused");
+    assert_eq!(client(&["resume", "-s", &socket]).code, Some(0));
+    let run = vmm.wait(std::time::Duration::from_secs(60));
+    run.assert_success();
+    // The VM is gone: its API too.
+    let gone = client(&["info", "--socket", &socket]);
+    gone.assert_fails(4, "");
+}
+
+#[test]
+fn shutdown_stops_a_paused_guest_and_requests_that_do_not_fit_are_refused() {
+    if !kvm_available("shutdown_stops_a_paused_guest") {
+        return;
+    }
+    let scratch = Scratch::new("shutdown-paused");
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--vcpus",
+        "2",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "checkpoint:1,write:all",
+    ]);
+    let api = vmm.api(&socket);
+    wait_for_state(&api, "Paused");
+    let shutdown = client(&["shutdown", "--socket", &socket]);
+    assert_eq!(shutdown.code, Some(0), "{shutdown:#?}");
+    let run = vmm.wait(std::time::Duration::from_secs(30));
+    run.assert_success();
+    assert!(!run.stdout.contains("test guest: done"), "stopped early");
+    assert!(!std::path::Path::new(&socket).exists(), "socket removed");
+}

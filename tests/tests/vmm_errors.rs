@@ -1,0 +1,81 @@
+//! End-to-end: what `vmm run` says when it cannot run a VM: one `error:` line on stderr and a
+//! documented exit status (2: usage or configuration, 4: runtime). Bad flags, missing files,
+//! no /dev/kvm and too few huge pages are in cli_run.rs.
+
+mod vmm_common;
+
+use e2e_tests::kvm_available;
+use vmm_common::{wait_for_state, Scratch, VmmRun};
+
+#[test]
+fn an_api_socket_served_by_another_vmm_is_a_usage_error() {
+    if !kvm_available("an_api_socket_served_by_another_vmm_is_a_usage_error") {
+        return;
+    }
+    let scratch = Scratch::new("socket-in-use");
+    let socket = scratch.path("api.sock");
+    let mut first = VmmRun::start(&[
+        "--memory",
+        "16M",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "checkpoint:1",
+    ]);
+    let api = first.api(&socket);
+    wait_for_state(&api, "Paused");
+    let second = VmmRun::run(&["--memory", "16M", "--api-socket", &socket]);
+    second.assert_fails(2, "another process is listening on it");
+    // The first VMM still serves its socket.
+    wait_for_state(&api, "Paused");
+}
+
+#[test]
+fn a_kernel_file_that_is_no_kernel_is_a_usage_error() {
+    if !kvm_available("a_kernel_file_that_is_no_kernel_is_a_usage_error") {
+        return;
+    }
+    let scratch = Scratch::new("no-kernel");
+    let kernel = scratch.path("vmlinux");
+    std::fs::write(&kernel, vec![0x90; 4096]).unwrap();
+    VmmRun::run(&["--memory", "64M", "--kernel", &kernel]).assert_fails(
+        2,
+        "--kernel: kernel is neither an ELF vmlinux nor a bzImage",
+    );
+    let empty = scratch.path("empty");
+    std::fs::write(&empty, b"").unwrap();
+    VmmRun::run(&["--memory", "64M", "--kernel", &empty]).assert_fails(2, "--kernel: ");
+}
+
+#[test]
+fn a_pool_file_of_another_size_is_a_usage_error() {
+    if !kvm_available("a_pool_file_of_another_size_is_a_usage_error") {
+        return;
+    }
+    let scratch = Scratch::new("pool-size");
+    let backing = format!("file:{}", scratch.path("pool"));
+    VmmRun::run(&[
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--workload",
+        "read:all",
+    ])
+    .assert_success();
+    VmmRun::run(&["--memory", "32M", "--backing", &backing]).assert_fails(
+        2,
+        "holds 16777216 bytes of frames, but 33554432 were requested",
+    );
+    // A file that is not a pool is refused, not overwritten (guest-mem may have grown it).
+    let foreign = scratch.path("foreign");
+    std::fs::write(&foreign, vec![0x42; 1 << 20]).unwrap();
+    let backing = format!("file:{foreign}");
+    VmmRun::run(&["--memory", "16M", "--backing", &backing])
+        .assert_fails(2, "cannot create the frame pool: pool file");
+    let contents = std::fs::read(&foreign).unwrap();
+    assert!(
+        contents[..1 << 20].iter().all(|&b| b == 0x42),
+        "overwritten"
+    );
+}

@@ -1,0 +1,119 @@
+//! End-to-end: how `vmm run` ends. SIGINT (Ctrl-C) and SIGTERM stop the guest cleanly; a guest
+//! fault the frame pool cannot serve ends the run with one error line.
+
+mod vmm_common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e_tests::kvm_available;
+use vmm_common::{get, wait_for_state, Scratch, VmmRun};
+
+/// A workload that runs for many seconds: passes over 1 GiB.
+const LONG_WORKLOAD: &str = "write:all,verify:all,write:all:7,verify:all:7,write:all:9";
+
+#[test]
+fn sigint_and_sigterm_stop_a_running_guest_cleanly() {
+    if !kvm_available("sigint_and_sigterm_stop_a_running_guest_cleanly") {
+        return;
+    }
+    for signal in ["INT", "TERM"] {
+        let scratch = Scratch::new(&format!("signal-{signal}"));
+        let socket = scratch.path("api.sock");
+        let mut vmm = VmmRun::start(&[
+            "--memory",
+            "1G",
+            "--vcpus",
+            "2",
+            "--api-socket",
+            &socket,
+            "--workload",
+            LONG_WORKLOAD,
+        ]);
+        let api = vmm.api(&socket);
+        wait_for_state(&api, "Running");
+        // Let it fault in some memory first.
+        while get(&api, "/memory")["guest"]["faults"].as_u64().unwrap() < 4 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        vmm.signal(signal);
+        let run = vmm.wait(Duration::from_secs(20));
+        run.assert_success();
+        assert!(run.stdout.contains("llfree-vmm test guest:"), "{run:#?}");
+        assert!(
+            !run.stdout.contains("test guest: done"),
+            "SIG{signal}: {run:#?}"
+        );
+        assert!(!Path::new(&socket).exists(), "the API socket is removed");
+    }
+}
+
+#[test]
+fn sigint_stops_a_guest_paused_at_a_checkpoint() {
+    if !kvm_available("sigint_stops_a_guest_paused_at_a_checkpoint") {
+        return;
+    }
+    let scratch = Scratch::new("signal-paused");
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "write:2M+2M,checkpoint:1,verify:2M+2M",
+    ]);
+    let api = vmm.api(&socket);
+    wait_for_state(&api, "Paused");
+    vmm.signal("INT");
+    vmm.wait(Duration::from_secs(20)).assert_success();
+}
+
+#[test]
+fn a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line() {
+    if !kvm_available("a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line") {
+        return;
+    }
+    let scratch = Scratch::new("exhausted");
+    let socket = scratch.path("api.sock");
+    let backing = format!("file:{}", scratch.path("pool"));
+    // A VMM killed while its guest holds 16 of the pool's 32 frames: the persistent pool keeps
+    // them allocated.
+    let mut killed = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--backing",
+        &backing,
+        "--api-socket",
+        &socket,
+        "--workload",
+        "write:2M+30M,checkpoint:1",
+    ]);
+    let api = killed.api(&socket);
+    wait_for_state(&api, "Paused");
+    assert_eq!(get(&api, "/memory")["pool"]["used_bytes"], 32 << 20);
+    killed.kill();
+    // The next guest on that pool runs out of frames when it touches its 17th chunk.
+    let run = VmmRun::run(&["--memory", "64M", "--backing", &backing]);
+    run.assert_fails(4, "guest memory pool exhausted");
+    assert!(
+        run.stderr.contains("vCPU 0: ")
+            && run.stderr.contains("pool of 64 MiB, 0 bytes free")
+            && run.stderr.contains("the VM was stopped"),
+        "{run:#?}"
+    );
+    assert!(
+        run.stdout.contains("llfree-vmm test guest:"),
+        "it ran: {run:#?}"
+    );
+    // Eager population finds out before the guest runs.
+    let eager = VmmRun::run(&[
+        "--memory",
+        "64M",
+        "--backing",
+        &backing,
+        "--populate",
+        "eager",
+    ]);
+    eager.assert_fails(4, "cannot create guest memory");
+}
