@@ -13,7 +13,9 @@ fn main() {
     let source = manifest_dir.join("guest/main.rs");
     let script = manifest_dir.join("guest/link.ld");
     let protocol = manifest_dir.join("src/testguest/protocol.rs");
-    for path in [&source, &script, &protocol] {
+    // The guest directory as a whole: main.rs and its modules (balloon.rs).
+    let guest_dir = manifest_dir.join("guest");
+    for path in [&guest_dir, &source, &script, &protocol] {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     let output = out_dir.join("testguest.elf");

@@ -13,6 +13,7 @@ use core::arch::{asm, global_asm};
 use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+mod balloon;
 #[allow(dead_code)]
 #[path = "../src/testguest/protocol.rs"]
 mod protocol;
@@ -132,6 +133,27 @@ fn run_memory_step(step: &Step, vcpu: u32, vcpus: u32) -> (u64, u64) {
     (last - first, mismatches)
 }
 
+/// Runs a balloon step on its vCPU; returns (pages, failures) and prints a failure.
+fn run_balloon_step(step: &Step, vcpu: u32) -> (u64, u64) {
+    let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
+    if vcpu != owner {
+        return (0, 0);
+    }
+    match balloon::run_step(step) {
+        Ok(pages) => (pages, 0),
+        Err(failure) => {
+            report(vcpu, report_code::FIRST_MISMATCH_ADDR, failure.code());
+            report(vcpu, report_code::FIRST_MISMATCH_VALUE, failure.detail());
+            print("balloon error ");
+            print_number(failure.code());
+            print(", detail ");
+            print_number(failure.detail());
+            print("\n");
+            (0, 1)
+        }
+    }
+}
+
 fn read_descriptor(descriptor: u64, vcpu: u32) -> (Header, u64) {
     // SAFETY: the VMM wrote the descriptor at this address before starting the vCPUs.
     let header = unsafe {
@@ -191,7 +213,11 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
                 report(vcpu, report_code::CHECKPOINT, step.pattern);
             }
         } else {
-            let (pages, mismatches) = run_memory_step(&step, vcpu, vcpus);
+            let (pages, mismatches) = if balloon::is_balloon_step(step.kind) {
+                run_balloon_step(&step, vcpu)
+            } else {
+                run_memory_step(&step, vcpu, vcpus)
+            };
             report(vcpu, report_code::STEP_PAGES, pages);
             report(vcpu, report_code::STEP_MISMATCHES, mismatches);
             if mismatches != 0 {

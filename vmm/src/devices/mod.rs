@@ -1,5 +1,7 @@
-//! Emulated devices: the I/O and MMIO bus, the 16550 serial console and virtio over MMIO.
+//! Emulated devices: the I/O and MMIO bus, the 16550 serial console, virtio over MMIO and the
+//! virtio-balloon.
 
+pub mod balloon;
 pub mod bus;
 pub mod event_loop;
 pub mod serial;

@@ -9,7 +9,8 @@
 //! 0x0000_1000            workload descriptor (one page, written by the VMM)
 //! 0x0000_9000..0x8_0000  identity-mapped page tables
 //! 0x0008_0000..0x10_0000 vCPU stacks, STACK_SIZE each
-//! 0x0010_0000            the guest image (ELF, loaded by linux-loader)
+//! 0x0010_0000            the guest image (ELF, loaded by linux-loader), below BALLOON_AREA_START
+//! 0x001c_0000..0x20_0000 the balloon driver's split rings and buffers (BALLOON_AREA_START)
 //! 0x0020_0000..          workload area: steps may only touch [WORKLOAD_MIN_ADDR, RAM end)
 //! 0xfe00_0000            report MMIO window (REPORT_STRIDE bytes per vCPU)
 //! ```
@@ -32,6 +33,16 @@
 //! Per step it sends STEP_PAGES, STEP_MISMATCHES, then FIRST_MISMATCH_ADDR/VALUE if any, then
 //! STEP_DONE with the step index, which commits them. It ends with EXIT and its status and halts.
 //! vCPU 0 also prints progress on the 16550 at port 0x3f8.
+//!
+//! # Balloon steps
+//!
+//! The guest drives a virtio-balloon over virtio-mmio (virtio 1.2 §4.2.2, §5.5) by polling; see
+//! [`step_kind::BALLOON_PROBE`] and the kinds after it. They run on one vCPU (the step's, or 0
+//! for [`ALL_VCPUS`]). The balloon takes its pages from the top of a page area downwards, like
+//! a stack: inflation grows it downwards, deflation gives back its lowest pages. A balloon step
+//! reports the 4 KiB pages it handled as STEP_PAGES; a driver failure counts as one mismatch
+//! with a [`balloon_error`] code as FIRST_MISMATCH_ADDR and a detail as FIRST_MISMATCH_VALUE,
+//! and makes the run fail like a failed verification.
 
 /// Guest physical address of the workload descriptor.
 pub const DESCRIPTOR_ADDR: u64 = 0x1000;
@@ -60,6 +71,32 @@ pub const MAX_VCPUS: u32 = 64;
 pub const IMAGE_START: u64 = 0x10_0000;
 /// Lowest address a workload step may touch.
 pub const WORKLOAD_MIN_ADDR: u64 = 0x20_0000;
+/// Start of the balloon driver's area (rings and buffers); the guest image must end below it.
+pub const BALLOON_AREA_START: u64 = 0x1c_0000;
+/// Distance between the balloon queues' rings in the balloon area (room for 1024 entries).
+pub const BALLOON_QUEUE_STRIDE: u64 = 0x8000;
+/// Offset of the available ring from a queue's descriptor table (16 bytes x 1024 entries).
+pub const BALLOON_AVAIL_OFFSET: u64 = 0x4000;
+/// Offset of the used ring from a queue's descriptor table.
+pub const BALLOON_USED_OFFSET: u64 = 0x5000;
+/// The page frame number buffer of inflate, deflate and raw chains.
+pub const BALLOON_PFN_BUFFER: u64 = BALLOON_AREA_START + 4 * BALLOON_QUEUE_STRIDE;
+/// Page frame numbers the buffer holds (4 KiB of `le32`).
+pub const BALLOON_PFN_BUFFER_ENTRIES: u64 = 1024;
+/// The statistics buffer.
+pub const BALLOON_STATS_BUFFER: u64 = BALLOON_PFN_BUFFER + 0x1000;
+/// The largest queue size the driver uses (Linux over virtio-mmio takes 1024 when offered).
+pub const BALLOON_QUEUE_SIZE: u32 = 1024;
+/// Page frame numbers per inflate or deflate buffer (as Linux: `VIRTIO_BALLOON_ARRAY_PFNS_MAX`).
+pub const BALLOON_PFNS_PER_BATCH: u64 = 256;
+/// Most descriptors per free page reporting chain (as Linux: `PAGE_REPORTING_CAPACITY`).
+pub const BALLOON_REPORT_BATCH: u64 = 32;
+/// Largest reported range (as Linux: an order-10 block of 4 MiB); ranges do not cross a
+/// multiple of it.
+pub const BALLOON_REPORT_MAX_RANGE: u64 = 0x40_0000;
+/// Features the balloon driver understands (VERSION_1, MUST_TELL_HOST, STATS_VQ,
+/// DEFLATE_ON_OOM, PAGE_REPORTING); a probe step's `pattern` selects a subset.
+pub const BALLOON_DRIVER_FEATURES: u64 = 1 << 32 | 1 << 0 | 1 << 1 | 1 << 2 | 1 << 5;
 /// Granule of workload steps: one `u64` is touched per page.
 pub const PAGE_SIZE: u64 = 0x1000;
 
@@ -113,6 +150,70 @@ pub mod step_kind {
     pub const READ: u32 = 4;
     /// Report CHECKPOINT with `pattern` as id, and wait until the VMM handled it.
     pub const CHECKPOINT: u32 = 5;
+    /// Probe and initialize the virtio-balloon at MMIO address `addr` (reset, feature
+    /// negotiation with the features of `pattern` that the device offers, queues, a first
+    /// statistics buffer, DRIVER_OK). Its page area is `[WORKLOAD_MIN_ADDR, size)`.
+    pub const BALLOON_PROBE: u32 = 6;
+    /// Inflate by `size` bytes: batches of 256 page frame numbers, `actual` after each.
+    pub const BALLOON_INFLATE: u32 = 7;
+    /// Deflate by `size` bytes, the most recently inflated pages first.
+    pub const BALLOON_DEFLATE: u32 = 8;
+    /// Read `num_pages` and inflate or deflate to it.
+    pub const BALLOON_TO_TARGET: u32 = 9;
+    /// Report `[addr, addr + size)` free (free page reporting): chains of up to 32 device-writable
+    /// ranges of up to 4 MiB.
+    pub const BALLOON_REPORT: u32 = 10;
+    /// Answer `pattern` statistics requests, waiting for each.
+    pub const BALLOON_STATS: u32 = 11;
+    /// A raw chain, unchecked by the guest, for hostile-driver tests; `pattern` is built by
+    /// [`super::balloon_raw`].
+    pub const BALLOON_RAW: u32 = 12;
+}
+
+/// Error codes of balloon steps (reported as FIRST_MISMATCH_ADDR).
+pub mod balloon_error {
+    /// No virtio-mmio balloon at the address; detail: the magic, version or device ID read.
+    pub const NO_DEVICE: u64 = 1;
+    /// The device did not accept the features; detail: the features written.
+    pub const FEATURES_REJECTED: u64 = 2;
+    /// A queue is missing or in use; detail: its index.
+    pub const BAD_QUEUE: u64 = 3;
+    /// A balloon step before a successful probe.
+    pub const NOT_PROBED: u64 = 4;
+    /// Inflation past the page area or deflation of more than is inflated; detail: the pages
+    /// the balloon has.
+    pub const NO_ROOM: u64 = 5;
+    /// The device did not return a buffer; detail: the queue index.
+    pub const TIMEOUT: u64 = 6;
+    /// The step needs a feature that was not negotiated; detail: the feature bit.
+    pub const NO_FEATURE: u64 = 7;
+}
+
+/// Raw chain options (`Step::pattern` of [`step_kind::BALLOON_RAW`]).
+pub mod balloon_raw {
+    /// Bits 0..8: the queue index.
+    pub const QUEUE_MASK: u64 = 0xff;
+    /// Mark every descriptor device-writable.
+    pub const WRITABLE: u64 = 1 << 8;
+    /// Every descriptor points at one page frame number buffer holding the pages of
+    /// `[addr, addr + size)` (at most [`super::BALLOON_PFN_BUFFER_ENTRIES`]); otherwise
+    /// descriptor `i` is the range `[addr + i * size, + size)`, with any address and length.
+    pub const PFN_BUFFER: u64 = 1 << 9;
+    /// Bits 16..32: the number of descriptors in the chain (1 to the queue size).
+    pub const COUNT_SHIFT: u32 = 16;
+
+    /// The `pattern` of a raw chain of `count` descriptors on `queue`.
+    pub const fn pattern(queue: u8, count: u16, writable: bool, pfn_buffer: bool) -> u64 {
+        queue as u64
+            | (count as u64) << COUNT_SHIFT
+            | if writable { WRITABLE } else { 0 }
+            | if pfn_buffer { PFN_BUFFER } else { 0 }
+    }
+
+    /// The descriptor count of `pattern`.
+    pub const fn count(pattern: u64) -> u64 {
+        (pattern >> COUNT_SHIFT) & 0xffff
+    }
 }
 
 /// Report codes (the offset of the write is `code * 8`).
@@ -178,13 +279,26 @@ pub const fn step_is_valid(step: &Step, vcpus: u32) -> bool {
     if step.vcpu != ALL_VCPUS && step.vcpu >= vcpus {
         return false;
     }
+    let aligned = step.addr.is_multiple_of(PAGE_SIZE) && step.size.is_multiple_of(PAGE_SIZE);
     match step.kind {
-        step_kind::CHECKPOINT => true,
-        step_kind::WRITE | step_kind::VERIFY | step_kind::VERIFY_ZERO | step_kind::READ => {
-            step.addr.is_multiple_of(PAGE_SIZE)
-                && step.size.is_multiple_of(PAGE_SIZE)
+        step_kind::CHECKPOINT | step_kind::BALLOON_TO_TARGET | step_kind::BALLOON_STATS => true,
+        step_kind::BALLOON_PROBE => aligned && step.size > WORKLOAD_MIN_ADDR,
+        step_kind::BALLOON_INFLATE | step_kind::BALLOON_DEFLATE => aligned,
+        step_kind::BALLOON_REPORT => {
+            aligned
+                && step.size > 0
                 && step.addr >= WORKLOAD_MIN_ADDR
                 && step.addr.checked_add(step.size).is_some()
+        }
+        step_kind::BALLOON_RAW => {
+            let count = balloon_raw::count(step.pattern);
+            count >= 1
+                && count <= BALLOON_QUEUE_SIZE as u64
+                && (step.pattern & balloon_raw::PFN_BUFFER == 0
+                    || step.size / PAGE_SIZE <= BALLOON_PFN_BUFFER_ENTRIES)
+        }
+        step_kind::WRITE | step_kind::VERIFY | step_kind::VERIFY_ZERO | step_kind::READ => {
+            aligned && step.addr >= WORKLOAD_MIN_ADDR && step.addr.checked_add(step.size).is_some()
         }
         _ => false,
     }

@@ -4,8 +4,8 @@
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::protocol::{
-    self, step_kind, Header, Step, ALL_VCPUS, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC, MAX_STEPS,
-    MAX_VCPUS,
+    self, balloon_raw, step_kind, Header, Step, ALL_VCPUS, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC,
+    MAX_STEPS, MAX_VCPUS, WORKLOAD_MIN_ADDR,
 };
 
 /// Errors of workload validation and encoding.
@@ -56,6 +56,26 @@ unsafe impl ByteValued for Header {}
 // SAFETY: `Step` is `repr(C)`, two u32 then three u64: no padding, and any bytes are valid.
 unsafe impl ByteValued for Step {}
 
+/// A raw chain for hostile-driver tests ([`Workload::balloon_raw`]): the guest posts it as it
+/// is, without any check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawChain {
+    /// The queue (0 inflate, 1 deflate, then statistics and reporting as negotiated).
+    pub queue: u8,
+    /// Descriptors in the chain (1 to the queue size).
+    pub count: u16,
+    /// Mark every descriptor device-writable.
+    pub writable: bool,
+    /// Every descriptor points at one buffer with the page frame numbers of
+    /// `[addr, addr + size)` (at most 1024); otherwise descriptor `i` is the range
+    /// `[addr + i * size, + size)`.
+    pub pfn_buffer: bool,
+    /// First address (of the pages, or of the first range).
+    pub addr: u64,
+    /// Bytes (of the pages, or of each range).
+    pub size: u64,
+}
+
 /// A memory workload: steps the test guest's vCPUs run in order, with a barrier after each.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Workload {
@@ -70,6 +90,13 @@ pub fn kind_name(kind: u32) -> &'static str {
         step_kind::VERIFY_ZERO => "verify-zero",
         step_kind::READ => "read",
         step_kind::CHECKPOINT => "checkpoint",
+        step_kind::BALLOON_PROBE => "balloon-probe",
+        step_kind::BALLOON_INFLATE => "inflate",
+        step_kind::BALLOON_DEFLATE => "deflate",
+        step_kind::BALLOON_TO_TARGET => "balloon-to-target",
+        step_kind::BALLOON_REPORT => "report",
+        step_kind::BALLOON_STATS => "balloon-stats",
+        step_kind::BALLOON_RAW => "balloon-raw",
         _ => "unknown",
     }
 }
@@ -117,6 +144,46 @@ impl Workload {
         self.push(step_kind::CHECKPOINT, 0, 0, id)
     }
 
+    /// Probes the virtio-balloon at MMIO address `base` and negotiates the driver's features
+    /// that `features` selects (see [`protocol::BALLOON_DRIVER_FEATURES`]). The balloon takes
+    /// its pages from `[WORKLOAD_MIN_ADDR, top)`, highest first. Balloon steps run on vCPU 0
+    /// unless [`Self::on_vcpu`] says otherwise.
+    pub fn balloon_probe(self, base: u64, top: u64, features: u64) -> Self {
+        self.push(step_kind::BALLOON_PROBE, base, top, features)
+    }
+
+    /// Inflates the balloon by `bytes` (4 KiB aligned), in batches of 256 pages.
+    pub fn inflate(self, bytes: u64) -> Self {
+        self.push(step_kind::BALLOON_INFLATE, 0, bytes, 0)
+    }
+
+    /// Deflates the balloon by `bytes` (4 KiB aligned), its most recent pages first.
+    pub fn deflate(self, bytes: u64) -> Self {
+        self.push(step_kind::BALLOON_DEFLATE, 0, bytes, 0)
+    }
+
+    /// Inflates or deflates the balloon to the device's target (`num_pages`).
+    pub fn balloon_to_target(self) -> Self {
+        self.push(step_kind::BALLOON_TO_TARGET, 0, 0, 0)
+    }
+
+    /// Reports `[addr, addr + size)` free through free page reporting.
+    pub fn report(self, addr: u64, size: u64) -> Self {
+        self.push(step_kind::BALLOON_REPORT, addr, size, 0)
+    }
+
+    /// Answers `count` statistics requests of the device, waiting for each.
+    pub fn balloon_stats(self, count: u64) -> Self {
+        self.push(step_kind::BALLOON_STATS, 0, 0, count)
+    }
+
+    /// Posts `chain` to the balloon as it is (hostile-driver tests).
+    pub fn balloon_raw(self, chain: RawChain) -> Self {
+        let pattern =
+            balloon_raw::pattern(chain.queue, chain.count, chain.writable, chain.pfn_buffer);
+        self.push(step_kind::BALLOON_RAW, chain.addr, chain.size, pattern)
+    }
+
     /// Makes the last step run on vCPU `vcpu` alone instead of on all vCPUs.
     pub fn on_vcpu(mut self, vcpu: u32) -> Self {
         if let Some(step) = self.steps.last_mut() {
@@ -152,9 +219,9 @@ impl Workload {
                     vcpu: step.vcpu,
                 });
             }
-            let in_ram = step.kind == step_kind::CHECKPOINT
-                || usize::try_from(step.size)
-                    .is_ok_and(|size| memory.check_range(GuestAddress(step.addr), size));
+            let in_ram = ram_range(step).is_none_or(|(addr, size)| {
+                usize::try_from(size).is_ok_and(|size| memory.check_range(GuestAddress(addr), size))
+            });
             if !in_ram {
                 return Err(WorkloadError::OutsideRam {
                     index,
@@ -185,6 +252,19 @@ impl Workload {
         memory
             .write_slice(&bytes, GuestAddress(DESCRIPTOR_ADDR))
             .map_err(|e| WorkloadError::Write(e.to_string()))
+    }
+}
+
+/// The guest RAM a (well-formed) step touches or hands to a device, if any.
+fn ram_range(step: &Step) -> Option<(u64, u64)> {
+    match step.kind {
+        step_kind::WRITE
+        | step_kind::VERIFY
+        | step_kind::VERIFY_ZERO
+        | step_kind::READ
+        | step_kind::BALLOON_REPORT => Some((step.addr, step.size)),
+        step_kind::BALLOON_PROBE => Some((WORKLOAD_MIN_ADDR, step.size - WORKLOAD_MIN_ADDR)),
+        _ => None,
     }
 }
 
@@ -290,5 +370,67 @@ mod tests {
         }
         assert_eq!(protocol::vcpu_share(1, 10, 1, 2), (0, 10));
         assert_eq!(protocol::vcpu_share(1, 10, 0, 2), (0, 0));
+    }
+
+    #[test]
+    fn balloon_steps_encode_and_validate() {
+        let mem = memory();
+        let raw = RawChain {
+            queue: 3,
+            count: 100,
+            writable: true,
+            pfn_buffer: false,
+            addr: 0xc000_0000,
+            size: 0x123,
+        };
+        let workload = Workload::new()
+            .balloon_probe(0xc000_0000, 8 * MIB, protocol::BALLOON_DRIVER_FEATURES)
+            .inflate(MIB)
+            .deflate(4096)
+            .balloon_to_target()
+            .report(4 * MIB, 4 * MIB)
+            .balloon_stats(2)
+            .balloon_raw(raw)
+            .on_vcpu(1);
+        workload.validate(&mem, 2).unwrap();
+        let steps = workload.steps();
+        assert_eq!(steps[0].kind, step_kind::BALLOON_PROBE);
+        assert_eq!((steps[0].addr, steps[0].size), (0xc000_0000, 8 * MIB));
+        assert_eq!(steps[6].pattern, 3 | 100 << 16 | balloon_raw::WRITABLE);
+        assert_eq!(balloon_raw::count(steps[6].pattern), 100);
+        assert_eq!(steps[6].vcpu, 1);
+        assert_eq!(kind_name(steps[4].kind), "report");
+
+        let beyond = Workload::new().balloon_probe(0xc000_0000, 16 * MIB, 0);
+        assert!(matches!(
+            beyond.validate(&mem, 1),
+            Err(WorkloadError::OutsideRam { index: 0, .. })
+        ));
+        let bad = [
+            Workload::new().balloon_probe(0xc000_0000, MIB, 0),
+            Workload::new().inflate(100),
+            Workload::new().report(4 * MIB, 0),
+            Workload::new().report(MIB, MIB),
+            Workload::new().balloon_raw(RawChain { count: 0, ..raw }),
+            Workload::new().balloon_raw(RawChain { count: 2000, ..raw }),
+            Workload::new().balloon_raw(RawChain {
+                pfn_buffer: true,
+                size: 1025 * 4096,
+                ..raw
+            }),
+        ];
+        for workload in bad {
+            let err = workload.validate(&mem, 1).unwrap_err();
+            assert!(matches!(err, WorkloadError::BadStep { .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_guest_image_ends_below_the_balloon_area() {
+        use linux_loader::loader::{Elf, KernelLoader};
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        let mut image = std::io::Cursor::new(crate::testguest::IMAGE);
+        let loaded = Elf::load(&mem, None, &mut image, Some(GuestAddress(0x10_0000))).unwrap();
+        assert!(loaded.kernel_end <= protocol::BALLOON_AREA_START);
     }
 }

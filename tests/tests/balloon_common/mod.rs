@@ -1,0 +1,98 @@
+//! Shared by the balloon end-to-end tests: lazy guest-mem memory on an anonymous LLFree pool of
+//! 2 MiB frames, and the test guest with a virtio-balloon at the first virtio-mmio slot (irqfd,
+//! ioeventfds) whose queues an event-loop thread processes.
+
+#![allow(dead_code)] // Each test file uses its own part.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
+use virtio_balloon::BalloonConfig;
+use vm_memory::GuestAddress;
+use vmm::devices::balloon::testing::EventLoopThread;
+use vmm::devices::balloon::{attach, BalloonHandle};
+use vmm::layout::virtio_mmio_base;
+use vmm::testguest::{self, Report, RunOptions, Workload};
+
+pub const MIB: u64 = 1 << 20;
+/// Where the balloon's transport sits: the first virtio-mmio slot.
+pub const SLOT: u64 = 0;
+
+/// The balloon's MMIO address.
+pub fn balloon_base() -> u64 {
+    virtio_mmio_base(SLOT).expect("slot 0 exists")
+}
+
+/// Lazily populated guest RAM `[0, ram)` for `vcpus` vCPUs on a pool of `pool` bytes.
+pub fn guest_memory(ram: u64, pool: u64, vcpus: usize) -> Arc<GuestMemory> {
+    let pool = Pool::new(PoolConfig::new(Backing::Anonymous, pool)).expect("pool");
+    let config = MemoryConfig::new(vec![(GuestAddress(0), ram)], vcpus);
+    Arc::new(GuestMemory::new(pool, config).expect("guest memory"))
+}
+
+/// The balloon options of most tests: everything on, statistics every 50 ms.
+pub fn balloon_config() -> BalloonConfig {
+    BalloonConfig {
+        deflate_on_oom: true,
+        free_page_reporting: true,
+        stats_interval: Some(Duration::from_millis(50)),
+        ..BalloonConfig::default()
+    }
+}
+
+/// A checkpoint hook that can reach the balloon.
+pub type BalloonHook = Box<dyn Fn(u64, &BalloonHandle) + Send + Sync>;
+
+/// The outcome of a run with a balloon.
+pub struct BalloonRun {
+    pub report: Report,
+    pub balloon: BalloonHandle,
+}
+
+/// Runs `workload` on `memory` with a balloon of `config`; `on_checkpoint` runs at checkpoints.
+pub fn run(
+    memory: &Arc<GuestMemory>,
+    vcpus: usize,
+    config: BalloonConfig,
+    workload: &Workload,
+    on_checkpoint: Option<BalloonHook>,
+) -> BalloonRun {
+    let attached: Arc<Mutex<Option<(BalloonHandle, EventLoopThread)>>> = Arc::default();
+    let slot = attached.clone();
+    let device_memory = memory.clone();
+    let tid_memory = memory.clone();
+    let hook_slot = attached.clone();
+    let options = RunOptions {
+        timeout: Duration::from_secs(240),
+        add_devices: Some(Box::new(move |vm, buses| {
+            let (handle, subscribers) = attach(vm, &mut buses.mmio, device_memory, config, SLOT)
+                .map_err(|e| e.to_string())?;
+            let events = EventLoopThread::start(subscribers).map_err(|e| e.to_string())?;
+            *slot.lock().unwrap() = Some((handle, events));
+            Ok(())
+        })),
+        on_start: Some(Box::new(move |vm| {
+            for (index, tid) in vm.vcpu_tids().iter().enumerate() {
+                tid_memory.register_vcpu_tid(index, *tid).expect("vCPU");
+            }
+        })),
+        on_checkpoint: on_checkpoint.map(|hook| {
+            let hook: vmm::testguest::CheckpointHook = Arc::new(move |id| {
+                let handle = hook_slot.lock().unwrap().as_ref().map(|(h, _)| h.clone());
+                hook(id, &handle.expect("the balloon is attached"));
+            });
+            hook
+        }),
+        ..RunOptions::default()
+    };
+    let report = testguest::run_with(memory.clone(), vcpus, workload, options).expect("run");
+    let (balloon, events) = attached.lock().unwrap().take().expect("attached");
+    drop(events);
+    BalloonRun { report, balloon }
+}
+
+/// Free bytes of the memory's pool.
+pub fn pool_free(memory: &GuestMemory) -> u64 {
+    memory.pool().stats().free_bytes
+}

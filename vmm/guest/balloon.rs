@@ -1,0 +1,463 @@
+//! A polling virtio-balloon driver over virtio-mmio (virtio 1.2 §3.1, §4.2.2, §5.5), shaped like
+//! Linux's: inflate and deflate buffers of up to 256 page frame numbers with `actual` written
+//! after each, free page reports of up to 32 ranges of up to 4 MiB, one statistics buffer that
+//! the device holds until it wants new statistics. No interrupts: the driver polls the used
+//! rings. Every instruction may be emulated, so it does as little as it can.
+
+use core::ptr::{addr_of_mut, read_volatile, write_volatile};
+
+use crate::protocol::*;
+
+/// virtio-mmio registers (virtio 1.2 §4.2.2).
+mod reg {
+    pub const MAGIC_VALUE: u64 = 0x000;
+    pub const VERSION: u64 = 0x004;
+    pub const DEVICE_ID: u64 = 0x008;
+    pub const DEVICE_FEATURES: u64 = 0x010;
+    pub const DEVICE_FEATURES_SEL: u64 = 0x014;
+    pub const DRIVER_FEATURES: u64 = 0x020;
+    pub const DRIVER_FEATURES_SEL: u64 = 0x024;
+    pub const QUEUE_SEL: u64 = 0x030;
+    pub const QUEUE_NUM_MAX: u64 = 0x034;
+    pub const QUEUE_NUM: u64 = 0x038;
+    pub const QUEUE_READY: u64 = 0x044;
+    pub const QUEUE_NOTIFY: u64 = 0x050;
+    pub const STATUS: u64 = 0x070;
+    pub const QUEUE_DESC: u64 = 0x080;
+    pub const QUEUE_AVAIL: u64 = 0x090;
+    pub const QUEUE_USED: u64 = 0x0a0;
+    /// `num_pages` in the balloon's configuration space.
+    pub const NUM_PAGES: u64 = 0x100;
+    /// `actual` in the balloon's configuration space.
+    pub const ACTUAL: u64 = 0x104;
+}
+
+const MAGIC: u32 = 0x7472_6976;
+const BALLOON_DEVICE_ID: u32 = 5;
+const ACKNOWLEDGE: u32 = 1;
+const DRIVER: u32 = 2;
+const DRIVER_OK: u32 = 4;
+const FEATURES_OK: u32 = 8;
+const FAILED: u32 = 128;
+const VERSION_1: u64 = 1 << 32;
+const F_STATS_VQ: u64 = 1 << 1;
+const F_PAGE_REPORTING: u64 = 1 << 5;
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+/// Used-ring polls before the driver gives up on the device (several seconds when emulated).
+const POLL_LIMIT: u64 = 1 << 24;
+const INFLATE: usize = 0;
+const DEFLATE: usize = 1;
+
+/// Why a step failed: a [`balloon_error`] code and a detail.
+pub struct Failure(u64, u64);
+
+type Outcome = Result<u64, Failure>;
+
+#[derive(Clone, Copy)]
+struct Queue {
+    size: u16,
+    avail_idx: u16,
+    used_seen: u16,
+}
+
+struct Driver {
+    base: u64,
+    ready: bool,
+    features: u64,
+    queues: [Queue; 4],
+    queue_count: usize,
+    /// Top of the page area; the balloon holds `[top - pages * 4 KiB, top)`.
+    top: u64,
+    pages: u64,
+}
+
+static mut STATE: Driver = Driver {
+    base: 0,
+    ready: false,
+    features: 0,
+    queues: [Queue {
+        size: 0,
+        avail_idx: 0,
+        used_seen: 0,
+    }; 4],
+    queue_count: 0,
+    top: 0,
+    pages: 0,
+};
+
+fn read16(addr: u64) -> u16 {
+    // SAFETY: driver-owned ring memory in the balloon area below the workload.
+    unsafe { read_volatile(addr as *const u16) }
+}
+
+fn write16(addr: u64, value: u16) {
+    // SAFETY: as in read16.
+    unsafe { write_volatile(addr as *mut u16, value) }
+}
+
+fn write32(addr: u64, value: u32) {
+    // SAFETY: as in read16.
+    unsafe { write_volatile(addr as *mut u32, value) }
+}
+
+fn write64(addr: u64, value: u64) {
+    // SAFETY: as in read16.
+    unsafe { write_volatile(addr as *mut u64, value) }
+}
+
+fn ring(queue: usize) -> u64 {
+    BALLOON_AREA_START + queue as u64 * BALLOON_QUEUE_STRIDE
+}
+
+impl Driver {
+    fn read(&self, offset: u64) -> u32 {
+        // SAFETY: the device's MMIO window; the access exits to the VMM.
+        unsafe { read_volatile((self.base + offset) as *const u32) }
+    }
+
+    fn write(&self, offset: u64, value: u32) {
+        // SAFETY: as in `read`.
+        unsafe { write_volatile((self.base + offset) as *mut u32, value) }
+    }
+
+    fn write64(&self, offset: u64, value: u64) {
+        self.write(offset, value as u32);
+        self.write(offset + 4, (value >> 32) as u32);
+    }
+
+    fn has(&self, feature: u64) -> bool {
+        self.features & feature != 0
+    }
+
+    /// Queue indices: inflate 0, deflate 1, then statistics and reporting when negotiated.
+    fn stats_queue(&self) -> Option<usize> {
+        self.has(F_STATS_VQ).then_some(2)
+    }
+
+    fn report_queue(&self) -> Option<usize> {
+        self.has(F_PAGE_REPORTING)
+            .then_some(2 + usize::from(self.has(F_STATS_VQ)))
+    }
+
+    /// Reset, feature negotiation, queues, DRIVER_OK (virtio 1.2 §3.1.1).
+    fn probe(&mut self, base: u64, top: u64, wanted: u64) -> Outcome {
+        self.base = base;
+        self.ready = false;
+        for (offset, expected) in [
+            (reg::MAGIC_VALUE, MAGIC),
+            (reg::VERSION, 2),
+            (reg::DEVICE_ID, BALLOON_DEVICE_ID),
+        ] {
+            let found = self.read(offset);
+            if found != expected {
+                return Err(Failure(balloon_error::NO_DEVICE, found.into()));
+            }
+        }
+        self.write(reg::STATUS, 0);
+        while self.read(reg::STATUS) != 0 {}
+        self.write(reg::STATUS, ACKNOWLEDGE);
+        self.write(reg::STATUS, ACKNOWLEDGE | DRIVER);
+        self.write(reg::DEVICE_FEATURES_SEL, 1);
+        let mut offered = u64::from(self.read(reg::DEVICE_FEATURES)) << 32;
+        self.write(reg::DEVICE_FEATURES_SEL, 0);
+        offered |= u64::from(self.read(reg::DEVICE_FEATURES));
+        self.features = offered & wanted & BALLOON_DRIVER_FEATURES;
+        self.write(reg::DRIVER_FEATURES_SEL, 0);
+        self.write(reg::DRIVER_FEATURES, self.features as u32);
+        self.write(reg::DRIVER_FEATURES_SEL, 1);
+        self.write(reg::DRIVER_FEATURES, (self.features >> 32) as u32);
+        self.write(reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
+        if !self.has(VERSION_1) || self.read(reg::STATUS) & FEATURES_OK == 0 {
+            self.write(reg::STATUS, ACKNOWLEDGE | DRIVER | FAILED);
+            return Err(Failure(balloon_error::FEATURES_REJECTED, self.features));
+        }
+        self.queue_count =
+            2 + usize::from(self.has(F_STATS_VQ)) + usize::from(self.has(F_PAGE_REPORTING));
+        for index in 0..self.queue_count {
+            self.setup_queue(index)?;
+        }
+        self.top = top;
+        self.pages = 0;
+        if let Some(stats) = self.stats_queue() {
+            // The first statistics buffer goes in before DRIVER_OK, as Linux does.
+            self.post_stats(stats);
+        }
+        self.write(reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        if let Some(stats) = self.stats_queue() {
+            self.write(reg::QUEUE_NOTIFY, stats as u32);
+        }
+        self.write(reg::ACTUAL, 0);
+        self.ready = true;
+        Ok(0)
+    }
+
+    fn setup_queue(&mut self, index: usize) -> Outcome {
+        self.write(reg::QUEUE_SEL, index as u32);
+        let max = self.read(reg::QUEUE_NUM_MAX);
+        if max == 0 || self.read(reg::QUEUE_READY) != 0 {
+            self.write(reg::STATUS, FAILED);
+            return Err(Failure(balloon_error::BAD_QUEUE, index as u64));
+        }
+        let size = max.min(BALLOON_QUEUE_SIZE);
+        let desc = ring(index);
+        // Fresh rings: flags and indices zero (the used ring too, for a re-probe).
+        write32(desc + BALLOON_AVAIL_OFFSET, 0);
+        write32(desc + BALLOON_USED_OFFSET, 0);
+        self.queues[index] = Queue {
+            size: size as u16,
+            avail_idx: 0,
+            used_seen: 0,
+        };
+        self.write(reg::QUEUE_NUM, size);
+        self.write64(reg::QUEUE_DESC, desc);
+        self.write64(reg::QUEUE_AVAIL, desc + BALLOON_AVAIL_OFFSET);
+        self.write64(reg::QUEUE_USED, desc + BALLOON_USED_OFFSET);
+        self.write(reg::QUEUE_READY, 1);
+        Ok(0)
+    }
+
+    /// Writes descriptor `at` of `queue`; `last` ends the chain.
+    fn descriptor(&self, queue: usize, at: u64, addr: u64, len: u32, flags: u16, last: bool) {
+        let entry = ring(queue) + at * 16;
+        write64(entry, addr);
+        write32(entry + 8, len);
+        write16(entry + 12, flags | if last { 0 } else { DESC_F_NEXT });
+        write16(entry + 14, (at + 1) as u16);
+    }
+
+    /// Makes the chain at descriptor 0 available (the driver has one chain out at a time).
+    fn publish(&mut self, queue: usize) {
+        let q = &mut self.queues[queue];
+        let avail = ring(queue) + BALLOON_AVAIL_OFFSET;
+        write16(avail + 4 + 2 * u64::from(q.avail_idx % q.size), 0);
+        q.avail_idx = q.avail_idx.wrapping_add(1);
+        // Volatile stores stay in program order, and x86 keeps them so for the device.
+        write16(avail + 2, q.avail_idx);
+    }
+
+    /// Publishes the chain at descriptor 0, notifies and waits until the device used it.
+    fn submit(&mut self, queue: usize) -> Outcome {
+        self.publish(queue);
+        self.write(reg::QUEUE_NOTIFY, queue as u32);
+        self.wait_used(queue)
+    }
+
+    fn wait_used(&mut self, queue: usize) -> Outcome {
+        let used = ring(queue) + BALLOON_USED_OFFSET;
+        for _ in 0..POLL_LIMIT {
+            if read16(used + 2) != self.queues[queue].used_seen {
+                let q = &mut self.queues[queue];
+                q.used_seen = q.used_seen.wrapping_add(1);
+                return Ok(0);
+            }
+        }
+        self.ready = false;
+        Err(Failure(balloon_error::TIMEOUT, queue as u64))
+    }
+
+    /// Fills the statistics buffer (free and total memory) and makes it available.
+    fn post_stats(&mut self, queue: usize) {
+        let area = self.top - WORKLOAD_MIN_ADDR;
+        let free = area - self.pages * PAGE_SIZE;
+        let entries = [(5u16, self.top), (4, free), (6, free)];
+        for (i, (tag, value)) in entries.iter().enumerate() {
+            // Packed `le16 tag, le64 val`: unaligned, so written bytewise.
+            let entry = BALLOON_STATS_BUFFER + i as u64 * 10;
+            for (byte, at) in tag
+                .to_le_bytes()
+                .iter()
+                .chain(&value.to_le_bytes())
+                .zip(entry..)
+            {
+                // SAFETY: the statistics buffer in the balloon area.
+                unsafe { write_volatile(at as *mut u8, *byte) };
+            }
+        }
+        self.descriptor(queue, 0, BALLOON_STATS_BUFFER, 30, 0, true);
+        self.publish(queue);
+    }
+
+    /// Answers a statistics request if the device returned the buffer; returns whether it did.
+    fn answer_stats(&mut self, wait: bool) -> Result<bool, Failure> {
+        let Some(queue) = self.stats_queue() else {
+            return Err(Failure(balloon_error::NO_FEATURE, 1));
+        };
+        let used = ring(queue) + BALLOON_USED_OFFSET;
+        if read16(used + 2) == self.queues[queue].used_seen {
+            if !wait {
+                return Ok(false);
+            }
+            self.wait_used(queue)?;
+        } else {
+            let q = &mut self.queues[queue];
+            q.used_seen = q.used_seen.wrapping_add(1);
+        }
+        self.post_stats(queue);
+        self.write(reg::QUEUE_NOTIFY, queue as u32);
+        Ok(true)
+    }
+
+    /// Sends pages `[first, first + count)` (ascending page frame numbers) on `queue` in
+    /// batches of 256, writing `actual` after each batch; `grow` tells inflation.
+    fn send_pages(&mut self, queue: usize, first: u64, count: u64, grow: bool) -> Outcome {
+        let mut done = 0;
+        while done < count {
+            let batch = (count - done).min(BALLOON_PFNS_PER_BATCH);
+            let pfn = (first >> 12) + done;
+            for i in 0..batch {
+                write32(BALLOON_PFN_BUFFER + 4 * i, (pfn + i) as u32);
+            }
+            self.descriptor(queue, 0, BALLOON_PFN_BUFFER, (batch * 4) as u32, 0, true);
+            self.submit(queue)?;
+            done += batch;
+            self.pages = if grow {
+                self.pages + batch
+            } else {
+                self.pages - batch
+            };
+            self.write(reg::ACTUAL, self.pages as u32);
+        }
+        Ok(count)
+    }
+
+    fn inflate(&mut self, pages: u64) -> Outcome {
+        let room = (self.top - WORKLOAD_MIN_ADDR) / PAGE_SIZE - self.pages;
+        if pages > room {
+            return Err(Failure(balloon_error::NO_ROOM, self.pages));
+        }
+        // The new pages lie just below the balloon's lowest page, sent in ascending order
+        // from the highest batch down so that the balloon stays one range.
+        let mut left = pages;
+        while left > 0 {
+            let batch = left.min(BALLOON_PFNS_PER_BATCH);
+            let bottom = self.top - (self.pages + batch) * PAGE_SIZE;
+            self.send_pages(INFLATE, bottom, batch, true)?;
+            left -= batch;
+        }
+        Ok(pages)
+    }
+
+    fn deflate(&mut self, pages: u64) -> Outcome {
+        if pages > self.pages {
+            return Err(Failure(balloon_error::NO_ROOM, self.pages));
+        }
+        let bottom = self.top - self.pages * PAGE_SIZE;
+        self.send_pages(DEFLATE, bottom, pages, false)
+    }
+
+    fn to_target(&mut self) -> Outcome {
+        let target = u64::from(self.read(reg::NUM_PAGES));
+        if target >= self.pages {
+            self.inflate(target - self.pages)
+        } else {
+            self.deflate(self.pages - target)
+        }
+    }
+
+    /// Reports `[addr, addr + size)` free: ranges that do not cross a 4 MiB boundary, up to
+    /// 32 in a chain.
+    fn report(&mut self, addr: u64, size: u64) -> Outcome {
+        let Some(queue) = self.report_queue() else {
+            return Err(Failure(balloon_error::NO_FEATURE, 5));
+        };
+        let end = addr + size;
+        let mut at = addr;
+        while at < end {
+            let mut count = 0;
+            while at < end && count < BALLOON_REPORT_BATCH {
+                let len = (BALLOON_REPORT_MAX_RANGE - at % BALLOON_REPORT_MAX_RANGE).min(end - at);
+                let last = at + len == end || count + 1 == BALLOON_REPORT_BATCH;
+                self.descriptor(queue, count, at, len as u32, DESC_F_WRITE, last);
+                at += len;
+                count += 1;
+            }
+            self.submit(queue)?;
+        }
+        Ok(size / PAGE_SIZE)
+    }
+
+    /// A chain exactly as the step describes it (see `protocol::balloon_raw`).
+    fn raw(&mut self, step: &Step) -> Outcome {
+        let queue = (step.pattern & balloon_raw::QUEUE_MASK) as usize;
+        if queue >= self.queue_count {
+            return Err(Failure(balloon_error::BAD_QUEUE, queue as u64));
+        }
+        let count = balloon_raw::count(step.pattern).min(self.queues[queue].size.into());
+        let flags = if step.pattern & balloon_raw::WRITABLE != 0 {
+            DESC_F_WRITE
+        } else {
+            0
+        };
+        let pfn_buffer = step.pattern & balloon_raw::PFN_BUFFER != 0;
+        let pfns = step.size / PAGE_SIZE;
+        if pfn_buffer {
+            for i in 0..pfns {
+                write32(BALLOON_PFN_BUFFER + 4 * i, ((step.addr >> 12) + i) as u32);
+            }
+        }
+        for i in 0..count {
+            let (addr, len) = if pfn_buffer {
+                (BALLOON_PFN_BUFFER, (pfns * 4) as u32)
+            } else {
+                (
+                    step.addr.wrapping_add(i.wrapping_mul(step.size)),
+                    step.size as u32,
+                )
+            };
+            self.descriptor(queue, i, addr, len, flags, i + 1 == count);
+        }
+        self.submit(queue)?;
+        Ok(count)
+    }
+
+    fn run(&mut self, step: &Step) -> Outcome {
+        if step.kind == step_kind::BALLOON_PROBE {
+            return self.probe(step.addr, step.size, step.pattern);
+        }
+        if !self.ready {
+            return Err(Failure(balloon_error::NOT_PROBED, 0));
+        }
+        if step.kind == step_kind::BALLOON_STATS {
+            for _ in 0..step.pattern {
+                self.answer_stats(true)?;
+            }
+            return Ok(0);
+        }
+        if self.stats_queue().is_some() {
+            self.answer_stats(false)?;
+        }
+        match step.kind {
+            step_kind::BALLOON_INFLATE => self.inflate(step.size / PAGE_SIZE),
+            step_kind::BALLOON_DEFLATE => self.deflate(step.size / PAGE_SIZE),
+            step_kind::BALLOON_TO_TARGET => self.to_target(),
+            step_kind::BALLOON_REPORT => self.report(step.addr, step.size),
+            _ => self.raw(step),
+        }
+    }
+}
+
+/// Whether `kind` is a balloon step.
+pub fn is_balloon_step(kind: u32) -> bool {
+    (step_kind::BALLOON_PROBE..=step_kind::BALLOON_RAW).contains(&kind)
+}
+
+/// Runs a balloon step; returns the pages handled, or the failure.
+pub fn run_step(step: &Step) -> Result<u64, Failure> {
+    // SAFETY: only the vCPU running a balloon step touches the driver, and the barriers between
+    // steps order its accesses with those of the vCPU running the next one.
+    let driver = unsafe { &mut *addr_of_mut!(STATE) };
+    driver.run(step)
+}
+
+impl Failure {
+    /// The [`balloon_error`] code.
+    pub fn code(&self) -> u64 {
+        self.0
+    }
+
+    /// The detail.
+    pub fn detail(&self) -> u64 {
+        self.1
+    }
+}
