@@ -1,7 +1,7 @@
 //! End-to-end: `vmm run` as a real process. Help, usage and host errors (one line on stderr,
 //! documented exit statuses), and runs of the built-in test guest with the API in use.
 //!
-//! Runs need KVM and the VMM core wired to the CLI (`vmm::run`); until then they print SKIP.
+//! Runs need KVM; without it they print SKIP.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -259,15 +259,6 @@ impl VmmProcess {
     }
 }
 
-/// Whether the run failed only because `vmm::run` is still the placeholder (prints SKIP).
-fn not_wired(test: &str, code: Option<i32>, err: &str) -> bool {
-    let placeholder = code == Some(4) && err.contains("not wired yet");
-    if placeholder {
-        eprintln!("SKIP: {test}: vmm::run is not wired to the VMM core yet");
-    }
-    placeholder
-}
-
 /// Runs the test guest to its end and returns the exit status and stderr.
 fn run_guest(args: &[&str]) -> (Option<i32>, String) {
     VmmProcess::start(args).wait(Duration::from_secs(120))
@@ -281,9 +272,6 @@ fn the_test_guest_runs_its_workload_on_two_vcpus() {
     }
     for populate in ["lazy", "eager"] {
         let (code, err) = run_guest(&["--memory", "64M", "--vcpus", "2", "--populate", populate]);
-        if not_wired(test, code, &err) {
-            return;
-        }
         assert_eq!(code, Some(0), "--populate {populate}: {err}");
     }
 }
@@ -297,9 +285,6 @@ fn a_file_backed_guest_runs() {
     let scratch = Scratch::new("file-backing");
     let backing = format!("file:{}", scratch.path("pool"));
     let (code, err) = run_guest(&["--memory", "32M", "--backing", &backing]);
-    if not_wired(test, code, &err) {
-        return;
-    }
     assert_eq!(code, Some(0), "{err}");
 }
 
@@ -311,9 +296,6 @@ fn a_failed_verification_exits_with_1() {
     }
     let workload = "write:2M+1M:0x1111,verify:2M+1M:0x2222";
     let (code, err) = run_guest(&["--memory", "16M", "--workload", workload]);
-    if not_wired(test, code, &err) {
-        return;
-    }
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
@@ -342,9 +324,6 @@ fn the_api_pauses_inspects_and_shuts_down_a_running_guest() {
     while !Path::new(&socket).exists() {
         if let Some(status) = process.0.try_wait().unwrap() {
             let (code, err) = (status.code(), process.wait(Duration::ZERO).1);
-            if not_wired(test, code, &err) {
-                return;
-            }
             panic!("vmm run ended before serving its API: {code:?} {err}");
         }
         assert!(Instant::now() < deadline, "no API socket after 30 s");
