@@ -126,7 +126,8 @@ pub struct RunArgs {
     ///   verify[@VCPU]:RANGE[:PATTERN]  check what write wrote
     ///   verify-zero[@VCPU]:RANGE       check that every page reads zero
     ///   read[@VCPU]:RANGE              read every page (populates by reads)
-    ///   checkpoint[@VCPU]:ID           stop at a checkpoint the VMM handles
+    ///   checkpoint[@VCPU]:ID           stop at a checkpoint the VMM handles: with --api-socket
+    ///                                  the VM pauses there until resumed (`vmm resume`)
     /// RANGE is `all` (2 MiB to the end of low RAM) or START+SIZE (e.g. 2M+64M), 4 KiB aligned
     /// and at or above 2M. PATTERN is a u64 (decimal or 0x-hex), default 0x5a5a5a5a5a5a5a5a.
     /// @VCPU runs the step on that vCPU alone; otherwise the range is split among all vCPUs.
