@@ -1,0 +1,398 @@
+//! `vmm-bench`: how fast `vmm run` gets the built-in test guest going and how much memory the
+//! VMM itself uses, measured from the outside on the real `vmm` command.
+//!
+//! ```text
+//! vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead]
+//! ```
+//!
+//! * startup: per backing and population, `--runs` runs of the test guest with a trivial
+//!   workload (one page read). Time from spawning `vmm run` to the first byte of the guest's
+//!   serial output on stdout (the guest prints after a few hundred instructions: an upper
+//!   bound of the time to its first instruction), and to the process's exit. Medians, with
+//!   the minimum and maximum.
+//! * overhead: the VMM paused at a workload checkpoint (through the API). Guest memory is the
+//!   resident part of the pool's mappings in /proc/PID/smaps (the `llfree-pool` memfd, or the
+//!   pool file); hugetlb pages are outside VmRSS (HugetlbPages). The VMM's own memory is
+//!   VmRSS minus guest memory: heap, stacks, the binary and libraries.
+//!
+//! hugetlb-2m cases need free 2 MiB huge pages (memory / 2 MiB of them), e.g.
+//! `echo 512 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`; they are skipped with
+//! a note otherwise.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vmm::api::ApiClient;
+
+const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead]";
+
+struct Args {
+    vmm: PathBuf,
+    runs: usize,
+    memory: String,
+    startup: bool,
+    overhead: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut args = Args {
+        vmm: exe.with_file_name("vmm"),
+        runs: 20,
+        memory: "512M".into(),
+        startup: false,
+        overhead: false,
+    };
+    let mut given = std::env::args().skip(1);
+    while let Some(arg) = given.next() {
+        let mut value = || given.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--vmm" => args.vmm = value()?.into(),
+            "--runs" => args.runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
+            "--memory" => args.memory = value()?,
+            "startup" => args.startup = true,
+            "overhead" => args.overhead = true,
+            _ => return Err(format!("unknown argument {arg}")),
+        }
+    }
+    if args.runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    if !args.startup && !args.overhead {
+        (args.startup, args.overhead) = (true, true);
+    }
+    Ok(args)
+}
+
+/// Free, unreserved 2 MiB huge pages.
+fn free_huge_pages() -> u64 {
+    let read = |name: &str| {
+        std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{name}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    read("free_hugepages").saturating_sub(read("resv_hugepages"))
+}
+
+fn mib(text: &str) -> u64 {
+    let (digits, unit) = text.split_at(text.len() - 1);
+    let value: u64 = digits.parse().unwrap_or(0);
+    match unit {
+        "G" => value << 10,
+        "M" => value,
+        _ => 0,
+    }
+}
+
+/// One timed run: time to the first stdout byte and to the exit.
+fn timed_run(vmm: &Path, args: &[&str]) -> Result<(Duration, Duration), String> {
+    let start = Instant::now();
+    let mut child = Command::new(vmm)
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", vmm.display()))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut byte = [0u8];
+        let first = match stdout.read(&mut byte) {
+            Ok(1) => Some(start.elapsed()),
+            _ => None,
+        };
+        let _ = stdout.read_to_end(&mut Vec::new());
+        first
+    });
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let exit = start.elapsed();
+    let first = reader.join().map_err(|_| "reader panicked")?;
+    if !status.success() {
+        let mut err = String::new();
+        let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+        return Err(format!("vmm run {args:?}: {status}: {}", err.trim()));
+    }
+    Ok((first.ok_or("the guest printed nothing")?, exit))
+}
+
+/// "median (min–max)" in milliseconds.
+fn summary(mut values: Vec<Duration>) -> String {
+    values.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    format!(
+        "{:.1} ({:.1}–{:.1})",
+        ms(values[values.len() / 2]),
+        ms(values[0]),
+        ms(values[values.len() - 1])
+    )
+}
+
+fn startup(args: &Args) -> Result<(), String> {
+    println!(
+        "## startup: {} runs each, --memory {}, 1 vCPU, --workload read:2M+4K",
+        args.runs, args.memory
+    );
+    println!("| backing | populate | spawn to first guest output, ms | spawn to exit, ms |");
+    println!("|---|---|---|---|");
+    for backing in ["anon", "hugetlb-2m"] {
+        if backing == "hugetlb-2m" && free_huge_pages() < mib(&args.memory) / 2 {
+            println!("| {backing} | - | skipped: too few free 2 MiB huge pages | |");
+            continue;
+        }
+        for populate in ["lazy", "eager"] {
+            let run_args = [
+                "--memory",
+                &args.memory,
+                "--backing",
+                backing,
+                "--populate",
+                populate,
+                "--workload",
+                "read:2M+4K",
+            ];
+            let (mut first, mut exit) = (Vec::new(), Vec::new());
+            for _ in 0..args.runs {
+                let (f, e) = timed_run(&args.vmm, &run_args)?;
+                first.push(f);
+                exit.push(e);
+            }
+            println!(
+                "| {backing} | {populate} | {} | {} |",
+                summary(first),
+                summary(exit)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The `kB` fields of /proc/PID/status that tell where the memory is, in KiB.
+fn memory_status(pid: u32) -> Result<Vec<(&'static str, u64)>, String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let fields = ["VmRSS", "RssAnon", "RssFile", "RssShmem", "HugetlbPages"];
+    Ok(fields
+        .iter()
+        .map(|&field| {
+            let kib = status
+                .lines()
+                .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+            (field, kib)
+        })
+        .collect())
+}
+
+/// KiB resident in the mappings of guest memory: the pool memfd, or the pool file `pool`.
+fn guest_rss(pid: u32, pool: &Path) -> Result<u64, String> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).map_err(|e| e.to_string())?;
+    let pool = pool.to_string_lossy();
+    let mut guest = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or_default();
+        if first.contains('-') && first.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            let path = line.split_whitespace().nth(5).unwrap_or_default();
+            guest = path.starts_with("/memfd:llfree-pool") || path == pool;
+        } else if guest && first == "Rss:" {
+            total += fields
+                .next()
+                .and_then(|kib| kib.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+fn api_json(
+    client: &ApiClient,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    let response = client
+        .request(method, path, body)
+        .map_err(|e| e.to_string())?;
+    if !response.is_success() {
+        return Err(format!(
+            "{method} {path}: {} {}",
+            response.status, response.body
+        ));
+    }
+    if response.body.is_empty() {
+        return Ok(serde_json::Value::Null);
+    }
+    serde_json::from_str(&response.body).map_err(|e| e.to_string())
+}
+
+/// What [`paused_memory`] found, in KiB.
+struct PausedMemory {
+    status: Vec<(&'static str, u64)>,
+    guest_rss: u64,
+    populated: u64,
+}
+
+/// Runs `vmm run ARGS --api-socket ...` to its checkpoint, measures, and shuts it down.
+fn paused_memory(vmm: &Path, run_args: &[&str], pool: &Path) -> Result<PausedMemory, String> {
+    let dir = std::env::temp_dir().join(format!("vmm-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let socket = dir.join("api.sock");
+    let mut child = Command::new(vmm)
+        .arg("run")
+        .args(run_args)
+        .arg("--api-socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let client = ApiClient::new(&socket);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let result = loop {
+        if Instant::now() > deadline {
+            break Err("the VM did not reach its checkpoint in 120 s".to_owned());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err(format!("vmm run ended early: {status}"));
+        }
+        let paused = socket.exists()
+            && api_json(&client, "GET", "/machine", None).is_ok_and(|m| m["state"] == "Paused");
+        if paused {
+            let memory = api_json(&client, "GET", "/memory", None)?;
+            let populated = memory["guest"]["populated_bytes"].as_u64().unwrap_or(0) >> 10;
+            break Ok(PausedMemory {
+                status: memory_status(child.id())?,
+                guest_rss: guest_rss(child.id(), pool)?,
+                populated,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = api_json(
+        &client,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"Shutdown"}"#),
+    );
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn overhead(args: &Args) -> Result<(), String> {
+    println!(
+        "## overhead: at a checkpoint, --memory {}, KiB",
+        args.memory
+    );
+    println!(
+        "| case | VmRSS | RssAnon | RssFile | RssShmem | HugetlbPages | guest populated | \
+         guest resident | VMM's own (VmRSS - guest resident) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let pool = std::env::temp_dir().join(format!("vmm-bench-pool-{}", std::process::id()));
+    let file = format!("file:{}", pool.display());
+    let written = "write:all,checkpoint:1";
+    let cases: [(&str, &str, &str, &str, &str); 6] = [
+        (
+            "anon lazy, 1 vCPU, idle",
+            "anon",
+            "lazy",
+            "1",
+            "checkpoint:1",
+        ),
+        (
+            "anon lazy, 1 vCPU, all written",
+            "anon",
+            "lazy",
+            "1",
+            written,
+        ),
+        (
+            "anon eager, 1 vCPU, all written",
+            "anon",
+            "eager",
+            "1",
+            written,
+        ),
+        (
+            "anon lazy, 2 vCPUs, all written",
+            "anon",
+            "lazy",
+            "2",
+            written,
+        ),
+        (
+            "hugetlb-2m lazy, 1 vCPU, all written",
+            "hugetlb-2m",
+            "lazy",
+            "1",
+            written,
+        ),
+        (
+            "pool file lazy, 1 vCPU, all written",
+            &file,
+            "lazy",
+            "1",
+            written,
+        ),
+    ];
+    for (name, backing, populate, vcpus, workload) in cases {
+        if backing == "hugetlb-2m" && free_huge_pages() < mib(&args.memory) / 2 {
+            println!("| {name} | skipped: too few free 2 MiB huge pages |");
+            continue;
+        }
+        let run_args = [
+            "--memory",
+            &args.memory,
+            "--backing",
+            backing,
+            "--populate",
+            populate,
+            "--vcpus",
+            vcpus,
+            "--workload",
+            workload,
+        ];
+        let measured = paused_memory(&args.vmm, &run_args, &pool)?;
+        let rss = measured.status.first().map_or(0, |(_, v)| *v);
+        let cells: Vec<String> = measured.status.iter().map(|(_, v)| v.to_string()).collect();
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            cells.join(" | "),
+            measured.populated,
+            measured.guest_rss,
+            rss.saturating_sub(measured.guest_rss)
+        );
+    }
+    let _ = std::fs::remove_file(&pool);
+    Ok(())
+}
+
+fn main() {
+    let result = parse_args().and_then(|args| {
+        if !args.vmm.is_file() {
+            return Err(format!(
+                "{} is not the vmm command (use --vmm PATH)\n{USAGE}",
+                args.vmm.display()
+            ));
+        }
+        println!("vmm: {}", args.vmm.display());
+        if args.startup {
+            startup(&args)?;
+        }
+        if args.overhead {
+            overhead(&args)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
