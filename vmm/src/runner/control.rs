@@ -50,3 +50,41 @@ impl VmmControl for Session {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command, VmConfig};
+    use crate::runner::memory::{create_memory, create_pool};
+
+    fn session() -> Session {
+        let cli = Cli::try_parse_from(["vmm", "run", "--memory", "16M", "--vcpus", "2"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let config = VmConfig::try_from(args).unwrap();
+        let memory = create_memory(&config, create_pool(&config).unwrap()).unwrap();
+        Session::new(config, Arc::new(memory))
+    }
+
+    #[test]
+    fn before_the_start_the_api_sees_the_machine_and_stops_it_but_cannot_pause() {
+        let session = session();
+        let info = session.machine_info().unwrap();
+        assert_eq!((info.state, info.vcpu_count), (VmState::NotStarted, 2));
+        let memory = session.memory_info().unwrap();
+        assert_eq!((memory.guest.chunks, memory.guest.populated_chunks), (8, 0));
+        assert_eq!(
+            memory.pool.cores, 1,
+            "16 MiB is one tree: one reservation slot"
+        );
+        let not_started = ControlError::InvalidState("the VM has not started yet".into());
+        assert_eq!(session.pause(), Err(not_started.clone()));
+        assert_eq!(session.resume(), Err(not_started));
+        assert_eq!(session.shutdown(), Ok(()));
+    }
+}
