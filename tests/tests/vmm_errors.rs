@@ -40,11 +40,12 @@ fn a_kernel_file_that_is_no_kernel_is_a_usage_error() {
     std::fs::write(&kernel, vec![0x90; 4096]).unwrap();
     VmmRun::run(&["--memory", "64M", "--kernel", &kernel]).assert_fails(
         2,
-        "--kernel: kernel is neither an ELF vmlinux nor a bzImage",
+        &format!("cannot boot {kernel}: kernel is neither an ELF vmlinux nor a bzImage"),
     );
     let empty = scratch.path("empty");
     std::fs::write(&empty, b"").unwrap();
-    VmmRun::run(&["--memory", "64M", "--kernel", &empty]).assert_fails(2, "--kernel: ");
+    VmmRun::run(&["--memory", "64M", "--kernel", &empty])
+        .assert_fails(2, &format!("cannot boot {empty}: cannot read kernel"));
 }
 
 #[test]

@@ -43,7 +43,11 @@ pub(super) fn run(
             cmdline: Some(&linux.cmdline),
             virtio_devices: &entries,
         },
-    )?;
+    )
+    .map_err(|source| RunError::Boot {
+        kernel: linux.kernel.clone(),
+        source,
+    })?;
     setup_vcpus(&vm, &boot)?;
 
     let mut buses = Buses::default();

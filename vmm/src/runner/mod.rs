@@ -34,6 +34,7 @@ mod test_guest;
 
 pub use devices::{DeviceError, VirtioMmioDevices};
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use guest_mem::{FaultError, MemoryError, PoolError};
@@ -86,8 +87,13 @@ pub enum RunError {
     #[error(transparent)]
     TestGuest(#[from] TestGuestError),
     /// The kernel, initrd or command line could not be loaded.
-    #[error("--kernel: {0}")]
-    Boot(#[from] BootError),
+    #[error("cannot boot {}: {source}", .kernel.display())]
+    Boot {
+        /// The kernel.
+        kernel: PathBuf,
+        /// What went wrong.
+        source: BootError,
+    },
     /// Setting up the vCPUs (CPUID, MSRs, LAPIC, registers) failed.
     #[error("cannot set up the vCPUs: {0}")]
     VcpuSetup(String),
@@ -110,7 +116,7 @@ impl RunError {
     /// The exit status for this error.
     pub fn exit_status(&self) -> ExitStatus {
         match self {
-            RunError::BalloonUnavailable | RunError::Boot(_) => ExitStatus::Usage,
+            RunError::BalloonUnavailable | RunError::Boot { .. } => ExitStatus::Usage,
             RunError::Pool(e) => memory::pool_error_status(e),
             RunError::Api(ServerError::InUse(_) | ServerError::NotASocket(_)) => ExitStatus::Usage,
             RunError::Vm(VmError::KvmUnavailable(_))
