@@ -1,0 +1,96 @@
+//! End-to-end: free page reporting from the test guest returns exactly the reported 2 MiB
+//! frames to the pool, and a re-touch repopulates them with zeroes.
+
+mod balloon_common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use balloon_common::{balloon_base, balloon_config, guest_memory, pool_free, run, MIB};
+use e2e_tests::kvm_available;
+use guest_mem::PoolStats;
+use vm_memory::GuestAddress;
+use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
+use vmm::testguest::Workload;
+
+#[test]
+fn reporting_512m_of_2m_aligned_ranges_returns_exactly_those_frames() {
+    if !kvm_available("reporting_512m_of_2m_aligned_ranges_returns_exactly_those_frames") {
+        return;
+    }
+    let ram = 800 * MIB;
+    let memory = guest_memory(ram, 1024 * MIB, 1);
+    let pattern = 0x4e90_0000_0000_0001;
+    // One range 4 MiB aligned, one only 2 MiB aligned: its descriptors start with a 2 MiB one.
+    let reported = [(256 * MIB, 256 * MIB), (514 * MIB, 256 * MIB)];
+    let mut workload = Workload::new()
+        .write(WORKLOAD_MIN_ADDR, ram - WORKLOAD_MIN_ADDR, pattern)
+        .checkpoint(1)
+        .balloon_probe(balloon_base(), ram, BALLOON_DRIVER_FEATURES);
+    for (addr, size) in reported {
+        workload = workload.report(addr, size);
+    }
+    workload = workload.checkpoint(2);
+    for (addr, size) in reported {
+        workload = workload.verify_zero(addr, size);
+    }
+    let kept = [
+        (WORKLOAD_MIN_ADDR, 254 * MIB),
+        (512 * MIB, 2 * MIB),
+        (770 * MIB, 30 * MIB),
+    ];
+    for (addr, size) in kept {
+        workload = workload.verify(addr, size, pattern);
+    }
+
+    type Seen = (PoolStats, usize, Instant);
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let hook_seen = seen.clone();
+    let hook_memory = memory.clone();
+    let run = run(
+        &memory,
+        1,
+        balloon_config(),
+        &workload,
+        Some(Box::new(move |id, _| {
+            let stats = hook_memory.pool().stats();
+            let populated = hook_memory.stats().populated_chunks;
+            hook_seen
+                .lock()
+                .unwrap()
+                .push((stats, populated, Instant::now()));
+            if id == 2 {
+                for chunk in (256..512).step_by(2).chain((514..770).step_by(2)) {
+                    let addr = GuestAddress(chunk * MIB);
+                    assert_eq!(hook_memory.frame_at(addr), None, "{addr:?} reported");
+                }
+                for (addr, _) in kept {
+                    assert!(hook_memory.frame_at(GuestAddress(addr)).is_some());
+                }
+            }
+        })),
+    );
+    assert!(run.report.success(), "{:#?}", run.report);
+    assert_eq!(run.report.pages(3) + run.report.pages(4), 512 * 256);
+    let seen = seen.lock().unwrap();
+    let [(before, populated_before, t1), (after, populated_after, t2)] = &seen[..] else {
+        panic!("two checkpoints expected: {}", seen.len());
+    };
+    assert_eq!(after.free_bytes - before.free_bytes, 512 * MIB);
+    assert_eq!(after.free_huge - before.free_huge, 256);
+    assert_eq!(populated_before - populated_after, 256);
+    eprintln!(
+        "report 512 MiB from the guest (probe, 128 ranges of 4 MiB in chains of 32): {:?}",
+        *t2 - *t1
+    );
+
+    let info = run.balloon.info();
+    assert_eq!(info.counters.report_freed_frames, 256);
+    assert_eq!(info.counters.reported_bytes, 512 * MIB);
+    // Adjacent ranges of a chain are merged: two chains for the first range, three for the
+    // second (2 MiB + 63 x 4 MiB + 2 MiB).
+    assert_eq!(info.counters.reported_ranges, 5);
+    assert_eq!(info.violations.total(), 0, "{:?}", info.violations);
+    // The verifications re-touched every reported chunk: frames came back from the pool.
+    assert_eq!(pool_free(&memory), before.free_bytes);
+}
