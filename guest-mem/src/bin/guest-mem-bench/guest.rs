@@ -89,6 +89,7 @@ impl<'a> Guest<'a> {
         if let Some(memory) = ram.memory() {
             memory.register_vcpu(0).map_err(|e| e.to_string())?;
         }
+        crate::pinning::pin_threads()?;
         let vcpu = vm.create_vcpu(0).map_err(kvm)?;
         Ok(Self {
             vcpu,

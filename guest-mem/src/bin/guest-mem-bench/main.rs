@@ -16,6 +16,7 @@ mod discard;
 mod faults;
 mod guest;
 mod host;
+mod pinning;
 mod populate;
 mod report;
 mod steps;
@@ -76,6 +77,9 @@ pub struct Args {
     /// Measure memory cold: do not warm it first (this host is a VM whose hypervisor backs memory on first touch and takes freed memory back).
     #[arg(long)]
     pub cold: bool,
+    /// Pin the vCPU thread and the fault handler threads: on one CPU or on two.
+    #[arg(long, value_enum, default_value = "none")]
+    pub pin: pinning::Pinning,
     /// Only cases whose name contains one of these (e.g. "hugetlb-2m/lazy,plain-anon-thp").
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -122,6 +126,7 @@ fn main() {
         std::process::exit(2);
     }
     install_signal_handlers();
+    pinning::set(args.pin);
     if args.cold {
         subject::measure_cold();
     }

@@ -21,7 +21,7 @@ pub struct Key {
 }
 
 impl Key {
-    /// A key.
+    /// A key; the case name gets the pinning mode appended.
     pub fn new(
         group: &'static str,
         case: impl Into<String>,
@@ -30,7 +30,7 @@ impl Key {
     ) -> Self {
         Self {
             group,
-            case: case.into(),
+            case: case.into() + crate::pinning::suffix(),
             size_mib: size >> 20,
             stride,
         }

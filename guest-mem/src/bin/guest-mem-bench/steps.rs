@@ -89,6 +89,7 @@ fn direct(kind: PoolKind, size: u64) -> Result<Vec<(&'static str, Vec<f64>)>, St
 /// The calling thread, as vCPU 0 of `memory`, writes one u64 per chunk; the time of each write.
 fn touch_chunks(memory: &GuestMemory, frame: u64) -> Result<(Vec<f64>, FaultLatency), String> {
     memory.register_vcpu(0).map_err(|e| e.to_string())?;
+    crate::pinning::pin_threads()?;
     let region = &memory.regions()[0];
     let times = per_frame(region.size() / frame, frame, |off| {
         let addr = region.host_addr() + off as usize + 8;
