@@ -87,11 +87,10 @@ fn mib(text: &str) -> u64 {
     }
 }
 
-/// One timed run: time to the first stdout byte and to the exit.
+/// One timed run of `vmm ARGS`: time to the first stdout byte and to the exit.
 fn timed_run(vmm: &Path, args: &[&str]) -> Result<(Duration, Duration), String> {
     let start = Instant::now();
     let mut child = Command::new(vmm)
-        .arg("run")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -114,9 +113,9 @@ fn timed_run(vmm: &Path, args: &[&str]) -> Result<(Duration, Duration), String> 
     if !status.success() {
         let mut err = String::new();
         let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
-        return Err(format!("vmm run {args:?}: {status}: {}", err.trim()));
+        return Err(format!("vmm {args:?}: {status}: {}", err.trim()));
     }
-    Ok((first.ok_or("the guest printed nothing")?, exit))
+    Ok((first.ok_or("nothing was printed")?, exit))
 }
 
 /// "median (min–max)" in milliseconds.
@@ -138,6 +137,18 @@ fn startup(args: &Args) -> Result<(), String> {
     );
     println!("| backing | populate | spawn to first guest output, ms | spawn to exit, ms |");
     println!("|---|---|---|---|");
+    // Baseline: the same process start without a VM (`vmm --version` prints at once).
+    let (mut first, mut exit) = (Vec::new(), Vec::new());
+    for _ in 0..args.runs {
+        let (f, e) = timed_run(&args.vmm, &["--version"])?;
+        first.push(f);
+        exit.push(e);
+    }
+    println!(
+        "| baseline: vmm --version | - | {} (first output) | {} |",
+        summary(first),
+        summary(exit)
+    );
     for backing in ["anon", "hugetlb-2m"] {
         if backing == "hugetlb-2m" && free_huge_pages() < mib(&args.memory) / 2 {
             println!("| {backing} | - | skipped: too few free 2 MiB huge pages | |");
@@ -145,6 +156,7 @@ fn startup(args: &Args) -> Result<(), String> {
         }
         for populate in ["lazy", "eager"] {
             let run_args = [
+                "run",
                 "--memory",
                 &args.memory,
                 "--backing",
