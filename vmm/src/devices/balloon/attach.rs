@@ -1,7 +1,7 @@
-//! Putting the balloon on a VM: its virtio-mmio transport on the MMIO bus at a layout slot, a
-//! KVM irqfd for its interrupt line, a KVM ioeventfd per queue on its QueueNotify register, and
-//! the event-loop subscribers (queue notifications, statistics timer). What stays with the VMM
-//! is a [`BalloonHandle`] for the control API.
+//! Making a balloon ([`create`]: the device, its statistics timer and the [`BalloonHandle`] the
+//! control API keeps) and putting it on a VM ([`attach`]: its virtio-mmio transport on the MMIO
+//! bus at a layout slot, a KVM irqfd for its interrupt line, a KVM ioeventfd per queue on its
+//! QueueNotify register, and the event-loop subscribers).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,11 +9,14 @@ use std::time::Duration;
 use event_manager::MutEventSubscriber;
 use guest_mem::GuestMemory;
 use kvm_ioctls::{IoEventAddress, VmFd};
-use virtio_balloon::{pages_from_mib, BalloonConfig, BalloonError, BalloonInfo};
+use virtio_balloon::{
+    pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonInfo, ConfigError,
+};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::stats_timer::{StatsInterval, StatsTimer, StatsTimerError};
 use super::{lock, BalloonDevice, Memory};
+use crate::cli::BalloonConfig as BalloonOption;
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::event_loop::QueueSubscriber;
 use crate::devices::virtio::mmio::{MmioError, MmioTransport};
@@ -130,6 +133,48 @@ impl BalloonHandle {
     }
 }
 
+/// The device options of a `--balloon` option: the initial target, deflate-on-OOM, free page
+/// reporting, statistics (an interval of 0 turns them off), MUST_TELL_HOST and 1024-entry queues.
+pub fn device_config(option: &BalloonOption) -> Result<BalloonConfig, ConfigError> {
+    let interval = option.stats_polling_interval_s;
+    Ok(BalloonConfig {
+        target_pages: pages_from_bytes(option.size)?,
+        deflate_on_oom: option.deflate_on_oom,
+        free_page_reporting: option.free_page_reporting,
+        stats_interval: (interval > 0).then(|| Duration::from_secs(interval.into())),
+        ..BalloonConfig::default()
+    })
+}
+
+/// A balloon that is not on a transport yet.
+pub struct NewBalloon {
+    /// The device, to put behind a virtio-mmio transport (whose queue subscriber processes it).
+    pub device: Arc<Mutex<BalloonDevice>>,
+    /// The event-loop subscriber that asks the guest for statistics.
+    pub stats_timer: StatsTimer,
+    /// What the control API keeps.
+    pub handle: BalloonHandle,
+}
+
+/// Creates a balloon with `config` over `memory`, with its statistics timer and API handle.
+pub fn create(memory: Arc<GuestMemory>, config: BalloonConfig) -> Result<NewBalloon, AttachError> {
+    let ram_bytes = memory.regions().iter().map(|r| r.size()).sum();
+    let device = BalloonDevice::new(config, memory).map_err(AttachError::Device)?;
+    let device = Arc::new(Mutex::new(device));
+    let (stats_timer, stats) = StatsTimer::new(device.clone())?;
+    let handle = BalloonHandle {
+        device: device.clone(),
+        config,
+        ram_bytes,
+        stats,
+    };
+    Ok(NewBalloon {
+        device,
+        stats_timer,
+        handle,
+    })
+}
+
 /// Creates a balloon with `config` over `memory` and attaches it to `vm` at virtio-mmio slot
 /// `slot`: the transport goes on `mmio`, its interrupt to the slot's IRQ line (irqfd) and its
 /// queue notifications to event fds (ioeventfds). Returns the handle for the API and the
@@ -144,12 +189,10 @@ pub fn attach(
     let (Some(base), Some(irq)) = (virtio_mmio_base(slot), virtio_mmio_irq(slot)) else {
         return Err(AttachError::NoSlot(slot));
     };
-    let ram_bytes = memory.regions().iter().map(|r| r.size()).sum();
-    let device = BalloonDevice::new(config, memory.clone()).map_err(AttachError::Device)?;
-    let device = Arc::new(Mutex::new(device));
+    let balloon = create(memory.clone(), config)?;
     let irq_evt = EventFd::new(EFD_NONBLOCK).map_err(AttachError::EventFd)?;
-    let transport =
-        MmioTransport::new(memory, device.clone(), irq_evt).map_err(AttachError::Transport)?;
+    let transport = MmioTransport::new(memory, balloon.device.clone(), irq_evt)
+        .map_err(AttachError::Transport)?;
     let kvm = |what| move |source| AttachError::Kvm { what, source };
     vm.register_irqfd(transport.interrupt().irq_evt(), irq)
         .map_err(kvm("KVM_IRQFD"))?;
@@ -158,16 +201,10 @@ pub fn attach(
         vm.register_ioevent(notifier, &notify, index as u32)
             .map_err(kvm("KVM_IOEVENTFD"))?;
     }
-    let queues = QueueSubscriber::new(device.clone(), transport.queue_notifiers())
+    let queues = QueueSubscriber::new(balloon.device, transport.queue_notifiers())
         .map_err(AttachError::EventFd)?;
-    let (timer, stats) = StatsTimer::new(device.clone())?;
     mmio.insert(Arc::new(transport), base, VIRTIO_MMIO_SIZE)
         .map_err(AttachError::Bus)?;
-    let handle = BalloonHandle {
-        device,
-        config,
-        ram_bytes,
-        stats,
-    };
-    Ok((handle, vec![Box::new(queues), Box::new(timer)]))
+    let subscribers: Vec<Subscriber> = vec![Box::new(queues), Box::new(balloon.stats_timer)];
+    Ok((balloon.handle, subscribers))
 }

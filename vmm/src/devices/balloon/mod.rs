@@ -8,10 +8,12 @@
 //! * [`BalloonDevice`]: the [`VirtioDevice`](crate::devices::virtio::VirtioDevice) the transport
 //!   drives; interrupts go through the transport's
 //!   [`Interrupt`](crate::devices::virtio::Interrupt).
-//! * [`attach`]: the transport on the MMIO bus at a `layout` slot, with an irqfd and one
-//!   ioeventfd per queue, plus the event-loop subscribers: queue notifications and the
-//!   statistics timer ([`StatsTimer`]).
-//! * [`BalloonHandle`]: target, information and statistics interval, for the control API.
+//! * [`create`]: the device, its statistics timer ([`StatsTimer`], an event-loop subscriber)
+//!   and the [`BalloonHandle`] (target, information, statistics interval) for the control API;
+//!   [`device_config`] turns a `--balloon` option into device options.
+//! * [`attach`]: [`create`], then the transport on the MMIO bus at a `layout` slot, with an
+//!   irqfd and one ioeventfd per queue, plus the event-loop subscribers (queue notifications
+//!   and the statistics timer).
 //!
 //! ```text
 //! let (balloon, subscribers) = balloon::attach(vm.fd(), &mut buses.mmio, memory, config, 0)?;
@@ -32,7 +34,8 @@ mod tests;
 use std::sync::{Mutex, MutexGuard};
 
 pub use attach::{
-    attach, AttachError, BalloonControlError, BalloonHandle, BalloonTransport, Subscriber,
+    attach, create, device_config, AttachError, BalloonControlError, BalloonHandle,
+    BalloonTransport, NewBalloon, Subscriber,
 };
 pub use backend::GuestMemBackend;
 pub use device::{BalloonDevice, Memory};

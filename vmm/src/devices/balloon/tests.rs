@@ -232,3 +232,29 @@ fn attach_wires_the_transport_into_a_kvm_vm() {
         Err(AttachError::Device(_))
     ));
 }
+
+#[test]
+fn the_balloon_option_becomes_device_options() {
+    let option = crate::cli::BalloonConfig {
+        size: 256 * MIB,
+        deflate_on_oom: true,
+        free_page_reporting: true,
+        stats_polling_interval_s: 2,
+    };
+    let config = device_config(&option).unwrap();
+    assert_eq!(config.target_pages, 65536);
+    assert!(config.deflate_on_oom && config.free_page_reporting && config.must_tell_host);
+    assert_eq!(config.stats_interval, Some(Duration::from_secs(2)));
+    assert_eq!(config.queue_size, 1024);
+    let quiet = crate::cli::BalloonConfig {
+        stats_polling_interval_s: 0,
+        ..option
+    };
+    assert_eq!(device_config(&quiet).unwrap().stats_interval, None);
+
+    // A created balloon reports its target before any driver shows up.
+    let balloon = create(memory(), config).unwrap();
+    assert_eq!(balloon.handle.info().target_pages, 65536);
+    assert!(!balloon.handle.info().active);
+    assert!(Arc::ptr_eq(&balloon.device, balloon.handle.device()));
+}
