@@ -4,7 +4,7 @@ use crate::api::model::{MachineInfo, MemoryInfo, VmState};
 use crate::api::{ControlError, VmmControl};
 use crate::vm::control::{self, RunState, VmControl};
 
-use super::session::Session;
+use super::session::{Phase, Session};
 
 /// What a run control error means to an API client.
 fn api_error(error: control::ControlError) -> ControlError {
@@ -15,20 +15,25 @@ fn api_error(error: control::ControlError) -> ControlError {
 }
 
 impl Session {
+    /// The run control of a started VM; before the start, waits for it (briefly).
     fn started_control(&self) -> Result<&VmControl, ControlError> {
-        self.control()
-            .map(AsRef::as_ref)
-            .ok_or_else(|| ControlError::InvalidState("the VM has not started yet".into()))
+        match (self.phase_after_setup(), self.control()) {
+            (Phase::Started, Some(control)) => Ok(control),
+            (Phase::Setup, _) => Err(ControlError::InvalidState(
+                "the VM has not started yet".into(),
+            )),
+            _ => Err(ControlError::InvalidState("the VM has stopped".into())),
+        }
     }
 }
 
 impl VmmControl for Session {
     fn machine_info(&self) -> Result<MachineInfo, ControlError> {
-        let state = match self.control().map(|c| c.state()) {
-            None => VmState::NotStarted,
-            Some(RunState::Running) => VmState::Running,
-            Some(RunState::Paused) => VmState::Paused,
-            Some(RunState::Stopped) => VmState::Stopped,
+        let state = match (self.phase(), self.control().map(|c| c.state())) {
+            (Phase::Setup, _) => VmState::NotStarted,
+            (Phase::Started, Some(RunState::Running)) => VmState::Running,
+            (Phase::Started, Some(RunState::Paused)) => VmState::Paused,
+            _ => VmState::Stopped,
         };
         Ok(MachineInfo::new(self.config(), state))
     }
@@ -72,8 +77,8 @@ mod tests {
     }
 
     #[test]
-    fn before_the_start_the_api_sees_the_machine_and_stops_it_but_cannot_pause() {
-        let session = session();
+    fn before_the_start_the_api_sees_the_machine_and_pauses_wait_for_the_start() {
+        let session = Arc::new(session());
         let info = session.machine_info().unwrap();
         assert_eq!((info.state, info.vcpu_count), (VmState::NotStarted, 2));
         let memory = session.memory_info().unwrap();
@@ -82,9 +87,16 @@ mod tests {
             memory.pool.cores, 1,
             "16 MiB is one tree: one reservation slot"
         );
-        let not_started = ControlError::InvalidState("the VM has not started yet".into());
-        assert_eq!(session.pause(), Err(not_started.clone()));
-        assert_eq!(session.resume(), Err(not_started));
+        let waiting = session.clone();
+        let pause = std::thread::spawn(move || waiting.pause());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!pause.is_finished(), "a pause waits for the start");
+        // The run ends without the guest ever starting.
+        session.finish();
+        let stopped = ControlError::InvalidState("the VM has stopped".into());
+        assert_eq!(pause.join().unwrap(), Err(stopped.clone()));
+        assert_eq!(session.resume(), Err(stopped));
+        assert_eq!(session.machine_info().unwrap().state, VmState::Stopped);
         assert_eq!(session.shutdown(), Ok(()));
     }
 }

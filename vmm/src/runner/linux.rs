@@ -22,7 +22,7 @@ use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
 use crate::cli::LinuxConfig;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vcpu::Buses;
-use crate::vm::control::{ControlError, StopReason};
+use crate::vm::control::StopReason;
 use crate::vm::Vm;
 
 /// Boots `linux` over the session's memory and runs it to its end.
@@ -64,11 +64,7 @@ pub(super) fn run(
     devices.attach(vm.fd(), &mut buses)?;
 
     let running = vm.start(Arc::new(buses))?;
-    session.started(&running);
-    match running.resume() {
-        Ok(()) | Err(ControlError::Stopped) => {}
-        Err(e) => return Err(RunError::VcpuSetup(e.to_string())),
-    }
+    session.start_guest(&running);
     match running.wait() {
         // A reset (Linux reboots on panic=1 and reboot=k) or power-off ends the VM.
         StopReason::Requested | StopReason::GuestShutdown { .. } | StopReason::AllHalted => {

@@ -161,6 +161,7 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
         Guest::Test(workload) => test_guest::run(&session, workload, devices),
         Guest::Linux(linux, console) => linux::run(&session, linux, devices, console),
     };
+    session.finish();
     drop(api);
     drop(events);
     drop(signals);

@@ -2,7 +2,7 @@
 //! share about one VM run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use guest_mem::{FaultError, GuestMemory};
@@ -14,6 +14,20 @@ use crate::vm::RunningVm;
 
 /// How often vCPUs blocked on an unservable fault are let go while the VM stops.
 const UNBLOCK_INTERVAL: Duration = Duration::from_millis(10);
+/// Longest an API request waits for the guest to start (the API serves from before the VM
+/// exists, which takes milliseconds once guest memory is there).
+const START_WAIT: Duration = Duration::from_secs(10);
+
+/// Where the run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// The VM is being set up.
+    Setup,
+    /// The guest has been let run (it may be paused or stopped since).
+    Started,
+    /// The run is over.
+    Ended,
+}
 
 /// A fault a vCPU's memory access could not be served with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +44,9 @@ pub(super) struct Session {
     memory: Arc<GuestMemory>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
+    /// Where the run is; changes are announced on `phase_changed`.
+    phase: Mutex<Phase>,
+    phase_changed: Condvar,
     /// Its owner asked for a stop before the VM started.
     stop_before_start: AtomicBool,
     /// The first fault a vCPU could not be served with.
@@ -43,6 +60,8 @@ impl Session {
             config,
             memory,
             control: OnceLock::new(),
+            phase: Mutex::new(Phase::Setup),
+            phase_changed: Condvar::new(),
             stop_before_start: AtomicBool::new(false),
             fault: Mutex::new(None),
         }
@@ -63,9 +82,14 @@ impl Session {
         self.control.get()
     }
 
-    /// Called once the vCPU threads exist, before the guest runs: registers each vCPU thread
-    /// with guest memory (its faults allocate with its own core) and hands out the control.
-    pub fn started(&self, vm: &RunningVm) {
+    fn lock_phase(&self) -> MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called once the vCPU threads exist (paused): registers each vCPU thread with guest
+    /// memory (its faults allocate with its own core), hands out the control and lets the
+    /// guest run. Pause and resume requests wait for this, so none is lost to the start.
+    pub fn start_guest(&self, vm: &RunningVm) {
         let control = vm.control();
         for (index, tid) in vm.vcpu_tids().iter().enumerate() {
             if let Err(e) = self.memory.register_vcpu_tid(index, *tid) {
@@ -80,6 +104,32 @@ impl Session {
         if self.stop_before_start.load(Ordering::SeqCst) {
             control.request_stop(StopReason::Requested);
         }
+        let mut phase = self.lock_phase();
+        // Fails only when the VM was stopped already; it ends at once then.
+        let _ = control.resume();
+        *phase = Phase::Started;
+        self.phase_changed.notify_all();
+    }
+
+    /// Called when the guest has ended (or never started): the control API answers with that.
+    pub fn finish(&self) {
+        *self.lock_phase() = Phase::Ended;
+        self.phase_changed.notify_all();
+    }
+
+    /// The phase, waiting up to [`START_WAIT`] while the VM is being set up.
+    pub fn phase_after_setup(&self) -> Phase {
+        let phase = self.lock_phase();
+        let (phase, _) = self
+            .phase_changed
+            .wait_timeout_while(phase, START_WAIT, |phase| *phase == Phase::Setup)
+            .unwrap_or_else(|e| e.into_inner());
+        *phase
+    }
+
+    /// The phase now.
+    pub fn phase(&self) -> Phase {
+        *self.lock_phase()
     }
 
     /// Stops the VM at its owner's request (API, signals); before the start, the VM stops as

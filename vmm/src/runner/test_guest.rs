@@ -20,7 +20,7 @@ pub(super) fn run(
     let checkpoint_session = session.clone();
     let options = RunOptions {
         timeout: Duration::MAX,
-        on_start: Some(Box::new(move |vm| start_session.started(vm))),
+        on_start: Some(Box::new(move |vm| start_session.start_guest(vm))),
         on_checkpoint: Some(Arc::new(move |_id| {
             // With an API, a checkpoint pauses the VM until a client resumes it.
             if checkpoint_session.config().api_socket.is_some() {
@@ -34,6 +34,7 @@ pub(super) fn run(
         add_devices: Some(Box::new(move |vm, buses| {
             devices.attach(vm, buses).map_err(|e| e.to_string())
         })),
+        start_paused: true,
     };
     let vcpus = session.config().vcpus;
     let report = testguest::run_with(session.memory().clone(), vcpus, workload, options)?;

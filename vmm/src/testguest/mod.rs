@@ -96,6 +96,9 @@ pub struct RunOptions {
     pub serial_output: Option<SerialOutput>,
     /// Called after the serial port and the report device are on the buses.
     pub add_devices: Option<DevicesHook>,
+    /// Leave the vCPUs paused after `on_start`: the caller lets them run through the control it
+    /// kept (a VMM whose API must be able to pause the guest from its first instruction on).
+    pub start_paused: bool,
 }
 
 impl Default for RunOptions {
@@ -106,6 +109,7 @@ impl Default for RunOptions {
             on_checkpoint: None,
             serial_output: None,
             add_devices: None,
+            start_paused: false,
         }
     }
 }
@@ -184,10 +188,12 @@ where
         on_start(&running);
     }
     let started = Instant::now();
-    match running.resume() {
-        // Stopped by its owner (e.g. from the start hook) before it ran: the report says so.
-        Ok(()) | Err(ControlError::Stopped) => {}
-        Err(e) => return Err(TestGuestError::Setup(e.to_string())),
+    if !options.start_paused {
+        match running.resume() {
+            // Stopped by its owner (e.g. from the start hook) before it ran: the report says so.
+            Ok(()) | Err(ControlError::Stopped) => {}
+            Err(e) => return Err(TestGuestError::Setup(e.to_string())),
+        }
     }
     // A timeout too long to be a deadline is no limit.
     let timeout = Some(options.timeout).filter(|t| started.checked_add(*t).is_some());
