@@ -79,10 +79,15 @@ fn reporting_512m_of_2m_aligned_ranges_returns_exactly_those_frames() {
     assert_eq!(after.free_bytes - before.free_bytes, 512 * MIB);
     assert_eq!(after.free_huge - before.free_huge, 256);
     assert_eq!(populated_before - populated_after, 256);
+    let free_trees = |s: &PoolStats| s.trees.iter().filter(|t| t.free_frames == 16384).count();
     eprintln!(
-        "report 512 MiB from the guest (probe, 128 ranges of 4 MiB in chains of 32): {:?}",
-        *t2 - *t1
+        "report 512 MiB from the guest (probe, 128 ranges of 4 MiB in chains of 32): {:?}; \
+         pool trees entirely free: {} -> {}",
+        *t2 - *t1,
+        free_trees(before),
+        free_trees(after)
     );
+    assert!(free_trees(after) >= free_trees(before) + 7);
 
     let info = run.balloon.info();
     assert_eq!(info.counters.report_freed_frames, 256);
