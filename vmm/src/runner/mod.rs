@@ -59,8 +59,8 @@ pub enum RunOutcome {
 /// Why a VM could not be set up or run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// `--balloon` was given, but no balloon device exists yet.
-    #[error("--balloon: this VMM has no virtio-balloon device yet")]
+    /// `--balloon` was given, but `vmm run` does not create the balloon device yet.
+    #[error("--balloon: the virtio-balloon device is not wired into vmm run yet")]
     BalloonUnavailable,
     /// SIGINT and SIGTERM could not be routed to the event loop.
     #[error("cannot handle SIGINT and SIGTERM: {0}")]
