@@ -7,7 +7,9 @@
 //! When the pool is exhausted, the vCPU's error is recorded, the VMM's event is signalled and the
 //! vCPU thread is kicked (on hardware KVM its KVM_RUN returns EINTR). The fault stays pending and
 //! is retried every [`RETRY_MS`] until a frame is free (overcommit: another guest may give memory
-//! back) or the VMM gives up with [`crate::GuestMemory::unblock_vcpus`].
+//! back) or the VMM gives up with [`crate::GuestMemory::unblock_vcpus`]. Each wait is reported
+//! once: the kick interrupts the vCPU's wait in the kernel, which then delivers the same fault
+//! again, and that repeat only joins the wait.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -17,8 +19,8 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::memory::Inner;
-use crate::region::RegionError;
+use crate::memory::{Inner, Shared};
+use crate::region::{GuestRegion, RegionError};
 use crate::stats::Counters;
 use crate::sys::uffd::Fault;
 use crate::vcpu::FaultError;
@@ -118,24 +120,57 @@ fn serve(inner: &Inner, stop: &EventFd) {
 fn retry_blocked(inner: &Inner) {
     let shared = &inner.shared;
     for index in 0..shared.vcpus.len() {
-        let Some(addr) = shared.vcpus.take_blocked(index) else {
+        let Some(addr) = shared.vcpus.blocked_on(index) else {
             continue;
         };
         let Some((region, chunk)) = inner.locate(addr) else {
+            // Only guest memory is registered: nothing to wait for.
+            shared.vcpus.resolve(index, addr);
             continue;
         };
-        match region.populate(chunk, shared.core_base + index) {
-            Ok(fresh) => {
-                if fresh {
-                    Counters::bump(&shared.counters.faults);
-                    Counters::bump(&shared.counters.vcpu_faults[index]);
-                }
-                let (start, len) = region.chunk_range(chunk);
-                let _ = shared.uffd.wake(start, len);
-            }
-            Err(_) => shared.vcpus.block(index, addr),
+        // Still no frame: the vCPU keeps waiting, and its error has been reported already.
+        let _ = resolve(
+            shared,
+            region,
+            chunk,
+            shared.core_base + index,
+            Some(index),
+            addr,
+        );
+    }
+}
+
+/// Populates `chunk` of `region` with `core` for the fault of `vcpu` at `addr`, ends that vCPU's
+/// wait on it and wakes the waiters. Returns when the waiters were woken (for the wake latency)
+/// and whether this call mapped a new frame.
+fn resolve(
+    shared: &Shared,
+    region: &GuestRegion,
+    chunk: usize,
+    core: usize,
+    vcpu: Option<usize>,
+    addr: usize,
+) -> Result<(Instant, bool), RegionError> {
+    let fresh = region.populate(chunk, core)?;
+    let counters = &shared.counters;
+    if fresh {
+        Counters::bump(&counters.faults);
+        if let Some(i) = vcpu {
+            Counters::bump(&counters.vcpu_faults[i]);
         }
     }
+    if let Some(i) = vcpu {
+        // Before the wake: once woken, the vCPU may block on this address again (after a
+        // discard), and that wait must not be ended here.
+        shared.vcpus.resolve(i, addr);
+    }
+    let (start, len) = region.chunk_range(chunk);
+    let waking = Instant::now();
+    // Fails only if the range is gone, i.e. the memory is being torn down.
+    let _ = shared.uffd.wake(start, len);
+    let woken = Instant::now();
+    counters.fault_wake.record(woken - waking);
+    Ok((woken, fresh))
 }
 
 /// Resolves one fault read at `read_at`: populate the chunk with the faulting vCPU's core, then
@@ -149,45 +184,39 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     };
     let vcpu = shared.vcpus.index_of(fault.tid);
     let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
-    match region.populate(chunk, core) {
-        Ok(fresh) => {
-            let counters = &shared.counters;
+    let error = match resolve(shared, region, chunk, core, vcpu, fault.address) {
+        Ok((woken, fresh)) => {
             if fresh {
-                Counters::bump(&counters.faults);
-                if let Some(i) = vcpu {
-                    Counters::bump(&counters.vcpu_faults[i]);
-                }
+                shared.counters.fault_handling.record(woken - read_at);
             }
-            let (addr, len) = region.chunk_range(chunk);
-            let waking = Instant::now();
-            // Fails only if the range is gone, i.e. the memory is being torn down.
-            let _ = shared.uffd.wake(addr, len);
-            let woken = Instant::now();
-            counters.fault_wake.record(woken - waking);
-            if fresh {
-                counters.fault_handling.record(woken - read_at);
-            }
+            return;
         }
-        Err(error) => {
-            let error = match error {
-                RegionError::Exhausted(_) => {
-                    Counters::bump(&shared.counters.exhausted);
-                    FaultError::PoolExhausted
-                }
-                _ => FaultError::MapFailed,
-            };
-            match vcpu {
-                // The VMM gets the error; the vCPU waits for a frame (see the module docs).
-                Some(i) => {
-                    shared.vcpus.block(i, fault.address);
-                    shared.vcpus.report(i, fault.tid, error);
-                }
-                // A VMM thread raced with a discard (vm-memory accesses populate first): give it
-                // the zero page rather than a SIGBUS; the chunk stays unpopulated in the table.
-                None => {
-                    let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
-                }
-            }
-        }
+        Err(error) => error,
+    };
+    let Some(i) = vcpu else {
+        // A VMM thread raced with a discard (vm-memory accesses populate first): give it the
+        // zero page rather than a SIGBUS; the chunk stays unpopulated in the table.
+        let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+        return;
+    };
+    // The vCPU waits for a frame (see the module docs). A fault it already waits on is not
+    // reported again: the kernel delivers it anew whenever the wait is interrupted, e.g. by the
+    // kick that comes with the report.
+    if !shared.vcpus.block(i, fault.address) {
+        return;
     }
+    // A frame freed, or the chunk populated by someone else, between the failed attempt and
+    // the wait being recorded would otherwise be noticed only by the next retry, and the error
+    // would be reported for nothing.
+    if resolve(shared, region, chunk, core, vcpu, fault.address).is_ok() {
+        return;
+    }
+    let error = match error {
+        RegionError::Exhausted(_) => {
+            Counters::bump(&shared.counters.exhausted);
+            FaultError::PoolExhausted
+        }
+        _ => FaultError::MapFailed,
+    };
+    shared.vcpus.report(i, fault.tid, error);
 }

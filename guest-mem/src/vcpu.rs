@@ -88,12 +88,34 @@ impl VcpuRegistry {
         }
     }
 
-    /// Records that vCPU `index` waits on an unresolved fault at host address `addr`.
-    pub fn block(&self, index: usize, addr: usize) {
-        self.blocked[index].store(addr, Ordering::Release);
+    /// Records that vCPU `index` waits on an unresolved fault at host address `addr`. Returns
+    /// whether this is a new wait, i.e. the vCPU was not already known to wait on `addr`: the
+    /// kernel delivers the same fault again whenever the wait is interrupted (a kick does that),
+    /// and such a repeat must not be reported as another error.
+    pub fn block(&self, index: usize, addr: usize) -> bool {
+        self.blocked[index].swap(addr, Ordering::AcqRel) != addr
     }
 
-    /// Takes the address vCPU `index` is blocked on, if any.
+    /// The address vCPU `index` is blocked on, if any.
+    pub fn blocked_on(&self, index: usize) -> Option<usize> {
+        match self.blocked[index].load(Ordering::Acquire) {
+            NOT_BLOCKED => None,
+            addr => Some(addr),
+        }
+    }
+
+    /// Ends vCPU `index`'s wait on `addr`, if it still waits on that address (its fault has been
+    /// resolved).
+    pub fn resolve(&self, index: usize, addr: usize) {
+        let _ = self.blocked[index].compare_exchange(
+            addr,
+            NOT_BLOCKED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Takes the address vCPU `index` is blocked on, if any (giving up on its fault).
     pub fn take_blocked(&self, index: usize) -> Option<usize> {
         match self.blocked[index].swap(NOT_BLOCKED, Ordering::AcqRel) {
             NOT_BLOCKED => None,
@@ -141,9 +163,28 @@ mod tests {
         assert_eq!(reg.take_error(1), Some(FaultError::PoolExhausted));
         assert_eq!(reg.take_error(1), None);
         assert!(!reg.any_blocked());
-        reg.block(0, 0x1000);
+        assert!(reg.block(0, 0x1000));
         assert!(reg.any_blocked());
         assert_eq!(reg.take_blocked(0), Some(0x1000));
         assert_eq!(reg.take_blocked(0), None);
+    }
+
+    #[test]
+    fn a_fault_delivered_again_is_the_same_wait_until_resolved() {
+        let reg = VcpuRegistry::new(1, None).expect("eventfd");
+        assert!(reg.block(0, 0x20_0000), "a new wait");
+        assert!(!reg.block(0, 0x20_0000), "the same fault again");
+        assert_eq!(reg.blocked_on(0), Some(0x20_0000));
+        reg.resolve(0, 0x40_0000);
+        assert_eq!(
+            reg.blocked_on(0),
+            Some(0x20_0000),
+            "another address resolves nothing"
+        );
+        reg.resolve(0, 0x20_0000);
+        assert_eq!(reg.blocked_on(0), None);
+        assert!(!reg.any_blocked());
+        assert!(reg.block(0, 0x20_0000), "blocked again later: a new wait");
+        assert!(reg.block(0, 0x40_0000), "a different address: a new wait");
     }
 }

@@ -45,4 +45,22 @@ impl Vm {
     pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, RunError> {
         self.0.run(memory, index, touch)
     }
+
+    /// Like [`Vm::run`], but the vCPU leaves fault errors to the caller, as a VMM's vCPU loop
+    /// leaves them to its event loop: a KVM_RUN interrupted by a kick is entered again.
+    pub fn run_leaving_faults_to_the_vmm(
+        &self,
+        memory: &GuestMemory,
+        index: usize,
+        touch: Touch,
+    ) -> Result<u32, RunError> {
+        memory
+            .register_vcpu(index)
+            .map_err(|e| RunError::Other(format!("register: {e}")))?;
+        let mut vcpu = self
+            .0
+            .create_vcpu(index)
+            .map_err(|e| RunError::Other(e.to_string()))?;
+        vcpu.run(touch, None)
+    }
 }
