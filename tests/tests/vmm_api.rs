@@ -82,7 +82,8 @@ fn the_client_subcommands_drive_a_running_guest() {
     }
     let scratch = Scratch::new("client-commands");
     let socket = scratch.path("api.sock");
-    // Stops at the checkpoint, so that every command meets a live VM.
+    // Stops at the checkpoint, so that every command meets a live VM; after it, passes over
+    // all of RAM keep the guest busy long enough to be paused again by hand.
     let mut vmm = VmmRun::start(&[
         "--memory",
         "128M",
@@ -91,7 +92,7 @@ fn the_client_subcommands_drive_a_running_guest() {
         "--populate",
         "eager",
         "--workload",
-        "write:2M+8M,checkpoint:7,verify:2M+8M",
+        "write:2M+8M,checkpoint:7,verify:2M+8M,write:all:3,verify:all:3,write:all:5",
     ]);
     let api = vmm.api(&socket);
     wait_for_state(&api, "Paused");
