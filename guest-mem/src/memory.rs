@@ -19,7 +19,8 @@ use crate::vcpu::{FaultError, VcpuRegistry};
 /// When chunks get their frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Populate {
-    /// Every chunk at creation.
+    /// Every chunk at creation, with all its pages faulted in (allocated and zeroed by the
+    /// kernel): the guest never waits for the host.
     Eager,
     /// On first touch, through userfaultfd, with the toucher's core id.
     #[default]
@@ -256,7 +257,7 @@ impl GuestMemory {
         let core = self.inner.shared.vmm_core;
         for region in &self.inner.regions {
             for chunk in 0..region.table().len() {
-                region.populate(chunk, core)?;
+                region.populate_and_prefault(chunk, core)?;
             }
         }
         Ok(())

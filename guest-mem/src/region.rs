@@ -49,6 +49,15 @@ pub enum RegionError {
         #[source]
         source: io::Error,
     },
+    /// Faulting in the pages of a chunk mapped eagerly failed.
+    #[error("cannot prefault guest chunk {chunk}: {source}")]
+    Prefault {
+        /// The chunk.
+        chunk: usize,
+        /// The madvise error.
+        #[source]
+        source: io::Error,
+    },
     /// Registering a placeholder with userfaultfd failed.
     #[error(transparent)]
     Register(#[from] UffdError),
@@ -202,6 +211,24 @@ impl GuestRegion {
             return Err(e);
         }
         Ok(true)
+    }
+
+    /// Makes sure `chunk` is backed by a frame, allocating it with `core`, and faults all its pages
+    /// in, so that neither the guest nor KVM waits for the host when they first touch it (eager
+    /// population: the kernel allocates and zeroes the pages now).
+    pub(crate) fn populate_and_prefault(
+        &self,
+        chunk: usize,
+        core: usize,
+    ) -> Result<(), RegionError> {
+        self.populate(chunk, core)?;
+        let (addr, len) = self.chunk_range(chunk);
+        // SAFETY: the chunk is mapped read/write onto a pool frame, whose pages the pool provides
+        // (reserved hugetlb pages, a memfd, a file of the pool's size; only a sparse pool file on
+        // a full file system could fail, and then MADV_POPULATE_WRITE returns an error). Eager
+        // population runs while the memory is being built: nobody else can write to it yet.
+        unsafe { mmap::prefault(addr, len) }
+            .map_err(|source| RegionError::Prefault { chunk, source })
     }
 
     /// Maps a frame that a snapshot names over an unpopulated chunk (restore).

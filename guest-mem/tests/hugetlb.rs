@@ -5,7 +5,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{kick_signal, touch, HugePages, Vm, GIB, MIB};
-use guest_mem::{Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig};
+use guest_mem::{
+    Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, Populate,
+};
 use llfree::TREE_FRAMES;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
@@ -115,6 +117,26 @@ fn one_gib_pages_populate_discard_and_come_back_zeroed() {
         err.to_string(),
         "chunk size 2 MiB is smaller than the pool's frames (1 GiB)"
     );
+}
+
+#[test]
+fn eager_memory_on_2m_pages_is_faulted_in_before_the_guest_runs() {
+    let Some(_pages) = reserve(2048, 8) else {
+        return;
+    };
+    let pool = Pool::new(PoolConfig::new(Backing::Hugetlb2M, 16 * MIB)).expect("pool");
+    let mut config = MemoryConfig::new(vec![(GuestAddress(0), 16 * MIB)], 1);
+    config.populate = Populate::Eager;
+    let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
+    let region = &memory.regions()[0];
+    assert_eq!(
+        common::resident_pages(region.host_addr(), region.size()),
+        (16 * MIB / 4096) as usize,
+        "the kernel has allocated, zeroed and mapped every huge page"
+    );
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 7, 9)), Ok(0));
+    assert_eq!(memory.stats().faults, 0);
 }
 
 #[test]

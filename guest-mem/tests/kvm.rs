@@ -286,6 +286,12 @@ fn eager_memory_is_populated_up_front() {
     config.chunk_size = Some(FrameSize::Huge);
     let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
     assert_eq!(memory.stats().populated_chunks, 8);
+    let region = &memory.regions()[0];
+    assert_eq!(
+        common::resident_pages(region.host_addr(), region.size()),
+        (16 * MIB / 4096) as usize,
+        "every page is faulted in before the guest runs"
+    );
     let Some(vm) = Vm::new(&memory) else { return };
     assert_eq!(vm.run(&memory, 0, chunks(1, 7, 3)), Ok(0));
     assert_eq!(memory.stats().faults, 0);

@@ -4,6 +4,9 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
 
+/// The base page size.
+const PAGE: usize = 4096;
+
 /// An owned range of host virtual memory, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
@@ -196,6 +199,44 @@ pub unsafe fn map_shared_fixed(
     Ok(())
 }
 
+/// Faults `[addr, addr + len)` in for writing, keeping its contents, so that later accesses find
+/// every page allocated, zeroed and mapped: MADV_POPULATE_WRITE (Linux 5.14), or where the kernel
+/// does not know it (EINVAL), a write of one byte per 4 KiB page that stores what is there.
+///
+/// # Safety
+/// The range must be mapped read/write, nobody may write to it meanwhile, and its pages must be
+/// allocatable (a hugetlb pool's pages are reserved, memfds have no size limit): where the kernel
+/// cannot allocate one, the fallback's write ends in SIGBUS, where MADV_POPULATE_WRITE returns an
+/// error.
+pub unsafe fn prefault(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller's range is mapped; the advice changes no contents.
+    let rc = unsafe { libc::madvise(addr as *mut _, len, libc::MADV_POPULATE_WRITE) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EINVAL) {
+        return Err(err);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { touch_pages(addr, len) };
+    Ok(())
+}
+
+/// Writes to every 4 KiB page of `[addr, addr + len)` without changing it: its first byte is
+/// read and written back (volatile accesses, which the compiler keeps; an atomic no-op such as
+/// `fetch_or(0)` may be turned into a load, which faults nothing in for writing).
+///
+/// # Safety
+/// As for [`prefault`], and nobody else writes to the range meanwhile.
+unsafe fn touch_pages(addr: usize, len: usize) {
+    for page in (addr..addr + len).step_by(PAGE) {
+        let byte = page as *mut u8;
+        // SAFETY: the byte lies in the caller's read/write range, which nobody else writes.
+        unsafe { byte.write_volatile(byte.read_volatile()) };
+    }
+}
+
 /// Whether `fd` can be mapped with MAP_SYNC (a file on a DAX file system or a DAX device).
 pub fn supports_map_sync(fd: RawFd, offset: u64, len: usize) -> bool {
     // SAFETY: a fresh mapping at a kernel-chosen address, unmapped right away.
@@ -228,6 +269,51 @@ mod tests {
         let m = Mapping::reserve_aligned(8 << 20, align, phase).expect("reserve");
         assert_eq!(m.addr() % align, phase);
         assert_eq!(m.len(), 8 << 20);
+    }
+
+    /// Pages of `[addr, addr + len)` that are resident and mapped (mincore).
+    fn resident(addr: usize, len: usize) -> usize {
+        let mut pages = vec![0u8; len / PAGE];
+        // SAFETY: `pages` has one byte per page of the range.
+        let rc = unsafe { libc::mincore(addr as *mut _, len, pages.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", io::Error::last_os_error());
+        pages.iter().filter(|&&p| p & 1 != 0).count()
+    }
+
+    /// A fresh memfd of `pages` pages, mapped shared, with `marker` written to page 5.
+    fn memfd_map(pages: usize, marker: u8) -> (std::fs::File, Mapping) {
+        let file = std::fs::File::from(crate::sys::memfd(c"prefault", None).expect("memfd"));
+        file.set_len((pages * PAGE) as u64).expect("size");
+        let map = Mapping::shared_file(std::os::fd::AsRawFd::as_raw_fd(&file), 0, pages * PAGE)
+            .expect("mmap");
+        // SAFETY: page 5 lies inside `map`.
+        unsafe { ((map.addr() + 5 * PAGE + 7) as *mut u8).write_volatile(marker) };
+        assert_eq!(resident(map.addr(), map.len()), 1);
+        (file, map)
+    }
+
+    /// The byte [`memfd_map`] wrote the marker to.
+    fn marker(map: &Mapping) -> u8 {
+        // SAFETY: page 5 lies inside `map`.
+        unsafe { ((map.addr() + 5 * PAGE + 7) as *const u8).read_volatile() }
+    }
+
+    #[test]
+    fn prefault_maps_every_page_and_keeps_contents() {
+        let (_file, map) = memfd_map(64, 0xA5);
+        // SAFETY: `map` is a read/write shared memfd mapping.
+        unsafe { prefault(map.addr(), map.len()) }.expect("prefault");
+        assert_eq!(resident(map.addr(), map.len()), 64);
+        assert_eq!(marker(&map), 0xA5);
+    }
+
+    #[test]
+    fn touching_pages_maps_every_page_and_keeps_contents() {
+        let (_file, map) = memfd_map(64, 0x5A);
+        // SAFETY: as above.
+        unsafe { touch_pages(map.addr(), map.len()) };
+        assert_eq!(resident(map.addr(), map.len()), 64);
+        assert_eq!(marker(&map), 0x5A);
     }
 
     #[test]

@@ -12,6 +12,15 @@ pub use guest_mem::testing::{touch, HugePages, RunError, Touch};
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
+/// Pages of 4 KiB in `[addr, addr + len)` that are resident and mapped (mincore).
+pub fn resident_pages(addr: usize, len: u64) -> usize {
+    let mut pages = vec![0u8; (len / 4096) as usize];
+    // SAFETY: `pages` has one byte per 4 KiB page of the range.
+    let rc = unsafe { libc::mincore(addr as *mut _, len as usize, pages.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    pages.iter().filter(|&&p| p & 1 != 0).count()
+}
+
 /// A VM whose memory slots are the regions of a guest memory, with the touch program loaded.
 pub struct Vm(testing::Vm);
 

@@ -3,9 +3,9 @@
 //! * In the handler: guest-mem's own histograms (fault message read to UFFDIO_WAKE returned,
 //!   the mmap of the frame, the wake ioctl).
 //! * As the guest sees it: the stepped program exits to the VMM after every touch, which times
-//!   each touch from one exit to the next. The same is measured for the first touch of eagerly
-//!   mapped chunks (kernel allocation and zeroing, but no userfaultfd) and for touching
-//!   populated memory again (the cost of the exits themselves).
+//!   each touch from one exit to the next. The same is measured for the first touch of a mapped
+//!   memfd of the pool's kind outside guest-mem (kernel allocation and zeroing, but no
+//!   userfaultfd) and for touching populated memory again (the cost of the exits themselves).
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use guest_mem::{GuestMemory, LatencySummary, Populate, Scrub};
 use vm_memory::GuestAddress;
 
 use crate::guest::{Guest, Stride};
+use crate::host::{self, HostMap};
 use crate::report::{quantile, Key, Report};
 use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind, Ram};
 use crate::{Args, GIB};
@@ -24,12 +25,12 @@ fn us(d: &[Duration]) -> Vec<f64> {
     d.iter().map(|d| d.as_secs_f64() * 1e6).collect()
 }
 
-/// Touch times of one run: first touches of lazy and of eager chunks, and touches of
-/// populated chunks.
+/// Touch times of one run: first touches of lazy chunks and of mapped memfd memory, and touches
+/// of populated chunks.
 #[derive(Default)]
 struct Touches {
     lazy: Vec<Duration>,
-    eager: Vec<Duration>,
+    mapped: Vec<Duration>,
     hot: Vec<Duration>,
 }
 
@@ -46,7 +47,8 @@ pub fn handler_latency(memory: &GuestMemory) -> guest_mem::FaultLatency {
     }
 }
 
-/// Lazy then eager memory on a fresh pool of `size` bytes of `kind`, `cycles` times each.
+/// Lazy memory on a fresh pool of `size` bytes of `kind`, then (the pool gone) a mapped memfd of
+/// that kind, `cycles` times each.
 fn once(
     kind: PoolKind,
     size: u64,
@@ -76,11 +78,16 @@ fn once(
     let faults = lazy.stats().faults;
     drop(guest);
     drop(ram);
+    // The memfd takes the pool's huge pages.
+    drop(pool);
     for _ in 0..cycles {
         warm_pool(kind, size)?;
-        let ram = Ram::Pool(memory(&pool, size, Populate::Eager)?);
+        let file = host::memfd(kind.huge_page().map(|(_, shift)| shift), size)
+            .map_err(|e| e.to_string())?;
+        let map = HostMap::shared(&file, size as usize).map_err(|e| e.to_string())?;
+        let ram = Ram::Plain(map);
         let mut guest = Guest::new(&ram)?;
-        touches.eager.extend(guest.touch_each(stride, MARKER)?.0);
+        touches.mapped.extend(guest.touch_each(stride, MARKER)?.0);
     }
     Ok((touches, latency, faults))
 }
@@ -104,13 +111,13 @@ fn record(
     latency: guest_mem::FaultLatency,
     faults: u64,
 ) {
-    let (lazy, eager, hot) = (us(&touches.lazy), us(&touches.eager), us(&touches.hot));
+    let (lazy, mapped, hot) = (us(&touches.lazy), us(&touches.mapped), us(&touches.hot));
     let p50 = |v: &[f64]| quantile(v, 0.5);
     report.add(key, run, "faults", "count", faults as f64);
     report.add(key, run, "guest_lazy_p50", "us", p50(&lazy));
     report.add(key, run, "guest_lazy_p99", "us", quantile(&lazy, 0.99));
-    report.add(key, run, "guest_eager_p50", "us", p50(&eager));
-    report.add(key, run, "guest_eager_p99", "us", quantile(&eager, 0.99));
+    report.add(key, run, "guest_mapped_p50", "us", p50(&mapped));
+    report.add(key, run, "guest_mapped_p99", "us", quantile(&mapped, 0.99));
     report.add(key, run, "guest_populated_p50", "us", p50(&hot));
     add_summary(
         report,
@@ -134,13 +141,13 @@ fn record(
         latency.wake,
     );
     // What lazy population adds to a first touch, and what a first touch adds to a touch.
-    report.add(key, run, "uffd_added_p50", "us", p50(&lazy) - p50(&eager));
+    report.add(key, run, "uffd_added_p50", "us", p50(&lazy) - p50(&mapped));
     report.add(
         key,
         run,
         "first_touch_added_p50",
         "us",
-        p50(&eager) - p50(&hot),
+        p50(&mapped) - p50(&hot),
     );
 }
 
@@ -151,7 +158,7 @@ pub fn run(args: &Args, report: &mut Report) {
             PoolKind::Huge1G => (args.giant_pages * GIB, args.giant_cycles),
             _ => (GIB, 1),
         };
-        let name = format!("{}/lazy-vs-eager", kind.name());
+        let name = format!("{}/lazy-vs-mapped", kind.name());
         if !args.wants(&name) {
             continue;
         }

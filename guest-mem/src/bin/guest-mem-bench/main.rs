@@ -2,8 +2,8 @@
 //! real KVM vCPUs running a tiny guest that touches memory, against plain anonymous memory.
 //!
 //! Groups (`--groups`):
-//! * `populate`: time until the guest has touched all of 1 GiB / 4 GiB (eager, lazy, eager and
-//!   prefaulted; 2 MiB and 1 GiB frames; plain anonymous memory with and without THP).
+//! * `populate`: time until the guest has touched all of 1 GiB / 4 GiB (eager, lazy; 2 MiB and
+//!   1 GiB frames; plain anonymous memory with and without THP, with and without prefaulting).
 //! * `faults`: per-fault latency of lazy population, in the handler and as the guest sees it.
 //! * `discard`: discard throughput for both scrub policies, and re-population afterwards.
 //! * `steps`: where the time of a fault goes (kernel zeroing, mmap, userfaultfd round trip).

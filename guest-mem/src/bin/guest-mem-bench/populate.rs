@@ -1,5 +1,5 @@
 //! Group `populate`: time until the guest has touched all of its RAM, split into the part before
-//! the guest runs (building the memory, eager population, prefaulting) and the guest's run.
+//! the guest runs (building the memory: eager population, prefaulting) and the guest's run.
 
 use std::time::Duration;
 
@@ -73,7 +73,7 @@ fn measure(args: &Args, report: &mut Report, subjects: &[Subject], sizes: &[u64]
 }
 
 /// The modes measured for pools.
-const MODES: [Mode; 3] = [Mode::Eager, Mode::Lazy, Mode::Prefault];
+const MODES: [Mode; 2] = [Mode::Eager, Mode::Lazy];
 
 /// Runs the group.
 pub fn run(args: &Args, report: &mut Report) {

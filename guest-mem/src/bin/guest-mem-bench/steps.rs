@@ -108,10 +108,8 @@ fn in_guest_mem(kind: PoolKind, size: u64) -> Result<[(Vec<f64>, FaultLatency); 
     let fresh = touch_chunks(&memory(&fresh_pool, size, Populate::Lazy)?, kind.frame())?;
     drop(fresh_pool);
     let resident_pool = pool(kind, size, Scrub::ZeroOnFree)?;
-    let filler = memory(&resident_pool, size, Populate::Eager)?;
-    host::populate_write(filler.regions()[0].host_addr(), size as usize)
-        .map_err(|e| e.to_string())?;
-    drop(filler);
+    // Eager memory faults every page in; its frames go back zeroed but resident.
+    drop(memory(&resident_pool, size, Populate::Eager)?);
     let resident = touch_chunks(&memory(&resident_pool, size, Populate::Lazy)?, kind.frame())?;
     Ok([fresh, resident])
 }

@@ -1,5 +1,5 @@
-//! What is measured: guest RAM from a guest-mem pool (eager, lazy or eager and prefaulted), or
-//! plain anonymous memory (the baseline), with the huge pages a pool needs.
+//! What is measured: guest RAM from a guest-mem pool (eager or lazy), or memory outside guest-mem
+//! (plain anonymous memory, the baseline), with the huge pages a pool needs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -163,13 +163,11 @@ pub fn memory(pool: &Arc<Pool>, size: u64, populate: Populate) -> Result<GuestMe
 /// How pool memory is populated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Every chunk mapped at creation (the kernel allocates and zeroes on first touch).
+    /// Every chunk mapped and faulted in at creation (the kernel allocates and zeroes before
+    /// the guest runs).
     Eager,
     /// Chunks mapped on first touch, through userfaultfd.
     Lazy,
-    /// Eager, then every page written from the host with MADV_POPULATE_WRITE before the guest
-    /// runs (the kernel's allocation and zeroing moved before the guest).
-    Prefault,
 }
 
 /// One kind of guest RAM.
@@ -194,7 +192,6 @@ impl Subject {
                 let mode = match mode {
                     Mode::Eager => "eager",
                     Mode::Lazy => "lazy",
-                    Mode::Prefault => "eager+prefault",
                 };
                 format!("{}/{mode}", kind.name())
             }
@@ -211,7 +208,7 @@ impl Subject {
 pub enum Ram {
     /// Pool memory.
     Pool(GuestMemory),
-    /// Plain anonymous memory.
+    /// Memory outside guest-mem: plain anonymous memory, or a mapped memfd.
     Plain(HostMap),
 }
 
@@ -226,14 +223,10 @@ impl Ram {
                 let pool = pool(kind, size, Scrub::PunchHole)?;
                 let populate = match mode {
                     Mode::Lazy => Populate::Lazy,
-                    Mode::Eager | Mode::Prefault => Populate::Eager,
+                    Mode::Eager => Populate::Eager,
                 };
                 let started = Instant::now();
                 let memory = memory(&pool, size, populate)?;
-                if mode == Mode::Prefault {
-                    let host = memory.regions()[0].host_addr();
-                    host::populate_write(host, size as usize).map_err(|e| e.to_string())?;
-                }
                 Ok((Ram::Pool(memory), started.elapsed()))
             }
             Subject::Plain { thp, prefault } => {
