@@ -11,8 +11,9 @@
 //! * Features: VERSION_1, MUST_TELL_HOST, STATS_VQ, DEFLATE_ON_OOM, PAGE_REPORTING, as the
 //!   [`BalloonConfig`] selects. Deflate buffers are applied before they are returned, so with
 //!   MUST_TELL_HOST the guest only reuses pages the backend has taken back.
-//! * Inflate and deflate buffers carry 4 KiB page frame numbers; consecutive ones are coalesced
-//!   into runs, each checked against guest RAM and applied to the backend, which keeps the
+//! * Inflate and deflate buffers carry 4 KiB page frame numbers; each piece of up to 256 is
+//!   sorted in place and consecutive ones are coalesced into runs (in whatever order the driver
+//!   lists them), each checked against guest RAM and applied to the backend, which keeps the
 //!   record of given-away pages (bounded by guest RAM, e.g. per-chunk bitmaps).
 //! * Every descriptor of a reporting buffer is a free range that the backend discards.
 //! * The statistics buffer is parsed, kept ([`GuestStats`]) and held until the VMM's timer

@@ -1,6 +1,9 @@
 //! Inflate and deflate buffers: arrays of `le32` page frame numbers (4 KiB pages) in
-//! device-readable descriptors, read in fixed-size pieces and coalesced into runs of consecutive
-//! pages. Reading allocates nothing; the runs go to a callback as they complete.
+//! device-readable descriptors, read in fixed-size pieces of up to 256 entries (Linux's whole
+//! buffer), each piece sorted and then coalesced into runs of consecutive pages, so that a list
+//! in any order (descending, shuffled) becomes as few runs as an ascending one. Reading
+//! allocates nothing: the pieces are sorted in place on the stack, and the runs go to a
+//! callback as they complete.
 
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Address, Bytes, GuestMemory};
@@ -16,6 +19,9 @@ pub const MAX_PFNS_PER_CHAIN: usize = 65536;
 
 /// Bytes read from guest memory at a time.
 const READ_PIECE: usize = 1024;
+/// Page frame numbers sorted together: one piece's worth (a piece plus the fewer than
+/// [`PFN_SIZE`] bytes carried over from the previous one never holds more whole entries).
+const SORT_BATCH: usize = READ_PIECE / PFN_SIZE;
 
 /// Coalesces page frame numbers into runs.
 struct Runs<F> {
@@ -43,8 +49,10 @@ impl<F: FnMut(GuestRange, &mut Violations)> Runs<F> {
     }
 }
 
-/// Reads the page frame numbers of a chain and calls `emit` with each run of consecutive pages,
-/// in buffer order. Device-writable, empty and unreadable descriptors are skipped; a chain with
+/// Reads the page frame numbers of a chain and calls `emit` with each run of consecutive pages.
+/// The entries of each read piece (at most [`SORT_BATCH`]) are sorted first, so the runs come in
+/// buffer order piece by piece, ascending within a piece; duplicates become separate runs (the
+/// backend sees them as such). Device-writable, empty and unreadable descriptors are skipped; a chain with
 /// too many descriptors or page frame numbers is cut off; all with a recorded violation.
 pub(crate) fn read_pfn_runs<G: GuestMemory>(
     mem: &G,
@@ -59,6 +67,7 @@ pub(crate) fn read_pfn_runs<G: GuestMemory>(
     };
     // Bytes of a page frame number split across reads (or descriptors) are carried over.
     let mut buffer = [0u8; READ_PIECE + PFN_SIZE];
+    let mut batch = [0u32; SORT_BATCH];
     let mut carried = 0;
     let mut budget = MAX_PFNS_PER_CHAIN * PFN_SIZE;
     'chain: for (position, desc) in chain.enumerate() {
@@ -108,8 +117,13 @@ pub(crate) fn read_pfn_runs<G: GuestMemory>(
             budget -= piece;
             let filled = carried + piece;
             let whole = filled - filled % PFN_SIZE;
-            for pfn in buffer[..whole].chunks_exact(PFN_SIZE) {
-                let pfn = u32::from_le_bytes([pfn[0], pfn[1], pfn[2], pfn[3]]);
+            let pfns = &mut batch[..whole / PFN_SIZE];
+            for (pfn, bytes) in pfns.iter_mut().zip(buffer[..whole].chunks_exact(PFN_SIZE)) {
+                *pfn = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            }
+            // In place (no allocation): a descending list would otherwise be a run per page.
+            pfns.sort_unstable();
+            for &pfn in pfns.iter() {
                 runs.push(u64::from(pfn), violations);
             }
             buffer.copy_within(whole..filled, 0);
@@ -154,10 +168,37 @@ mod tests {
     #[test]
     fn consecutive_pages_coalesce_and_others_split() {
         let mem = memory();
-        let len = write_pfns(&mem, 0x1000, &[10, 11, 12, 20, 11, 12, u32::MAX]);
+        let len = write_pfns(&mem, 0x1000, &[10, 11, 12, 20, 22, 23, u32::MAX]);
         let (found, violations) = runs(&mem, &[Descriptor::new(0x1000, len, 0, 0)]);
-        assert_eq!(found, [(10, 3), (20, 1), (11, 2), (u32::MAX as u64, 1)]);
+        assert_eq!(found, [(10, 3), (20, 1), (22, 2), (u32::MAX as u64, 1)]);
         assert_eq!(violations.total(), 0);
+    }
+
+    #[test]
+    fn each_piece_is_sorted_before_its_runs_are_merged() {
+        let mem = memory();
+        // Linux-sized buffers of 256 entries: descending, and shuffled with duplicates.
+        let descending: Vec<u32> = (1000..1256).rev().collect();
+        let len = write_pfns(&mem, 0x1000, &descending);
+        let (found, violations) = runs(&mem, &[Descriptor::new(0x1000, len, 0, 0)]);
+        assert_eq!(found, [(1000, 256)], "one run, not 256 single pages");
+        assert_eq!(violations.total(), 0);
+
+        let shuffled = [7, 3, 12, 4, 5, 3, 6, 11, 20];
+        let len = write_pfns(&mem, 0x1000, &shuffled);
+        let (found, _) = runs(&mem, &[Descriptor::new(0x1000, len, 0, 0)]);
+        assert_eq!(found, [(3, 1), (3, 5), (11, 2), (20, 1)]);
+
+        // A longer buffer is sorted piece by piece (256 entries each): two descending halves
+        // of 512 pages become one run per piece, and consecutive pieces still merge.
+        let long: Vec<u32> = (2000..2256).rev().chain((2256..2512).rev()).collect();
+        let len = write_pfns(&mem, 0x1000, &long);
+        let (found, _) = runs(&mem, &[Descriptor::new(0x1000, len, 0, 0)]);
+        assert_eq!(found, [(2000, 512)]);
+        let reversed: Vec<u32> = (3000..3512).rev().collect();
+        let len = write_pfns(&mem, 0x1000, &reversed);
+        let (found, _) = runs(&mem, &[Descriptor::new(0x1000, len, 0, 0)]);
+        assert_eq!(found, [(3256, 256), (3000, 256)]);
     }
 
     #[test]
