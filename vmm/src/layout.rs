@@ -53,6 +53,9 @@ pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 /// Number of virtio-mmio slots; bounded by the legacy IRQ lines available to them.
 pub const VIRTIO_MMIO_SLOTS: u64 = (IRQ_MAX - VIRTIO_IRQ_BASE + 1) as u64;
 
+/// The virtio-mmio slot of `vmm run`'s balloon: the runner adds it before any other device.
+pub const BALLOON_SLOT: u64 = 0;
+
 /// I/O port base of the first 16550 serial port (COM1).
 pub const SERIAL_PORT_BASE: u64 = 0x3f8;
 /// Number of I/O ports the 16550 occupies.

@@ -1,6 +1,7 @@
 //! Shared by the balloon end-to-end tests: lazy guest-mem memory on an anonymous LLFree pool of
-//! 2 MiB frames, and the test guest with a virtio-balloon at the first virtio-mmio slot (irqfd,
-//! ioeventfds) whose queues an event-loop thread processes.
+//! 2 MiB frames, and the test guest with a virtio-balloon wired as `vmm run` wires it (the
+//! runner's `VirtioMmioDevices`: the first virtio-mmio slot, irqfd, ioeventfds) whose queues and
+//! statistics timer an event-loop thread processes.
 
 #![allow(dead_code)] // Each test file uses its own part.
 
@@ -11,17 +12,16 @@ use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
 use virtio_balloon::BalloonConfig;
 use vm_memory::GuestAddress;
 use vmm::devices::balloon::testing::EventLoopThread;
-use vmm::devices::balloon::{attach, BalloonHandle};
-use vmm::layout::virtio_mmio_base;
+use vmm::devices::balloon::BalloonHandle;
+use vmm::layout::{virtio_mmio_base, BALLOON_SLOT};
+use vmm::runner::VirtioMmioDevices;
 use vmm::testguest::{self, Report, RunOptions, Workload};
 
 pub const MIB: u64 = 1 << 20;
-/// Where the balloon's transport sits: the first virtio-mmio slot.
-pub const SLOT: u64 = 0;
 
-/// The balloon's MMIO address.
+/// The balloon's MMIO address: its transport is the first (and only) virtio-mmio device.
 pub fn balloon_base() -> u64 {
-    virtio_mmio_base(SLOT).expect("slot 0 exists")
+    virtio_mmio_base(BALLOON_SLOT).expect("the balloon's slot exists")
 }
 
 /// Lazily populated guest RAM `[0, ram)` for `vcpus` vCPUs on a pool of `pool` bytes.
@@ -66,9 +66,13 @@ pub fn run(
     let options = RunOptions {
         timeout: Duration::from_secs(240),
         add_devices: Some(Box::new(move |vm, buses| {
-            let (handle, subscribers) = attach(vm, &mut buses.mmio, device_memory, config, SLOT)
+            let mut devices = VirtioMmioDevices::new();
+            let handle = devices
+                .add_balloon(device_memory, config)
                 .map_err(|e| e.to_string())?;
-            let events = EventLoopThread::start(subscribers).map_err(|e| e.to_string())?;
+            devices.attach(vm, buses).map_err(|e| e.to_string())?;
+            let events =
+                EventLoopThread::start(devices.take_subscribers()).map_err(|e| e.to_string())?;
             *slot.lock().unwrap() = Some((handle, events));
             Ok(())
         })),

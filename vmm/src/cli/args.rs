@@ -128,8 +128,19 @@ pub struct RunArgs {
     ///   read[@VCPU]:RANGE              read every page (populates by reads)
     ///   checkpoint[@VCPU]:ID           stop at a checkpoint the VMM handles: with --api-socket
     ///                                  the VM pauses there until resumed (`vmm resume`)
+    /// Balloon steps (need --balloon; they run on vCPU 0 unless @VCPU is given):
+    ///   inflate[@VCPU]:SIZE            give SIZE more to the balloon (256 pages per buffer)
+    ///   deflate[@VCPU]:SIZE            take SIZE back from the balloon
+    ///   balloon-target[@VCPU]          inflate or deflate to the target (--balloon size=,
+    ///                                  `vmm balloon set`, PATCH /balloon)
+    ///   report[@VCPU]:RANGE            report RANGE free (needs free_page_reporting=on)
+    ///   answer-stats[@VCPU][:COUNT]    answer COUNT (default 1) statistics requests, waiting
+    ///                                  for each (needs stats_polling_interval_s=N)
+    /// The guest probes the balloon before its first balloon step; the balloon takes its pages
+    /// from the top of `all` downwards, deflation gives back its lowest ones.
     /// RANGE is `all` (2 MiB to the end of low RAM) or START+SIZE (e.g. 2M+64M), 4 KiB aligned
-    /// and at or above 2M. PATTERN is a u64 (decimal or 0x-hex), default 0x5a5a5a5a5a5a5a5a.
+    /// and at or above 2M. SIZE is 4 KiB aligned. PATTERN is a u64 (decimal or 0x-hex), default
+    /// 0x5a5a5a5a5a5a5a5a.
     /// @VCPU runs the step on that vCPU alone; otherwise the range is split among all vCPUs.
     #[arg(
         long,
@@ -142,6 +153,8 @@ pub struct RunArgs {
 
     /// Add a virtio-balloon device: comma-separated key=value options.
     ///
+    /// Pages the guest gives to the balloon go back to the frame pool: a 2 MiB chunk entirely
+    /// given away (or reported free) frees its frame, which another guest on the pool can use.
     ///   size=SIZE                    initial balloon target (default 0), 4 KiB aligned
     ///   deflate_on_oom=on|off        the guest may deflate when it runs out of memory (off)
     ///   free_page_reporting=on|off   the guest reports free pages back to the pool (off)

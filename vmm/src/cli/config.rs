@@ -136,6 +136,7 @@ impl TryFrom<RunArgs> for VmConfig {
                 if args.vcpus > protocol::MAX_VCPUS as usize {
                     return Err(ConfigError::TestGuestVcpus(args.vcpus));
                 }
+                args.workload.check_balloon(args.balloon.as_ref())?;
                 GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)
             }
         };

@@ -2,17 +2,28 @@
 //!
 //! ```text
 //! WORKLOAD := STEP[,STEP...]
-//! STEP     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID
+//! STEP     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON
 //! KIND     := write | verify | verify-zero | read
+//! BALLOON  := inflate[@VCPU]:SIZE | deflate[@VCPU]:SIZE | balloon-target[@VCPU]
+//!           | report[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT]
 //! RANGE    := all | START+SIZE      (sizes with K/M/G suffixes, 4 KiB aligned, START >= 2M)
 //! PATTERN  := a u64, decimal or 0x-hex (write and verify only)
 //! ```
 //!
 //! `all` is the workload area of low RAM: from 2 MiB (below it live the guest's own code and
 //! tables) to the end of RAM or the MMIO gap. A step without `@VCPU` is split among all vCPUs.
+//!
+//! Balloon steps drive the `--balloon` device through the test guest's virtio-mmio driver, on
+//! vCPU 0 unless `@VCPU` says otherwise. The first one is preceded by a probe of the device in
+//! [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT), which negotiates the features of
+//! [`BALLOON_DRIVER_FEATURES`](crate::testguest::protocol::BALLOON_DRIVER_FEATURES) that it
+//! offers. The balloon takes its pages from the top of the workload area downwards.
 
 use std::str::FromStr;
 
+mod balloon;
+
+use super::balloon::BalloonConfig;
 use super::size::{format_size, parse_size, SizeError};
 use crate::layout::ram_regions;
 use crate::testguest::protocol::{MAX_STEPS, PAGE_SIZE, WORKLOAD_MIN_ADDR};
@@ -31,7 +42,8 @@ pub enum WorkloadSpecError {
     EmptyStep,
     /// A step's kind is unknown.
     #[error(
-        "unknown workload step '{0}': expected write, verify, verify-zero, read or checkpoint"
+        "unknown workload step '{0}': expected write, verify, verify-zero, read, checkpoint, \
+         inflate, deflate, balloon-target, report or answer-stats"
     )]
     UnknownKind(String),
     /// A step is missing its range (or checkpoint id) or has extra fields.
@@ -79,6 +91,17 @@ pub enum WorkloadSpecError {
         /// What is wrong.
         why: String,
     },
+    /// A balloon step without a `--balloon` device.
+    #[error("workload step '{0}' drives the balloon: add --balloon (e.g. --balloon size=0)")]
+    NoBalloon(String),
+    /// A balloon step needs a device feature that `--balloon` leaves off.
+    #[error("workload step '{step}' needs --balloon {option}")]
+    BalloonFeatureOff {
+        /// The step as given.
+        step: String,
+        /// The `--balloon` option it needs.
+        option: &'static str,
+    },
 }
 
 /// A memory step's range.
@@ -98,6 +121,11 @@ enum Action {
     VerifyZero(Range),
     Read(Range),
     Checkpoint(u64),
+    Inflate(u64),
+    Deflate(u64),
+    BalloonTarget,
+    Report(Range),
+    AnswerStats(u64),
 }
 
 /// One parsed step, kept with its text for messages.
@@ -166,8 +194,25 @@ fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
     let vcpu = vcpu
         .map(|v| u32::try_from(v).map_err(|_| malformed("the vCPU index is too large")))
         .transpose()?;
+    if kind == "balloon-target" || kind == "answer-stats" {
+        let argument = fields.next();
+        if fields.next().is_some() || (kind == "balloon-target" && argument.is_some()) {
+            return Err(malformed("too many ':'-separated fields"));
+        }
+        let action = match argument {
+            None if kind == "balloon-target" => Action::BalloonTarget,
+            None => Action::AnswerStats(1),
+            Some(count) => Action::AnswerStats(parse_number(text, count)?),
+        };
+        return Ok(StepSpec {
+            text: text.to_owned(),
+            vcpu,
+            action,
+        });
+    }
     let argument = fields.next().ok_or_else(|| match kind {
         "checkpoint" => malformed("a checkpoint needs an id (checkpoint:ID)"),
+        "inflate" | "deflate" => malformed("the step needs a size (e.g. inflate:64M)"),
         _ => malformed("the step needs a range (KIND:all or KIND:START+SIZE)"),
     })?;
     let pattern = fields.next();
@@ -185,6 +230,9 @@ fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
         "verify-zero" => no_pattern(Action::VerifyZero(parse_range(text, argument)?))?,
         "read" => no_pattern(Action::Read(parse_range(text, argument)?))?,
         "checkpoint" => no_pattern(Action::Checkpoint(parse_number(text, argument)?))?,
+        "inflate" => no_pattern(Action::Inflate(balloon::parse_size(text, argument)?))?,
+        "deflate" => no_pattern(Action::Deflate(balloon::parse_size(text, argument)?))?,
+        "report" => no_pattern(Action::Report(parse_range(text, argument)?))?,
         _ => return Err(WorkloadSpecError::UnknownKind(text.to_owned())),
     };
     Ok(StepSpec {
@@ -218,13 +266,25 @@ impl Default for WorkloadSpec {
 }
 
 impl WorkloadSpec {
+    /// Checks that the balloon steps have a `balloon` device with the features they need.
+    pub fn check_balloon(&self, balloon: Option<&BalloonConfig>) -> Result<(), WorkloadSpecError> {
+        self.steps
+            .iter()
+            .try_for_each(|step| balloon::check(&step.text, step.action, balloon))
+    }
+
     /// The workload for a VM with `memory_size` bytes of RAM and `vcpus` vCPUs: `all` becomes
     /// the workload area, and every range must lie inside one RAM region.
     pub fn resolve(&self, memory_size: u64, vcpus: usize) -> Result<Workload, WorkloadSpecError> {
         let regions = ram_regions(memory_size);
         let area_end = regions.first().map_or(0, |r| r.end());
         let mut workload = Workload::new();
+        let mut probed = false;
         for step in &self.steps {
+            if !probed && balloon::need(step.action) != balloon::Need::Nothing {
+                workload = balloon::probe(workload, area_end);
+                probed = true;
+            }
             let bad_range = |why: String| WorkloadSpecError::BadRange {
                 step: step.text.clone(),
                 why,
@@ -259,6 +319,14 @@ impl WorkloadSpec {
                     workload.read(start, size)
                 }
                 Action::Checkpoint(id) => workload.checkpoint(id),
+                Action::Inflate(size) => workload.inflate(size),
+                Action::Deflate(size) => workload.deflate(size),
+                Action::BalloonTarget => workload.balloon_to_target(),
+                Action::Report(range) => {
+                    let (start, size) = resolve(range)?;
+                    workload.report(start, size)
+                }
+                Action::AnswerStats(count) => workload.balloon_stats(count),
             };
             if let Some(vcpu) = step.vcpu {
                 if vcpu as usize >= vcpus {
@@ -270,6 +338,9 @@ impl WorkloadSpec {
                 }
                 workload = workload.on_vcpu(vcpu);
             }
+        }
+        if workload.steps().len() > MAX_STEPS {
+            return Err(WorkloadSpecError::TooManySteps(workload.steps().len()));
         }
         Ok(workload)
     }

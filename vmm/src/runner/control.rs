@@ -1,7 +1,13 @@
-//! The control API's view of a running VMM: [`VmmControl`] on a [`Session`].
+//! The control API's view of a running VMM: [`VmmControl`] on a [`Session`], its balloon
+//! included (target and actual size in MiB, statistics).
 
-use crate::api::model::{MachineInfo, MemoryInfo, VmState};
+use std::time::Duration;
+
+use crate::api::model::{
+    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, VmState,
+};
 use crate::api::{ControlError, VmmControl};
+use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
 use crate::vm::control::{self, RunState, VmControl};
 
 use super::session::{Phase, Session};
@@ -14,7 +20,29 @@ fn api_error(error: control::ControlError) -> ControlError {
     }
 }
 
+/// 4 KiB balloon pages in a MiB.
+const PAGES_PER_MIB: u64 = 256;
+
+/// What a balloon control error means to an API client: a refused value is the client's fault
+/// (400), a failed timer or interrupt the VMM's (500).
+fn balloon_error(error: BalloonControlError) -> ControlError {
+    match error {
+        BalloonControlError::TargetAboveRam { .. }
+        | BalloonControlError::Stats(StatsTimerError::NotEnabled)
+        | BalloonControlError::Device(virtio_balloon::BalloonError::Config(_)) => {
+            ControlError::InvalidArgument(error.to_string())
+        }
+        _ => ControlError::Internal(error.to_string()),
+    }
+}
+
 impl Session {
+    /// The balloon, or the API's "balloon not configured".
+    fn configured_balloon(&self) -> Result<&BalloonHandle, ControlError> {
+        self.balloon_handle()
+            .ok_or(ControlError::BalloonNotConfigured)
+    }
+
     /// The run control of a started VM; before the start, waits for it (briefly).
     fn started_control(&self) -> Result<&VmControl, ControlError> {
         match (self.phase_after_setup(), self.control()) {
@@ -54,6 +82,51 @@ impl VmmControl for Session {
         self.request_stop();
         Ok(())
     }
+
+    fn balloon(&self) -> Result<BalloonInfo, ControlError> {
+        let balloon = self.configured_balloon()?;
+        let info = balloon.info();
+        let config = balloon.config();
+        let interval = balloon.stats_interval().map_or(0, |i| i.as_secs());
+        Ok(BalloonInfo {
+            amount_mib: u64::from(info.target_pages) / PAGES_PER_MIB,
+            actual_mib: u64::from(info.actual_pages) / PAGES_PER_MIB,
+            deflate_on_oom: config.deflate_on_oom,
+            free_page_reporting: config.free_page_reporting,
+            stats_polling_interval_s: u32::try_from(interval).unwrap_or(u32::MAX),
+        })
+    }
+
+    fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
+        let interval = update
+            .stats_polling_interval_s
+            .map(|s| Duration::from_secs(s.into()));
+        self.configured_balloon()?
+            .update(update.amount_mib, interval)
+            .map_err(balloon_error)
+    }
+
+    fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
+        let info = self.configured_balloon()?.info();
+        let (target, actual) = (u64::from(info.target_pages), u64::from(info.actual_pages));
+        let stats = info.stats;
+        Ok(BalloonStatistics {
+            target_pages: target,
+            actual_pages: actual,
+            target_mib: target / PAGES_PER_MIB,
+            actual_mib: actual / PAGES_PER_MIB,
+            swap_in: stats.swap_in,
+            swap_out: stats.swap_out,
+            major_faults: stats.major_faults,
+            minor_faults: stats.minor_faults,
+            free_memory: stats.free_memory,
+            total_memory: stats.total_memory,
+            available_memory: stats.available_memory,
+            disk_caches: stats.disk_caches,
+            hugetlb_allocations: stats.hugetlb_allocations,
+            hugetlb_failures: stats.hugetlb_failures,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -64,16 +137,23 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command, VmConfig};
+    use crate::runner::devices::create_devices;
     use crate::runner::memory::{create_memory, create_pool};
 
-    fn session() -> Session {
-        let cli = Cli::try_parse_from(["vmm", "run", "--memory", "16M", "--vcpus", "2"]).unwrap();
+    fn session_with(extra: &[&str]) -> Session {
+        let args = ["vmm", "run", "--memory", "16M", "--vcpus", "2"];
+        let cli = Cli::try_parse_from(args.iter().chain(extra)).unwrap();
         let Command::Run(args) = cli.command else {
             panic!("not run")
         };
         let config = VmConfig::try_from(args).unwrap();
-        let memory = create_memory(&config, create_pool(&config).unwrap()).unwrap();
-        Session::new(config, Arc::new(memory))
+        let memory = Arc::new(create_memory(&config, create_pool(&config).unwrap()).unwrap());
+        let devices = create_devices(&config, &memory).unwrap();
+        Session::new(config, memory, devices.balloon)
+    }
+
+    fn session() -> Session {
+        session_with(&[])
     }
 
     #[test]
@@ -98,5 +178,67 @@ mod tests {
         assert_eq!(session.resume(), Err(stopped));
         assert_eq!(session.machine_info().unwrap().state, VmState::Stopped);
         assert_eq!(session.shutdown(), Ok(()));
+    }
+
+    #[test]
+    fn the_balloon_answers_in_mib_and_refuses_bad_values_without_changing_anything() {
+        let plain = session();
+        assert_eq!(plain.balloon(), Err(ControlError::BalloonNotConfigured));
+        assert_eq!(
+            plain.update_balloon(BalloonUpdate {
+                amount_mib: Some(1),
+                ..BalloonUpdate::default()
+            }),
+            Err(ControlError::BalloonNotConfigured)
+        );
+
+        let session = session_with(&["--balloon", "size=4M,free_page_reporting=on"]);
+        let info = session.balloon().unwrap();
+        assert_eq!(
+            info,
+            BalloonInfo {
+                amount_mib: 4,
+                actual_mib: 0,
+                deflate_on_oom: false,
+                free_page_reporting: true,
+                stats_polling_interval_s: 0,
+            }
+        );
+        let target = |mib| BalloonUpdate {
+            amount_mib: Some(mib),
+            stats_polling_interval_s: None,
+        };
+        session.update_balloon(target(12)).unwrap();
+        assert_eq!(session.balloon().unwrap().amount_mib, 12);
+        let above = session.update_balloon(target(17)).unwrap_err();
+        assert_eq!(
+            above,
+            ControlError::InvalidArgument(
+                "balloon target of 17 MiB exceeds the guest's 16 MiB of RAM".into()
+            )
+        );
+        // Statistics were off at the start: turning them on is refused, with the target.
+        let both = BalloonUpdate {
+            amount_mib: Some(2),
+            stats_polling_interval_s: Some(1),
+        };
+        let refused = session.update_balloon(both).unwrap_err();
+        assert!(
+            matches!(&refused, ControlError::InvalidArgument(m) if m.contains("not enabled")),
+            "{refused:?}"
+        );
+        assert_eq!(session.balloon().unwrap().amount_mib, 12, "nothing changed");
+        let stats = session.balloon_statistics().unwrap();
+        assert_eq!((stats.target_pages, stats.target_mib), (12 * 256, 12));
+        assert_eq!((stats.actual_pages, stats.free_memory), (0, None));
+
+        let polled = session_with(&["--balloon", "stats_polling_interval_s=3"]);
+        assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 3);
+        let off = BalloonUpdate {
+            amount_mib: None,
+            stats_polling_interval_s: Some(0),
+        };
+        polled.update_balloon(off).unwrap();
+        assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 0);
     }
 }

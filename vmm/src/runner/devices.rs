@@ -4,20 +4,21 @@
 //! queue (a QueueNotify write wakes the event loop without a trip through the vCPU thread), a
 //! queue subscriber in the event loop, and a `virtio_mmio.device=` entry for Linux.
 //!
-//! [`create_devices`] is where the VM's devices are made from its configuration.
+//! [`create_devices`] is where the VM's devices are made from its configuration: the balloon,
+//! if any, comes first and so sits in [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT).
 
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use guest_mem::GuestMemory;
 use kvm_ioctls::{IoEventAddress, VmFd};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::events::Subscriber;
-use super::session::Session;
-use super::RunError;
 use crate::boot::VirtioMmioEntry;
-use crate::devices::event_loop::QueueSubscriber;
+use crate::cli::VmConfig;
+use crate::devices::balloon::{self, BalloonHandle, CreateError};
+use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport};
 use crate::devices::virtio::VirtioDevice;
@@ -51,6 +52,12 @@ pub enum DeviceError {
     /// A device does not fit on its bus.
     #[error(transparent)]
     Bus(#[from] BusError),
+    /// The `--balloon` options do not make a valid device.
+    #[error("--balloon: {0}")]
+    BalloonOption(#[source] virtio_balloon::ConfigError),
+    /// The balloon could not be created.
+    #[error(transparent)]
+    Balloon(#[from] CreateError),
 }
 
 /// One device in its slot.
@@ -121,13 +128,26 @@ impl VirtioMmioDevices {
         Ok(entry)
     }
 
+    /// Creates a virtio-balloon of `config` over `memory` and adds it like [`Self::add`], with its
+    /// statistics timer among the subscribers. Returns what the control API keeps of it.
+    pub fn add_balloon(
+        &mut self,
+        memory: Arc<GuestMemory>,
+        config: virtio_balloon::BalloonConfig,
+    ) -> Result<BalloonHandle, DeviceError> {
+        let balloon = balloon::create(memory.clone(), config)?;
+        self.add(memory, balloon.device)?;
+        self.subscribers.push(Box::new(balloon.stats_timer));
+        Ok(balloon.handle)
+    }
+
     /// The devices' slots, for the kernel command line.
     pub fn entries(&self) -> Vec<VirtioMmioEntry> {
         self.slots.iter().map(|slot| slot.entry).collect()
     }
 
-    /// The event loop subscribers of the devices' queues (taken once).
-    pub(super) fn take_subscribers(&mut self) -> Vec<Subscriber> {
+    /// The event loop subscribers of the devices: their queues, and timers (taken once).
+    pub fn take_subscribers(&mut self) -> Vec<Subscriber> {
         std::mem::take(&mut self.subscribers)
     }
 
@@ -150,23 +170,45 @@ impl VirtioMmioDevices {
     }
 }
 
-/// Creates the devices `session`'s configuration asks for.
-pub(super) fn create_devices(session: &Session) -> Result<VirtioMmioDevices, RunError> {
-    let devices = VirtioMmioDevices::new();
-    if session.config().balloon.is_some() {
-        // The virtio-balloon device goes here: `devices.add(memory, balloon)`.
-        return Err(RunError::BalloonUnavailable);
-    }
-    Ok(devices)
+/// The VM's virtio devices, before they are attached, and the balloon's handle if it has one.
+pub(super) struct Devices {
+    /// The virtio-mmio devices.
+    pub mmio: VirtioMmioDevices,
+    /// The balloon, for the control API.
+    pub balloon: Option<BalloonHandle>,
+}
+
+/// Creates the devices `config` asks for over `memory`: the balloon first (in
+/// [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT), where the test guest's balloon steps look).
+pub(super) fn create_devices(
+    config: &VmConfig,
+    memory: &Arc<GuestMemory>,
+) -> Result<Devices, DeviceError> {
+    let mut mmio = VirtioMmioDevices::new();
+    let balloon = match &config.balloon {
+        Some(option) => {
+            let device = balloon::device_config(option).map_err(DeviceError::BalloonOption)?;
+            Some(mmio.add_balloon(memory.clone(), device)?)
+        }
+        None => None,
+    };
+    Ok(Devices { mmio, balloon })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
     use kvm_ioctls::Kvm;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use super::*;
+    use crate::cli::{Cli, Command};
+    use crate::devices::balloon::BalloonControlError;
     use crate::devices::virtio::mmio::tests::TestDevice;
+    use crate::layout::BALLOON_SLOT;
+    use crate::runner::memory::{create_memory, create_pool};
 
     fn memory() -> Arc<GuestMemoryMmap<()>> {
         Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap())
@@ -230,5 +272,73 @@ mod tests {
             ),
             "{again:?}"
         );
+    }
+
+    fn vm_config(flags: &[&str]) -> VmConfig {
+        let args = ["vmm", "run", "--memory", "16M"].iter().chain(flags);
+        let Command::Run(args) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not run")
+        };
+        VmConfig::try_from(args).unwrap()
+    }
+
+    #[test]
+    fn the_balloon_sits_in_its_slot_with_irqfd_ioeventfds_and_a_statistics_timer() {
+        let Ok(kvm) = Kvm::new() else {
+            eprintln!("SKIP: the_balloon_sits_in_its_slot: /dev/kvm is not available");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let option = "size=4M,free_page_reporting=on,stats_polling_interval_s=1";
+        let config = vm_config(&["--balloon", option]);
+        let memory = Arc::new(create_memory(&config, create_pool(&config).unwrap()).unwrap());
+        let Devices { mut mmio, balloon } = create_devices(&config, &memory).unwrap();
+        let balloon = balloon.expect("a balloon");
+        let entry = VirtioMmioEntry {
+            base: virtio_mmio_base(BALLOON_SLOT).unwrap(),
+            size: VIRTIO_MMIO_SIZE,
+            irq: virtio_mmio_irq(BALLOON_SLOT).unwrap(),
+        };
+        assert_eq!(mmio.entries(), [entry]);
+        assert_eq!(
+            mmio.take_subscribers().len(),
+            2,
+            "queues and statistics timer"
+        );
+        let mut buses = Buses::default();
+        mmio.attach(&vm, &mut buses).unwrap();
+        let read = |offset| {
+            let mut value = [0; 4];
+            buses.mmio.read(entry.base + offset, &mut value).unwrap();
+            u32::from_le_bytes(value)
+        };
+        assert_eq!(
+            (read(0), read(8)),
+            (registers::MAGIC, 5),
+            "a virtio-balloon"
+        );
+        // Its queues' notify address carries ioeventfds now: KVM refuses one a second time.
+        let notify = IoEventAddress::Mmio(entry.base + registers::QUEUE_NOTIFY);
+        let evt = EventFd::new(EFD_NONBLOCK).unwrap();
+        assert!(vm.register_ioevent(&evt, &notify, 3u32).is_err());
+
+        assert_eq!(balloon.info().target_pages, 1024);
+        assert!(matches!(
+            balloon.set_target_mib(17),
+            Err(BalloonControlError::TargetAboveRam { ram_mib: 16, .. })
+        ));
+        balloon.set_target_mib(16).unwrap();
+        assert_eq!(balloon.info().target_pages, 4096);
+        assert!(balloon.config().free_page_reporting);
+        assert_eq!(balloon.stats_interval(), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn without_balloon_there_are_no_devices() {
+        let config = vm_config(&[]);
+        let memory = Arc::new(create_memory(&config, create_pool(&config).unwrap()).unwrap());
+        let devices = create_devices(&config, &memory).unwrap();
+        assert!(devices.mmio.entries().is_empty() && devices.balloon.is_none());
     }
 }

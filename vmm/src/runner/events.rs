@@ -12,8 +12,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::session::Session;
 use super::signals::{SignalFd, StopSignals};
 
-/// A subscriber the loop owns.
-pub(super) type Subscriber = Box<dyn MutEventSubscriber + Send>;
+pub(super) use crate::devices::event_loop::Subscriber;
 
 /// Stops the VM on SIGINT or SIGTERM.
 struct StopSignalSubscriber {

@@ -59,9 +59,6 @@ pub enum RunOutcome {
 /// Why a VM could not be set up or run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// `--balloon` was given, but `vmm run` does not create the balloon device yet.
-    #[error("--balloon: the virtio-balloon device is not wired into vmm run yet")]
-    BalloonUnavailable,
     /// SIGINT and SIGTERM could not be routed to the event loop.
     #[error("cannot handle SIGINT and SIGTERM: {0}")]
     Signals(#[source] std::io::Error),
@@ -116,7 +113,9 @@ impl RunError {
     /// The exit status for this error.
     pub fn exit_status(&self) -> ExitStatus {
         match self {
-            RunError::BalloonUnavailable | RunError::Boot { .. } => ExitStatus::Usage,
+            RunError::Boot { .. } | RunError::Devices(DeviceError::BalloonOption(_)) => {
+                ExitStatus::Usage
+            }
             RunError::Pool(e) => memory::pool_error_status(e),
             RunError::Api(ServerError::InUse(_) | ServerError::NotASocket(_)) => ExitStatus::Usage,
             RunError::Vm(VmError::KvmUnavailable(_))
@@ -138,8 +137,11 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     let pool = memory::create_pool(&config)?;
     let guest_memory = Arc::new(memory::create_memory(&config, pool)?);
-    let session = Arc::new(Session::new(config, guest_memory));
-    let mut devices = devices::create_devices(&session)?;
+    let devices::Devices {
+        mmio: mut devices,
+        balloon,
+    } = devices::create_devices(&config, &guest_memory)?;
+    let session = Arc::new(Session::new(config, guest_memory, balloon));
     let guest = match &session.config().guest {
         GuestConfig::TestGuest(workload) => Guest::Test(workload),
         GuestConfig::Linux(linux) => Guest::Linux(

@@ -9,6 +9,7 @@ use guest_mem::{FaultError, GuestMemory};
 
 use super::{RunError, RunOutcome};
 use crate::cli::{format_size, BackingKind, VmConfig};
+use crate::devices::balloon::BalloonHandle;
 use crate::vm::control::{StopReason, VmControl};
 use crate::vm::RunningVm;
 
@@ -42,6 +43,8 @@ struct GuestFault {
 pub(super) struct Session {
     config: VmConfig,
     memory: Arc<GuestMemory>,
+    /// The balloon, if the VM has one.
+    balloon: Option<BalloonHandle>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
     /// Where the run is; changes are announced on `phase_changed`.
@@ -54,11 +57,12 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// A session for `config` over `memory`.
-    pub fn new(config: VmConfig, memory: Arc<GuestMemory>) -> Self {
+    /// A session for `config` over `memory`, with the VM's balloon if it has one.
+    pub fn new(config: VmConfig, memory: Arc<GuestMemory>, balloon: Option<BalloonHandle>) -> Self {
         Session {
             config,
             memory,
+            balloon,
             control: OnceLock::new(),
             phase: Mutex::new(Phase::Setup),
             phase_changed: Condvar::new(),
@@ -75,6 +79,11 @@ impl Session {
     /// Guest memory.
     pub fn memory(&self) -> &Arc<GuestMemory> {
         &self.memory
+    }
+
+    /// The balloon, if the VM has one.
+    pub fn balloon_handle(&self) -> Option<&BalloonHandle> {
+        self.balloon.as_ref()
     }
 
     /// The run control, once the VM has started.

@@ -7,7 +7,9 @@ use std::time::Duration;
 use super::devices::VirtioMmioDevices;
 use super::session::Session;
 use super::{console, RunError, RunOutcome};
-use crate::testguest::{self, exit_code, Report, RunOptions, Workload};
+use crate::testguest::protocol::{balloon_error, step_kind};
+use crate::testguest::workload::kind_name;
+use crate::testguest::{self, exit_code, Mismatch, Report, RunOptions, Workload};
 use crate::vm::control::StopReason;
 
 /// Boots the test guest over the session's memory and runs `workload` to its end.
@@ -38,11 +40,11 @@ pub(super) fn run(
     };
     let vcpus = session.config().vcpus;
     let report = testguest::run_with(session.memory().clone(), vcpus, workload, options)?;
-    outcome(&report)
+    outcome(&report, workload)
 }
 
-/// `vmm run`'s outcome of a test guest run that ended with `report`.
-fn outcome(report: &Report) -> Result<RunOutcome, RunError> {
+/// `vmm run`'s outcome of a test guest run of `workload` that ended with `report`.
+fn outcome(report: &Report, workload: &Workload) -> Result<RunOutcome, RunError> {
     match &report.stop_reason {
         StopReason::Requested => return Ok(RunOutcome::Success),
         StopReason::VcpuFailed { message, .. } => {
@@ -57,13 +59,13 @@ fn outcome(report: &Report) -> Result<RunOutcome, RunError> {
     }
     Ok(match report.exit_code() {
         exit_code::SUCCESS => RunOutcome::Success,
-        exit_code::VERIFY_FAILED => RunOutcome::GuestFailure(verify_failure(report)),
+        exit_code::VERIFY_FAILED => RunOutcome::GuestFailure(verify_failure(report, workload)),
         _ => RunOutcome::GuestFailure(incomplete(report)),
     })
 }
 
-/// Describes the first step whose verification failed.
-fn verify_failure(report: &Report) -> String {
+/// Describes the first step whose verification (or balloon driver) failed.
+fn verify_failure(report: &Report, workload: &Workload) -> String {
     let steps = report
         .vcpus
         .iter()
@@ -79,6 +81,14 @@ fn verify_failure(report: &Report) -> String {
         .iter()
         .filter_map(|v| v.steps.get(step)?.first_mismatch)
         .min_by_key(|m| m.addr);
+    let kind = workload.steps().get(step).map_or(0, |s| s.kind);
+    if (step_kind::BALLOON_PROBE..=step_kind::BALLOON_RAW).contains(&kind) {
+        return format!(
+            "step {step} ({}): the balloon driver failed: {}",
+            kind_name(kind),
+            first.map_or_else(|| "no reason given".into(), balloon_failure)
+        );
+    }
     let mut text = format!(
         "step {step}: {} of {} pages did not hold the expected value",
         report.mismatches(step),
@@ -91,6 +101,26 @@ fn verify_failure(report: &Report) -> String {
         );
     }
     text
+}
+
+/// What a balloon step's failure report (a [`balloon_error`] code and its detail) means.
+fn balloon_failure(report: Mismatch) -> String {
+    let detail = report.found;
+    match report.addr {
+        balloon_error::NO_DEVICE => format!("no virtio-balloon at its address (read {detail:#x})"),
+        balloon_error::FEATURES_REJECTED => {
+            format!("the device refused the features {detail:#x}")
+        }
+        balloon_error::BAD_QUEUE => format!("queue {detail} is missing or in use"),
+        balloon_error::NOT_PROBED => "the balloon was not probed".into(),
+        balloon_error::NO_ROOM => format!(
+            "the balloon holds {detail} pages: it cannot deflate by more, nor inflate past the \
+             workload area"
+        ),
+        balloon_error::TIMEOUT => format!("the device did not return a buffer on queue {detail}"),
+        balloon_error::NO_FEATURE => format!("feature bit {detail} was not negotiated"),
+        code => format!("error {code} ({detail:#x})"),
+    }
 }
 
 /// Describes a run that ended before every vCPU finished its steps.
@@ -147,9 +177,15 @@ mod tests {
     #[test]
     fn a_finished_workload_and_an_owner_stop_are_successes() {
         let finished = report(StopReason::GuestExit(0), vec![done(4)]);
-        assert_eq!(outcome(&finished).unwrap(), RunOutcome::Success);
+        assert_eq!(
+            outcome(&finished, &Workload::new()).unwrap(),
+            RunOutcome::Success
+        );
         let stopped = report(StopReason::Requested, vec![StepReport::default()]);
-        assert_eq!(outcome(&stopped).unwrap(), RunOutcome::Success);
+        assert_eq!(
+            outcome(&stopped, &Workload::new()).unwrap(),
+            RunOutcome::Success
+        );
     }
 
     #[test]
@@ -165,7 +201,7 @@ mod tests {
         let mut failed = report(StopReason::GuestExit(1), vec![done(8), bad]);
         failed.vcpus[0].exit_status = Some(1);
         assert_eq!(
-            outcome(&failed).unwrap(),
+            outcome(&failed, &Workload::new()).unwrap(),
             RunOutcome::GuestFailure(
                 "step 1: 3 of 8 pages did not hold the expected value, the first at 0x200000 \
                  (found 0x1111)"
@@ -178,12 +214,12 @@ mod tests {
     fn crashes_bad_descriptors_and_vcpu_failures_are_told_apart() {
         let crashed = report(StopReason::GuestShutdown { vcpu: 1 }, Vec::new());
         assert!(matches!(
-            outcome(&crashed),
+            outcome(&crashed, &Workload::new()),
             Ok(RunOutcome::GuestFailure(why)) if why.contains("vCPU 1 crashed")
         ));
         let rejected = report(StopReason::GuestExit(2), Vec::new());
         assert!(matches!(
-            outcome(&rejected),
+            outcome(&rejected, &Workload::new()),
             Ok(RunOutcome::GuestFailure(why)) if why.contains("workload descriptor")
         ));
         let failed = report(
@@ -194,8 +230,33 @@ mod tests {
             Vec::new(),
         );
         assert!(matches!(
-            outcome(&failed),
+            outcome(&failed, &Workload::new()),
             Err(RunError::VcpuFailed(message)) if message == "vCPU 0: KVM_RUN: boom"
         ));
+    }
+
+    #[test]
+    fn a_failed_balloon_step_says_what_the_driver_saw() {
+        let failed_step = StepReport {
+            mismatches: 1,
+            first_mismatch: Some(Mismatch {
+                addr: balloon_error::NO_ROOM,
+                found: 1024,
+            }),
+            ..done(0)
+        };
+        let mut failed = report(StopReason::GuestExit(1), vec![done(1), failed_step]);
+        failed.vcpus[0].exit_status = Some(1);
+        let workload = Workload::new()
+            .balloon_probe(0xc000_0000, 64 << 20, 0)
+            .deflate(8 << 20);
+        assert_eq!(
+            outcome(&failed, &workload).unwrap(),
+            RunOutcome::GuestFailure(
+                "step 1 (deflate): the balloon driver failed: the balloon holds 1024 pages: it \
+                 cannot deflate by more, nor inflate past the workload area"
+                    .into()
+            )
+        );
     }
 }

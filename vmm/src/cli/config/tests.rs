@@ -313,6 +313,28 @@ fn workloads_are_resolved_against_the_vm() {
 }
 
 #[test]
+fn balloon_workload_steps_need_the_balloon() {
+    assert_eq!(
+        config_err(&["--workload=write:all,inflate:4M"]),
+        "--workload: workload step 'inflate:4M' drives the balloon: add --balloon (e.g. \
+         --balloon size=0)"
+    );
+    assert_eq!(
+        config_err(&["--balloon=size=0", "--workload=report:2M+2M"]),
+        "--workload: workload step 'report:2M+2M' needs --balloon free_page_reporting=on"
+    );
+    let config = config(&[
+        "--balloon=stats_polling_interval_s=2",
+        "--workload=inflate:4M,answer-stats",
+    ])
+    .unwrap();
+    let GuestConfig::TestGuest(workload) = config.guest else {
+        panic!("a test guest")
+    };
+    assert_eq!(workload.steps().len(), 3, "probe, inflate, stats");
+}
+
+#[test]
 fn balloons_must_fit_in_ram() {
     assert_eq!(
         config_err(&["--memory=64M", "--balloon=size=128M"]),

@@ -196,3 +196,142 @@ fn ranges_are_checked_against_memory_and_vcpus() {
         })
     );
 }
+
+#[test]
+fn balloon_steps_are_preceded_by_one_probe_of_the_balloon_slot() {
+    let text = "write:all,inflate:64M,checkpoint:1,balloon-target@1,deflate:4K,report:8M+16M,\
+                answer-stats,answer-stats@1:3";
+    let workload = resolve(text, 128 * MIB, 2).unwrap();
+    let kinds: Vec<u32> = workload.steps().iter().map(|s| s.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            step_kind::WRITE,
+            step_kind::BALLOON_PROBE,
+            step_kind::BALLOON_INFLATE,
+            step_kind::CHECKPOINT,
+            step_kind::BALLOON_TO_TARGET,
+            step_kind::BALLOON_DEFLATE,
+            step_kind::BALLOON_REPORT,
+            step_kind::BALLOON_STATS,
+            step_kind::BALLOON_STATS,
+        ]
+    );
+    let steps = workload.steps();
+    let probe = steps[1];
+    assert_eq!(probe.addr, crate::layout::virtio_mmio_base(0).unwrap());
+    assert_eq!(probe.size, 128 * MIB, "pages from the top of low RAM down");
+    assert_eq!(
+        probe.pattern,
+        crate::testguest::protocol::BALLOON_DRIVER_FEATURES
+    );
+    assert_eq!((steps[2].size, steps[2].vcpu), (64 * MIB, ALL_VCPUS));
+    assert_eq!(steps[4].vcpu, 1);
+    assert_eq!(steps[5].size, 4096);
+    assert_eq!((steps[6].addr, steps[6].size), (8 * MIB, 16 * MIB));
+    assert_eq!((steps[7].pattern, steps[8].pattern), (1, 3));
+    assert_eq!(steps[8].vcpu, 1);
+    // Above 3 GiB of RAM the balloon's area ends at the MMIO gap.
+    let big = resolve("inflate:4K", 6 << 30, 1).unwrap();
+    assert_eq!(big.steps()[0].size, 3 << 30);
+    // The probe counts against the descriptor's steps.
+    let full = vec!["checkpoint:1"; MAX_STEPS - 1].join(",") + ",inflate:4K";
+    assert_eq!(
+        resolve(&full, 64 * MIB, 1),
+        Err(WorkloadSpecError::TooManySteps(MAX_STEPS + 1))
+    );
+}
+
+#[test]
+fn balloon_step_errors_name_the_step() {
+    let malformed = |step: &str, why| WorkloadSpecError::Malformed {
+        step: step.into(),
+        why,
+    };
+    let cases = [
+        (
+            "inflate",
+            malformed("inflate", "the step needs a size (e.g. inflate:64M)"),
+        ),
+        (
+            "inflate:0",
+            malformed("inflate:0", "the size must be a positive multiple of 4 KiB"),
+        ),
+        (
+            "deflate:4097",
+            malformed(
+                "deflate:4097",
+                "the size must be a positive multiple of 4 KiB",
+            ),
+        ),
+        (
+            "inflate:4K:1",
+            malformed("inflate:4K:1", "only write and verify steps take a pattern"),
+        ),
+        (
+            "balloon-target:1",
+            malformed("balloon-target:1", "too many ':'-separated fields"),
+        ),
+        (
+            "answer-stats:1:2",
+            malformed("answer-stats:1:2", "too many ':'-separated fields"),
+        ),
+        (
+            "answer-stats:x",
+            WorkloadSpecError::BadNumber {
+                step: "answer-stats:x".into(),
+                text: "x".into(),
+            },
+        ),
+        (
+            "deflate:-4K",
+            WorkloadSpecError::BadSize {
+                step: "deflate:-4K".into(),
+                source: SizeError::Malformed("-4K".into()),
+            },
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(text.parse::<WorkloadSpec>(), Err(expected), "{text:?}");
+    }
+    assert!(matches!(
+        resolve("report:1M+1M", 64 * MIB, 1),
+        Err(WorkloadSpecError::BadRange { .. })
+    ));
+    assert!(matches!(
+        resolve("inflate@3:4K", 64 * MIB, 2),
+        Err(WorkloadSpecError::NoSuchVcpu { vcpu: 3, .. })
+    ));
+}
+
+#[test]
+fn balloon_steps_need_the_device_and_its_features() {
+    let check = |text: &str, balloon: Option<&str>| {
+        let spec: WorkloadSpec = text.parse().unwrap();
+        let balloon: Option<BalloonConfig> = balloon.map(|b| b.parse().unwrap());
+        spec.check_balloon(balloon.as_ref())
+    };
+    assert_eq!(check("write:all,checkpoint:1", None), Ok(()));
+    assert_eq!(
+        check("write:all,inflate:4K", None),
+        Err(WorkloadSpecError::NoBalloon("inflate:4K".into()))
+    );
+    assert_eq!(check("balloon-target,deflate:4K", Some("size=0")), Ok(()));
+    assert_eq!(
+        check("report:all", Some("size=0")),
+        Err(WorkloadSpecError::BalloonFeatureOff {
+            step: "report:all".into(),
+            option: "free_page_reporting=on",
+        })
+    );
+    assert_eq!(check("report:all", Some("free_page_reporting=on")), Ok(()));
+    let err = check("answer-stats", Some("stats_polling_interval_s=0")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "workload step 'answer-stats' needs --balloon stats_polling_interval_s=N (N > 0)"
+    );
+    assert_eq!(
+        check("answer-stats:2", Some("stats_polling_interval_s=1")),
+        Ok(())
+    );
+}

@@ -9,10 +9,14 @@ use log::warn;
 use virtio_balloon::{Balloon, BalloonConfig, BalloonError, GuestNotifier};
 
 use super::backend::GuestMemBackend;
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::{ActivateError, Activation, Interrupt, VirtioDevice};
 
 /// The queues' guest memory.
 pub type Memory = Arc<GuestMemory>;
+
+/// The balloon behind its virtio-mmio transport.
+pub type BalloonTransport = MmioTransport<Memory, BalloonDevice>;
 
 /// Raises the transport's interrupt for the balloon.
 struct InterruptNotifier(Arc<Interrupt>);

@@ -1,60 +1,27 @@
 //! Making a balloon ([`create`]: the device, its statistics timer and the [`BalloonHandle`] the
-//! control API keeps) and putting it on a VM ([`attach`]: its virtio-mmio transport on the MMIO
-//! bus at a layout slot, a KVM irqfd for its interrupt line, a KVM ioeventfd per queue on its
-//! QueueNotify register, and the event-loop subscribers).
+//! control API keeps) and the device options of a `--balloon` option ([`device_config`]). The
+//! runner puts the device behind its virtio-mmio transport like any other virtio device
+//! (`crate::runner::VirtioMmioDevices::add_balloon`).
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use event_manager::MutEventSubscriber;
 use guest_mem::GuestMemory;
-use kvm_ioctls::{IoEventAddress, VmFd};
 use virtio_balloon::{
     pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonInfo, ConfigError,
 };
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::stats_timer::{StatsInterval, StatsTimer, StatsTimerError};
-use super::{lock, BalloonDevice, Memory};
+use super::{lock, BalloonDevice};
 use crate::cli::BalloonConfig as BalloonOption;
-use crate::devices::bus::{Bus, BusError};
-use crate::devices::event_loop::QueueSubscriber;
-use crate::devices::virtio::mmio::{MmioError, MmioTransport};
-use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE};
 
-/// The balloon's transport.
-pub type BalloonTransport = MmioTransport<Memory, BalloonDevice>;
-
-/// An event-loop subscriber of the balloon.
-pub type Subscriber = Box<dyn MutEventSubscriber + Send>;
-
-/// Errors of attaching a balloon to a VM.
+/// Errors of creating a balloon.
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
-    /// The layout has no virtio-mmio slot of this number.
-    #[error("there is no virtio-mmio slot {0}")]
-    NoSlot(u64),
+pub enum CreateError {
     /// The balloon options are invalid.
     #[error("virtio-balloon: {0}")]
     Device(#[source] BalloonError),
-    /// The transport could not be created.
-    #[error("virtio-balloon transport: {0}")]
-    Transport(#[source] MmioError),
-    /// An event fd could not be created.
-    #[error("virtio-balloon interrupt event fd: {0}")]
-    EventFd(#[source] std::io::Error),
-    /// Registering an irqfd or ioeventfd with KVM failed.
-    #[error("virtio-balloon: {what} failed: {source}")]
-    Kvm {
-        /// The ioctl.
-        what: &'static str,
-        /// Its error.
-        #[source]
-        source: kvm_ioctls::Error,
-    },
-    /// The slot is taken on the bus.
-    #[error("virtio-balloon: {0}")]
-    Bus(#[source] BusError),
     /// Creating the statistics timer failed.
     #[error(transparent)]
     StatsTimer(#[from] StatsTimerError),
@@ -79,13 +46,22 @@ pub enum BalloonControlError {
     Stats(#[from] StatsTimerError),
 }
 
-/// What the VMM keeps of an attached balloon to control it (from the API thread).
+/// What the VMM keeps of a balloon to control it (from the API thread).
 #[derive(Clone)]
 pub struct BalloonHandle {
     device: Arc<Mutex<BalloonDevice>>,
     config: BalloonConfig,
     ram_bytes: u64,
     stats: StatsInterval,
+}
+
+impl fmt::Debug for BalloonHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BalloonHandle")
+            .field("config", &self.config)
+            .field("ram_bytes", &self.ram_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl BalloonHandle {
@@ -101,6 +77,29 @@ impl BalloonHandle {
 
     /// Sets the target in MiB and tells the guest; the target may not exceed guest RAM.
     pub fn set_target_mib(&self, mib: u64) -> Result<(), BalloonControlError> {
+        self.update(Some(mib), None)
+    }
+
+    /// Changes the target (MiB) and the statistics polling interval (zero: off), those given.
+    /// Both are checked before either is applied: a refused request changes nothing.
+    pub fn update(
+        &self,
+        target_mib: Option<u64>,
+        stats_interval: Option<Duration>,
+    ) -> Result<(), BalloonControlError> {
+        let target_pages = target_mib.map(|mib| self.target_pages(mib)).transpose()?;
+        if let Some(interval) = stats_interval {
+            // Refused (NotEnabled) before anything changes.
+            self.stats.set(Some(interval))?;
+        }
+        if let Some(pages) = target_pages {
+            lock(&self.device).balloon_mut().set_target_pages(pages)?;
+        }
+        Ok(())
+    }
+
+    /// A target of `mib` in balloon pages, if it fits in guest RAM.
+    fn target_pages(&self, mib: u64) -> Result<u32, BalloonControlError> {
         let ram_mib = self.ram_bytes >> 20;
         if mib > ram_mib {
             return Err(BalloonControlError::TargetAboveRam {
@@ -108,9 +107,7 @@ impl BalloonHandle {
                 ram_mib,
             });
         }
-        let pages = pages_from_mib(mib).map_err(BalloonError::from)?;
-        lock(&self.device).balloon_mut().set_target_pages(pages)?;
-        Ok(())
+        Ok(pages_from_mib(mib).map_err(BalloonError::from)?)
     }
 
     /// Target, actual size, counters, the guest's statistics and its violations.
@@ -157,9 +154,9 @@ pub struct NewBalloon {
 }
 
 /// Creates a balloon with `config` over `memory`, with its statistics timer and API handle.
-pub fn create(memory: Arc<GuestMemory>, config: BalloonConfig) -> Result<NewBalloon, AttachError> {
+pub fn create(memory: Arc<GuestMemory>, config: BalloonConfig) -> Result<NewBalloon, CreateError> {
     let ram_bytes = memory.regions().iter().map(|r| r.size()).sum();
-    let device = BalloonDevice::new(config, memory).map_err(AttachError::Device)?;
+    let device = BalloonDevice::new(config, memory).map_err(CreateError::Device)?;
     let device = Arc::new(Mutex::new(device));
     let (stats_timer, stats) = StatsTimer::new(device.clone())?;
     let handle = BalloonHandle {
@@ -173,38 +170,4 @@ pub fn create(memory: Arc<GuestMemory>, config: BalloonConfig) -> Result<NewBall
         stats_timer,
         handle,
     })
-}
-
-/// Creates a balloon with `config` over `memory` and attaches it to `vm` at virtio-mmio slot
-/// `slot`: the transport goes on `mmio`, its interrupt to the slot's IRQ line (irqfd) and its
-/// queue notifications to event fds (ioeventfds). Returns the handle for the API and the
-/// subscribers to add to the VMM's event loop (they process the queues and poll statistics).
-pub fn attach(
-    vm: &VmFd,
-    mmio: &mut Bus,
-    memory: Arc<GuestMemory>,
-    config: BalloonConfig,
-    slot: u64,
-) -> Result<(BalloonHandle, Vec<Subscriber>), AttachError> {
-    let (Some(base), Some(irq)) = (virtio_mmio_base(slot), virtio_mmio_irq(slot)) else {
-        return Err(AttachError::NoSlot(slot));
-    };
-    let balloon = create(memory.clone(), config)?;
-    let irq_evt = EventFd::new(EFD_NONBLOCK).map_err(AttachError::EventFd)?;
-    let transport = MmioTransport::new(memory, balloon.device.clone(), irq_evt)
-        .map_err(AttachError::Transport)?;
-    let kvm = |what| move |source| AttachError::Kvm { what, source };
-    vm.register_irqfd(transport.interrupt().irq_evt(), irq)
-        .map_err(kvm("KVM_IRQFD"))?;
-    let notify = IoEventAddress::Mmio(base + BalloonTransport::QUEUE_NOTIFY_OFFSET);
-    for (index, notifier) in transport.queue_notifiers().iter().enumerate() {
-        vm.register_ioevent(notifier, &notify, index as u32)
-            .map_err(kvm("KVM_IOEVENTFD"))?;
-    }
-    let queues = QueueSubscriber::new(balloon.device, transport.queue_notifiers())
-        .map_err(AttachError::EventFd)?;
-    mmio.insert(Arc::new(transport), base, VIRTIO_MMIO_SIZE)
-        .map_err(AttachError::Bus)?;
-    let subscribers: Vec<Subscriber> = vec![Box::new(queues), Box::new(balloon.stats_timer)];
-    Ok((balloon.handle, subscribers))
 }

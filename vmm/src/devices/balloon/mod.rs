@@ -10,21 +10,23 @@
 //!   [`Interrupt`](crate::devices::virtio::Interrupt).
 //! * [`create`]: the device, its statistics timer ([`StatsTimer`], an event-loop subscriber)
 //!   and the [`BalloonHandle`] (target, information, statistics interval) for the control API;
-//!   [`device_config`] turns a `--balloon` option into device options.
-//! * [`attach`]: [`create`], then the transport on the MMIO bus at a `layout` slot, with an
-//!   irqfd and one ioeventfd per queue, plus the event-loop subscribers (queue notifications
-//!   and the statistics timer).
+//!   [`device_config`] turns a `--balloon` option into device options. The runner puts the
+//!   device behind a virtio-mmio transport like any virtio device
+//!   ([`VirtioMmioDevices::add_balloon`](crate::runner::VirtioMmioDevices::add_balloon): a
+//!   slot, an irqfd, one ioeventfd per queue and the queue subscriber, plus the timer).
 //!
 //! ```text
-//! let (balloon, subscribers) = balloon::attach(vm.fd(), &mut buses.mmio, memory, config, 0)?;
-//! for subscriber in subscribers { event_manager.add_subscriber(subscriber); }
+//! let mut devices = VirtioMmioDevices::new();
+//! let balloon = devices.add_balloon(memory.clone(), config)?;  // BalloonHandle
+//! devices.attach(vm.fd(), &mut buses)?;
+//! event_loop.add_all(devices.take_subscribers());
 //! // API thread:
 //! balloon.set_target_mib(256)?;  balloon.info();  balloon.set_stats_interval(Some(2s))?;
 //! ```
 
-mod attach;
 mod backend;
 mod device;
+mod handle;
 mod stats_timer;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -33,12 +35,11 @@ mod tests;
 
 use std::sync::{Mutex, MutexGuard};
 
-pub use attach::{
-    attach, create, device_config, AttachError, BalloonControlError, BalloonHandle,
-    BalloonTransport, NewBalloon, Subscriber,
-};
 pub use backend::GuestMemBackend;
-pub use device::{BalloonDevice, Memory};
+pub use device::{BalloonDevice, BalloonTransport, Memory};
+pub use handle::{
+    create, device_config, BalloonControlError, BalloonHandle, CreateError, NewBalloon,
+};
 pub use stats_timer::{StatsInterval, StatsTimer, StatsTimerError};
 
 /// Locks a mutex, recovering the data if a previous holder panicked.

@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-use super::Subscriber;
 use crate::devices::bus::BusDevice;
+use crate::devices::event_loop::Subscriber;
 use crate::devices::virtio::mmio::registers as reg;
 use crate::devices::virtio::status::{
     ACKNOWLEDGE, DEVICE_NEEDS_RESET, DRIVER, DRIVER_OK, FEATURES_OK,

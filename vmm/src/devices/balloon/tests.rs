@@ -1,12 +1,11 @@
 //! Adapter tests: the balloon behind the real virtio-mmio transport, on real guest-mem memory
-//! (an anonymous LLFree pool of 2 MiB frames), driven by a host-side driver writing real rings;
-//! attachment to a real KVM VM.
+//! (an anonymous LLFree pool of 2 MiB frames), driven by a host-side driver writing real rings.
+//! (Its wiring into a KVM VM is tested with the runner's `VirtioMmioDevices`.)
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate};
-use kvm_ioctls::{IoEventAddress, Kvm};
 use virtio_balloon::spec::{
     VIRTIO_BALLOON_F_MUST_TELL_HOST, VIRTIO_BALLOON_F_PAGE_REPORTING, VIRTIO_BALLOON_F_STATS_VQ,
     VIRTIO_F_VERSION_1,
@@ -17,10 +16,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::testing::{EventLoopThread, MmioDriver};
 use super::*;
-use crate::devices::bus::Bus;
 use crate::devices::virtio::interrupt::{INT_CONFIG, INT_USED_RING};
 use crate::devices::virtio::mmio::{registers as reg, MmioTransport};
-use crate::layout::{virtio_mmio_base, MMIO_GAP_START};
+use crate::layout::MMIO_GAP_START;
 
 const MIB: u64 = 1 << 20;
 const RAM: u64 = 16 * MIB;
@@ -183,57 +181,6 @@ fn the_stats_timer_requests_statistics_at_the_interval_it_is_set_to() {
 }
 
 #[test]
-fn attach_wires_the_transport_into_a_kvm_vm() {
-    if !std::path::Path::new("/dev/kvm").exists() {
-        eprintln!("SKIP: attach_wires_the_transport_into_a_kvm_vm: /dev/kvm is absent");
-        return;
-    }
-    let vm = Kvm::new().unwrap().create_vm().unwrap();
-    vm.create_irq_chip().unwrap();
-    let memory = memory();
-    let mut bus = Bus::default();
-    let (handle, subscribers) = attach(&vm, &mut bus, memory.clone(), config(), 1).unwrap();
-    assert_eq!(subscribers.len(), 2);
-    let base = virtio_mmio_base(1).unwrap();
-    let mut magic = [0; 4];
-    bus.read(base, &mut magic).unwrap();
-    assert_eq!(u32::from_le_bytes(magic), 0x7472_6976);
-    // The queue notify addresses carry ioeventfds now: KVM refuses them a second time.
-    let taken = vm.register_ioevent(
-        &EventFd::new(EFD_NONBLOCK).unwrap(),
-        &IoEventAddress::Mmio(base + 0x50),
-        3u32,
-    );
-    assert!(taken.is_err());
-
-    assert!(matches!(
-        handle.set_target_mib(17),
-        Err(BalloonControlError::TargetAboveRam { ram_mib: 16, .. })
-    ));
-    handle.set_target_mib(16).unwrap();
-    assert_eq!(handle.info().target_pages, 4096);
-    assert!(handle.config().free_page_reporting);
-    handle
-        .set_stats_interval(Some(Duration::from_secs(2)))
-        .unwrap();
-    assert_eq!(handle.stats_interval(), Some(Duration::from_secs(2)));
-
-    let slots = crate::layout::VIRTIO_MMIO_SLOTS;
-    assert!(matches!(
-        attach(&vm, &mut bus, memory.clone(), config(), slots),
-        Err(AttachError::NoSlot(_))
-    ));
-    let bad = BalloonConfig {
-        queue_size: 3,
-        ..config()
-    };
-    assert!(matches!(
-        attach(&vm, &mut bus, memory, bad, 2),
-        Err(AttachError::Device(_))
-    ));
-}
-
-#[test]
 fn the_balloon_option_becomes_device_options() {
     let option = crate::cli::BalloonConfig {
         size: 256 * MIB,
@@ -257,4 +204,36 @@ fn the_balloon_option_becomes_device_options() {
     assert_eq!(balloon.handle.info().target_pages, 65536);
     assert!(!balloon.handle.info().active);
     assert!(Arc::ptr_eq(&balloon.device, balloon.handle.device()));
+    let bad = BalloonConfig {
+        queue_size: 3,
+        ..config
+    };
+    assert!(matches!(create(memory(), bad), Err(CreateError::Device(_))));
+}
+
+#[test]
+fn a_refused_update_changes_neither_the_target_nor_the_interval() {
+    let quiet = BalloonConfig {
+        stats_interval: None,
+        ..config()
+    };
+    let handle = create(memory(), quiet).unwrap().handle;
+    handle.set_target_mib(4).unwrap();
+    let refused = handle.update(Some(8), Some(Duration::from_secs(1)));
+    assert!(matches!(
+        refused,
+        Err(BalloonControlError::Stats(StatsTimerError::NotEnabled))
+    ));
+    let above = handle.update(Some(17), Some(Duration::ZERO));
+    assert!(matches!(
+        above,
+        Err(BalloonControlError::TargetAboveRam { .. })
+    ));
+    assert_eq!(handle.info().target_pages, 1024);
+    handle.update(Some(8), Some(Duration::ZERO)).unwrap();
+    assert_eq!(handle.info().target_pages, 2048);
+    assert_eq!(handle.stats_interval(), None);
+    let polled = create(memory(), config()).unwrap().handle;
+    polled.update(None, Some(Duration::from_secs(3))).unwrap();
+    assert_eq!(polled.stats_interval(), Some(Duration::from_secs(3)));
 }

@@ -14,6 +14,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::serial::SerialDevice;
 use super::virtio::VirtioDevice;
 
+/// An event-loop subscriber owned by the loop (device queues, timers, console input).
+pub type Subscriber = Box<dyn MutEventSubscriber + Send>;
+
 /// Data tag of the input source's events.
 const INPUT: u32 = 0;
 /// Data tag of the UART's "receive FIFO drained" events.
