@@ -6,15 +6,16 @@
 //!   SKIP. The guest kernel needs CONFIG_SERIAL_8250_CONSOLE for the console; without an initrd
 //!   it panics at the root mount and `panic=1` resets the VM, which ends `vmm run`.
 //! * A minimal 64-bit ELF "kernel" (hand-assembled below) runs everywhere KVM does: it takes
-//!   the command line from the zero page the VMM wrote, prints it on COM1 and triple-faults,
-//!   which a Linux guest's run treats as a reset.
+//!   the command line from the zero page the VMM wrote (with `virtio_mmio.device=` for a
+//!   `--balloon`), prints it on COM1 and triple-faults, which a Linux guest's run treats as a
+//!   reset. (tests/tests/linux_balloon.rs drives Linux's balloon driver where Linux boots.)
 
 mod vmm_common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e_tests::kvm_available;
+use e2e_tests::{hardware_virtualization, kvm_available};
 use vmm_common::{Scratch, VmmRun};
 
 /// Physical load address and entry of the minimal kernel (where vmlinux is linked).
@@ -99,18 +100,27 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
     ]);
     run.assert_success();
     assert_eq!(run.stdout, "console=ttyS0 llfree.test=1 -- init-arg\n");
+    // The balloon is announced to Linux in its virtio-mmio slot, before the init arguments.
+    let run = VmmRun::run(&[
+        "--kernel",
+        &kernel,
+        "--memory",
+        "64M",
+        "--balloon",
+        "size=16M,free_page_reporting=on",
+        "--cmdline",
+        "console=ttyS0 -- init-arg",
+    ]);
+    run.assert_success();
+    assert_eq!(
+        run.stdout,
+        "console=ttyS0 virtio_mmio.device=4K@0xc0000000:5 -- init-arg\n"
+    );
 }
 
 /// Why a real kernel cannot be booted here, if it cannot.
 fn real_kernel() -> Result<PathBuf, String> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").map_err(|e| e.to_string())?;
-    let hardware = cpuinfo
-        .lines()
-        .filter(|line| line.starts_with("flags"))
-        .any(|line| line.split_whitespace().any(|f| f == "vmx" || f == "svm"));
-    if !hardware {
-        return Err("no vmx or svm in /proc/cpuinfo (e.g. PVM): a stock kernel cannot boot".into());
-    }
+    hardware_virtualization()?;
     if let Some(path) = std::env::var_os("LLFREE_VMM_TEST_KERNEL") {
         return Ok(path.into());
     }
