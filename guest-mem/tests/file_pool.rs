@@ -129,3 +129,41 @@ fn foreign_and_mismatched_files_give_clear_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn a_foreign_file_is_left_byte_for_byte_unchanged() {
+    let file = TempFile::new("untouched");
+    let contents: Vec<u8> = (0..3 * MIB + 5).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&file.0, &contents).expect("write");
+    let err = Pool::new(file_config(&file, 64 * MIB, false)).expect_err("foreign");
+    assert!(
+        err.to_string().contains("holds no llfree-vmm pool"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&file.0).expect("read") == contents,
+        "the file's size and every byte are as before"
+    );
+}
+
+#[test]
+fn a_truncated_pool_file_is_refused_and_left_alone() {
+    let file = TempFile::new("truncated");
+    drop(Pool::new(file_config(&file, 64 * MIB, false)).expect("new pool"));
+    let full = std::fs::metadata(&file.0).expect("stat").len();
+    let short = full - 2 * MIB;
+    std::fs::File::options()
+        .write(true)
+        .open(&file.0)
+        .and_then(|f| f.set_len(short))
+        .expect("truncate");
+    let err = Pool::new(file_config(&file, 64 * MIB, false)).expect_err("truncated");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "pool file {} holds {short} bytes, but its pool needs {full} (truncated?)",
+            file.0.display()
+        )
+    );
+    assert_eq!(std::fs::metadata(&file.0).expect("stat").len(), short);
+}

@@ -74,6 +74,16 @@ pub enum BackingError {
         /// Bytes the device has.
         have: u64,
     },
+    /// A file holding a pool is shorter than its pool: it was truncated.
+    #[error("pool file {path} holds {have} bytes, but its pool needs {need} (truncated?)")]
+    FileTooSmall {
+        /// The path.
+        path: PathBuf,
+        /// Bytes needed (header and frames).
+        need: u64,
+        /// Bytes the file has.
+        have: u64,
+    },
 }
 
 /// An open backing: the fd whose offsets are frames, and what it is.
@@ -86,8 +96,12 @@ pub struct BackingFile {
     pub map_sync: bool,
     /// Whether holes can be punched (false for device DAX).
     pub can_punch: bool,
-    /// Whether this is a file that already existed with contents.
+    /// Whether this is a device, or a file that already existed with contents.
     pub had_contents: bool,
+    /// Bytes the file or device held when opened (the memfd's size).
+    len: u64,
+    /// Whether this is a block or character device, whose size cannot change.
+    device: bool,
     /// Keeps the huge page reservation of a hugetlb memfd.
     _reservation: Option<mmap::Mapping>,
 }
@@ -123,12 +137,15 @@ impl BackingFile {
             map_sync: false,
             can_punch: true,
             had_contents: false,
+            len: size,
+            device: false,
             _reservation: reservation,
         })
     }
 
-    /// Opens (or creates) a file or device that must hold at least `need` bytes.
-    pub fn open(path: &Path, need: u64) -> Result<Self, BackingError> {
+    /// Opens a file or device, creating an absent file (empty). Nothing in it is changed: the
+    /// caller checks what it holds first, then sizes it with [`BackingFile::ensure_len`].
+    pub fn open(path: &Path) -> Result<Self, BackingError> {
         let err = |source| BackingError::File {
             path: path.to_owned(),
             source,
@@ -142,30 +159,40 @@ impl BackingFile {
             .map_err(err)?;
         let meta = file.metadata().map_err(err)?;
         let device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
-        let have = if device {
+        let len = if device {
             device_size(&file, &meta).map_err(err)?
         } else {
             meta.len()
         };
-        if device && have < need {
-            return Err(BackingError::DeviceTooSmall {
-                path: path.to_owned(),
-                need,
-                have,
-            });
-        }
-        if !device && have < need {
-            file.set_len(need).map_err(err)?;
-        }
         let map_sync = mmap::supports_map_sync(file.as_raw_fd(), 0, 4096);
         Ok(Self {
             file,
             hugetlb: false,
             map_sync,
             can_punch: !meta.file_type().is_char_device(),
-            had_contents: device || have > 0,
+            had_contents: device || len > 0,
+            len,
+            device,
             _reservation: None,
         })
+    }
+
+    /// Makes sure the file or device at `path` (this one) holds `need` bytes. Only a `fresh`
+    /// file (new, empty, or being formatted) is grown; a device, or a file whose pool is being
+    /// recovered, must hold them already.
+    pub fn ensure_len(&self, path: &Path, need: u64, fresh: bool) -> Result<(), BackingError> {
+        if self.len >= need {
+            return Ok(());
+        }
+        let (path, have) = (path.to_owned(), self.len);
+        match (self.device, fresh) {
+            (true, _) => Err(BackingError::DeviceTooSmall { path, need, have }),
+            (false, true) => self
+                .file
+                .set_len(need)
+                .map_err(|source| BackingError::File { path, source }),
+            (false, false) => Err(BackingError::FileTooSmall { path, need, have }),
+        }
     }
 
     /// The raw fd, for mmap and fallocate.

@@ -2,6 +2,7 @@
 
 mod backing;
 mod header;
+mod persistent;
 
 pub use backing::{available_huge_pages, Backing, BackingError};
 pub use header::HeaderError;
@@ -11,13 +12,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use llfree::{Config, FileRegion, Init, InitError, LLFree, FRAME_SIZE, GIANT_ORDER, HUGE_ORDER};
+use llfree::{Config, InitError, LLFree, FRAME_SIZE, GIANT_ORDER, HUGE_ORDER};
 use thiserror::Error;
 
 use crate::stats::PoolStats;
 use crate::sys::{self, mmap};
 use backing::BackingFile;
-use header::{Header, META_OFFSET};
+use persistent::{open_file, Opened};
 
 /// The size of a pool frame, which is also the size of the guest chunks mapped onto it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -192,58 +193,28 @@ impl Pool {
         }
         let frames = (config.size / FRAME_SIZE as u64) as usize;
         let llfree_config = Config::new(config.cores, frames);
-        let mut llfree_recovered = false;
-        let (llfree, file, data_offset) = match &config.backing {
-            Backing::File { path, format } => {
-                let meta_len = LLFree::metadata_size(frames) as u64;
-                let layout = Header::new(frames as u64, meta_len);
-                let file = BackingFile::open(path, layout.data_offset + config.size)?;
-                if !file.can_punch && config.scrub == Scrub::PunchHole {
-                    return Err(PoolError::CannotPunch(path.clone()));
-                }
-                let fresh = *format || !file.had_contents;
-                let header_err = |source| PoolError::Header {
-                    path: path.clone(),
-                    source,
-                };
-                if !fresh {
-                    let found = Header::read(file.as_file()).map_err(header_err)?;
-                    if found.frames != layout.frames || found.meta_len != meta_len {
-                        return Err(PoolError::SizeMismatch {
-                            path: path.clone(),
-                            found: found.frames * FRAME_SIZE as u64,
-                            expected: config.size,
-                        });
-                    }
-                }
-                let region = FileRegion::map(file.as_file(), META_OFFSET, meta_len as usize)
-                    .map_err(PoolError::MapMetadata)?;
-                llfree_recovered = !fresh;
-                let init = if fresh { Init::Fresh } else { Init::Recover };
-                let llfree = LLFree::persistent(llfree_config, Box::new(region), init)?;
-                if fresh {
-                    layout
-                        .write(file.as_file())
-                        .map_err(|e| header_err(HeaderError::Io(e)))?;
-                }
-                (llfree, file, layout.data_offset)
-            }
+        let opened = match &config.backing {
+            Backing::File { path, format } => open_file(path, *format, &config, llfree_config)?,
             backing => {
                 let file = BackingFile::memfd(backing, config.size)?;
-                (LLFree::new(llfree_config)?, file, 0)
+                Opened {
+                    llfree: LLFree::new(llfree_config)?,
+                    file,
+                    data_offset: 0,
+                    formatted: false,
+                }
             }
         };
-        let fresh_file = matches!(config.backing, Backing::File { .. }) && !llfree_recovered;
         let pool = Self {
-            llfree,
-            file,
-            data_offset,
+            llfree: opened.llfree,
+            file: opened.file,
+            data_offset: opened.data_offset,
             size: config.size,
             frame_size,
             scrub: config.scrub,
             next_core: AtomicUsize::new(0),
         };
-        if fresh_file {
+        if opened.formatted {
             pool.scrub_all().map_err(PoolError::Format)?;
         }
         Ok(Arc::new(pool))
