@@ -102,10 +102,7 @@ impl GuestRegion {
         shared: Arc<Shared>,
     ) -> Result<Self, RegionError> {
         let reserve_err = |source| RegionError::Reserve { len, source };
-        let host = Mapping::reserve_aligned(len as usize, chunk.bytes() as usize, 0)
-            .map_err(reserve_err)?;
-        // SAFETY: the range was just reserved by `host` and holds nothing.
-        unsafe { mmap::map_placeholder(host.addr(), host.len()) }.map_err(reserve_err)?;
+        let host = Mapping::anonymous(len as usize, chunk.bytes() as usize).map_err(reserve_err)?;
         shared.uffd.register(host.addr(), host.len())?;
         let chunks = (len / chunk.bytes()) as usize;
         let pieces = (chunk.bytes() / FRAME_SIZE as u64) as usize;

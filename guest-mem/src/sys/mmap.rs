@@ -19,28 +19,43 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above; `&Mapping` only exposes the address and length.
 unsafe impl Sync for Mapping {}
 
+/// mmap(2) of `len` bytes with `prot` and `flags` at `addr` (null: a kernel-chosen address);
+/// returns the mapping's address.
+///
+/// # Safety
+/// With MAP_FIXED, `[addr, addr + len)` must be owned by the caller and hold nothing that anyone
+/// still relies on; without it, `addr` must be null.
+unsafe fn mmap(
+    addr: *mut libc::c_void,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: RawFd,
+    offset: u64,
+) -> io::Result<usize> {
+    // SAFETY: forwarded from the caller; a new mapping touches no memory outside its range.
+    let got = unsafe { libc::mmap(addr, len, prot, flags, fd, offset as libc::off_t) };
+    if got == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(got as usize)
+}
+
+/// Read and write access.
+const READ_WRITE: libc::c_int = libc::PROT_READ | libc::PROT_WRITE;
+/// Private anonymous memory without swap reservation.
+const ANONYMOUS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+
+// A mapping is never empty: mmap refuses a length of 0.
+#[allow(clippy::len_without_is_empty)]
 impl Mapping {
-    /// Maps `len` bytes of private anonymous read/write memory (no swap reservation).
-    #[cfg(test)]
-    pub fn anonymous(len: usize) -> io::Result<Self> {
-        // SAFETY: a fresh mapping at a kernel-chosen address touches no existing memory.
-        let addr = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            addr: addr as usize,
-            len,
-        })
+    /// Maps `len` bytes of private anonymous read/write memory (no swap reservation) whose start
+    /// is a multiple of `align` (a power of two).
+    pub fn anonymous(len: usize, align: usize) -> io::Result<Self> {
+        let map = Self::reserve_aligned(len, align, 0)?;
+        // SAFETY: the range was just reserved by `map` and holds nothing.
+        unsafe { map_placeholder(map.addr, map.len) }?;
+        Ok(map)
     }
 
     /// Reserves `len` bytes of inaccessible address space whose start is congruent to `phase`
@@ -49,21 +64,8 @@ impl Mapping {
         let span = len
             .checked_add(align)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        // SAFETY: a fresh PROT_NONE mapping at a kernel-chosen address touches no existing memory.
-        let raw = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                span,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let raw = raw as usize;
+        // SAFETY: a fresh mapping at a kernel-chosen address.
+        let raw = unsafe { mmap(ptr::null_mut(), span, libc::PROT_NONE, ANONYMOUS, -1, 0) }?;
         let start = raw + (phase.wrapping_sub(raw) & (align - 1));
         // SAFETY: both trimmed pieces lie inside the reservation made above and are unused.
         unsafe {
@@ -92,31 +94,17 @@ impl Mapping {
     }
 
     fn map_shared_file(fd: RawFd, offset: u64, len: usize, flags: libc::c_int) -> io::Result<Self> {
-        // SAFETY: a fresh mapping at a kernel-chosen address touches no existing memory.
-        let addr = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | flags,
-                fd,
-                offset as libc::off_t,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            addr: addr as usize,
-            len,
-        })
+        let flags = libc::MAP_SHARED | flags;
+        // SAFETY: a fresh mapping at a kernel-chosen address.
+        let addr = unsafe { mmap(ptr::null_mut(), len, READ_WRITE, flags, fd, offset) }?;
+        Ok(Self { addr, len })
     }
 
     /// Maps a shared file range with no access, only to take the file's huge page reservation.
     pub fn reserve_file(fd: RawFd, len: usize) -> io::Result<Self> {
-        // SAFETY: a fresh mapping at a kernel-chosen address touches no existing memory.
+        // SAFETY: a fresh mapping at a kernel-chosen address.
         let addr = unsafe {
-            libc::mmap(
+            mmap(
                 ptr::null_mut(),
                 len,
                 libc::PROT_NONE,
@@ -124,14 +112,8 @@ impl Mapping {
                 fd,
                 0,
             )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            addr: addr as usize,
-            len,
-        })
+        }?;
+        Ok(Self { addr, len })
     }
 
     /// The first address.
@@ -158,21 +140,9 @@ impl Drop for Mapping {
 /// The range must be owned by the caller (part of one of its `Mapping`s) and hold nothing that
 /// anyone still relies on.
 pub unsafe fn map_placeholder(addr: usize, len: usize) -> io::Result<()> {
+    let flags = ANONYMOUS | libc::MAP_FIXED;
     // SAFETY: the caller owns the range (see above); MAP_FIXED replaces only that range.
-    let got = unsafe {
-        libc::mmap(
-            addr as *mut _,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    if got == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, -1, 0) }.map(drop)
 }
 
 /// Maps `len` bytes of `fd` at `offset` over `[addr, addr + len)`, shared, read/write.
@@ -194,20 +164,7 @@ pub unsafe fn map_shared_fixed(
         libc::MAP_SHARED | libc::MAP_FIXED
     };
     // SAFETY: the caller owns the range; MAP_FIXED replaces only that range.
-    let got = unsafe {
-        libc::mmap(
-            addr as *mut _,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            fd,
-            offset as libc::off_t,
-        )
-    };
-    if got == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, fd, offset) }.map(drop)
 }
 
 /// Faults `[addr, addr + len)` in for writing, keeping its contents, so that later accesses find
@@ -250,23 +207,16 @@ unsafe fn touch_pages(addr: usize, len: usize) {
 
 /// Whether `fd` can be mapped with MAP_SYNC (a file on a DAX file system or a DAX device).
 pub fn supports_map_sync(fd: RawFd, offset: u64, len: usize) -> bool {
-    // SAFETY: a fresh mapping at a kernel-chosen address, unmapped right away.
-    let addr = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC,
-            fd,
-            offset as libc::off_t,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return false;
+    let flags = libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC;
+    // SAFETY: a fresh mapping at a kernel-chosen address.
+    match unsafe { mmap(ptr::null_mut(), len, READ_WRITE, flags, fd, offset) } {
+        Ok(addr) => {
+            // SAFETY: the mapping was created just above and is not used.
+            unsafe { libc::munmap(addr as *mut _, len) };
+            true
+        }
+        Err(_) => false,
     }
-    // SAFETY: the mapping was created just above and is not used.
-    unsafe { libc::munmap(addr, len) };
-    true
 }
 
 #[cfg(test)]
@@ -338,7 +288,7 @@ mod tests {
 
     #[test]
     fn placeholder_replaces_a_range_with_zeroed_memory() {
-        let m = Mapping::anonymous(3 * 4096).expect("mmap");
+        let m = Mapping::anonymous(3 * 4096, 4096).expect("mmap");
         let p = (m.addr() + 4096) as *mut u8;
         // SAFETY: `p` lies inside `m`.
         unsafe { p.write_volatile(7) };

@@ -251,7 +251,7 @@ mod tests {
     fn fault_from_another_thread_is_reported_with_its_tid() {
         let uffd = Uffd::new().expect("userfaultfd");
         let len = 4096 * 4;
-        let map = crate::sys::mmap::Mapping::anonymous(len).expect("mmap");
+        let map = crate::sys::mmap::Mapping::anonymous(len, 4096).expect("mmap");
         uffd.register(map.addr(), len).expect("register");
         let addr = map.addr();
         let toucher = std::thread::spawn(move || {

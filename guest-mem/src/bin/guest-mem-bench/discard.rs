@@ -10,7 +10,7 @@ use vm_memory::GuestAddress;
 use crate::guest::{Guest, Stride};
 use crate::host;
 use crate::report::{Key, Report};
-use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind, Ram, Subject};
+use crate::subject::{memory, pool, reserve_or_skip, warm_pool, PoolKind, Ram, Subject};
 use crate::{Args, GIB};
 
 const GROUP: &str = "discard";
@@ -117,15 +117,11 @@ pub fn run(args: &Args, report: &mut Report) {
             continue;
         }
         let key = Key::new(GROUP, name, GIB, "-");
-        for run in 0..args.repeats {
-            match plain_once(thp, GIB, strides) {
-                Ok(sample) => record(report, &key, run, GIB, &sample),
-                Err(why) => {
-                    report.skip(&key, &why);
-                    break;
-                }
-            }
-        }
+        report.repeat(&key, args.repeats, |report, run| {
+            let sample = plain_once(thp, GIB, strides)?;
+            record(report, &key, run, GIB, &sample);
+            Ok(())
+        });
     }
     for kind in PoolKind::ALL {
         let max = match kind {
@@ -141,23 +137,16 @@ pub fn run(args: &Args, report: &mut Report) {
             if !args.wants(&name) {
                 continue;
             }
-            let (_pages, size) = match reserve_most(kind, max) {
-                Ok(reserved) => reserved,
-                Err(why) => {
-                    report.skip(&Key::new(GROUP, name, max, "-"), &why);
-                    continue;
-                }
+            let skipped = Key::new(GROUP, name.clone(), max, "-");
+            let Some((_pages, size)) = reserve_or_skip(report, &skipped, kind, max) else {
+                continue;
             };
             let key = Key::new(GROUP, name, size, "-");
-            for run in 0..args.repeats {
-                match pool_once(kind, scrub, size, strides) {
-                    Ok(sample) => record(report, &key, run, size, &sample),
-                    Err(why) => {
-                        report.skip(&key, &why);
-                        break;
-                    }
-                }
-            }
+            report.repeat(&key, args.repeats, |report, run| {
+                let sample = pool_once(kind, scrub, size, strides)?;
+                record(report, &key, run, size, &sample);
+                Ok(())
+            });
         }
     }
 }

@@ -13,9 +13,9 @@ use guest_mem::{GuestMemory, LatencySummary, Populate, Scrub};
 use vm_memory::GuestAddress;
 
 use crate::guest::{Guest, Stride};
-use crate::host::{self, HostMap};
+use crate::host;
 use crate::report::{quantile, Key, Report};
-use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind, Ram};
+use crate::subject::{memory, pool, reserve_or_skip, warm_pool, PoolKind, Ram};
 use crate::{Args, GIB};
 
 const GROUP: &str = "faults";
@@ -82,9 +82,8 @@ fn once(
     drop(pool);
     for _ in 0..cycles {
         warm_pool(kind, size)?;
-        let file = host::memfd(kind.huge_page().map(|(_, shift)| shift), size)
+        let (_file, map) = host::mapped_memfd(kind.huge_page().map(|(_, shift)| shift), size)
             .map_err(|e| e.to_string())?;
-        let map = HostMap::shared(&file, size as usize).map_err(|e| e.to_string())?;
         let ram = Ram::Plain(map);
         let mut guest = Guest::new(&ram)?;
         touches.mapped.extend(guest.touch_each(stride, MARKER)?.0);
@@ -162,24 +161,15 @@ pub fn run(args: &Args, report: &mut Report) {
         if !args.wants(&name) {
             continue;
         }
-        let (_pages, size) = match reserve_most(kind, max) {
-            Ok(reserved) => reserved,
-            Err(why) => {
-                report.skip(&Key::new(GROUP, name, max, kind.frame_stride()), &why);
-                continue;
-            }
+        let skipped = Key::new(GROUP, name.clone(), max, kind.frame_stride());
+        let Some((_pages, size)) = reserve_or_skip(report, &skipped, kind, max) else {
+            continue;
         };
         let key = Key::new(GROUP, name, size, kind.frame_stride());
-        for run in 0..args.repeats {
-            match once(kind, size, cycles) {
-                Ok((touches, latency, faults)) => {
-                    record(report, &key, run, &touches, latency, faults)
-                }
-                Err(why) => {
-                    report.skip(&key, &why);
-                    break;
-                }
-            }
-        }
+        report.repeat(&key, args.repeats, |report, run| {
+            let (touches, latency, faults) = once(kind, size, cycles)?;
+            record(report, &key, run, &touches, latency, faults);
+            Ok(())
+        });
     }
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use guest_mem::testing::{touch, KvmError, TouchVcpu, Vm, PROGRAMS};
 
-use crate::host::HostMap;
+use crate::host::Mapping;
 use crate::subject::Ram;
 use crate::MIB;
 
@@ -61,7 +61,7 @@ pub struct Guest<'a> {
     vcpu: TouchVcpu,
     ram: &'a Ram,
     _vm: Vm,
-    _code: HostMap,
+    _code: Mapping,
 }
 
 fn kvm(e: KvmError) -> String {
@@ -71,7 +71,7 @@ fn kvm(e: KvmError) -> String {
 impl<'a> Guest<'a> {
     /// A VM over `ram`; the calling thread becomes vCPU 0 of its guest memory.
     pub fn new(ram: &'a Ram) -> Result<Self, String> {
-        let code = HostMap::anonymous(2 * MIB as usize, 2 * MIB as usize)
+        let code = Mapping::anonymous(2 * MIB as usize, 2 * MIB as usize)
             .map_err(|e| format!("program slot: {e}"))?;
         // SAFETY: the slot is a fresh read/write mapping of 2 MiB that only this VM uses.
         unsafe {

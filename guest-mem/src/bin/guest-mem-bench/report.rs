@@ -96,6 +96,22 @@ impl Report {
         self.skips.push(line);
     }
 
+    /// Measures `key` in runs 0 to `runs - 1` with `measure(report, run)`, which adds the run's
+    /// values; the first failure is noted as a skip and ends the runs.
+    pub fn repeat(
+        &mut self,
+        key: &Key,
+        runs: usize,
+        mut measure: impl FnMut(&mut Self, usize) -> Result<(), String>,
+    ) {
+        for run in 0..runs {
+            if let Err(why) = measure(self, run) {
+                self.skip(key, &why);
+                break;
+            }
+        }
+    }
+
     /// The median of a metric over the runs, if measured.
     pub fn median(&self, key: &Key, metric: &'static str) -> Option<f64> {
         self.values

@@ -18,15 +18,16 @@
 //! * `uffd_transport` = touch_resident − (handler − wake) − write_resident (medians): delivering
 //!   the fault message to the handler, and the wake-up until the thread runs again.
 
-use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use guest_mem::testing::{map_placeholder, map_shared_fixed, punch_hole};
 use guest_mem::{FaultLatency, GuestMemory, Populate, Scrub};
 
 use crate::faults::handler_latency;
-use crate::host::{self, HostMap};
+use crate::host::{self, Mapping};
 use crate::report::{quantile, Key, Report};
-use crate::subject::{memory, pool, reserve_most, warm_pool, PoolKind};
+use crate::subject::{memory, pool, reserve_or_skip, warm_pool, PoolKind};
 use crate::{Args, GIB, MIB};
 
 const GROUP: &str = "steps";
@@ -51,10 +52,9 @@ fn direct(kind: PoolKind, size: u64) -> Result<Vec<(&'static str, Vec<f64>)>, St
     let frame = kind.frame();
     let frames = size / frame;
     warm_pool(kind, size)?;
-    let file: File =
-        host::memfd(kind.huge_page().map(|(_, shift)| shift), size).map_err(|e| e.to_string())?;
-    let map = HostMap::shared(&file, size as usize).map_err(|e| e.to_string())?;
-    let len = frame as usize;
+    let (file, map) = host::mapped_memfd(kind.huge_page().map(|(_, shift)| shift), size)
+        .map_err(|e| e.to_string())?;
+    let (len, fd) = (frame as usize, file.as_raw_fd());
     let at = |offset: u64| map.addr() + offset as usize;
     let populate = per_frame(frames, frame, |off| host::populate_write(at(off), len))?;
     let zero = per_frame(frames, frame, |off| {
@@ -62,18 +62,21 @@ fn direct(kind: PoolKind, size: u64) -> Result<Vec<(&'static str, Vec<f64>)>, St
         unsafe { std::ptr::write_bytes(at(off) as *mut u8, 0, len) };
         Ok(())
     })?;
-    let punch = per_frame(frames, frame, |off| host::punch_hole(&file, off, frame))?;
-    let fallocate = per_frame(frames, frame, |off| host::fallocate(&file, 0, off, frame))?;
+    let punch = per_frame(frames, frame, |off| punch_hole(fd, off, frame))?;
+    let fallocate = per_frame(frames, frame, |off| host::fallocate(fd, 0, off, frame))?;
     let resident = per_frame(frames, frame, |off| {
         // SAFETY: the frame lies inside `map`, a read/write mapping only this function uses.
         unsafe { std::ptr::write_volatile((at(off) + 8) as *mut u64, 1) };
         Ok(())
     })?;
-    let placeholder = HostMap::anonymous(len, len).map_err(|e| e.to_string())?;
+    let placeholder = Mapping::anonymous(len, len).map_err(|e| e.to_string())?;
     let slot = placeholder.addr();
     let mmap_fixed = per_frame(frames, frame, |off| {
-        let mapped = placeholder.map_file_at(slot, len, &file, off);
-        let _ = placeholder.map_anonymous_at(slot, len);
+        // SAFETY: the slot is all of `placeholder`, which only this function uses and which
+        // holds nothing anyone relies on.
+        let mapped = unsafe { map_shared_fixed(slot, len, fd, off, false) };
+        // SAFETY: as above.
+        let _ = unsafe { map_placeholder(slot, len) };
         mapped
     })?;
     Ok(vec![
@@ -180,19 +183,13 @@ pub fn run(args: &Args, report: &mut Report) {
             continue;
         }
         // The memfd and the pool exist one after the other; each needs the pages.
-        let (_pages, size) = match reserve_most(kind, max) {
-            Ok(reserved) => reserved,
-            Err(why) => {
-                report.skip(&Key::new(GROUP, name, max, "-"), &why);
-                continue;
-            }
+        let skipped = Key::new(GROUP, name.clone(), max, "-");
+        let Some((_pages, size)) = reserve_or_skip(report, &skipped, kind, max) else {
+            continue;
         };
         let key = Key::new(GROUP, name, size, kind.frame_stride());
-        for run in 0..args.repeats {
-            if let Err(why) = once(report, &key, run, kind, size) {
-                report.skip(&key, &why);
-                break;
-            }
-        }
+        report.repeat(&key, args.repeats, |report, run| {
+            once(report, &key, run, kind, size)
+        });
     }
 }

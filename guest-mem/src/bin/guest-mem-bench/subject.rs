@@ -9,7 +9,8 @@ use guest_mem::testing::HugePages;
 use guest_mem::{Backing, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate, Scrub};
 use vm_memory::GuestAddress;
 
-use crate::host::{self, HostMap};
+use crate::host::{self, Mapping};
+use crate::report::{Key, Report};
 use crate::{GIB, MIB};
 
 /// The kinds of pools.
@@ -93,8 +94,7 @@ pub fn reserve(kind: PoolKind, bytes: u64) -> Result<Option<HugePages>, String> 
         reserved => reserved?,
     };
     if !COLD.load(Ordering::Relaxed) {
-        let file = host::memfd(Some(shift), bytes).map_err(|e| e.to_string())?;
-        let map = HostMap::shared(&file, bytes as usize).map_err(|e| e.to_string())?;
+        let (_file, map) = host::mapped_memfd(Some(shift), bytes).map_err(|e| e.to_string())?;
         host::populate_write(map.addr(), map.len()).map_err(|e| format!("warming: {e}"))?;
     }
     Ok(Some(pages))
@@ -113,12 +113,7 @@ pub fn warm_buddy(size: u64, thp: bool) -> Result<(), String> {
     if COLD.load(Ordering::Relaxed) {
         return Ok(());
     }
-    let map = HostMap::anonymous(size as usize, 2 * MIB as usize).map_err(|e| e.to_string())?;
-    let advice = match thp {
-        true => libc::MADV_HUGEPAGE,
-        false => libc::MADV_NOHUGEPAGE,
-    };
-    host::madvise(map.addr(), map.len(), advice).map_err(|e| e.to_string())?;
+    let map = host::plain_memory(size, 2 * MIB, thp).map_err(|e| e.to_string())?;
     host::populate_write(map.addr(), map.len()).map_err(|e| format!("warming: {e}"))
 }
 
@@ -133,7 +128,7 @@ pub fn warm_pool(kind: PoolKind, size: u64) -> Result<(), String> {
 
 /// Reserves the huge pages for `max` bytes of `kind` or, for 1 GiB pages, for as many whole
 /// pages below that as can be had; returns them and the bytes reserved.
-pub fn reserve_most(kind: PoolKind, max: u64) -> Result<(Option<HugePages>, u64), String> {
+fn reserve_most(kind: PoolKind, max: u64) -> Result<(Option<HugePages>, u64), String> {
     let mut size = max;
     loop {
         match reserve(kind, size) {
@@ -142,6 +137,19 @@ pub fn reserve_most(kind: PoolKind, max: u64) -> Result<(Option<HugePages>, u64)
             Err(_) => size -= kind.frame(),
         }
     }
+}
+
+/// Like [`reserve_most`]; where no pages can be had, notes `skipped` (the case at `max` bytes)
+/// in `report` and returns `None`.
+pub fn reserve_or_skip(
+    report: &mut Report,
+    skipped: &Key,
+    kind: PoolKind,
+    max: u64,
+) -> Option<(Option<HugePages>, u64)> {
+    reserve_most(kind, max)
+        .inspect_err(|why| report.skip(skipped, why))
+        .ok()
 }
 
 /// A pool of `size` bytes of `kind` scrubbing by `scrub` (the caller holds its huge pages, see
@@ -209,7 +217,7 @@ pub enum Ram {
     /// Pool memory.
     Pool(GuestMemory),
     /// Memory outside guest-mem: plain anonymous memory, or a mapped memfd.
-    Plain(HostMap),
+    Plain(Mapping),
 }
 
 impl Ram {
@@ -233,14 +241,7 @@ impl Ram {
                 warm_buddy(size, thp)?;
                 let started = Instant::now();
                 let align = if size >= GIB { GIB } else { 2 * MIB };
-                let map =
-                    HostMap::anonymous(size as usize, align as usize).map_err(|e| e.to_string())?;
-                let advice = if thp {
-                    libc::MADV_HUGEPAGE
-                } else {
-                    libc::MADV_NOHUGEPAGE
-                };
-                host::madvise(map.addr(), map.len(), advice).map_err(|e| e.to_string())?;
+                let map = host::plain_memory(size, align, thp).map_err(|e| e.to_string())?;
                 if prefault {
                     host::populate_write(map.addr(), map.len()).map_err(|e| e.to_string())?;
                 }
