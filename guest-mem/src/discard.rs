@@ -18,14 +18,34 @@ pub struct DiscardStats {
     pub pieces: usize,
 }
 
+/// The part of one chunk that a guest range covers.
+struct Part<'a> {
+    region: &'a GuestRegion,
+    chunk: usize,
+    /// The first 4 KiB piece in the chunk.
+    first: usize,
+    /// How many pieces.
+    pieces: usize,
+}
+
+/// What is given back of a chunk part.
+enum GiveBack {
+    /// The whole chunk: its frame goes back to the pool.
+    Chunk,
+    /// The part's pieces: punched out of the chunk's frame, which stays.
+    Pieces,
+    /// Nothing (the pieces were given away before).
+    Nothing,
+}
+
 impl GuestMemory {
-    /// Calls `f(region, chunk, first piece, pieces)` for every chunk part of `[addr, addr+len)`,
-    /// after checking that the whole range is aligned RAM.
+    /// Calls `f` for every chunk part of `[addr, addr+len)`, after checking that the whole range
+    /// is aligned RAM.
     fn for_each_part(
         &self,
         addr: GuestAddress,
         len: u64,
-        mut f: impl FnMut(&GuestRegion, usize, usize, usize) -> Result<(), MemoryError>,
+        mut f: impl FnMut(Part<'_>) -> Result<(), MemoryError>,
     ) -> Result<(), MemoryError> {
         let page = FRAME_SIZE as u64;
         if len == 0 || !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) {
@@ -49,12 +69,48 @@ impl GuestMemory {
             let offset = at - region.start().0;
             let chunk = offset / chunk_bytes;
             let part_end = ((chunk + 1) * chunk_bytes).min(end - region.start().0);
-            let first = (offset % chunk_bytes) / page;
-            let pieces = (part_end - offset) / page;
-            f(region, chunk as usize, first as usize, pieces as usize)?;
+            f(Part {
+                region,
+                chunk: chunk as usize,
+                first: ((offset % chunk_bytes) / page) as usize,
+                pieces: ((part_end - offset) / page) as usize,
+            })?;
             at = region.start().0 + part_end;
         }
         Ok(())
+    }
+
+    /// Gives back every chunk part of `[addr, addr + len)` as `decide` says (which may count
+    /// pieces in the stats): a whole chunk's frame goes back to the pool with `core`, pieces
+    /// are punched out of their frame. Freed chunks are counted as discarded.
+    fn give_back_parts(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        core: usize,
+        mut decide: impl FnMut(&Part<'_>, &mut DiscardStats) -> GiveBack,
+    ) -> Result<DiscardStats, MemoryError> {
+        let mut stats = DiscardStats::default();
+        self.for_each_part(addr, len, |part| {
+            match decide(&part, &mut stats) {
+                GiveBack::Chunk => {
+                    let freed = part.region.discard_chunk(part.chunk, core)?;
+                    stats.freed_chunks += usize::from(freed);
+                }
+                GiveBack::Pieces => {
+                    part.region
+                        .punch_pieces(part.chunk, part.first, part.pieces)?;
+                }
+                GiveBack::Nothing => {}
+            }
+            Ok(())
+        })?;
+        self.inner
+            .shared
+            .counters
+            .discarded_chunks
+            .fetch_add(stats.freed_chunks as u64, Ordering::Relaxed);
+        Ok(stats)
     }
 
     /// Discards `[addr, addr + len)`: the guest no longer needs its contents but may touch it
@@ -67,17 +123,12 @@ impl GuestMemory {
         len: u64,
         core: usize,
     ) -> Result<DiscardStats, MemoryError> {
-        let mut stats = DiscardStats::default();
-        self.for_each_part(addr, len, |region, chunk, first, pieces| {
-            if pieces == region.pieces().pieces_per_chunk() {
-                stats.freed_chunks += usize::from(region.discard_chunk(chunk, core)?);
-            } else {
-                region.punch_pieces(chunk, first, pieces)?;
+        self.give_back_parts(addr, len, core, |part, _| {
+            match part.pieces == part.region.pieces().pieces_per_chunk() {
+                true => GiveBack::Chunk,
+                false => GiveBack::Pieces,
             }
-            Ok(())
-        })?;
-        self.count_discards(stats.freed_chunks);
-        Ok(stats)
+        })
     }
 
     /// Gives `[addr, addr + len)` away until [`GuestMemory::reclaim_pieces`] (balloon inflation).
@@ -89,37 +140,31 @@ impl GuestMemory {
         len: u64,
         core: usize,
     ) -> Result<DiscardStats, MemoryError> {
-        let mut stats = DiscardStats::default();
-        self.for_each_part(addr, len, |region, chunk, first, pieces| {
-            let (newly, full) = region.pieces().set(chunk, first, pieces);
+        self.give_back_parts(addr, len, core, |part, stats| {
+            let (newly, full) = part
+                .region
+                .pieces()
+                .set(part.chunk, part.first, part.pieces);
             stats.pieces += newly;
-            if full {
-                stats.freed_chunks += usize::from(region.discard_chunk(chunk, core)?);
-            } else if newly > 0 {
-                region.punch_pieces(chunk, first, pieces)?;
+            match (full, newly) {
+                (true, _) => GiveBack::Chunk,
+                (false, 0) => GiveBack::Nothing,
+                (false, _) => GiveBack::Pieces,
             }
-            Ok(())
-        })?;
-        self.count_discards(stats.freed_chunks);
-        Ok(stats)
+        })
     }
 
     /// Takes back pieces given away with [`GuestMemory::release_pieces`] (balloon deflation);
     /// returns how many were given away. They are repopulated when touched.
     pub fn reclaim_pieces(&self, addr: GuestAddress, len: u64) -> Result<usize, MemoryError> {
         let mut reclaimed = 0;
-        self.for_each_part(addr, len, |region, chunk, first, pieces| {
-            reclaimed += region.pieces().clear(chunk, first, pieces);
+        self.for_each_part(addr, len, |part| {
+            reclaimed += part
+                .region
+                .pieces()
+                .clear(part.chunk, part.first, part.pieces);
             Ok(())
         })?;
         Ok(reclaimed)
-    }
-
-    fn count_discards(&self, chunks: usize) {
-        self.inner
-            .shared
-            .counters
-            .discarded_chunks
-            .fetch_add(chunks as u64, Ordering::Relaxed);
     }
 }
