@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{kick_signal, touch, Vm, MIB};
+use common::{touch, Vm, MIB};
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -39,9 +39,7 @@ fn file_config(path: &TempFile, size: u64, format: bool) -> PoolConfig {
 }
 
 fn memory_config() -> MemoryConfig {
-    let mut config = MemoryConfig::new(vec![(GuestAddress(0), 32 * MIB)], 1);
-    config.kick_signal = Some(kick_signal());
-    config
+    common::memory_config(32 * MIB, 1)
 }
 
 #[test]

@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{kick_signal, touch, HugePages, Vm, GIB, MIB};
+use common::{memory_config, touch, HugePages, Vm, GIB, MIB};
 use guest_mem::{
     Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, Populate,
 };
@@ -22,9 +22,8 @@ fn reserve(kb: u64, count: u64) -> Option<HugePages> {
 }
 
 fn memory(pool: &Arc<Pool>, size: u64, chunk: FrameSize, vcpus: usize) -> GuestMemory {
-    let mut config = MemoryConfig::new(vec![(GuestAddress(0), size)], vcpus);
+    let mut config = memory_config(size, vcpus);
     config.chunk_size = Some(chunk);
-    config.kick_signal = Some(kick_signal());
     GuestMemory::new(Arc::clone(pool), config).expect("memory")
 }
 
@@ -43,22 +42,11 @@ fn two_vcpus_on_2m_pages_fill_their_own_reservations() {
         Some(Some(true))
     );
     let Some(vm) = Vm::new(&memory) else { return };
-    let results: Vec<_> = std::thread::scope(|s| {
-        let jobs = [
-            touch(2 * MIB, 2 * MIB, 10, 0xA),
-            touch(64 * MIB, 2 * MIB, 10, 0xB),
-        ];
-        let handles: Vec<_> = (0..2)
-            .map(|i| {
-                let (vm, memory) = (&vm, &memory);
-                s.spawn(move || vm.run(memory, i, jobs[i]))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("join"))
-            .collect()
-    });
+    let jobs = [
+        touch(2 * MIB, 2 * MIB, 10, 0xA),
+        touch(64 * MIB, 2 * MIB, 10, 0xB),
+    ];
+    let results = vm.run_in_parallel(&memory, &jobs);
     assert_eq!(results, vec![Ok(0), Ok(0)]);
     let tree = |chunk: u64| {
         memory

@@ -5,7 +5,7 @@ mod common;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::{kick_signal, RunError, Touch, Vm, MIB};
+use common::{memory_config, RunError, Touch, Vm, MIB};
 use guest_mem::{
     Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate, Scrub,
 };
@@ -26,9 +26,7 @@ fn pool_scrubbed(size: u64, scrub: Scrub) -> Arc<Pool> {
 }
 
 fn memory(pool: &Arc<Pool>, size: u64, vcpus: usize) -> GuestMemory {
-    let mut config = MemoryConfig::new(vec![(GuestAddress(0), size)], vcpus);
-    config.kick_signal = Some(kick_signal());
-    GuestMemory::new(Arc::clone(pool), config).expect("memory")
+    GuestMemory::new(Arc::clone(pool), memory_config(size, vcpus)).expect("memory")
 }
 
 /// Touches `count` chunks from chunk `first`, one dword each.
@@ -53,19 +51,8 @@ fn two_vcpus_populate_lazily_into_their_own_reservations() {
         1,
         "only the program's chunk"
     );
-    let results: Vec<_> = std::thread::scope(|s| {
-        let jobs = [chunks(1, 20, 0xAAAA_0001), chunks(64, 20, 0xBBBB_0002)];
-        let handles: Vec<_> = (0..2)
-            .map(|i| {
-                let (vm, memory) = (&vm, &memory);
-                s.spawn(move || vm.run(memory, i, jobs[i]))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("join"))
-            .collect()
-    });
+    let jobs = [chunks(1, 20, 0xAAAA_0001), chunks(64, 20, 0xBBBB_0002)];
+    let results = vm.run_in_parallel(&memory, &jobs);
     assert_eq!(results, vec![Ok(0), Ok(0)], "fresh frames read as zero");
     let stats = memory.stats();
     assert_eq!(stats.vcpu_faults, vec![20, 20]);

@@ -142,16 +142,19 @@ impl Vm {
         })
     }
 
-    /// Registers the calling thread as vCPU `index` of `memory`, creates that vCPU and runs
-    /// `touch` on it. Returns the OR of the old values.
-    pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, RunError> {
+    /// Registers the calling thread as vCPU `index` of `memory` and creates that vCPU.
+    pub fn vcpu_of(&self, memory: &GuestMemory, index: usize) -> Result<TouchVcpu, RunError> {
         memory
             .register_vcpu(index)
             .map_err(|e| RunError::Other(format!("register: {e}")))?;
-        let mut vcpu = self
-            .create_vcpu(index)
-            .map_err(|e| RunError::Other(e.to_string()))?;
-        vcpu.run(touch, Some(memory))
+        self.create_vcpu(index)
+            .map_err(|e| RunError::Other(e.to_string()))
+    }
+
+    /// Registers the calling thread as vCPU `index` of `memory`, creates that vCPU and runs
+    /// `touch` on it. Returns the OR of the old values.
+    pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, RunError> {
+        self.vcpu_of(memory, index)?.run(touch, Some(memory))
     }
 }
 

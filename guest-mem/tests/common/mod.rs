@@ -5,7 +5,8 @@
 use std::sync::Once;
 
 use guest_mem::testing::{self, KvmError};
-use guest_mem::GuestMemory;
+use guest_mem::{GuestMemory, MemoryConfig};
+use vm_memory::GuestAddress;
 
 pub use guest_mem::testing::{touch, HugePages, RunError, Touch};
 
@@ -19,6 +20,14 @@ pub fn resident_pages(addr: usize, len: u64) -> usize {
     let rc = unsafe { libc::mincore(addr as *mut _, len as usize, pages.as_mut_ptr()) };
     assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
     pages.iter().filter(|&&p| p & 1 != 0).count()
+}
+
+/// Guest memory of `size` bytes at guest address 0 for `vcpus` vCPUs, kicked by
+/// [`kick_signal`] when a fault cannot be resolved.
+pub fn memory_config(size: u64, vcpus: usize) -> MemoryConfig {
+    let mut config = MemoryConfig::new(vec![(GuestAddress(0), size)], vcpus);
+    config.kick_signal = Some(kick_signal());
+    config
 }
 
 /// A VM whose memory slots are the regions of a guest memory, with the touch program loaded.
@@ -63,13 +72,26 @@ impl Vm {
         index: usize,
         touch: Touch,
     ) -> Result<u32, RunError> {
-        memory
-            .register_vcpu(index)
-            .map_err(|e| RunError::Other(format!("register: {e}")))?;
-        let mut vcpu = self
-            .0
-            .create_vcpu(index)
-            .map_err(|e| RunError::Other(e.to_string()))?;
-        vcpu.run(touch, None)
+        self.0.vcpu_of(memory, index)?.run(touch, None)
+    }
+
+    /// Runs each of `touches` on its own vCPU (vCPU `i` runs `touches[i]`), each on a thread
+    /// of its own; returns their results in that order.
+    pub fn run_in_parallel(
+        &self,
+        memory: &GuestMemory,
+        touches: &[Touch],
+    ) -> Vec<Result<u32, RunError>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = touches
+                .iter()
+                .enumerate()
+                .map(|(i, &touch)| s.spawn(move || self.run(memory, i, touch)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("join"))
+                .collect()
+        })
     }
 }
