@@ -184,18 +184,14 @@ mod tests {
         summary.write(&mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("bulk order 0, 2 thread(s)"), "{text}");
-        let buddy = text
-            .lines()
-            .find(|l| l.trim_start().starts_with("buddy"))
-            .unwrap();
-        assert!(
-            buddy.contains("0.25x") && buddy.contains("0.25x"),
-            "{buddy}"
-        );
-        let llfree = text
-            .lines()
-            .find(|l| l.trim_start().starts_with("llfree"))
-            .unwrap();
+        let row = |alloc: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(alloc))
+                .unwrap()
+        };
+        let buddy = row("buddy");
+        assert_eq!(buddy.matches("0.25x").count(), 2, "get and put: {buddy}");
+        let llfree = row("llfree");
         assert!(
             llfree.contains("20.0") && llfree.contains("6.0"),
             "{llfree}"

@@ -46,6 +46,28 @@ fn tick_step(span: f64) -> f64 {
         .unwrap_or(10.0 * power)
 }
 
+/// An axis from 0 to a multiple of a nice tick step that covers every value.
+struct Axis {
+    step: f64,
+    top: f64,
+}
+
+impl Axis {
+    fn new(values: impl Iterator<Item = f64>) -> Self {
+        let max = values.fold(0f64, f64::max);
+        let step = tick_step(max);
+        Self {
+            step,
+            top: (max / step).ceil().max(1.0) * step,
+        }
+    }
+
+    /// The tick values, from 0 to the top.
+    fn ticks(&self) -> impl Iterator<Item = f64> + '_ {
+        (0..=(self.top / self.step).round() as usize).map(|i| i as f64 * self.step)
+    }
+}
+
 /// Escapes text for SVG.
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -69,18 +91,13 @@ pub fn render(panels: &[Panel<'_>]) -> String {
 }
 
 fn draw_panel(svg: &mut String, panel: &Panel<'_>, x0: f64) -> std::fmt::Result {
-    let (mut x_max, mut y_max) = (0f64, 0f64);
-    for &(x, y) in panel.series.iter().flat_map(|s| s.points.iter()) {
-        x_max = x_max.max(x);
-        y_max = y_max.max(y);
-    }
-    let (x_step, y_step) = (tick_step(x_max), tick_step(y_max));
-    let x_top = (x_max / x_step).ceil().max(1.0) * x_step;
-    let y_top = (y_max / y_step).ceil().max(1.0) * y_step;
+    let points = || panel.series.iter().flat_map(|s| s.points.iter());
+    let x_axis = Axis::new(points().map(|&(x, _)| x));
+    let y_axis = Axis::new(points().map(|&(_, y)| y));
     let (plot_w, plot_h) = (PANEL_W - LEFT - RIGHT, PANEL_H - TOP - BOTTOM);
     let (left, bottom) = (x0 + LEFT, TOP + plot_h);
-    let sx = |x: f64| left + x / x_top * plot_w;
-    let sy = |y: f64| bottom - y / y_top * plot_h;
+    let sx = |x: f64| left + x / x_axis.top * plot_w;
+    let sy = |y: f64| bottom - y / y_axis.top * plot_h;
     write!(
         svg,
         r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
@@ -91,8 +108,7 @@ fn draw_panel(svg: &mut String, panel: &Panel<'_>, x0: f64) -> std::fmt::Result 
         svg,
         r#"<rect x="{left}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>"#
     )?;
-    for i in 0..=(x_top / x_step).round() as usize {
-        let tick = i as f64 * x_step;
+    for tick in x_axis.ticks() {
         let x = sx(tick);
         write!(
             svg,
@@ -101,8 +117,7 @@ fn draw_panel(svg: &mut String, panel: &Panel<'_>, x0: f64) -> std::fmt::Result 
             bottom + 18.0
         )?;
     }
-    for i in 0..=(y_top / y_step).round() as usize {
-        let tick = i as f64 * y_step;
+    for tick in y_axis.ticks() {
         let y = sy(tick);
         write!(
             svg,
