@@ -3,8 +3,8 @@
 //! memory).
 //!
 //! * Throughput of inflate processing: buffers of 256 page frame numbers, as Linux sends them,
-//!   in ascending order (runs the device coalesces) and descending (one backend call per
-//!   page), against one `MADV_DONTNEED` per 4 KiB page (QEMU's inflate).
+//!   in ascending order and descending (the device sorts each buffer, then coalesces runs),
+//!   against one `MADV_DONTNEED` per 4 KiB page (QEMU's inflate).
 //! * Throughput of free page reporting: 4 MiB ranges, 32 per chain (merged by the device), and
 //!   2 MiB ranges in descending order (not mergeable), against `MADV_DONTNEED` per range.
 //! * Latency from a report of one 2 MiB chunk, notified through the QueueNotify register (as a
@@ -37,7 +37,7 @@ pub const HUGE: u64 = 2 * MIB;
 pub enum Order {
     /// Consecutive, ascending.
     Ascending,
-    /// Descending: nothing can be coalesced.
+    /// Descending: inflate buffers are sorted by the device; reported ranges cannot merge.
     Descending,
 }
 
@@ -157,7 +157,7 @@ fn measure_balloon(args: &Args, backing: PoolBacking) -> Result<(), String> {
         repeat(&|| guest.inflate(Order::Ascending)),
     );
     throughput(
-        "inflate, 256-page buffers, descending (a call per page)",
+        "inflate, 256-page buffers, descending (sorted, coalesced)",
         size,
         repeat(&|| guest.inflate(Order::Descending)),
     );
