@@ -153,8 +153,8 @@ pub struct RunArgs {
 
     /// Add a virtio-balloon device: comma-separated key=value options.
     ///
-    /// Pages the guest gives to the balloon go back to the frame pool: a 2 MiB chunk entirely
-    /// given away (or reported free) frees its frame, which another guest on the pool can use.
+    /// Pages the guest gives to the balloon go back to the frame pool: a chunk (one pool frame)
+    /// entirely given away or reported free frees its frame, which another guest can then use.
     ///   size=SIZE                    initial balloon target (default 0), 4 KiB aligned
     ///   deflate_on_oom=on|off        the guest may deflate when it runs out of memory (off)
     ///   free_page_reporting=on|off   the guest reports free pages back to the pool (off)

@@ -5,7 +5,8 @@
 //! main thread    block SIGINT/SIGTERM -> pool -> guest memory -> devices -> event thread
 //!                -> API server -> VM (test guest or Linux) -> wait for the vCPUs -> outcome
 //! event thread   SIGINT/SIGTERM (signalfd): stop the VM; guest memory fault errors: report
-//!                and stop; virtio queue notifications; console input (Linux)
+//!                and stop; virtio queue notifications; the balloon's statistics timer;
+//!                console input (Linux)
 //! vCPU threads   run the guest; registered with guest-mem by thread id, so that each vCPU's
 //!                lazy faults allocate with its own LLFree core (its own reservation)
 //! ```
