@@ -68,7 +68,7 @@ fn a_pool_file_of_another_size_is_a_usage_error() {
         2,
         "holds 16777216 bytes of frames, but 33554432 were requested",
     );
-    // A file that is not a pool is refused, not overwritten (guest-mem may have grown it).
+    // A file that is not a pool is refused and left as it was.
     let foreign = scratch.path("foreign");
     std::fs::write(&foreign, vec![0x42; 1 << 20]).unwrap();
     let backing = format!("file:{foreign}");
@@ -79,4 +79,5 @@ fn a_pool_file_of_another_size_is_a_usage_error() {
         contents[..1 << 20].iter().all(|&b| b == 0x42),
         "overwritten"
     );
+    assert_eq!(contents.len(), 1 << 20, "resized");
 }
