@@ -1,6 +1,7 @@
 //! End-to-end tests of llfree-vmm (under `tests/`) and the helpers they share.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 /// Whether KVM is usable here; prints `SKIP: <test>: ...` and returns `false` when it is not.
 pub fn kvm_available(test: &str) -> bool {
@@ -23,4 +24,67 @@ pub fn hardware_virtualization() -> Result<(), String> {
         return Err("no vmx or svm in /proc/cpuinfo (e.g. PVM): a stock kernel cannot boot".into());
     }
     Ok(())
+}
+
+/// A scratch directory for one test, removed on drop.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// A fresh, empty directory named after `test` (and this process) in the temp directory.
+    pub fn new(test: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("vmm-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Scratch(path)
+    }
+
+    /// The path of `name` in the directory.
+    pub fn path(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How a `vmm` process ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// The exit status; `None` when a signal ended it.
+    pub code: Option<i32>,
+    /// What it wrote on stdout.
+    pub stdout: String,
+    /// What it wrote on stderr.
+    pub stderr: String,
+}
+
+impl From<Output> for Finished {
+    fn from(output: Output) -> Self {
+        Finished {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+impl Finished {
+    /// Asserts exit status `code` and exactly one `error:` line on stderr containing `text`.
+    pub fn assert_fails(&self, code: i32, text: &str) {
+        assert_eq!(self.code, Some(code), "{self:#?}");
+        assert_eq!(self.stderr.lines().count(), 1, "one line: {self:#?}");
+        assert!(
+            self.stderr.starts_with("error: ") && self.stderr.contains(text),
+            "{self:#?}"
+        );
+    }
+
+    /// Asserts a clean exit (status 0, nothing on stderr).
+    pub fn assert_success(&self) {
+        assert_eq!(self.code, Some(0), "{self:#?}");
+        assert!(self.stderr.is_empty(), "{self:#?}");
+    }
 }

@@ -1,66 +1,19 @@
-//! Shared by the `vmm run` end-to-end tests: the `vmm` command as a process with its output
-//! captured, scratch directories, and its API.
+//! Shared by the `vmm` end-to-end tests: the `vmm` command as a process with its output
+//! captured, and its API (scratch directories and how a process ended are e2e_tests').
 
 #![allow(dead_code)] // Each test file uses its own part.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use e2e_tests::{Finished, Scratch};
 use vmm::api::ApiClient;
 
 /// The `vmm` command.
 pub const VMM: &str = env!("CARGO_BIN_EXE_vmm-cli");
-
-/// A scratch directory, removed on drop.
-pub struct Scratch(PathBuf);
-
-impl Scratch {
-    pub fn new(test: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("vmm-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Scratch(path)
-    }
-
-    pub fn path(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// How a `vmm` process ended.
-#[derive(Debug)]
-pub struct Finished {
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Finished {
-    /// Asserts exit status `code` and exactly one `error:` line on stderr containing `text`.
-    pub fn assert_fails(&self, code: i32, text: &str) {
-        assert_eq!(self.code, Some(code), "{self:#?}");
-        assert_eq!(self.stderr.lines().count(), 1, "one line: {self:#?}");
-        assert!(
-            self.stderr.starts_with("error: ") && self.stderr.contains(text),
-            "{self:#?}"
-        );
-    }
-
-    /// Asserts a clean exit (status 0, nothing on stderr).
-    pub fn assert_success(&self) {
-        assert_eq!(self.code, Some(0), "{self:#?}");
-        assert!(self.stderr.is_empty(), "{self:#?}");
-    }
-}
 
 fn collect(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
     std::thread::spawn(move || {
@@ -191,10 +144,9 @@ pub fn wait_for_state(client: &ApiClient, state: &str) {
 
 /// Runs `vmm ARGS` (a client subcommand) to its end.
 pub fn client(args: &[&str]) -> Finished {
-    let output = Command::new(VMM).args(args).output().expect("run vmm");
-    Finished {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Command::new(VMM)
+        .args(args)
+        .output()
+        .expect("run vmm")
+        .into()
 }
