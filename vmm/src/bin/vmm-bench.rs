@@ -28,20 +28,30 @@ use vmm::api::ApiClient;
 
 const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead]";
 
+/// The command line.
 struct Args {
+    /// The `vmm` command measured.
     vmm: PathBuf,
+    /// Runs of every startup case.
     runs: usize,
+    /// `--memory` of the guests, as given ("512M").
     memory: String,
+    /// The same in MiB.
+    memory_mib: u64,
+    /// Measure startup.
     startup: bool,
+    /// Measure the VMM's own memory.
     overhead: bool,
 }
 
+/// Parses the command line; with neither `startup` nor `overhead`, both are measured.
 fn parse_args() -> Result<Args, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut args = Args {
         vmm: exe.with_file_name("vmm"),
         runs: 20,
         memory: "512M".into(),
+        memory_mib: 512,
         startup: false,
         overhead: false,
     };
@@ -51,7 +61,10 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "--vmm" => args.vmm = value()?.into(),
             "--runs" => args.runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
-            "--memory" => args.memory = value()?,
+            "--memory" => {
+                args.memory = value()?;
+                args.memory_mib = mib(&args.memory)?;
+            }
             "startup" => args.startup = true,
             "overhead" => args.overhead = true,
             _ => return Err(format!("unknown argument {arg}")),
@@ -77,14 +90,23 @@ fn free_huge_pages() -> u64 {
     read("free_hugepages").saturating_sub(read("resv_hugepages"))
 }
 
-fn mib(text: &str) -> u64 {
-    let (digits, unit) = text.split_at(text.len() - 1);
-    let value: u64 = digits.parse().unwrap_or(0);
-    match unit {
-        "G" => value << 10,
-        "M" => value,
-        _ => 0,
-    }
+/// MiB in a size with unit M or G ("512M", "1G").
+fn mib(text: &str) -> Result<u64, String> {
+    let bad = || format!("--memory {text:?}: a number of MiB or GiB such as 512M or 1G");
+    let (digits, shift) = match text.strip_suffix('G') {
+        Some(digits) => (digits, 10),
+        None => (text.strip_suffix('M').ok_or_else(bad)?, 0),
+    };
+    let value: u64 = digits.parse().map_err(|_| bad())?;
+    value
+        .checked_shl(shift)
+        .filter(|v| v >> shift == value)
+        .ok_or_else(bad)
+}
+
+/// Whether `backing` needs more free 2 MiB huge pages than there are for `memory_mib` MiB.
+fn too_few_huge_pages(backing: &str, memory_mib: u64) -> bool {
+    backing == "hugetlb-2m" && free_huge_pages() < memory_mib / 2
 }
 
 /// One timed run of `vmm ARGS`: time to the first stdout byte and to the exit.
@@ -118,6 +140,15 @@ fn timed_run(vmm: &Path, args: &[&str]) -> Result<(Duration, Duration), String> 
     Ok((first.ok_or("nothing was printed")?, exit))
 }
 
+/// `runs` timed runs of `vmm ARGS`: the times to the first stdout byte and to the exit.
+fn timed_runs(
+    vmm: &Path,
+    args: &[&str],
+    runs: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>), String> {
+    (0..runs).map(|_| timed_run(vmm, args)).collect()
+}
+
 /// "median (min–max)" in milliseconds.
 fn summary(mut values: Vec<Duration>) -> String {
     values.sort();
@@ -130,6 +161,7 @@ fn summary(mut values: Vec<Duration>) -> String {
     )
 }
 
+/// Prints the startup table.
 fn startup(args: &Args) -> Result<(), String> {
     println!(
         "## startup: {} runs each, --memory {}, 1 vCPU, --workload read:2M+4K",
@@ -138,19 +170,14 @@ fn startup(args: &Args) -> Result<(), String> {
     println!("| backing | populate | spawn to first guest output, ms | spawn to exit, ms |");
     println!("|---|---|---|---|");
     // Baseline: the same process start without a VM (`vmm --version` prints at once).
-    let (mut first, mut exit) = (Vec::new(), Vec::new());
-    for _ in 0..args.runs {
-        let (f, e) = timed_run(&args.vmm, &["--version"])?;
-        first.push(f);
-        exit.push(e);
-    }
+    let (first, exit) = timed_runs(&args.vmm, &["--version"], args.runs)?;
     println!(
         "| baseline: vmm --version | - | {} (first output) | {} |",
         summary(first),
         summary(exit)
     );
     for backing in ["anon", "hugetlb-2m"] {
-        if backing == "hugetlb-2m" && free_huge_pages() < mib(&args.memory) / 2 {
+        if too_few_huge_pages(backing, args.memory_mib) {
             println!("| {backing} | - | skipped: too few free 2 MiB huge pages | |");
             continue;
         }
@@ -166,12 +193,7 @@ fn startup(args: &Args) -> Result<(), String> {
                 "--workload",
                 "read:2M+4K",
             ];
-            let (mut first, mut exit) = (Vec::new(), Vec::new());
-            for _ in 0..args.runs {
-                let (f, e) = timed_run(&args.vmm, &run_args)?;
-                first.push(f);
-                exit.push(e);
-            }
+            let (first, exit) = timed_runs(&args.vmm, &run_args, args.runs)?;
             println!(
                 "| {backing} | {populate} | {} | {} |",
                 summary(first),
@@ -222,6 +244,7 @@ fn guest_rss(pid: u32, pool: &Path) -> Result<u64, String> {
     Ok(total)
 }
 
+/// Sends an API request that must succeed; its JSON answer (`Null` for none).
 fn api_json(
     client: &ApiClient,
     method: &str,
@@ -250,6 +273,16 @@ struct PausedMemory {
     populated: u64,
 }
 
+/// Measures the paused VMM `pid` whose pool is the memfd or the file `pool`.
+fn measure_paused(client: &ApiClient, pid: u32, pool: &Path) -> Result<PausedMemory, String> {
+    let memory = api_json(client, "GET", "/memory", None)?;
+    Ok(PausedMemory {
+        status: memory_status(pid)?,
+        guest_rss: guest_rss(pid, pool)?,
+        populated: memory["guest"]["populated_bytes"].as_u64().unwrap_or(0) >> 10,
+    })
+}
+
 /// Runs `vmm run ARGS --api-socket ...` to its checkpoint, measures, and shuts it down.
 fn paused_memory(vmm: &Path, run_args: &[&str], pool: &Path) -> Result<PausedMemory, String> {
     let dir = std::env::temp_dir().join(format!("vmm-bench-{}", std::process::id()));
@@ -276,16 +309,11 @@ fn paused_memory(vmm: &Path, run_args: &[&str], pool: &Path) -> Result<PausedMem
         let paused = socket.exists()
             && api_json(&client, "GET", "/machine", None).is_ok_and(|m| m["state"] == "Paused");
         if paused {
-            let memory = api_json(&client, "GET", "/memory", None)?;
-            let populated = memory["guest"]["populated_bytes"].as_u64().unwrap_or(0) >> 10;
-            break Ok(PausedMemory {
-                status: memory_status(child.id())?,
-                guest_rss: guest_rss(child.id(), pool)?,
-                populated,
-            });
+            break measure_paused(&client, child.id(), pool);
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // Whatever the result, the VMM goes.
     let _ = api_json(
         &client,
         "PUT",
@@ -297,6 +325,7 @@ fn paused_memory(vmm: &Path, run_args: &[&str], pool: &Path) -> Result<PausedMem
     result
 }
 
+/// Prints the memory overhead table.
 fn overhead(args: &Args) -> Result<(), String> {
     println!(
         "## overhead: at a checkpoint, --memory {}, KiB",
@@ -309,56 +338,32 @@ fn overhead(args: &Args) -> Result<(), String> {
     println!("|---|---|---|---|---|---|---|---|---|");
     let pool = std::env::temp_dir().join(format!("vmm-bench-pool-{}", std::process::id()));
     let file = format!("file:{}", pool.display());
-    let written = "write:all,checkpoint:1";
-    let cases: [(&str, &str, &str, &str, &str); 6] = [
-        (
-            "anon lazy, 1 vCPU, idle",
-            "anon",
-            "lazy",
-            "1",
-            "checkpoint:1",
-        ),
-        (
-            "anon lazy, 1 vCPU, all written",
-            "anon",
-            "lazy",
-            "1",
-            written,
-        ),
-        (
-            "anon eager, 1 vCPU, all written",
-            "anon",
-            "eager",
-            "1",
-            written,
-        ),
-        (
-            "anon lazy, 2 vCPUs, all written",
-            "anon",
-            "lazy",
-            "2",
-            written,
-        ),
-        (
-            "hugetlb-2m lazy, 1 vCPU, all written",
-            "hugetlb-2m",
-            "lazy",
-            "1",
-            written,
-        ),
-        (
-            "pool file lazy, 1 vCPU, all written",
-            &file,
-            "lazy",
-            "1",
-            written,
-        ),
+    // (backing, populate, vCPUs, whether the guest writes all of its memory first)
+    let cases = [
+        ("anon", "lazy", "1", false),
+        ("anon", "lazy", "1", true),
+        ("anon", "eager", "1", true),
+        ("anon", "lazy", "2", true),
+        ("hugetlb-2m", "lazy", "1", true),
+        (file.as_str(), "lazy", "1", true),
     ];
-    for (name, backing, populate, vcpus, workload) in cases {
-        if backing == "hugetlb-2m" && free_huge_pages() < mib(&args.memory) / 2 {
+    for (backing, populate, vcpus, written) in cases {
+        let label = if backing == file {
+            "pool file"
+        } else {
+            backing
+        };
+        let vcpu_word = if vcpus == "1" { "vCPU" } else { "vCPUs" };
+        let state = if written { "all written" } else { "idle" };
+        let name = format!("{label} {populate}, {vcpus} {vcpu_word}, {state}");
+        if too_few_huge_pages(backing, args.memory_mib) {
             println!("| {name} | skipped: too few free 2 MiB huge pages |");
             continue;
         }
+        let workload = match written {
+            true => "write:all,checkpoint:1",
+            false => "checkpoint:1",
+        };
         let run_args = [
             "--memory",
             &args.memory,
