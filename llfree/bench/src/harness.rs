@@ -208,27 +208,8 @@ impl Run<'_> {
             let times = &self.times[thread * self.params.iterations + iteration];
             self.barrier.wait();
             match self.params.bench {
-                Bench::Bulk => {
-                    let got = self.timed(thread, || self.get_all(thread, mine));
-                    self.barrier.wait();
-                    if let Some(ns) = got {
-                        times[0].store(ns, Relaxed);
-                        if let Some(ns) = self.timed(thread, || self.put_all(thread, mine)) {
-                            times[1].store(ns, Relaxed);
-                        }
-                    }
-                }
-                Bench::Rand => {
-                    self.timed(thread, || self.get_all(thread, mine));
-                    self.barrier.wait();
-                    if thread == 0 && !self.failed.load(Relaxed) {
-                        shuffle_atomics(&self.frames, self.params.seed ^ iteration as u64);
-                    }
-                    self.barrier.wait();
-                    if let Some(ns) = self.timed(thread, || self.put_all(thread, mine)) {
-                        times[1].store(ns, Relaxed);
-                    }
-                }
+                Bench::Bulk => self.bulk(thread, mine, times),
+                Bench::Rand => self.rand(thread, mine, times, iteration),
                 Bench::Repeat => {
                     if let Some(ns) = self.timed(thread, || self.repeat(thread)) {
                         times[0].store(ns, Relaxed);
@@ -238,6 +219,32 @@ impl Run<'_> {
         }
         self.barrier.wait();
         self.alloc.drain(thread);
+    }
+
+    /// One iteration of `bulk`: get all of `mine`, then (all threads done) put them back.
+    fn bulk(&self, thread: usize, mine: &[AtomicUsize], times: &[AtomicU64; 2]) {
+        let got = self.timed(thread, || self.get_all(thread, mine));
+        self.barrier.wait();
+        if let Some(ns) = got {
+            times[0].store(ns, Relaxed);
+            if let Some(ns) = self.timed(thread, || self.put_all(thread, mine)) {
+                times[1].store(ns, Relaxed);
+            }
+        }
+    }
+
+    /// One iteration of `rand`: get all of `mine`; thread 0 shuffles every thread's frames
+    /// while the others wait; then the timed puts.
+    fn rand(&self, thread: usize, mine: &[AtomicUsize], times: &[AtomicU64; 2], iteration: usize) {
+        self.timed(thread, || self.get_all(thread, mine));
+        self.barrier.wait();
+        if thread == 0 && !self.failed.load(Relaxed) {
+            shuffle_atomics(&self.frames, self.params.seed ^ iteration as u64);
+        }
+        self.barrier.wait();
+        if let Some(ns) = self.timed(thread, || self.put_all(thread, mine)) {
+            times[1].store(ns, Relaxed);
+        }
     }
 
     /// Runs `phase` unless the run already failed; returns its nanoseconds or records its error.

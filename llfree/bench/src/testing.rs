@@ -4,32 +4,12 @@ use crate::frame_alloc::{AllocError, FrameAllocator};
 use crate::rng::Rng;
 
 /// Runs `threads` threads doing random gets and puts of the given orders on `alloc`, each on its
-/// own core id (draining it at the end), then checks that no frame was handed out twice, frees everything, drains every
-/// core and checks that all frames are free again.
+/// own core id (draining it at the end), then checks that no frame was handed out twice, frees
+/// everything, drains every core and checks that all frames are free again.
 pub fn stress(alloc: &dyn FrameAllocator, threads: usize, orders: &[usize], ops: usize) {
     let held: Vec<Vec<(usize, usize)>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
-            .map(|core| {
-                s.spawn(move || {
-                    let mut rng = Rng::new(core as u64 + 1);
-                    let mut held = Vec::new();
-                    for _ in 0..ops {
-                        if held.is_empty() || rng.below(3) != 0 {
-                            let order = orders[rng.below(orders.len())];
-                            match alloc.get(core, order) {
-                                Ok(frame) => held.push((frame, order)),
-                                Err(AllocError::Memory { .. }) => {}
-                                Err(e) => panic!("get failed: {e}"),
-                            }
-                        } else {
-                            let (frame, order) = held.swap_remove(rng.below(held.len()));
-                            alloc.put(core, frame, order).unwrap();
-                        }
-                    }
-                    alloc.drain(core);
-                    held
-                })
-            })
+            .map(|core| s.spawn(move || random_gets_and_puts(alloc, core, orders, ops)))
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
     });
@@ -49,6 +29,33 @@ pub fn stress(alloc: &dyn FrameAllocator, threads: usize, orders: &[usize], ops:
     }
     (0..threads).for_each(|core| alloc.drain(core));
     assert_eq!(alloc.free_frames(), alloc.frames());
+}
+
+/// `ops` random gets (two in three) and puts of `orders` on `core`, which is drained at the end;
+/// returns the frames still held, with their orders.
+fn random_gets_and_puts(
+    alloc: &dyn FrameAllocator,
+    core: usize,
+    orders: &[usize],
+    ops: usize,
+) -> Vec<(usize, usize)> {
+    let mut rng = Rng::new(core as u64 + 1);
+    let mut held = Vec::new();
+    for _ in 0..ops {
+        if !held.is_empty() && rng.below(3) == 0 {
+            let (frame, order) = held.swap_remove(rng.below(held.len()));
+            alloc.put(core, frame, order).unwrap();
+            continue;
+        }
+        let order = orders[rng.below(orders.len())];
+        match alloc.get(core, order) {
+            Ok(frame) => held.push((frame, order)),
+            Err(AllocError::Memory { .. }) => {}
+            Err(e) => panic!("get failed: {e}"),
+        }
+    }
+    alloc.drain(core);
+    held
 }
 
 /// Checks the error paths every order-0 allocator shares: double free, out of range, bad order.
