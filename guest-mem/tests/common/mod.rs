@@ -1,6 +1,6 @@
 //! What guest-mem's end-to-end tests share: the KVM harness of `guest_mem::testing`, with SKIP
 //! when KVM is not usable here.
-#![allow(dead_code, unused_imports)]
+#![allow(dead_code, unused_imports)] // Each test file uses its own part.
 
 use std::sync::Once;
 
@@ -10,7 +10,9 @@ use vm_memory::GuestAddress;
 
 pub use guest_mem::testing::{touch, HugePages, RunError, Touch};
 
+/// 1 MiB.
 pub const MIB: u64 = 1 << 20;
+/// 1 GiB.
 pub const GIB: u64 = 1 << 30;
 
 /// Pages of 4 KiB in `[addr, addr + len)` that are resident and mapped (mincore).

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use crate::guest::{Guest, Stride};
 use crate::report::{Key, Report};
+use guest_mem::testing::HugePages;
+
 use crate::subject::{reserve, Mode, PoolKind, Ram, Subject};
 use crate::{Args, GIB, MIB};
 
@@ -48,28 +50,54 @@ fn record(report: &mut Report, key: &Key, run: usize, sample: &Sample) {
     }
 }
 
-/// Measures every wanted (size, subject, stride) `args.repeats` times.
+/// Every (size, subject, stride) of `sizes`, `subjects` and `strides`.
+fn cases<'a>(
+    sizes: &'a [u64],
+    subjects: &'a [Subject],
+    strides: &'a [Stride],
+) -> impl Iterator<Item = (u64, Subject, Stride)> + 'a {
+    sizes.iter().flat_map(move |&size| {
+        subjects
+            .iter()
+            .flat_map(move |&subject| strides.iter().map(move |&stride| (size, subject, stride)))
+    })
+}
+
+/// Measures every wanted (size, subject, stride) `args.repeats` times; a case that fails once
+/// is skipped from then on.
 fn measure(args: &Args, report: &mut Report, subjects: &[Subject], sizes: &[u64]) {
     let mut failed = Vec::new();
     for run in 0..args.repeats {
-        for &size in sizes {
-            for &subject in subjects {
-                for &stride in &args.strides {
-                    let key = Key::new(GROUP, subject.name(), size, stride.name());
-                    if failed.contains(&key) {
-                        continue;
-                    }
-                    match once(subject, size, stride) {
-                        Ok(sample) => record(report, &key, run, &sample),
-                        Err(why) => {
-                            report.skip(&key, &why);
-                            failed.push(key);
-                        }
-                    }
+        for (size, subject, stride) in cases(sizes, subjects, &args.strides) {
+            let key = Key::new(GROUP, subject.name(), size, stride.name());
+            if failed.contains(&key) {
+                continue;
+            }
+            match once(subject, size, stride) {
+                Ok(sample) => record(report, &key, run, &sample),
+                Err(why) => {
+                    report.skip(&key, &why);
+                    failed.push(key);
                 }
             }
         }
     }
+}
+
+/// Pages reserved for the largest size that could be had, and that size.
+type Reserved = Option<(Option<HugePages>, u64)>;
+
+/// Reserves the huge pages for the largest of `sizes` that can be had (for all runs of `kind`);
+/// returns them (if any) and why the larger sizes could not be had.
+fn reserve_largest(kind: PoolKind, sizes: &[u64]) -> (Reserved, String) {
+    let mut failure = None;
+    for &size in sizes.iter().rev() {
+        match reserve(kind, size) {
+            Ok(pages) => return (Some((pages, size)), failure.unwrap_or_default()),
+            Err(why) => failure = failure.or(Some(why)),
+        }
+    }
+    (None, failure.unwrap_or_else(|| "no huge pages".into()))
 }
 
 /// The modes measured for pools.
@@ -98,35 +126,22 @@ pub fn run(args: &Args, report: &mut Report) {
         if subjects.is_empty() {
             continue;
         }
-        // Hold the pages for the largest size that can be had, for all runs of this pool kind.
         let candidates: Vec<u64> = match kind {
             PoolKind::Huge1G => (1..=args.giant_pages).map(|n| n * GIB).collect(),
             _ => sizes.clone(),
         };
-        let mut failure = None;
-        let mut reserved = None;
-        for &size in candidates.iter().rev() {
-            match reserve(kind, size) {
-                Ok(pages) => {
-                    reserved = Some((pages, size));
-                    break;
-                }
-                Err(why) => failure = failure.or(Some(why)),
-            }
-        }
+        let (reserved, failure) = reserve_largest(kind, &candidates);
         let largest = reserved.as_ref().map_or(0, |(_, size)| *size);
         let wanted = match kind {
             PoolKind::Huge1G => vec![GIB, args.giant_pages * GIB],
             _ => sizes.clone(),
         };
         let (fit, too_big): (Vec<u64>, Vec<u64>) = wanted.iter().partition(|&&s| s <= largest);
-        for size in too_big {
-            for subject in &subjects {
-                for stride in &args.strides {
-                    let key = Key::new(GROUP, subject.name(), size, stride.name());
-                    report.skip(&key, failure.as_deref().unwrap_or("no huge pages"));
-                }
-            }
+        for (size, subject, stride) in cases(&too_big, &subjects, &args.strides) {
+            report.skip(
+                &Key::new(GROUP, subject.name(), size, stride.name()),
+                &failure,
+            );
         }
         let mut fit: Vec<u64> = fit
             .into_iter()
