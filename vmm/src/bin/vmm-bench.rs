@@ -140,6 +140,29 @@ fn timed_run(vmm: &Path, args: &[&str]) -> Result<(Duration, Duration), String> 
     Ok((first.ok_or("nothing was printed")?, exit))
 }
 
+/// The arguments of `vmm run` with these options.
+fn run_args<'a>(
+    memory: &'a str,
+    backing: &'a str,
+    populate: &'a str,
+    vcpus: &'a str,
+    workload: &'a str,
+) -> [&'a str; 11] {
+    [
+        "run",
+        "--memory",
+        memory,
+        "--backing",
+        backing,
+        "--populate",
+        populate,
+        "--vcpus",
+        vcpus,
+        "--workload",
+        workload,
+    ]
+}
+
 /// `runs` timed runs of `vmm ARGS`: the times to the first stdout byte and to the exit.
 fn timed_runs(
     vmm: &Path,
@@ -182,17 +205,7 @@ fn startup(args: &Args) -> Result<(), String> {
             continue;
         }
         for populate in ["lazy", "eager"] {
-            let run_args = [
-                "run",
-                "--memory",
-                &args.memory,
-                "--backing",
-                backing,
-                "--populate",
-                populate,
-                "--workload",
-                "read:2M+4K",
-            ];
+            let run_args = run_args(&args.memory, backing, populate, "1", "read:2M+4K");
             let (first, exit) = timed_runs(&args.vmm, &run_args, args.runs)?;
             println!(
                 "| {backing} | {populate} | {} | {} |",
@@ -283,13 +296,13 @@ fn measure_paused(client: &ApiClient, pid: u32, pool: &Path) -> Result<PausedMem
     })
 }
 
-/// Runs `vmm run ARGS --api-socket ...` to its checkpoint, measures, and shuts it down.
+/// Runs `vmm ARGS --api-socket ...` (ARGS from [`run_args`]) to its checkpoint, measures, and
+/// shuts it down.
 fn paused_memory(vmm: &Path, run_args: &[&str], pool: &Path) -> Result<PausedMemory, String> {
     let dir = std::env::temp_dir().join(format!("vmm-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let socket = dir.join("api.sock");
     let mut child = Command::new(vmm)
-        .arg("run")
         .args(run_args)
         .arg("--api-socket")
         .arg(&socket)
@@ -364,18 +377,7 @@ fn overhead(args: &Args) -> Result<(), String> {
             true => "write:all,checkpoint:1",
             false => "checkpoint:1",
         };
-        let run_args = [
-            "--memory",
-            &args.memory,
-            "--backing",
-            backing,
-            "--populate",
-            populate,
-            "--vcpus",
-            vcpus,
-            "--workload",
-            workload,
-        ];
+        let run_args = run_args(&args.memory, backing, populate, vcpus, workload);
         let measured = paused_memory(&args.vmm, &run_args, &pool)?;
         let rss = measured.status.first().map_or(0, |(_, v)| *v);
         let cells: Vec<String> = measured.status.iter().map(|(_, v)| v.to_string()).collect();
