@@ -81,3 +81,27 @@ fn a_pool_file_of_another_size_is_a_usage_error() {
     );
     assert_eq!(contents.len(), 1 << 20, "resized");
 }
+
+#[test]
+fn a_truncated_pool_file_is_a_usage_error() {
+    if !kvm_available("a_truncated_pool_file_is_a_usage_error") {
+        return;
+    }
+    let scratch = Scratch::new("pool-truncated");
+    let pool = scratch.path("pool");
+    let backing = format!("file:{pool}");
+    VmmRun::run(&[
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--workload",
+        "read:all",
+    ])
+    .assert_success();
+    let file = std::fs::OpenOptions::new().write(true).open(&pool).unwrap();
+    let len = file.metadata().unwrap().len();
+    file.set_len(len / 2).unwrap();
+    VmmRun::run(&["--memory", "16M", "--backing", &backing]).assert_fails(2, "but its pool needs");
+    assert_eq!(std::fs::metadata(&pool).unwrap().len(), len / 2, "resized");
+}

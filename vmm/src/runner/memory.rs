@@ -57,7 +57,11 @@ pub(super) fn pool_error_status(error: &PoolError) -> ExitStatus {
         PoolError::Backing(
             BackingError::HugePagesUnsupported { .. } | BackingError::NotEnoughHugePages { .. },
         ) => ExitStatus::HostUnsupported,
-        PoolError::Backing(BackingError::File { .. } | BackingError::DeviceTooSmall { .. })
+        PoolError::Backing(
+            BackingError::File { .. }
+            | BackingError::DeviceTooSmall { .. }
+            | BackingError::FileTooSmall { .. },
+        )
         | PoolError::Header { .. }
         | PoolError::SizeMismatch { .. }
         | PoolError::CannotPunch(_) => ExitStatus::Usage,
