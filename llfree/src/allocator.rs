@@ -3,7 +3,7 @@
 use std::hint::spin_loop;
 
 use crate::lower::bitfield::Bitfield;
-use crate::lower::child::{Child, ChildPair};
+use crate::lower::child::ChildPair;
 use crate::lower::Lower;
 use crate::meta::{Layout, Meta};
 use crate::region::{HeapRegion, MetaRegion, REGION_ALIGN};
@@ -11,8 +11,8 @@ use crate::upper::local::Local;
 use crate::upper::trees::{Trees, GIANT_TREES};
 use crate::upper::{Locals, Search};
 use crate::{
-    Config, Error, Init, InitError, Recovery, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER,
-    MAX_ORDER, TREE_CHILDREN, TREE_FRAMES,
+    Config, Error, Init, InitError, Recovery, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER, MAX_ORDER,
+    TREE_CHILDREN, TREE_FRAMES,
 };
 
 /// Why a reservation did not happen.
@@ -385,26 +385,6 @@ impl LLFree {
         }
     }
 
-    /// Whether the `2^order` frames at `frame` are free (false for invalid arguments).
-    pub fn is_free(&self, frame: usize, order: usize) -> bool {
-        self.check(frame, order).is_ok() && self.lower.is_free(frame, order)
-    }
-
-    /// Whether the `2^order` frames at `frame` are allocated as one frame of that order. Huge,
-    /// order-10 and giant frames record their order; for base orders this checks that every
-    /// frame of the run is allocated (false for invalid arguments).
-    pub fn is_allocated(&self, frame: usize, order: usize) -> bool {
-        self.check(frame, order).is_ok() && self.lower.is_allocated(frame, order)
-    }
-
-    /// The reserved tree of every per-core slot (`None` where the slot has no reservation).
-    pub fn reservations(&self) -> impl Iterator<Item = Option<usize>> + '_ {
-        self.locals
-            .iter()
-            .map(|l| l.load())
-            .map(|s| s.present().then(|| s.tree()))
-    }
-
     /// Gives up the reserved tree of `core`, returning its frames to the global counters.
     /// Best effort: skipped if another thread of the core is reserving a tree at this moment.
     pub fn drain(&self, core: usize) {
@@ -412,68 +392,6 @@ impl LLFree {
         if local.begin_slow_path().is_some() {
             self.uninstall(local);
         }
-    }
-
-    /// Free frames (exact while no operation runs).
-    pub fn free_frames(&self) -> usize {
-        let global: usize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
-        let local: usize = self
-            .locals
-            .iter()
-            .map(|l| l.load())
-            .filter(|s| s.present())
-            .map(|s| s.free())
-            .sum();
-        global + local
-    }
-
-    /// Entirely free 2 MiB children.
-    pub fn free_huge(&self) -> usize {
-        self.free_huge_frames().count()
-    }
-
-    /// Entirely free, aligned 1 GiB regions.
-    pub fn free_giant(&self) -> usize {
-        let giant = 1 << (GIANT_ORDER - HUGE_ORDER);
-        (0..self.lower.children() / giant)
-            .filter(|g| self.lower.is_free(g * (1 << GIANT_ORDER), GIANT_ORDER))
-            .count()
-    }
-
-    /// The first frame of every entirely free 2 MiB child.
-    pub fn free_huge_frames(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.lower.children())
-            .filter(|c| self.lower.child(*c) == Child::FREE)
-            .map(|c| c * CHILD_FRAMES)
-    }
-
-    /// Statistics of every tree.
-    pub fn tree_stats(&self) -> impl Iterator<Item = TreeStats> + '_ {
-        (0..self.trees.len()).map(|index| TreeStats {
-            index,
-            free: self.lower.tree_free(index),
-            reserved: self.trees.load(index).1,
-        })
-    }
-
-    /// Checks that the counters of both levels agree with the bitfields. Only meaningful while no
-    /// operation runs; for tests and debugging.
-    pub fn validate(&self) -> Result<(), InitError> {
-        let mut local_free = vec![0; self.trees.len()];
-        for state in self.locals.iter().map(|l| l.load()) {
-            if state.present() {
-                local_free[state.tree()] += state.free();
-            }
-        }
-        for (tree, local) in local_free.iter().enumerate() {
-            if self.trees.load(tree).0 + local != self.lower.tree_free(tree) {
-                return Err(InitError::Corrupted {
-                    what: "tree counter differs from its children",
-                    index: tree,
-                });
-            }
-        }
-        self.lower.validate_counters()
     }
 }
 
@@ -495,5 +413,6 @@ fn check_order(order: usize) -> Result<(), Error> {
     }
 }
 
+mod stats;
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ use super::*;
 use crate::meta::Layout;
 use crate::region::{HeapRegion, MetaRegion};
 use crate::stop;
+use crate::InitError;
 
 /// A lower level of `children` free children on leaked heap memory.
 fn lower(children: usize) -> Lower {

@@ -1,0 +1,89 @@
+//! Queries of the allocator's state: free frames, trees and reservations.
+
+use super::LLFree;
+use crate::lower::child::Child;
+use crate::{InitError, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER};
+
+impl LLFree {
+    /// Whether the `2^order` frames at `frame` are free (false for invalid arguments).
+    pub fn is_free(&self, frame: usize, order: usize) -> bool {
+        self.check(frame, order).is_ok() && self.lower.is_free(frame, order)
+    }
+
+    /// Whether the `2^order` frames at `frame` are allocated as one frame of that order. Huge,
+    /// order-10 and giant frames record their order; for base orders this checks that every
+    /// frame of the run is allocated (false for invalid arguments).
+    pub fn is_allocated(&self, frame: usize, order: usize) -> bool {
+        self.check(frame, order).is_ok() && self.lower.is_allocated(frame, order)
+    }
+
+    /// The reserved tree of every per-core slot (`None` where the slot has no reservation).
+    pub fn reservations(&self) -> impl Iterator<Item = Option<usize>> + '_ {
+        self.locals
+            .iter()
+            .map(|l| l.load())
+            .map(|s| s.present().then(|| s.tree()))
+    }
+
+    /// Free frames (exact while no operation runs).
+    pub fn free_frames(&self) -> usize {
+        let global: usize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
+        let local: usize = self
+            .locals
+            .iter()
+            .map(|l| l.load())
+            .filter(|s| s.present())
+            .map(|s| s.free())
+            .sum();
+        global + local
+    }
+
+    /// Entirely free 2 MiB children.
+    pub fn free_huge(&self) -> usize {
+        self.free_huge_frames().count()
+    }
+
+    /// Entirely free, aligned 1 GiB regions.
+    pub fn free_giant(&self) -> usize {
+        let giant = 1 << (GIANT_ORDER - HUGE_ORDER);
+        (0..self.lower.children() / giant)
+            .filter(|g| self.lower.is_free(g * (1 << GIANT_ORDER), GIANT_ORDER))
+            .count()
+    }
+
+    /// The first frame of every entirely free 2 MiB child.
+    pub fn free_huge_frames(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.lower.children())
+            .filter(|c| self.lower.child(*c) == Child::FREE)
+            .map(|c| c * CHILD_FRAMES)
+    }
+
+    /// Statistics of every tree.
+    pub fn tree_stats(&self) -> impl Iterator<Item = TreeStats> + '_ {
+        (0..self.trees.len()).map(|index| TreeStats {
+            index,
+            free: self.lower.tree_free(index),
+            reserved: self.trees.load(index).1,
+        })
+    }
+
+    /// Checks that the counters of both levels agree with the bitfields. Only meaningful while no
+    /// operation runs; for tests and debugging.
+    pub fn validate(&self) -> Result<(), InitError> {
+        let mut local_free = vec![0; self.trees.len()];
+        for state in self.locals.iter().map(|l| l.load()) {
+            if state.present() {
+                local_free[state.tree()] += state.free();
+            }
+        }
+        for (tree, local) in local_free.iter().enumerate() {
+            if self.trees.load(tree).0 + local != self.lower.tree_free(tree) {
+                return Err(InitError::Corrupted {
+                    what: "tree counter differs from its children",
+                    index: tree,
+                });
+            }
+        }
+        self.lower.validate_counters()
+    }
+}
