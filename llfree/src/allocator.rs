@@ -2,6 +2,7 @@
 
 use std::hint::spin_loop;
 
+use crate::flush::persist;
 use crate::lower::bitfield::Bitfield;
 use crate::lower::child::ChildPair;
 use crate::lower::Lower;
@@ -102,9 +103,15 @@ impl LLFree {
         let lower = Lower::new(pairs, fields, config.flush && meta.is_some());
         let recovery = match (meta, init) {
             (None, _) | (Some(_), Init::Fresh) => {
-                meta.inspect(|m| m.invalidate());
+                if let Some(meta) = meta {
+                    meta.invalidate();
+                    persist_meta(meta, config.flush);
+                }
                 lower.init_fresh();
-                meta.inspect(|m| m.format(config.frames));
+                if let Some(meta) = meta {
+                    meta.format(config.frames);
+                    persist_meta(meta, config.flush);
+                }
                 Recovery::Fresh
             }
             (Some(meta), Init::Recover | Init::RecoverDeep) => {
@@ -112,6 +119,7 @@ impl LLFree {
                 let deep = !clean || init == Init::RecoverDeep;
                 lower.recover(deep)?;
                 meta.mark_running();
+                persist_meta(meta, config.flush);
                 if deep {
                     Recovery::Crash
                 } else {
@@ -399,7 +407,15 @@ impl Drop for LLFree {
     fn drop(&mut self) {
         if let Some(meta) = self.meta {
             meta.mark_clean();
+            persist_meta(meta, self.config.flush);
         }
+    }
+}
+
+/// Writes the meta page's cache line back where the platform needs it (ADR).
+fn persist_meta(meta: &Meta, flush: bool) {
+    if flush {
+        persist((meta as *const Meta).cast());
     }
 }
 

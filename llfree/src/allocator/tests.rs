@@ -300,6 +300,21 @@ fn persistent_metadata_is_checked() {
 }
 
 #[test]
+fn flushed_persistent_metadata_round_trips() {
+    let config = Config {
+        flush: true,
+        ..Config::new(1, TREE_FRAMES)
+    };
+    let file = temp_file(LLFree::metadata_size(config.frames) as u64);
+    let alloc = persistent(&file, config, Init::Fresh).unwrap();
+    let frame = alloc.get(0, HUGE_ORDER).unwrap();
+    drop(alloc);
+    let alloc = persistent(&file, config, Init::Recover).unwrap();
+    assert_eq!(alloc.recovery(), Recovery::Clean);
+    assert!(alloc.is_allocated(frame, HUGE_ORDER));
+}
+
+#[test]
 fn a_crashed_allocator_is_recovered_deeply() {
     let config = Config::new(1, TREE_FRAMES);
     let file = temp_file(LLFree::metadata_size(config.frames) as u64);

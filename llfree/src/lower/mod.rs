@@ -103,9 +103,11 @@ impl Lower {
                 }
             }));
         }
-        for field in self.fields {
+        for (child, field) in self.fields.iter().enumerate() {
             field.reset();
+            self.persist_field(child);
         }
+        self.persist_range(0..self.pairs.len());
     }
 
     /// Allocates `1 << order` frames (order <= 10) in the tree of `hint`, searching its children
