@@ -37,8 +37,12 @@ impl<B: BalloonBackend> Handler<'_, B> {
             return Ok(());
         };
         let used = match role {
-            QueueRole::Inflate => drain(queue, mem, index, |chain| self.inflate(mem, chain)),
-            QueueRole::Deflate => drain(queue, mem, index, |chain| self.deflate(mem, chain)),
+            QueueRole::Inflate => drain(queue, mem, index, |chain| {
+                self.apply_pfn_runs(mem, chain, inflate_range)
+            }),
+            QueueRole::Deflate => drain(queue, mem, index, |chain| {
+                self.apply_pfn_runs(mem, chain, deflate_range)
+            }),
             QueueRole::Reporting => drain(queue, mem, index, |chain| self.report(chain)),
             QueueRole::Stats => self.take_stats(queue, mem, index, &mut active.held_stats),
         }?;
@@ -48,7 +52,14 @@ impl<B: BalloonBackend> Handler<'_, B> {
         Ok(())
     }
 
-    fn inflate<G: GuestMemory>(&mut self, mem: &G, chain: DescriptorChain<&G>) {
+    /// Applies every run of page frame numbers in `chain` to the backend with `apply_range`,
+    /// page by page where a run is not all RAM.
+    fn apply_pfn_runs<G: GuestMemory>(
+        &mut self,
+        mem: &G,
+        chain: DescriptorChain<&G>,
+        apply_range: fn(&B, &mut BalloonCounters, &mut Violations, GuestRange),
+    ) {
         let Record {
             counters,
             violations,
@@ -57,21 +68,7 @@ impl<B: BalloonBackend> Handler<'_, B> {
         let backend = self.backend;
         read_pfn_runs(mem, chain, violations, |run, violations| {
             for_each_ram_part(backend, run, violations, |range, violations| {
-                inflate_range(backend, counters, violations, range)
-            })
-        });
-    }
-
-    fn deflate<G: GuestMemory>(&mut self, mem: &G, chain: DescriptorChain<&G>) {
-        let Record {
-            counters,
-            violations,
-            ..
-        } = &mut *self.record;
-        let backend = self.backend;
-        read_pfn_runs(mem, chain, violations, |run, violations| {
-            for_each_ram_part(backend, run, violations, |range, violations| {
-                deflate_range(backend, counters, violations, range)
+                apply_range(backend, counters, violations, range)
             })
         });
     }
@@ -113,30 +110,24 @@ impl<B: BalloonBackend> Handler<'_, B> {
         index: u16,
         held: &mut Option<u16>,
     ) -> Result<bool, BalloonError> {
-        let ring = |source| BalloonError::Queue { index, source };
-        let mut used = false;
-        loop {
-            queue.disable_notification(mem).map_err(ring)?;
-            let mut chains = AvailChains::new(queue, mem, index)?;
-            while let Some(chain) = chains.next(queue, mem)? {
-                let head = chain.head_index();
-                let record = &mut *self.record;
-                record.stats = GuestStats::read(mem, chain, &mut record.violations);
-                record.counters.stats_updates += 1;
-                if let Some(previous) = held.replace(head) {
-                    record.violations.record(
-                        Violation::ExtraStatsBuffer,
-                        1,
-                        format_args!("statistics buffer {head} while holding {previous}"),
-                    );
-                    queue.add_used(mem, previous, 0).map_err(ring)?;
-                    used = true;
-                }
-            }
-            if !queue.enable_notification(mem).map_err(ring)? {
-                return Ok(used);
-            }
-        }
+        for_each_avail(queue, mem, index, |queue, chain| {
+            let head = chain.head_index();
+            let record = &mut *self.record;
+            record.stats = GuestStats::read(mem, chain, &mut record.violations);
+            record.counters.stats_updates += 1;
+            let Some(previous) = held.replace(head) else {
+                return Ok(false);
+            };
+            record.violations.record(
+                Violation::ExtraStatsBuffer,
+                1,
+                format_args!("statistics buffer {head} while holding {previous}"),
+            );
+            queue
+                .add_used(mem, previous, 0)
+                .map_err(|source| BalloonError::Queue { index, source })?;
+            Ok(true)
+        })
     }
 }
 
@@ -206,16 +197,32 @@ fn drain<G: GuestMemory>(
     index: u16,
     mut handle: impl FnMut(DescriptorChain<&G>),
 ) -> Result<bool, BalloonError> {
+    for_each_avail(queue, mem, index, |queue, chain| {
+        let head = chain.head_index();
+        handle(chain);
+        queue
+            .add_used(mem, head, 0)
+            .map_err(|source| BalloonError::Queue { index, source })?;
+        Ok(true)
+    })
+}
+
+/// Hands every available chain of queue `index` to `handle` until the driver adds no more
+/// (notifications are off while chains are taken, so that none is missed when they come back
+/// on). `handle` returns whether it put a buffer in the used ring; so does this, for any chain.
+fn for_each_avail<'m, G: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'m G,
+    index: u16,
+    mut handle: impl FnMut(&mut Queue, DescriptorChain<&'m G>) -> Result<bool, BalloonError>,
+) -> Result<bool, BalloonError> {
     let ring = |source| BalloonError::Queue { index, source };
     let mut used = false;
     loop {
         queue.disable_notification(mem).map_err(ring)?;
         let mut chains = AvailChains::new(queue, mem, index)?;
         while let Some(chain) = chains.next(queue, mem)? {
-            let head = chain.head_index();
-            handle(chain);
-            queue.add_used(mem, head, 0).map_err(ring)?;
-            used = true;
+            used |= handle(queue, chain)?;
         }
         if !queue.enable_notification(mem).map_err(ring)? {
             return Ok(used);

@@ -35,6 +35,24 @@ fn range(first_pfn: u64, pages: u64) -> GuestRange {
     GuestRange::from_pfns(first_pfn, pages)
 }
 
+/// Activates `balloon` on `mem` with every feature it offers and the queues of `driver`.
+fn activate_all_features(
+    balloon: &mut TestBalloon,
+    mem: &Arc<GuestMemoryMmap>,
+    driver: &Driver<'_>,
+    notifier: &Arc<CountingNotifier>,
+) {
+    let features = balloon.device_features();
+    balloon
+        .activate(
+            mem.clone(),
+            features,
+            driver.device_queues(),
+            notifier.clone(),
+        )
+        .unwrap();
+}
+
 /// An active balloon with every feature, and its driver side.
 struct Setup<'a> {
     balloon: TestBalloon,
@@ -46,15 +64,7 @@ fn activate(mem: &Arc<GuestMemoryMmap>) -> Setup<'_> {
     let mut balloon = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
     let driver = Driver::new(mem, 4, QUEUE_SIZE);
     let notifier = Arc::new(CountingNotifier::default());
-    let features = balloon.device_features();
-    balloon
-        .activate(
-            mem.clone(),
-            features,
-            driver.device_queues(),
-            notifier.clone(),
-        )
-        .unwrap();
+    activate_all_features(&mut balloon, mem, &driver, &notifier);
     Setup {
         balloon,
         driver,
@@ -217,15 +227,7 @@ fn statistics_are_held_and_requested_on_the_timer() {
     let bytes = [stats_entry(stat_tag::MEMFREE, 1 << 30), stats_entry(42, 1)].concat();
     driver.write(BUFFERS, &bytes);
     let head = driver.add_chain(STATS, &[(BUFFERS, bytes.len() as u32, false)]);
-    let features = balloon.device_features();
-    balloon
-        .activate(
-            mem.clone(),
-            features,
-            driver.device_queues(),
-            notifier.clone(),
-        )
-        .unwrap();
+    activate_all_features(&mut balloon, &mem, &driver, &notifier);
     assert_eq!(balloon.info().stats.free_memory, Some(1 << 30));
     assert!(
         driver.take_used(STATS).is_empty(),
