@@ -12,10 +12,12 @@ fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     let source = manifest_dir.join("guest/main.rs");
     let script = manifest_dir.join("guest/link.ld");
+    // The files the guest shares with the VMM.
     let protocol = manifest_dir.join("src/testguest/protocol.rs");
+    let registers = manifest_dir.join("src/devices/virtio/mmio/registers.rs");
     // The guest directory as a whole: main.rs and its modules (balloon.rs).
     let guest_dir = manifest_dir.join("guest");
-    for path in [&guest_dir, &source, &script, &protocol] {
+    for path in [&guest_dir, &source, &script, &protocol, &registers] {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     let output = out_dir.join("testguest.elf");

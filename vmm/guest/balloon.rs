@@ -6,33 +6,14 @@
 
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
+use crate::mmio_registers as reg;
 use crate::protocol::*;
 
-/// virtio-mmio registers (virtio 1.2 §4.2.2).
-mod reg {
-    pub const MAGIC_VALUE: u64 = 0x000;
-    pub const VERSION: u64 = 0x004;
-    pub const DEVICE_ID: u64 = 0x008;
-    pub const DEVICE_FEATURES: u64 = 0x010;
-    pub const DEVICE_FEATURES_SEL: u64 = 0x014;
-    pub const DRIVER_FEATURES: u64 = 0x020;
-    pub const DRIVER_FEATURES_SEL: u64 = 0x024;
-    pub const QUEUE_SEL: u64 = 0x030;
-    pub const QUEUE_NUM_MAX: u64 = 0x034;
-    pub const QUEUE_NUM: u64 = 0x038;
-    pub const QUEUE_READY: u64 = 0x044;
-    pub const QUEUE_NOTIFY: u64 = 0x050;
-    pub const STATUS: u64 = 0x070;
-    pub const QUEUE_DESC: u64 = 0x080;
-    pub const QUEUE_AVAIL: u64 = 0x090;
-    pub const QUEUE_USED: u64 = 0x0a0;
-    /// `num_pages` in the balloon's configuration space.
-    pub const NUM_PAGES: u64 = 0x100;
-    /// `actual` in the balloon's configuration space.
-    pub const ACTUAL: u64 = 0x104;
-}
+/// `num_pages` in the balloon's configuration space (virtio 1.2 §5.5.4).
+const CONFIG_NUM_PAGES: u64 = reg::CONFIG;
+/// `actual` in the balloon's configuration space.
+const CONFIG_ACTUAL: u64 = reg::CONFIG + 4;
 
-const MAGIC: u32 = 0x7472_6976;
 const BALLOON_DEVICE_ID: u32 = 5;
 const ACKNOWLEDGE: u32 = 1;
 const DRIVER: u32 = 2;
@@ -145,8 +126,8 @@ impl Driver {
         self.base = base;
         self.ready = false;
         for (offset, expected) in [
-            (reg::MAGIC_VALUE, MAGIC),
-            (reg::VERSION, 2),
+            (reg::MAGIC_VALUE, reg::MAGIC),
+            (reg::VERSION, reg::MODERN_VERSION),
             (reg::DEVICE_ID, BALLOON_DEVICE_ID),
         ] {
             let found = self.read(offset);
@@ -187,7 +168,7 @@ impl Driver {
         if let Some(stats) = self.stats_queue() {
             self.write(reg::QUEUE_NOTIFY, stats as u32);
         }
-        self.write(reg::ACTUAL, 0);
+        self.write(CONFIG_ACTUAL, 0);
         self.ready = true;
         Ok(0)
     }
@@ -210,9 +191,9 @@ impl Driver {
             used_seen: 0,
         };
         self.write(reg::QUEUE_NUM, size);
-        self.write64(reg::QUEUE_DESC, desc);
-        self.write64(reg::QUEUE_AVAIL, desc + BALLOON_AVAIL_OFFSET);
-        self.write64(reg::QUEUE_USED, desc + BALLOON_USED_OFFSET);
+        self.write64(reg::QUEUE_DESC_LOW, desc);
+        self.write64(reg::QUEUE_AVAIL_LOW, desc + BALLOON_AVAIL_OFFSET);
+        self.write64(reg::QUEUE_USED_LOW, desc + BALLOON_USED_OFFSET);
         self.write(reg::QUEUE_READY, 1);
         Ok(0)
     }
@@ -316,7 +297,7 @@ impl Driver {
             } else {
                 self.pages - batch
             };
-            self.write(reg::ACTUAL, self.pages as u32);
+            self.write(CONFIG_ACTUAL, self.pages as u32);
         }
         Ok(count)
     }
@@ -347,7 +328,7 @@ impl Driver {
     }
 
     fn to_target(&mut self) -> Outcome {
-        let target = u64::from(self.read(reg::NUM_PAGES));
+        let target = u64::from(self.read(CONFIG_NUM_PAGES));
         if target >= self.pages {
             self.inflate(target - self.pages)
         } else {

@@ -15,6 +15,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 mod balloon;
 #[allow(dead_code)]
+#[path = "../src/devices/virtio/mmio/registers.rs"]
+mod mmio_registers;
+#[allow(dead_code)]
 #[path = "../src/testguest/protocol.rs"]
 mod protocol;
 

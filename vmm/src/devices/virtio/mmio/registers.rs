@@ -1,4 +1,7 @@
 //! Register offsets and fixed values of the virtio-mmio interface (virtio 1.2 §4.2.2).
+//!
+//! The `no_std` test guest's balloon driver includes this file too (`#[path]` in guest/main.rs),
+//! so it holds plain constants only.
 
 /// "virt" in little endian.
 pub const MAGIC: u32 = 0x7472_6976;
