@@ -5,12 +5,11 @@
 
 mod balloon_common;
 
-use balloon_common::{balloon_base, balloon_config, guest_memory, pool_free, run, MIB};
+use balloon_common::{guest_memory, pool_free, probed_workload, run_sampled, MIB};
 use e2e_tests::kvm_available;
 use vmm::layout::MMIO_GAP_START;
-use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
+use vmm::testguest::protocol::WORKLOAD_MIN_ADDR;
 use vmm::testguest::workload::RawChain;
-use vmm::testguest::Workload;
 
 const INFLATE: u8 = 0;
 const DEFLATE: u8 = 1;
@@ -76,10 +75,7 @@ fn hostile_driver_input_is_ignored_and_counted() {
         },
         pfns(DEFLATE, 10 * MIB, 16),
     ];
-    let mut workload = Workload::new()
-        .write(WORKLOAD_MIN_ADDR, ram - WORKLOAD_MIN_ADDR, pattern)
-        .checkpoint(1)
-        .balloon_probe(balloon_base(), ram, BALLOON_DRIVER_FEATURES);
+    let mut workload = probed_workload(ram, pattern);
     for chain in chains {
         workload = workload.balloon_raw(chain);
     }
@@ -99,18 +95,7 @@ fn hostile_driver_input_is_ignored_and_counted() {
     ] {
         workload = workload.verify_zero(addr, size);
     }
-    let free = std::sync::Arc::new(std::sync::Mutex::new(0));
-    let hook_free = free.clone();
-    let hook_memory = memory.clone();
-    let run = run(
-        &memory,
-        1,
-        balloon_config(),
-        &workload,
-        Some(Box::new(move |_, _| {
-            *hook_free.lock().unwrap() = pool_free(&hook_memory);
-        })),
-    );
+    let (run, free) = run_sampled(&memory, &workload, |_, memory| pool_free(memory));
     assert!(run.report.success(), "{:#?}", run.report);
     let info = run.balloon.info();
     let v = info.violations;
@@ -134,7 +119,7 @@ fn hostile_driver_input_is_ignored_and_counted() {
     );
     assert_eq!(
         pool_free(&memory),
-        *free.lock().unwrap(),
+        *free.last().expect("a checkpoint"),
         "no frame changed hands"
     );
 }

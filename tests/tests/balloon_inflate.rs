@@ -3,23 +3,15 @@
 
 mod balloon_common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use balloon_common::{balloon_base, balloon_config, guest_memory, pool_free, run, MIB};
+use balloon_common::{
+    balloon_base, balloon_config, free_trees, guest_memory, pool_free, probed_workload, run,
+    run_sampled, MIB,
+};
 use e2e_tests::kvm_available;
-use guest_mem::PoolStats;
 use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
 use vmm::testguest::Workload;
-
-/// Trees of the pool (64 MiB each) with every frame free.
-fn free_trees(stats: &PoolStats) -> usize {
-    stats
-        .trees
-        .iter()
-        .filter(|t| t.free_frames == 16384)
-        .count()
-}
 
 #[test]
 fn inflating_256m_frees_the_inflated_chunks_and_deflated_pages_come_back_zeroed() {
@@ -31,31 +23,17 @@ fn inflating_256m_frees_the_inflated_chunks_and_deflated_pages_come_back_zeroed(
     let ram = 512 * MIB;
     let memory = guest_memory(ram, 640 * MIB, 1);
     let pattern = 0xba11_0000_0000_0001;
-    let workload = Workload::new()
-        .write(WORKLOAD_MIN_ADDR, ram - WORKLOAD_MIN_ADDR, pattern)
-        .checkpoint(1)
-        .balloon_probe(balloon_base(), ram, BALLOON_DRIVER_FEATURES)
+    let workload = probed_workload(ram, pattern)
         .inflate(256 * MIB)
         .checkpoint(2)
         .deflate(256 * MIB)
         .verify_zero(256 * MIB, 256 * MIB)
         .verify(WORKLOAD_MIN_ADDR, 254 * MIB, pattern);
-    let seen: Arc<Mutex<Vec<(PoolStats, Instant)>>> = Arc::default();
-    let hook_seen = seen.clone();
-    let hook_memory = memory.clone();
-    let run = run(
-        &memory,
-        1,
-        balloon_config(),
-        &workload,
-        Some(Box::new(move |_, _| {
-            let stats = hook_memory.pool().stats();
-            hook_seen.lock().unwrap().push((stats, Instant::now()));
-        })),
-    );
+    let (run, seen) = run_sampled(&memory, &workload, |_, memory| {
+        (memory.pool().stats(), Instant::now())
+    });
     assert!(run.report.success(), "{:#?}", run.report);
     assert_eq!(run.report.pages(3), 65536);
-    let seen = seen.lock().unwrap();
     let [(populated, t1), (inflated, t2)] = &seen[..] else {
         panic!("two checkpoints expected: {}", seen.len());
     };

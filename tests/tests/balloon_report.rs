@@ -3,15 +3,12 @@
 
 mod balloon_common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use balloon_common::{balloon_base, balloon_config, guest_memory, pool_free, run, MIB};
+use balloon_common::{free_trees, guest_memory, pool_free, probed_workload, run_sampled, MIB};
 use e2e_tests::kvm_available;
-use guest_mem::PoolStats;
 use vm_memory::GuestAddress;
-use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
-use vmm::testguest::Workload;
+use vmm::testguest::protocol::WORKLOAD_MIN_ADDR;
 
 #[test]
 fn reporting_512m_of_2m_aligned_ranges_returns_exactly_those_frames() {
@@ -23,10 +20,7 @@ fn reporting_512m_of_2m_aligned_ranges_returns_exactly_those_frames() {
     let pattern = 0x4e90_0000_0000_0001;
     // One range 4 MiB aligned, one only 2 MiB aligned: its descriptors start with a 2 MiB one.
     let reported = [(256 * MIB, 256 * MIB), (514 * MIB, 256 * MIB)];
-    let mut workload = Workload::new()
-        .write(WORKLOAD_MIN_ADDR, ram - WORKLOAD_MIN_ADDR, pattern)
-        .checkpoint(1)
-        .balloon_probe(balloon_base(), ram, BALLOON_DRIVER_FEATURES);
+    let mut workload = probed_workload(ram, pattern);
     for (addr, size) in reported {
         workload = workload.report(addr, size);
     }
@@ -43,43 +37,29 @@ fn reporting_512m_of_2m_aligned_ranges_returns_exactly_those_frames() {
         workload = workload.verify(addr, size, pattern);
     }
 
-    type Seen = (PoolStats, usize, Instant);
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let hook_seen = seen.clone();
-    let hook_memory = memory.clone();
-    let run = run(
-        &memory,
-        1,
-        balloon_config(),
-        &workload,
-        Some(Box::new(move |id, _| {
-            let stats = hook_memory.pool().stats();
-            let populated = hook_memory.stats().populated_chunks;
-            hook_seen
-                .lock()
-                .unwrap()
-                .push((stats, populated, Instant::now()));
-            if id == 2 {
-                for chunk in (256..512).step_by(2).chain((514..770).step_by(2)) {
-                    let addr = GuestAddress(chunk * MIB);
-                    assert_eq!(hook_memory.frame_at(addr), None, "{addr:?} reported");
-                }
-                for (addr, _) in kept {
-                    assert!(hook_memory.frame_at(GuestAddress(addr)).is_some());
-                }
+    let (run, seen) = run_sampled(&memory, &workload, move |id, memory| {
+        let stats = memory.pool().stats();
+        let populated = memory.stats().populated_chunks;
+        let now = Instant::now();
+        if id == 2 {
+            for chunk in (256..512).step_by(2).chain((514..770).step_by(2)) {
+                let addr = GuestAddress(chunk * MIB);
+                assert_eq!(memory.frame_at(addr), None, "{addr:?} reported");
             }
-        })),
-    );
+            for (addr, _) in kept {
+                assert!(memory.frame_at(GuestAddress(addr)).is_some());
+            }
+        }
+        (stats, populated, now)
+    });
     assert!(run.report.success(), "{:#?}", run.report);
     assert_eq!(run.report.pages(3) + run.report.pages(4), 512 * 256);
-    let seen = seen.lock().unwrap();
     let [(before, populated_before, t1), (after, populated_after, t2)] = &seen[..] else {
         panic!("two checkpoints expected: {}", seen.len());
     };
     assert_eq!(after.free_bytes - before.free_bytes, 512 * MIB);
     assert_eq!(after.free_huge - before.free_huge, 256);
     assert_eq!(populated_before - populated_after, 256);
-    let free_trees = |s: &PoolStats| s.trees.iter().filter(|t| t.free_frames == 16384).count();
     eprintln!(
         "report 512 MiB from the guest (probe, 128 ranges of 4 MiB in chains of 32): {:?}; \
          pool trees entirely free: {} -> {}",

@@ -8,13 +8,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
+use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig, PoolStats};
 use virtio_balloon::BalloonConfig;
 use vm_memory::GuestAddress;
 use vmm::devices::balloon::testing::EventLoopThread;
 use vmm::devices::balloon::BalloonHandle;
 use vmm::layout::{virtio_mmio_base, BALLOON_SLOT};
 use vmm::runner::VirtioMmioDevices;
+use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
 use vmm::testguest::{self, Report, RunOptions, Workload};
 
 pub const MIB: u64 = 1 << 20;
@@ -39,6 +40,15 @@ pub fn balloon_config() -> BalloonConfig {
         stats_interval: Some(Duration::from_millis(50)),
         ..BalloonConfig::default()
     }
+}
+
+/// A workload that writes `pattern` to all of guest RAM `[WORKLOAD_MIN_ADDR, ram)`, reaches
+/// checkpoint 1 and probes the balloon with every feature the test guest's driver knows.
+pub fn probed_workload(ram: u64, pattern: u64) -> Workload {
+    Workload::new()
+        .write(WORKLOAD_MIN_ADDR, ram - WORKLOAD_MIN_ADDR, pattern)
+        .checkpoint(1)
+        .balloon_probe(balloon_base(), ram, BALLOON_DRIVER_FEATURES)
 }
 
 /// A checkpoint hook that can reach the balloon.
@@ -94,6 +104,39 @@ pub fn run(
     let (balloon, events) = attached.lock().unwrap().take().expect("attached");
     drop(events);
     BalloonRun { report, balloon }
+}
+
+/// Runs `workload` on `memory` with one vCPU and a balloon of [`balloon_config`]; at each
+/// checkpoint, `sample(checkpoint, memory)` is kept. Returns the run and the samples in order.
+pub fn run_sampled<T: Send + 'static>(
+    memory: &Arc<GuestMemory>,
+    workload: &Workload,
+    sample: impl Fn(u64, &GuestMemory) -> T + Send + Sync + 'static,
+) -> (BalloonRun, Vec<T>) {
+    let samples: Arc<Mutex<Vec<T>>> = Arc::default();
+    let hook_samples = samples.clone();
+    let hook_memory = memory.clone();
+    let run = run(
+        memory,
+        1,
+        balloon_config(),
+        workload,
+        Some(Box::new(move |id, _| {
+            let taken = sample(id, &hook_memory);
+            hook_samples.lock().unwrap().push(taken);
+        })),
+    );
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    (run, samples)
+}
+
+/// Trees of the pool (64 MiB each) with every frame free.
+pub fn free_trees(stats: &PoolStats) -> usize {
+    stats
+        .trees
+        .iter()
+        .filter(|t| t.free_frames == 16384)
+        .count()
 }
 
 /// Free bytes of the memory's pool.
