@@ -7,6 +7,20 @@ mod vmm_common;
 use e2e_tests::kvm_available;
 use vmm_common::{wait_for_state, Scratch, VmmRun};
 
+/// Runs a 16 MiB VM that reads all its memory on the `file:` backing `backing`, which leaves a
+/// pool file of 16 MiB of frames behind.
+fn create_pool_file(backing: &str) {
+    VmmRun::run(&[
+        "--memory",
+        "16M",
+        "--backing",
+        backing,
+        "--workload",
+        "read:all",
+    ])
+    .assert_success();
+}
+
 #[test]
 fn an_api_socket_served_by_another_vmm_is_a_usage_error() {
     if !kvm_available("an_api_socket_served_by_another_vmm_is_a_usage_error") {
@@ -55,15 +69,7 @@ fn a_pool_file_of_another_size_is_a_usage_error() {
     }
     let scratch = Scratch::new("pool-size");
     let backing = format!("file:{}", scratch.path("pool"));
-    VmmRun::run(&[
-        "--memory",
-        "16M",
-        "--backing",
-        &backing,
-        "--workload",
-        "read:all",
-    ])
-    .assert_success();
+    create_pool_file(&backing);
     VmmRun::run(&["--memory", "32M", "--backing", &backing]).assert_fails(
         2,
         "holds 16777216 bytes of frames, but 33554432 were requested",
@@ -90,15 +96,7 @@ fn a_truncated_pool_file_is_a_usage_error() {
     let scratch = Scratch::new("pool-truncated");
     let pool = scratch.path("pool");
     let backing = format!("file:{pool}");
-    VmmRun::run(&[
-        "--memory",
-        "16M",
-        "--backing",
-        &backing,
-        "--workload",
-        "read:all",
-    ])
-    .assert_success();
+    create_pool_file(&backing);
     let file = std::fs::OpenOptions::new().write(true).open(&pool).unwrap();
     let len = file.metadata().unwrap().len();
     file.set_len(len / 2).unwrap();
