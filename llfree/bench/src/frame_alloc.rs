@@ -3,43 +3,14 @@
 use thiserror::Error;
 
 /// An allocation or free of a benchmarked allocator failed.
+///
+/// Frame errors are LLFree's own (`Memory`, `InvalidOrder`, `OutOfRange`, `Misaligned`,
+/// `NotAllocated`, `WrongOrder`), so every allocator reports them alike.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum AllocError {
-    /// No free frame of the requested order is left (for this core, where frames are per core).
-    #[error("out of memory: no free frame of order {order}")]
-    Memory {
-        /// The requested order.
-        order: usize,
-    },
-    /// The allocator does not support this order.
-    #[error("order {0} is not supported by this allocator")]
-    InvalidOrder(usize),
-    /// The frame lies outside the zone.
-    #[error("frame {frame} (order {order}) is outside the zone of {frames} frames")]
-    OutOfRange {
-        /// The first frame of the request.
-        frame: usize,
-        /// The order of the request.
-        order: usize,
-        /// Frames in the zone.
-        frames: usize,
-    },
-    /// The frame is not aligned to its order.
-    #[error("frame {frame} is not aligned to order {order}")]
-    Misaligned {
-        /// The frame.
-        frame: usize,
-        /// The order.
-        order: usize,
-    },
-    /// The frame is not allocated, or not with this order (double free?).
-    #[error("frame {frame} is not allocated with order {order} (double free?)")]
-    NotAllocated {
-        /// The frame.
-        frame: usize,
-        /// The order given to `put`.
-        order: usize,
-    },
+    /// The request failed; the same errors as LLFree's.
+    #[error(transparent)]
+    Frame(#[from] llfree::Error),
     /// Another thread currently uses this core id of an allocator without synchronisation.
     #[error("core {0} is in use by another thread")]
     CoreBusy(usize),
@@ -83,15 +54,18 @@ pub trait FrameAllocator: Sync {
 /// Checks the range and alignment of a frame of `order` in a zone of `frames` frames.
 pub fn check_frame(frame: usize, order: usize, frames: usize) -> Result<(), AllocError> {
     if frame & ((1 << order) - 1) != 0 {
-        return Err(AllocError::Misaligned { frame, order });
+        return Err(AllocError::Frame(llfree::Error::Misaligned {
+            frame,
+            order,
+        }));
     }
     match frame.checked_add(1 << order) {
         Some(end) if end <= frames => Ok(()),
-        _ => Err(AllocError::OutOfRange {
+        _ => Err(AllocError::Frame(llfree::Error::OutOfRange {
             frame,
             order,
             frames,
-        }),
+        })),
     }
 }
 
@@ -104,15 +78,18 @@ mod tests {
         assert_eq!(check_frame(512, 9, 1024), Ok(()));
         assert_eq!(
             check_frame(3, 1, 1024),
-            Err(AllocError::Misaligned { frame: 3, order: 1 })
+            Err(AllocError::Frame(llfree::Error::Misaligned {
+                frame: 3,
+                order: 1
+            }))
         );
         assert!(matches!(
             check_frame(1024, 0, 1024),
-            Err(AllocError::OutOfRange { .. })
+            Err(AllocError::Frame(llfree::Error::OutOfRange { .. }))
         ));
         assert!(matches!(
             check_frame(usize::MAX & !1, 1, 1024),
-            Err(AllocError::OutOfRange { .. })
+            Err(AllocError::Frame(llfree::Error::OutOfRange { .. }))
         ));
     }
 }

@@ -73,7 +73,10 @@ impl FrameLinks {
         if self.links[frame].allocated.swap(false, Relaxed) {
             Ok(frame as u32)
         } else {
-            Err(AllocError::NotAllocated { frame, order: 0 })
+            Err(AllocError::Frame(llfree::Error::NotAllocated {
+                frame,
+                order: 0,
+            }))
         }
     }
 
@@ -95,7 +98,7 @@ pub fn share(frames: usize, lists: usize, list: usize) -> std::ops::Range<usize>
 pub fn order_zero_only(order: usize) -> Result<(), AllocError> {
     match order {
         0 => Ok(()),
-        _ => Err(AllocError::InvalidOrder(order)),
+        _ => Err(AllocError::Frame(llfree::Error::InvalidOrder(order))),
     }
 }
 

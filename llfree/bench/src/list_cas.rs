@@ -48,7 +48,7 @@ impl FrameAllocator for ListCas {
         loop {
             let frame = head as u32;
             if frame == NIL {
-                return Err(AllocError::Memory { order });
+                return Err(AllocError::Frame(llfree::Error::Memory { order }));
             }
             // A stale `next` (the frame was popped meanwhile) is harmless: the tag changed, so
             // the compare-and-swap fails.
@@ -108,7 +108,10 @@ mod tests {
         assert_eq!(alloc.get(0, 0), Ok(0));
         alloc.put(0, 0, 0).unwrap();
         assert_eq!(alloc.head.0.load(Relaxed), pack(2, 0));
-        assert_eq!(alloc.get(0, 2), Err(AllocError::InvalidOrder(2)));
+        assert_eq!(
+            alloc.get(0, 2),
+            Err(AllocError::Frame(llfree::Error::InvalidOrder(2)))
+        );
         rejects_bad_puts(&alloc);
         exhausts_exactly(&alloc);
     }

@@ -99,7 +99,7 @@ impl FrameAllocator for ListLocal {
         let list = self.claim(core)?;
         let frame = list.head.load(Relaxed);
         if frame == NIL {
-            return Err(AllocError::Memory { order });
+            return Err(AllocError::Frame(llfree::Error::Memory { order }));
         }
         list.head.store(self.links.next(frame), Relaxed);
         list.len.store(list.len.load(Relaxed) - 1, Relaxed);
@@ -147,7 +147,10 @@ mod tests {
         let frames: Vec<_> = (0..4).map(|_| alloc.get(0, 0).unwrap()).collect();
         assert_eq!(frames, vec![0, 1, 2, 3]);
         assert_eq!(alloc.get(0, 0), Ok(4));
-        assert_eq!(alloc.get(0, 0), Err(AllocError::Memory { order: 0 }));
+        assert_eq!(
+            alloc.get(0, 0),
+            Err(AllocError::Frame(llfree::Error::Memory { order: 0 }))
+        );
         // A free on core 0 lands in core 0's list.
         alloc.put(0, 5, 0).unwrap();
         assert_eq!(alloc.get(0, 0), Ok(5));

@@ -44,7 +44,7 @@ impl FrameAllocator for ListLocked {
             let mut list = self.list.lock();
             let frame = list.head;
             if frame == NIL {
-                return Err(AllocError::Memory { order });
+                return Err(AllocError::Frame(llfree::Error::Memory { order }));
             }
             list.head = self.links.next(frame);
             list.len -= 1;
@@ -87,7 +87,10 @@ mod tests {
         assert_eq!(alloc.get(0, 0), Ok(1));
         alloc.put(0, 0, 0).unwrap();
         assert_eq!(alloc.get(1, 0), Ok(0));
-        assert_eq!(alloc.get(0, 1), Err(AllocError::InvalidOrder(1)));
+        assert_eq!(
+            alloc.get(0, 1),
+            Err(AllocError::Frame(llfree::Error::InvalidOrder(1)))
+        );
         alloc.put(0, 0, 0).unwrap();
         alloc.put(0, 1, 0).unwrap();
         rejects_bad_puts(&alloc);

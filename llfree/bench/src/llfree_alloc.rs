@@ -23,26 +23,6 @@ impl LLFreeAlloc {
     }
 }
 
-/// Translates LLFree's errors into the harness's.
-fn convert(error: llfree::Error) -> AllocError {
-    match error {
-        llfree::Error::Memory { order } => AllocError::Memory { order },
-        llfree::Error::InvalidOrder(order) => AllocError::InvalidOrder(order),
-        llfree::Error::OutOfRange {
-            frame,
-            order,
-            frames,
-        } => AllocError::OutOfRange {
-            frame,
-            order,
-            frames,
-        },
-        llfree::Error::Misaligned { frame, order } => AllocError::Misaligned { frame, order },
-        llfree::Error::NotAllocated { frame, order }
-        | llfree::Error::WrongOrder { frame, order } => AllocError::NotAllocated { frame, order },
-    }
-}
-
 impl FrameAllocator for LLFreeAlloc {
     fn name(&self) -> &'static str {
         "llfree"
@@ -54,12 +34,14 @@ impl FrameAllocator for LLFreeAlloc {
 
     #[inline]
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        self.llfree.get(core, order).map_err(convert)
+        self.llfree.get(core, order).map_err(AllocError::from)
     }
 
     #[inline]
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
-        self.llfree.put(core, frame, order).map_err(convert)
+        self.llfree
+            .put(core, frame, order)
+            .map_err(AllocError::from)
     }
 
     fn drain(&self, core: usize) {
@@ -87,7 +69,7 @@ mod tests {
         let frame = alloc.get(0, 3).unwrap();
         assert!(matches!(
             alloc.put(0, frame + 1, 3),
-            Err(AllocError::Misaligned { .. })
+            Err(AllocError::Frame(llfree::Error::Misaligned { .. }))
         ));
         alloc.put(0, frame, 3).unwrap();
         assert!(alloc.supports_order(GIANT_ORDER) && !alloc.supports_order(11));

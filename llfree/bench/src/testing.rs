@@ -50,7 +50,7 @@ fn random_gets_and_puts(
         let order = orders[rng.below(orders.len())];
         match alloc.get(core, order) {
             Ok(frame) => held.push((frame, order)),
-            Err(AllocError::Memory { .. }) => {}
+            Err(AllocError::Frame(llfree::Error::Memory { .. })) => {}
             Err(e) => panic!("get failed: {e}"),
         }
     }
@@ -64,15 +64,15 @@ pub fn rejects_bad_puts(alloc: &dyn FrameAllocator) {
     alloc.put(0, frame, 0).unwrap();
     assert!(matches!(
         alloc.put(0, frame, 0),
-        Err(AllocError::NotAllocated { .. })
+        Err(AllocError::Frame(llfree::Error::NotAllocated { .. }))
     ));
     assert!(matches!(
         alloc.put(0, alloc.frames(), 0),
-        Err(AllocError::OutOfRange { .. })
+        Err(AllocError::Frame(llfree::Error::OutOfRange { .. }))
     ));
     assert!(matches!(
         alloc.get(0, 63),
-        Err(AllocError::InvalidOrder(63))
+        Err(AllocError::Frame(llfree::Error::InvalidOrder(63)))
     ));
     assert!(!alloc.supports_order(63));
 }
@@ -88,7 +88,10 @@ pub fn exhausts_exactly(alloc: &dyn FrameAllocator) {
             "frame {frame} twice"
         );
     }
-    assert_eq!(alloc.get(0, 0), Err(AllocError::Memory { order: 0 }));
+    assert_eq!(
+        alloc.get(0, 0),
+        Err(AllocError::Frame(llfree::Error::Memory { order: 0 }))
+    );
     assert_eq!(alloc.free_frames(), 0);
     for frame in 0..alloc.frames() {
         alloc.put(0, frame, 0).unwrap();

@@ -158,7 +158,7 @@ impl FrameAllocator for Buddy {
 
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
         if order > MAX_ORDER {
-            return Err(AllocError::InvalidOrder(order));
+            return Err(AllocError::Frame(llfree::Error::InvalidOrder(order)));
         }
         if let Some(frame) = self.try_get(core, order) {
             return Ok(frame);
@@ -166,18 +166,18 @@ impl FrameAllocator for Buddy {
         // Slow path, as Linux's `drain_all_pages`: the frames may sit in per-CPU lists.
         (0..self.pcps.len()).for_each(|c| self.drain(c));
         self.try_get(core, order)
-            .ok_or(AllocError::Memory { order })
+            .ok_or(AllocError::Frame(llfree::Error::Memory { order }))
     }
 
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         if order > MAX_ORDER {
-            return Err(AllocError::InvalidOrder(order));
+            return Err(AllocError::Frame(llfree::Error::InvalidOrder(order)));
         }
         check_frame(frame, order, self.pages.len())?;
         self.pages[frame]
             .state
             .compare_exchange(state_allocated(order), STATE_NONE, Acquire, Relaxed)
-            .map_err(|_| AllocError::NotAllocated { frame, order })?;
+            .map_err(|_| AllocError::Frame(llfree::Error::NotAllocated { frame, order }))?;
         if order == 0 && self.pcp {
             let mut pcp = self.pcp(core).lock();
             pcp.push(&self.pages, frame);

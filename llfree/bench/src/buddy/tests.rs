@@ -35,12 +35,15 @@ fn wrong_order_and_inner_frames_are_rejected() {
     let frame = alloc.get(0, 3).unwrap();
     assert_eq!(
         alloc.put(0, frame, 2),
-        Err(AllocError::NotAllocated { frame, order: 2 })
+        Err(AllocError::Frame(llfree::Error::NotAllocated {
+            frame,
+            order: 2
+        }))
     );
     assert!(alloc.put(0, frame + 1, 0).is_err());
     assert!(matches!(
         alloc.put(0, frame + 1, 3),
-        Err(AllocError::Misaligned { .. })
+        Err(AllocError::Frame(llfree::Error::Misaligned { .. }))
     ));
     alloc.put(0, frame, 3).unwrap();
     rejects_bad_puts(&alloc);
