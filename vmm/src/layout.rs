@@ -7,7 +7,8 @@
 //! ```text
 //! 0x0000_0000 .. 0x0009_fc00   low RAM: GDT 0x500, zero page 0x7000, stack 0x8ff0,
 //!                              page tables 0x9000.., command line 0x2_0000
-//! 0x0009_fc00 .. 0x0010_0000   EBDA / VGA / BIOS hole (not RAM in the e820 map)
+//! 0x0009_fc00 .. 0x0010_0000   EBDA / VGA / BIOS hole (not RAM in the e820 map);
+//!                              MP table 0x9_fc00 .. 0xa_1c00
 //! 0x0010_0000 .. MMIO_GAP_START  RAM (kernel at 1 MiB, initrd at the top)
 //! 0xc000_0000 .. 0x1_0000_0000   MMIO gap: virtio-mmio slots, 0x1000 apart
 //! 0x1_0000_0000 ..               RAM above 4 GiB
@@ -36,6 +37,12 @@ pub const CMDLINE_START: u64 = 0x2_0000;
 pub const CMDLINE_MAX_SIZE: usize = 2048;
 /// Start of the Extended BIOS Data Area: low RAM in the e820 map ends here.
 pub const EBDA_START: u64 = 0x9_fc00;
+/// Address of the MP table (floating pointer, then the configuration table): the first KiB of
+/// the EBDA, where Linux looks for the floating pointer. It lies in the legacy hole, which the
+/// e820 map leaves out, so the guest never takes it for RAM.
+pub const MPTABLE_START: u64 = EBDA_START;
+/// Bytes reserved for the MP table at [`MPTABLE_START`]: room for 254 processor entries.
+pub const MPTABLE_MAX_SIZE: u64 = 0x2000;
 /// Start of "high" memory (1 MiB): kernels are loaded at or above it.
 pub const HIGH_MEMORY_START: u64 = 0x10_0000;
 
@@ -175,6 +182,8 @@ mod tests {
             assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
             assert!(BOOT_STACK_POINTER < PML4_START);
             assert!(BOOT_STACK_POINTER > ZERO_PAGE_START + 0x1000);
+            assert!(MPTABLE_START >= EBDA_START);
+            assert!(MPTABLE_START + MPTABLE_MAX_SIZE <= HIGH_MEMORY_START);
         }
     }
 }

@@ -106,7 +106,9 @@ pub fn write_zero_page<M: GuestMemoryBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{ram_regions, MMIO_GAP_END, MMIO_GAP_START};
+    use crate::layout::{
+        ram_regions, MMIO_GAP_END, MMIO_GAP_START, MPTABLE_MAX_SIZE, MPTABLE_START,
+    };
     use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
     fn regions(size: u64) -> Vec<(u64, u64)> {
@@ -128,6 +130,10 @@ mod tests {
             vec![(0, EBDA_START), (HIGH_MEMORY_START, 256 << 20)]
         );
         assert!(map.iter().all(|e| e.r#type == E820_RAM));
+        let mptable = MPTABLE_START..MPTABLE_START + MPTABLE_MAX_SIZE;
+        assert!(map
+            .iter()
+            .all(|e| e.addr + e.size <= mptable.start || e.addr >= mptable.end));
 
         let map = e820_map(&regions(6 << 30)).unwrap();
         assert_eq!(

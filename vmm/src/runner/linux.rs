@@ -15,6 +15,7 @@ use super::session::Session;
 use super::{DeviceError, RunError, RunOutcome};
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
+use crate::arch::x86_64::mptable::write_mptable;
 use crate::arch::x86_64::msr::setup_boot_msrs;
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::{write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED};
@@ -77,9 +78,11 @@ pub(super) fn run(
     }
 }
 
-/// CPUID, MSRs and LAPIC for every vCPU; long mode at the kernel's entry for vCPU 0.
+/// The MP table listing the vCPUs; CPUID, MSRs and LAPIC for every vCPU; long mode at the
+/// kernel's entry for vCPU 0.
 fn setup_vcpus(vm: &Vm<GuestMemory>, boot: &LinuxBoot) -> Result<(), RunError> {
     let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
+    write_mptable(vm.memory().as_ref(), vm.vcpus().len()).map_err(|e| setup(&e))?;
     let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup(&e))?;
     // Linux builds its own page tables: the boot map covers the low 4 GiB with 2 MiB pages.
     let tables = write_boot_tables(

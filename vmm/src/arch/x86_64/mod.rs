@@ -13,6 +13,7 @@
 pub mod cpuid;
 pub mod gdt;
 pub mod lapic;
+pub mod mptable;
 pub mod msr;
 pub mod paging;
 pub mod regs;
