@@ -82,6 +82,17 @@ impl Finished {
         );
     }
 
+    /// Asserts that `vmm run` was stopped by its owner before the guest finished: exit status
+    /// `code` and one `stopped:` line on stderr naming `cause`.
+    pub fn assert_stopped(&self, code: i32, cause: &str) {
+        assert_eq!(self.code, Some(code), "{self:#?}");
+        assert_eq!(
+            self.stderr.trim_end(),
+            format!("stopped: {cause} ended the VM before the guest finished"),
+            "{self:#?}"
+        );
+    }
+
     /// Asserts a clean exit (status 0, nothing on stderr).
     pub fn assert_success(&self) {
         assert_eq!(self.code, Some(0), "{self:#?}");

@@ -239,9 +239,14 @@ fn the_api_pauses_inspects_and_shuts_down_a_running_guest() {
         Some("balloon not configured")
     );
     send(&client, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
-    // A requested shutdown is a clean end.
+    // A requested shutdown ends the run with its own status and a line saying so.
     let run = process.wait(Duration::from_secs(30));
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.code, Some(6), "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with("stopped: an API shutdown request"),
+        "{}",
+        run.stderr
+    );
     assert!(
         !Path::new(&socket).exists(),
         "the API socket is removed at exit"

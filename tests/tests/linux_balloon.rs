@@ -137,6 +137,6 @@ fn linux_inflates_to_the_api_target_and_frames_return_to_the_pool() {
 
     send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
     let run = vmm.wait(Duration::from_secs(30));
-    run.assert_success();
+    run.assert_stopped(6, "an API shutdown request");
     assert!(run.stdout.contains("Linux version"), "{run:#?}");
 }

@@ -74,7 +74,7 @@ fn a_wrong_pattern_fails_verification_with_the_first_bad_page() {
     assert_eq!(second.addr, addr + size / 2, "vCPU 1 checks the upper half");
     assert!(report
         .serial_output
-        .contains("step 1: FAILED, mismatching pages: 2048"));
+        .contains("step 2: FAILED, mismatching pages: 2048"));
 }
 
 #[test]

@@ -141,7 +141,7 @@ fn shutdown_stops_a_paused_guest_and_requests_that_do_not_fit_are_refused() {
     let shutdown = client(&["shutdown", "--socket", &socket]);
     assert_eq!(shutdown.code, Some(0), "{shutdown:#?}");
     let run = vmm.wait(std::time::Duration::from_secs(30));
-    run.assert_success();
+    run.assert_stopped(6, "an API shutdown request");
     assert!(!run.stdout.contains("test guest: done"), "stopped early");
     assert!(!std::path::Path::new(&socket).exists(), "socket removed");
 }

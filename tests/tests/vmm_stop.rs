@@ -1,5 +1,6 @@
-//! End-to-end: how `vmm run` ends. SIGINT (Ctrl-C) and SIGTERM stop the guest cleanly; a guest
-//! fault the frame pool cannot serve ends the run with one error line.
+//! End-to-end: how `vmm run` ends. SIGINT (Ctrl-C) and SIGTERM stop the guest cleanly, with exit
+//! status 130 or 143 and a line saying so; a guest fault the frame pool cannot serve ends the
+//! run with one error line.
 
 mod vmm_common;
 
@@ -17,7 +18,7 @@ fn sigint_and_sigterm_stop_a_running_guest_cleanly() {
     if !kvm_available("sigint_and_sigterm_stop_a_running_guest_cleanly") {
         return;
     }
-    for signal in ["INT", "TERM"] {
+    for (signal, code) in [("INT", 130), ("TERM", 143)] {
         let scratch = Scratch::new(&format!("signal-{signal}"));
         let socket = scratch.path("api.sock");
         let mut vmm = VmmRun::start(&[
@@ -38,7 +39,7 @@ fn sigint_and_sigterm_stop_a_running_guest_cleanly() {
         }
         vmm.signal(signal);
         let run = vmm.wait(Duration::from_secs(20));
-        run.assert_success();
+        run.assert_stopped(code, &format!("SIG{signal}"));
         assert!(run.stdout.contains("llfree-vmm test guest:"), "{run:#?}");
         assert!(
             !run.stdout.contains("test guest: done"),
@@ -66,7 +67,8 @@ fn sigint_stops_a_guest_paused_at_a_checkpoint() {
     let api = vmm.api(&socket);
     wait_for_state(&api, "Paused");
     vmm.signal("INT");
-    vmm.wait(Duration::from_secs(20)).assert_success();
+    vmm.wait(Duration::from_secs(20))
+        .assert_stopped(130, "SIGINT");
 }
 
 #[test]

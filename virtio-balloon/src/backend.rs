@@ -96,6 +96,10 @@ pub trait GuestNotifier: Send + Sync {
 
     /// Tells the driver that the configuration space changed (a new target).
     fn config_changed(&self) -> io::Result<()>;
+
+    /// Tells the driver that the device stopped and needs a reset (virtio 1.2 §2.1.2: the
+    /// transport sets DEVICE_NEEDS_RESET and sends a configuration change notification).
+    fn needs_reset(&self) -> io::Result<()>;
 }
 
 #[cfg(test)]

@@ -348,6 +348,9 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
         if let Err(e @ (BalloonError::Queue { .. } | BalloonError::UnreadableRing(_))) = result {
             error!("virtio-balloon: {e}");
             active.needs_reset = true;
+            if let Err(e) = active.notifier.needs_reset() {
+                error!("virtio-balloon: cannot tell the driver that the device needs a reset: {e}");
+            }
         }
     }
 

@@ -146,6 +146,7 @@ impl BalloonBackend for RecordingBackend {
 pub struct CountingNotifier {
     used: [AtomicU64; 4],
     config: AtomicU64,
+    needs_reset: AtomicU64,
 }
 
 impl CountingNotifier {
@@ -158,6 +159,11 @@ impl CountingNotifier {
     pub fn config(&self) -> u64 {
         self.config.load(Ordering::Relaxed)
     }
+
+    /// Needs-reset notifications so far (each also counts as a configuration change).
+    pub fn needs_reset_count(&self) -> u64 {
+        self.needs_reset.load(Ordering::Relaxed)
+    }
 }
 
 impl GuestNotifier for CountingNotifier {
@@ -169,6 +175,11 @@ impl GuestNotifier for CountingNotifier {
     fn config_changed(&self) -> io::Result<()> {
         self.config.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn needs_reset(&self) -> io::Result<()> {
+        self.needs_reset.fetch_add(1, Ordering::Relaxed);
+        self.config_changed()
     }
 }
 

@@ -28,6 +28,8 @@ pub enum Violation {
     ExtraStatsBuffer,
     /// A notification for a queue that does not exist.
     UnknownQueue,
+    /// A chain with an indirect descriptor (VIRTIO_RING_F_INDIRECT_DESC is not offered).
+    IndirectDescriptor,
 }
 
 /// How often each [`Violation`] happened since the device was created.
@@ -53,6 +55,8 @@ pub struct Violations {
     pub extra_stats_buffer: u64,
     /// See [`Violation::UnknownQueue`].
     pub unknown_queue: u64,
+    /// See [`Violation::IndirectDescriptor`].
+    pub indirect_descriptor: u64,
 }
 
 impl Violations {
@@ -74,6 +78,7 @@ impl Violations {
             self.not_inflated,
             self.extra_stats_buffer,
             self.unknown_queue,
+            self.indirect_descriptor,
         ]
         .iter()
         .fold(0u64, |sum, &count| sum.saturating_add(count))
@@ -91,6 +96,7 @@ impl Violations {
             Violation::NotInflated => &self.not_inflated,
             Violation::ExtraStatsBuffer => &self.extra_stats_buffer,
             Violation::UnknownQueue => &self.unknown_queue,
+            Violation::IndirectDescriptor => &self.indirect_descriptor,
         }
     }
 
@@ -106,6 +112,7 @@ impl Violations {
             Violation::NotInflated => &mut self.not_inflated,
             Violation::ExtraStatsBuffer => &mut self.extra_stats_buffer,
             Violation::UnknownQueue => &mut self.unknown_queue,
+            Violation::IndirectDescriptor => &mut self.indirect_descriptor,
         }
     }
 

@@ -82,6 +82,21 @@ fn print_number(value: u64) {
     }
 }
 
+/// Prints "1 vCPU", "2 vCPUs".
+fn print_count(count: u64, noun: &str) {
+    print_number(count);
+    print(" ");
+    print(noun);
+    if count != 1 {
+        print("s");
+    }
+}
+
+/// Whether `step` is the balloon probe the VMM adds before the first balloon step.
+fn is_probe(step: &Step) -> bool {
+    step.kind == step_kind::BALLOON_PROBE
+}
+
 fn report(vcpu: u32, code: u64, value: u64) {
     // SAFETY: the report window is MMIO the VMM emulates; the write exits to the VMM.
     unsafe { write_volatile(report_address(vcpu, code) as *mut u64, value) };
@@ -198,17 +213,27 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
     let (header, steps) = read_descriptor(descriptor, vcpu);
     let vcpus = header.vcpu_count;
     if vcpu == 0 {
+        // The balloon probe is the VMM's, not one of the steps the user wrote.
+        let user_steps = (0..header.step_count)
+            .filter(|&index| !is_probe(&read_step(steps + u64::from(index) * STEP_SIZE)))
+            .count();
         print("llfree-vmm test guest: ");
-        print_number(vcpus.into());
-        print(" vCPUs, ");
-        print_number(header.step_count.into());
-        print(" steps\n");
+        print_count(vcpus.into(), "vCPU");
+        print(", ");
+        print_count(user_steps as u64, "step");
+        print("\n");
     }
     let mut status = exit_status::SUCCESS;
+    // The user's number of the step being run: 1 for the first step they wrote.
+    let mut user_step = 0;
     for index in 0..header.step_count {
         let step = read_step(steps + u64::from(index) * STEP_SIZE);
         if !step_is_valid(&step, vcpus) {
             halt(vcpu, exit_status::BAD_DESCRIPTOR);
+        }
+        let probe = is_probe(&step);
+        if !probe {
+            user_step += 1;
         }
         if step.kind == step_kind::CHECKPOINT {
             let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
@@ -232,15 +257,24 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
         barrier(vcpus);
         if vcpu == 0 {
             let mismatches = STEP_MISMATCHES.swap(0, Ordering::Relaxed);
-            print("step ");
-            print_number(index.into());
-            if mismatches == 0 {
-                print(": ok\n");
-            } else {
+            if mismatches != 0 {
                 FAILED.store(1, Ordering::Relaxed);
-                print(": FAILED, mismatching pages: ");
-                print_number(mismatches);
-                print("\n");
+            }
+            if probe {
+                // A probe that worked is not worth a line.
+                if mismatches != 0 {
+                    print("balloon probe: FAILED\n");
+                }
+            } else {
+                print("step ");
+                print_number(user_step);
+                if mismatches == 0 {
+                    print(": ok\n");
+                } else {
+                    print(": FAILED, mismatching pages: ");
+                    print_number(mismatches);
+                    print("\n");
+                }
             }
         }
         barrier(vcpus);

@@ -5,8 +5,9 @@ use std::num::Wrapping;
 use std::sync::atomic::Ordering;
 
 use log::error;
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemory};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemory};
 
 use super::{Active, BalloonError, Record};
 use crate::backend::{BalloonBackend, GuestNotifier, GuestRange};
@@ -36,17 +37,27 @@ impl<B: BalloonBackend> Handler<'_, B> {
         let Some(queue) = active.queues[role.slot()].as_mut() else {
             return Ok(());
         };
+        let mut refused = 0;
         let used = match role {
-            QueueRole::Inflate => drain(queue, mem, index, |chain| {
+            QueueRole::Inflate => drain(queue, mem, index, &mut refused, |chain| {
                 self.apply_pfn_runs(mem, chain, inflate_range)
             }),
-            QueueRole::Deflate => drain(queue, mem, index, |chain| {
+            QueueRole::Deflate => drain(queue, mem, index, &mut refused, |chain| {
                 self.apply_pfn_runs(mem, chain, deflate_range)
             }),
-            QueueRole::Reporting => drain(queue, mem, index, |chain| self.report(chain)),
-            QueueRole::Stats => self.take_stats(queue, mem, index, &mut active.held_stats),
-        }?;
-        if used {
+            QueueRole::Reporting => {
+                drain(queue, mem, index, &mut refused, |chain| self.report(chain))
+            }
+            QueueRole::Stats => {
+                self.take_stats(queue, mem, index, &mut refused, &mut active.held_stats)
+            }
+        };
+        self.record.violations.record(
+            Violation::IndirectDescriptor,
+            refused,
+            format_args!("queue {index}: indirect descriptors were not offered"),
+        );
+        if used? {
             notify(queue, mem, active.notifier.as_ref(), index)?;
         }
         Ok(())
@@ -108,9 +119,10 @@ impl<B: BalloonBackend> Handler<'_, B> {
         queue: &mut Queue,
         mem: &G,
         index: u16,
+        refused: &mut u64,
         held: &mut Option<u16>,
     ) -> Result<bool, BalloonError> {
-        for_each_avail(queue, mem, index, |queue, chain| {
+        for_each_avail(queue, mem, index, refused, |queue, chain| {
             let head = chain.head_index();
             let record = &mut *self.record;
             record.stats = GuestStats::read(mem, chain, &mut record.violations);
@@ -195,9 +207,10 @@ fn drain<G: GuestMemory>(
     queue: &mut Queue,
     mem: &G,
     index: u16,
+    refused: &mut u64,
     mut handle: impl FnMut(DescriptorChain<&G>),
 ) -> Result<bool, BalloonError> {
-    for_each_avail(queue, mem, index, |queue, chain| {
+    for_each_avail(queue, mem, index, refused, |queue, chain| {
         let head = chain.head_index();
         handle(chain);
         queue
@@ -210,10 +223,13 @@ fn drain<G: GuestMemory>(
 /// Hands every available chain of queue `index` to `handle` until the driver adds no more
 /// (notifications are off while chains are taken, so that none is missed when they come back
 /// on). `handle` returns whether it put a buffer in the used ring; so does this, for any chain.
+/// A chain with an indirect descriptor is put in the used ring unread and counted in `refused`:
+/// the device does not offer VIRTIO_RING_F_INDIRECT_DESC (virtio-queue would follow it).
 fn for_each_avail<'m, G: GuestMemory>(
     queue: &mut Queue,
     mem: &'m G,
     index: u16,
+    refused: &mut u64,
     mut handle: impl FnMut(&mut Queue, DescriptorChain<&'m G>) -> Result<bool, BalloonError>,
 ) -> Result<bool, BalloonError> {
     let ring = |source| BalloonError::Queue { index, source };
@@ -222,12 +238,46 @@ fn for_each_avail<'m, G: GuestMemory>(
         queue.disable_notification(mem).map_err(ring)?;
         let mut chains = AvailChains::new(queue, mem, index)?;
         while let Some(chain) = chains.next(queue, mem)? {
+            let head = chain.head_index();
+            if uses_indirect(queue, mem, head) {
+                *refused += 1;
+                queue.add_used(mem, head, 0).map_err(ring)?;
+                used = true;
+                continue;
+            }
             used |= handle(queue, chain)?;
         }
         if !queue.enable_notification(mem).map_err(ring)? {
             return Ok(used);
         }
     }
+}
+
+/// Whether the chain starting at descriptor `head` has a descriptor that refers to an indirect
+/// table. Walks the chain as virtio-queue does, at most one queue size of descriptors.
+fn uses_indirect<G: GuestMemory>(queue: &Queue, mem: &G, head: u16) -> bool {
+    let table = GuestAddress(queue.desc_table());
+    let size = queue.size();
+    let mut next = head;
+    for _ in 0..size {
+        if next >= size {
+            return false;
+        }
+        let addr = table
+            .0
+            .checked_add(u64::from(next) * size_of::<Descriptor>() as u64);
+        let Some(Ok(desc)) = addr.map(|a| mem.read_obj::<Descriptor>(GuestAddress(a))) else {
+            return false;
+        };
+        if desc.refers_to_indirect_table() {
+            return true;
+        }
+        if !desc.has_next() {
+            return false;
+        }
+        next = desc.next();
+    }
+    false
 }
 
 /// Raises the used-buffer interrupt of queue `index` if the driver wants one.

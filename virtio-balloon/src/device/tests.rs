@@ -366,6 +366,8 @@ fn broken_rings_stop_the_device_until_reset() {
         Err(BalloonError::Queue { index: 1, .. })
     ));
     assert!(s.balloon.info().needs_reset);
+    // The driver is told (DEVICE_NEEDS_RESET with a configuration change interrupt).
+    assert_eq!(s.notifier.needs_reset_count(), 1);
     s.balloon.process_queue(INFLATE).unwrap();
     assert!(!s.balloon.request_stats().unwrap());
 
@@ -405,4 +407,33 @@ fn notifications_while_inactive_are_ignored() {
 fn the_device_can_move_to_the_event_loop_thread() {
     fn assert_send<T: Send>() {}
     assert_send::<TestBalloon>();
+}
+
+#[test]
+fn chains_with_indirect_descriptors_are_refused_unread() {
+    use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
+    use virtio_queue::desc::split::Descriptor;
+    let mem = guest_memory();
+    let mut s = activate(&mem);
+    // An indirect table at BUFFERS + 0x1000 whose one descriptor points at a page frame number
+    // list: followed, it would inflate page 10.
+    let len = s.driver.write_pfns(BUFFERS, &[10]);
+    let mut entry = BUFFERS.to_le_bytes().to_vec();
+    entry.extend_from_slice(&len.to_le_bytes());
+    entry.extend_from_slice(&[0; 4]);
+    s.driver.write(BUFFERS + 0x1000, &entry);
+    let indirect = Descriptor::new(BUFFERS + 0x1000, 16, VRING_DESC_F_INDIRECT as u16, 0);
+    // One chain is the indirect descriptor alone, the other has it second.
+    let head = Descriptor::new(BUFFERS, len, VRING_DESC_F_NEXT as u16, 6);
+    s.driver
+        .add_raw(INFLATE, &[(5, indirect), (4, head), (6, indirect)], &[5, 4]);
+    s.balloon.process_queue(INFLATE).unwrap();
+    assert_eq!(s.driver.take_used(INFLATE), [5, 4]);
+    assert_eq!(s.balloon.backend().calls(), []);
+    let info = s.balloon.info();
+    assert_eq!(info.violations.count(Violation::IndirectDescriptor), 2);
+    assert!(
+        !info.needs_reset,
+        "refusing a chain does not stop the device"
+    );
 }

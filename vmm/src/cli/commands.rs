@@ -8,7 +8,7 @@ use super::config::VmConfig;
 use super::exit::ExitStatus;
 use super::host::check_host;
 use crate::api::{ApiClient, ClientError};
-use crate::runner::RunOutcome;
+use crate::runner::{RunOutcome, StopCause};
 
 /// Prints `error: {message}` and returns `status`.
 fn fail(status: ExitStatus, message: impl Display) -> ExitStatus {
@@ -32,6 +32,14 @@ pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
         Ok(RunOutcome::Success) => ExitStatus::Success,
         Ok(RunOutcome::GuestFailure(why)) => {
             fail(ExitStatus::GuestFailure, format!("the guest failed: {why}"))
+        }
+        Ok(RunOutcome::Stopped(cause)) => {
+            eprintln!("stopped: {cause} ended the VM before the guest finished");
+            match cause {
+                StopCause::Signal(libc::SIGINT) => ExitStatus::Interrupted,
+                StopCause::Signal(_) => ExitStatus::Terminated,
+                StopCause::Api => ExitStatus::StoppedByApi,
+            }
         }
         Err(e) => fail(e.exit_status(), e),
     }

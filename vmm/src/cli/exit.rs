@@ -11,7 +11,10 @@ Exit status:
   3  host unsupported: no usable /dev/kvm, or too few huge pages
   4  runtime error: the VMM failed while setting up or running the VM, or the API socket
      could not be reached
-  5  the API answered with an error (non-2xx); its fault message is printed";
+  5  the API answered with an error (non-2xx); its fault message is printed
+  6  `vmm run`: an API client stopped the VM (PUT /actions Shutdown) before the guest finished
+130  `vmm run`: SIGINT (Ctrl-C) stopped the VM before the guest finished (128 + 2, as shells do)
+143  `vmm run`: SIGTERM stopped the VM before the guest finished (128 + 15)";
 
 /// What `vmm` exits with. See [`EXIT_STATUS_HELP`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +32,12 @@ pub enum ExitStatus {
     Runtime = 4,
     /// The API answered with an error status.
     ApiError = 5,
+    /// An API client stopped the VM before the guest finished.
+    StoppedByApi = 6,
+    /// SIGINT stopped the VM before the guest finished.
+    Interrupted = 130,
+    /// SIGTERM stopped the VM before the guest finished.
+    Terminated = 143,
 }
 
 impl ExitStatus {
@@ -57,10 +66,16 @@ mod tests {
             ExitStatus::HostUnsupported,
             ExitStatus::Runtime,
             ExitStatus::ApiError,
+            ExitStatus::StoppedByApi,
         ];
         for (expected, status) in all.into_iter().enumerate() {
             assert_eq!(status.code() as usize, expected);
-            let line = format!("\n  {expected}  ");
+        }
+        for status in all
+            .into_iter()
+            .chain([ExitStatus::Interrupted, ExitStatus::Terminated])
+        {
+            let line = format!("\n{:>3}  ", status.code());
             assert!(EXIT_STATUS_HELP.contains(&line), "{status:?} undocumented");
         }
     }

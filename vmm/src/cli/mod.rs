@@ -20,6 +20,8 @@
 //! | 3 | host unsupported: no usable /dev/kvm, too few huge pages |
 //! | 4 | runtime error: the VMM failed, or the API socket could not be reached |
 //! | 5 | the API answered with an error status |
+//! | 6 | `vmm run`: an API client stopped the VM before the guest finished |
+//! | 130, 143 | `vmm run`: SIGINT or SIGTERM stopped the VM before the guest finished |
 
 mod args;
 mod backing;

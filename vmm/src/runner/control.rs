@@ -11,6 +11,7 @@ use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerErro
 use crate::vm::control::{self, RunState, VmControl};
 
 use super::session::{Phase, Session};
+use super::StopCause;
 
 /// What a run control error means to an API client.
 fn api_error(error: control::ControlError) -> ControlError {
@@ -79,7 +80,7 @@ impl VmmControl for Session {
     }
 
     fn shutdown(&self) -> Result<(), ControlError> {
-        self.request_stop();
+        self.request_stop(StopCause::Api);
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::session::Session;
 use super::signals::{SignalFd, StopSignals};
+use super::StopCause;
 
 pub(super) use crate::devices::event_loop::Subscriber;
 
@@ -30,7 +31,7 @@ impl MutEventSubscriber for StopSignalSubscriber {
     fn process(&mut self, _events: Events, _ops: &mut EventOps) {
         while let Some(signal) = self.signals.take() {
             log::info!("signal {signal}: stopping the VM");
-            self.session.request_stop();
+            self.session.request_stop(StopCause::Signal(signal));
         }
     }
 }

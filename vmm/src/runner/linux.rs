@@ -12,7 +12,7 @@ use guest_mem::GuestMemory;
 use super::console::Console;
 use super::devices::VirtioMmioDevices;
 use super::session::Session;
-use super::{DeviceError, RunError, RunOutcome};
+use super::{DeviceError, RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
 use crate::arch::x86_64::mptable::write_mptable;
@@ -67,10 +67,11 @@ pub(super) fn run(
     let running = vm.start(Arc::new(buses))?;
     session.start_guest(&running);
     match running.wait() {
+        StopReason::Requested => Ok(RunOutcome::Stopped(
+            session.stop_cause().unwrap_or(StopCause::Api),
+        )),
         // A reset (Linux reboots on panic=1 and reboot=k) or power-off ends the VM.
-        StopReason::Requested | StopReason::GuestShutdown { .. } | StopReason::AllHalted => {
-            Ok(RunOutcome::Success)
-        }
+        StopReason::GuestShutdown { .. } | StopReason::AllHalted => Ok(RunOutcome::Success),
         StopReason::GuestExit(status) => Ok(RunOutcome::GuestFailure(format!(
             "the guest exited with status {status}"
         ))),

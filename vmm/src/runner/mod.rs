@@ -14,10 +14,11 @@
 //! The vCPUs start paused: their thread ids are registered, the run control is handed to the
 //! API and the signal handling, and only then does the guest run.
 //!
-//! Outcomes ([`RunOutcome`], [`RunError::exit_status`]): a guest that finished its work, a
-//! Linux guest that reset or powered off, and a stop asked for by the owner (API shutdown,
-//! SIGINT, SIGTERM) are successes. A test guest whose verification or protocol failed, or
-//! that crashed, is a guest failure. A fault the pool cannot serve ends the run with an error.
+//! Outcomes ([`RunOutcome`], [`RunError::exit_status`]): a guest that finished its work and a
+//! Linux guest that reset or powered off are successes; a stop asked for by the owner (API
+//! shutdown, SIGINT, SIGTERM) is [`RunOutcome::Stopped`] with its [`StopCause`]. A test guest
+//! whose verification or protocol failed, or that crashed, is a guest failure. A fault the pool
+//! cannot serve ends the run with an error.
 //!
 //! Workload checkpoints (`--workload ...,checkpoint:ID`) pause the VM when an API socket is
 //! served, so that the VM can be inspected and then resumed (`vmm resume`); without an API
@@ -51,10 +52,32 @@ use session::Session;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunOutcome {
     /// The guest finished its work (test guest: every step passed; Linux: reset or powered
-    /// off), or its owner stopped it (API shutdown, SIGINT, SIGTERM).
+    /// off).
     Success,
     /// The guest reported a failure, described here.
     GuestFailure(String),
+    /// Its owner stopped the VM before the guest finished.
+    Stopped(StopCause),
+}
+
+/// Who stopped a VM before its guest finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// A signal (SIGINT or SIGTERM), by its number.
+    Signal(i32),
+    /// An API client (`PUT /actions {"action_type":"Shutdown"}`).
+    Api,
+}
+
+impl std::fmt::Display for StopCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopCause::Signal(libc::SIGINT) => f.write_str("SIGINT"),
+            StopCause::Signal(libc::SIGTERM) => f.write_str("SIGTERM"),
+            StopCause::Signal(signal) => write!(f, "signal {signal}"),
+            StopCause::Api => f.write_str("an API shutdown request"),
+        }
+    }
 }
 
 /// Why a VM could not be set up or run.

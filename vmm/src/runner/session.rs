@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use guest_mem::{FaultError, GuestMemory};
 
-use super::{RunError, RunOutcome};
+use super::{RunError, RunOutcome, StopCause};
 use crate::cli::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::vm::control::{StopReason, VmControl};
@@ -52,6 +52,8 @@ pub(super) struct Session {
     phase_changed: Condvar,
     /// Its owner asked for a stop before the VM started.
     stop_before_start: AtomicBool,
+    /// Who asked for the first stop.
+    stop_cause: Mutex<Option<StopCause>>,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
 }
@@ -67,6 +69,7 @@ impl Session {
             phase: Mutex::new(Phase::Setup),
             phase_changed: Condvar::new(),
             stop_before_start: AtomicBool::new(false),
+            stop_cause: Mutex::new(None),
             fault: Mutex::new(None),
         }
     }
@@ -142,8 +145,12 @@ impl Session {
     }
 
     /// Stops the VM at its owner's request (API, signals); before the start, the VM stops as
-    /// soon as it has started.
-    pub fn request_stop(&self) {
+    /// soon as it has started. The first cause is the one the run reports.
+    pub fn request_stop(&self, cause: StopCause) {
+        self.stop_cause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(cause);
         self.stop_before_start.store(true, Ordering::SeqCst);
         if let Some(control) = self.control.get() {
             control.request_stop(StopReason::Requested);
@@ -191,6 +198,11 @@ impl Session {
             format_size(stats.total_bytes),
             format_size(stats.free_bytes)
         )
+    }
+
+    /// Who asked for the first stop, if anybody did.
+    pub fn stop_cause(&self) -> Option<StopCause> {
+        *self.stop_cause.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The run's outcome: a recorded guest memory fault wins over what the guest path saw.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::devices::VirtioMmioDevices;
 use super::session::Session;
-use super::{console, RunError, RunOutcome};
+use super::{console, RunError, RunOutcome, StopCause};
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
 use crate::testguest::{self, exit_code, Mismatch, Report, RunOptions, Workload};
@@ -23,12 +23,17 @@ pub(super) fn run(
     let options = RunOptions {
         timeout: Duration::MAX,
         on_start: Some(Box::new(move |vm| start_session.start_guest(vm))),
-        on_checkpoint: Some(Arc::new(move |_id| {
+        on_checkpoint: Some(Arc::new(move |id| {
             // With an API, a checkpoint pauses the VM until a client resumes it.
-            if checkpoint_session.config().api_socket.is_some() {
+            if let Some(socket) = &checkpoint_session.config().api_socket {
                 if let Some(control) = checkpoint_session.control() {
                     // Fails only when the VM is stopping already.
-                    let _ = control.request_pause();
+                    if control.request_pause().is_ok() {
+                        eprintln!(
+                            "paused at checkpoint {id}; resume with `vmm resume --socket {}`",
+                            socket.display()
+                        );
+                    }
                 }
             }
         })),
@@ -40,13 +45,20 @@ pub(super) fn run(
     };
     let vcpus = session.config().vcpus;
     let report = testguest::run_with(session.memory().clone(), vcpus, workload, options)?;
-    outcome(&report, workload)
+    outcome(&report, workload, session.stop_cause())
 }
 
-/// `vmm run`'s outcome of a test guest run of `workload` that ended with `report`.
-fn outcome(report: &Report, workload: &Workload) -> Result<RunOutcome, RunError> {
+/// `vmm run`'s outcome of a test guest run of `workload` that ended with `report`, stopped by
+/// `stop_cause` if its owner asked for a stop.
+fn outcome(
+    report: &Report,
+    workload: &Workload,
+    stop_cause: Option<StopCause>,
+) -> Result<RunOutcome, RunError> {
     match &report.stop_reason {
-        StopReason::Requested => return Ok(RunOutcome::Success),
+        StopReason::Requested => {
+            return Ok(RunOutcome::Stopped(stop_cause.unwrap_or(StopCause::Api)))
+        }
         StopReason::VcpuFailed { message, .. } => {
             return Err(RunError::VcpuFailed(message.clone()))
         }
@@ -82,15 +94,19 @@ fn verify_failure(report: &Report, workload: &Workload) -> String {
         .filter_map(|v| v.steps.get(step)?.first_mismatch)
         .min_by_key(|m| m.addr);
     let kind = workload.steps().get(step).map_or(0, |s| s.kind);
+    let name = match workload.user_step_number(step) {
+        Some(number) => format!("step {number} ({})", kind_name(kind)),
+        None if kind == step_kind::BALLOON_PROBE => "the balloon probe".to_owned(),
+        None => format!("step {}", step + 1),
+    };
     if (step_kind::BALLOON_PROBE..=step_kind::BALLOON_RAW).contains(&kind) {
         return format!(
-            "step {step} ({}): the balloon driver failed: {}",
-            kind_name(kind),
+            "{name}: the balloon driver failed: {}",
             first.map_or_else(|| "no reason given".into(), balloon_failure)
         );
     }
     let mut text = format!(
-        "step {step}: {} of {} pages did not hold the expected value",
+        "{name}: {} of {} pages did not hold the expected value",
         report.mismatches(step),
         report.pages(step)
     );
@@ -175,16 +191,17 @@ mod tests {
     }
 
     #[test]
-    fn a_finished_workload_and_an_owner_stop_are_successes() {
+    fn a_finished_workload_is_a_success_and_an_owner_stop_is_told_apart() {
         let finished = report(StopReason::GuestExit(0), vec![done(4)]);
         assert_eq!(
-            outcome(&finished, &Workload::new()).unwrap(),
+            outcome(&finished, &Workload::new(), None).unwrap(),
             RunOutcome::Success
         );
         let stopped = report(StopReason::Requested, vec![StepReport::default()]);
+        let sigterm = Some(StopCause::Signal(libc::SIGTERM));
         assert_eq!(
-            outcome(&stopped, &Workload::new()).unwrap(),
-            RunOutcome::Success
+            outcome(&stopped, &Workload::new(), sigterm).unwrap(),
+            RunOutcome::Stopped(StopCause::Signal(libc::SIGTERM))
         );
     }
 
@@ -200,11 +217,14 @@ mod tests {
         };
         let mut failed = report(StopReason::GuestExit(1), vec![done(8), bad]);
         failed.vcpus[0].exit_status = Some(1);
+        let workload = Workload::new()
+            .write(0x20_0000, 0x8000, 1)
+            .verify(0x20_0000, 0x8000, 1);
         assert_eq!(
-            outcome(&failed, &Workload::new()).unwrap(),
+            outcome(&failed, &workload, None).unwrap(),
             RunOutcome::GuestFailure(
-                "step 1: 3 of 8 pages did not hold the expected value, the first at 0x200000 \
-                 (found 0x1111)"
+                "step 2 (verify): 3 of 8 pages did not hold the expected value, the first at \
+                 0x200000 (found 0x1111)"
                     .into()
             )
         );
@@ -214,12 +234,12 @@ mod tests {
     fn crashes_bad_descriptors_and_vcpu_failures_are_told_apart() {
         let crashed = report(StopReason::GuestShutdown { vcpu: 1 }, Vec::new());
         assert!(matches!(
-            outcome(&crashed, &Workload::new()),
+            outcome(&crashed, &Workload::new(), None),
             Ok(RunOutcome::GuestFailure(why)) if why.contains("vCPU 1 crashed")
         ));
         let rejected = report(StopReason::GuestExit(2), Vec::new());
         assert!(matches!(
-            outcome(&rejected, &Workload::new()),
+            outcome(&rejected, &Workload::new(), None),
             Ok(RunOutcome::GuestFailure(why)) if why.contains("workload descriptor")
         ));
         let failed = report(
@@ -230,7 +250,7 @@ mod tests {
             Vec::new(),
         );
         assert!(matches!(
-            outcome(&failed, &Workload::new()),
+            outcome(&failed, &Workload::new(), None),
             Err(RunError::VcpuFailed(message)) if message == "vCPU 0: KVM_RUN: boom"
         ));
     }
@@ -251,7 +271,7 @@ mod tests {
             .balloon_probe(0xc000_0000, 64 << 20, 0)
             .deflate(8 << 20);
         assert_eq!(
-            outcome(&failed, &workload).unwrap(),
+            outcome(&failed, &workload, None).unwrap(),
             RunOutcome::GuestFailure(
                 "step 1 (deflate): the balloon driver failed: the balloon holds 1024 pages: it \
                  cannot deflate by more, nor inflate past the workload area"

@@ -102,6 +102,21 @@ pub fn kind_name(kind: u32) -> &'static str {
 }
 
 impl Workload {
+    /// The number a user gives step `index` (1 for the first step), counting the steps they
+    /// wrote: `None` for the balloon probe, which the VMM adds before the first balloon step.
+    pub fn user_step_number(&self, index: usize) -> Option<usize> {
+        let step = self.steps.get(index)?;
+        if step.kind == step_kind::BALLOON_PROBE {
+            return None;
+        }
+        Some(
+            self.steps[..=index]
+                .iter()
+                .filter(|s| s.kind != step_kind::BALLOON_PROBE)
+                .count(),
+        )
+    }
+
     /// An empty workload.
     pub fn new() -> Self {
         Self::default()

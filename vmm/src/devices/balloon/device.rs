@@ -29,6 +29,10 @@ impl GuestNotifier for InterruptNotifier {
     fn config_changed(&self) -> io::Result<()> {
         self.0.signal_config_change()
     }
+
+    fn needs_reset(&self) -> io::Result<()> {
+        self.0.signal_needs_reset()
+    }
 }
 
 /// A virtio-balloon device on guest-mem memory.

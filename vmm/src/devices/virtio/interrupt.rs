@@ -2,7 +2,7 @@
 //! that raises the device's IRQ line (registered as a KVM irqfd).
 
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -16,6 +16,8 @@ pub const INT_CONFIG: u32 = 2;
 pub struct Interrupt {
     status: AtomicU32,
     config_generation: AtomicU32,
+    /// The device stopped and waits for a reset; the transport shows DEVICE_NEEDS_RESET.
+    needs_reset: AtomicBool,
     irq: EventFd,
 }
 
@@ -25,6 +27,7 @@ impl Interrupt {
         Interrupt {
             status: AtomicU32::new(0),
             config_generation: AtomicU32::new(0),
+            needs_reset: AtomicBool::new(false),
             irq,
         }
     }
@@ -47,6 +50,19 @@ impl Interrupt {
         self.irq.write(1)
     }
 
+    /// Tells the driver that the device stopped and needs a reset (virtio 1.2 §2.1.2): the
+    /// transport's status shows DEVICE_NEEDS_RESET from now until the reset, and a
+    /// configuration change interrupt goes out.
+    pub fn signal_needs_reset(&self) -> io::Result<()> {
+        self.needs_reset.store(true, Ordering::Release);
+        self.signal_config_change()
+    }
+
+    /// Whether the device waits for a reset.
+    pub fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::Acquire)
+    }
+
     /// Pending interrupt status bits.
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::Acquire)
@@ -65,6 +81,7 @@ impl Interrupt {
 
     /// Clears all pending status (device reset).
     pub(crate) fn reset(&self) {
+        self.needs_reset.store(false, Ordering::Release);
         self.status.store(0, Ordering::Release);
     }
 }

@@ -135,7 +135,17 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
 
     /// Current device status as the driver sees it.
     pub fn device_status(&self) -> u32 {
-        lock(&self.state).device_status
+        self.status_of(&lock(&self.state))
+    }
+
+    /// The status register: the driver's progress, and DEVICE_NEEDS_RESET once the device
+    /// stopped on a broken queue.
+    fn status_of(&self, state: &TransportState<M>) -> u32 {
+        if self.interrupt.needs_reset() {
+            state.device_status | super::status::DEVICE_NEEDS_RESET
+        } else {
+            state.device_status
+        }
     }
 
     /// Whether the device has been activated (DRIVER_OK accepted).
@@ -158,7 +168,7 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             reg::QUEUE_NUM_MAX => queue.map_or(0, |q| u32::from(q.max_size())),
             reg::QUEUE_READY => queue.map_or(0, |q| u32::from(q.ready())),
             reg::INTERRUPT_STATUS => self.interrupt.status(),
-            reg::STATUS => state.device_status,
+            reg::STATUS => self.status_of(state),
             reg::SHM_LEN_LOW | reg::SHM_LEN_HIGH => reg::SHM_NOT_PRESENT,
             reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => reg::SHM_NOT_PRESENT,
             reg::CONFIG_GENERATION => self.interrupt.config_generation(),
@@ -223,7 +233,7 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             self.reset(state);
             return;
         }
-        let current = state.device_status;
+        let current = self.status_of(state);
         let Some(next) = status::transition(current, value) else {
             warn!("virtio-mmio@{base:#x}: illegal status change {current:#x} -> {value:#x}");
             return;
@@ -255,18 +265,18 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             }
             if !queue.is_valid(&*memory) {
                 warn!("virtio-mmio@{base:#x}: queue {index} became invalid; not activating");
-                return self.fail_activation(state);
+                return self.fail_activation();
             }
             let notifier = match self.notifiers[index].try_clone() {
                 Ok(fd) => fd,
                 Err(e) => {
                     warn!("virtio-mmio@{base:#x}: cannot clone notifier: {e}");
-                    return self.fail_activation(state);
+                    return self.fail_activation();
                 }
             };
             let Ok(mut queue) = Queue::try_from(queue.state()) else {
                 warn!("virtio-mmio@{base:#x}: queue {index} state is inconsistent");
-                return self.fail_activation(state);
+                return self.fail_activation();
             };
             queue.set_event_idx(event_idx);
             queues.push(ActiveQueue {
@@ -286,15 +296,14 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             Ok(()) => state.activated = true,
             Err(e) => {
                 warn!("virtio-mmio@{base:#x}: activation failed: {e}");
-                self.fail_activation(state);
+                self.fail_activation();
             }
         }
     }
 
     /// Sets DEVICE_NEEDS_RESET and tells the driver (virtio 1.2 §2.1.2).
-    fn fail_activation(&self, state: &mut TransportState<M>) {
-        state.device_status |= super::status::DEVICE_NEEDS_RESET;
-        if let Err(e) = self.interrupt.signal_config_change() {
+    fn fail_activation(&self) {
+        if let Err(e) = self.interrupt.signal_needs_reset() {
             warn!("virtio-mmio: cannot raise the config interrupt: {e}");
         }
     }

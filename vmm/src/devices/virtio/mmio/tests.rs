@@ -346,6 +346,26 @@ fn failed_activation_asks_for_a_reset() {
 }
 
 #[test]
+fn a_device_that_stops_after_activation_shows_needs_reset_until_the_driver_resets_it() {
+    let f = Fixture::new();
+    f.negotiate(VERSION_1);
+    f.setup_queue(0, 8, 0x1_0000);
+    f.set_status(DRIVER_OK);
+    assert!(f.transport.is_activated());
+    let running = f.status();
+    // The device found a broken ring (as the balloon does through its notifier).
+    f.transport.interrupt().signal_needs_reset().unwrap();
+    assert_eq!(f.status(), running | DEVICE_NEEDS_RESET);
+    assert_eq!(f.read(reg::INTERRUPT_STATUS), INT_CONFIG);
+    f.write(reg::INTERRUPT_ACK, INT_CONFIG);
+    // The driver may echo the bit back; only a reset clears it.
+    f.write(reg::STATUS, running | DEVICE_NEEDS_RESET);
+    assert_eq!(f.status(), running | DEVICE_NEEDS_RESET);
+    f.write(reg::STATUS, 0);
+    assert_eq!(f.status(), 0);
+}
+
+#[test]
 fn bad_access_sizes_are_ignored_and_config_space_passes_through() {
     let f = Fixture::new();
     let mut two = [0xaa; 2];
