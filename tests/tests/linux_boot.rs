@@ -38,6 +38,17 @@ const PRINT_CMDLINE: &[u8] = &[
     0x0f, 0x0b, // ud2
 ];
 
+/// Writes its counter to the read-only MagicValue register of the virtio-mmio device at
+/// 0xc000_0000 1000 times (a driver gone mad), then executes UD2: a triple fault.
+const HAMMER_VIRTIO_MMIO: &[u8] = &[
+    0xb9, 0xe8, 0x03, 0x00, 0x00, // mov ecx, 1000
+    0xbb, 0x00, 0x00, 0x00, 0xc0, // mov ebx, 0xc0000000
+    0x89, 0x0b, // next: mov [rbx], ecx
+    0xff, 0xc9, // dec ecx
+    0x75, 0xfa, // jnz next
+    0x0f, 0x0b, // ud2
+];
+
 /// An ELF64 executable with one PT_LOAD segment of `code` at physical [`LOAD`], entered at its
 /// start (as a vmlinux: virtual addresses in the kernel map, physical ones in p_paddr).
 fn elf_kernel(code: &[u8]) -> Vec<u8> {
@@ -116,6 +127,42 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
         run.stdout,
         "console=ttyS0 virtio_mmio.device=4K@0xc0000000:5 -- init-arg\n"
     );
+}
+
+#[test]
+fn a_guest_hammering_a_device_register_gets_rate_limited_warnings_on_stderr() {
+    if !kvm_available("a_guest_hammering_a_device_register_gets_rate_limited_warnings") {
+        return;
+    }
+    let scratch = Scratch::new("hammer-mmio");
+    let kernel = scratch.path("vmlinux");
+    std::fs::write(&kernel, elf_kernel(HAMMER_VIRTIO_MMIO)).unwrap();
+    let args = [
+        "--kernel",
+        &kernel,
+        "--memory",
+        "64M",
+        "--balloon",
+        "size=0",
+    ];
+    let run = VmmRun::run(&args);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    // Warnings 1, 2, 4, ..., 512 of the 1000: ten lines, each with its count.
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 10, "{run:#?}");
+    for (line, count) in lines.iter().zip((0..10).map(|n| 1 << n)) {
+        assert!(
+            line.starts_with(
+                "warning: virtio-mmio@0xc0000000: write to read-only or unknown register 0x0"
+            ) && line.contains(&format!("(guest warning {count} of this device;")),
+            "{line}"
+        );
+    }
+    // The level is the user's to choose.
+    let mut quiet = args.to_vec();
+    quiet.extend(["--log-level", "error"]);
+    let run = VmmRun::run(&quiet);
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""), "{run:#?}");
 }
 
 /// Why a real kernel cannot be booted here, if it cannot.

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use log::warn;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A kind of invalid driver input. Each is ignored (or the chain dropped) with a warning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub enum Violation {
 }
 
 /// How often each [`Violation`] happened since the device was created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Violations {
     /// See [`Violation::OutsideRam`].
     pub outside_ram: u64,

@@ -2,6 +2,7 @@
 
 use guest_mem::{GuestMemory, Pool, Populate};
 use serde::{Deserialize, Serialize};
+use virtio_balloon::Violations;
 
 use crate::cli::{GuestConfig, VmConfig};
 
@@ -263,6 +264,11 @@ pub struct BalloonInfo {
     pub free_page_reporting: bool,
     /// Seconds between statistics requests; 0: none.
     pub stats_polling_interval_s: u32,
+    /// Whether the device stopped on a broken queue and waits for the driver to reset it
+    /// (its status shows DEVICE_NEEDS_RESET).
+    pub needs_reset: bool,
+    /// Invalid driver input the device ignored since it was created, per kind.
+    pub driver_violations: Violations,
 }
 
 /// `GET /balloon/statistics`: target and actual size, and the guest's memory statistics (each
@@ -307,6 +313,10 @@ pub struct BalloonStatistics {
     /// Failed hugetlb allocations (VIRTIO_BALLOON_S_HTLB_PGFAIL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugetlb_failures: Option<u64>,
+    /// Whether the guest wrote a size larger than its RAM (the balloon's actual size, or a
+    /// memory statistic); such values are shown as the RAM size.
+    #[serde(default)]
+    pub clamped: bool,
 }
 
 /// A balloon change: `PUT /balloon` (target), `PATCH /balloon` (either),

@@ -25,6 +25,13 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+
+    /// Messages on stderr from this level up: off, error, warn, info, debug or trace.
+    ///
+    /// Default: warn, or what RUST_LOG says (env_logger syntax, e.g. RUST_LOG=vmm=debug);
+    /// this flag overrides RUST_LOG. Warnings a guest can trigger are rate-limited.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_level: Option<log::LevelFilter>,
 }
 
 /// The subcommands.

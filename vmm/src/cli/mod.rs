@@ -30,6 +30,7 @@ mod commands;
 mod config;
 mod exit;
 pub mod host;
+mod logger;
 mod size;
 mod workload;
 
@@ -61,6 +62,7 @@ where
         Ok(cli) => cli,
         Err(err) => return clap_error(err),
     };
+    logger::init(cli.log_level);
     match cli.command {
         Command::Run(args) => commands::run_vm(args),
         Command::Api(args) => commands::api(

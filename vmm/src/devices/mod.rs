@@ -4,7 +4,9 @@
 pub mod balloon;
 pub mod bus;
 pub mod event_loop;
+pub mod guest_warnings;
 pub mod serial;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError, BusRange};
+pub use guest_warnings::GuestWarnings;

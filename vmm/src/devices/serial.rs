@@ -14,6 +14,7 @@ use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::BusDevice;
+use super::GuestWarnings;
 
 /// Errors of the serial device.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,8 @@ pub struct SerialDevice {
     uart: Mutex<Serial<EventFdTrigger, RxReadyEvents, SerialOutput>>,
     irq: EventFd,
     rx_ready: EventFd,
+    /// Invalid accesses by the guest, rate-limited in the log.
+    warnings: GuestWarnings,
 }
 
 impl SerialDevice {
@@ -76,6 +79,7 @@ impl SerialDevice {
             uart: Mutex::new(Serial::with_events(trigger, events, out)),
             irq,
             rx_ready,
+            warnings: GuestWarnings::default(),
         })
     }
 
@@ -117,10 +121,12 @@ impl BusDevice for SerialDevice {
         data.fill(0);
         match (data, u8::try_from(offset)) {
             ([byte], Ok(offset)) => *byte = self.uart().read(offset),
-            (data, _) => warn!(
-                "serial@{base:#x}: {}-byte read at offset {offset:#x} ignored",
-                data.len()
-            ),
+            (data, _) => {
+                self.warnings.warn(format_args!(
+                    "serial@{base:#x}: {}-byte read at offset {offset:#x} ignored",
+                    data.len()
+                ));
+            }
         }
     }
 
@@ -128,13 +134,15 @@ impl BusDevice for SerialDevice {
         match (data, u8::try_from(offset)) {
             ([byte], Ok(offset)) => {
                 if let Err(e) = self.uart().write(offset, *byte) {
-                    warn!("serial@{base:#x}: {e}");
+                    self.warnings.warn(format_args!("serial@{base:#x}: {e}"));
                 }
             }
-            (data, _) => warn!(
-                "serial@{base:#x}: {}-byte write at offset {offset:#x} ignored",
-                data.len()
-            ),
+            (data, _) => {
+                self.warnings.warn(format_args!(
+                    "serial@{base:#x}: {}-byte write at offset {offset:#x} ignored",
+                    data.len()
+                ));
+            }
         }
     }
 }

@@ -89,12 +89,15 @@ impl VmmControl for Session {
         let info = balloon.info();
         let config = balloon.config();
         let interval = balloon.stats_interval().map_or(0, |i| i.as_secs());
+        let ram = GuestValues::new(self.config().memory_size);
         Ok(BalloonInfo {
             amount_mib: u64::from(info.target_pages) / PAGES_PER_MIB,
-            actual_mib: u64::from(info.actual_pages) / PAGES_PER_MIB,
+            actual_mib: ram.pages(info.actual_pages) / PAGES_PER_MIB,
             deflate_on_oom: config.deflate_on_oom,
             free_page_reporting: config.free_page_reporting,
             stats_polling_interval_s: u32::try_from(interval).unwrap_or(u32::MAX),
+            needs_reset: info.needs_reset,
+            driver_violations: info.violations,
         })
     }
 
@@ -109,8 +112,16 @@ impl VmmControl for Session {
 
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
         let info = self.configured_balloon()?.info();
-        let (target, actual) = (u64::from(info.target_pages), u64::from(info.actual_pages));
+        let ram = GuestValues::new(self.config().memory_size);
+        let target = u64::from(info.target_pages);
+        let actual = ram.pages(info.actual_pages);
         let stats = info.stats;
+        let memory = [
+            ram.bytes(stats.free_memory),
+            ram.bytes(stats.total_memory),
+            ram.bytes(stats.available_memory),
+            ram.bytes(stats.disk_caches),
+        ];
         Ok(BalloonStatistics {
             target_pages: target,
             actual_pages: actual,
@@ -120,13 +131,42 @@ impl VmmControl for Session {
             swap_out: stats.swap_out,
             major_faults: stats.major_faults,
             minor_faults: stats.minor_faults,
-            free_memory: stats.free_memory,
-            total_memory: stats.total_memory,
-            available_memory: stats.available_memory,
-            disk_caches: stats.disk_caches,
+            free_memory: memory[0],
+            total_memory: memory[1],
+            available_memory: memory[2],
+            disk_caches: memory[3],
             hugetlb_allocations: stats.hugetlb_allocations,
             hugetlb_failures: stats.hugetlb_failures,
+            clamped: ram.clamped.get(),
         })
+    }
+}
+
+/// Sizes a guest wrote (the balloon's `actual`, its memory statistics), checked against guest
+/// RAM: a larger one is shown as the RAM size and flagged, never passed on unchecked.
+struct GuestValues {
+    ram_bytes: u64,
+    clamped: std::cell::Cell<bool>,
+}
+
+impl GuestValues {
+    fn new(ram_bytes: u64) -> Self {
+        GuestValues {
+            ram_bytes,
+            clamped: std::cell::Cell::new(false),
+        }
+    }
+
+    fn bytes(&self, value: Option<u64>) -> Option<u64> {
+        value.map(|bytes| {
+            self.clamped
+                .set(self.clamped.get() || bytes > self.ram_bytes);
+            bytes.min(self.ram_bytes)
+        })
+    }
+
+    fn pages(&self, pages: u32) -> u64 {
+        self.bytes(Some(u64::from(pages) << 12)).unwrap_or(0) >> 12
     }
 }
 
@@ -203,6 +243,8 @@ mod tests {
                 deflate_on_oom: false,
                 free_page_reporting: true,
                 stats_polling_interval_s: 0,
+                needs_reset: false,
+                driver_violations: Default::default(),
             }
         );
         let target = |mib| BalloonUpdate {
@@ -241,5 +283,26 @@ mod tests {
         };
         polled.update_balloon(off).unwrap();
         assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 0);
+    }
+
+    #[test]
+    fn sizes_the_guest_wrote_beyond_its_ram_are_clamped_and_flagged() {
+        use crate::devices::virtio::VirtioDevice;
+        let session = session_with(&["--balloon", "size=0"]);
+        let balloon = session.balloon_handle().unwrap();
+        // A hostile driver claims a balloon of 2^32 - 1 pages in a 16 MiB guest.
+        balloon
+            .device()
+            .lock()
+            .unwrap()
+            .write_config(4, &u32::MAX.to_le_bytes());
+        assert_eq!(session.balloon().unwrap().actual_mib, 16);
+        let stats = session.balloon_statistics().unwrap();
+        assert_eq!((stats.actual_pages, stats.clamped), (4096, true));
+        let honest = GuestValues::new(16 << 20);
+        assert_eq!(honest.bytes(Some(1 << 20)), Some(1 << 20));
+        assert!(!honest.clamped.get());
+        assert_eq!(honest.bytes(Some(u64::MAX)), Some(16 << 20));
+        assert!(honest.clamped.get());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::protocol::{exit_status, report_code, REPORT_STRIDE};
-use crate::devices::BusDevice;
+use crate::devices::{BusDevice, GuestWarnings};
 use crate::vm::control::{StopReason, VmControl};
 
 /// A checkpoint hook: runs on the vCPU thread that reached the checkpoint, while the other vCPUs
@@ -141,6 +141,8 @@ pub struct ReportDevice {
     vcpus: Vec<Mutex<VcpuState>>,
     exited: AtomicU64,
     protocol_errors: AtomicU64,
+    /// The protocol errors' warnings, rate-limited.
+    warnings: GuestWarnings,
     control: OnceLock<Arc<VmControl>>,
     on_checkpoint: Option<CheckpointHook>,
 }
@@ -161,6 +163,7 @@ impl ReportDevice {
             vcpus: (0..vcpus).map(|_| state()).collect(),
             exited: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
+            warnings: GuestWarnings::default(),
             control: OnceLock::new(),
             on_checkpoint,
         }
@@ -184,7 +187,8 @@ impl ReportDevice {
 
     fn protocol_error(&self, what: std::fmt::Arguments<'_>) {
         self.protocol_errors.fetch_add(1, Ordering::Relaxed);
-        log::warn!("test guest report: {what}");
+        self.warnings
+            .warn(format_args!("test guest report: {what}"));
     }
 
     fn stop(&self, reason: StopReason) {

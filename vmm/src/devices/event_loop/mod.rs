@@ -54,8 +54,9 @@ impl<R: Read + AsRawFd> SerialInput<R> {
         match ops.add(events) {
             Ok(()) => self.input_active = true,
             Err(e) => {
-                warn!(
-                    "serial input: cannot watch fd {}: {e}",
+                // E.g. /dev/null or a regular file on stdin (EPERM): there is no input then.
+                log::debug!(
+                    "serial input: cannot watch fd {}: {e}; the guest gets no console input",
                     self.input.as_raw_fd()
                 );
                 self.input_closed = true;

@@ -3,7 +3,7 @@
 //! Every value the driver writes is validated: registers are only accepted as aligned 32-bit
 //! accesses, in the device states where the spec allows them, queue sizes must be powers of two
 //! no larger than the maximum, and rings must lie inside guest memory. Anything else is ignored
-//! with a warning; nothing a guest writes can panic the VMM.
+//! with a warning, rate-limited ([`GuestWarnings`]); nothing a guest writes can panic the VMM.
 
 mod queue_config;
 pub(crate) mod registers;
@@ -20,6 +20,7 @@ use super::interrupt::Interrupt;
 use super::status::{DRIVER, DRIVER_OK, FAILED, FEATURES_OK};
 use super::{Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::bus::BusDevice;
+use crate::devices::GuestWarnings;
 use registers as reg;
 
 /// Errors creating a transport.
@@ -61,6 +62,8 @@ pub struct MmioTransport<M: GuestAddressSpace, D: VirtioDevice<M>> {
     device_features: u64,
     interrupt: Arc<Interrupt>,
     notifiers: Vec<EventFd>,
+    /// Driver mistakes (or attacks) on the registers, rate-limited in the log.
+    warnings: GuestWarnings,
 }
 
 /// Locks a mutex, recovering the data if a previous holder panicked.
@@ -111,6 +114,7 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             device_features,
             interrupt: Arc::new(Interrupt::new(irq)),
             notifiers,
+            warnings: GuestWarnings::default(),
         })
     }
 
@@ -146,6 +150,11 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         } else {
             state.device_status
         }
+    }
+
+    /// Register accesses the transport ignored as invalid since it was created.
+    pub fn guest_warnings(&self) -> u64 {
+        self.warnings.count()
     }
 
     /// Whether the device has been activated (DRIVER_OK accepted).
@@ -195,21 +204,29 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             reg::INTERRUPT_ACK => self.interrupt.acknowledge(value),
             reg::STATUS => self.write_status(state, base, value),
             reg::SHM_SEL => {}
-            _ => warn!("virtio-mmio@{base:#x}: write to read-only or unknown register {offset:#x}"),
+            _ => {
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: write to read-only or unknown register {offset:#x}"
+                ));
+            }
         }
     }
 
     fn write_driver_features(&self, state: &mut TransportState<M>, base: u64, value: u32) {
         let s = state.device_status;
         if s & DRIVER == 0 || s & (FEATURES_OK | FAILED) != 0 {
-            warn!("virtio-mmio@{base:#x}: driver features written in status {s:#x}; ignored");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: driver features written in status {s:#x}; ignored"
+            ));
             return;
         }
         let shift = match state.driver_features_sel {
             0 => 0,
             1 => 32,
             sel => {
-                warn!("virtio-mmio@{base:#x}: driver features select {sel} out of range");
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: driver features select {sel} out of range"
+                ));
                 return;
             }
         };
@@ -220,7 +237,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
     fn notify_queue(&self, state: &TransportState<M>, base: u64, value: u32) {
         let ready = state.queues.get(value as usize).is_some_and(|q| q.ready());
         if !state.activated || !ready {
-            warn!("virtio-mmio@{base:#x}: notification for inactive queue {value}; ignored");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: notification for inactive queue {value}; ignored"
+            ));
             return;
         }
         if let Err(e) = self.notifiers[value as usize].write(1) {
@@ -235,16 +254,18 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         }
         let current = self.status_of(state);
         let Some(next) = status::transition(current, value) else {
-            warn!("virtio-mmio@{base:#x}: illegal status change {current:#x} -> {value:#x}");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: illegal status change {current:#x} -> {value:#x}"
+            ));
             return;
         };
         if next & FEATURES_OK != 0 && current & FEATURES_OK == 0 {
             let unknown = state.driver_features & !self.device_features;
             if unknown != 0 || state.driver_features & (1 << VIRTIO_F_VERSION_1) == 0 {
-                warn!(
+                self.warnings.warn(format_args!(
                     "virtio-mmio@{base:#x}: features {:#x} rejected (unoffered {unknown:#x} or no VERSION_1)",
                     state.driver_features
-                );
+                ));
                 state.device_status = next & !FEATURES_OK;
                 return;
             }
@@ -264,7 +285,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
                 continue;
             }
             if !queue.is_valid(&*memory) {
-                warn!("virtio-mmio@{base:#x}: queue {index} became invalid; not activating");
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: queue {index} became invalid; not activating"
+                ));
                 return self.fail_activation();
             }
             let notifier = match self.notifiers[index].try_clone() {
@@ -275,7 +298,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
                 }
             };
             let Ok(mut queue) = Queue::try_from(queue.state()) else {
-                warn!("virtio-mmio@{base:#x}: queue {index} state is inconsistent");
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: queue {index} state is inconsistent"
+                ));
                 return self.fail_activation();
             };
             queue.set_event_idx(event_idx);
@@ -295,7 +320,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         match lock(&self.device).activate(activation) {
             Ok(()) => state.activated = true,
             Err(e) => {
-                warn!("virtio-mmio@{base:#x}: activation failed: {e}");
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: activation failed: {e}"
+                ));
                 self.fail_activation();
             }
         }
@@ -337,22 +364,28 @@ where
         if offset >= reg::CONFIG {
             let state = lock(&self.state);
             if state.device_status & DRIVER == 0 {
-                warn!("virtio-mmio@{base:#x}: config read before DRIVER status");
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: config read before DRIVER status"
+                ));
             }
             lock(&self.device).read_config(offset - reg::CONFIG, data);
             return;
         }
         if data.len() != 4 || !offset.is_multiple_of(4) {
-            warn!(
+            self.warnings.warn(format_args!(
                 "virtio-mmio@{base:#x}: {}-byte register read at {offset:#x}",
                 data.len()
-            );
+            ));
             return;
         }
         let state = lock(&self.state);
         match self.read_register(&state, offset) {
             Some(value) => data.copy_from_slice(&value.to_le_bytes()),
-            None => warn!("virtio-mmio@{base:#x}: read of write-only/unknown register {offset:#x}"),
+            None => {
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: read of write-only/unknown register {offset:#x}"
+                ));
+            }
         }
     }
 
@@ -361,21 +394,25 @@ where
         if offset >= reg::CONFIG {
             let s = state.device_status;
             if s & DRIVER == 0 || s & FAILED != 0 {
-                warn!("virtio-mmio@{base:#x}: config write in status {s:#x}; ignored");
+                self.warnings.warn(format_args!(
+                    "virtio-mmio@{base:#x}: config write in status {s:#x}; ignored"
+                ));
                 return;
             }
             lock(&self.device).write_config(offset - reg::CONFIG, data);
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            warn!(
+            self.warnings.warn(format_args!(
                 "virtio-mmio@{base:#x}: {}-byte register write at {offset:#x}",
                 data.len()
-            );
+            ));
             return;
         };
         if !offset.is_multiple_of(4) {
-            warn!("virtio-mmio@{base:#x}: unaligned register write at {offset:#x}");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: unaligned register write at {offset:#x}"
+            ));
             return;
         }
         self.write_register(&mut state, base, offset, u32::from_le_bytes(bytes));

@@ -1,6 +1,5 @@
 //! Driver writes to the per-queue registers (size, ring addresses, ready), validated.
 
-use log::warn;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
@@ -23,17 +22,23 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         let s = state.device_status;
         let disabling = offset == reg::QUEUE_READY && value == 0 && s & DRIVER_OK == 0;
         if !disabling && (s & FEATURES_OK == 0 || s & (DRIVER_OK | FAILED) != 0) {
-            warn!("virtio-mmio@{base:#x}: queue register {offset:#x} written in status {s:#x}");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: queue register {offset:#x} written in status {s:#x}"
+            ));
             return;
         }
         let sel = state.queue_sel;
         let memory = state.memory.memory();
         let Some(queue) = state.queues.get_mut(sel as usize) else {
-            warn!("virtio-mmio@{base:#x}: queue register {offset:#x} for missing queue {sel}");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: queue register {offset:#x} for missing queue {sel}"
+            ));
             return;
         };
         if queue.ready() && !disabling {
-            warn!("virtio-mmio@{base:#x}: queue {sel} is ready; disable it before changing it");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: queue {sel} is ready; disable it before changing it"
+            ));
             return;
         }
         let result = match offset {
@@ -57,13 +62,17 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
                 queue.set_ready(value != 0);
                 if value != 0 && !queue.is_valid(&*memory) {
                     queue.set_ready(false);
-                    warn!("virtio-mmio@{base:#x}: queue {sel} rings are not in guest memory");
+                    self.warnings.warn(format_args!(
+                        "virtio-mmio@{base:#x}: queue {sel} rings are not in guest memory"
+                    ));
                 }
                 Ok(())
             }
         };
         if let Err(e) = result {
-            warn!("virtio-mmio@{base:#x}: queue {sel}: register {offset:#x} = {value:#x}: {e}");
+            self.warnings.warn(format_args!(
+                "virtio-mmio@{base:#x}: queue {sel}: register {offset:#x} = {value:#x}: {e}"
+            ));
         }
     }
 }
