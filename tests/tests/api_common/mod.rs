@@ -41,6 +41,8 @@ impl TestVmm {
                 deflate_on_oom: true,
                 free_page_reporting: true,
                 stats_polling_interval_s: 0,
+                needs_reset: false,
+                driver_violations: Default::default(),
             })),
             ..TestVmm::new()
         }
