@@ -45,6 +45,16 @@ fn an_api_socket_served_by_another_vmm_is_a_usage_error() {
 }
 
 #[test]
+fn an_api_socket_that_cannot_be_created_is_a_usage_error() {
+    if !kvm_available("an_api_socket_that_cannot_be_created_is_a_usage_error") {
+        return;
+    }
+    // sysfs takes no sockets (read-only, or EPERM), like a read-only file system.
+    VmmRun::run(&["--memory", "16M", "--api-socket", "/sys/api.sock"])
+        .assert_fails(2, "API socket /sys/api.sock: ");
+}
+
+#[test]
 fn a_kernel_file_that_is_no_kernel_is_a_usage_error() {
     if !kvm_available("a_kernel_file_that_is_no_kernel_is_a_usage_error") {
         return;

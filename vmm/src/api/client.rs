@@ -19,6 +19,20 @@ pub enum ClientError {
     /// The method, path or body cannot be sent.
     #[error("{0}")]
     InvalidRequest(String),
+    /// Nothing listens on the socket path (no file there, or a socket left by a VMM that
+    /// has exited).
+    #[error(
+        "no VMM is listening on {} ({source}): start one with `vmm run --api-socket {}`",
+        .path.display(),
+        .path.display()
+    )]
+    NotListening {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
     /// The socket cannot be reached.
     #[error("cannot connect to the API socket {}: {source}", .path.display())]
     Connect {
@@ -102,11 +116,15 @@ impl ApiClient {
                 ClientError::InvalidRequest(format!("the body is not valid JSON: {e}"))
             })?;
         }
-        let mut stream =
-            UnixStream::connect(&self.socket).map_err(|source| ClientError::Connect {
-                path: self.socket.clone(),
-                source,
-            })?;
+        let mut stream = UnixStream::connect(&self.socket).map_err(|source| {
+            let path = self.socket.clone();
+            match source.kind() {
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+                    ClientError::NotListening { path, source }
+                }
+                _ => ClientError::Connect { path, source },
+            }
+        })?;
         stream.set_read_timeout(Some(self.timeout))?;
         stream.set_write_timeout(Some(self.timeout))?;
         let mut request =
@@ -254,9 +272,9 @@ mod tests {
             assert!(matches!(err, ClientError::InvalidRequest(_)), "{err}");
         }
         let err = client.request("GET", "/", None).unwrap_err();
-        assert!(matches!(err, ClientError::Connect { .. }), "{err}");
+        assert!(matches!(err, ClientError::NotListening { .. }), "{err}");
         assert!(err
             .to_string()
-            .starts_with("cannot connect to the API socket /nonexistent/api.sock"));
+            .starts_with("no VMM is listening on /nonexistent/api.sock"));
     }
 }

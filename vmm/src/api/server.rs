@@ -1,8 +1,11 @@
-//! The API server: a Unix socket served by one thread, one request per connection.
+//! The API server: a Unix socket, one request per connection.
 //!
-//! Requests are served one after the other. A client gets [`REQUEST_TIMEOUT`] to send its
-//! whole request and as long to take the response, so a stalled client holds the API up for
-//! at most that long. The socket is made owner-only (0600) and removed when the server stops.
+//! One thread accepts connections and hands each to a thread of its own, so that a slow,
+//! silent or malicious client holds up nobody else. At most [`MAX_CONNECTIONS`] are served at
+//! once; a connection beyond that is answered 503 at once and closed. A client gets
+//! [`REQUEST_TIMEOUT`] to send its whole request (a deadline, not a per-read timeout: one byte
+//! a second does not keep a connection open) and as long to take the response. The socket is
+//! made owner-only (0600) and removed when the server stops.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -12,6 +15,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,6 +28,10 @@ use super::routes;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Stack of a connection's thread: parsing and answering one small request.
+const CONNECTION_STACK: usize = 256 << 10;
 /// Time given to a client to stop sending after its response, before the connection closes.
 const LINGER: Duration = Duration::from_millis(100);
 
@@ -93,7 +101,7 @@ impl ApiServer {
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("api".into())
-            .spawn(move || serve(listener, &thread_stop, control.as_ref()));
+            .spawn(move || serve(listener, &thread_stop, control));
         match thread {
             Ok(thread) => Ok(ApiServer {
                 path,
@@ -127,8 +135,9 @@ impl Drop for ApiServer {
     }
 }
 
-/// Waits for connections until `stop` is signalled.
-fn serve(listener: UnixListener, stop: &EventFd, control: &dyn VmmControl) {
+/// Waits for connections until `stop` is signalled and serves each on a thread of its own.
+fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
+    let active = Arc::new(AtomicUsize::new(0));
     loop {
         let mut fds = [
             libc::pollfd {
@@ -156,7 +165,7 @@ fn serve(listener: UnixListener, stop: &EventFd, control: &dyn VmmControl) {
             return;
         }
         match listener.accept() {
-            Ok((stream, _)) => serve_connection(stream, control),
+            Ok((stream, _)) => spawn_connection(stream, &active, &control),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 // E.g. out of file descriptors: back off instead of spinning.
@@ -164,6 +173,56 @@ fn serve(listener: UnixListener, stop: &EventFd, control: &dyn VmmControl) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+    }
+}
+
+/// Counts a connection as served until dropped.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves `stream` on a thread of its own, or answers 503 when [`MAX_CONNECTIONS`] are
+/// served already.
+fn spawn_connection(stream: UnixStream, active: &Arc<AtomicUsize>, control: &Arc<dyn VmmControl>) {
+    if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+        active.fetch_sub(1, Ordering::AcqRel);
+        refuse(stream);
+        return;
+    }
+    let slot = ConnectionSlot(active.clone());
+    let control = control.clone();
+    let spawned = std::thread::Builder::new()
+        .name("api-connection".into())
+        .stack_size(CONNECTION_STACK)
+        .spawn(move || {
+            let _slot = slot;
+            serve_connection(stream, control.as_ref());
+        });
+    if let Err(e) = spawned {
+        // The closure, with the stream and the slot, was dropped: the client sees a close.
+        log::warn!("API server: cannot start a connection thread: {e}");
+    }
+}
+
+/// Answers 503 without reading the request, giving the client a moment to take it.
+fn refuse(stream: UnixStream) {
+    let mut stream = DeadlineStream {
+        stream,
+        deadline: Instant::now() + LINGER,
+    };
+    if stream.stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    let response = Response::fault(
+        503,
+        format!("the API serves {MAX_CONNECTIONS} connections at once; try again"),
+    );
+    if response.write_to(&mut stream).is_ok() {
+        linger(stream.stream);
     }
 }
 

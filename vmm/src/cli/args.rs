@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use super::backing::BackingKind;
 use super::balloon::BalloonConfig;
 use super::exit::EXIT_STATUS_HELP;
-use super::size::parse_size;
+use super::size::{parse_mib, parse_size};
 use super::workload::WorkloadSpec;
 
 /// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
@@ -209,10 +209,10 @@ pub struct BalloonArgs {
 /// `vmm balloon` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum BalloonAction {
-    /// Set the balloon target in MiB (PATCH /balloon {"amount_mib":N}).
+    /// Set the balloon target (PATCH /balloon {"amount_mib":N}).
     Set {
-        /// Target size of the balloon in MiB.
-        #[arg(value_name = "MIB")]
+        /// Target size of the balloon: a size such as 256M or 1G, or a bare number of MiB.
+        #[arg(value_name = "SIZE", value_parser = parse_mib, allow_hyphen_values = true)]
         amount_mib: u64,
     },
     /// Show the balloon's configuration, target and actual size (GET /balloon).

@@ -73,12 +73,26 @@ pub(super) fn api(socket: &Path, method: &str, path: &str, body: Option<&str>) -
     ExitStatus::Success
 }
 
+/// Sends a request that answers no content and confirms its success with `done` on stdout.
+pub(super) fn action(
+    socket: &Path,
+    (method, path, body): (&str, &str, &str),
+    done: &str,
+) -> ExitStatus {
+    let status = api(socket, method, path, Some(body));
+    if status == ExitStatus::Success {
+        println!("{done}");
+    }
+    status
+}
+
 /// `vmm balloon set|get|stats`.
-pub(super) fn balloon(socket: &Path, action: BalloonAction) -> ExitStatus {
-    match action {
+pub(super) fn balloon(socket: &Path, balloon_action: BalloonAction) -> ExitStatus {
+    match balloon_action {
         BalloonAction::Set { amount_mib } => {
             let body = format!(r#"{{"amount_mib":{amount_mib}}}"#);
-            api(socket, "PATCH", "/balloon", Some(&body))
+            let done = format!("balloon target set to {amount_mib} MiB");
+            action(socket, ("PATCH", "/balloon", &body), &done)
         }
         BalloonAction::Get => api(socket, "GET", "/balloon", None),
         BalloonAction::Stats => api(socket, "GET", "/balloon/statistics", None),

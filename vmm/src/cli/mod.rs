@@ -48,7 +48,7 @@ pub use config::{
     ConfigError, GuestConfig, LinuxConfig, VmConfig, MAX_MEMORY, MAX_VCPUS, MIN_MEMORY,
 };
 pub use exit::{ExitStatus, EXIT_STATUS_HELP};
-pub use size::{format_size, parse_size, SizeError};
+pub use size::{format_size, parse_mib, parse_size, SizeError};
 pub use workload::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 
 /// Runs the `vmm` command with `args` (the first is the program name) and returns its exit
@@ -73,23 +73,20 @@ where
         ),
         Command::Info(socket) => commands::api(&socket.socket, "GET", "/machine", None),
         Command::Memory(socket) => commands::api(&socket.socket, "GET", "/memory", None),
-        Command::Pause(socket) => commands::api(
+        Command::Pause(socket) => commands::action(
             &socket.socket,
-            "PATCH",
-            "/vm",
-            Some(r#"{"state":"Paused"}"#),
+            ("PATCH", "/vm", r#"{"state":"Paused"}"#),
+            "paused: every vCPU is out of the guest",
         ),
-        Command::Resume(socket) => commands::api(
+        Command::Resume(socket) => commands::action(
             &socket.socket,
-            "PATCH",
-            "/vm",
-            Some(r#"{"state":"Resumed"}"#),
+            ("PATCH", "/vm", r#"{"state":"Resumed"}"#),
+            "resumed",
         ),
-        Command::Shutdown(socket) => commands::api(
+        Command::Shutdown(socket) => commands::action(
             &socket.socket,
-            "PUT",
-            "/actions",
-            Some(r#"{"action_type":"Shutdown"}"#),
+            ("PUT", "/actions", r#"{"action_type":"Shutdown"}"#),
+            "shutdown requested: the VM stops and `vmm run` exits",
         ),
         Command::Balloon(balloon) => commands::balloon(&balloon.socket.socket, balloon.action),
     }

@@ -1,5 +1,7 @@
 //! Byte sizes on the command line: a decimal number with an optional binary suffix, `K`, `M`,
-//! `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and lower case are accepted too).
+//! `G` or `T`, one syntax for every flag and subcommand. Every suffix is a power of 1024, however
+//! it is spelt: `1G`, `1g`, `1GiB` and `1GB` are all 2^30 bytes (as in QEMU, Cloud Hypervisor
+//! and Firecracker's `mem_size_mib`, memory sizes are binary).
 
 /// Errors of parsing a size.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -15,6 +17,9 @@ pub enum SizeError {
     /// The size does not fit in 64 bits.
     #[error("size '{0}' is too large")]
     Overflow(String),
+    /// A size that must be whole MiB is not.
+    #[error("'{0}' is not a whole number of MiB")]
+    NotWholeMib(String),
 }
 
 /// Parses a size such as `4096`, `512M`, `1G` or `2GiB` into bytes.
@@ -31,10 +36,10 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     }
     let shift = match suffix.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        "t" | "tib" | "tb" => 40,
         _ => return Err(SizeError::Malformed(text.to_owned())),
     };
     let value: u64 = digits
@@ -43,6 +48,21 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     value
         .checked_mul(1 << shift)
         .ok_or_else(|| SizeError::Overflow(text.to_owned()))
+}
+
+/// Parses a balloon size: a size as [`parse_size`] takes it, where a bare number counts MiB
+/// (the API's `amount_mib`); it must be a whole number of MiB.
+pub fn parse_mib(text: &str) -> Result<u64, SizeError> {
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map_err(|_| SizeError::Overflow(text.to_owned()));
+    }
+    let bytes = parse_size(text)?;
+    if !bytes.is_multiple_of(1 << 20) {
+        return Err(SizeError::NotWholeMib(text.to_owned()));
+    }
+    Ok(bytes >> 20)
 }
 
 /// Formats `bytes` with the largest binary unit that divides it exactly ("1 GiB", "3 MiB",
@@ -71,13 +91,16 @@ mod tests {
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("1T"), Ok(1 << 40));
         assert_eq!(parse_size("100b"), Ok(100));
+        assert_eq!(parse_size("1GB"), Ok(1 << 30));
+        assert_eq!(parse_size("256MB"), Ok(256 << 20));
+        assert_eq!(parse_size("4kb"), Ok(4 << 10));
     }
 
     #[test]
     fn rejects_empty_malformed_and_overflowing_sizes() {
         assert_eq!(parse_size(""), Err(SizeError::Empty));
         for bad in [
-            "G", "1.5G", "-1G", " 1G", "1G ", "1X", "1GB", "0x10", "1 G", "+5",
+            "G", "1.5G", "-1G", " 1G", "1G ", "1X", "1GBB", "0x10", "1 G", "+5", "1iB",
         ] {
             assert_eq!(
                 parse_size(bad),
@@ -92,6 +115,16 @@ mod tests {
         ] {
             assert_eq!(parse_size(big), Err(SizeError::Overflow(big.to_owned())));
         }
+    }
+
+    #[test]
+    fn balloon_sizes_take_suffixes_and_bare_mib() {
+        assert_eq!(parse_mib("256"), Ok(256));
+        assert_eq!(parse_mib("256M"), Ok(256));
+        assert_eq!(parse_mib("1G"), Ok(1024));
+        assert_eq!(parse_mib("1GB"), Ok(1024));
+        assert_eq!(parse_mib("4K"), Err(SizeError::NotWholeMib("4K".into())));
+        assert_eq!(parse_mib("-5"), Err(SizeError::Malformed("-5".into())));
     }
 
     #[test]

@@ -141,7 +141,9 @@ impl RunError {
                 ExitStatus::Usage
             }
             RunError::Pool(e) => memory::pool_error_status(e),
-            RunError::Api(ServerError::InUse(_) | ServerError::NotASocket(_)) => ExitStatus::Usage,
+            RunError::Api(
+                ServerError::InUse(_) | ServerError::NotASocket(_) | ServerError::Socket { .. },
+            ) => ExitStatus::Usage,
             RunError::Vm(VmError::KvmUnavailable(_))
             | RunError::TestGuest(TestGuestError::Vm(VmError::KvmUnavailable(_))) => {
                 ExitStatus::HostUnsupported
