@@ -57,7 +57,7 @@ fn machine_and_memory_info() {
     }
     let memory = json(&call(server.path(), "GET", "/memory", None));
     assert_eq!(memory["guest"]["populated_chunks"], 3);
-    assert_eq!(memory["pool"]["free_huge_frames"], 125);
+    assert_eq!(memory["pool"]["free_2m_frames"], 125);
     assert_eq!(memory["pool"]["reservations"][0]["tree"], 0);
 }
 

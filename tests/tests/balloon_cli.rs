@@ -44,8 +44,8 @@ fn pool_free(api: &ApiClient) -> (u64, u64) {
     let memory = get(api, "/memory");
     let pool = &memory["pool"];
     (
-        pool["free_frames"].as_u64().unwrap(),
-        pool["free_huge_frames"].as_u64().unwrap(),
+        pool["free_4k_frames"].as_u64().unwrap(),
+        pool["free_2m_frames"].as_u64().unwrap(),
     )
 }
 
@@ -160,7 +160,7 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
     );
     assert_eq!(huge_after - huge_before, 50, "as whole 2 MiB frames");
     let memory = get(&api, "/memory");
-    assert_eq!(memory["guest"]["given_away_pages"], 100 * 256);
+    assert_eq!(memory["guest"]["given_away_4k_pages"], 100 * 256);
 
     // Checkpoint 3: the guest answered a statistics request (the device asks every second).
     resume_to_next_checkpoint(&api);

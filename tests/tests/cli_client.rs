@@ -39,7 +39,7 @@ fn info_and_memory_print_json() {
     assert_eq!(stdout_json(&info)["vcpu_count"], 2);
     let memory = with_socket(&["memory"], server.path());
     assert_eq!(memory.code, Some(0));
-    assert_eq!(stdout_json(&memory)["pool"]["used_frames"], 1536);
+    assert_eq!(stdout_json(&memory)["pool"]["used_4k_frames"], 1536);
 }
 
 #[test]

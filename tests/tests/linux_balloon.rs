@@ -122,7 +122,7 @@ fn linux_inflates_to_the_api_target_and_frames_return_to_the_pool() {
     let inflated = wait_for(&api, "/balloon", boot, |b| b["actual_mib"] == TARGET_MIB);
     assert_eq!(inflated["amount_mib"], TARGET_MIB);
     let memory = get(&api, "/memory");
-    let given_away = memory["guest"]["given_away_pages"].as_u64().unwrap();
+    let given_away = memory["guest"]["given_away_4k_pages"].as_u64().unwrap();
     assert!(given_away >= TARGET_MIB * 256, "{memory:#}");
     // A fresh guest's free memory is mostly whole 2 MiB blocks: at least half of the balloon
     // comes back as whole frames (free page reporting adds what it reports).

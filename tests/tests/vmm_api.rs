@@ -62,7 +62,9 @@ fn two_vcpus_fault_into_their_own_reservations() {
             .iter()
             .any(|r| r["core"] == *core && r["tree"] == **tree_index));
         // Every frame of the vCPU's faults came out of its own reserved tree.
-        let free = tree(&memory, tree_index)["free_frames"].as_u64().unwrap();
+        let free = tree(&memory, tree_index)["free_4k_frames"]
+            .as_u64()
+            .unwrap();
         assert_eq!(
             free,
             TREE_FRAMES - faults[vcpu] * CHUNK_FRAMES,

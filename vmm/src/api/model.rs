@@ -100,7 +100,7 @@ pub struct GuestMemoryInfo {
     /// Chunks whose frame went back to the pool by a discard (balloon, free page reporting).
     pub discarded_chunks: u64,
     /// 4 KiB pages given away by the balloon and not reclaimed yet.
-    pub given_away_pages: u64,
+    pub given_away_4k_pages: u64,
 }
 
 /// One vCPU's view of the pool: its LLFree core and its faults.
@@ -119,8 +119,8 @@ pub struct VcpuMemoryInfo {
 /// A per-core reservation of the pool's allocator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoreReservation {
-    /// The reservation slot: a core id modulo [`PoolInfo::cores`] (vCPUs of every guest, VMM
-    /// and device cores map onto the slots).
+    /// The reservation slot: a core id modulo [`PoolInfo::reservation_slots`] (vCPUs of every
+    /// guest, VMM and device cores map onto the slots).
     pub core: usize,
     /// The tree it has reserved.
     pub tree: usize,
@@ -131,8 +131,8 @@ pub struct CoreReservation {
 pub struct TreeInfo {
     /// Tree index.
     pub index: usize,
-    /// Free 4 KiB frames in it.
-    pub free_frames: usize,
+    /// Free 4 KiB frames in it (16384 when the whole 64 MiB tree is free).
+    pub free_4k_frames: usize,
     /// Whether a core has reserved it.
     pub reserved: bool,
 }
@@ -148,16 +148,19 @@ pub struct PoolInfo {
     pub free_bytes: u64,
     /// Bytes allocated to guests.
     pub used_bytes: u64,
-    /// Free 4 KiB frames.
-    pub free_frames: u64,
-    /// Allocated 4 KiB frames.
-    pub used_frames: u64,
-    /// Entirely free 2 MiB frames.
-    pub free_huge_frames: usize,
-    /// Entirely free 1 GiB frames.
-    pub free_giant_frames: usize,
-    /// Reservation slots of the allocator: min(cores, trees).
-    pub cores: usize,
+    /// Free memory in 4 KiB frames (the allocator's base unit).
+    pub free_4k_frames: u64,
+    /// Allocated memory in 4 KiB frames.
+    pub used_4k_frames: u64,
+    /// Entirely free, aligned 2 MiB frames.
+    pub free_2m_frames: usize,
+    /// Entirely free, aligned 1 GiB frames.
+    pub free_1g_frames: usize,
+    /// Reservation slots of the allocator: one per pool core, at most one per 64 MiB tree.
+    /// The pool has a core per vCPU, one for the VMM (eager population, device accesses) and
+    /// one for the balloon, so 2 vCPUs give 4 slots (fewer in a pool of fewer trees, where
+    /// cores share slots: core id modulo this).
+    pub reservation_slots: usize,
     /// The reserved tree of every slot that holds one.
     pub reservations: Vec<CoreReservation>,
     /// Every tree of the allocator.
@@ -173,11 +176,11 @@ impl PoolInfo {
             total_bytes: stats.total_bytes,
             free_bytes: stats.free_bytes,
             used_bytes: stats.used_bytes,
-            free_frames: stats.free_bytes >> 12,
-            used_frames: stats.used_bytes >> 12,
-            free_huge_frames: stats.free_huge,
-            free_giant_frames: stats.free_giant,
-            cores: pool.allocator().cores(),
+            free_4k_frames: stats.free_bytes >> 12,
+            used_4k_frames: stats.used_bytes >> 12,
+            free_2m_frames: stats.free_huge,
+            free_1g_frames: stats.free_giant,
+            reservation_slots: pool.allocator().cores(),
             reservations: pool
                 .allocator()
                 .reservations()
@@ -189,7 +192,7 @@ impl PoolInfo {
                 .iter()
                 .map(|t| TreeInfo {
                     index: t.index,
-                    free_frames: t.free_frames,
+                    free_4k_frames: t.free_frames,
                     reserved: t.reserved,
                 })
                 .collect(),
@@ -226,7 +229,7 @@ impl MemoryInfo {
                 faults: stats.faults,
                 exhausted_faults: stats.exhausted,
                 discarded_chunks: stats.discarded_chunks,
-                given_away_pages: stats.given_away_pieces,
+                given_away_4k_pages: stats.given_away_pieces,
             },
             vcpus: stats
                 .vcpu_faults
@@ -241,7 +244,7 @@ impl MemoryInfo {
                         reserved_tree: pool
                             .reservations
                             .iter()
-                            .find(|r| r.core == core % pool.cores.max(1))
+                            .find(|r| r.core == core % pool.reservation_slots.max(1))
                             .map(|r| r.tree),
                     }
                 })

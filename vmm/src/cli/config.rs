@@ -202,8 +202,13 @@ fn parent_dir(path: &Path) -> &Path {
 fn check_backing(backing: &BackingKind) -> Result<Scrub, ConfigError> {
     match backing {
         BackingKind::File(path) => match fs::metadata(path) {
+            Ok(meta) if meta.is_file() => Ok(Scrub::PunchHole),
             Ok(meta) if meta.is_dir() => Err(path_error("--backing file:", path, "is a directory")),
-            Ok(_) => Ok(Scrub::PunchHole),
+            Ok(_) => Err(path_error(
+                "--backing file:",
+                path,
+                "is not a regular file (a device DAX takes --backing dax:PATH)",
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if parent_dir(path).is_dir() {
                     Ok(Scrub::PunchHole)
@@ -242,6 +247,9 @@ fn check_input_file(flag: &'static str, path: &Path) -> Result<(), ConfigError> 
     let meta = fs::metadata(path).map_err(|e| path_error(flag, path, e.to_string()))?;
     if !meta.is_file() {
         return Err(path_error(flag, path, "is not a regular file"));
+    }
+    if meta.len() == 0 {
+        return Err(path_error(flag, path, "is empty"));
     }
     fs::File::open(path).map_err(|e| path_error(flag, path, e.to_string()))?;
     Ok(())

@@ -210,6 +210,19 @@ fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
             action,
         });
     }
+    const KINDS: [&str; 8] = [
+        "write",
+        "verify",
+        "verify-zero",
+        "read",
+        "checkpoint",
+        "inflate",
+        "deflate",
+        "report",
+    ];
+    if !KINDS.contains(&kind) {
+        return Err(WorkloadSpecError::UnknownKind(text.to_owned()));
+    }
     let argument = fields.next().ok_or_else(|| match kind {
         "checkpoint" => malformed("a checkpoint needs an id (checkpoint:ID)"),
         "inflate" | "deflate" => malformed("the step needs a size (e.g. inflate:64M)"),

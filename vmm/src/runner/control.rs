@@ -205,7 +205,7 @@ mod tests {
         let memory = session.memory_info().unwrap();
         assert_eq!((memory.guest.chunks, memory.guest.populated_chunks), (8, 0));
         assert_eq!(
-            memory.pool.cores, 1,
+            memory.pool.reservation_slots, 1,
             "16 MiB is one tree: one reservation slot"
         );
         let waiting = session.clone();

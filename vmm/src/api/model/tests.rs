@@ -22,20 +22,20 @@ fn memory_info_reports_a_real_eager_guest_memory_and_its_pool() {
     assert_eq!(info.vcpus[1].core, memory.vcpu_core(1));
     assert_eq!(info.pool.total_bytes, 64 << 20);
     assert_eq!(info.pool.used_bytes, 16 << 20);
-    assert_eq!(info.pool.free_frames, (48 << 20) >> 12);
-    assert_eq!(info.pool.used_frames, (16 << 20) >> 12);
-    assert_eq!(info.pool.free_huge_frames, 24);
+    assert_eq!(info.pool.free_4k_frames, (48 << 20) >> 12);
+    assert_eq!(info.pool.used_4k_frames, (16 << 20) >> 12);
+    assert_eq!(info.pool.free_2m_frames, 24);
     assert_eq!(info.pool.trees.len(), 1);
     // One 64 MiB tree means one reservation slot, which eager population (on the VMM's
     // core) has taken, and which the vCPUs' cores share.
-    assert_eq!(info.pool.cores, 1);
+    assert_eq!(info.pool.reservation_slots, 1);
     assert_eq!(
         info.pool.reservations,
         vec![CoreReservation { core: 0, tree: 0 }]
     );
     assert!(info.vcpus.iter().all(|v| v.reserved_tree == Some(0)));
     let json = serde_json::to_value(&info).unwrap();
-    assert_eq!(json["pool"]["trees"][0]["free_frames"], (48 << 20) >> 12);
+    assert_eq!(json["pool"]["trees"][0]["free_4k_frames"], (48 << 20) >> 12);
 }
 
 #[test]

@@ -252,6 +252,11 @@ fn backing_paths_are_checked() {
         &format!("file:{}/no/such/pool", dir.0.display()),
     ]);
     assert!(err.ends_with("its directory does not exist"), "{err}");
+    let err = config_err(&["--backing", "file:/dev/null"]);
+    assert_eq!(
+        err,
+        "--backing file:/dev/null: is not a regular file (a device DAX takes --backing dax:PATH)"
+    );
     let err = config_err(&["--backing", &format!("dax:{}/dax0.0", dir.0.display())]);
     assert!(err.contains("No such file or directory"), "{err}");
     let err = config_err(&["--backing", &format!("dax:{}", dir.0.display())]);
@@ -273,6 +278,10 @@ fn kernel_and_initrd_must_be_readable_files() {
     assert!(err.contains("No such file or directory"), "{err}");
     let err = config_err(&["--kernel", dir.0.to_str().unwrap()]);
     assert!(err.ends_with("is not a regular file"), "{err}");
+    let empty = dir.0.join("empty");
+    fs::write(&empty, b"").unwrap();
+    let err = config_err(&["--kernel", empty.to_str().unwrap()]);
+    assert_eq!(err, format!("--kernel {}: is empty", empty.display()));
     let err = config_err(&[
         "--kernel",
         kernel.to_str().unwrap(),

@@ -73,6 +73,7 @@ fn every_syntax_error_has_its_own_message() {
             "Write:all",
             WorkloadSpecError::UnknownKind("Write:all".into()),
         ),
+        ("foo", WorkloadSpecError::UnknownKind("foo".into())),
         (
             "write",
             malformed(
