@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use llfree::FRAME_SIZE;
@@ -64,6 +65,9 @@ impl MemoryConfig {
 /// Errors of creating and changing guest memory.
 #[derive(Debug, Error)]
 pub enum MemoryError {
+    /// Eager population was cancelled ([`GuestMemory::new_unless`]).
+    #[error("eager population was cancelled")]
+    Cancelled,
     /// No RAM region was given.
     #[error("guest memory needs at least one region")]
     NoRegions,
@@ -175,9 +179,20 @@ pub struct GuestMemory {
 impl GuestMemory {
     /// Creates guest memory on `pool`.
     pub fn new(pool: Arc<Pool>, config: MemoryConfig) -> Result<Self, MemoryError> {
+        Self::new_unless(pool, config, &AtomicBool::new(false))
+    }
+
+    /// [`GuestMemory::new`], where eager population gives up with [`MemoryError::Cancelled`]
+    /// once `cancel` is set (it is checked before every chunk), handing every frame it took
+    /// back to the pool.
+    pub fn new_unless(
+        pool: Arc<Pool>,
+        config: MemoryConfig,
+        cancel: &AtomicBool,
+    ) -> Result<Self, MemoryError> {
         let memory = Self::build(pool, &config)?;
         if config.populate == Populate::Eager {
-            memory.populate_all()?;
+            memory.populate_all(cancel)?;
         }
         Ok(memory)
     }
@@ -215,7 +230,7 @@ impl GuestMemory {
             }
         }
         if config.populate == Populate::Eager {
-            memory.populate_all()?;
+            memory.populate_all(&AtomicBool::new(false))?;
         }
         Ok(memory)
     }
@@ -253,10 +268,13 @@ impl GuestMemory {
         Ok(Self { handlers, inner })
     }
 
-    fn populate_all(&self) -> Result<(), MemoryError> {
+    fn populate_all(&self, cancel: &AtomicBool) -> Result<(), MemoryError> {
         let core = self.inner.shared.vmm_core;
         for region in &self.inner.regions {
             for chunk in 0..region.table().len() {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(MemoryError::Cancelled);
+                }
                 region.populate_and_prefault(chunk, core)?;
             }
         }

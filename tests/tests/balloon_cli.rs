@@ -95,6 +95,8 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
             "deflate_on_oom": true,
             "free_page_reporting": true,
             "stats_polling_interval_s": 1,
+            "needs_reset": false,
+            "driver_violations": serde_json::to_value(virtio_balloon::Violations::default()).unwrap(),
         })
     );
     let (free_before, huge_before) = pool_free(&api);

@@ -69,7 +69,7 @@ fn a_kernel_file_that_is_no_kernel_is_a_usage_error() {
     let empty = scratch.path("empty");
     std::fs::write(&empty, b"").unwrap();
     VmmRun::run(&["--memory", "64M", "--kernel", &empty])
-        .assert_fails(2, &format!("cannot boot {empty}: cannot read kernel"));
+        .assert_fails(2, &format!("--kernel {empty}: is empty"));
 }
 
 #[test]

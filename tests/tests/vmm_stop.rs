@@ -67,8 +67,15 @@ fn sigint_stops_a_guest_paused_at_a_checkpoint() {
     let api = vmm.api(&socket);
     wait_for_state(&api, "Paused");
     vmm.signal("INT");
-    vmm.wait(Duration::from_secs(20))
-        .assert_stopped(130, "SIGINT");
+    let run = vmm.wait(Duration::from_secs(20));
+    run.assert_stopped(130, "SIGINT");
+    // The pause was announced, with the way out.
+    assert!(
+        run.stderr.starts_with(&format!(
+            "paused at checkpoint 1; resume with `vmm resume --socket {socket}`\n"
+        )),
+        "{run:#?}"
+    );
 }
 
 #[test]
@@ -118,4 +125,22 @@ fn a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line() {
         "eager",
     ]);
     eager.assert_fails(4, "cannot create guest memory");
+}
+
+#[test]
+fn sigint_during_eager_population_stops_at_once() {
+    if !kvm_available("sigint_during_eager_population_stops_at_once") {
+        return;
+    }
+    // 4 GiB of anonymous frames take seconds to prefault here.
+    let vmm = VmmRun::start(&["--memory", "4G", "--populate", "eager"]);
+    std::thread::sleep(Duration::from_millis(300));
+    vmm.signal("INT");
+    let signalled = std::time::Instant::now();
+    let run = vmm.wait(Duration::from_secs(20));
+    let took = signalled.elapsed();
+    eprintln!("vmm run ended {took:?} after SIGINT during eager population");
+    run.assert_stopped(130, "SIGINT");
+    assert!(run.stdout.is_empty(), "the guest never ran: {run:#?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
 }

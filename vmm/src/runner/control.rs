@@ -188,7 +188,9 @@ mod tests {
             panic!("not run")
         };
         let config = VmConfig::try_from(args).unwrap();
-        let memory = Arc::new(create_memory(&config, create_pool(&config).unwrap()).unwrap());
+        let memory = Arc::new(
+            create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
+        );
         let devices = create_devices(&config, &memory).unwrap();
         Session::new(config, memory, devices.balloon)
     }

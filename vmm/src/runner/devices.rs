@@ -292,7 +292,9 @@ mod tests {
         vm.create_irq_chip().unwrap();
         let option = "size=4M,free_page_reporting=on,stats_polling_interval_s=1";
         let config = vm_config(&["--balloon", option]);
-        let memory = Arc::new(create_memory(&config, create_pool(&config).unwrap()).unwrap());
+        let memory = Arc::new(
+            create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
+        );
         let Devices { mut mmio, balloon } = create_devices(&config, &memory).unwrap();
         let balloon = balloon.expect("a balloon");
         let entry = VirtioMmioEntry {
@@ -337,7 +339,9 @@ mod tests {
     #[test]
     fn without_balloon_there_are_no_devices() {
         let config = vm_config(&[]);
-        let memory = Arc::new(create_memory(&config, create_pool(&config).unwrap()).unwrap());
+        let memory = Arc::new(
+            create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
+        );
         let devices = create_devices(&config, &memory).unwrap();
         assert!(devices.mmio.entries().is_empty() && devices.balloon.is_none());
     }

@@ -37,6 +37,7 @@ mod test_guest;
 pub use devices::{DeviceError, VirtioMmioDevices};
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use guest_mem::{FaultError, MemoryError, PoolError};
@@ -162,7 +163,14 @@ impl RunError {
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     let pool = memory::create_pool(&config)?;
-    let guest_memory = Arc::new(memory::create_memory(&config, pool)?);
+    // Eager population can take seconds: a stop signal meanwhile cancels it.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let watch = signals.watch(cancel.clone()).map_err(RunError::Signals)?;
+    let created = memory::create_memory(&config, pool, &cancel);
+    if let Some(signal) = watch.finish() {
+        return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
+    }
+    let guest_memory = Arc::new(created?);
     let devices::Devices {
         mmio: mut devices,
         balloon,

@@ -4,7 +4,10 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// The signals that stop the VM.
 const STOP_SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
@@ -38,6 +41,45 @@ impl AsFd for SignalFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }
+}
+
+/// How often [`SignalWatch`] looks at its done flag.
+const WATCH_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Reads the stop signals on a thread of its own while the VM is being set up (before the event
+/// loop exists), so that Ctrl-C interrupts a long eager population.
+pub(super) struct SignalWatch {
+    done: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Option<libc::c_int>>>,
+}
+
+impl SignalWatch {
+    /// Stops watching; returns the stop signal that came meanwhile, if one did.
+    pub fn finish(mut self) -> Option<libc::c_int> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Option<libc::c_int> {
+        self.done.store(true, Ordering::Release);
+        self.thread.take().and_then(|t| t.join().ok().flatten())
+    }
+}
+
+impl Drop for SignalWatch {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits up to [`WATCH_INTERVAL`] for `fd` to become readable.
+fn wait_readable(fd: &SignalFd) {
+    let mut poll_fd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd whose fd outlives the call.
+    unsafe { libc::poll(&mut poll_fd, 1, WATCH_INTERVAL.as_millis() as libc::c_int) };
 }
 
 /// The stop signals, blocked on the thread that created this (and inherited as blocked by the
@@ -88,6 +130,29 @@ impl StopSignals {
     /// The signalfd, for the event loop.
     pub fn fd(&self) -> &Arc<SignalFd> {
         &self.fd
+    }
+
+    /// Watches for a stop signal until [`SignalWatch::finish`]: the first one sets `cancel`.
+    pub fn watch(&self, cancel: Arc<AtomicBool>) -> io::Result<SignalWatch> {
+        let done = Arc::new(AtomicBool::new(false));
+        let thread_done = done.clone();
+        let fd = self.fd.clone();
+        let thread = std::thread::Builder::new()
+            .name("vmm-setup-signals".into())
+            .spawn(move || {
+                while !thread_done.load(Ordering::Acquire) {
+                    wait_readable(&fd);
+                    if let Some(signal) = fd.take() {
+                        cancel.store(true, Ordering::Release);
+                        return Some(signal);
+                    }
+                }
+                None
+            })?;
+        Ok(SignalWatch {
+            done,
+            thread: Some(thread),
+        })
     }
 }
 
