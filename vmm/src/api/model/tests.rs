@@ -72,6 +72,6 @@ fn request_bodies_are_strict() {
     let stats = serde_json::to_string(&BalloonStatistics::default()).unwrap();
     assert_eq!(
         stats,
-        r#"{"target_pages":0,"actual_pages":0,"target_mib":0,"actual_mib":0}"#
+        r#"{"target_pages":0,"actual_pages":0,"target_mib":0,"actual_mib":0,"clamped":false}"#
     );
 }
