@@ -5,7 +5,7 @@
 mod vmm_common;
 
 use e2e_tests::kvm_available;
-use vmm_common::{wait_for_state, Scratch, VmmRun};
+use vmm_common::{send, wait_for_state, Scratch, VmmRun};
 
 /// Runs a 16 MiB VM that reads all its memory on the `file:` backing `backing`, which leaves a
 /// pool file of 16 MiB of frames behind.
@@ -112,4 +112,35 @@ fn a_truncated_pool_file_is_a_usage_error() {
     file.set_len(len / 2).unwrap();
     VmmRun::run(&["--memory", "16M", "--backing", &backing]).assert_fails(2, "but its pool needs");
     assert_eq!(std::fs::metadata(&pool).unwrap().len(), len / 2, "resized");
+}
+
+#[test]
+fn a_pool_file_another_vmm_uses_is_refused_at_once() {
+    if !kvm_available("a_pool_file_another_vmm_uses_is_refused_at_once") {
+        return;
+    }
+    let scratch = Scratch::new("pool-in-use");
+    let socket = scratch.path("api.sock");
+    let pool = scratch.path("pool");
+    let backing = format!("file:{pool}");
+    let mut first = VmmRun::start(&[
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--api-socket",
+        &socket,
+        "--workload",
+        "write:all,checkpoint:1,verify:all",
+    ]);
+    let api = first.api(&socket);
+    wait_for_state(&api, "Paused");
+    VmmRun::run(&["--memory", "16M", "--backing", &backing])
+        .assert_fails(2, &format!("pool file {pool} is in use by another process"));
+    // The first VMM goes on undisturbed, and once it is gone the pool file serves again.
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    first
+        .wait(std::time::Duration::from_secs(30))
+        .assert_success();
+    VmmRun::run(&["--memory", "16M", "--backing", &backing]).assert_success();
 }

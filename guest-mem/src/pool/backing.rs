@@ -64,6 +64,12 @@ pub enum BackingError {
         #[source]
         source: io::Error,
     },
+    /// Another process (a VMM) holds the pool file.
+    #[error(
+        "pool file {0} is in use by another process (one VMM per pool file; a shared zone is \
+         not supported yet)"
+    )]
+    InUse(PathBuf),
     /// The device is smaller than the pool needs.
     #[error("pool device {path} holds {have} bytes, but the pool needs {need}")]
     DeviceTooSmall {
@@ -143,8 +149,10 @@ impl BackingFile {
         })
     }
 
-    /// Opens a file or device, creating an absent file (empty). Nothing in it is changed: the
-    /// caller checks what it holds first, then sizes it with [`BackingFile::ensure_len`].
+    /// Opens a file or device, creating an absent file (empty), and takes an exclusive advisory
+    /// lock (flock) on it for as long as this lives: a second process on the same pool is
+    /// refused at once. Nothing in it is changed: the caller checks what it holds first, then
+    /// sizes it with [`BackingFile::ensure_len`].
     pub fn open(path: &Path) -> Result<Self, BackingError> {
         let err = |source| BackingError::File {
             path: path.to_owned(),
@@ -157,6 +165,13 @@ impl BackingFile {
             .truncate(false)
             .open(path)
             .map_err(err)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(BackingError::InUse(path.to_owned()))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(err(e)),
+        }
         let meta = file.metadata().map_err(err)?;
         let device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
         let len = if device {

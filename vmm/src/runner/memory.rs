@@ -63,6 +63,7 @@ pub(super) fn pool_error_status(error: &PoolError) -> ExitStatus {
         ) => ExitStatus::HostUnsupported,
         PoolError::Backing(
             BackingError::File { .. }
+            | BackingError::InUse(_)
             | BackingError::DeviceTooSmall { .. }
             | BackingError::FileTooSmall { .. },
         )
