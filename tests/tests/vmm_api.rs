@@ -5,7 +5,7 @@ mod vmm_common;
 
 use e2e_tests::kvm_available;
 use serde_json::Value;
-use vmm_common::{client, get, send, wait_for_state, Scratch, VmmRun};
+use vmm_common::{client, get, send, Scratch, VmmRun};
 
 /// 4 KiB frames in one 64 MiB tree of the allocator.
 const TREE_FRAMES: u64 = 16384;
@@ -26,20 +26,19 @@ fn two_vcpus_fault_into_their_own_reservations() {
     let socket = scratch.path("api.sock");
     // 512 MiB: 8 trees of 64 MiB. Both vCPUs write half of 62 MiB (about 16 chunks each: less
     // than a tree), then the VM pauses at the checkpoint.
-    let mut vmm = VmmRun::start(&[
-        "--memory",
-        "512M",
-        "--vcpus",
-        "2",
-        "--populate",
-        "lazy",
-        "--api-socket",
+    let (vmm, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "512M",
+            "--vcpus",
+            "2",
+            "--populate",
+            "lazy",
+            "--workload",
+            "write:2M+62M,checkpoint:1,verify:2M+62M",
+        ],
         &socket,
-        "--workload",
-        "write:2M+62M,checkpoint:1,verify:2M+62M",
-    ]);
-    let api = vmm.api(&socket);
-    wait_for_state(&api, "Paused");
+    );
     let memory = get(&api, "/memory");
     let vcpus = memory["vcpus"].as_array().unwrap();
     assert_eq!(vcpus.len(), 2);
@@ -86,18 +85,17 @@ fn the_client_subcommands_drive_a_running_guest() {
     let socket = scratch.path("api.sock");
     // Stops at the checkpoint, so that every command meets a live VM; after it, passes over
     // all of RAM keep the guest busy long enough to be paused again by hand.
-    let mut vmm = VmmRun::start(&[
-        "--memory",
-        "128M",
-        "--api-socket",
+    let (vmm, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "128M",
+            "--populate",
+            "eager",
+            "--workload",
+            "write:2M+8M,checkpoint:7,verify:2M+8M,write:all:3,verify:all:3,write:all:5",
+        ],
         &socket,
-        "--populate",
-        "eager",
-        "--workload",
-        "write:2M+8M,checkpoint:7,verify:2M+8M,write:all:3,verify:all:3,write:all:5",
-    ]);
-    let api = vmm.api(&socket);
-    wait_for_state(&api, "Paused");
+    );
     let info = client(&["info", "--socket", &socket]);
     assert_eq!(info.code, Some(0), "{info:#?}");
     let info: Value = serde_json::from_str(&info.stdout).unwrap();
@@ -128,18 +126,17 @@ fn shutdown_stops_a_paused_guest_and_requests_that_do_not_fit_are_refused() {
     }
     let scratch = Scratch::new("shutdown-paused");
     let socket = scratch.path("api.sock");
-    let mut vmm = VmmRun::start(&[
-        "--memory",
-        "64M",
-        "--vcpus",
-        "2",
-        "--api-socket",
+    let (vmm, _api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "64M",
+            "--vcpus",
+            "2",
+            "--workload",
+            "checkpoint:1,write:all",
+        ],
         &socket,
-        "--workload",
-        "checkpoint:1,write:all",
-    ]);
-    let api = vmm.api(&socket);
-    wait_for_state(&api, "Paused");
+    );
     let shutdown = client(&["shutdown", "--socket", &socket]);
     assert_eq!(shutdown.code, Some(0), "{shutdown:#?}");
     let run = vmm.wait(std::time::Duration::from_secs(30));

@@ -28,16 +28,8 @@ fn an_api_socket_served_by_another_vmm_is_a_usage_error() {
     }
     let scratch = Scratch::new("socket-in-use");
     let socket = scratch.path("api.sock");
-    let mut first = VmmRun::start(&[
-        "--memory",
-        "16M",
-        "--api-socket",
-        &socket,
-        "--workload",
-        "checkpoint:1",
-    ]);
-    let api = first.api(&socket);
-    wait_for_state(&api, "Paused");
+    let (_first, api) =
+        VmmRun::start_paused(&["--memory", "16M", "--workload", "checkpoint:1"], &socket);
     let second = VmmRun::run(&["--memory", "16M", "--api-socket", &socket]);
     second.assert_fails(2, "another process is listening on it");
     // The first VMM still serves its socket.
@@ -123,18 +115,17 @@ fn a_pool_file_another_vmm_uses_is_refused_at_once() {
     let socket = scratch.path("api.sock");
     let pool = scratch.path("pool");
     let backing = format!("file:{pool}");
-    let mut first = VmmRun::start(&[
-        "--memory",
-        "16M",
-        "--backing",
-        &backing,
-        "--api-socket",
+    let (first, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "16M",
+            "--backing",
+            &backing,
+            "--workload",
+            "write:all,checkpoint:1,verify:all",
+        ],
         &socket,
-        "--workload",
-        "write:all,checkpoint:1,verify:all",
-    ]);
-    let api = first.api(&socket);
-    wait_for_state(&api, "Paused");
+    );
     VmmRun::run(&["--memory", "16M", "--backing", &backing])
         .assert_fails(2, &format!("pool file {pool} is in use by another process"));
     // The first VMM goes on undisturbed, and once it is gone the pool file serves again.

@@ -56,16 +56,15 @@ fn sigint_stops_a_guest_paused_at_a_checkpoint() {
     }
     let scratch = Scratch::new("signal-paused");
     let socket = scratch.path("api.sock");
-    let mut vmm = VmmRun::start(&[
-        "--memory",
-        "64M",
-        "--api-socket",
+    let (vmm, _api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "64M",
+            "--workload",
+            "write:2M+2M,checkpoint:1,verify:2M+2M",
+        ],
         &socket,
-        "--workload",
-        "write:2M+2M,checkpoint:1,verify:2M+2M",
-    ]);
-    let api = vmm.api(&socket);
-    wait_for_state(&api, "Paused");
+    );
     vmm.signal("INT");
     let run = vmm.wait(Duration::from_secs(20));
     run.assert_stopped(130, "SIGINT");
@@ -88,18 +87,17 @@ fn a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line() {
     let backing = format!("file:{}", scratch.path("pool"));
     // A VMM killed while its guest holds 16 of the pool's 32 frames: the persistent pool keeps
     // them allocated.
-    let mut killed = VmmRun::start(&[
-        "--memory",
-        "64M",
-        "--backing",
-        &backing,
-        "--api-socket",
+    let (killed, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "64M",
+            "--backing",
+            &backing,
+            "--workload",
+            "write:2M+30M,checkpoint:1",
+        ],
         &socket,
-        "--workload",
-        "write:2M+30M,checkpoint:1",
-    ]);
-    let api = killed.api(&socket);
-    wait_for_state(&api, "Paused");
+    );
     assert_eq!(get(&api, "/memory")["pool"]["used_bytes"], 32 << 20);
     killed.kill();
     // The next guest on that pool runs out of frames when it touches its 17th chunk.

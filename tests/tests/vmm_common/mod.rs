@@ -96,6 +96,17 @@ impl VmmRun {
         }
     }
 
+    /// Starts `vmm run ARGS --api-socket SOCKET` and waits until its VM is paused (at a
+    /// workload checkpoint); returns the run and a client of its API.
+    pub fn start_paused(args: &[&str], socket: &str) -> (Self, ApiClient) {
+        let mut args = args.to_vec();
+        args.extend(["--api-socket", socket]);
+        let mut vmm = Self::start(&args);
+        let api = vmm.api(socket);
+        wait_for_state(&api, "Paused");
+        (vmm, api)
+    }
+
     /// Waits until the API socket at `socket` exists and returns a client for it.
     pub fn api(&mut self, socket: &str) -> ApiClient {
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -210,19 +210,12 @@ fn spawn_connection(stream: UnixStream, active: &Arc<AtomicUsize>, control: &Arc
 
 /// Answers 503 without reading the request, giving the client a moment to take it.
 fn refuse(stream: UnixStream) {
-    let mut stream = DeadlineStream {
-        stream,
-        deadline: Instant::now() + LINGER,
-    };
-    if stream.stream.set_nonblocking(false).is_err() {
-        return;
-    }
-    let response = Response::fault(
-        503,
-        format!("the API serves {MAX_CONNECTIONS} connections at once; try again"),
-    );
-    if response.write_to(&mut stream).is_ok() {
-        linger(stream.stream);
+    if let Some(stream) = DeadlineStream::new(stream, LINGER) {
+        let response = Response::fault(
+            503,
+            format!("the API serves {MAX_CONNECTIONS} connections at once; try again"),
+        );
+        respond(stream, &response);
     }
 }
 
@@ -233,6 +226,15 @@ struct DeadlineStream {
 }
 
 impl DeadlineStream {
+    /// `stream`, blocking, with `timeout` from now; `None` if it cannot be made blocking.
+    fn new(stream: UnixStream, timeout: Duration) -> Option<Self> {
+        stream.set_nonblocking(false).ok()?;
+        Some(DeadlineStream {
+            stream,
+            deadline: Instant::now() + timeout,
+        })
+    }
+
     fn time_left(&self) -> io::Result<Duration> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -264,12 +266,8 @@ impl Write for DeadlineStream {
 
 /// Reads one request, answers it and closes the connection.
 fn serve_connection(stream: UnixStream, control: &dyn VmmControl) {
-    if stream.set_nonblocking(false).is_err() {
+    let Some(mut stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) else {
         return;
-    }
-    let mut stream = DeadlineStream {
-        stream,
-        deadline: Instant::now() + REQUEST_TIMEOUT,
     };
     let response = match read_request(&mut stream) {
         Ok(request) => catch_unwind(AssertUnwindSafe(|| routes::handle(control, &request)))
@@ -285,6 +283,11 @@ fn serve_connection(stream: UnixStream, control: &dyn VmmControl) {
         },
     };
     stream.deadline = Instant::now() + REQUEST_TIMEOUT;
+    respond(stream, &response);
+}
+
+/// Sends `response` before the stream's deadline and closes the connection.
+fn respond(mut stream: DeadlineStream, response: &Response) {
     if let Err(e) = response.write_to(&mut stream) {
         log::debug!("API server: cannot send the response: {e}");
         return;

@@ -210,42 +210,39 @@ fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
             action,
         });
     }
-    const KINDS: [&str; 8] = [
-        "write",
-        "verify",
-        "verify-zero",
-        "read",
-        "checkpoint",
-        "inflate",
-        "deflate",
-        "report",
-    ];
-    if !KINDS.contains(&kind) {
-        return Err(WorkloadSpecError::UnknownKind(text.to_owned()));
-    }
-    let argument = fields.next().ok_or_else(|| match kind {
-        "checkpoint" => malformed("a checkpoint needs an id (checkpoint:ID)"),
-        "inflate" | "deflate" => malformed("the step needs a size (e.g. inflate:64M)"),
-        _ => malformed("the step needs a range (KIND:all or KIND:START+SIZE)"),
-    })?;
+    let argument = fields.next();
     let pattern = fields.next();
     if fields.next().is_some() {
         return Err(malformed("too many ':'-separated fields"));
     }
+    let range = || {
+        let argument = argument
+            .ok_or_else(|| malformed("the step needs a range (KIND:all or KIND:START+SIZE)"))?;
+        parse_range(text, argument)
+    };
+    let size = || {
+        let argument =
+            argument.ok_or_else(|| malformed("the step needs a size (e.g. inflate:64M)"))?;
+        balloon::parse_size(text, argument)
+    };
     let pattern_or_default = || pattern.map_or(Ok(DEFAULT_PATTERN), |p| parse_number(text, p));
     let no_pattern = |action| match pattern {
         Some(_) => Err(malformed("only write and verify steps take a pattern")),
         None => Ok(action),
     };
     let action = match kind {
-        "write" => Action::Write(parse_range(text, argument)?, pattern_or_default()?),
-        "verify" => Action::Verify(parse_range(text, argument)?, pattern_or_default()?),
-        "verify-zero" => no_pattern(Action::VerifyZero(parse_range(text, argument)?))?,
-        "read" => no_pattern(Action::Read(parse_range(text, argument)?))?,
-        "checkpoint" => no_pattern(Action::Checkpoint(parse_number(text, argument)?))?,
-        "inflate" => no_pattern(Action::Inflate(balloon::parse_size(text, argument)?))?,
-        "deflate" => no_pattern(Action::Deflate(balloon::parse_size(text, argument)?))?,
-        "report" => no_pattern(Action::Report(parse_range(text, argument)?))?,
+        "write" => Action::Write(range()?, pattern_or_default()?),
+        "verify" => Action::Verify(range()?, pattern_or_default()?),
+        "verify-zero" => no_pattern(Action::VerifyZero(range()?))?,
+        "read" => no_pattern(Action::Read(range()?))?,
+        "checkpoint" => {
+            let id =
+                argument.ok_or_else(|| malformed("a checkpoint needs an id (checkpoint:ID)"))?;
+            no_pattern(Action::Checkpoint(parse_number(text, id)?))?
+        }
+        "inflate" => no_pattern(Action::Inflate(size()?))?,
+        "deflate" => no_pattern(Action::Deflate(size()?))?,
+        "report" => no_pattern(Action::Report(range()?))?,
         _ => return Err(WorkloadSpecError::UnknownKind(text.to_owned())),
     };
     Ok(StepSpec {

@@ -116,12 +116,7 @@ impl VmmControl for Session {
         let target = u64::from(info.target_pages);
         let actual = ram.pages(info.actual_pages);
         let stats = info.stats;
-        let memory = [
-            ram.bytes(stats.free_memory),
-            ram.bytes(stats.total_memory),
-            ram.bytes(stats.available_memory),
-            ram.bytes(stats.disk_caches),
-        ];
+        // Fields are evaluated in order: `clamped` last, after every checked value.
         Ok(BalloonStatistics {
             target_pages: target,
             actual_pages: actual,
@@ -131,10 +126,10 @@ impl VmmControl for Session {
             swap_out: stats.swap_out,
             major_faults: stats.major_faults,
             minor_faults: stats.minor_faults,
-            free_memory: memory[0],
-            total_memory: memory[1],
-            available_memory: memory[2],
-            disk_caches: memory[3],
+            free_memory: ram.bytes(stats.free_memory),
+            total_memory: ram.bytes(stats.total_memory),
+            available_memory: ram.bytes(stats.available_memory),
+            disk_caches: ram.bytes(stats.disk_caches),
             hugetlb_allocations: stats.hugetlb_allocations,
             hugetlb_failures: stats.hugetlb_failures,
             clamped: ram.clamped.get(),

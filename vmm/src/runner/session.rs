@@ -1,7 +1,6 @@
 //! [`Session`]: what the main thread, the event loop, the API server and the guest's hooks
 //! share about one VM run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -50,9 +49,8 @@ pub(super) struct Session {
     /// Where the run is; changes are announced on `phase_changed`.
     phase: Mutex<Phase>,
     phase_changed: Condvar,
-    /// Its owner asked for a stop before the VM started.
-    stop_before_start: AtomicBool,
-    /// Who asked for the first stop.
+    /// Who asked for the first stop; one asked for before the start stops the VM as soon as
+    /// it has started.
     stop_cause: Mutex<Option<StopCause>>,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
@@ -68,7 +66,6 @@ impl Session {
             control: OnceLock::new(),
             phase: Mutex::new(Phase::Setup),
             phase_changed: Condvar::new(),
-            stop_before_start: AtomicBool::new(false),
             stop_cause: Mutex::new(None),
             fault: Mutex::new(None),
         }
@@ -113,7 +110,8 @@ impl Session {
         }
         // The first VM of a session is its only one.
         let _ = self.control.set(control.clone());
-        if self.stop_before_start.load(Ordering::SeqCst) {
+        // The cause's lock orders this against `request_stop`: one of the two sees the other.
+        if self.stop_cause().is_some() {
             control.request_stop(StopReason::Requested);
         }
         let mut phase = self.lock_phase();
@@ -151,7 +149,6 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(cause);
-        self.stop_before_start.store(true, Ordering::SeqCst);
         if let Some(control) = self.control.get() {
             control.request_stop(StopReason::Requested);
         }

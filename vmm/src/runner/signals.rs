@@ -7,7 +7,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// The signals that stop the VM.
 const STOP_SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
@@ -43,13 +44,11 @@ impl AsFd for SignalFd {
     }
 }
 
-/// How often [`SignalWatch`] looks at its done flag.
-const WATCH_INTERVAL: Duration = Duration::from_millis(20);
-
 /// Reads the stop signals on a thread of its own while the VM is being set up (before the event
 /// loop exists), so that Ctrl-C interrupts a long eager population.
 pub(super) struct SignalWatch {
-    done: Arc<AtomicBool>,
+    /// Wakes the thread to end the watch.
+    done: EventFd,
     thread: Option<JoinHandle<Option<libc::c_int>>>,
 }
 
@@ -60,8 +59,12 @@ impl SignalWatch {
     }
 
     fn stop(&mut self) -> Option<libc::c_int> {
-        self.done.store(true, Ordering::Release);
-        self.thread.take().and_then(|t| t.join().ok().flatten())
+        let thread = self.thread.take()?;
+        if self.done.write(1).is_err() {
+            // The thread cannot be woken: leave it; it ends with the next stop signal.
+            return None;
+        }
+        thread.join().ok().flatten()
     }
 }
 
@@ -71,15 +74,15 @@ impl Drop for SignalWatch {
     }
 }
 
-/// Waits up to [`WATCH_INTERVAL`] for `fd` to become readable.
-fn wait_readable(fd: &SignalFd) {
-    let mut poll_fd = libc::pollfd {
-        fd: fd.as_raw_fd(),
+/// Waits until `signals` or `done` is readable.
+fn wait_readable(signals: &SignalFd, done: &EventFd) {
+    let mut fds = [signals.as_raw_fd(), done.as_raw_fd()].map(|fd| libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: one valid pollfd whose fd outlives the call.
-    unsafe { libc::poll(&mut poll_fd, 1, WATCH_INTERVAL.as_millis() as libc::c_int) };
+    });
+    // SAFETY: two valid pollfds whose fds outlive the call; no timeout.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
 }
 
 /// The stop signals, blocked on the thread that created this (and inherited as blocked by the
@@ -134,20 +137,20 @@ impl StopSignals {
 
     /// Watches for a stop signal until [`SignalWatch::finish`]: the first one sets `cancel`.
     pub fn watch(&self, cancel: Arc<AtomicBool>) -> io::Result<SignalWatch> {
-        let done = Arc::new(AtomicBool::new(false));
-        let thread_done = done.clone();
+        let done = EventFd::new(EFD_NONBLOCK)?;
+        let thread_done = done.try_clone()?;
         let fd = self.fd.clone();
         let thread = std::thread::Builder::new()
             .name("vmm-setup-signals".into())
-            .spawn(move || {
-                while !thread_done.load(Ordering::Acquire) {
-                    wait_readable(&fd);
-                    if let Some(signal) = fd.take() {
-                        cancel.store(true, Ordering::Release);
-                        return Some(signal);
-                    }
+            .spawn(move || loop {
+                wait_readable(&fd, &thread_done);
+                if let Some(signal) = fd.take() {
+                    cancel.store(true, Ordering::Release);
+                    return Some(signal);
                 }
-                None
+                if thread_done.read().is_ok() {
+                    return None;
+                }
             })?;
         Ok(SignalWatch {
             done,

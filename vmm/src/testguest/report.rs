@@ -140,9 +140,8 @@ struct VcpuState {
 pub struct ReportDevice {
     vcpus: Vec<Mutex<VcpuState>>,
     exited: AtomicU64,
-    protocol_errors: AtomicU64,
-    /// The protocol errors' warnings, rate-limited.
-    warnings: GuestWarnings,
+    /// Malformed reports: counted, and warned about rate-limited.
+    protocol_errors: GuestWarnings,
     control: OnceLock<Arc<VmControl>>,
     on_checkpoint: Option<CheckpointHook>,
 }
@@ -162,8 +161,7 @@ impl ReportDevice {
         ReportDevice {
             vcpus: (0..vcpus).map(|_| state()).collect(),
             exited: AtomicU64::new(0),
-            protocol_errors: AtomicU64::new(0),
-            warnings: GuestWarnings::default(),
+            protocol_errors: GuestWarnings::default(),
             control: OnceLock::new(),
             on_checkpoint,
         }
@@ -182,12 +180,11 @@ impl ReportDevice {
             .iter()
             .map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).report.clone())
             .collect();
-        (reports, self.protocol_errors.load(Ordering::Relaxed))
+        (reports, self.protocol_errors.count())
     }
 
     fn protocol_error(&self, what: std::fmt::Arguments<'_>) {
-        self.protocol_errors.fetch_add(1, Ordering::Relaxed);
-        self.warnings
+        self.protocol_errors
             .warn(format_args!("test guest report: {what}"));
     }
 

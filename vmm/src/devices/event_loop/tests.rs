@@ -9,8 +9,7 @@ use super::*;
 use crate::devices::bus::BusDevice;
 use crate::devices::serial::SharedBuffer;
 use crate::devices::virtio::mmio::registers as reg;
-use crate::devices::virtio::mmio::tests::{Fixture, VERSION_1};
-use crate::devices::virtio::status::DRIVER_OK;
+use crate::devices::virtio::mmio::tests::Fixture;
 
 type Manager = EventManager<Box<dyn MutEventSubscriber + Send>>;
 
@@ -70,9 +69,7 @@ fn an_unwatchable_input_is_ignored() {
 #[test]
 fn queue_notifications_reach_the_device() {
     let fixture = Fixture::new();
-    fixture.negotiate(VERSION_1);
-    fixture.setup_queue(1, 16, 0x1_0000);
-    fixture.set_status(DRIVER_OK);
+    fixture.activate_queue(1, 16, 0x1_0000);
     let device = fixture.transport.device().clone();
     let subscriber =
         QueueSubscriber::new(device.clone(), fixture.transport.queue_notifiers()).unwrap();

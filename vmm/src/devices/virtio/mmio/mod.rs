@@ -152,11 +152,6 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         }
     }
 
-    /// Register accesses the transport ignored as invalid since it was created.
-    pub fn guest_warnings(&self) -> u64 {
-        self.warnings.count()
-    }
-
     /// Whether the device has been activated (DRIVER_OK accepted).
     pub fn is_activated(&self) -> bool {
         lock(&self.state).activated
@@ -259,6 +254,8 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             ));
             return;
         };
+        // DEVICE_NEEDS_RESET lives in the interrupt (see `status_of`), not in the driver's bits.
+        let next = next & !super::status::DEVICE_NEEDS_RESET;
         if next & FEATURES_OK != 0 && current & FEATURES_OK == 0 {
             let unknown = state.driver_features & !self.device_features;
             if unknown != 0 || state.driver_features & (1 << VIRTIO_F_VERSION_1) == 0 {

@@ -133,6 +133,13 @@ impl Fixture {
         self.write(reg::QUEUE_USED_HIGH, 0);
         self.write(reg::QUEUE_READY, 1);
     }
+    /// Negotiates VERSION_1, sets queue `index` up with `size` entries at `desc` and sets
+    /// DRIVER_OK: what a minimal driver does.
+    pub(crate) fn activate_queue(&self, index: u32, size: u32, desc: u64) {
+        self.negotiate(VERSION_1);
+        self.setup_queue(index, size, desc);
+        self.set_status(DRIVER_OK);
+    }
     fn activations(&self) -> Vec<ActivationRecord> {
         lock(self.transport.device()).activations.clone()
     }
@@ -203,9 +210,7 @@ fn full_initialization_activates_the_device_with_its_queues() {
 #[test]
 fn unused_queues_are_left_out_of_the_activation() {
     let f = Fixture::new();
-    f.negotiate(VERSION_1);
-    f.setup_queue(1, 256, 0x3_0000);
-    f.set_status(DRIVER_OK);
+    f.activate_queue(1, 256, 0x3_0000);
     assert_eq!(
         f.activations(),
         vec![(VERSION_1, vec![(1, 256, 0x3_0000, false)])]
@@ -296,9 +301,7 @@ fn illegal_status_writes_are_ignored() {
 #[test]
 fn reset_returns_everything_to_the_initial_state() {
     let f = Fixture::new();
-    f.negotiate(VERSION_1);
-    f.setup_queue(0, 8, 0x1_0000);
-    f.set_status(DRIVER_OK);
+    f.activate_queue(0, 8, 0x1_0000);
     f.transport.interrupt().signal_used_queue().unwrap();
     f.write(reg::QUEUE_NOTIFY, 0);
     f.write(reg::STATUS, 0);
@@ -311,9 +314,7 @@ fn reset_returns_everything_to_the_initial_state() {
     assert_eq!(f.read(reg::QUEUE_READY), 0);
     assert_eq!(lock(&f.transport.state).queues[0].size(), 16);
     // And it can be initialized again.
-    f.negotiate(VERSION_1);
-    f.setup_queue(0, 8, 0x1_0000);
-    f.set_status(DRIVER_OK);
+    f.activate_queue(0, 8, 0x1_0000);
     assert_eq!(f.activations().len(), 2);
 }
 
@@ -322,9 +323,7 @@ fn bad_notifications_are_ignored() {
     let f = Fixture::new();
     f.write(reg::QUEUE_NOTIFY, 0); // before activation
     assert!(f.transport.queue_notifiers()[0].read().is_err());
-    f.negotiate(VERSION_1);
-    f.setup_queue(0, 8, 0x1_0000);
-    f.set_status(DRIVER_OK);
+    f.activate_queue(0, 8, 0x1_0000);
     f.write(reg::QUEUE_NOTIFY, 1); // not ready
     f.write(reg::QUEUE_NOTIFY, 2); // does not exist
     f.write(reg::QUEUE_NOTIFY, u32::MAX);
@@ -337,9 +336,7 @@ fn bad_notifications_are_ignored() {
 fn failed_activation_asks_for_a_reset() {
     let f = Fixture::new();
     lock(f.transport.device()).fail_activation = true;
-    f.negotiate(VERSION_1);
-    f.setup_queue(0, 8, 0x1_0000);
-    f.set_status(DRIVER_OK);
+    f.activate_queue(0, 8, 0x1_0000);
     assert!(!f.transport.is_activated());
     assert_ne!(f.status() & DEVICE_NEEDS_RESET, 0);
     assert_eq!(f.read(reg::INTERRUPT_STATUS), INT_CONFIG);
@@ -348,9 +345,7 @@ fn failed_activation_asks_for_a_reset() {
 #[test]
 fn a_device_that_stops_after_activation_shows_needs_reset_until_the_driver_resets_it() {
     let f = Fixture::new();
-    f.negotiate(VERSION_1);
-    f.setup_queue(0, 8, 0x1_0000);
-    f.set_status(DRIVER_OK);
+    f.activate_queue(0, 8, 0x1_0000);
     assert!(f.transport.is_activated());
     let running = f.status();
     // The device found a broken ring (as the balloon does through its notifier).
