@@ -29,7 +29,7 @@ mod vcpu;
 
 pub use discard::DiscardStats;
 pub use latency::LatencySummary;
-pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Snapshot};
+pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Population, Snapshot};
 pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
 pub use region::{GuestRegion, RegionError};
 pub use stats::{FaultLatency, MemoryStats, PoolStats};

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use llfree::FRAME_SIZE;
@@ -26,6 +26,25 @@ pub enum Populate {
     /// On first touch, through userfaultfd, with the toucher's core id.
     #[default]
     Lazy,
+}
+
+/// Eager population seen from another thread: how far it is, and a way to stop it.
+#[derive(Debug, Default)]
+pub struct Population {
+    cancelled: AtomicBool,
+    populated_bytes: AtomicU64,
+}
+
+impl Population {
+    /// Asks the population to stop before its next chunk.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+
+    /// Bytes of guest memory populated so far.
+    pub fn populated_bytes(&self) -> u64 {
+        self.populated_bytes.load(Ordering::Relaxed)
+    }
 }
 
 /// Parameters of a guest memory.
@@ -179,20 +198,20 @@ pub struct GuestMemory {
 impl GuestMemory {
     /// Creates guest memory on `pool`.
     pub fn new(pool: Arc<Pool>, config: MemoryConfig) -> Result<Self, MemoryError> {
-        Self::new_unless(pool, config, &AtomicBool::new(false))
+        Self::new_watched(pool, config, &Population::default())
     }
 
-    /// [`GuestMemory::new`], where eager population gives up with [`MemoryError::Cancelled`]
-    /// once `cancel` is set (it is checked before every chunk), handing every frame it took
-    /// back to the pool.
-    pub fn new_unless(
+    /// [`GuestMemory::new`], where eager population counts its progress in `population` and
+    /// gives up with [`MemoryError::Cancelled`] once it is cancelled (checked before every
+    /// chunk), handing every frame it took back to the pool.
+    pub fn new_watched(
         pool: Arc<Pool>,
         config: MemoryConfig,
-        cancel: &AtomicBool,
+        population: &Population,
     ) -> Result<Self, MemoryError> {
         let memory = Self::build(pool, &config)?;
         if config.populate == Populate::Eager {
-            memory.populate_all(cancel)?;
+            memory.populate_all(population)?;
         }
         Ok(memory)
     }
@@ -230,7 +249,7 @@ impl GuestMemory {
             }
         }
         if config.populate == Populate::Eager {
-            memory.populate_all(&AtomicBool::new(false))?;
+            memory.populate_all(&Population::default())?;
         }
         Ok(memory)
     }
@@ -268,14 +287,17 @@ impl GuestMemory {
         Ok(Self { handlers, inner })
     }
 
-    fn populate_all(&self, cancel: &AtomicBool) -> Result<(), MemoryError> {
+    fn populate_all(&self, population: &Population) -> Result<(), MemoryError> {
         let core = self.inner.shared.vmm_core;
         for region in &self.inner.regions {
             for chunk in 0..region.table().len() {
-                if cancel.load(Ordering::Relaxed) {
+                if population.cancelled.load(Ordering::Acquire) {
                     return Err(MemoryError::Cancelled);
                 }
                 region.populate_and_prefault(chunk, core)?;
+                population
+                    .populated_bytes
+                    .fetch_add(region.chunk_size().bytes(), Ordering::Relaxed);
             }
         }
         Ok(())

@@ -239,7 +239,7 @@ impl GuestRegion {
     /// Maps `frame` over claimed `chunk` and publishes it; on failure the chunk is put back to a
     /// registered placeholder and published unpopulated.
     fn map_claimed(&self, chunk: usize, frame: Frame) -> Result<(), RegionError> {
-        let (addr, len) = self.chunk_range(chunk);
+        let (addr, _) = self.chunk_range(chunk);
         let started = Instant::now();
         // SAFETY: the chunk belongs to this region and is claimed by us; it holds a placeholder.
         match unsafe { self.shared.pool.map_frame(frame, addr) } {
@@ -250,14 +250,34 @@ impl GuestRegion {
             }
             Err(source) => {
                 // MAP_FIXED may have removed the placeholder: put a fresh one back.
-                // SAFETY: as above.
-                let restored = unsafe { mmap::map_placeholder(addr, len) }.is_ok()
-                    && self.shared.uffd.register(addr, len).is_ok();
-                debug_assert!(restored, "cannot restore the placeholder of chunk {chunk}");
+                let restored = self.restore_placeholder(chunk);
+                debug_assert!(
+                    restored.is_ok(),
+                    "cannot restore chunk {chunk}: {restored:?}"
+                );
                 self.table.publish_empty(chunk);
                 Err(RegionError::MapFrame { chunk, source })
             }
         }
+    }
+
+    /// Puts a fresh placeholder registered with userfaultfd over claimed `chunk`.
+    ///
+    /// The placeholder can only be registered once it is mapped, and a vCPU or VMM thread that
+    /// touches the chunk in between gets an anonymous page outside the pool (a guest writing
+    /// memory it reports free does so at once: its fault waits for the mmap lock and takes it
+    /// before the registration). Pages that appeared before the registration are therefore
+    /// dropped after it: from then on every touch faults to the pool. The guest loses what it
+    /// wrote there, as it would have with the frame being discarded.
+    fn restore_placeholder(&self, chunk: usize) -> Result<(), RegionError> {
+        let (addr, len) = self.chunk_range(chunk);
+        let placeholder_err = |source| RegionError::Placeholder { chunk, source };
+        // SAFETY: the chunk belongs to this region and is claimed by us; it holds no frame the
+        // guest may keep (the caller discards it, or mapping one failed).
+        unsafe { mmap::map_placeholder(addr, len) }.map_err(placeholder_err)?;
+        self.shared.uffd.register(addr, len)?;
+        // SAFETY: as above; the range is a private anonymous placeholder.
+        unsafe { mmap::drop_pages(addr, len) }.map_err(placeholder_err)
     }
 
     /// Unmaps `chunk` (back to a registered placeholder) and returns its frame to the pool,
@@ -270,15 +290,9 @@ impl GuestRegion {
             index,
             size: self.chunk,
         };
-        let (addr, len) = self.chunk_range(chunk);
-        // SAFETY: the chunk belongs to this region and is claimed by us; the guest gave it up.
-        if let Err(source) = unsafe { mmap::map_placeholder(addr, len) } {
+        if let Err(e) = self.restore_placeholder(chunk) {
             let _ = self.map_claimed(chunk, frame);
-            return Err(RegionError::Placeholder { chunk, source });
-        }
-        if let Err(e) = self.shared.uffd.register(addr, len) {
-            let _ = self.map_claimed(chunk, frame);
-            return Err(e.into());
+            return Err(e);
         }
         // The guest cannot reach the frame any more: scrub it and give it back.
         let result = self

@@ -289,3 +289,50 @@ fn eager_memory_is_populated_up_front() {
         "dropping frees every frame"
     );
 }
+
+/// A guest that keeps writing a chunk while the VMM discards it, over and over (a balloon
+/// driver reporting memory it still uses): whatever the interleaving, the guest's memory comes
+/// from the pool. A page the guest touches between the placeholder's mapping and its
+/// registration with userfaultfd must not become anonymous memory outside the pool.
+#[test]
+fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_pool() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let pool = pool(64 * MIB);
+    let memory = memory(&pool, 16 * MIB, 1);
+    let Some(vm) = Vm::new(&memory) else { return };
+    let core = pool.claim_cores(1);
+    let chunk = &memory.regions()[0];
+    let chunk_addr = chunk.host_addr() + CHUNK as usize;
+    let done = AtomicBool::new(false);
+    let discards = std::thread::scope(|s| {
+        // 300,000 stores to one dword of chunk 1 (stride 0).
+        let vcpu = s.spawn(|| {
+            let result = vm.run(&memory, 0, common::touch(CHUNK, 0, 300_000, 0x5EED));
+            done.store(true, Ordering::Release);
+            result
+        });
+        let mut discards = 0;
+        while !done.load(Ordering::Acquire) {
+            memory
+                .discard(GuestAddress(CHUNK), CHUNK, core)
+                .expect("discard");
+            discards += 1;
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert!(vcpu.join().expect("join").is_ok());
+        discards
+    });
+    memory
+        .discard(GuestAddress(CHUNK), CHUNK, core)
+        .expect("discard");
+    assert!(discards >= 20, "only {discards} discards raced the guest");
+    assert_eq!(
+        common::resident_pages(chunk_addr, CHUNK),
+        0,
+        "a discarded chunk holds no memory ({discards} discards)"
+    );
+    let stats = memory.stats();
+    assert_eq!(stats.populated_chunks, 1, "only the program's chunk");
+    assert_eq!(pool.stats().used_bytes, CHUNK, "the pool agrees");
+}

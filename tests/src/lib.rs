@@ -83,28 +83,29 @@ impl Finished {
     }
 
     /// Asserts that `vmm run` was stopped by its owner before the guest finished: exit status
-    /// `code` and one `stopped:` line on stderr naming `cause` (after any checkpoint notes).
+    /// `code` and one `stopped:` line on stderr naming `cause` (after any notes).
     pub fn assert_stopped(&self, code: i32, cause: &str) {
         assert_eq!(self.code, Some(code), "{self:#?}");
         assert_eq!(
-            self.stderr_besides_checkpoints(),
+            self.stderr_besides_notes(),
             format!("stopped: {cause} ended the VM before the guest finished\n"),
             "{self:#?}"
         );
     }
 
-    /// Asserts a clean exit (status 0, nothing on stderr but checkpoint notes).
+    /// Asserts a clean exit (status 0, nothing on stderr but notes).
     pub fn assert_success(&self) {
         assert_eq!(self.code, Some(0), "{self:#?}");
-        assert!(self.stderr_besides_checkpoints().is_empty(), "{self:#?}");
+        assert!(self.stderr_besides_notes().is_empty(), "{self:#?}");
     }
 
-    /// Stderr without the notes of `vmm run` pausing at a checkpoint ("paused at checkpoint
-    /// ID; resume with ...").
-    pub fn stderr_besides_checkpoints(&self) -> String {
+    /// Stderr without the notes of `vmm run`: pausing at a checkpoint ("paused at checkpoint
+    /// ID; resume with ...") and progress ("progress: ...").
+    pub fn stderr_besides_notes(&self) -> String {
         self.stderr
             .lines()
             .filter(|line| !line.starts_with("paused at checkpoint "))
+            .filter(|line| !line.starts_with("progress: "))
             .map(|line| format!("{line}\n"))
             .collect()
     }

@@ -252,3 +252,35 @@ fn the_api_pauses_inspects_and_shuts_down_a_running_guest() {
         "the API socket is removed at exit"
     );
 }
+
+#[test]
+fn long_population_and_long_steps_show_progress() {
+    if !kvm_available("long_population_and_long_steps_show_progress") {
+        return;
+    }
+    // Eager population of 2 GiB and three writes of 1 GiB take a few seconds each here.
+    let run = VmmRun::run(&[
+        "--memory",
+        "2G",
+        "--populate",
+        "eager",
+        "--workload",
+        "write:2M+1G*3",
+    ]);
+    run.assert_success();
+    let progress: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("progress: "))
+        .collect();
+    let population = progress
+        .iter()
+        .filter(|line| line.starts_with("progress: populating guest memory: "))
+        .filter(|line| line.ends_with(" of 2.0 GiB"));
+    let steps = progress
+        .iter()
+        .filter(|line| line.starts_with("progress: step 1 (write): "))
+        .filter(|line| line.ends_with(" of 3.0 GiB"));
+    assert!(population.count() >= 1, "{run:#?}");
+    assert!(steps.count() >= 1, "{run:#?}");
+}

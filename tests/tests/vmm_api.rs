@@ -144,3 +144,63 @@ fn shutdown_stops_a_paused_guest_and_requests_that_do_not_fit_are_refused() {
     assert!(!run.stdout.contains("test guest: done"), "stopped early");
     assert!(!std::path::Path::new(&socket).exists(), "socket removed");
 }
+
+/// Resident KiB of the process's mappings registered with userfaultfd (VmFlags `um`): the
+/// placeholders of unpopulated guest memory, which must never hold pages of their own.
+fn resident_kib_in_placeholders(pid: u32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut total, mut rss) = (0, 0);
+    for line in smaps.lines() {
+        if let Some(kib) = line.strip_prefix("Rss:") {
+            rss = kib.trim().trim_end_matches(" kB").parse().unwrap();
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_whitespace().any(|flag| flag == "um") {
+                total += rss;
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn a_guest_writing_memory_while_it_reports_it_free_never_gets_memory_outside_the_pool() {
+    if !kvm_available(
+        "a_guest_writing_memory_while_it_reports_it_free_never_gets_memory_outside_the_pool",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new("write-while-reporting");
+    let socket = scratch.path("api.sock");
+    // vCPU 1 writes one page of chunk 1 over and over while vCPU 0 reports the chunk free 100
+    // times: every report finds the chunk populated again and discards it under the writer.
+    let (vmm, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "64M",
+            "--vcpus",
+            "2",
+            "--balloon",
+            "free_page_reporting=on",
+            "--workload",
+            "write@1:2M+4K*300000&report@0:2M+2M*100,checkpoint:1",
+        ],
+        &socket,
+    );
+    let memory = get(&api, "/memory");
+    let discarded = memory["guest"]["discarded_chunks"].as_u64().unwrap();
+    assert!(discarded >= 50, "the reports raced the writer: {memory:#}");
+    let populated = memory["guest"]["populated_chunks"].as_u64().unwrap();
+    assert_eq!(
+        memory["pool"]["used_bytes"].as_u64().unwrap(),
+        populated * 2 * 1024 * 1024,
+        "the guest's memory is exactly its pool frames: {memory:#}"
+    );
+    assert_eq!(
+        resident_kib_in_placeholders(vmm.pid()),
+        0,
+        "no anonymous memory behind unpopulated chunks ({discarded} discards)"
+    );
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = vmm.wait(std::time::Duration::from_secs(60));
+    run.assert_success();
+}

@@ -43,8 +43,8 @@ const LINE_STATUS_THR_EMPTY: u8 = 1 << 5;
 static BARRIER_ARRIVED: AtomicU32 = AtomicU32::new(0);
 /// Barrier generation, bumped by the last vCPU to arrive.
 static BARRIER_GENERATION: AtomicU32 = AtomicU32::new(0);
-/// Mismatches found by all vCPUs in the current step.
-static STEP_MISMATCHES: AtomicU64 = AtomicU64::new(0);
+/// Mismatches found by all vCPUs, per step.
+static STEP_MISMATCHES: [AtomicU64; MAX_STEPS] = [const { AtomicU64::new(0) }; MAX_STEPS];
 /// Whether any step failed.
 static FAILED: AtomicU32 = AtomicU32::new(0);
 
@@ -122,13 +122,24 @@ fn halt(vcpu: u32, status: u64) -> ! {
     }
 }
 
-/// Runs this vCPU's share of a memory step; returns (pages, mismatches).
-fn run_memory_step(step: &Step, vcpu: u32, vcpus: u32) -> (u64, u64) {
+/// Pages and mismatches of one vCPU in one step, over all its runs.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    pages: u64,
+    mismatches: u64,
+}
+
+/// Runs this vCPU's share of a memory step once, adding to `tally`; reports the first mismatch
+/// of the step and progress every [`PROGRESS_PAGES`] pages.
+fn run_memory_step(step: &Step, vcpu: u32, vcpus: u32, tally: &mut Tally) {
     let (first, last) = vcpu_share(step.vcpu, step.size / PAGE_SIZE, vcpu, vcpus);
-    let mut mismatches = 0;
     for page in first..last {
         let addr = step.addr + page * PAGE_SIZE;
         let word = addr as *mut u64;
+        tally.pages += 1;
+        if tally.pages.is_multiple_of(PROGRESS_PAGES) {
+            report(vcpu, report_code::STEP_PROGRESS, tally.pages);
+        }
         let expected = match step.kind {
             step_kind::WRITE => {
                 // SAFETY: the page is workload RAM the descriptor assigned to this vCPU.
@@ -141,24 +152,23 @@ fn run_memory_step(step: &Step, vcpu: u32, vcpus: u32) -> (u64, u64) {
         // SAFETY: as above; reads of workload RAM.
         let found = unsafe { read_volatile(word) };
         if step.kind != step_kind::READ && found != expected {
-            if mismatches == 0 {
+            if tally.mismatches == 0 {
                 report(vcpu, report_code::FIRST_MISMATCH_ADDR, addr);
                 report(vcpu, report_code::FIRST_MISMATCH_VALUE, found);
             }
-            mismatches += 1;
+            tally.mismatches += 1;
         }
     }
-    (last - first, mismatches)
 }
 
-/// Runs a balloon step on its vCPU; returns (pages, failures) and prints a failure.
-fn run_balloon_step(step: &Step, vcpu: u32) -> (u64, u64) {
+/// Runs a balloon step once on its vCPU, adding to `tally`; prints a failure.
+fn run_balloon_step(step: &Step, vcpu: u32, tally: &mut Tally) {
     let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
     if vcpu != owner {
-        return (0, 0);
+        return;
     }
     match balloon::run_step(step) {
-        Ok(pages) => (pages, 0),
+        Ok(pages) => tally.pages += pages,
         Err(failure) => {
             report(vcpu, report_code::FIRST_MISMATCH_ADDR, failure.code());
             report(vcpu, report_code::FIRST_MISMATCH_VALUE, failure.detail());
@@ -167,7 +177,7 @@ fn run_balloon_step(step: &Step, vcpu: u32) -> (u64, u64) {
             print(", detail ");
             print_number(failure.detail());
             print("\n");
-            (0, 1)
+            tally.mismatches += 1;
         }
     }
 }
@@ -202,7 +212,32 @@ fn read_step(addr: u64) -> Step {
             addr: read_volatile((addr + 8) as *const u64),
             size: read_volatile((addr + 16) as *const u64),
             pattern: read_volatile((addr + 24) as *const u64),
+            repeat: read_volatile((addr + 32) as *const u32),
+            flags: read_volatile((addr + 36) as *const u32),
         }
+    }
+}
+
+/// Prints the result of a step with the user's number `number`, found by all vCPUs.
+fn print_result(step: &Step, number: u64, mismatches: u64) {
+    if mismatches != 0 {
+        FAILED.store(1, Ordering::Relaxed);
+    }
+    if is_probe(step) {
+        // A probe that worked is not worth a line.
+        if mismatches != 0 {
+            print("balloon probe: FAILED\n");
+        }
+        return;
+    }
+    print("step ");
+    print_number(number);
+    if mismatches == 0 {
+        print(": ok\n");
+    } else {
+        print(": FAILED, mismatching pages: ");
+        print_number(mismatches);
+        print("\n");
     }
 }
 
@@ -224,16 +259,14 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
         print("\n");
     }
     let mut status = exit_status::SUCCESS;
-    // The user's number of the step being run: 1 for the first step they wrote.
+    // The first step whose result vCPU 0 has not printed, and the user's number of the last
+    // step printed (1 for the first step they wrote).
+    let mut unprinted = 0;
     let mut user_step = 0;
     for index in 0..header.step_count {
         let step = read_step(steps + u64::from(index) * STEP_SIZE);
         if !step_is_valid(&step, vcpus) {
             halt(vcpu, exit_status::BAD_DESCRIPTOR);
-        }
-        let probe = is_probe(&step);
-        if !probe {
-            user_step += 1;
         }
         if step.kind == step_kind::CHECKPOINT {
             let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
@@ -241,41 +274,40 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
                 report(vcpu, report_code::CHECKPOINT, step.pattern);
             }
         } else {
-            let (pages, mismatches) = if balloon::is_balloon_step(step.kind) {
-                run_balloon_step(&step, vcpu)
-            } else {
-                run_memory_step(&step, vcpu, vcpus)
-            };
-            report(vcpu, report_code::STEP_PAGES, pages);
-            report(vcpu, report_code::STEP_MISMATCHES, mismatches);
-            if mismatches != 0 {
-                STEP_MISMATCHES.fetch_add(mismatches, Ordering::Relaxed);
+            let mut tally = Tally::default();
+            for _ in 0..step.repeat {
+                if balloon::is_balloon_step(step.kind) {
+                    run_balloon_step(&step, vcpu, &mut tally);
+                } else {
+                    run_memory_step(&step, vcpu, vcpus, &mut tally);
+                }
+                if tally.mismatches != 0 {
+                    break;
+                }
+            }
+            report(vcpu, report_code::STEP_PAGES, tally.pages);
+            report(vcpu, report_code::STEP_MISMATCHES, tally.mismatches);
+            if tally.mismatches != 0 {
+                STEP_MISMATCHES[index as usize].fetch_add(tally.mismatches, Ordering::Relaxed);
                 status = exit_status::VERIFY_FAILED;
             }
         }
         report(vcpu, report_code::STEP_DONE, index.into());
+        let last = index + 1 == header.step_count;
+        if step.flags & step_flags::JOINED_WITH_NEXT != 0 && !last {
+            continue;
+        }
         barrier(vcpus);
         if vcpu == 0 {
-            let mismatches = STEP_MISMATCHES.swap(0, Ordering::Relaxed);
-            if mismatches != 0 {
-                FAILED.store(1, Ordering::Relaxed);
-            }
-            if probe {
-                // A probe that worked is not worth a line.
-                if mismatches != 0 {
-                    print("balloon probe: FAILED\n");
+            for done in unprinted..=index {
+                let step = read_step(steps + u64::from(done) * STEP_SIZE);
+                let mismatches = STEP_MISMATCHES[done as usize].load(Ordering::Relaxed);
+                if !is_probe(&step) {
+                    user_step += 1;
                 }
-            } else {
-                print("step ");
-                print_number(user_step);
-                if mismatches == 0 {
-                    print(": ok\n");
-                } else {
-                    print(": FAILED, mismatching pages: ");
-                    print_number(mismatches);
-                    print("\n");
-                }
+                print_result(&step, user_step, mismatches);
             }
+            unprinted = index + 1;
         }
         barrier(vcpus);
     }

@@ -145,6 +145,19 @@ pub unsafe fn map_placeholder(addr: usize, len: usize) -> io::Result<()> {
     unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, -1, 0) }.map(drop)
 }
 
+/// Drops the pages of `[addr, addr + len)` (MADV_DONTNEED): private anonymous memory reads as
+/// zero again, or faults to userfaultfd where it is registered.
+///
+/// # Safety
+/// As for [`map_placeholder`].
+pub unsafe fn drop_pages(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the range, whose contents nobody relies on.
+    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Maps `len` bytes of `fd` at `offset` over `[addr, addr + len)`, shared, read/write.
 ///
 /// With `sync`, asks for MAP_SYNC (DAX); the caller has checked that the file supports it.

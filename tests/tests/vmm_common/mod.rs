@@ -55,6 +55,11 @@ impl VmmRun {
         Self::start(args).wait(Duration::from_secs(120))
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

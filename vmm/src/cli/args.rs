@@ -148,6 +148,9 @@ pub struct RunArgs {
     /// RANGE is `all` (2 MiB to the end of low RAM) or START+SIZE (e.g. 2M+64M), 4 KiB aligned
     /// and at or above 2M. SIZE is 4 KiB aligned. PATTERN is a u64 (decimal or 0x-hex), default
     /// 0x5a5a5a5a5a5a5a5a.
+    /// STEP*N runs a step N times (not a checkpoint). STEP&STEP runs steps at the same time:
+    /// no barrier between them, at most one balloon step, no checkpoint (quote the option for
+    /// the shell), e.g. 'write@1:2M+2M*1000&report@0:2M+2M*100' with --vcpus 2.
     /// @VCPU runs the step on that vCPU alone; otherwise the range is split among all vCPUs.
     #[arg(
         long,

@@ -48,7 +48,7 @@ pub use config::{
     ConfigError, GuestConfig, LinuxConfig, VmConfig, MAX_MEMORY, MAX_VCPUS, MIN_MEMORY,
 };
 pub use exit::{ExitStatus, EXIT_STATUS_HELP};
-pub use size::{format_size, parse_mib, parse_size, SizeError};
+pub use size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 pub use workload::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 
 /// Runs the `vmm` command with `args` (the first is the program name) and returns its exit

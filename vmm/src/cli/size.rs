@@ -76,6 +76,16 @@ pub fn format_size(bytes: u64) -> String {
         .unwrap_or_else(|| format!("{bytes} bytes"))
 }
 
+/// `bytes` with one decimal in the largest binary unit it reaches ("1.5 GiB"), for progress.
+pub fn format_size_approx(bytes: u64) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    UNITS
+        .iter()
+        .find(|(shift, _)| bytes >= 1 << shift)
+        .map(|(shift, unit)| format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64))
+        .unwrap_or_else(|| format!("{bytes} bytes"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +144,13 @@ mod tests {
         assert_eq!(format_size((1 << 30) + (1 << 20)), "1025 MiB");
         assert_eq!(format_size(4097), "4097 bytes");
         assert_eq!(format_size(0), "0 bytes");
+    }
+
+    #[test]
+    fn approximate_sizes_have_one_decimal() {
+        assert_eq!(format_size_approx(3 << 29), "1.5 GiB");
+        assert_eq!(format_size_approx(1 << 30), "1.0 GiB");
+        assert_eq!(format_size_approx(700 << 20), "700.0 MiB");
+        assert_eq!(format_size_approx(100), "100 bytes");
     }
 }

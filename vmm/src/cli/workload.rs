@@ -1,8 +1,10 @@
 //! The `--workload` option: the memory workload of the built-in test guest.
 //!
 //! ```text
-//! WORKLOAD := STEP[,STEP...]
-//! STEP     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON
+//! WORKLOAD := GROUP[,GROUP...]
+//! GROUP    := STEP[&STEP...]          (steps of a group run at the same time)
+//! STEP     := BASE[*COUNT]            (a step run COUNT times; not a checkpoint)
+//! BASE     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON
 //! KIND     := write | verify | verify-zero | read
 //! BALLOON  := inflate[@VCPU]:SIZE | deflate[@VCPU]:SIZE | balloon-target[@VCPU]
 //!           | report[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT]
@@ -12,6 +14,8 @@
 //!
 //! `all` is the workload area of low RAM: from 2 MiB (below it live the guest's own code and
 //! tables) to the end of RAM or the MMIO gap. A step without `@VCPU` is split among all vCPUs.
+//! The vCPUs meet at a barrier after each group; a group holds no checkpoint and at most one
+//! balloon step (the guest has one balloon driver).
 //!
 //! Balloon steps drive the `--balloon` device through the test guest's virtio-mmio driver, on
 //! vCPU 0 unless `@VCPU` says otherwise. The first one is preceded by a probe of the device in
@@ -38,8 +42,11 @@ pub const DEFAULT_WORKLOAD: &str = "write:all,verify:all";
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WorkloadSpecError {
     /// The option is empty, or has an empty step.
-    #[error("empty workload step (steps are separated by single commas)")]
+    #[error("empty workload step (steps are separated by single commas or '&')")]
     EmptyStep,
+    /// A group joined with '&' holds a checkpoint or more than one balloon step.
+    #[error("workload steps '{0}': {1}")]
+    BadGroup(String, &'static str),
     /// A step's kind is unknown.
     #[error(
         "unknown workload step '{0}': expected write, verify, verify-zero, read, checkpoint, \
@@ -134,6 +141,10 @@ struct StepSpec {
     text: String,
     vcpu: Option<u32>,
     action: Action,
+    /// How many times it runs.
+    repeat: u32,
+    /// It runs at the same time as the next step (joined with '&').
+    joined: bool,
 }
 
 /// A parsed `--workload`, resolved against the VM's memory and vCPUs by [`Self::resolve`].
@@ -177,15 +188,39 @@ fn parse_range(step: &str, text: &str) -> Result<Range, WorkloadSpecError> {
     })
 }
 
+/// Parses one step with its repeat count.
 fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
-    if text.is_empty() {
+    let Some((base, count)) = text.rsplit_once('*') else {
+        return parse_base(text, text);
+    };
+    let count = parse_number(text, count)?;
+    let repeat = u32::try_from(count)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| WorkloadSpecError::Malformed {
+            step: text.to_owned(),
+            why: "the repeat count (*N) must be 1 to 4294967295",
+        })?;
+    let step = parse_base(text, base)?;
+    if step.action.is_checkpoint() {
+        return Err(WorkloadSpecError::Malformed {
+            step: text.to_owned(),
+            why: "a checkpoint cannot be repeated",
+        });
+    }
+    Ok(StepSpec { repeat, ..step })
+}
+
+/// Parses `base`, step `text` without its repeat count.
+fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
+    if base.is_empty() {
         return Err(WorkloadSpecError::EmptyStep);
     }
     let malformed = |why| WorkloadSpecError::Malformed {
         step: text.to_owned(),
         why,
     };
-    let mut fields = text.split(':');
+    let mut fields = base.split(':');
     let head = fields.next().unwrap_or_default();
     let (kind, vcpu) = match head.split_once('@') {
         Some((kind, vcpu)) => (kind, Some(parse_number(text, vcpu)?)),
@@ -208,6 +243,8 @@ fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
             text: text.to_owned(),
             vcpu,
             action,
+            repeat: 1,
+            joined: false,
         });
     }
     let argument = fields.next();
@@ -249,17 +286,51 @@ fn parse_step(text: &str) -> Result<StepSpec, WorkloadSpecError> {
         text: text.to_owned(),
         vcpu,
         action,
+        repeat: 1,
+        joined: false,
     })
+}
+
+impl Action {
+    fn is_checkpoint(self) -> bool {
+        matches!(self, Action::Checkpoint(_))
+    }
+}
+
+/// Parses a group of steps joined with '&'.
+fn parse_group(text: &str) -> Result<Vec<StepSpec>, WorkloadSpecError> {
+    let mut steps = text
+        .split('&')
+        .map(parse_step)
+        .collect::<Result<Vec<_>, _>>()?;
+    if steps.len() > 1 {
+        let bad = |why| Err(WorkloadSpecError::BadGroup(text.to_owned(), why));
+        if steps.iter().any(|step| step.action.is_checkpoint()) {
+            return bad("a checkpoint cannot run at the same time as other steps");
+        }
+        let balloon_steps = steps
+            .iter()
+            .filter(|step| balloon::need(step.action) != balloon::Need::Nothing)
+            .count();
+        if balloon_steps > 1 {
+            return bad("at most one balloon step runs at a time (the guest has one driver)");
+        }
+    }
+    let last = steps.len() - 1;
+    for step in &mut steps[..last] {
+        step.joined = true;
+    }
+    Ok(steps)
 }
 
 impl FromStr for WorkloadSpec {
     type Err = WorkloadSpecError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let steps = text
-            .split(',')
-            .map(parse_step)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut steps = Vec::new();
+        for group in text.split(',') {
+            steps.extend(parse_group(group)?);
+        }
         if steps.len() > MAX_STEPS {
             return Err(WorkloadSpecError::TooManySteps(steps.len()));
         }
@@ -290,8 +361,19 @@ impl WorkloadSpec {
         let area_end = regions.first().map_or(0, |r| r.end());
         let mut workload = Workload::new();
         let mut probed = false;
-        for step in &self.steps {
-            if !probed && balloon::need(step.action) != balloon::Need::Nothing {
+        for (index, step) in self.steps.iter().enumerate() {
+            // The probe goes before the group of the first balloon step, not into it.
+            let group_starts = index == 0 || !self.steps[index - 1].joined;
+            let group = self.steps[index..]
+                .iter()
+                .position(|s| !s.joined)
+                .map_or(&self.steps[index..], |last| {
+                    &self.steps[index..=index + last]
+                });
+            let needs_balloon = group
+                .iter()
+                .any(|s| balloon::need(s.action) != balloon::Need::Nothing);
+            if !probed && group_starts && needs_balloon {
                 workload = balloon::probe(workload, area_end);
                 probed = true;
             }
@@ -347,6 +429,10 @@ impl WorkloadSpec {
                     });
                 }
                 workload = workload.on_vcpu(vcpu);
+            }
+            workload = workload.repeat(step.repeat);
+            if step.joined {
+                workload = workload.joined_with_next();
             }
         }
         if workload.steps().len() > MAX_STEPS {

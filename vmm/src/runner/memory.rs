@@ -1,10 +1,9 @@
 //! The frame pool and the guest memory of a VM, as configured.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use guest_mem::pool::BackingError;
-use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError};
+use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError, Population};
 use vm_memory::GuestAddress;
 
 use crate::cli::{ExitStatus, VmConfig};
@@ -29,18 +28,18 @@ pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
 
 /// Creates guest memory over the RAM regions of the layout, in chunks of the pool's frame size,
 /// populated eagerly or lazily. Faults that cannot be served kick the vCPU out of `KVM_RUN`.
-/// Eager population stops once `cancel` is set.
+/// Eager population counts its progress in `population` and stops once it is cancelled.
 pub(super) fn create_memory(
     config: &VmConfig,
     pool: Arc<Pool>,
-    cancel: &AtomicBool,
+    population: &Population,
 ) -> Result<GuestMemory, MemoryError> {
     let ranges = config
         .ram_regions()
         .iter()
         .map(|region| (GuestAddress(region.start), region.size))
         .collect();
-    GuestMemory::new_unless(
+    GuestMemory::new_watched(
         pool,
         MemoryConfig {
             ranges,
@@ -50,7 +49,7 @@ pub(super) fn create_memory(
             fault_threads: config.vcpus.clamp(1, MAX_FAULT_THREADS),
             kick_signal: Some(kick_signal()),
         },
-        cancel,
+        population,
     )
 }
 

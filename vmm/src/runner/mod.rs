@@ -30,6 +30,7 @@ mod devices;
 mod events;
 mod linux;
 mod memory;
+mod progress;
 mod session;
 mod signals;
 mod test_guest;
@@ -37,10 +38,9 @@ mod test_guest;
 pub use devices::{DeviceError, VirtioMmioDevices};
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use guest_mem::{FaultError, MemoryError, PoolError};
+use guest_mem::{FaultError, MemoryError, PoolError, Population};
 
 use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
@@ -163,10 +163,12 @@ impl RunError {
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     let pool = memory::create_pool(&config)?;
-    // Eager population can take seconds: a stop signal meanwhile cancels it.
-    let cancel = Arc::new(AtomicBool::new(false));
-    let watch = signals.watch(cancel.clone()).map_err(RunError::Signals)?;
-    let created = memory::create_memory(&config, pool, &cancel);
+    // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
+    let population = Arc::new(Population::default());
+    let watch = signals
+        .watch(population.clone(), config.memory_size)
+        .map_err(RunError::Signals)?;
+    let created = memory::create_memory(&config, pool, &population);
     if let Some(signal) = watch.finish() {
         return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
     }

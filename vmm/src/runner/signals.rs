@@ -4,11 +4,14 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use guest_mem::Population;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::progress::population_line;
+use crate::testguest::PROGRESS_INTERVAL;
 
 /// The signals that stop the VM.
 const STOP_SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
@@ -45,7 +48,8 @@ impl AsFd for SignalFd {
 }
 
 /// Reads the stop signals on a thread of its own while the VM is being set up (before the event
-/// loop exists), so that Ctrl-C interrupts a long eager population.
+/// loop exists), so that Ctrl-C interrupts a long eager population; shows that population's
+/// progress meanwhile.
 pub(super) struct SignalWatch {
     /// Wakes the thread to end the watch.
     done: EventFd,
@@ -74,15 +78,15 @@ impl Drop for SignalWatch {
     }
 }
 
-/// Waits until `signals` or `done` is readable.
-fn wait_readable(signals: &SignalFd, done: &EventFd) {
+/// Waits until `signals` or `done` is readable, for at most `timeout_ms`.
+fn wait_readable(signals: &SignalFd, done: &EventFd, timeout_ms: i32) {
     let mut fds = [signals.as_raw_fd(), done.as_raw_fd()].map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     });
-    // SAFETY: two valid pollfds whose fds outlive the call; no timeout.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+    // SAFETY: two valid pollfds whose fds outlive the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
 }
 
 /// The stop signals, blocked on the thread that created this (and inherited as blocked by the
@@ -135,21 +139,28 @@ impl StopSignals {
         &self.fd
     }
 
-    /// Watches for a stop signal until [`SignalWatch::finish`]: the first one sets `cancel`.
-    pub fn watch(&self, cancel: Arc<AtomicBool>) -> io::Result<SignalWatch> {
+    /// Watches for a stop signal until [`SignalWatch::finish`]: the first one cancels
+    /// `population`. Every [`PROGRESS_INTERVAL`] that the population of `total` bytes is under
+    /// way, prints its progress on stderr.
+    pub fn watch(&self, population: Arc<Population>, total: u64) -> io::Result<SignalWatch> {
         let done = EventFd::new(EFD_NONBLOCK)?;
         let thread_done = done.try_clone()?;
         let fd = self.fd.clone();
+        let interval_ms = PROGRESS_INTERVAL.as_millis() as i32;
         let thread = std::thread::Builder::new()
             .name("vmm-setup-signals".into())
             .spawn(move || loop {
-                wait_readable(&fd, &thread_done);
+                wait_readable(&fd, &thread_done, interval_ms);
                 if let Some(signal) = fd.take() {
-                    cancel.store(true, Ordering::Release);
+                    population.cancel();
                     return Some(signal);
                 }
                 if thread_done.read().is_ok() {
                     return None;
+                }
+                let populated = population.populated_bytes();
+                if populated > 0 && populated < total {
+                    eprintln!("{}", population_line(populated, total));
                 }
             })?;
         Ok(SignalWatch {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::devices::VirtioMmioDevices;
+use super::progress::StepProgress;
 use super::session::Session;
 use super::{console, RunError, RunOutcome, StopCause};
 use crate::testguest::protocol::{balloon_error, step_kind};
@@ -37,6 +38,14 @@ pub(super) fn run(
                 }
             }
         })),
+        on_progress: Some({
+            let mut progress = StepProgress::new(workload);
+            Box::new(move |now| {
+                for line in progress.update(now) {
+                    eprintln!("{line}");
+                }
+            })
+        }),
         serial_output: Some(console::serial_output()),
         add_devices: Some(Box::new(move |vm, buses| {
             devices.attach(vm, buses).map_err(|e| e.to_string())

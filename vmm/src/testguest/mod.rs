@@ -16,7 +16,7 @@ pub mod protocol;
 pub mod report;
 pub mod workload;
 
-pub use report::{exit_code, CheckpointHook, Mismatch, Report, StepReport, VcpuReport};
+pub use report::{exit_code, CheckpointHook, Mismatch, Progress, Report, StepReport, VcpuReport};
 pub use workload::{Workload, WorkloadError};
 
 use std::io::Cursor;
@@ -81,6 +81,12 @@ pub type StartHook = Box<dyn FnOnce(&RunningVm) + Send>;
 /// interrupts and notifications on the VM (irqfds, ioeventfds) before the vCPUs start.
 pub type DevicesHook = Box<dyn FnOnce(&VmFd, &mut Buses) -> Result<(), String> + Send>;
 
+/// A progress hook: called about every [`PROGRESS_INTERVAL`] while the guest runs.
+pub type ProgressHook = Box<dyn FnMut(&Progress) + Send>;
+
+/// How often [`RunOptions::on_progress`] is called.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Options of [`run_with`].
 pub struct RunOptions {
     /// Longest the guest may run before it is stopped and the report marked timed out;
@@ -91,6 +97,8 @@ pub struct RunOptions {
     pub on_start: Option<StartHook>,
     /// Called at every checkpoint step.
     pub on_checkpoint: Option<CheckpointHook>,
+    /// Called about every [`PROGRESS_INTERVAL`] with how far the guest is.
+    pub on_progress: Option<ProgressHook>,
     /// Where the guest's serial output goes as it is written; `None` collects it in
     /// [`Report::serial_output`] (which stays empty otherwise).
     pub serial_output: Option<SerialOutput>,
@@ -107,6 +115,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             on_start: None,
             on_checkpoint: None,
+            on_progress: None,
             serial_output: None,
             add_devices: None,
             start_paused: false,
@@ -196,8 +205,19 @@ where
         }
     }
     // A timeout too long to be a deadline is no limit.
-    let timeout = Some(options.timeout).filter(|t| started.checked_add(*t).is_some());
-    let (stop_reason, timed_out) = running.wait_timeout(timeout);
+    let deadline = started.checked_add(options.timeout);
+    if let Some(mut on_progress) = options.on_progress {
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let slice = left.map_or(PROGRESS_INTERVAL, |left| left.min(PROGRESS_INTERVAL));
+            if running.control().wait_for_exit(Some(slice)) || left.is_some_and(|l| l <= slice) {
+                break;
+            }
+            on_progress(&reports.progress());
+        }
+    }
+    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    let (stop_reason, timed_out) = running.wait_timeout(left);
     let elapsed = started.elapsed();
     let (vcpu_reports, protocol_errors) = reports.reports();
     Ok(Report {

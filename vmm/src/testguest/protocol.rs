@@ -23,15 +23,18 @@
 //! # Descriptor
 //!
 //! A [`Header`] followed by `step_count` [`Step`]s. The vCPUs run the steps in order with a
-//! barrier after each; a step with `vcpu == ALL_VCPUS` is split into contiguous, page-aligned
-//! parts, one per vCPU, otherwise only vCPU `vcpu` runs it. Memory steps handle one `u64` at the
-//! start of each 4 KiB page: page `a` holds `pattern ^ a` after a WRITE step.
+//! barrier after each, except after a step flagged [`step_flags::JOINED_WITH_NEXT`]: the vCPUs
+//! go on to the next step at once, so that steps on different vCPUs run at the same time. A step
+//! with `vcpu == ALL_VCPUS` is split into contiguous, page-aligned parts, one per vCPU,
+//! otherwise only vCPU `vcpu` runs it; it runs `repeat` times. Memory steps handle one `u64` at
+//! the start of each 4 KiB page: page `a` holds `pattern ^ a` after a WRITE step.
 //!
 //! # Reports
 //!
 //! A vCPU reports by an 8-byte write of a value to `report_address(vcpu, code)` (one MMIO exit).
-//! Per step it sends STEP_PAGES, STEP_MISMATCHES, then FIRST_MISMATCH_ADDR/VALUE if any, then
-//! STEP_DONE with the step index, which commits them. It ends with EXIT and its status and halts.
+//! During a memory step it sends STEP_PROGRESS with the pages handled so far every
+//! [`PROGRESS_PAGES`] pages. Per step it sends STEP_PAGES, STEP_MISMATCHES, then
+//! FIRST_MISMATCH_ADDR/VALUE if any, then STEP_DONE with the step index, which commits them. It ends with EXIT and its status and halts.
 //! vCPU 0 also prints progress on the 16550 at port 0x3f8.
 //!
 //! # Balloon steps
@@ -53,7 +56,7 @@ pub const DESCRIPTOR_MAGIC: u64 = u64::from_le_bytes(*b"LLFVMMWL");
 /// Size of [`Header`].
 pub const HEADER_SIZE: u64 = 16;
 /// Size of [`Step`].
-pub const STEP_SIZE: u64 = 32;
+pub const STEP_SIZE: u64 = 40;
 /// Most steps one descriptor holds.
 pub const MAX_STEPS: usize = ((DESCRIPTOR_SIZE - HEADER_SIZE) / STEP_SIZE) as usize;
 
@@ -99,6 +102,8 @@ pub const BALLOON_REPORT_MAX_RANGE: u64 = 0x40_0000;
 pub const BALLOON_DRIVER_FEATURES: u64 = 1 << 32 | 1 << 0 | 1 << 1 | 1 << 2 | 1 << 5;
 /// Granule of workload steps: one `u64` is touched per page.
 pub const PAGE_SIZE: u64 = 0x1000;
+/// A vCPU reports STEP_PROGRESS every this many pages of a memory step (64 MiB).
+pub const PROGRESS_PAGES: u64 = 16384;
 
 /// Base of the report MMIO window.
 pub const REPORT_MMIO_BASE: u64 = 0xfe00_0000;
@@ -136,6 +141,16 @@ pub struct Step {
     pub size: u64,
     /// Pattern for WRITE/VERIFY; checkpoint id for CHECKPOINT.
     pub pattern: u64,
+    /// How many times the step runs (at least 1; 1 for CHECKPOINT).
+    pub repeat: u32,
+    /// [`step_flags`].
+    pub flags: u32,
+}
+
+/// Step flags.
+pub mod step_flags {
+    /// No barrier after the step: it runs at the same time as the next one (not on CHECKPOINT).
+    pub const JOINED_WITH_NEXT: u32 = 1;
 }
 
 /// Step kinds.
@@ -234,8 +249,10 @@ pub mod report_code {
     pub const CHECKPOINT: u64 = 6;
     /// The vCPU finished with status `value` (see [`super::exit_status`]).
     pub const EXIT: u64 = 7;
+    /// Pages this vCPU handled so far in the current step (all its runs).
+    pub const STEP_PROGRESS: u64 = 8;
     /// Number of codes.
-    pub const COUNT: u64 = 8;
+    pub const COUNT: u64 = 9;
 }
 
 /// Exit statuses.
@@ -277,6 +294,12 @@ pub const fn vcpu_share(step_vcpu: u32, pages: u64, vcpu: u32, vcpus: u32) -> (u
 /// Whether `step` is well formed for `vcpus` vCPUs (ranges are not checked against RAM).
 pub const fn step_is_valid(step: &Step, vcpus: u32) -> bool {
     if step.vcpu != ALL_VCPUS && step.vcpu >= vcpus {
+        return false;
+    }
+    if step.repeat == 0 || step.flags & !step_flags::JOINED_WITH_NEXT != 0 {
+        return false;
+    }
+    if step.kind == step_kind::CHECKPOINT && (step.repeat != 1 || step.flags != 0) {
         return false;
     }
     let aligned = step.addr.is_multiple_of(PAGE_SIZE) && step.size.is_multiple_of(PAGE_SIZE);

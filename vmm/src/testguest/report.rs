@@ -36,6 +36,15 @@ pub struct StepReport {
     pub first_mismatch: Option<Mismatch>,
 }
 
+/// How far the guest is: what [`ReportDevice::progress`] returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Pages all vCPUs handled so far, per step.
+    pub pages: Vec<u64>,
+    /// The steps some vCPU is running, in order.
+    pub running: Vec<usize>,
+}
+
 /// What one vCPU reported.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VcpuReport {
@@ -136,6 +145,11 @@ struct VcpuState {
     current: StepReport,
 }
 
+/// Locks a vCPU's state; a panic elsewhere left it usable (plain counters).
+fn lock(state: &Mutex<VcpuState>) -> std::sync::MutexGuard<'_, VcpuState> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The MMIO device receiving the guest's reports.
 pub struct ReportDevice {
     vcpus: Vec<Mutex<VcpuState>>,
@@ -175,12 +189,36 @@ impl ReportDevice {
 
     /// The reports so far, per vCPU, and the number of protocol errors.
     pub fn reports(&self) -> (Vec<VcpuReport>, u64) {
-        let reports = self
-            .vcpus
-            .iter()
-            .map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).report.clone())
-            .collect();
+        let reports = self.vcpus.iter().map(|v| lock(v).report.clone()).collect();
         (reports, self.protocol_errors.count())
+    }
+
+    /// How far the vCPUs are: the pages of the steps they finished and of those they run.
+    pub fn progress(&self) -> Progress {
+        let mut progress = Progress {
+            pages: vec![0; self.vcpus.first().map_or(0, |v| lock(v).report.steps.len())],
+            running: Vec::new(),
+        };
+        for vcpu in &self.vcpus {
+            let state = lock(vcpu);
+            let current = state.report.steps.iter().position(|step| !step.done);
+            for (index, step) in state.report.steps.iter().enumerate() {
+                let pages = if Some(index) == current {
+                    state.current.pages
+                } else {
+                    step.pages
+                };
+                if let Some(total) = progress.pages.get_mut(index) {
+                    *total = total.saturating_add(pages);
+                }
+            }
+            if let Some(index) = current.filter(|_| state.report.exit_status.is_none()) {
+                progress.running.push(index);
+            }
+        }
+        progress.running.sort_unstable();
+        progress.running.dedup();
+        progress
     }
 
     fn protocol_error(&self, what: std::fmt::Arguments<'_>) {
@@ -198,10 +236,11 @@ impl ReportDevice {
         let Some(state) = self.vcpus.get(vcpu) else {
             return self.protocol_error(format_args!("report from unknown vCPU {vcpu}"));
         };
-        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(state);
         match code {
             report_code::STARTED => state.report.started = true,
-            report_code::STEP_PAGES => state.current.pages = value,
+            // Progress is the count so far; the step's final count overwrites it.
+            report_code::STEP_PROGRESS | report_code::STEP_PAGES => state.current.pages = value,
             report_code::STEP_MISMATCHES => state.current.mismatches = value,
             report_code::FIRST_MISMATCH_ADDR => {
                 state.current.first_mismatch = Some(Mismatch {
@@ -302,6 +341,26 @@ mod tests {
             serial_output: String::new(),
             elapsed: Duration::ZERO,
         }
+    }
+
+    #[test]
+    fn progress_counts_finished_and_running_steps_of_every_vcpu() {
+        let device = ReportDevice::new(2, 3, None);
+        send(&device, 0, report_code::STEP_PAGES, 100);
+        send(&device, 0, report_code::STEP_DONE, 0);
+        send(&device, 0, report_code::STEP_PROGRESS, 16384);
+        send(&device, 1, report_code::STEP_PROGRESS, 32768);
+        assert_eq!(
+            device.progress(),
+            Progress {
+                pages: vec![32868, 16384, 0],
+                running: vec![0, 1],
+            }
+        );
+        send(&device, 1, report_code::STEP_PAGES, 40000);
+        send(&device, 1, report_code::STEP_DONE, 0);
+        assert_eq!(device.progress().pages, [40100, 16384, 0]);
+        assert_eq!(device.progress().running, [1]);
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub enum WorkloadError {
 
 // SAFETY: `Header` is `repr(C)` with two u32 after a u64: no padding, and any bytes are valid.
 unsafe impl ByteValued for Header {}
-// SAFETY: `Step` is `repr(C)`, two u32 then three u64: no padding, and any bytes are valid.
+// SAFETY: `Step` is `repr(C)`, two u32, three u64, two u32: no padding, and any bytes are valid.
 unsafe impl ByteValued for Step {}
 
 /// A raw chain for hostile-driver tests ([`Workload::balloon_raw`]): the guest posts it as it
@@ -76,7 +76,8 @@ pub struct RawChain {
     pub size: u64,
 }
 
-/// A memory workload: steps the test guest's vCPUs run in order, with a barrier after each.
+/// A memory workload: steps the test guest's vCPUs run in order, with a barrier after each
+/// (unless [`Workload::joined_with_next`] says otherwise).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Workload {
     steps: Vec<Step>,
@@ -129,6 +130,8 @@ impl Workload {
             addr,
             size,
             pattern,
+            repeat: 1,
+            flags: 0,
         });
         self
     }
@@ -203,6 +206,22 @@ impl Workload {
     pub fn on_vcpu(mut self, vcpu: u32) -> Self {
         if let Some(step) = self.steps.last_mut() {
             step.vcpu = vcpu;
+        }
+        self
+    }
+
+    /// Makes the last step run `count` times (at least once) before the barrier.
+    pub fn repeat(mut self, count: u32) -> Self {
+        if let Some(step) = self.steps.last_mut() {
+            step.repeat = count;
+        }
+        self
+    }
+
+    /// Lets the last step and the next one run at the same time: no barrier between them.
+    pub fn joined_with_next(mut self) -> Self {
+        if let Some(step) = self.steps.last_mut() {
+            step.flags |= protocol::step_flags::JOINED_WITH_NEXT;
         }
         self
     }

@@ -336,3 +336,76 @@ fn balloon_steps_need_the_device_and_its_features() {
         Ok(())
     );
 }
+
+#[test]
+fn repeated_and_joined_steps() {
+    use crate::testguest::protocol::step_flags::JOINED_WITH_NEXT;
+    let workload = resolve(
+        "write@1:2M+2M*1000&report@0:2M+2M*50,verify:all",
+        64 * MIB,
+        2,
+    )
+    .unwrap();
+    let steps = workload.steps();
+    let summary: Vec<_> = steps
+        .iter()
+        .map(|s| (s.kind, s.vcpu, s.repeat, s.flags))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            // The probe goes before the group, not between its steps.
+            (step_kind::BALLOON_PROBE, ALL_VCPUS, 1, 0),
+            (step_kind::WRITE, 1, 1000, JOINED_WITH_NEXT),
+            (step_kind::BALLOON_REPORT, 0, 50, 0),
+            (step_kind::VERIFY, ALL_VCPUS, 1, 0),
+        ]
+    );
+    assert_eq!(workload.user_step_number(2), Some(2));
+}
+
+#[test]
+fn bad_repeats_and_groups_are_refused() {
+    let malformed = |step: &str, why| WorkloadSpecError::Malformed {
+        step: step.into(),
+        why,
+    };
+    let cases = [
+        (
+            "write:all*0",
+            malformed(
+                "write:all*0",
+                "the repeat count (*N) must be 1 to 4294967295",
+            ),
+        ),
+        (
+            "write:all*x",
+            WorkloadSpecError::BadNumber {
+                step: "write:all*x".into(),
+                text: "x".into(),
+            },
+        ),
+        (
+            "checkpoint:1*2",
+            malformed("checkpoint:1*2", "a checkpoint cannot be repeated"),
+        ),
+        ("write:all&", WorkloadSpecError::EmptyStep),
+        (
+            "write:all&checkpoint:1",
+            WorkloadSpecError::BadGroup(
+                "write:all&checkpoint:1".into(),
+                "a checkpoint cannot run at the same time as other steps",
+            ),
+        ),
+        (
+            "inflate@1:4K&report@0:2M+2M",
+            WorkloadSpecError::BadGroup(
+                "inflate@1:4K&report@0:2M+2M".into(),
+                "at most one balloon step runs at a time (the guest has one driver)",
+            ),
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(text.parse::<WorkloadSpec>(), Err(expected), "{text:?}");
+    }
+}
