@@ -187,11 +187,17 @@ impl Vcpu {
         let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
         let words = internal.data.len().min(internal.ndata as usize);
         let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or_default();
+        let data = &internal.data[..words];
+        if internal.suberror == kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
+            return format!(
+                "vCPU {}: KVM cannot emulate the instruction at RIP {rip:#x} (data {data:x?}); \
+                 the guest cannot go on",
+                self.index
+            );
+        }
         format!(
-            "vCPU {}: KVM internal error {} at RIP {rip:#x} (1 = emulation failure), data {:x?}",
-            self.index,
-            internal.suberror,
-            &internal.data[..words]
+            "vCPU {}: KVM internal error {} at RIP {rip:#x}, data {data:x?}",
+            self.index, internal.suberror
         )
     }
 

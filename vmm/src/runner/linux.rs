@@ -18,7 +18,9 @@ use crate::arch::x86_64::lapic::setup_lint_pins;
 use crate::arch::x86_64::mptable::write_mptable;
 use crate::arch::x86_64::msr::setup_boot_msrs;
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
-use crate::arch::x86_64::{write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED};
+use crate::arch::x86_64::{
+    host_has_hardware_virtualization, write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED,
+};
 use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
 use crate::cli::LinuxConfig;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
@@ -50,6 +52,13 @@ pub(super) fn run(
         source,
     })?;
     setup_vcpus(&vm, &boot)?;
+    if !host_has_hardware_virtualization() {
+        log::warn!(
+            "this host's CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo: \
+             KVM is a software one, such as PVM): a stock Linux kernel does not boot here and \
+             may spin without output (Ctrl-C stops it; see README, Linux guests)"
+        );
+    }
 
     let mut buses = Buses::default();
     vm.fd()

@@ -45,7 +45,7 @@ use guest_mem::{FaultError, MemoryError, PoolError, Population};
 use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
 use crate::cli::{ExitStatus, GuestConfig, LinuxConfig, VmConfig};
-use crate::testguest::{TestGuestError, Workload};
+use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
 use session::Session;
 
@@ -129,6 +129,14 @@ pub enum RunError {
         /// The pool's state, e.g. "pool of 64 MiB, 0 bytes free".
         pool: String,
     },
+    /// The pool had no frame left to load the guest into.
+    #[error("cannot load {loading}: the guest memory pool is exhausted ({pool})")]
+    PoolExhaustedAtStart {
+        /// What was being loaded.
+        loading: String,
+        /// The pool's state, as for [`RunError::GuestMemory`].
+        pool: String,
+    },
     /// A vCPU failed (a KVM error, a failed entry, an emulation failure).
     #[error("{0}")]
     VcpuFailed(String),
@@ -138,9 +146,9 @@ impl RunError {
     /// The exit status for this error.
     pub fn exit_status(&self) -> ExitStatus {
         match self {
-            RunError::Boot { .. } | RunError::Devices(DeviceError::BalloonOption(_)) => {
-                ExitStatus::Usage
-            }
+            RunError::Boot { .. }
+            | RunError::PoolExhaustedAtStart { .. }
+            | RunError::Devices(DeviceError::BalloonOption(_)) => ExitStatus::Usage,
             RunError::Pool(e) => memory::pool_error_status(e),
             RunError::Api(
                 ServerError::InUse(_) | ServerError::NotASocket(_) | ServerError::Socket { .. },
@@ -149,7 +157,9 @@ impl RunError {
             | RunError::TestGuest(TestGuestError::Vm(VmError::KvmUnavailable(_))) => {
                 ExitStatus::HostUnsupported
             }
-            RunError::TestGuest(TestGuestError::Workload(_)) => ExitStatus::Usage,
+            RunError::TestGuest(
+                TestGuestError::Workload(_) | TestGuestError::MemoryTooLarge { .. },
+            ) => ExitStatus::Usage,
             _ => ExitStatus::Runtime,
         }
     }
@@ -161,6 +171,9 @@ impl RunError {
 /// handled by the event loop until this returns; call it before starting other threads that
 /// leave them unblocked.
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
+    if let GuestConfig::TestGuest(_) = &config.guest {
+        testguest::check_memory_size(config.memory_size)?;
+    }
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     let pool = memory::create_pool(&config)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.

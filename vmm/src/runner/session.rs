@@ -9,6 +9,7 @@ use guest_mem::{FaultError, GuestMemory};
 use super::{RunError, RunOutcome, StopCause};
 use crate::cli::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
+use crate::testguest::TestGuestError;
 use crate::vm::control::{StopReason, VmControl};
 use crate::vm::RunningVm;
 
@@ -202,14 +203,26 @@ impl Session {
         *self.stop_cause.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The run's outcome: a recorded guest memory fault wins over what the guest path saw.
+    /// The run's outcome: a recorded guest memory fault wins over what the guest path saw, and
+    /// a guest image that could not be loaded into an exhausted pool says so (the loaders only
+    /// see a failed write).
     pub fn outcome(&self, outcome: Result<RunOutcome, RunError>) -> Result<RunOutcome, RunError> {
         let fault = self.fault.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match fault {
-            Some(GuestFault { vcpu, error, pool }) => {
-                Err(RunError::GuestMemory { vcpu, error, pool })
-            }
-            None => outcome,
+        if let Some(GuestFault { vcpu, error, pool }) = fault {
+            return Err(RunError::GuestMemory { vcpu, error, pool });
         }
+        let loading = match &outcome {
+            Err(RunError::Boot { kernel, .. }) => format!("the kernel {}", kernel.display()),
+            Err(RunError::TestGuest(TestGuestError::Load(_))) => "the test guest image".into(),
+            _ => return outcome,
+        };
+        let pool = self.memory.pool();
+        if pool.stats().free_bytes >= pool.frame_size().bytes() {
+            return outcome;
+        }
+        Err(RunError::PoolExhaustedAtStart {
+            loading,
+            pool: self.pool_summary(),
+        })
     }
 }

@@ -29,7 +29,7 @@ use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
-use crate::arch::x86_64::paging::PageSize;
+use crate::arch::x86_64::paging::{IdentityMap, PageSize};
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
 use crate::devices::serial::{SerialDevice, SerialOutput, SharedBuffer};
@@ -60,6 +60,25 @@ pub enum TestGuestError {
     /// The vCPU count is outside what the test guest supports.
     #[error("the test guest runs on 1 to {MAX_VCPUS} vCPUs, not {0}")]
     BadVcpuCount(usize),
+    /// More RAM than the guest's page tables can map.
+    #[error(
+        "the built-in test guest can use at most {} GiB of RAM on this host (its page tables \
+         map RAM with {}), not {}",
+        .max >> 30,
+        match .page_size {
+            PageSize::Size2M => "2 MiB pages: KVM offers no 1 GiB pages here",
+            PageSize::Size1G => "1 GiB pages",
+        },
+        crate::cli::format_size(*.memory)
+    )]
+    MemoryTooLarge {
+        /// The RAM asked for.
+        memory: u64,
+        /// The most it can map.
+        max: u64,
+        /// The page size the host allows.
+        page_size: PageSize,
+    },
     /// The VM could not be created or started.
     #[error(transparent)]
     Vm(#[from] VmError),
@@ -230,6 +249,52 @@ where
     })
 }
 
+/// The leaf page size of the guest's page tables: 1 GiB where the CPUID KVM offers has them.
+fn page_size(cpuid: &kvm_bindings::CpuId) -> PageSize {
+    if cpuid_has_1g_pages(cpuid) {
+        PageSize::Size1G
+    } else {
+        PageSize::Size2M
+    }
+}
+
+/// Whether the guest's page tables, with `page_size` leaves, can map `memory_size` bytes of RAM
+/// laid out around the MMIO gap.
+fn tables_fit(memory_size: u64, page_size: PageSize) -> bool {
+    let ram_end = crate::layout::ram_regions(memory_size)
+        .last()
+        .map_or(0, |region| region.end());
+    IdentityMap::new(
+        GuestAddress(PAGE_TABLES_START),
+        ram_end,
+        page_size,
+        PAGE_TABLES_END - PAGE_TABLES_START,
+    )
+    .is_ok()
+}
+
+/// Checks that the test guest can use `memory_size` bytes of RAM on this host, before anything
+/// is allocated: its page tables must map all of RAM, and without 1 GiB pages they cannot map
+/// much more than 100 GiB.
+pub fn check_memory_size(memory_size: u64) -> Result<(), TestGuestError> {
+    let kvm = kvm_ioctls::Kvm::new().map_err(|e| TestGuestError::Vm(VmError::KvmUnavailable(e)))?;
+    let cpuid = supported_cpuid(&kvm).map_err(|e| TestGuestError::Setup(e.to_string()))?;
+    let page_size = page_size(&cpuid);
+    if tables_fit(memory_size, page_size) {
+        return Ok(());
+    }
+    let max = (1..=crate::cli::MAX_MEMORY >> 30)
+        .rev()
+        .map(|gib| gib << 30)
+        .find(|&size| tables_fit(size, page_size))
+        .unwrap_or(0);
+    Err(TestGuestError::MemoryTooLarge {
+        memory: memory_size,
+        max,
+        page_size,
+    })
+}
+
 /// Loads the guest image and returns its entry point.
 fn load_image<M: GuestMemoryBackend>(memory: &M) -> Result<GuestAddress, TestGuestError> {
     let loaded = Elf::load(
@@ -254,11 +319,7 @@ where
         idt: GuestAddress(BOOT_IDT_START),
         page_tables: GuestAddress(PAGE_TABLES_START),
         page_tables_max_size: PAGE_TABLES_END - PAGE_TABLES_START,
-        page_size: if cpuid_has_1g_pages(&cpuid) {
-            PageSize::Size1G
-        } else {
-            PageSize::Size2M
-        },
+        page_size: page_size(&cpuid),
     };
     let ram_end = vm.memory().last_addr().unchecked_add(1).raw_value();
     let tables =

@@ -78,6 +78,22 @@ pub fn cpuid_has_1g_pages(cpuid: &kvm_bindings::CpuId) -> bool {
         .any(|e| e.function == 0x8000_0001 && e.edx & (1 << 26) != 0)
 }
 
+/// Whether the host CPU has hardware virtualization: a `vmx` or `svm` flag in `/proc/cpuinfo`.
+/// Without it, a working /dev/kvm is a software one such as PVM, which runs the built-in test
+/// guest but not a stock Linux kernel.
+pub fn host_has_hardware_virtualization() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|cpuinfo| cpuinfo_has_virtualization(&cpuinfo))
+}
+
+fn cpuinfo_has_virtualization(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .filter_map(|line| line.strip_prefix("flags"))
+        .filter_map(|line| line.split_once(':'))
+        .any(|(_, flags)| flags.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+}
+
 /// Writes the GDT, IDT and an identity map of `[0, max(ram_end, 4 GiB))` into `mem`, and
 /// returns the addresses the vCPUs' system registers must point at.
 pub fn write_boot_tables<M: GuestMemoryBackend>(
@@ -105,6 +121,17 @@ mod tests {
     use super::*;
     use crate::layout::{CMDLINE_START, ZERO_PAGE_START};
     use vm_memory::{Bytes, GuestMemoryMmap};
+
+    #[test]
+    fn hardware_virtualization_is_a_cpu_flag() {
+        assert!(cpuinfo_has_virtualization(
+            "processor\t: 0\nflags\t\t: fpu vme svm lm\n"
+        ));
+        assert!(cpuinfo_has_virtualization("flags\t\t: fpu vmx\n"));
+        assert!(!cpuinfo_has_virtualization(
+            "flags\t\t: fpu svm_lock\nmodel name\t: svm\n"
+        ));
+    }
 
     #[test]
     fn linux_tables_fit_between_zero_page_and_command_line() {
