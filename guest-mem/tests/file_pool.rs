@@ -165,3 +165,24 @@ fn a_truncated_pool_file_is_refused_and_left_alone() {
     );
     assert_eq!(std::fs::metadata(&file.0).expect("stat").len(), short);
 }
+
+#[test]
+fn a_pool_whose_creation_was_interrupted_is_created_again() {
+    let file = TempFile::new("half-created");
+    // What a process killed in the middle of creating a pool leaves: the creation mark, the
+    // full size, and not yet the header.
+    let mut mark = [0u8; 40];
+    mark[..8].copy_from_slice(b"LLFVMPL~");
+    std::fs::write(&file.0, mark).expect("write");
+    std::fs::File::options()
+        .write(true)
+        .open(&file.0)
+        .expect("open")
+        .set_len(80 * MIB)
+        .expect("grow");
+    let pool = Pool::new(file_config(&file, 64 * MIB, false)).expect("created again");
+    assert_eq!(pool.stats().free_bytes, 64 * MIB);
+    drop(pool);
+    let reopened = Pool::new(file_config(&file, 64 * MIB, false)).expect("reopened");
+    assert_eq!(reopened.stats().free_bytes, 64 * MIB);
+}

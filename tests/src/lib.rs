@@ -100,13 +100,51 @@ impl Finished {
     }
 
     /// Stderr without the notes of `vmm run`: pausing at a checkpoint ("paused at checkpoint
-    /// ID; resume with ...") and progress ("progress: ...").
+    /// ID; resume with ..."), progress ("progress: ...") and, for `--kernel` on a host without
+    /// hardware virtualization, the warning that a stock Linux kernel does not boot there.
     pub fn stderr_besides_notes(&self) -> String {
         self.stderr
             .lines()
             .filter(|line| !line.starts_with("paused at checkpoint "))
             .filter(|line| !line.starts_with("progress: "))
+            .filter(|line| !line.starts_with(NO_HARDWARE_VIRTUALIZATION_WARNING))
             .map(|line| format!("{line}\n"))
             .collect()
     }
+}
+
+/// The start of the warning `vmm run --kernel` gives on a host without hardware virtualization.
+pub const NO_HARDWARE_VIRTUALIZATION_WARNING: &str =
+    "warning: this host's CPU has no hardware virtualization";
+
+/// Physical load address and entry of [`elf_kernel`] (where vmlinux is linked).
+pub const ELF_KERNEL_LOAD: u64 = 0x100_0000;
+
+/// An ELF64 executable with one PT_LOAD segment of `code` at physical [`ELF_KERNEL_LOAD`], entered at its
+/// start (as a vmlinux: virtual addresses in the kernel map, physical ones in p_paddr).
+pub fn elf_kernel(code: &[u8]) -> Vec<u8> {
+    const HEADERS: usize = 0x1000;
+    let mut image = vec![0u8; HEADERS + code.len()];
+    let mut put = |offset: usize, bytes: &[u8]| {
+        image[offset..offset + bytes.len()].copy_from_slice(bytes);
+    };
+    put(0, b"\x7fELF\x02\x01\x01"); // 64-bit, little endian, version 1
+    put(16, &2u16.to_le_bytes()); // ET_EXEC
+    put(18, &0x3eu16.to_le_bytes()); // EM_X86_64
+    put(20, &1u32.to_le_bytes());
+    put(24, &ELF_KERNEL_LOAD.to_le_bytes()); // e_entry
+    put(32, &64u64.to_le_bytes()); // e_phoff
+    put(52, &64u16.to_le_bytes()); // e_ehsize
+    put(54, &56u16.to_le_bytes()); // e_phentsize
+    put(56, &1u16.to_le_bytes()); // e_phnum
+    put(64, &1u32.to_le_bytes()); // PT_LOAD
+    put(68, &5u32.to_le_bytes()); // R+X
+    put(72, &(HEADERS as u64).to_le_bytes()); // p_offset
+    put(80, &(0xffff_ffff_8000_0000 + ELF_KERNEL_LOAD).to_le_bytes()); // p_vaddr
+    put(88, &ELF_KERNEL_LOAD.to_le_bytes()); // p_paddr
+    put(96, &(code.len() as u64).to_le_bytes()); // p_filesz
+    put(104, &(code.len() as u64).to_le_bytes()); // p_memsz
+    put(112, &0x1000u64.to_le_bytes()); // p_align
+    put(HEADERS, code);
+    image
 }

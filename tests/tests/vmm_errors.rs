@@ -4,7 +4,10 @@
 
 mod vmm_common;
 
-use e2e_tests::kvm_available;
+use e2e_tests::{elf_kernel, kvm_available};
+
+/// A "kernel" that triple-faults at once (UD2 with no usable IDT): a reset, which ends the VM.
+const UD2: &[u8] = &[0x0f, 0x0b];
 use vmm_common::{send, wait_for_state, Scratch, VmmRun};
 
 /// Runs a 16 MiB VM that reads all its memory on the `file:` backing `backing`, which leaves a
@@ -162,40 +165,6 @@ fn more_ram_than_the_test_guest_can_map_is_refused_before_anything_is_allocated(
     VmmRun::run(&["--memory", "116G", "--workload", "read:2M+4K"]).assert_success();
 }
 
-/// An ELF "kernel" that every KVM runs to its end: `ud2` at 1 MiB, which with the boot IDT
-/// (no handlers) ends in a triple fault, i.e. a reset, which ends the VM.
-fn triple_fault_elf() -> Vec<u8> {
-    const LOAD: u64 = 0x10_0000;
-    const CODE_OFFSET: u64 = 64 + 56;
-    let code = [0x0f, 0x0b]; // ud2
-    let mut elf = Vec::new();
-    elf.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
-    elf.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    elf.extend_from_slice(&0x3eu16.to_le_bytes()); // x86_64
-    elf.extend_from_slice(&1u32.to_le_bytes());
-    elf.extend_from_slice(&LOAD.to_le_bytes()); // entry
-    elf.extend_from_slice(&64u64.to_le_bytes()); // program headers
-    elf.extend_from_slice(&0u64.to_le_bytes()); // no section headers
-    elf.extend_from_slice(&0u32.to_le_bytes());
-    for half in [64u16, 56, 1, 64, 0, 0] {
-        elf.extend_from_slice(&half.to_le_bytes());
-    }
-    elf.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    elf.extend_from_slice(&5u32.to_le_bytes()); // R + X
-    for word in [
-        CODE_OFFSET,
-        LOAD,
-        LOAD,
-        code.len() as u64,
-        code.len() as u64,
-        0x1000,
-    ] {
-        elf.extend_from_slice(&word.to_le_bytes());
-    }
-    elf.extend_from_slice(&code);
-    elf
-}
-
 #[test]
 fn a_kernel_on_a_host_without_hardware_virtualization_is_warned_about() {
     if !kvm_available("a_kernel_on_a_host_without_hardware_virtualization_is_warned_about") {
@@ -204,13 +173,13 @@ fn a_kernel_on_a_host_without_hardware_virtualization_is_warned_about() {
     let hardware = e2e_tests::hardware_virtualization().is_ok();
     let scratch = Scratch::new("kernel-warning");
     let kernel = scratch.path("vmlinux");
-    std::fs::write(&kernel, triple_fault_elf()).unwrap();
+    std::fs::write(&kernel, elf_kernel(UD2)).unwrap();
     let run = VmmRun::run(&["--memory", "64M", "--kernel", &kernel]);
     assert_eq!(run.code, Some(0), "{run:#?}");
     let warned = run
         .stderr
         .lines()
-        .any(|line| line.starts_with("warning: this host's CPU has no hardware virtualization"));
+        .any(|line| line.starts_with(e2e_tests::NO_HARDWARE_VIRTUALIZATION_WARNING));
     assert_eq!(warned, !hardware, "{run:#?}");
 }
 
@@ -241,7 +210,7 @@ fn a_pool_with_no_free_frame_at_start_says_so() {
     VmmRun::run(&["--memory", "16M", "--backing", &backing])
         .assert_fails(2, &format!("cannot load the test guest image: {full}"));
     let kernel = scratch.path("vmlinux");
-    std::fs::write(&kernel, triple_fault_elf()).unwrap();
+    std::fs::write(&kernel, elf_kernel(UD2)).unwrap();
     VmmRun::run(&[
         "--memory",
         "16M",
@@ -251,4 +220,125 @@ fn a_pool_with_no_free_frame_at_start_says_so() {
         &kernel,
     ])
     .assert_fails(2, &format!("cannot load the kernel {kernel}: {full}"));
+}
+
+/// Asserts that `run` succeeded with nothing on stderr but notes and, at most, the warning that
+/// its pool file was created again; returns whether it was.
+fn succeeded_maybe_recreating(run: &vmm_common::Finished) -> bool {
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let notes = run.stderr_besides_notes();
+    let recreated = notes.contains("its creation never finished");
+    assert_eq!(notes.lines().count(), usize::from(recreated), "{run:#?}");
+    recreated
+}
+
+#[test]
+fn a_vmm_killed_while_creating_its_pool_file_leaves_a_file_the_next_one_uses() {
+    if !kvm_available("a_vmm_killed_while_creating_its_pool_file_leaves_a_file_the_next_one_uses") {
+        return;
+    }
+    let scratch = Scratch::new("pool-creation-killed");
+    let pool = scratch.path("pool");
+    let backing = format!("file:{pool}");
+    let args = [
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--workload",
+        "read:all",
+    ];
+    let mut recreated = 0;
+    for attempt in 0..40 {
+        let _ = std::fs::remove_file(&pool);
+        let first = VmmRun::start(&args);
+        std::thread::sleep(std::time::Duration::from_micros(1000 + attempt % 5 * 1000));
+        first.kill();
+        let next = VmmRun::run(&args);
+        recreated += usize::from(succeeded_maybe_recreating(&next));
+    }
+    eprintln!("40 VMMs killed 1-5 ms after their start: {recreated} left a half-created pool");
+}
+
+#[test]
+fn format_pool_lays_out_a_pool_over_an_all_zero_file() {
+    if !kvm_available("format_pool_lays_out_a_pool_over_an_all_zero_file") {
+        return;
+    }
+    let scratch = Scratch::new("format-pool");
+    let pool = scratch.path("pool");
+    let backing = format!("file:{pool}");
+    std::fs::File::create(&pool)
+        .unwrap()
+        .set_len(40 << 20)
+        .unwrap();
+    let read = [
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--workload",
+        "read:all",
+    ];
+    VmmRun::run(&read).assert_fails(
+        2,
+        "holds no llfree-vmm pool (magic 0x0000000000000000); formatting it (vmm run \
+         --format-pool) overwrites it with an empty pool",
+    );
+    let written = "write:all,verify:all";
+    let mut format = vec!["--memory", "16M", "--backing", &backing, "--format-pool"];
+    format.extend(["--workload", written]);
+    VmmRun::run(&format).assert_success();
+    // The pool is there now: opened again without formatting.
+    VmmRun::run(&read).assert_success();
+    VmmRun::run(&["--memory", "16M", "--format-pool"])
+        .assert_fails(2, "--format-pool formats the file or device of --backing");
+}
+
+#[test]
+fn format_pool_lays_out_a_pool_on_a_fresh_block_device() {
+    if !kvm_available("format_pool_lays_out_a_pool_on_a_fresh_block_device") {
+        return;
+    }
+    let scratch = Scratch::new("format-device");
+    let image = scratch.path("image");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(40 << 20)
+        .unwrap();
+    let attached = std::process::Command::new("losetup")
+        .args(["--find", "--show", &image])
+        .output();
+    let device = match attached {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap().trim().to_owned(),
+        Ok(out) => {
+            let why = String::from_utf8_lossy(&out.stderr);
+            eprintln!("SKIP: format_pool_lays_out_a_pool_on_a_fresh_block_device: losetup: {why}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("SKIP: format_pool_lays_out_a_pool_on_a_fresh_block_device: losetup: {e}");
+            return;
+        }
+    };
+    let backing = format!("dax:{device}");
+    let read = [
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--workload",
+        "read:all",
+    ];
+    let refused = VmmRun::run(&read);
+    let mut format = vec!["--memory", "16M", "--backing", &backing, "--format-pool"];
+    format.extend(["--workload", "write:all"]);
+    let formatted = VmmRun::run(&format);
+    let reopened = VmmRun::run(&read);
+    let _ = std::process::Command::new("losetup")
+        .args(["--detach", &device])
+        .status();
+    refused.assert_fails(2, "holds no llfree-vmm pool");
+    formatted.assert_success();
+    reopened.assert_success();
 }

@@ -12,6 +12,10 @@ pub const META_OFFSET: u64 = 4096;
 /// Frames start at a multiple of this, so DAX can map them with huge pages.
 const DATA_ALIGN: u64 = 2 << 20;
 const MAGIC: u64 = u64::from_le_bytes(*b"LLFVMPL1");
+/// The magic of a pool being laid out: written (and synced) before anything else of a new
+/// layout, replaced by [`MAGIC`] once the layout is complete. A file that still has it was left
+/// half-created (the process died meanwhile) and holds nothing to keep.
+const CREATING_MAGIC: u64 = u64::from_le_bytes(*b"LLFVMPL~");
 const VERSION: u32 = 1;
 const ENCODED_LEN: usize = 40;
 
@@ -19,11 +23,17 @@ const ENCODED_LEN: usize = 40;
 #[derive(Debug, Error)]
 pub enum HeaderError {
     /// The file holds something else than a pool.
-    #[error("holds no llfree-vmm pool (magic {found:#018x}); format it to overwrite")]
+    #[error(
+        "holds no llfree-vmm pool (magic {found:#018x}); formatting it (vmm run --format-pool) \
+         overwrites it with an empty pool"
+    )]
     BadMagic {
         /// The magic number found.
         found: u64,
     },
+    /// The file holds a pool whose creation never finished.
+    #[error("holds a pool whose creation never finished")]
+    HalfCreated,
     /// The header has another layout version.
     #[error("pool header version {found} is not supported (expected {VERSION})")]
     Version {
@@ -68,14 +78,25 @@ impl Header {
         file.sync_data()
     }
 
+    /// Marks the file as holding a pool being laid out (see [`CREATING_MAGIC`]) and flushes
+    /// the mark to the device, before anything else of the layout is written.
+    pub fn write_creating(file: &File) -> io::Result<()> {
+        let mut buf = [0u8; ENCODED_LEN];
+        buf[0..8].copy_from_slice(&CREATING_MAGIC.to_le_bytes());
+        file.write_all_at(&buf, 0)?;
+        file.sync_data()
+    }
+
     /// Reads the header of an existing pool.
     pub fn read(file: &File) -> Result<Self, HeaderError> {
         // A short file reads as zeroes past its end, and so has no magic.
         let mut buf = [0u8; ENCODED_LEN];
         file.read_at(&mut buf, 0)?;
         let word = |at: usize| u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
-        if word(0) != MAGIC {
-            return Err(HeaderError::BadMagic { found: word(0) });
+        match word(0) {
+            MAGIC => {}
+            CREATING_MAGIC => return Err(HeaderError::HalfCreated),
+            found => return Err(HeaderError::BadMagic { found }),
         }
         let version = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes"));
         if version != VERSION {

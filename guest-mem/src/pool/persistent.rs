@@ -1,5 +1,6 @@
 //! Persistent pools in a file or on a DAX device: the pool a file holds is recovered, a new or
-//! empty file (or one being formatted) gets a fresh layout, anything else is refused untouched.
+//! empty file (or one being formatted, or one whose creation never finished) gets a fresh
+//! layout, anything else is refused untouched.
 
 use std::path::Path;
 
@@ -40,16 +41,32 @@ pub(super) fn open_file(
         path: path.to_owned(),
         source,
     };
-    let fresh = format || !file.had_contents;
+    let mut fresh = format || !file.had_contents;
     if !fresh {
-        let found = Header::read(file.as_file()).map_err(header_err)?;
-        if found.frames != layout.frames || found.meta_len != meta_len {
-            return Err(PoolError::SizeMismatch {
-                path: path.to_owned(),
-                found: found.frames * FRAME_SIZE as u64,
-                expected: config.size,
-            });
+        match Header::read(file.as_file()) {
+            Ok(found) if found.frames != layout.frames || found.meta_len != meta_len => {
+                return Err(PoolError::SizeMismatch {
+                    path: path.to_owned(),
+                    found: found.frames * FRAME_SIZE as u64,
+                    expected: config.size,
+                });
+            }
+            Ok(_) => {}
+            Err(HeaderError::HalfCreated) => {
+                log::warn!(
+                    "pool file {}: its creation never finished (the process creating it \
+                     stopped); creating it again",
+                    path.display()
+                );
+                fresh = true;
+            }
+            Err(e) => return Err(header_err(e)),
         }
+    }
+    if fresh {
+        // From here until the header is written, a crash leaves a file that the next open
+        // recognises as half-created and lays out again.
+        Header::write_creating(file.as_file()).map_err(|e| header_err(HeaderError::Io(e)))?;
     }
     file.ensure_len(path, layout.data_offset + config.size, fresh)?;
     let region = FileRegion::map(file.as_file(), META_OFFSET, meta_len as usize)

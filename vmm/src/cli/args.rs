@@ -97,6 +97,14 @@ pub struct RunArgs {
     )]
     pub backing: BackingKind,
 
+    /// Lay out a new, empty pool in the file or device of --backing file:/dax:, overwriting
+    /// what it holds (an all-zero file, a fresh DAX device, an old pool and its frames).
+    ///
+    /// Without it, the pool the file holds is opened again, a new or empty file gets a new pool,
+    /// and a file that holds anything else is refused untouched.
+    #[arg(long)]
+    pub format_pool: bool,
+
     /// When guest memory gets its host frames: all at start (eager) or on first touch (lazy).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
     pub populate: PopulateArg,

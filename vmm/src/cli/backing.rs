@@ -42,15 +42,21 @@ impl BackingKind {
         }
     }
 
-    /// The guest-mem pool backing. Persistent pools are opened, not reformatted.
-    pub fn pool_backing(&self) -> Backing {
+    /// Whether the pool lives in a file or device (and outlives the VMM).
+    pub fn is_persistent(&self) -> bool {
+        matches!(self, BackingKind::File(_) | BackingKind::Dax(_))
+    }
+
+    /// The guest-mem pool backing; a persistent pool is laid out afresh with `format`, opened
+    /// again otherwise.
+    pub fn pool_backing(&self, format: bool) -> Backing {
         match self {
             BackingKind::Anonymous => Backing::Anonymous,
             BackingKind::Hugetlb2M => Backing::Hugetlb2M,
             BackingKind::Hugetlb1G => Backing::Hugetlb1G,
             BackingKind::File(path) | BackingKind::Dax(path) => Backing::File {
                 path: path.clone(),
-                format: false,
+                format,
             },
         }
     }
@@ -146,12 +152,15 @@ mod tests {
         assert_eq!(BackingKind::Hugetlb1G.frame_size(), FrameSize::Giant);
         assert_eq!(BackingKind::Anonymous.frame_size(), FrameSize::Huge);
         assert_eq!(BackingKind::Dax("/d".into()).frame_size(), FrameSize::Huge);
-        assert_eq!(BackingKind::Hugetlb2M.pool_backing(), Backing::Hugetlb2M);
         assert_eq!(
-            BackingKind::File("/p".into()).pool_backing(),
+            BackingKind::Hugetlb2M.pool_backing(false),
+            Backing::Hugetlb2M
+        );
+        assert_eq!(
+            BackingKind::File("/p".into()).pool_backing(true),
             Backing::File {
                 path: "/p".into(),
-                format: false
+                format: true
             }
         );
     }

@@ -59,6 +59,9 @@ pub enum ConfigError {
     /// The kernel command line is too long or has bytes a kernel cannot take.
     #[error("--cmdline: {0}")]
     Cmdline(String),
+    /// `--format-pool` without a file or device to format.
+    #[error("--format-pool formats the file or device of --backing file:PATH or dax:PATH, not --backing {0}")]
+    FormatWithoutFile(BackingKind),
     /// The workload does not fit the VM.
     #[error("--workload: {0}")]
     Workload(#[from] WorkloadSpecError),
@@ -99,6 +102,8 @@ pub struct VmConfig {
     pub memory_size: u64,
     /// The host memory of the frame pool.
     pub backing: BackingKind,
+    /// Lay out a new pool in the backing's file or device, whatever it holds.
+    pub format_pool: bool,
     /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
     /// punching otherwise.
     pub scrub: Scrub,
@@ -130,6 +135,9 @@ impl TryFrom<RunArgs> for VmConfig {
         }
         check_memory(args.memory, &args.backing)?;
         let scrub = check_backing(&args.backing)?;
+        if args.format_pool && !args.backing.is_persistent() {
+            return Err(ConfigError::FormatWithoutFile(args.backing));
+        }
         let guest = match args.kernel {
             Some(kernel) => GuestConfig::Linux(linux_config(kernel, args.initrd, args.cmdline)?),
             None => {
@@ -154,6 +162,7 @@ impl TryFrom<RunArgs> for VmConfig {
         Ok(VmConfig {
             memory_size: args.memory,
             backing: args.backing,
+            format_pool: args.format_pool,
             scrub,
             populate: match args.populate {
                 PopulateArg::Eager => Populate::Eager,

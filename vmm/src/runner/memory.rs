@@ -19,7 +19,7 @@ const MAX_FAULT_THREADS: usize = 4;
 /// [`SPARE_CORES`].
 pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
     Pool::new(PoolConfig {
-        backing: config.backing.pool_backing(),
+        backing: config.backing.pool_backing(config.format_pool),
         size: config.memory_size,
         cores: config.vcpus + SPARE_CORES,
         scrub: config.scrub,
