@@ -109,26 +109,52 @@ fn a_truncated_pool_file_is_a_usage_error() {
     assert_eq!(std::fs::metadata(&pool).unwrap().len(), len / 2, "resized");
 }
 
+/// A VMM paused at a checkpoint of its workload, on a 16 MiB pool file of its own.
+struct PausedOnPoolFile {
+    scratch: Scratch,
+    pool: String,
+    backing: String,
+    vmm: VmmRun,
+    api: vmm::api::ApiClient,
+}
+
+/// Starts a VMM running `workload` on a fresh pool file in a scratch directory named `name`
+/// and waits until it is paused.
+fn paused_on_pool_file(name: &str, workload: &str) -> PausedOnPoolFile {
+    let scratch = Scratch::new(name);
+    let socket = scratch.path("api.sock");
+    let pool = scratch.path("pool");
+    let backing = format!("file:{pool}");
+    let args = [
+        "--memory",
+        "16M",
+        "--backing",
+        &backing,
+        "--workload",
+        workload,
+    ];
+    let (vmm, api) = VmmRun::start_paused(&args, &socket);
+    PausedOnPoolFile {
+        scratch,
+        pool,
+        backing,
+        vmm,
+        api,
+    }
+}
+
 #[test]
 fn a_pool_file_another_vmm_uses_is_refused_at_once() {
     if !kvm_available("a_pool_file_another_vmm_uses_is_refused_at_once") {
         return;
     }
-    let scratch = Scratch::new("pool-in-use");
-    let socket = scratch.path("api.sock");
-    let pool = scratch.path("pool");
-    let backing = format!("file:{pool}");
-    let (first, api) = VmmRun::start_paused(
-        &[
-            "--memory",
-            "16M",
-            "--backing",
-            &backing,
-            "--workload",
-            "write:all,checkpoint:1,verify:all",
-        ],
-        &socket,
-    );
+    let PausedOnPoolFile {
+        scratch: _scratch,
+        pool,
+        backing,
+        vmm: first,
+        api,
+    } = paused_on_pool_file("pool-in-use", "write:all,checkpoint:1,verify:all");
     VmmRun::run(&["--memory", "16M", "--backing", &backing])
         .assert_fails(2, &format!("pool file {pool} is in use by another process"));
     // The first VMM goes on undisturbed, and once it is gone the pool file serves again.
@@ -188,22 +214,13 @@ fn a_pool_with_no_free_frame_at_start_says_so() {
     if !kvm_available("a_pool_with_no_free_frame_at_start_says_so") {
         return;
     }
-    let scratch = Scratch::new("pool-full");
-    let socket = scratch.path("api.sock");
-    let pool = scratch.path("pool");
-    let backing = format!("file:{pool}");
     // A VMM killed with all its frames in use leaves them allocated in the pool file.
-    let (first, _api) = VmmRun::start_paused(
-        &[
-            "--memory",
-            "16M",
-            "--backing",
-            &backing,
-            "--workload",
-            "write:all,checkpoint:1",
-        ],
-        &socket,
-    );
+    let PausedOnPoolFile {
+        scratch,
+        backing,
+        vmm: first,
+        ..
+    } = paused_on_pool_file("pool-full", "write:all,checkpoint:1");
     first.kill();
     let full = "the guest memory pool is exhausted (pool of 16 MiB, 0 bytes free; a pool file \
                 keeps the frames of a VMM that was killed)";
