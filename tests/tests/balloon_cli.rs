@@ -254,4 +254,10 @@ fn a_balloon_step_the_driver_cannot_do_fails_the_guest_with_the_reason() {
         "the guest failed: step 2 (deflate): the balloon driver failed: the balloon holds 2048 \
          pages: it cannot deflate by more",
     );
+    // The balloon probe the VMM adds is not one of the user's steps.
+    assert!(
+        run.stdout
+            .starts_with("llfree-vmm test guest: 1 vCPU, 2 steps\nstep 1: ok\nballoon error 5"),
+        "{run:#?}"
+    );
 }

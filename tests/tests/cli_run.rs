@@ -268,6 +268,10 @@ fn long_population_and_long_steps_show_progress() {
         "write:2M+1G*3",
     ]);
     run.assert_success();
+    assert_eq!(
+        run.stdout,
+        "llfree-vmm test guest: 1 vCPU, 1 step\nstep 1: ok\ntest guest: done\n"
+    );
     let progress: Vec<&str> = run
         .stderr
         .lines()
