@@ -93,6 +93,17 @@ impl Finished {
         );
     }
 
+    /// Asserts that the guest reset the VM (status 7 and its one line on stderr, besides
+    /// notes): a reboot, a panic with panic=N or a triple fault.
+    pub fn assert_guest_reset(&self) {
+        assert_eq!(self.code, Some(7), "{self:#?}");
+        assert_eq!(
+            self.stderr_besides_notes(),
+            format!("{GUEST_RESET_LINE}\n"),
+            "{self:#?}"
+        );
+    }
+
     /// Asserts a clean exit (status 0, nothing on stderr but notes).
     pub fn assert_success(&self) {
         assert_eq!(self.code, Some(0), "{self:#?}");
@@ -112,6 +123,11 @@ impl Finished {
             .collect()
     }
 }
+
+/// What `vmm run` prints when the guest resets the VM (exit status 7).
+pub const GUEST_RESET_LINE: &str =
+    "the guest reset the VM (reboot, a panic with panic=N, or a triple fault); a microVM does \
+     not restart";
 
 /// The start of the warning `vmm run --kernel` gives on a host without hardware virtualization.
 pub const NO_HARDWARE_VIRTUALIZATION_WARNING: &str =

@@ -1,53 +1,26 @@
-//! End-to-end: Linux's own virtio-balloon driver against `vmm run --balloon`. The API sets the
-//! target; the driver inflates in batches of 256 pages and writes `actual` after each, which
-//! `GET /balloon` follows, and the frames of the chunks it gives away (or reports free) are back
-//! in the pool (`GET /memory`). Deflating to 0 brings `actual` back to 0.
+//! End-to-end: Linux's own virtio-balloon driver against `vmm run --balloon` (the guest of
+//! `linux_common`; SKIP where it cannot boot, run for real by tests/linux-nested/run.sh).
 //!
-//! It runs where the host has hardware virtualization (`vmx` or `svm` in /proc/cpuinfo) and a
-//! guest is given:
-//!
-//! * `LLFREE_VMM_TEST_KERNEL`: a kernel with CONFIG_VIRTIO_MMIO, CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES
-//!   and CONFIG_VIRTIO_BALLOON (built in, or modules the initrd loads) and
-//!   CONFIG_SERIAL_8250_CONSOLE; Debian's stock kernels lack the command-line devices;
-//! * `LLFREE_VMM_TEST_INITRD`: an initramfs whose init keeps the guest running (a shell, or
-//!   `sleep`), so that the driver has time to work.
-//!
-//! Elsewhere (e.g. on PVM, which cannot run a stock kernel) it prints SKIP.
+//! * The API sets the target; the driver inflates in batches of 256 pages and writes `actual`
+//!   after each, which `GET /balloon` follows; the frames of the chunks it gives away are back in
+//!   the pool (`GET /memory`); statistics arrive; deflating to 0 brings `actual` back to 0.
+//! * Deflate-on-OOM: a guest squeezed by the balloon that allocates more than it has left gets
+//!   pages back from the balloon instead of an OOM kill.
+//! * Free page reporting: memory the guest frees goes back to the pool as whole frames.
 
+mod linux_common;
 mod vmm_common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use e2e_tests::{hardware_virtualization, kvm_available};
+use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use serde_json::Value;
 use vmm::api::ApiClient;
-use vmm_common::{get, send, wait_for_state, Scratch, VmmRun};
+use vmm_common::{get, send, Scratch, VmmRun};
 
 const MIB: u64 = 1 << 20;
 /// The target the test sets, in MiB.
 const TARGET_MIB: u64 = 128;
-
-/// The kernel and initrd to boot, or why there are none.
-fn linux_guest() -> Result<(String, String), String> {
-    hardware_virtualization()?;
-    let var = |name: &str| {
-        std::env::var(name).map_err(|_| {
-            format!(
-                "{name} is not set (a kernel with CONFIG_VIRTIO_BALLOON and \
-                 CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES, and an initrd that keeps it running)"
-            )
-        })
-    };
-    let kernel = var("LLFREE_VMM_TEST_KERNEL")?;
-    let initrd = var("LLFREE_VMM_TEST_INITRD")?;
-    for path in [&kernel, &initrd] {
-        if !Path::new(path).is_file() {
-            return Err(format!("{path} is not a file"));
-        }
-    }
-    Ok((kernel, initrd))
-}
 
 /// Polls `GET path` until `done` holds for it (at most `timeout`); returns the last answer.
 fn wait_for(
@@ -74,69 +47,160 @@ fn pool_free_bytes(api: &ApiClient) -> u64 {
     get(api, "/memory")["pool"]["free_bytes"].as_u64().unwrap()
 }
 
-#[test]
-fn linux_inflates_to_the_api_target_and_frames_return_to_the_pool() {
-    let test = "linux_inflates_to_the_api_target_and_frames_return_to_the_pool";
-    if !kvm_available(test) {
-        return;
-    }
-    let (kernel, initrd) = match linux_guest() {
-        Ok(guest) => guest,
-        Err(why) => {
-            eprintln!("SKIP: {test}: {why}");
-            return;
-        }
-    };
-    let scratch = Scratch::new("linux-balloon");
+/// Boots the guest with a balloon (`balloon` options), an API on a socket in `scratch` and
+/// `llfree.test=...` options `test`, and waits for its init; returns the run and its API.
+fn boot(
+    guest: &LinuxGuest,
+    scratch: &Scratch,
+    args: &[&str],
+    balloon: &str,
+    test: &str,
+) -> (VmmRun, ApiClient) {
     let socket = scratch.path("api.sock");
-    // Eager: every chunk holds a frame, so each one the guest gives away entirely frees one.
-    let mut vmm = VmmRun::start(&[
-        "--kernel",
-        &kernel,
-        "--initrd",
-        &initrd,
-        "--memory",
-        "512M",
-        "--populate",
-        "eager",
+    let cmdline = cmdline(test);
+    let mut all = args.to_vec();
+    all.extend([
         "--balloon",
-        "size=0,deflate_on_oom=on,free_page_reporting=on,stats_polling_interval_s=1",
+        balloon,
+        "--cmdline",
+        &cmdline,
         "--api-socket",
         &socket,
     ]);
+    let mut vmm = VmmRun::start(&guest.args(&all));
     let api = vmm.api(&socket);
-    wait_for_state(&api, "Running");
+    vmm.wait_for_line("LLFREE-L2 ready", BOOT_TIMEOUT);
+    (vmm, api)
+}
+
+/// Stops the VM through the API and checks that `vmm run` says so.
+fn shut_down(vmm: VmmRun, api: &ApiClient) {
+    send(api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    let run = vmm.wait(Duration::from_secs(60));
+    run.assert_stopped(6, "an API shutdown request");
+    assert!(!run.stdout.contains("Out of memory"), "{run:#?}");
+}
+
+#[test]
+fn linux_inflates_to_the_api_target_and_frames_return_to_the_pool() {
+    let test = "linux_inflates_to_the_api_target_and_frames_return_to_the_pool";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-balloon");
+    // Eager: every chunk holds a frame, so each one the guest gives away entirely frees one.
+    let (vmm, api) = boot(
+        &guest,
+        &scratch,
+        &["--memory", "512M", "--populate", "eager"],
+        "size=0,free_page_reporting=on,stats_polling_interval_s=1",
+        "llfree.test=idle",
+    );
     // The driver is up once it has sent its first statistics (it does so at probe time).
-    let boot = Duration::from_secs(120);
-    wait_for(&api, "/balloon/statistics", boot, |s| {
+    wait_for(&api, "/balloon/statistics", BOOT_TIMEOUT, |s| {
         s["total_memory"].is_u64()
     });
     let free_before = pool_free_bytes(&api);
 
+    let started = Instant::now();
     send(
         &api,
         "PUT",
         "/balloon",
         &format!(r#"{{"amount_mib":{TARGET_MIB}}}"#),
     );
-    let inflated = wait_for(&api, "/balloon", boot, |b| b["actual_mib"] == TARGET_MIB);
+    let inflated = wait_for(&api, "/balloon", BOOT_TIMEOUT, |b| {
+        b["actual_mib"] == TARGET_MIB
+    });
+    let inflate_time = started.elapsed();
     assert_eq!(inflated["amount_mib"], TARGET_MIB);
     let memory = get(&api, "/memory");
     let given_away = memory["guest"]["given_away_4k_pages"].as_u64().unwrap();
     assert!(given_away >= TARGET_MIB * 256, "{memory:#}");
     // A fresh guest's free memory is mostly whole 2 MiB blocks: at least half of the balloon
-    // comes back as whole frames (free page reporting adds what it reports).
+    // comes back as whole frames.
     let freed = pool_free_bytes(&api) - free_before;
-    eprintln!("{test}: the pool got {} MiB back", freed / MIB);
     assert!(freed >= TARGET_MIB / 2 * MIB, "{} MiB freed", freed / MIB);
-    let stats = get(&api, "/balloon/statistics");
-    assert_eq!(stats["actual_pages"], TARGET_MIB * 256, "{stats:#}");
+    let stats = wait_for(&api, "/balloon/statistics", BOOT_TIMEOUT, |s| {
+        s["actual_pages"] == TARGET_MIB * 256
+    });
+    assert!(stats["free_memory"].as_u64().unwrap() > 0, "{stats:#}");
+    assert!(
+        stats["total_memory"].as_u64().unwrap() > 256 * MIB,
+        "{stats:#}"
+    );
 
+    let started = Instant::now();
     send(&api, "PATCH", "/balloon", r#"{"amount_mib":0}"#);
-    wait_for(&api, "/balloon", boot, |b| b["actual_mib"] == 0);
+    wait_for(&api, "/balloon", BOOT_TIMEOUT, |b| b["actual_mib"] == 0);
+    eprintln!(
+        "{test}: inflate by {TARGET_MIB} MiB in {inflate_time:.2?} ({} MiB back in the pool), \
+         deflate in {:.2?}",
+        freed / MIB,
+        started.elapsed()
+    );
+    shut_down(vmm, &api);
+}
 
-    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
-    let run = vmm.wait(Duration::from_secs(30));
-    run.assert_stopped(6, "an API shutdown request");
-    assert!(run.stdout.contains("Linux version"), "{run:#?}");
+#[test]
+fn deflate_on_oom_gives_a_squeezed_guest_pages_back_instead_of_an_oom_kill() {
+    let test = "deflate_on_oom_gives_a_squeezed_guest_pages_back_instead_of_an_oom_kill";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-oom");
+    // 256 MiB of RAM, 160 MiB of it in the balloon: about 60 MiB stay free. The guest then
+    // writes 100 MiB into tmpfs (which cannot be swapped or dropped).
+    let (mut vmm, api) = boot(
+        &guest,
+        &scratch,
+        &["--memory", "256M"],
+        "size=160M,deflate_on_oom=on",
+        "llfree.test=squeeze llfree.mib=100",
+    );
+    wait_for(&api, "/balloon", BOOT_TIMEOUT, |b| b["actual_mib"] == 160);
+    vmm.wait_for_line("LLFREE-L2 squeezed", BOOT_TIMEOUT);
+    let survived = vmm.wait_for_line("LLFREE-L2 survived", BOOT_TIMEOUT);
+    let balloon = get(&api, "/balloon");
+    let actual = balloon["actual_mib"].as_u64().unwrap();
+    assert!(actual < 160, "the balloon gave pages back: {balloon:#}");
+    eprintln!("{test}: the balloon deflated to {actual} MiB on OOM; {survived}");
+    shut_down(vmm, &api);
+}
+
+#[test]
+fn free_page_reporting_returns_what_linux_frees_to_the_pool() {
+    let test = "free_page_reporting_returns_what_linux_frees_to_the_pool";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-reporting");
+    let (mut vmm, api) = boot(
+        &guest,
+        &scratch,
+        &["--memory", "512M"],
+        "size=0,free_page_reporting=on",
+        "llfree.test=fill llfree.mib=128",
+    );
+    vmm.wait_for_line("LLFREE-L2 filled", BOOT_TIMEOUT);
+    let memory = get(&api, "/memory");
+    let filled = memory["pool"]["free_bytes"].as_u64().unwrap();
+    let discarded = memory["guest"]["discarded_chunks"].as_u64().unwrap();
+    vmm.wait_for_line("LLFREE-L2 freed", BOOT_TIMEOUT);
+    let freed_at = Instant::now();
+    // Linux reports free blocks of 2 MiB (pageblock order) 2 s after they are freed; some
+    // blocks of the file share their 2 MiB with pages the kernel still uses.
+    let back = wait_for(&api, "/memory", BOOT_TIMEOUT, |m| {
+        m["pool"]["free_bytes"].as_u64().unwrap() >= filled + 96 * MIB
+    });
+    let took = freed_at.elapsed();
+    let gained = back["pool"]["free_bytes"].as_u64().unwrap() - filled;
+    eprintln!(
+        "{test}: {} MiB back in the pool {took:.2?} after Linux freed 128 MiB",
+        gained / MIB
+    );
+    // Whole chunks went back: reported, discarded, their frames freed.
+    let chunks = back["guest"]["discarded_chunks"].as_u64().unwrap() - discarded;
+    assert!(chunks >= 48, "{back:#}");
+    shut_down(vmm, &api);
 }

@@ -1,22 +1,23 @@
 //! End-to-end: `vmm run --kernel` through the Linux boot path.
 //!
-//! * A real kernel boots to its banner where the host has hardware virtualization (`vmx` or
-//!   `svm` in /proc/cpuinfo) and a kernel is at hand (`LLFREE_VMM_TEST_KERNEL`, or the newest
-//!   `/boot/vmlinuz-*`); elsewhere (e.g. on PVM, which cannot run a stock kernel) it prints
-//!   SKIP. The guest kernel needs CONFIG_SERIAL_8250_CONSOLE for the console; without an initrd
-//!   it panics at the root mount and `panic=1` resets the VM, which ends `vmm run`.
+//! * A real Linux (see `linux_common`) boots to its init with 1, 2 and 4 vCPUs, every CPU
+//!   online, on plain memory and 2 MiB and 1 GiB huge pages, populated lazily and eagerly;
+//!   `reboot` (through the i8042, the default command line's reboot=k), a panic with panic=1
+//!   and Ctrl-Alt-Del from the API end `vmm run` with status 7.
 //! * A minimal 64-bit ELF "kernel" (hand-assembled below) runs everywhere KVM does: it takes
 //!   the command line from the zero page the VMM wrote (with `virtio_mmio.device=` for a
 //!   `--balloon`), prints it on COM1 and triple-faults, which a Linux guest's run treats as a
 //!   reset. (tests/tests/linux_balloon.rs drives Linux's balloon driver where Linux boots.)
 
+mod linux_common;
 mod vmm_common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e_tests::{elf_kernel, hardware_virtualization, kvm_available};
-use vmm_common::{Scratch, VmmRun};
+use e2e_tests::{elf_kernel, kvm_available, GUEST_RESET_LINE};
+use guest_mem::testing::HugePages;
+use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{client, Scratch, VmmRun};
 
 /// Prints the NUL-terminated command line at `[RSI + 0x228]` (the zero page's `cmd_line_ptr`)
 /// and a newline on port 0x3f8, then executes UD2 with no usable IDT: a triple fault.
@@ -33,6 +34,14 @@ const PRINT_CMDLINE: &[u8] = &[
     0xb0, 0x0a, // mov al, '\n'
     0xee, // out dx, al
     0x0f, 0x0b, // ud2
+];
+
+/// Sends the i8042 its CPU reset command (0xfe to port 0x64), as Linux's reboot=k does, then
+/// waits.
+const I8042_RESET: &[u8] = &[
+    0xb0, 0xfe, // mov al, 0xfe
+    0xe6, 0x64, // out 0x64, al
+    0xeb, 0xfe, // jmp $
 ];
 
 /// Writes its counter to the read-only MagicValue register of the virtio-mmio device at
@@ -66,7 +75,7 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
             "--populate",
             populate,
         ]);
-        run.assert_success();
+        run.assert_guest_reset();
         assert_eq!(run.stdout, "console=ttyS0 reboot=k panic=1 pci=off\n");
     }
     let run = VmmRun::run(&[
@@ -77,7 +86,7 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
         "--cmdline",
         "console=ttyS0 llfree.test=1 -- init-arg",
     ]);
-    run.assert_success();
+    run.assert_guest_reset();
     assert_eq!(run.stdout, "console=ttyS0 llfree.test=1 -- init-arg\n");
     // The balloon is announced to Linux in its virtio-mmio slot, before the init arguments.
     let run = VmmRun::run(&[
@@ -90,10 +99,31 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
         "--cmdline",
         "console=ttyS0 -- init-arg",
     ]);
-    run.assert_success();
+    run.assert_guest_reset();
     assert_eq!(
         run.stdout,
         "console=ttyS0 virtio_mmio.device=4K@0xc0000000:5 -- init-arg\n"
+    );
+}
+
+#[test]
+fn the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_needs_a_keyboard() {
+    if !kvm_available("the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_needs_a_keyboard") {
+        return;
+    }
+    let scratch = Scratch::new("i8042-reset");
+    let kernel = scratch.path("vmlinux");
+    std::fs::write(&kernel, elf_kernel(I8042_RESET)).unwrap();
+    let started = Instant::now();
+    VmmRun::run(&["--kernel", &kernel, "--memory", "64M"]).assert_guest_reset();
+    eprintln!("i8042 reset: vmm ran {:.1?}", started.elapsed());
+    // The test guest has no keyboard controller.
+    let socket = scratch.path("api.sock");
+    let (_vmm, _api) =
+        VmmRun::start_paused(&["--memory", "16M", "--workload", "checkpoint:1"], &socket);
+    client(&["ctrl-alt-del", "--socket", &socket]).assert_fails(
+        5,
+        "the VM has no keyboard controller (only Linux guests have an i8042)",
     );
 }
 
@@ -114,10 +144,10 @@ fn a_guest_hammering_a_device_register_gets_rate_limited_warnings_on_stderr() {
         "size=0",
     ];
     let run = VmmRun::run(&args);
-    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.code, Some(7), "{run:#?}");
     // Warnings 1, 2, 4, ..., 512 of the 1000: ten lines, each with its count.
     let stderr = run.stderr_besides_notes();
-    let lines: Vec<&str> = stderr.lines().collect();
+    let lines: Vec<&str> = stderr.lines().filter(|l| *l != GUEST_RESET_LINE).collect();
     assert_eq!(lines.len(), 10, "{run:#?}");
     for (line, count) in lines.iter().zip((0..10).map(|n| 1 << n)) {
         assert!(
@@ -131,62 +161,137 @@ fn a_guest_hammering_a_device_register_gets_rate_limited_warnings_on_stderr() {
     let mut quiet = args.to_vec();
     quiet.extend(["--log-level", "error"]);
     let run = VmmRun::run(&quiet);
-    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""), "{run:#?}");
+    run.assert_guest_reset();
+    assert_eq!(run.stderr, format!("{GUEST_RESET_LINE}\n"), "{run:#?}");
 }
 
-/// Why a real kernel cannot be booted here, if it cannot.
-fn real_kernel() -> Result<PathBuf, String> {
-    hardware_virtualization()?;
-    if let Some(path) = std::env::var_os("LLFREE_VMM_TEST_KERNEL") {
-        return Ok(path.into());
-    }
-    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
-        .map_err(|e| format!("no kernel: /boot: {e}"))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
-        })
-        .collect();
-    kernels.sort();
-    kernels
-        .pop()
-        .ok_or_else(|| "no kernel: set LLFREE_VMM_TEST_KERNEL or install /boot/vmlinuz-*".into())
+/// Boots the guest with `args` and waits for its init's first line; returns the run and the
+/// line.
+fn boot(guest: &LinuxGuest, args: &[&str]) -> (VmmRun, String) {
+    let mut vmm = VmmRun::start(&guest.args(args));
+    let ready = vmm.wait_for_line("LLFREE-L2 ready", BOOT_TIMEOUT);
+    (vmm, ready)
 }
 
 #[test]
-fn linux_boots_to_its_banner() {
-    let test = "linux_boots_to_its_banner";
-    if !kvm_available(test) {
+fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
+    let test = "linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm";
+    let Some(guest) = LinuxGuest::find(test) else {
         return;
-    }
-    let kernel = match real_kernel() {
-        Ok(kernel) => kernel,
-        Err(why) => {
-            eprintln!("SKIP: {test}: {why}");
-            return;
-        }
     };
-    let kernel = kernel.to_str().unwrap().to_owned();
-    let mut vmm = VmmRun::start(&[
-        "--kernel",
-        &kernel,
-        "--memory",
-        "512M",
-        "--vcpus",
-        "2",
-        "--cmdline",
-        "console=ttyS0 reboot=k panic=1 pci=off",
-    ]);
-    // Without an initrd the kernel panics and resets; stop it if it hangs instead.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while vmm.running() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
+    // 256 MiB of 2 MiB huge pages for the hugetlb-2m runs.
+    let _pages = match HugePages::reserve(2048, 128) {
+        Ok(pages) => pages,
+        Err(why) => return eprintln!("SKIP: {test}: {why}"),
+    };
+    // Every vCPU count, backing and population, each at least once.
+    let cases = [
+        ("1", "anon", "lazy"),
+        ("2", "hugetlb-2m", "eager"),
+        ("4", "anon", "eager"),
+        ("4", "hugetlb-2m", "lazy"),
+    ];
+    for (vcpus, backing, populate) in cases {
+        let started = Instant::now();
+        // The default command line: the init's default test reports and runs `reboot -f`,
+        // which resets through the i8042 (reboot=k).
+        let (vmm, ready) = boot(
+            &guest,
+            &[
+                "--memory",
+                "256M",
+                "--vcpus",
+                vcpus,
+                "--backing",
+                backing,
+                "--populate",
+                populate,
+            ],
+        );
+        let to_init = started.elapsed();
+        let last = vcpus.parse::<u32>().unwrap() - 1;
+        let online = if last == 0 {
+            "0".to_owned()
+        } else {
+            format!("0-{last}")
+        };
+        assert_eq!(field(&ready, "cpus"), Some(vcpus), "{ready}");
+        assert_eq!(field(&ready, "online"), Some(online.as_str()), "{ready}");
+        let run = vmm.wait(Duration::from_secs(60));
+        let to_exit = started.elapsed();
+        run.assert_guest_reset();
+        assert!(run.stdout.contains("smp: Brought up 1 node"), "{run:#?}");
+        eprintln!(
+            "{test}: {vcpus} vCPUs, {backing}, {populate}: init after {to_init:.1?} (guest \
+             uptime {}), vmm ended {:.1?} after the reboot",
+            field(&ready, "uptime").unwrap_or("?"),
+            to_exit - to_init
+        );
     }
-    if vmm.running() {
-        vmm.signal("TERM");
-    }
-    let run = vmm.wait(Duration::from_secs(30));
-    run.assert_success();
-    assert!(run.stdout.contains("Linux version"), "{run:#?}");
+}
+
+#[test]
+fn a_panic_with_panic_1_ends_the_vmm() {
+    let test = "a_panic_with_panic_1_ends_the_vmm";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    // Without the initramfs the kernel cannot mount a root file system and panics; the default
+    // command line's panic=1 reboots a second later.
+    let started = Instant::now();
+    let run = VmmRun::start(&["--kernel", &guest.kernel, "--memory", "128M"]).wait(BOOT_TIMEOUT);
+    run.assert_guest_reset();
+    assert!(
+        run.stdout.contains("Kernel panic - not syncing"),
+        "{run:#?}"
+    );
+    eprintln!(
+        "{test}: vmm ended {:.1?} after its start",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn ctrl_alt_del_through_the_api_reboots_the_guest_and_ends_the_vmm() {
+    let test = "ctrl_alt_del_through_the_api_reboots_the_guest_and_ends_the_vmm";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("ctrl-alt-del");
+    let socket = scratch.path("api.sock");
+    let cmdline = cmdline("llfree.test=idle");
+    let (mut vmm, _) = boot(
+        &guest,
+        &[
+            "--memory",
+            "128M",
+            "--cmdline",
+            &cmdline,
+            "--api-socket",
+            &socket,
+        ],
+    );
+    let sent = client(&["ctrl-alt-del", "--socket", &socket]);
+    assert_eq!(sent.code, Some(0), "{sent:#?}");
+    assert_eq!(sent.stdout, "Ctrl-Alt-Del sent to the guest's keyboard\n");
+    // The idle init never reboots by itself: Linux took the keys for Ctrl-Alt-Del and
+    // restarted (at once, as by default, or through init).
+    vmm.wait_for_line("reboot: Restarting system", Duration::from_secs(60));
+    vmm.wait(Duration::from_secs(60)).assert_guest_reset();
+}
+
+#[test]
+fn linux_boots_on_1g_frames() {
+    let test = "linux_boots_on_1g_frames";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let _pages = match HugePages::reserve(1_048_576, 1) {
+        Ok(pages) => pages,
+        Err(why) => return eprintln!("SKIP: {test}: {why}"),
+    };
+    let (vmm, ready) = boot(&guest, &["--memory", "1G", "--backing", "hugetlb-1g"]);
+    let total: u64 = field(&ready, "memtotal_kib").unwrap().parse().unwrap();
+    assert!(total > 900 * 1024, "{ready}");
+    vmm.wait(Duration::from_secs(60)).assert_guest_reset();
 }

@@ -201,7 +201,7 @@ fn a_kernel_on_a_host_without_hardware_virtualization_is_warned_about() {
     let kernel = scratch.path("vmlinux");
     std::fs::write(&kernel, elf_kernel(UD2)).unwrap();
     let run = VmmRun::run(&["--memory", "64M", "--kernel", &kernel]);
-    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.code, Some(7), "{run:#?}");
     let warned = run
         .stderr
         .lines()

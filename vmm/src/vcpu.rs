@@ -240,6 +240,18 @@ impl Vcpu {
                     "vCPU {index}: guest memory fault at {gpa:#x}+{size:#x}"
                 )))
             }
+            VcpuExit::X86Rdmsr(msr) => {
+                log::debug!("vCPU {index}: read of unknown MSR {:#x}: #GP", msr.index);
+                *msr.error = 1;
+            }
+            VcpuExit::X86Wrmsr(msr) => {
+                log::debug!(
+                    "vCPU {index}: write of {:#x} to unknown MSR {:#x}: #GP",
+                    msr.data,
+                    msr.index
+                );
+                *msr.error = 1;
+            }
             VcpuExit::Intr => {}
             other => {
                 return Some(VcpuExitReason::Failed(format!(

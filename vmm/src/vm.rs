@@ -19,8 +19,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_bindings::{
+    kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_CAP_X86_USER_SPACE_MSR,
+    KVM_MSR_EXIT_REASON_UNKNOWN, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::vcpu::{self, Buses, Vcpu, VcpuExitReason};
@@ -101,6 +104,23 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
+/// Has KVM hand accesses to MSRs it does not know to the vCPU loop, which answers them as a CPU
+/// without them does (a #GP) without KVM logging each one in the host's kernel log (a guest
+/// probing, e.g. Linux's AMD PMU check writing MSR 0xc0010007, would fill it). Where KVM lacks
+/// the capability, it keeps doing both itself.
+fn take_unknown_msrs(kvm: &Kvm, fd: &VmFd) -> Result<(), VmError> {
+    if !kvm.check_extension(Cap::X86UserSpaceMsr) {
+        return Ok(());
+    }
+    let mut cap = kvm_enable_cap {
+        cap: KVM_CAP_X86_USER_SPACE_MSR,
+        ..Default::default()
+    };
+    cap.args[0] = u64::from(KVM_MSR_EXIT_REASON_UNKNOWN);
+    fd.enable_cap(&cap)
+        .map_err(kvm_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))
+}
+
 impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     /// Creates a VM over `memory` (one memslot per region) with `vcpu_count` vCPUs, an in-kernel
     /// irqchip (PIC, IOAPIC, LAPICs) and PIT.
@@ -123,6 +143,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+        take_unknown_msrs(&kvm, &fd)?;
         register_memslots(&kvm, &fd, memory.as_ref())?;
         let vcpus = (0..vcpu_count)
             .map(|index| {

@@ -6,6 +6,7 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,17 @@ use vmm::api::ApiClient;
 /// The `vmm` command.
 pub const VMM: &str = env!("CARGO_BIN_EXE_vmm-cli");
 
-fn collect(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+/// Reads `pipe` to its end on a thread of its own, keeping what came so far in `so_far`.
+fn collect(
+    mut pipe: impl Read + Send + 'static,
+    so_far: Arc<Mutex<Vec<u8>>>,
+) -> JoinHandle<String> {
     std::thread::spawn(move || {
-        let mut text = Vec::new();
-        let _ = pipe.read_to_end(&mut text);
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = pipe.read(&mut buf) {
+            so_far.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+        let text = so_far.lock().unwrap();
         String::from_utf8_lossy(&text).into_owned()
     })
 }
@@ -26,6 +34,8 @@ fn collect(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
 /// A `vmm run` process, killed if the test ends before it does.
 pub struct VmmRun {
     child: Child,
+    /// What the process wrote on stdout so far.
+    stdout_so_far: Arc<Mutex<Vec<u8>>>,
     stdout: Option<JoinHandle<String>>,
     stderr: Option<JoinHandle<String>>,
 }
@@ -41,10 +51,12 @@ impl VmmRun {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start vmm run");
-        let stdout = collect(child.stdout.take().unwrap());
-        let stderr = collect(child.stderr.take().unwrap());
+        let stdout_so_far = Arc::default();
+        let stdout = collect(child.stdout.take().unwrap(), Arc::clone(&stdout_so_far));
+        let stderr = collect(child.stderr.take().unwrap(), Arc::default());
         VmmRun {
             child,
+            stdout_so_far,
             stdout: Some(stdout),
             stderr: Some(stderr),
         }
@@ -53,6 +65,36 @@ impl VmmRun {
     /// Runs `vmm run ARGS` to its end (at most 120 s).
     pub fn run(args: &[&str]) -> Finished {
         Self::start(args).wait(Duration::from_secs(120))
+    }
+
+    /// Waits until a line of stdout contains `text` (at most `timeout`) and returns the line.
+    /// Panics with what came so far when the process ends or the time is up first.
+    pub fn wait_for_line(&mut self, text: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let find = |so_far: &Mutex<Vec<u8>>| {
+            String::from_utf8_lossy(&so_far.lock().unwrap())
+                .lines()
+                .find(|line| line.contains(text))
+                .map(str::to_owned)
+        };
+        loop {
+            let ended = !self.running();
+            if ended || Instant::now() >= deadline {
+                // What the process wrote last may still be on its way through the pipe.
+                std::thread::sleep(Duration::from_millis(300));
+                return find(&self.stdout_so_far).unwrap_or_else(|| {
+                    panic!(
+                        "no line with {text:?} after {timeout:?} (the VMM {}): {}",
+                        if ended { "ended" } else { "runs" },
+                        String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap())
+                    )
+                });
+            }
+            if let Some(line) = find(&self.stdout_so_far) {
+                return line;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The process id.

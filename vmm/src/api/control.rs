@@ -50,6 +50,14 @@ pub trait VmmControl: Send + Sync {
     /// Asks the VM to stop; returns without waiting (`PUT /actions` Shutdown).
     fn shutdown(&self) -> Result<(), ControlError>;
 
+    /// Presses Ctrl-Alt-Del on the guest's keyboard (`PUT /actions` SendCtrlAltDel); a VM
+    /// without one refuses.
+    fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
+        Err(ControlError::InvalidState(
+            "the VM has no keyboard controller (only Linux guests have an i8042)".into(),
+        ))
+    }
+
     /// The balloon's configuration and size (`GET /balloon`).
     fn balloon(&self) -> Result<BalloonInfo, ControlError> {
         Err(ControlError::BalloonNotConfigured)

@@ -381,6 +381,9 @@ pub struct ActionRequest {
 pub enum ActionType {
     /// Stop the VM: the vCPUs leave the guest and `vmm run` exits.
     Shutdown,
+    /// Press Ctrl-Alt-Del on the guest's keyboard (an i8042, Linux guests only): Linux sends
+    /// SIGINT to its init, which usually reboots, and a reboot ends `vmm run`.
+    SendCtrlAltDel,
 }
 
 /// The body of every error response.

@@ -5,7 +5,7 @@
 //! | `/`, `/machine`       | GET    |                                             | [`MachineInfo`]  |
 //! | `/memory`             | GET    |                                             | [`MemoryInfo`]   |
 //! | `/vm`                 | PATCH  | `{"state": "Paused" \| "Resumed"}`          | 204              |
-//! | `/actions`            | PUT    | `{"action_type": "Shutdown"}`               | 204              |
+//! | `/actions`            | PUT    | `{"action_type": "Shutdown" \| "SendCtrlAltDel"}` | 204       |
 //! | `/balloon`            | GET    |                                             | [`BalloonInfo`]  |
 //! | `/balloon`            | PUT    | `{"amount_mib": N}`                         | 204              |
 //! | `/balloon`            | PATCH  | `{"amount_mib"?: N, "stats_polling_interval_s"?: N}` | 204     |
@@ -120,6 +120,7 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Resource::Actions, Method::Put) => {
             body::<ActionRequest>(request, path).map(|r| match r.action_type {
                 ActionType::Shutdown => done(control.shutdown()),
+                ActionType::SendCtrlAltDel => done(control.send_ctrl_alt_del()),
             })
         }
         (Resource::Balloon, Method::Get) => Ok(reply(control.balloon())),

@@ -56,6 +56,9 @@ pub enum Command {
     Resume(SocketArgs),
     /// Stop the VM; `vmm run` then exits (PUT /actions {"action_type":"Shutdown"}).
     Shutdown(SocketArgs),
+    /// Press Ctrl-Alt-Del on a Linux guest's keyboard: its init usually reboots, which ends
+    /// `vmm run` (PUT /actions {"action_type":"SendCtrlAltDel"}).
+    CtrlAltDel(SocketArgs),
     /// Set or show the balloon (/balloon resources).
     #[command(arg_required_else_help = false)]
     Balloon(BalloonArgs),

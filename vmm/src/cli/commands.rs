@@ -30,6 +30,13 @@ pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
     }
     match crate::run(config) {
         Ok(RunOutcome::Success) => ExitStatus::Success,
+        Ok(RunOutcome::GuestReset) => {
+            eprintln!(
+                "the guest reset the VM (reboot, a panic with panic=N, or a triple fault); a \
+                 microVM does not restart"
+            );
+            ExitStatus::GuestReset
+        }
         Ok(RunOutcome::GuestFailure(why)) => {
             fail(ExitStatus::GuestFailure, format!("the guest failed: {why}"))
         }

@@ -13,6 +13,8 @@ Exit status:
      could not be reached
   5  the API answered with an error (non-2xx); its fault message is printed
   6  `vmm run`: an API client stopped the VM (PUT /actions Shutdown) before the guest finished
+  7  `vmm run`: the guest reset the VM (Linux: `reboot`, a panic with panic=N, a triple
+     fault): a microVM does not restart, the VMM ends
 130  `vmm run`: SIGINT (Ctrl-C) stopped the VM before the guest finished (128 + 2, as shells do)
 143  `vmm run`: SIGTERM stopped the VM before the guest finished (128 + 15)";
 
@@ -34,6 +36,8 @@ pub enum ExitStatus {
     ApiError = 5,
     /// An API client stopped the VM before the guest finished.
     StoppedByApi = 6,
+    /// The guest reset the VM (reboot, a panic with panic=N, a triple fault).
+    GuestReset = 7,
     /// SIGINT stopped the VM before the guest finished.
     Interrupted = 130,
     /// SIGTERM stopped the VM before the guest finished.
@@ -67,6 +71,7 @@ mod tests {
             ExitStatus::Runtime,
             ExitStatus::ApiError,
             ExitStatus::StoppedByApi,
+            ExitStatus::GuestReset,
         ];
         for (expected, status) in all.into_iter().enumerate() {
             assert_eq!(status.code() as usize, expected);

@@ -21,6 +21,7 @@
 //! | 4 | runtime error: the VMM failed, or the API socket could not be reached |
 //! | 5 | the API answered with an error status |
 //! | 6 | `vmm run`: an API client stopped the VM before the guest finished |
+//! | 7 | `vmm run`: the guest reset the VM (reboot, a panic with panic=N, a triple fault) |
 //! | 130, 143 | `vmm run`: SIGINT or SIGTERM stopped the VM before the guest finished |
 
 mod args;
@@ -87,6 +88,11 @@ where
             &socket.socket,
             ("PUT", "/actions", r#"{"action_type":"Shutdown"}"#),
             "shutdown requested: the VM stops and `vmm run` exits",
+        ),
+        Command::CtrlAltDel(socket) => commands::action(
+            &socket.socket,
+            ("PUT", "/actions", r#"{"action_type":"SendCtrlAltDel"}"#),
+            "Ctrl-Alt-Del sent to the guest's keyboard",
         ),
         Command::Balloon(balloon) => commands::balloon(&balloon.socket.socket, balloon.action),
     }

@@ -84,6 +84,22 @@ impl VmmControl for Session {
         Ok(())
     }
 
+    fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
+        self.started_control()?;
+        let keyboard = self.keyboard().ok_or_else(|| {
+            ControlError::InvalidState(
+                "the VM has no keyboard controller (only Linux guests have an i8042)".into(),
+            )
+        })?;
+        if keyboard.send_ctrl_alt_del() {
+            Ok(())
+        } else {
+            Err(ControlError::InvalidState(
+                "the guest's keyboard is disabled or has not read its last keys".into(),
+            ))
+        }
+    }
+
     fn balloon(&self) -> Result<BalloonInfo, ControlError> {
         let balloon = self.configured_balloon()?;
         let info = balloon.info();

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::console::Console;
 use super::devices::VirtioMmioDevices;
@@ -23,6 +24,7 @@ use crate::arch::x86_64::{
 };
 use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
 use crate::cli::LinuxConfig;
+use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vcpu::Buses;
 use crate::vm::control::StopReason;
@@ -71,16 +73,33 @@ pub(super) fn run(
         .pio
         .insert(console.serial().clone(), SERIAL_PORT_BASE, SERIAL_PORT_SIZE)
         .map_err(DeviceError::Bus)?;
+    let keyboard = Arc::new(I8042Device::new(
+        EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?,
+    ));
+    vm.fd()
+        .register_irqfd(keyboard.irq_evt(), I8042_IRQ)
+        .map_err(|source| DeviceError::Kvm {
+            what: "KVM_IRQFD",
+            source,
+        })?;
+    buses
+        .pio
+        .insert(keyboard.clone(), I8042_PORT_BASE, I8042_PORT_SIZE)
+        .map_err(DeviceError::Bus)?;
     devices.attach(vm.fd(), &mut buses)?;
 
     let running = vm.start(Arc::new(buses))?;
+    keyboard.set_control(running.control().clone());
+    session.attach_keyboard(keyboard);
     session.start_guest(&running);
     match running.wait() {
         StopReason::Requested => Ok(RunOutcome::Stopped(
             session.stop_cause().unwrap_or(StopCause::Api),
         )),
-        // A reset (Linux reboots on panic=1 and reboot=k) or power-off ends the VM.
-        StopReason::GuestShutdown { .. } | StopReason::AllHalted => Ok(RunOutcome::Success),
+        // A reset (Linux reboots through the i8042 with reboot=k, by a triple fault with
+        // reboot=t, and so on panic=N) ends the VM: a microVM does not restart.
+        StopReason::GuestShutdown { .. } | StopReason::GuestReset => Ok(RunOutcome::GuestReset),
+        StopReason::AllHalted => Ok(RunOutcome::Success),
         StopReason::GuestExit(status) => Ok(RunOutcome::GuestFailure(format!(
             "the guest exited with status {status}"
         ))),

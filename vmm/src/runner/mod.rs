@@ -52,9 +52,10 @@ use session::Session;
 /// How a VM run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunOutcome {
-    /// The guest finished its work (test guest: every step passed; Linux: reset or powered
-    /// off).
+    /// The guest finished its work (test guest: every step passed; Linux: halted).
     Success,
+    /// The guest reset the VM (Linux: `reboot`, a panic with panic=N, a triple fault).
+    GuestReset,
     /// The guest reported a failure, described here.
     GuestFailure(String),
     /// Its owner stopped the VM before the guest finished.

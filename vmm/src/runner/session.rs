@@ -9,6 +9,7 @@ use guest_mem::{FaultError, GuestMemory};
 use super::{RunError, RunOutcome, StopCause};
 use crate::cli::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
+use crate::devices::i8042::I8042Device;
 use crate::testguest::TestGuestError;
 use crate::vm::control::{StopReason, VmControl};
 use crate::vm::RunningVm;
@@ -47,6 +48,8 @@ pub(super) struct Session {
     balloon: Option<BalloonHandle>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
+    /// The keyboard controller of a Linux guest, once it is on the bus.
+    keyboard: OnceLock<Arc<I8042Device>>,
     /// Where the run is; changes are announced on `phase_changed`.
     phase: Mutex<Phase>,
     phase_changed: Condvar,
@@ -65,6 +68,7 @@ impl Session {
             memory,
             balloon,
             control: OnceLock::new(),
+            keyboard: OnceLock::new(),
             phase: Mutex::new(Phase::Setup),
             phase_changed: Condvar::new(),
             stop_cause: Mutex::new(None),
@@ -85,6 +89,16 @@ impl Session {
     /// The balloon, if the VM has one.
     pub fn balloon_handle(&self) -> Option<&BalloonHandle> {
         self.balloon.as_ref()
+    }
+
+    /// Makes `keyboard` the VM's keyboard controller (for Ctrl-Alt-Del); the first one stays.
+    pub fn attach_keyboard(&self, keyboard: Arc<I8042Device>) {
+        let _ = self.keyboard.set(keyboard);
+    }
+
+    /// The keyboard controller, if the VM has one.
+    pub fn keyboard(&self) -> Option<&Arc<I8042Device>> {
+        self.keyboard.get()
     }
 
     /// The run control, once the VM has started.

@@ -71,6 +71,11 @@ fn outcome(
         StopReason::VcpuFailed { message, .. } => {
             return Err(RunError::VcpuFailed(message.clone()))
         }
+        StopReason::GuestReset => {
+            return Ok(RunOutcome::GuestFailure(
+                "the guest reset the VM through the i8042".into(),
+            ))
+        }
         StopReason::GuestShutdown { vcpu } => {
             return Ok(RunOutcome::GuestFailure(format!(
                 "vCPU {vcpu} crashed (triple fault) or asked for a reset"

@@ -101,9 +101,9 @@ impl Report {
             return exit_code::TIMEOUT;
         }
         match self.stop_reason {
-            StopReason::GuestShutdown { .. } | StopReason::VcpuFailed { .. } => {
-                return exit_code::VM_ERROR
-            }
+            StopReason::GuestShutdown { .. }
+            | StopReason::GuestReset
+            | StopReason::VcpuFailed { .. } => return exit_code::VM_ERROR,
             StopReason::GuestExit(exit_status::VERIFY_FAILED) => return exit_code::VERIFY_FAILED,
             StopReason::GuestExit(exit_status::SUCCESS) => {}
             _ => return exit_code::GUEST_ERROR,

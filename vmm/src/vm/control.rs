@@ -45,6 +45,8 @@ pub enum StopReason {
         /// Index of the vCPU.
         vcpu: usize,
     },
+    /// The guest reset the machine through a device (the i8042's CPU reset).
+    GuestReset,
     /// Every vCPU halted with interrupts off.
     AllHalted,
     /// A vCPU failed: a KVM error, a failed entry, an internal error or a memory fault.

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# The real-Linux end-to-end tests (tests/tests/linux_*.rs), run for real on this host.
+#
+# Where /proc/cpuinfo shows vmx or svm, the tests boot the L2 kernel built here directly in our
+# VMM. Elsewhere (e.g. a PVM /dev/kvm, which cannot run a stock kernel) they run one level
+# down: QEMU in TCG mode with `-cpu max` emulates an AMD CPU with SVM; Debian's 6.1 kernel
+# there (L1) loads kvm_amd, and the test binaries run inside it against its /dev/kvm.
+#
+# Stages, all idempotent: packages (apt), the L2 kernel (Debian's linux-source-6.1, tinyconfig
+# plus l2.config; cached outside the clone, keyed by its configuration), the L1 kernel
+# (Debian's linux-image, unpacked), the L2 initramfs (busybox and l2-init), the workspace's test
+# binaries, then the run. Ends with the test runners' summary lines; exits non-zero if a test
+# failed, printed SKIP, or QEMU did not finish within its time limit.
+#
+# Usage (as root on Debian 12): tests/linux-nested/run.sh [TEST-NAME-FILTER]
+# Environment:
+#   LLFREE_NESTED_CACHE    cache of kernels (default /var/cache/llfree-vmm-nested)
+#   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 1500)
+#   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
+#   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
+#   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
+#                          (boot time to init, free page reporting; l1-bench)
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CACHE=${LLFREE_NESTED_CACHE:-/var/cache/llfree-vmm-nested}
+WORK=$ROOT/target/linux-nested
+TIMEOUT=${LLFREE_NESTED_TIMEOUT:-1500}
+FILTER=${1:-}
+ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
+# The test binaries with real-Linux tests.
+TESTS=(linux_boot linux_balloon)
+PACKAGES=(qemu-system-x86 busybox-static linux-source-6.1 flex bison bc cpio gcc make
+    libelf-dev libssl-dev xz-utils)
+
+log() { printf '== %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+install_packages() {
+    local missing=()
+    for package in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$package")
+    done
+    [ ${#missing[@]} -eq 0 ] && return
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        >/dev/null
+}
+
+# Builds the L2 kernel unless the cache has it; prints its path.
+l2_kernel() {
+    local source=/usr/src/linux-source-6.1.tar.xz version key dir
+    version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
+    key=$( (echo "$version"; cat "$HERE/l2.config") | sha256sum | cut -c1-16)
+    dir=$CACHE/l2-$key
+    if [ ! -f "$dir/bzImage" ]; then
+        log "building the L2 kernel (linux-source $version, tinyconfig + l2.config)"
+        rm -rf "$dir" && mkdir -p "$dir/build"
+        tar -xJf "$source" -C "$dir/build" --strip-components=1
+        (
+            cd "$dir/build"
+            make -s tinyconfig
+            scripts/kconfig/merge_config.sh -m .config "$HERE/l2.config" >/dev/null
+            make -s olddefconfig
+            # Every option of the fragment must have survived the dependency resolution.
+            grep -E '^CONFIG_[A-Z0-9_]+=' "$HERE/l2.config" | while read -r option; do
+                grep -qx "$option" .config || die "the L2 kernel lacks $option"
+            done
+            nice make -s -j"$(nproc)" bzImage
+        ) >&2
+        cp "$dir/build/arch/x86/boot/bzImage" "$dir/bzImage"
+        rm -rf "$dir/build"
+    fi
+    echo "$dir/bzImage"
+}
+
+# Unpacks Debian's current 6.1 kernel image (vmlinuz and the KVM modules) unless the cache has
+# it; prints the directory.
+l1_kernel() {
+    local package dir
+    package=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-6/ { print $2; exit }')
+    [ -n "$package" ] || die "apt knows no linux-image-6.* package"
+    dir=$CACHE/l1-$package
+    if [ ! -d "$dir/boot" ]; then
+        log "unpacking $package (the L1 kernel)"
+        rm -rf "$dir" "$CACHE/debs" && mkdir -p "$CACHE/debs"
+        (cd "$CACHE/debs" && apt-get download -qq -o APT::Sandbox::User=root "$package") >&2
+        dpkg -x "$CACHE"/debs/"$package"_*.deb "$dir"
+        rm -rf "$CACHE/debs"
+    fi
+    echo "$dir"
+}
+
+# A gzip'd newc initramfs of directory $1 at $2.
+pack() {
+    (cd "$1" && find . | cpio -o -H newc --quiet | gzip -1) >"$2"
+}
+
+l2_initramfs() {
+    local root=$WORK/l2-root
+    rm -rf "$root" && mkdir -p "$root"/{bin,dev,proc,sys,tmp}
+    cp /bin/busybox "$root/bin/busybox"
+    cp "$HERE/l2-init" "$root/init"
+    pack "$root" "$WORK/l2-initrd.gz"
+}
+
+# Builds vmm and the test binaries; prints the binaries' paths.
+build_tests() {
+    local args=()
+    for test in "${TESTS[@]}"; do args+=(--test "$test"); done
+    (cd "$ROOT" && cargo build --release -q -p vmm -p e2e-tests --bins >&2)
+    (cd "$ROOT" && cargo test --release -q -p e2e-tests "${args[@]}" --no-run \
+        --message-format=json 2>/dev/null) |
+        sed -n 's/.*"executable":"\([^"]*\/deps\/[^"]*\)".*/\1/p'
+}
+
+hardware_virtualization() {
+    grep -qwE 'vmx|svm' /proc/cpuinfo
+}
+
+# Copies the shared libraries of binary $1 into root $2.
+copy_libraries() {
+    local library
+    for library in $(ldd "$1" | grep -o '/[^ ]*'); do
+        mkdir -p "$2$(dirname "$library")"
+        cp -L "$library" "$2$library"
+    done
+}
+
+# The L1 initramfs: busybox, l1-init, the KVM modules, the test binaries and the vmm-cli they
+# spawn (at the absolute path compiled into them), the L2 kernel and initramfs.
+l1_initramfs() {
+    local l1=$1 kernel=$2 root=$WORK/l1-root binary modules release
+    shift 2
+    rm -rf "$root" && mkdir -p "$root"/{bin,dev,proc,sys,tmp,tests,l2,modules}
+    cp /bin/busybox "$root/bin/busybox"
+    cp "$HERE/l1-init" "$root/init"
+    release=$(ls "$l1/lib/modules")
+    modules=$l1/lib/modules/$release/kernel
+    for module in virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko drivers/crypto/ccp/ccp.ko \
+        arch/x86/kvm/kvm-amd.ko; do
+        cp "$modules/$module" "$root/modules/"
+    done
+    for binary in "$@"; do
+        cp "$binary" "$root/tests/"
+        copy_libraries "$binary" "$root"
+    done
+    mkdir -p "$root$ROOT/target/release"
+    cp "$ROOT/target/release/vmm-cli" "$root$ROOT/target/release/vmm-cli"
+    cp "$ROOT/target/release/vmm" "$root/bin/vmm"
+    copy_libraries "$ROOT/target/release/vmm-cli" "$root"
+    cp "$kernel" "$root/l2/bzImage"
+    cp "$WORK/l2-initrd.gz" "$root/l2/initrd.gz"
+    echo "$FILTER" >"$root/tests/filter"
+    echo "$ROUNDS" >"$root/tests/rounds"
+    if [ "${LLFREE_NESTED_BENCH:-0}" = 1 ]; then
+        mkdir -p "$root/bench" "$root/qemu"
+        cp "$HERE/l1-bench" "$root/bench/run"
+        cp "$ROOT/target/release/linux-guest-bench" "$root/bench/"
+        cp /usr/bin/qemu-system-x86_64 /usr/share/qemu/bios-microvm.bin "$root/qemu/"
+        copy_libraries /usr/bin/qemu-system-x86_64 "$root"
+    fi
+    pack "$root" "$WORK/l1-initrd.gz"
+}
+
+# Runs the tests in QEMU; prints L1's console, one line at a time, as it comes.
+run_in_qemu() {
+    local l1=$1
+    log "booting L1 in QEMU/TCG (limit ${TIMEOUT} s)"
+    timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=single -cpu max \
+        -smp 2 -m 6G -nographic -no-reboot \
+        -kernel "$l1"/boot/vmlinuz-* -initrd "$WORK/l1-initrd.gz" \
+        -append "console=ttyS0 panic=-1 loglevel=4 hugepagesz=1G hugepages=1" \
+        -monitor unix:"$WORK/monitor.sock",server,nowait </dev/null
+}
+
+run_directly() {
+    local kernel=$1 binary status=0
+    shift
+    export LLFREE_VMM_TEST_KERNEL=$kernel LLFREE_VMM_TEST_INITRD=$WORK/l2-initrd.gz
+    for binary in "$@"; do
+        "$binary" --test-threads=1 --nocapture ${FILTER:+"$FILTER"} 2>&1 || status=1
+    done
+    return $status
+}
+
+main() {
+    [ "$(id -u)" -eq 0 ] || die "run as root (packages, KVM, huge pages)"
+    mkdir -p "$CACHE" "$WORK"
+    install_packages
+    local kernel l1 binaries output status=0
+    kernel=$(l2_kernel)
+    l2_initramfs
+    mapfile -t binaries < <(build_tests)
+    [ ${#binaries[@]} -eq ${#TESTS[@]} ] || die "expected ${#TESTS[@]} test binaries: ${binaries[*]}"
+    output=$WORK/output.log
+    if hardware_virtualization && [ "${LLFREE_NESTED_FORCE:-0}" != 1 ]; then
+        log "this host has hardware virtualization: running the tests directly"
+        run_directly "$kernel" "${binaries[@]}" | tee "$output" || status=1
+    else
+        l1=$(l1_kernel)
+        l1_initramfs "$l1" "$kernel" "${binaries[@]}"
+        run_in_qemu "$l1" | tee "$output" || true
+        grep -q '^LLFREE-NESTED-END' "$output" || { log "QEMU did not finish: failed"; status=1; }
+        grep -q '^LLFREE-NESTED-END ok' "$output" || status=1
+    fi
+    log "summary"
+    if [ "${LLFREE_NESTED_BENCH:-0}" = 1 ]; then
+        grep -E '^(L1-BENCH|boot|reporting)' "$output" || status=1
+        return $status
+    fi
+    if grep -q 'SKIP' "$output"; then
+        log "a real-Linux test printed SKIP: failed"
+        status=1
+    fi
+    grep -E '^test result:' "$output" || { log "no test ran"; status=1; }
+    return $status
+}
+
+main

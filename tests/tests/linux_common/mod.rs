@@ -1,0 +1,77 @@
+//! Shared by the real-Linux tests: the guest they boot and the lines its init prints.
+//!
+//! The guest is the kernel and initramfs that `tests/linux-nested/run.sh` builds (Linux 6.1,
+//! tinyconfig plus `tests/linux-nested/l2.config`, busybox and `tests/linux-nested/l2-init`),
+//! named by `LLFREE_VMM_TEST_KERNEL` and `LLFREE_VMM_TEST_INITRD`. `llfree.test=NAME` on the
+//! command line picks what its init does; it reports in lines starting with `LLFREE-L2 `.
+//! Without hardware virtualization (vmx or svm) or without the guest, the tests print SKIP:
+//! run.sh runs them for real, nested in QEMU where the host has neither.
+#![allow(dead_code)] // Each test file uses its own part.
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e_tests::{hardware_virtualization, kvm_available};
+
+/// How long a boot to init may take: under QEMU/TCG (nested) a boot takes 5 to 20 s.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
+/// The VMM's default command line (`vmm run --kernel` without `--cmdline`).
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1 pci=off";
+
+/// The kernel and initramfs of the real-Linux tests.
+pub struct LinuxGuest {
+    /// The kernel (bzImage).
+    pub kernel: String,
+    /// The initramfs with `l2-init`.
+    pub initrd: String,
+}
+
+impl LinuxGuest {
+    /// The guest, or `None` after a SKIP line saying why `test` cannot boot it here.
+    pub fn find(test: &str) -> Option<Self> {
+        if !kvm_available(test) {
+            return None;
+        }
+        match Self::from_env() {
+            Ok(guest) => Some(guest),
+            Err(why) => {
+                eprintln!("SKIP: {test}: {why}; tests/linux-nested/run.sh runs it for real");
+                None
+            }
+        }
+    }
+
+    fn from_env() -> Result<Self, String> {
+        hardware_virtualization()?;
+        let var = |name: &str| {
+            let path = std::env::var(name).map_err(|_| format!("{name} is not set"))?;
+            if Path::new(&path).is_file() {
+                Ok(path)
+            } else {
+                Err(format!("{name}: {path} is not a file"))
+            }
+        };
+        Ok(LinuxGuest {
+            kernel: var("LLFREE_VMM_TEST_KERNEL")?,
+            initrd: var("LLFREE_VMM_TEST_INITRD")?,
+        })
+    }
+
+    /// `vmm run` arguments that boot the guest with `args` after them.
+    pub fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec!["--kernel", &self.kernel, "--initrd", &self.initrd];
+        all.extend_from_slice(args);
+        all
+    }
+}
+
+/// The default command line with `extra` (`llfree.*` options for the guest's init).
+pub fn cmdline(extra: &str) -> String {
+    format!("{DEFAULT_CMDLINE} {extra}")
+}
+
+/// The value of `name=VALUE` in an `LLFREE-L2` line.
+pub fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+}

@@ -1,0 +1,102 @@
+use super::*;
+use crate::vm::control::VmControl;
+
+fn device() -> I8042Device {
+    I8042Device::new(EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap())
+}
+
+fn read(device: &I8042Device, port: u64) -> u8 {
+    let mut byte = [0];
+    device.read(I8042_PORT_BASE, port - I8042_PORT_BASE, &mut byte);
+    byte[0]
+}
+
+fn write(device: &I8042Device, port: u64, byte: u8) {
+    device.write(I8042_PORT_BASE, port - I8042_PORT_BASE, &[byte]);
+}
+
+/// Reads the data port while the status says there is output.
+fn drain(device: &I8042Device) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    while read(device, 0x64) & STATUS_OUTPUT_FULL != 0 {
+        bytes.push(read(device, 0x60));
+    }
+    bytes
+}
+
+#[test]
+fn linux_probe_sequence_gets_the_answers_of_a_real_controller() {
+    let device = device();
+    assert_eq!(read(&device, 0x64) & STATUS_OUTPUT_FULL, 0);
+    write(&device, 0x64, CMD_SELF_TEST);
+    assert_eq!(drain(&device), [SELF_TEST_PASSED]);
+    write(&device, 0x64, CMD_READ_CTR);
+    let ctr = drain(&device)[0];
+    assert_eq!(ctr & CTR_KBD_INTERRUPT, CTR_KBD_INTERRUPT);
+    write(&device, 0x64, CMD_WRITE_CTR);
+    write(&device, 0x60, ctr & !CTR_KBD_INTERRUPT);
+    write(&device, 0x64, CMD_READ_CTR);
+    assert_eq!(drain(&device), [ctr & !CTR_KBD_INTERRUPT]);
+    write(&device, 0x64, CMD_TEST_KBD);
+    assert_eq!(drain(&device), [PORT_TEST_PASSED]);
+    // atkbd: identify, reset, pick scan code set 2, typematic rate, enable.
+    write(&device, 0x60, KBD_GET_ID);
+    assert_eq!(drain(&device), [KBD_ACK, 0xab, 0x83]);
+    write(&device, 0x60, KBD_RESET);
+    assert_eq!(drain(&device), [KBD_ACK, KBD_SELF_TEST_PASSED]);
+    write(&device, 0x60, KBD_SCANCODE_SET);
+    write(&device, 0x60, 0);
+    assert_eq!(drain(&device), [KBD_ACK, KBD_ACK, KBD_SCANCODE_SET_2]);
+    write(&device, 0x60, KBD_SET_TYPEMATIC);
+    write(&device, 0x60, 0x20);
+    write(&device, 0x60, 0xf4);
+    assert_eq!(drain(&device), [KBD_ACK, KBD_ACK, KBD_ACK]);
+    // No mouse: the aux port fails its test, bytes for it get no answer.
+    write(&device, 0x64, CMD_TEST_AUX);
+    assert_ne!(drain(&device), [PORT_TEST_PASSED]);
+    write(&device, 0x64, CMD_WRITE_AUX);
+    write(&device, 0x60, 0xff);
+    assert!(drain(&device).is_empty());
+}
+
+#[test]
+fn ctrl_alt_del_arrives_as_key_presses_with_interrupts() {
+    let device = device();
+    assert!(device.send_ctrl_alt_del());
+    assert_eq!(device.irq_evt().read().unwrap(), 1);
+    assert_eq!(read(&device, 0x60), 0x14);
+    // Each further byte raises the interrupt again.
+    assert_eq!(device.irq_evt().read().unwrap(), 1);
+    let rest = drain(&device);
+    assert_eq!(
+        rest,
+        [0x11, 0xe0, 0x71, 0xe0, 0xf0, 0x71, 0xf0, 0x11, 0xf0, 0x14]
+    );
+    // Empty: the data port repeats the last byte.
+    assert_eq!(read(&device, 0x60), 0x14);
+    // A disabled keyboard gets nothing.
+    write(&device, 0x64, CMD_DISABLE_KBD);
+    assert!(!device.send_ctrl_alt_del());
+}
+
+#[test]
+fn a_guest_that_never_reads_cannot_grow_the_queue() {
+    let device = device();
+    for _ in 0..10_000 {
+        write(&device, 0x60, KBD_GET_ID);
+        write(&device, 0x64, 0x77); // unknown: warned about, rate-limited
+    }
+    assert_eq!(drain(&device).len(), OUTPUT_CAPACITY);
+    assert!(!device.send_ctrl_alt_del() || drain(&device).len() == CTRL_ALT_DEL.len());
+    // Wide accesses are ignored.
+    device.write(I8042_PORT_BASE, 4, &[0xfe, 0xfe]);
+}
+
+#[test]
+fn the_reset_command_stops_the_vm() {
+    let device = device();
+    let control = Arc::new(VmControl::new(1));
+    device.set_control(control.clone());
+    write(&device, 0x64, CMD_RESET_CPU);
+    assert_eq!(control.stop_reason(), Some(StopReason::GuestReset));
+}
