@@ -31,8 +31,11 @@ FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon)
-PACKAGES=(qemu-system-x86 busybox-static linux-source-6.1 flex bison bc cpio gcc make
-    libelf-dev libssl-dev xz-utils)
+PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
+    xz-utils seabios)
+# QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.
+QEMU_SUITE=bookworm-backports
+QEMU_MIN_VERSION=1:10
 
 log() { printf '== %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -43,6 +46,14 @@ install_packages() {
         dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
             || missing+=("$package")
     done
+    local qemu
+    qemu=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
+    if [ -z "$qemu" ] || dpkg --compare-versions "$qemu" lt "$QEMU_MIN_VERSION"; then
+        missing+=("qemu-system-x86/$QEMU_SUITE")
+        grep -rqs "$QEMU_SUITE" /etc/apt/sources.list /etc/apt/sources.list.d \
+            || echo "deb http://deb.debian.org/debian $QEMU_SUITE main" \
+                >/etc/apt/sources.list.d/$QEMU_SUITE.list
+    fi
     [ ${#missing[@]} -eq 0 ] && return
     log "installing ${missing[*]}"
     apt-get update -qq
@@ -160,7 +171,7 @@ l1_initramfs() {
         mkdir -p "$root/bench" "$root/qemu"
         cp "$HERE/l1-bench" "$root/bench/run"
         cp "$ROOT/target/release/linux-guest-bench" "$root/bench/"
-        cp /usr/bin/qemu-system-x86_64 /usr/share/qemu/bios-microvm.bin "$root/qemu/"
+        cp /usr/bin/qemu-system-x86_64 /usr/share/seabios/bios-microvm.bin "$root/qemu/"
         copy_libraries /usr/bin/qemu-system-x86_64 "$root"
     fi
     pack "$root" "$WORK/l1-initrd.gz"
@@ -170,7 +181,7 @@ l1_initramfs() {
 run_in_qemu() {
     local l1=$1
     log "booting L1 in QEMU/TCG (limit ${TIMEOUT} s)"
-    timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=single -cpu max \
+    timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
         -smp 2 -m 6G -nographic -no-reboot \
         -kernel "$l1"/boot/vmlinuz-* -initrd "$WORK/l1-initrd.gz" \
         -append "console=ttyS0 panic=-1 loglevel=4 hugepagesz=1G hugepages=1" \

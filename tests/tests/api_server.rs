@@ -196,8 +196,14 @@ fn unknown_paths_wrong_methods_and_bad_bodies() {
         (
             "PUT",
             "/actions",
-            Some(r#"{"action_type":"SendCtrlAltDel"}"#),
+            Some(r#"{"action_type":"Reboot"}"#),
             "invalid JSON body for PUT /actions: unknown variant",
+        ),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"SendCtrlAltDel"}"#),
+            "the VM has no keyboard controller (only Linux guests have an i8042)",
         ),
         (
             "PUT",

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use kvm_bindings::{
     kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_CAP_X86_USER_SPACE_MSR,
-    KVM_MSR_EXIT_REASON_UNKNOWN, KVM_PIT_SPEAKER_DUMMY,
+    KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
@@ -104,10 +104,10 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
-/// Has KVM hand accesses to MSRs it does not know to the vCPU loop, which answers them as a CPU
-/// without them does (a #GP) without KVM logging each one in the host's kernel log (a guest
-/// probing, e.g. Linux's AMD PMU check writing MSR 0xc0010007, would fill it). Where KVM lacks
-/// the capability, it keeps doing both itself.
+/// Has KVM hand accesses to MSRs it does not know, or refuses, to the vCPU loop, which answers
+/// them as a CPU without them does (a #GP) without KVM logging each one in the host's kernel
+/// log (a guest probing, e.g. Linux's AMD PMU check writing MSR 0xc0010007, would fill it).
+/// Where KVM lacks the capability, it keeps doing both itself.
 fn take_unknown_msrs(kvm: &Kvm, fd: &VmFd) -> Result<(), VmError> {
     if !kvm.check_extension(Cap::X86UserSpaceMsr) {
         return Ok(());
@@ -116,7 +116,7 @@ fn take_unknown_msrs(kvm: &Kvm, fd: &VmFd) -> Result<(), VmError> {
         cap: KVM_CAP_X86_USER_SPACE_MSR,
         ..Default::default()
     };
-    cap.args[0] = u64::from(KVM_MSR_EXIT_REASON_UNKNOWN);
+    cap.args[0] = u64::from(KVM_MSR_EXIT_REASON_UNKNOWN | KVM_MSR_EXIT_REASON_INVAL);
     fd.enable_cap(&cap)
         .map_err(kvm_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))
 }

@@ -67,15 +67,16 @@ impl VmmRun {
         Self::start(args).wait(Duration::from_secs(120))
     }
 
-    /// Waits until a line of stdout contains `text` (at most `timeout`) and returns the line.
+    /// Waits until a whole line of stdout contains `text` (at most `timeout`) and returns it.
     /// Panics with what came so far when the process ends or the time is up first.
     pub fn wait_for_line(&mut self, text: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
+        // Whole lines only: the last one may still be on its way.
         let find = |so_far: &Mutex<Vec<u8>>| {
             String::from_utf8_lossy(&so_far.lock().unwrap())
-                .lines()
-                .find(|line| line.contains(text))
-                .map(str::to_owned)
+                .split_inclusive('\n')
+                .find(|line| line.ends_with('\n') && line.contains(text))
+                .map(|line| line.trim_end().to_owned())
         };
         loop {
             let ended = !self.running();
