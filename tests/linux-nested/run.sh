@@ -30,7 +30,7 @@ TIMEOUT=${LLFREE_NESTED_TIMEOUT:-1500}
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
-TESTS=(linux_boot linux_balloon)
+TESTS=(linux_boot linux_balloon linux_overcommit)
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
     xz-utils seabios)
 # QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.
@@ -171,7 +171,8 @@ l1_initramfs() {
         mkdir -p "$root/bench" "$root/qemu"
         cp "$HERE/l1-bench" "$root/bench/run"
         cp "$ROOT/target/release/linux-guest-bench" "$root/bench/"
-        cp /usr/bin/qemu-system-x86_64 /usr/share/seabios/bios-microvm.bin "$root/qemu/"
+        cp /usr/bin/qemu-system-x86_64 /usr/share/seabios/bios-microvm.bin \
+            /usr/share/qemu/qboot.rom "$root/qemu/"
         copy_libraries /usr/bin/qemu-system-x86_64 "$root"
     fi
     pack "$root" "$WORK/l1-initrd.gz"

@@ -108,6 +108,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub format_pool: bool,
 
+    /// When the pool has no free frame for a vCPU's fault, let the vCPU wait until one is free
+    /// (another VM on the same pool gives memory back: memory overcommit) instead of the VM
+    /// stopping with an error (exit status 4).
+    #[arg(long)]
+    pub wait_for_memory: bool,
+
     /// When guest memory gets its host frames: all at start (eager) or on first touch (lazy).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
     pub populate: PopulateArg,

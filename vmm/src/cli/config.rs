@@ -104,6 +104,8 @@ pub struct VmConfig {
     pub backing: BackingKind,
     /// Lay out a new pool in the backing's file or device, whatever it holds.
     pub format_pool: bool,
+    /// A vCPU that finds the pool exhausted waits for a frame instead of the VM stopping.
+    pub wait_for_memory: bool,
     /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
     /// punching otherwise.
     pub scrub: Scrub,
@@ -163,6 +165,7 @@ impl TryFrom<RunArgs> for VmConfig {
             memory_size: args.memory,
             backing: args.backing,
             format_pool: args.format_pool,
+            wait_for_memory: args.wait_for_memory,
             scrub,
             populate: match args.populate {
                 PopulateArg::Eager => Populate::Eager,

@@ -29,21 +29,21 @@ impl Write for Stdout {
     }
 }
 
-/// The writer the guest's serial output goes to.
+/// The VMM's stdout as the guest's console output.
 pub(super) fn serial_output() -> SerialOutput {
     Box::new(Stdout)
 }
 
-/// A serial port on stdout whose input comes from stdin.
+/// A serial port writing to the console output, its input coming from stdin.
 pub(super) struct Console {
     serial: Arc<SerialDevice>,
 }
 
 impl Console {
-    /// A 16550 writing to stdout.
-    pub fn stdio() -> Result<Self, SerialError> {
+    /// A 16550 writing to `output`.
+    pub fn new(output: SerialOutput) -> Result<Self, SerialError> {
         let irq = EventFd::new(EFD_NONBLOCK).map_err(SerialError::EventFd)?;
-        let serial = SerialDevice::new(irq, serial_output())?;
+        let serial = SerialDevice::new(irq, output)?;
         Ok(Console {
             serial: Arc::new(serial),
         })

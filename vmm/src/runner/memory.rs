@@ -11,7 +11,7 @@ use crate::vcpu::kick_signal;
 
 /// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device
 /// accesses) and one for a device that frees frames (the balloon).
-pub(super) const SPARE_CORES: usize = 2;
+pub const SPARE_CORES: usize = 2;
 /// Most userfaultfd handler threads; a VM gets one per vCPU up to this.
 const MAX_FAULT_THREADS: usize = 4;
 

@@ -36,15 +36,17 @@ mod signals;
 mod test_guest;
 
 pub use devices::{DeviceError, VirtioMmioDevices};
+pub use memory::SPARE_CORES;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use guest_mem::{FaultError, MemoryError, PoolError, Population};
+use guest_mem::{FaultError, MemoryError, Pool, PoolError, Population};
 
 use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
 use crate::cli::{ExitStatus, GuestConfig, LinuxConfig, VmConfig};
+use crate::devices::serial::SerialOutput;
 use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
 use session::Session;
@@ -166,7 +168,8 @@ impl RunError {
     }
 }
 
-/// Boots and runs the VM `config` describes, until the guest ends or is shut down.
+/// Boots and runs the VM `config` describes, until the guest ends or is shut down, on a pool of
+/// its own; the guest's console is the VMM's stdout (and, for Linux, stdin).
 ///
 /// SIGINT and SIGTERM are blocked on the calling thread (and so in every thread it starts) and
 /// handled by the event loop until this returns; call it before starting other threads that
@@ -175,8 +178,18 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     if let GuestConfig::TestGuest(_) = &config.guest {
         testguest::check_memory_size(config.memory_size)?;
     }
-    let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     let pool = memory::create_pool(&config)?;
+    run_on(config, pool, console::serial_output())
+}
+
+/// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
+/// vCPU and [`SPARE_CORES`] more per VM), with the guest's console output going to `console`.
+pub fn run_on(
+    config: VmConfig,
+    pool: Arc<Pool>,
+    console: SerialOutput,
+) -> Result<RunOutcome, RunError> {
+    let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
     let population = Arc::new(Population::default());
     let watch = signals
@@ -193,10 +206,10 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     } = devices::create_devices(&config, &guest_memory)?;
     let session = Arc::new(Session::new(config, guest_memory, balloon));
     let guest = match &session.config().guest {
-        GuestConfig::TestGuest(workload) => Guest::Test(workload),
+        GuestConfig::TestGuest(workload) => Guest::Test(workload, console),
         GuestConfig::Linux(linux) => Guest::Linux(
             linux,
-            console::Console::stdio().map_err(DeviceError::Serial)?,
+            console::Console::new(console).map_err(DeviceError::Serial)?,
         ),
     };
     let mut event_loop = events::EventLoop::new(&session, &signals).map_err(RunError::EventLoop)?;
@@ -210,7 +223,7 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
         None => None,
     };
     let outcome = match guest {
-        Guest::Test(workload) => test_guest::run(&session, workload, devices),
+        Guest::Test(workload, console) => test_guest::run(&session, workload, devices, console),
         Guest::Linux(linux, console) => linux::run(&session, linux, devices, console),
     };
     session.finish();
@@ -222,8 +235,8 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
 
 /// What the VM runs, with what it needs beyond the common parts.
 enum Guest<'a> {
-    /// The built-in test guest and its workload.
-    Test(&'a Workload),
+    /// The built-in test guest, its workload and where its console goes.
+    Test(&'a Workload, SerialOutput),
     /// A Linux kernel and the console on stdin and stdout.
     Linux(&'a LinuxConfig, console::Console),
 }

@@ -170,13 +170,23 @@ impl Session {
     }
 
     /// Called when guest memory reports a fault error: records the first, stops the VM and
-    /// lets the vCPUs blocked on their faults go on until they have all stopped.
+    /// lets the vCPUs blocked on their faults go on until they have all stopped. With
+    /// `--wait-for-memory`, a vCPU that found the pool exhausted waits for a frame instead (guest
+    /// memory retries its fault until another VM of the pool gives one back), with a warning.
     pub fn guest_fault_reported(&self) {
         let Some(control) = self.control.get() else {
             return;
         };
         let fault = (0..self.config.vcpus).find_map(|vcpu| {
-            self.memory.take_fault_error(vcpu).map(|error| GuestFault {
+            let error = self.memory.take_fault_error(vcpu)?;
+            if self.config.wait_for_memory && error == FaultError::PoolExhausted {
+                log::warn!(
+                    "vCPU {vcpu}: {error} ({}); it waits for a frame another VM gives back",
+                    self.pool_summary()
+                );
+                return None;
+            }
+            Some(GuestFault {
                 vcpu,
                 error,
                 pool: self.pool_summary(),

@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::devices::VirtioMmioDevices;
 use super::progress::StepProgress;
 use super::session::Session;
-use super::{console, RunError, RunOutcome, StopCause};
+use super::{RunError, RunOutcome, StopCause};
+use crate::devices::serial::SerialOutput;
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
 use crate::testguest::{self, exit_code, Mismatch, Report, RunOptions, Workload};
@@ -18,6 +19,7 @@ pub(super) fn run(
     session: &Arc<Session>,
     workload: &Workload,
     devices: VirtioMmioDevices,
+    console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
     let start_session = session.clone();
     let checkpoint_session = session.clone();
@@ -46,7 +48,7 @@ pub(super) fn run(
                 }
             })
         }),
-        serial_output: Some(console::serial_output()),
+        serial_output: Some(console),
         add_devices: Some(Box::new(move |vm, buses| {
             devices.attach(vm, buses).map_err(|e| e.to_string())
         })),

@@ -1,0 +1,159 @@
+//! End-to-end overcommit with real Linux: two Linux guests of 256 MiB each share one pool of
+//! 288 MiB (`vmm::runner::run_on`, both in this process). The first writes 160 MiB into tmpfs
+//! and holds it; the second (`--wait-for-memory`) then writes 160 MiB too, runs the pool dry and
+//! waits, until Linux's free page reporting in the first gives frames back (memory its boot
+//! left free, or its file once it deletes it). Both finish their workload. (The guest is `linux_common`'s; SKIP where it cannot boot, run for
+//! real by tests/linux-nested/run.sh.)
+
+mod linux_common;
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use guest_mem::{Backing, Pool, PoolConfig, Scrub};
+use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
+use vmm::api::ApiClient;
+use vmm::cli::{Cli, Command, VmConfig};
+use vmm::devices::serial::SharedBuffer;
+use vmm::runner::{run_on, RunOutcome, SPARE_CORES};
+
+const MIB: u64 = 1 << 20;
+
+/// The VM configuration of `vmm run ARGS`.
+fn config(args: &[&str]) -> VmConfig {
+    let cli = Cli::try_parse_from(["vmm", "run"].iter().chain(args)).unwrap();
+    let Command::Run(args) = cli.command else {
+        panic!("not run")
+    };
+    VmConfig::try_from(args).unwrap()
+}
+
+/// A VM running on its own thread over `pool`, its console in a buffer.
+struct Guest {
+    console: SharedBuffer,
+    thread: JoinHandle<Result<RunOutcome, String>>,
+}
+
+impl Guest {
+    fn start(pool: &Arc<Pool>, config: VmConfig) -> Self {
+        let console = SharedBuffer::new();
+        let (pool, output) = (pool.clone(), console.clone());
+        let thread = std::thread::spawn(move || {
+            run_on(config, pool, Box::new(output)).map_err(|e| e.to_string())
+        });
+        Guest { console, thread }
+    }
+
+    fn printed(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.console.contents()).contains(text)
+    }
+
+    /// Waits until the console shows `text`; panics with the console on timeout or an end.
+    fn wait_for(&self, text: &str) {
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        while !self.printed(text) {
+            assert!(
+                Instant::now() < deadline && !self.thread.is_finished(),
+                "no {text:?}: {}",
+                String::from_utf8_lossy(&self.console.contents())
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
+    let test = "two_linux_guests_overcommit_one_pool_and_finish_because_one_reports";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let pool = Pool::new(PoolConfig {
+        backing: Backing::Anonymous,
+        size: 288 * MIB,
+        cores: 2 * (1 + SPARE_CORES),
+        scrub: Scrub::PunchHole,
+    })
+    .unwrap();
+    let socket = std::env::temp_dir().join(format!("vmm-overcommit-{}.sock", std::process::id()));
+    let socket = socket.to_str().unwrap().to_owned();
+    let holder_cmdline = cmdline("llfree.test=fill llfree.mib=160 llfree.hold=20");
+    let holder = Guest::start(
+        &pool,
+        config(&guest.args(&[
+            "--memory",
+            "256M",
+            "--balloon",
+            "free_page_reporting=on",
+            "--cmdline",
+            &holder_cmdline,
+            "--api-socket",
+            &socket,
+        ])),
+    );
+    holder.wait_for("LLFREE-L2 filled");
+    let writer_cmdline = cmdline("llfree.test=rounds llfree.rounds=1 llfree.mib=160");
+    let started = Instant::now();
+    let writer = Guest::start(
+        &pool,
+        config(&guest.args(&[
+            "--memory",
+            "256M",
+            "--wait-for-memory",
+            "--cmdline",
+            &writer_cmdline,
+        ])),
+    );
+    // The writer must run the pool dry, then go on once the holder's memory is back.
+    let mut ran_dry = false;
+    let mut dry_since = None;
+    while !writer.thread.is_finished() {
+        let dry = pool.stats().free_bytes < 2 * MIB;
+        if dry && dry_since.is_none() {
+            dry_since = Some(started.elapsed());
+        }
+        ran_dry |= dry;
+        assert!(
+            started.elapsed() < 2 * BOOT_TIMEOUT,
+            "the writer never finished"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(writer.printed("LLFREE-L2 rounds-done"));
+    let outcome = writer.thread.join().unwrap();
+    assert_eq!(
+        outcome,
+        Ok(RunOutcome::GuestReset),
+        "the writer rebooted when done"
+    );
+    assert!(ran_dry, "the two guests together needed more than the pool");
+    // What let the writer go on: chunks the holder reported free (memory its boot left free,
+    // then its file once freed) went back to the pool.
+    let api = ApiClient::new(&socket);
+    let memory = api.request("GET", "/memory", None).unwrap().body;
+    let memory: serde_json::Value = serde_json::from_str(&memory).unwrap();
+    let reported = memory["guest"]["discarded_chunks"].as_u64().unwrap();
+    assert!(reported > 0, "{memory:#}");
+    eprintln!(
+        "{test}: the pool ran dry {:.1?} after the writer's start, the writer finished after \
+         {:.1?}; the holder reported {reported} chunks free{}",
+        dry_since.unwrap_or_default(),
+        started.elapsed(),
+        if holder.printed("LLFREE-L2 freed") {
+            ", its file among them"
+        } else {
+            " while it still held its file"
+        }
+    );
+    let response = api
+        .request("PUT", "/actions", Some(r#"{"action_type":"Shutdown"}"#))
+        .unwrap();
+    assert_eq!(response.status, 204, "{}", response.body);
+    let outcome = holder.thread.join().unwrap();
+    assert_eq!(
+        outcome,
+        Ok(RunOutcome::Stopped(vmm::runner::StopCause::Api))
+    );
+}
