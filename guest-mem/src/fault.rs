@@ -85,11 +85,12 @@ fn serve(inner: &Inner, stop: &EventFd) {
                 revents: 0,
             },
         ];
-        let timeout = if inner.shared.vcpus.any_blocked() {
-            RETRY_MS
-        } else {
-            -1
-        };
+        let timeout =
+            if inner.shared.vcpus.any_blocked() || !inner.shared.lock_waiting_others().is_empty() {
+                RETRY_MS
+            } else {
+                -1
+            };
         // SAFETY: `fds` is an array of two valid pollfd structures.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if rc < 0 {
@@ -116,9 +117,15 @@ fn serve(inner: &Inner, stop: &EventFd) {
     }
 }
 
-/// Retries the faults vCPUs are blocked on.
+/// Retries the faults vCPUs and other threads are blocked on.
 fn retry_blocked(inner: &Inner) {
     let shared = &inner.shared;
+    shared.lock_waiting_others().retain(|&addr| {
+        let Some((region, chunk)) = inner.locate(addr) else {
+            return false;
+        };
+        resolve(shared, region, chunk, shared.vmm_core, None, addr).is_err()
+    });
     for index in 0..shared.vcpus.len() {
         let Some(addr) = shared.vcpus.blocked_on(index) else {
             continue;
@@ -194,9 +201,15 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
         Err(error) => error,
     };
     let Some(i) = vcpu else {
-        // A VMM thread raced with a discard (vm-memory accesses populate first): give it the
-        // zero page rather than a SIGBUS; the chunk stays unpopulated in the table.
-        let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+        // Not a vCPU: KVM resolving a guest fault asynchronously (its async page fault worker)
+        // or a VMM thread that raced with a discard. It waits for a frame like a vCPU, and is
+        // retried with them: the zero page would let its write make an anonymous page outside
+        // the pool.
+        Counters::bump(&shared.counters.exhausted);
+        let mut others = shared.lock_waiting_others();
+        if !others.contains(&fault.address) {
+            others.push(fault.address);
+        }
         return;
     };
     // The vCPU waits for a frame (see the module docs). A fault it already waits on is not

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use llfree::FRAME_SIZE;
 use thiserror::Error;
@@ -166,9 +166,21 @@ pub(crate) struct Shared {
     pub pool: Arc<Pool>,
     pub uffd: Uffd,
     pub vcpus: VcpuRegistry,
+    /// Faults of threads that are no vCPU (KVM's asynchronous page fault workers, VMM threads)
+    /// that wait for a frame: their addresses, retried with the vCPUs' (see `fault`).
+    pub waiting_others: Mutex<Vec<usize>>,
     pub counters: Counters,
     pub core_base: usize,
     pub vmm_core: usize,
+}
+
+impl Shared {
+    /// The addresses other threads wait on (see `waiting_others`).
+    pub fn lock_waiting_others(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.waiting_others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The regions, kept alive by the memory and its fault handlers.
@@ -274,6 +286,7 @@ impl GuestMemory {
             uffd: Uffd::new()?,
             vcpus: VcpuRegistry::new(config.vcpus, config.kick_signal)
                 .map_err(MemoryError::Handlers)?,
+            waiting_others: Mutex::new(Vec::new()),
             counters: Counters::new(config.vcpus),
         });
         let regions = config
@@ -355,13 +368,15 @@ impl GuestMemory {
         self.inner.shared.vcpus.take_error(index)
     }
 
-    /// Lets every vCPU blocked on an unresolvable fault go on (with the shared zero page at the
-    /// faulting address, outside the pool), so that the VMM can stop it; returns how many.
-    /// Call when giving up on a guest after a fault error, before stopping its vCPUs.
+    /// Lets every vCPU (and every other thread) blocked on an unresolvable fault go on (with
+    /// the shared zero page at the faulting address, outside the pool), so that the VMM can
+    /// stop it; returns how many. Call when giving up on a guest, before stopping its vCPUs.
     pub fn unblock_vcpus(&self) -> usize {
         let shared = &self.inner.shared;
+        let others = std::mem::take(&mut *shared.lock_waiting_others());
         (0..shared.vcpus.len())
             .filter_map(|index| shared.vcpus.take_blocked(index))
+            .chain(others)
             .filter(|addr| shared.uffd.zero_page(addr & !(FRAME_SIZE - 1)).is_ok())
             .count()
     }

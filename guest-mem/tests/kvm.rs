@@ -336,3 +336,46 @@ fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_p
     assert_eq!(stats.populated_chunks, 1, "only the program's chunk");
     assert_eq!(pool.stats().used_bytes, CHUNK, "the pool agrees");
 }
+
+/// A thread that is no vCPU (KVM's asynchronous page fault worker resolving a guest fault, or a
+/// VMM thread) and faults on an exhausted pool waits for a frame, as a vCPU does: it must not
+/// get the zero page, whose copy on its write would be anonymous memory outside the pool.
+#[test]
+fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_the_pool() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let pool = pool(8 * MIB);
+    let memory = memory(&pool, 16 * MIB, 1);
+    for chunk in 0..4 {
+        memory
+            .write_obj(1u8, GuestAddress(chunk * CHUNK))
+            .expect("populate");
+    }
+    assert_eq!(pool.stats().free_bytes, 0);
+    let target = memory.regions()[0].host_addr() + 5 * CHUNK as usize;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: the address lies in guest memory, which outlives this scope.
+            unsafe { (target as *mut u64).write_volatile(0x0DD) };
+            done.store(true, Ordering::Release);
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!done.load(Ordering::Acquire), "the write waits for a frame");
+        assert_eq!(
+            common::resident_pages(target, CHUNK),
+            0,
+            "no page outside the pool"
+        );
+        memory
+            .discard(GuestAddress(CHUNK), CHUNK, pool.claim_cores(1))
+            .expect("discard");
+    });
+    assert!(done.load(Ordering::Acquire));
+    assert!(
+        memory.frame_at(GuestAddress(5 * CHUNK)).is_some(),
+        "a pool frame"
+    );
+    let value: u64 = memory.read_obj(GuestAddress(5 * CHUNK)).expect("read");
+    assert_eq!(value, 0x0DD);
+}
