@@ -93,13 +93,14 @@ impl Finished {
         );
     }
 
-    /// Asserts that the guest reset the VM (status 7 and its one line on stderr, besides
-    /// notes): a reboot, a panic with panic=N or a triple fault.
-    pub fn assert_guest_reset(&self) {
+    /// Asserts that the guest reset the VM `how` (status 7 and its one line on stderr,
+    /// besides notes): [`THROUGH_THE_KEYBOARD`] (a reboot, a panic with panic=N) or
+    /// [`BY_A_TRIPLE_FAULT`].
+    pub fn assert_guest_reset(&self, how: &str) {
         assert_eq!(self.code, Some(7), "{self:#?}");
         assert_eq!(
             self.stderr_besides_notes(),
-            format!("{GUEST_RESET_LINE}\n"),
+            guest_reset_line(how),
             "{self:#?}"
         );
     }
@@ -124,10 +125,18 @@ impl Finished {
     }
 }
 
-/// What `vmm run` prints when the guest resets the VM (exit status 7).
-pub const GUEST_RESET_LINE: &str =
-    "the guest reset the VM (reboot, a panic with panic=N, or a triple fault); a microVM does \
-     not restart";
+/// How a guest resets its VM, as `vmm run` says: through the i8042 (reboot=k, the default).
+pub const THROUGH_THE_KEYBOARD: &str = "through the i8042 keyboard controller";
+/// How a guest resets its VM, as `vmm run` says: by a triple fault of vCPU 0.
+pub const BY_A_TRIPLE_FAULT: &str = "by a triple fault of vCPU 0";
+
+/// The line `vmm run` prints when the guest resets the VM `how` (exit status 7).
+pub fn guest_reset_line(how: &str) -> String {
+    format!(
+        "the guest reset the VM {how} (reboot, a panic with panic=N, or a crash); a microVM \
+         does not restart\n"
+    )
+}
 
 /// The start of the warning `vmm run --kernel` gives on a host without hardware virtualization.
 pub const NO_HARDWARE_VIRTUALIZATION_WARNING: &str =

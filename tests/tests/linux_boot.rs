@@ -14,7 +14,9 @@ mod vmm_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::{elf_kernel, kvm_available, GUEST_RESET_LINE};
+use e2e_tests::{
+    elf_kernel, guest_reset_line, kvm_available, BY_A_TRIPLE_FAULT, THROUGH_THE_KEYBOARD,
+};
 use guest_mem::testing::HugePages;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{client, Scratch, VmmRun};
@@ -75,7 +77,7 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
             "--populate",
             populate,
         ]);
-        run.assert_guest_reset();
+        run.assert_guest_reset(BY_A_TRIPLE_FAULT);
         assert_eq!(run.stdout, "console=ttyS0 reboot=k panic=1 pci=off\n");
     }
     let run = VmmRun::run(&[
@@ -86,7 +88,7 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
         "--cmdline",
         "console=ttyS0 llfree.test=1 -- init-arg",
     ]);
-    run.assert_guest_reset();
+    run.assert_guest_reset(BY_A_TRIPLE_FAULT);
     assert_eq!(run.stdout, "console=ttyS0 llfree.test=1 -- init-arg\n");
     // The balloon is announced to Linux in its virtio-mmio slot, before the init arguments.
     let run = VmmRun::run(&[
@@ -99,7 +101,7 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
         "--cmdline",
         "console=ttyS0 -- init-arg",
     ]);
-    run.assert_guest_reset();
+    run.assert_guest_reset(BY_A_TRIPLE_FAULT);
     assert_eq!(
         run.stdout,
         "console=ttyS0 virtio_mmio.device=4K@0xc0000000:5 -- init-arg\n"
@@ -115,7 +117,7 @@ fn the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_needs_a_keyboard() {
     let kernel = scratch.path("vmlinux");
     std::fs::write(&kernel, elf_kernel(I8042_RESET)).unwrap();
     let started = Instant::now();
-    VmmRun::run(&["--kernel", &kernel, "--memory", "64M"]).assert_guest_reset();
+    VmmRun::run(&["--kernel", &kernel, "--memory", "64M"]).assert_guest_reset(THROUGH_THE_KEYBOARD);
     eprintln!("i8042 reset: vmm ran {:.1?}", started.elapsed());
     // The test guest has no keyboard controller.
     let socket = scratch.path("api.sock");
@@ -147,7 +149,8 @@ fn a_guest_hammering_a_device_register_gets_rate_limited_warnings_on_stderr() {
     assert_eq!(run.code, Some(7), "{run:#?}");
     // Warnings 1, 2, 4, ..., 512 of the 1000: ten lines, each with its count.
     let stderr = run.stderr_besides_notes();
-    let lines: Vec<&str> = stderr.lines().filter(|l| *l != GUEST_RESET_LINE).collect();
+    let reset = guest_reset_line(BY_A_TRIPLE_FAULT);
+    let lines: Vec<&str> = stderr.lines().filter(|l| *l != reset.trim_end()).collect();
     assert_eq!(lines.len(), 10, "{run:#?}");
     for (line, count) in lines.iter().zip((0..10).map(|n| 1 << n)) {
         assert!(
@@ -161,8 +164,8 @@ fn a_guest_hammering_a_device_register_gets_rate_limited_warnings_on_stderr() {
     let mut quiet = args.to_vec();
     quiet.extend(["--log-level", "error"]);
     let run = VmmRun::run(&quiet);
-    run.assert_guest_reset();
-    assert_eq!(run.stderr, format!("{GUEST_RESET_LINE}\n"), "{run:#?}");
+    run.assert_guest_reset(BY_A_TRIPLE_FAULT);
+    assert_eq!(run.stderr, guest_reset_line(BY_A_TRIPLE_FAULT), "{run:#?}");
 }
 
 /// Boots the guest with `args` and waits for its init's first line; returns the run and the
@@ -219,7 +222,7 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
         assert_eq!(field(&ready, "online"), Some(online.as_str()), "{ready}");
         let run = vmm.wait(Duration::from_secs(60));
         let to_exit = started.elapsed();
-        run.assert_guest_reset();
+        run.assert_guest_reset(THROUGH_THE_KEYBOARD);
         assert!(run.stdout.contains("smp: Brought up 1 node"), "{run:#?}");
         eprintln!(
             "{test}: {vcpus} vCPUs, {backing}, {populate}: init after {to_init:.1?} (guest \
@@ -240,7 +243,7 @@ fn a_panic_with_panic_1_ends_the_vmm() {
     // command line's panic=1 reboots a second later.
     let started = Instant::now();
     let run = VmmRun::start(&["--kernel", &guest.kernel, "--memory", "128M"]).wait(BOOT_TIMEOUT);
-    run.assert_guest_reset();
+    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
     assert!(
         run.stdout.contains("Kernel panic - not syncing"),
         "{run:#?}"
@@ -277,7 +280,8 @@ fn ctrl_alt_del_through_the_api_reboots_the_guest_and_ends_the_vmm() {
     // The idle init never reboots by itself: Linux took the keys for Ctrl-Alt-Del and
     // restarted (at once, as by default, or through init).
     vmm.wait_for_line("reboot: Restarting system", Duration::from_secs(60));
-    vmm.wait(Duration::from_secs(60)).assert_guest_reset();
+    vmm.wait(Duration::from_secs(60))
+        .assert_guest_reset(THROUGH_THE_KEYBOARD);
 }
 
 #[test]
@@ -293,5 +297,6 @@ fn linux_boots_on_1g_frames() {
     let (vmm, ready) = boot(&guest, &["--memory", "1G", "--backing", "hugetlb-1g"]);
     let total: u64 = field(&ready, "memtotal_kib").unwrap().parse().unwrap();
     assert!(total > 900 * 1024, "{ready}");
-    vmm.wait(Duration::from_secs(60)).assert_guest_reset();
+    vmm.wait(Duration::from_secs(60))
+        .assert_guest_reset(THROUGH_THE_KEYBOARD);
 }

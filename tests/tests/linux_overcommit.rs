@@ -18,7 +18,7 @@ use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use vmm::api::ApiClient;
 use vmm::cli::{Cli, Command, VmConfig};
 use vmm::devices::serial::SharedBuffer;
-use vmm::runner::{run_on, RunOutcome, SPARE_CORES};
+use vmm::runner::{run_on, ResetCause, RunOutcome, SPARE_CORES};
 
 const MIB: u64 = 1 << 20;
 
@@ -122,7 +122,12 @@ fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(writer.printed("LLFREE-L2 rounds-done"));
+    assert!(
+        writer.printed("LLFREE-L2 rounds-done"),
+        "{:?}: {}",
+        writer.thread.join().unwrap(),
+        String::from_utf8_lossy(&writer.console.contents())
+    );
     eprintln!(
         "{test}: writer: {}",
         String::from_utf8_lossy(&writer.console.contents())
@@ -134,7 +139,7 @@ fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
     let outcome = writer.thread.join().unwrap();
     assert_eq!(
         outcome,
-        Ok(RunOutcome::GuestReset),
+        Ok(RunOutcome::GuestReset(ResetCause::Keyboard)),
         "the writer rebooted when done"
     );
     assert!(ran_dry, "the two guests together needed more than the pool");

@@ -34,8 +34,9 @@ fn collect(
 /// A `vmm run` process, killed if the test ends before it does.
 pub struct VmmRun {
     child: Child,
-    /// What the process wrote on stdout so far.
+    /// What the process wrote on stdout and stderr so far.
     stdout_so_far: Arc<Mutex<Vec<u8>>>,
+    stderr_so_far: Arc<Mutex<Vec<u8>>>,
     stdout: Option<JoinHandle<String>>,
     stderr: Option<JoinHandle<String>>,
 }
@@ -51,12 +52,13 @@ impl VmmRun {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start vmm run");
-        let stdout_so_far = Arc::default();
+        let (stdout_so_far, stderr_so_far) = (Arc::default(), Arc::default());
         let stdout = collect(child.stdout.take().unwrap(), Arc::clone(&stdout_so_far));
-        let stderr = collect(child.stderr.take().unwrap(), Arc::default());
+        let stderr = collect(child.stderr.take().unwrap(), Arc::clone(&stderr_so_far));
         VmmRun {
             child,
             stdout_so_far,
+            stderr_so_far,
             stdout: Some(stdout),
             stderr: Some(stderr),
         }
@@ -85,8 +87,9 @@ impl VmmRun {
                 std::thread::sleep(Duration::from_millis(300));
                 return find(&self.stdout_so_far).unwrap_or_else(|| {
                     panic!(
-                        "no line with {text:?} after {timeout:?} (the VMM {}): {}",
+                        "no line with {text:?} after {timeout:?} (the VMM {}; stderr: {}): {}",
                         if ended { "ended" } else { "runs" },
+                        String::from_utf8_lossy(&self.stderr_so_far.lock().unwrap()),
                         String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap())
                     )
                 });

@@ -30,9 +30,9 @@ pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
     }
     match crate::run(config) {
         Ok(RunOutcome::Success) => ExitStatus::Success,
-        Ok(RunOutcome::GuestReset) => {
+        Ok(RunOutcome::GuestReset(cause)) => {
             eprintln!(
-                "the guest reset the VM (reboot, a panic with panic=N, or a triple fault); a \
+                "the guest reset the VM {cause} (reboot, a panic with panic=N, or a crash); a \
                  microVM does not restart"
             );
             ExitStatus::GuestReset

@@ -13,7 +13,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::console::Console;
 use super::devices::VirtioMmioDevices;
 use super::session::Session;
-use super::{DeviceError, RunError, RunOutcome, StopCause};
+use super::{DeviceError, ResetCause, RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
 use crate::arch::x86_64::mptable::write_mptable;
@@ -25,6 +25,7 @@ use crate::arch::x86_64::{
 use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
 use crate::cli::LinuxConfig;
 use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
+use crate::devices::BusDevice;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vcpu::Buses;
 use crate::vm::control::StopReason;
@@ -63,29 +64,28 @@ pub(super) fn run(
     }
 
     let mut buses = Buses::default();
-    vm.fd()
-        .register_irqfd(console.serial().irq_evt(), SERIAL_IRQ)
-        .map_err(|source| DeviceError::Kvm {
-            what: "KVM_IRQFD",
-            source,
-        })?;
-    buses
-        .pio
-        .insert(console.serial().clone(), SERIAL_PORT_BASE, SERIAL_PORT_SIZE)
-        .map_err(DeviceError::Bus)?;
+    let serial = console.serial();
+    let serial_ports = (SERIAL_PORT_BASE, SERIAL_PORT_SIZE);
+    attach_pio(
+        &vm,
+        &mut buses,
+        serial.clone(),
+        serial_ports,
+        serial.irq_evt(),
+        SERIAL_IRQ,
+    )?;
     let keyboard = Arc::new(I8042Device::new(
         EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?,
     ));
-    vm.fd()
-        .register_irqfd(keyboard.irq_evt(), I8042_IRQ)
-        .map_err(|source| DeviceError::Kvm {
-            what: "KVM_IRQFD",
-            source,
-        })?;
-    buses
-        .pio
-        .insert(keyboard.clone(), I8042_PORT_BASE, I8042_PORT_SIZE)
-        .map_err(DeviceError::Bus)?;
+    let keyboard_ports = (I8042_PORT_BASE, I8042_PORT_SIZE);
+    attach_pio(
+        &vm,
+        &mut buses,
+        keyboard.clone(),
+        keyboard_ports,
+        keyboard.irq_evt(),
+        I8042_IRQ,
+    )?;
     devices.attach(vm.fd(), &mut buses)?;
 
     let running = vm.start(Arc::new(buses))?;
@@ -98,13 +98,38 @@ pub(super) fn run(
         )),
         // A reset (Linux reboots through the i8042 with reboot=k, by a triple fault with
         // reboot=t, and so on panic=N) ends the VM: a microVM does not restart.
-        StopReason::GuestShutdown { .. } | StopReason::GuestReset => Ok(RunOutcome::GuestReset),
+        StopReason::GuestShutdown { vcpu } => {
+            Ok(RunOutcome::GuestReset(ResetCause::TripleFault { vcpu }))
+        }
+        StopReason::GuestReset => Ok(RunOutcome::GuestReset(ResetCause::Keyboard)),
         StopReason::AllHalted => Ok(RunOutcome::Success),
         StopReason::GuestExit(status) => Ok(RunOutcome::GuestFailure(format!(
             "the guest exited with status {status}"
         ))),
         StopReason::VcpuFailed { message, .. } => Err(RunError::VcpuFailed(message)),
     }
+}
+
+/// Puts `device` on the port I/O bus at `(base, size)`, its interrupt `irq` raised through
+/// `irq_evt`.
+fn attach_pio(
+    vm: &Vm<GuestMemory>,
+    buses: &mut Buses,
+    device: Arc<dyn BusDevice>,
+    (base, size): (u64, u64),
+    irq_evt: &EventFd,
+    irq: u32,
+) -> Result<(), DeviceError> {
+    vm.fd()
+        .register_irqfd(irq_evt, irq)
+        .map_err(|source| DeviceError::Kvm {
+            what: "KVM_IRQFD",
+            source,
+        })?;
+    buses
+        .pio
+        .insert(device, base, size)
+        .map_err(DeviceError::Bus)
 }
 
 /// The MP table listing the vCPUs; CPUID, MSRs and LAPIC for every vCPU; long mode at the

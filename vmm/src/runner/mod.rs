@@ -57,11 +57,32 @@ pub enum RunOutcome {
     /// The guest finished its work (test guest: every step passed; Linux: halted).
     Success,
     /// The guest reset the VM (Linux: `reboot`, a panic with panic=N, a triple fault).
-    GuestReset,
+    GuestReset(ResetCause),
     /// The guest reported a failure, described here.
     GuestFailure(String),
     /// Its owner stopped the VM before the guest finished.
     Stopped(StopCause),
+}
+
+/// How a guest reset its VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetCause {
+    /// Through the i8042's CPU reset (Linux's reboot=k, the default, and so panic=N).
+    Keyboard,
+    /// A vCPU triple-faulted (Linux's reboot=t, or a crash).
+    TripleFault {
+        /// The vCPU.
+        vcpu: usize,
+    },
+}
+
+impl std::fmt::Display for ResetCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResetCause::Keyboard => f.write_str("through the i8042 keyboard controller"),
+            ResetCause::TripleFault { vcpu } => write!(f, "by a triple fault of vCPU {vcpu}"),
+        }
+    }
 }
 
 /// Who stopped a VM before its guest finished.
