@@ -13,6 +13,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -85,12 +86,13 @@ fn serve(inner: &Inner, stop: &EventFd) {
                 revents: 0,
             },
         ];
-        let timeout =
-            if inner.shared.vcpus.any_blocked() || !inner.shared.lock_waiting_others().is_empty() {
-                RETRY_MS
-            } else {
-                -1
-            };
+        let timeout = if inner.shared.vcpus.any_blocked()
+            || inner.shared.others_wait.load(Ordering::Acquire)
+        {
+            RETRY_MS
+        } else {
+            -1
+        };
         // SAFETY: `fds` is an array of two valid pollfd structures.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if rc < 0 {
@@ -120,12 +122,18 @@ fn serve(inner: &Inner, stop: &EventFd) {
 /// Retries the faults vCPUs and other threads are blocked on.
 fn retry_blocked(inner: &Inner) {
     let shared = &inner.shared;
-    shared.lock_waiting_others().retain(|&addr| {
-        let Some((region, chunk)) = inner.locate(addr) else {
-            return false;
-        };
-        resolve(shared, region, chunk, shared.vmm_core, None, addr).is_err()
-    });
+    if shared.others_wait.load(Ordering::Acquire) {
+        let mut others = shared.lock_waiting_others();
+        others.retain(|&addr| {
+            let Some((region, chunk)) = inner.locate(addr) else {
+                return false;
+            };
+            resolve(shared, region, chunk, shared.vmm_core, None, addr).is_err()
+        });
+        shared
+            .others_wait
+            .store(!others.is_empty(), Ordering::Release);
+    }
     for index in 0..shared.vcpus.len() {
         let Some(addr) = shared.vcpus.blocked_on(index) else {
             continue;
@@ -210,6 +218,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
         if !others.contains(&fault.address) {
             others.push(fault.address);
         }
+        shared.others_wait.store(true, Ordering::Release);
         return;
     };
     // The vCPU waits for a frame (see the module docs). A fault it already waits on is not

@@ -169,6 +169,8 @@ pub(crate) struct Shared {
     /// Faults of threads that are no vCPU (KVM's asynchronous page fault workers, VMM threads)
     /// that wait for a frame: their addresses, retried with the vCPUs' (see `fault`).
     pub waiting_others: Mutex<Vec<usize>>,
+    /// Whether `waiting_others` holds any, read without its lock on the handlers' poll path.
+    pub others_wait: AtomicBool,
     pub counters: Counters,
     pub core_base: usize,
     pub vmm_core: usize,
@@ -287,6 +289,7 @@ impl GuestMemory {
             vcpus: VcpuRegistry::new(config.vcpus, config.kick_signal)
                 .map_err(MemoryError::Handlers)?,
             waiting_others: Mutex::new(Vec::new()),
+            others_wait: AtomicBool::new(false),
             counters: Counters::new(config.vcpus),
         });
         let regions = config
@@ -374,6 +377,7 @@ impl GuestMemory {
     pub fn unblock_vcpus(&self) -> usize {
         let shared = &self.inner.shared;
         let others = std::mem::take(&mut *shared.lock_waiting_others());
+        shared.others_wait.store(false, Ordering::Release);
         (0..shared.vcpus.len())
             .filter_map(|index| shared.vcpus.take_blocked(index))
             .chain(others)
