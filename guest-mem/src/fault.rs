@@ -213,12 +213,12 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
         // or a VMM thread that raced with a discard. It waits for a frame like a vCPU, and is
         // retried with them: the zero page would let its write make an anonymous page outside
         // the pool.
-        Counters::bump(&shared.counters.exhausted);
         let mut others = shared.lock_waiting_others();
         if !others.contains(&fault.address) {
+            Counters::bump(&shared.counters.exhausted);
             others.push(fault.address);
+            shared.others_wait.store(true, Ordering::Release);
         }
-        shared.others_wait.store(true, Ordering::Release);
         return;
     };
     // The vCPU waits for a frame (see the module docs). A fault it already waits on is not

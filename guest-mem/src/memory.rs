@@ -84,7 +84,7 @@ impl MemoryConfig {
 /// Errors of creating and changing guest memory.
 #[derive(Debug, Error)]
 pub enum MemoryError {
-    /// Eager population was cancelled ([`GuestMemory::new_unless`]).
+    /// Eager population was cancelled ([`GuestMemory::new_watched`]).
     #[error("eager population was cancelled")]
     Cancelled,
     /// No RAM region was given.
@@ -376,8 +376,11 @@ impl GuestMemory {
     /// stop it; returns how many. Call when giving up on a guest, before stopping its vCPUs.
     pub fn unblock_vcpus(&self) -> usize {
         let shared = &self.inner.shared;
-        let others = std::mem::take(&mut *shared.lock_waiting_others());
-        shared.others_wait.store(false, Ordering::Release);
+        let others = {
+            let mut waiting = shared.lock_waiting_others();
+            shared.others_wait.store(false, Ordering::Release);
+            std::mem::take(&mut *waiting)
+        };
         (0..shared.vcpus.len())
             .filter_map(|index| shared.vcpus.take_blocked(index))
             .chain(others)

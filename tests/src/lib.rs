@@ -15,12 +15,7 @@ pub fn kvm_available(test: &str) -> bool {
 /// Whether the host has hardware virtualization (`vmx` or `svm` in /proc/cpuinfo), which a
 /// stock Linux guest needs; otherwise why not (e.g. PVM, which only runs our own guest code).
 pub fn hardware_virtualization() -> Result<(), String> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").map_err(|e| e.to_string())?;
-    let hardware = cpuinfo
-        .lines()
-        .filter(|line| line.starts_with("flags"))
-        .any(|line| line.split_whitespace().any(|f| f == "vmx" || f == "svm"));
-    if !hardware {
+    if !vmm::arch::x86_64::host_has_hardware_virtualization() {
         return Err("no vmx or svm in /proc/cpuinfo (e.g. PVM): a stock kernel cannot boot".into());
     }
     Ok(())

@@ -277,6 +277,11 @@ fn a_vmm_killed_while_creating_its_pool_file_leaves_a_file_the_next_one_uses() {
     eprintln!("40 VMMs killed 1-5 ms after their start: {recreated} left a half-created pool");
 }
 
+/// Creates `path` holding `len` zero bytes (as a sparse file).
+fn zero_file(path: &str, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
 #[test]
 fn format_pool_lays_out_a_pool_over_an_all_zero_file() {
     if !kvm_available("format_pool_lays_out_a_pool_over_an_all_zero_file") {
@@ -285,10 +290,7 @@ fn format_pool_lays_out_a_pool_over_an_all_zero_file() {
     let scratch = Scratch::new("format-pool");
     let pool = scratch.path("pool");
     let backing = format!("file:{pool}");
-    std::fs::File::create(&pool)
-        .unwrap()
-        .set_len(40 << 20)
-        .unwrap();
+    zero_file(&pool, 40 << 20);
     let read = [
         "--memory",
         "16M",
@@ -319,10 +321,7 @@ fn format_pool_lays_out_a_pool_on_a_fresh_block_device() {
     }
     let scratch = Scratch::new("format-device");
     let image = scratch.path("image");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(40 << 20)
-        .unwrap();
+    zero_file(&image, 40 << 20);
     let attached = std::process::Command::new("losetup")
         .args(["--find", "--show", &image])
         .output();

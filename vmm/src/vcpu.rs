@@ -11,7 +11,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Once;
 
 use kvm_bindings::kvm_run;
-use kvm_ioctls::{MsrExitReason, VcpuExit, VcpuFd};
+use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::devices::Bus;
 use crate::vm::control::{StopReason, VmControl};
@@ -240,22 +240,10 @@ impl Vcpu {
                     "vCPU {index}: guest memory fault at {gpa:#x}+{size:#x}"
                 )))
             }
-            // The AMD counters where KVM has no virtual PMU (see `vm::take_unknown_msrs`): they
-            // read as 0 and drop writes, as KVM does with them, without a log line each.
-            VcpuExit::X86Rdmsr(msr) if msr.reason == MsrExitReason::Filter => *msr.data = 0,
-            VcpuExit::X86Wrmsr(msr) if msr.reason == MsrExitReason::Filter => {}
-            VcpuExit::X86Rdmsr(msr) => {
-                log::debug!("vCPU {index}: read of unknown MSR {:#x}: #GP", msr.index);
-                *msr.error = 1;
-            }
-            VcpuExit::X86Wrmsr(msr) => {
-                log::debug!(
-                    "vCPU {index}: write of {:#x} to unknown MSR {:#x}: #GP",
-                    msr.data,
-                    msr.index
-                );
-                *msr.error = 1;
-            }
+            // Only the MSR filter of `vm::filter_pmu_msrs` sends accesses here: the AMD
+            // counters read as 0 and drop writes, as KVM does with them, without a log line each.
+            VcpuExit::X86Rdmsr(msr) => *msr.data = 0,
+            VcpuExit::X86Wrmsr(_) => {}
             VcpuExit::Intr => {}
             other => {
                 return Some(VcpuExitReason::Failed(format!(

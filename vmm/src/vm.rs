@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use kvm_bindings::{
     kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_CAP_PMU_CAPABILITY,
-    KVM_CAP_X86_USER_SPACE_MSR, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
-    KVM_MSR_EXIT_REASON_UNKNOWN, KVM_PIT_SPEAKER_DUMMY,
+    KVM_CAP_X86_USER_SPACE_MSR, KVM_MSR_EXIT_REASON_FILTER, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
@@ -108,44 +107,38 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 /// The AMD (K7) performance counter MSRs: event selects 0xc0010000-3, counters 0xc0010004-7.
 const K7_PMU_MSRS: (u32, u32) = (0xc001_0000, 8);
 
-/// Has KVM hand accesses to MSRs it does not know, or refuses, to the vCPU loop, which answers
-/// them as a CPU without them does (a #GP), without KVM logging each one in the host's kernel
-/// log. Where KVM has no virtual PMU (a host without performance counters, e.g. a nested
-/// one), the AMD counter MSRs go to the vCPU loop too: KVM would drop writes to them and log
-/// each (Linux's PMU check writes 0xc0010007 at every boot of an AMD guest); the vCPU loop
-/// drops them quietly. Where KVM lacks the capability, it keeps doing all of it itself.
-fn take_unknown_msrs(kvm: &Kvm, fd: &VmFd) -> Result<(), VmError> {
-    if !kvm.check_extension(Cap::X86UserSpaceMsr) {
-        return Ok(());
-    }
+/// Where KVM has no virtual PMU (a host without performance counters, e.g. a nested one), has
+/// it hand accesses to the AMD counter MSRs to the vCPU loop, which reads them as 0 and drops
+/// writes quietly: KVM does the same but logs every write in the host's kernel log (Linux's
+/// PMU check writes 0xc0010007 at every boot of an AMD guest). Elsewhere, or where KVM lacks
+/// MSR filters, KVM keeps them.
+fn filter_pmu_msrs(kvm: &Kvm, fd: &VmFd) -> Result<(), VmError> {
     // KVM answers 0 for the PMU capability where it has no virtual PMU (or, before Linux 5.18,
     // does not know the capability: such a guest loses the AMD legacy counters).
     let no_pmu = kvm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into()) == 0;
-    let filter = no_pmu && kvm.check_extension(Cap::X86MsrFilter);
-    let mut reasons = KVM_MSR_EXIT_REASON_UNKNOWN | KVM_MSR_EXIT_REASON_INVAL;
-    if filter {
-        reasons |= KVM_MSR_EXIT_REASON_FILTER;
+    if !no_pmu
+        || !kvm.check_extension(Cap::X86UserSpaceMsr)
+        || !kvm.check_extension(Cap::X86MsrFilter)
+    {
+        return Ok(());
     }
     let mut cap = kvm_enable_cap {
         cap: KVM_CAP_X86_USER_SPACE_MSR,
         ..Default::default()
     };
-    cap.args[0] = u64::from(reasons);
+    cap.args[0] = u64::from(KVM_MSR_EXIT_REASON_FILTER);
     fd.enable_cap(&cap)
         .map_err(kvm_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
-    if filter {
-        // One bit per MSR, 0: denied, that is, handed to the vCPU loop.
-        let denied = [0u8; 1];
-        let range = MsrFilterRange {
-            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
-            base: K7_PMU_MSRS.0,
-            msr_count: K7_PMU_MSRS.1,
-            bitmap: &denied,
-        };
-        fd.set_msr_filter(MsrFilterDefaultAction::ALLOW, &[range])
-            .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))?;
-    }
-    Ok(())
+    // One bit per MSR, 0: denied, that is, handed to the vCPU loop.
+    let denied = [0u8; 1];
+    let range = MsrFilterRange {
+        flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+        base: K7_PMU_MSRS.0,
+        msr_count: K7_PMU_MSRS.1,
+        bitmap: &denied,
+    };
+    fd.set_msr_filter(MsrFilterDefaultAction::ALLOW, &[range])
+        .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))
 }
 
 impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
@@ -170,7 +163,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-        take_unknown_msrs(&kvm, &fd)?;
+        filter_pmu_msrs(&kvm, &fd)?;
         register_memslots(&kvm, &fd, memory.as_ref())?;
         let vcpus = (0..vcpu_count)
             .map(|index| {

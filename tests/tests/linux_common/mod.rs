@@ -12,11 +12,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use e2e_tests::{hardware_virtualization, kvm_available};
+use vmm::boot::DEFAULT_CMDLINE;
 
 /// How long a boot to init may take: under QEMU/TCG (nested) a boot takes 5 to 20 s.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
-/// The VMM's default command line (`vmm run --kernel` without `--cmdline`).
-pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1 pci=off";
 
 /// The kernel and initramfs of the real-Linux tests.
 pub struct LinuxGuest {

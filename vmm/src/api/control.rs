@@ -9,6 +9,9 @@ pub enum ControlError {
     /// The VM has no balloon device (answered with 400).
     #[error("balloon not configured")]
     BalloonNotConfigured,
+    /// The VM has no keyboard controller for Ctrl-Alt-Del (answered with 400).
+    #[error("the VM has no keyboard controller (only Linux guests have an i8042)")]
+    NoKeyboard,
     /// The request does not fit the VM's state, e.g. resuming a stopped VM (answered with 400).
     #[error("{0}")]
     InvalidState(String),
@@ -53,9 +56,7 @@ pub trait VmmControl: Send + Sync {
     /// Presses Ctrl-Alt-Del on the guest's keyboard (`PUT /actions` SendCtrlAltDel); a VM
     /// without one refuses.
     fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
-        Err(ControlError::InvalidState(
-            "the VM has no keyboard controller (only Linux guests have an i8042)".into(),
-        ))
+        Err(ControlError::NoKeyboard)
     }
 
     /// The balloon's configuration and size (`GET /balloon`).

@@ -143,14 +143,13 @@ struct StepSpec {
     action: Action,
     /// How many times it runs.
     repeat: u32,
-    /// It runs at the same time as the next step (joined with '&').
-    joined: bool,
 }
 
-/// A parsed `--workload`, resolved against the VM's memory and vCPUs by [`Self::resolve`].
+/// A parsed `--workload`, resolved against the VM's memory and vCPUs by [`Self::resolve`]: its
+/// groups, each of steps that run at the same time (joined with '&').
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkloadSpec {
-    steps: Vec<StepSpec>,
+    groups: Vec<Vec<StepSpec>>,
 }
 
 fn parse_number(step: &str, text: &str) -> Result<u64, WorkloadSpecError> {
@@ -244,7 +243,6 @@ fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
             vcpu,
             action,
             repeat: 1,
-            joined: false,
         });
     }
     let argument = fields.next();
@@ -287,7 +285,6 @@ fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
         vcpu,
         action,
         repeat: 1,
-        joined: false,
     })
 }
 
@@ -299,7 +296,7 @@ impl Action {
 
 /// Parses a group of steps joined with '&'.
 fn parse_group(text: &str) -> Result<Vec<StepSpec>, WorkloadSpecError> {
-    let mut steps = text
+    let steps = text
         .split('&')
         .map(parse_step)
         .collect::<Result<Vec<_>, _>>()?;
@@ -316,10 +313,6 @@ fn parse_group(text: &str) -> Result<Vec<StepSpec>, WorkloadSpecError> {
             return bad("at most one balloon step runs at a time (the guest has one driver)");
         }
     }
-    let last = steps.len() - 1;
-    for step in &mut steps[..last] {
-        step.joined = true;
-    }
     Ok(steps)
 }
 
@@ -327,14 +320,15 @@ impl FromStr for WorkloadSpec {
     type Err = WorkloadSpecError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let mut steps = Vec::new();
-        for group in text.split(',') {
-            steps.extend(parse_group(group)?);
+        let groups = text
+            .split(',')
+            .map(parse_group)
+            .collect::<Result<Vec<_>, _>>()?;
+        let steps = groups.iter().map(Vec::len).sum();
+        if steps > MAX_STEPS {
+            return Err(WorkloadSpecError::TooManySteps(steps));
         }
-        if steps.len() > MAX_STEPS {
-            return Err(WorkloadSpecError::TooManySteps(steps.len()));
-        }
-        Ok(WorkloadSpec { steps })
+        Ok(WorkloadSpec { groups })
     }
 }
 
@@ -349,8 +343,9 @@ impl Default for WorkloadSpec {
 impl WorkloadSpec {
     /// Checks that the balloon steps have a `balloon` device with the features they need.
     pub fn check_balloon(&self, balloon: Option<&BalloonConfig>) -> Result<(), WorkloadSpecError> {
-        self.steps
+        self.groups
             .iter()
+            .flatten()
             .try_for_each(|step| balloon::check(&step.text, step.action, balloon))
     }
 
@@ -361,78 +356,20 @@ impl WorkloadSpec {
         let area_end = regions.first().map_or(0, |r| r.end());
         let mut workload = Workload::new();
         let mut probed = false;
-        for (index, step) in self.steps.iter().enumerate() {
+        for group in &self.groups {
             // The probe goes before the group of the first balloon step, not into it.
-            let group_starts = index == 0 || !self.steps[index - 1].joined;
-            let group = self.steps[index..]
-                .iter()
-                .position(|s| !s.joined)
-                .map_or(&self.steps[index..], |last| {
-                    &self.steps[index..=index + last]
-                });
             let needs_balloon = group
                 .iter()
                 .any(|s| balloon::need(s.action) != balloon::Need::Nothing);
-            if !probed && group_starts && needs_balloon {
+            if !probed && needs_balloon {
                 workload = balloon::probe(workload, area_end);
                 probed = true;
             }
-            let bad_range = |why: String| WorkloadSpecError::BadRange {
-                step: step.text.clone(),
-                why,
-            };
-            let resolve = |range| match range {
-                Range::All if area_end > WORKLOAD_MIN_ADDR => {
-                    Ok((WORKLOAD_MIN_ADDR, area_end - WORKLOAD_MIN_ADDR))
+            for (index, step) in group.iter().enumerate() {
+                workload = resolve_step(workload, step, area_end, memory_size, vcpus)?;
+                if index + 1 < group.len() {
+                    workload = workload.joined_with_next();
                 }
-                Range::All => Err(bad_range(format!(
-                    "'all' is empty: guest RAM ({}) must be larger than 2 MiB",
-                    format_size(memory_size)
-                ))),
-                Range::Bytes { start, size } => check_range(start, size, memory_size)
-                    .map(|_| (start, size))
-                    .map_err(bad_range),
-            };
-            workload = match step.action {
-                Action::Write(range, pattern) => {
-                    let (start, size) = resolve(range)?;
-                    workload.write(start, size, pattern)
-                }
-                Action::Verify(range, pattern) => {
-                    let (start, size) = resolve(range)?;
-                    workload.verify(start, size, pattern)
-                }
-                Action::VerifyZero(range) => {
-                    let (start, size) = resolve(range)?;
-                    workload.verify_zero(start, size)
-                }
-                Action::Read(range) => {
-                    let (start, size) = resolve(range)?;
-                    workload.read(start, size)
-                }
-                Action::Checkpoint(id) => workload.checkpoint(id),
-                Action::Inflate(size) => workload.inflate(size),
-                Action::Deflate(size) => workload.deflate(size),
-                Action::BalloonTarget => workload.balloon_to_target(),
-                Action::Report(range) => {
-                    let (start, size) = resolve(range)?;
-                    workload.report(start, size)
-                }
-                Action::AnswerStats(count) => workload.balloon_stats(count),
-            };
-            if let Some(vcpu) = step.vcpu {
-                if vcpu as usize >= vcpus {
-                    return Err(WorkloadSpecError::NoSuchVcpu {
-                        step: step.text.clone(),
-                        vcpu,
-                        vcpus,
-                    });
-                }
-                workload = workload.on_vcpu(vcpu);
-            }
-            workload = workload.repeat(step.repeat);
-            if step.joined {
-                workload = workload.joined_with_next();
             }
         }
         if workload.steps().len() > MAX_STEPS {
@@ -440,6 +377,71 @@ impl WorkloadSpec {
         }
         Ok(workload)
     }
+}
+
+/// Adds `step` to `workload`, its ranges resolved against RAM of `memory_size` bytes whose
+/// workload area ends at `area_end`, for a VM of `vcpus` vCPUs.
+fn resolve_step(
+    workload: Workload,
+    step: &StepSpec,
+    area_end: u64,
+    memory_size: u64,
+    vcpus: usize,
+) -> Result<Workload, WorkloadSpecError> {
+    let bad_range = |why: String| WorkloadSpecError::BadRange {
+        step: step.text.clone(),
+        why,
+    };
+    let resolve = |range| match range {
+        Range::All if area_end > WORKLOAD_MIN_ADDR => {
+            Ok((WORKLOAD_MIN_ADDR, area_end - WORKLOAD_MIN_ADDR))
+        }
+        Range::All => Err(bad_range(format!(
+            "'all' is empty: guest RAM ({}) must be larger than 2 MiB",
+            format_size(memory_size)
+        ))),
+        Range::Bytes { start, size } => check_range(start, size, memory_size)
+            .map(|_| (start, size))
+            .map_err(bad_range),
+    };
+    let mut workload = match step.action {
+        Action::Write(range, pattern) => {
+            let (start, size) = resolve(range)?;
+            workload.write(start, size, pattern)
+        }
+        Action::Verify(range, pattern) => {
+            let (start, size) = resolve(range)?;
+            workload.verify(start, size, pattern)
+        }
+        Action::VerifyZero(range) => {
+            let (start, size) = resolve(range)?;
+            workload.verify_zero(start, size)
+        }
+        Action::Read(range) => {
+            let (start, size) = resolve(range)?;
+            workload.read(start, size)
+        }
+        Action::Checkpoint(id) => workload.checkpoint(id),
+        Action::Inflate(size) => workload.inflate(size),
+        Action::Deflate(size) => workload.deflate(size),
+        Action::BalloonTarget => workload.balloon_to_target(),
+        Action::Report(range) => {
+            let (start, size) = resolve(range)?;
+            workload.report(start, size)
+        }
+        Action::AnswerStats(count) => workload.balloon_stats(count),
+    };
+    if let Some(vcpu) = step.vcpu {
+        if vcpu as usize >= vcpus {
+            return Err(WorkloadSpecError::NoSuchVcpu {
+                step: step.text.clone(),
+                vcpu,
+                vcpus,
+            });
+        }
+        workload = workload.on_vcpu(vcpu);
+    }
+    Ok(workload.repeat(step.repeat))
 }
 
 /// Checks that `[start, start + size)` is a non-empty, page-aligned part of the workload area

@@ -86,11 +86,7 @@ impl VmmControl for Session {
 
     fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
         self.started_control()?;
-        let keyboard = self.keyboard().ok_or_else(|| {
-            ControlError::InvalidState(
-                "the VM has no keyboard controller (only Linux guests have an i8042)".into(),
-            )
-        })?;
+        let keyboard = self.keyboard().ok_or(ControlError::NoKeyboard)?;
         if keyboard.send_ctrl_alt_del() {
             Ok(())
         } else {

@@ -196,9 +196,6 @@ impl RunError {
 /// handled by the event loop until this returns; call it before starting other threads that
 /// leave them unblocked.
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
-    if let GuestConfig::TestGuest(_) = &config.guest {
-        testguest::check_memory_size(config.memory_size)?;
-    }
     let pool = memory::create_pool(&config)?;
     run_on(config, pool, console::serial_output())
 }
@@ -210,6 +207,10 @@ pub fn run_on(
     pool: Arc<Pool>,
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
+    // Before any guest memory is populated.
+    if let GuestConfig::TestGuest(_) = &config.guest {
+        testguest::check_memory_size(config.memory_size)?;
+    }
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
     let population = Arc::new(Population::default());

@@ -47,7 +47,7 @@ impl StepProgress {
                 let number = workload.user_step_number(index)?;
                 memory.then(|| StepInfo {
                     name: format!("step {number} ({})", kind_name(step.kind)),
-                    pages: step.size / PAGE_SIZE * u64::from(step.repeat),
+                    pages: (step.size / PAGE_SIZE).saturating_mul(step.repeat.into()),
                 })
             })
             .collect();
@@ -79,8 +79,8 @@ impl StepProgress {
                 Some(format!(
                     "progress: {}: {} of {}",
                     info.name,
-                    format_size_approx(done * PAGE_SIZE),
-                    format_size_approx(info.pages * PAGE_SIZE)
+                    format_size_approx(done.saturating_mul(PAGE_SIZE)),
+                    format_size_approx(info.pages.saturating_mul(PAGE_SIZE))
                 ))
             })
             .collect();

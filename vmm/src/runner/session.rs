@@ -10,6 +10,7 @@ use super::{RunError, RunOutcome, StopCause};
 use crate::cli::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::devices::i8042::I8042Device;
+use crate::devices::GuestWarnings;
 use crate::testguest::TestGuestError;
 use crate::vm::control::{StopReason, VmControl};
 use crate::vm::RunningVm;
@@ -56,6 +57,9 @@ pub(super) struct Session {
     /// Who asked for the first stop; one asked for before the start stops the VM as soon as
     /// it has started.
     stop_cause: Mutex<Option<StopCause>>,
+    /// vCPUs that wait for a frame (`--wait-for-memory`): a guest decides how often, so the
+    /// warnings are rate-limited.
+    memory_waits: GuestWarnings,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
 }
@@ -72,6 +76,7 @@ impl Session {
             phase: Mutex::new(Phase::Setup),
             phase_changed: Condvar::new(),
             stop_cause: Mutex::new(None),
+            memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
         }
     }
@@ -180,10 +185,10 @@ impl Session {
         let fault = (0..self.config.vcpus).find_map(|vcpu| {
             let error = self.memory.take_fault_error(vcpu)?;
             if self.config.wait_for_memory && error == FaultError::PoolExhausted {
-                log::warn!(
+                self.memory_waits.warn(format_args!(
                     "vCPU {vcpu}: {error} ({}); it waits for a frame another VM gives back",
                     self.pool_summary()
-                );
+                ));
                 return None;
             }
             Some(GuestFault {
