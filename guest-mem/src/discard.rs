@@ -1,13 +1,12 @@
 //! Discarding guest memory: whole chunks back to the pool, pieces counted until a chunk is
 //! entirely given away.
 
-use std::sync::atomic::Ordering;
-
 use llfree::FRAME_SIZE;
 use vm_memory::GuestAddress;
 
 use crate::memory::{GuestMemory, MemoryError};
 use crate::region::GuestRegion;
+use crate::stats::Counters;
 
 /// What a discard did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,7 +81,8 @@ impl GuestMemory {
 
     /// Gives back every chunk part of `[addr, addr + len)` as `decide` says (which may count
     /// pieces in the stats): a whole chunk's frame goes back to the pool with `core`, pieces
-    /// are punched out of their frame. Freed chunks are counted as discarded.
+    /// are punched out of their frame. Freed chunks are counted as discarded as they go, also
+    /// when a later part fails.
     fn give_back_parts(
         &self,
         addr: GuestAddress,
@@ -91,11 +91,14 @@ impl GuestMemory {
         mut decide: impl FnMut(&Part<'_>, &mut DiscardStats) -> GiveBack,
     ) -> Result<DiscardStats, MemoryError> {
         let mut stats = DiscardStats::default();
+        let discarded = &self.inner.shared.counters.discarded_chunks;
         self.for_each_part(addr, len, |part| {
             match decide(&part, &mut stats) {
                 GiveBack::Chunk => {
-                    let freed = part.region.discard_chunk(part.chunk, core)?;
-                    stats.freed_chunks += usize::from(freed);
+                    if part.region.discard_chunk(part.chunk, core)? {
+                        stats.freed_chunks += 1;
+                        Counters::bump(discarded);
+                    }
                 }
                 GiveBack::Pieces => {
                     part.region
@@ -105,11 +108,6 @@ impl GuestMemory {
             }
             Ok(())
         })?;
-        self.inner
-            .shared
-            .counters
-            .discarded_chunks
-            .fetch_add(stats.freed_chunks as u64, Ordering::Relaxed);
         Ok(stats)
     }
 

@@ -122,7 +122,7 @@ l2_initramfs() {
 build_tests() {
     local args=()
     for test in "${TESTS[@]}"; do args+=(--test "$test"); done
-    (cd "$ROOT" && cargo build --release -q -p vmm -p e2e-tests --bins >&2)
+    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p e2e-tests --bins >&2)
     (cd "$ROOT" && cargo test --release -q -p e2e-tests "${args[@]}" --no-run \
         --message-format=json 2>/dev/null) |
         sed -n 's/.*"executable":"\([^"]*\/deps\/[^"]*\)".*/\1/p'
@@ -141,8 +141,8 @@ copy_libraries() {
     done
 }
 
-# The L1 initramfs: busybox, l1-init, the KVM modules, the test binaries and the vmm-cli they
-# spawn (at the absolute path compiled into them), the L2 kernel and initramfs.
+# The L1 initramfs: busybox, l1-init, the KVM modules, the test binaries and the vmm they
+# spawn (/bin/vmm, LLFREE_VMM_BIN), the L2 kernel and initramfs.
 l1_initramfs() {
     local l1=$1 kernel=$2 root=$WORK/l1-root binary modules release
     shift 2
@@ -159,10 +159,8 @@ l1_initramfs() {
         cp "$binary" "$root/tests/"
         copy_libraries "$binary" "$root"
     done
-    mkdir -p "$root$ROOT/target/release"
-    cp "$ROOT/target/release/vmm-cli" "$root$ROOT/target/release/vmm-cli"
     cp "$ROOT/target/release/vmm" "$root/bin/vmm"
-    copy_libraries "$ROOT/target/release/vmm-cli" "$root"
+    copy_libraries "$ROOT/target/release/vmm" "$root"
     cp "$kernel" "$root/l2/bzImage"
     cp "$WORK/l2-initrd.gz" "$root/l2/initrd.gz"
     echo "$FILTER" >"$root/tests/filter"

@@ -3,6 +3,33 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+/// The `vmm` binary the end-to-end tests run: `$LLFREE_VMM_BIN` where set (the nested harness
+/// copies it elsewhere), else the one cargo built beside the test binaries, in
+/// `target/<profile>/` (`cargo test --workspace` builds it: vmm-cli has integration tests).
+pub fn vmm_binary() -> &'static str {
+    static BINARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("LLFREE_VMM_BIN") {
+            return path.to_string_lossy().into_owned();
+        }
+        // The test binary is target/<profile>/deps/<name>-<hash>.
+        let test = std::env::current_exe().expect("the test binary's path");
+        let binary = test
+            .parent()
+            .and_then(Path::parent)
+            .map(|profile| profile.join("vmm"))
+            .filter(|vmm| vmm.is_file())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no vmm binary beside {}: build it first (cargo build -p vmm-cli, with \
+                     --release for release tests) or set LLFREE_VMM_BIN",
+                    test.display()
+                )
+            });
+        binary.to_string_lossy().into_owned()
+    })
+}
+
 /// Whether KVM is usable here; prints `SKIP: <test>: ...` and returns `false` when it is not.
 pub fn kvm_available(test: &str) -> bool {
     let available = Path::new("/dev/kvm").exists();

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use api_common::{serve, socket_path, TestVmm};
 use serde_json::Value;
 use vmm::api::model::VmState;
-use vmm::api::{ApiClient, ApiResponse, ApiServer, ServerError};
+use vmm::api::{ApiServer, ServerError};
+use vmm_cli::{ApiClient, ApiResponse};
 
 fn call(socket: &Path, method: &str, path: &str, body: Option<&str>) -> ApiResponse {
     ApiClient::new(socket)

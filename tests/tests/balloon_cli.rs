@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::kvm_available;
 use serde_json::Value;
-use vmm::api::ApiClient;
+use vmm_cli::ApiClient;
 use vmm_common::{client, get, send, wait_for_state, Finished, Scratch, VmmRun};
 
 const MIB: u64 = 1 << 20;

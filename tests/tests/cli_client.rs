@@ -13,7 +13,7 @@ use serde_json::Value;
 use vmm::api::model::VmState;
 
 fn vmm(args: &[&str]) -> Finished {
-    Command::new(env!("CARGO_BIN_EXE_vmm-cli"))
+    Command::new(e2e_tests::vmm_binary())
         .args(args)
         .output()
         .expect("run vmm")

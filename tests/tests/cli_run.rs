@@ -10,11 +10,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e_tests::kvm_available;
-use vmm_common::{get, send, Finished, Scratch, VmmRun, VMM};
+use vmm_common::{get, send, vmm_binary, Finished, Scratch, VmmRun};
 
 /// Runs `vmm ARGS` to its end.
 fn vmm(args: &[&str]) -> Finished {
-    Command::new(VMM)
+    Command::new(vmm_binary())
         .args(args)
         .output()
         .expect("run vmm")
@@ -139,7 +139,7 @@ fn no_kvm_is_host_unsupported() {
     // Hide /dev/kvm from one vmm process: a private mount namespace with an empty /dev.
     let script = r#"mount -t tmpfs none /dev && exec "$0" run --memory 64M"#;
     let output = Command::new("unshare")
-        .args(["--mount", "sh", "-c", script, VMM])
+        .args(["--mount", "sh", "-c", script, vmm_binary()])
         .output()
         .map(Finished::from);
     let output = match output {

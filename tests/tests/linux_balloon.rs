@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use serde_json::Value;
-use vmm::api::ApiClient;
+use vmm_cli::ApiClient;
 use vmm_common::{get, send, Scratch, VmmRun};
 
 const MIB: u64 = 1 << 20;
@@ -201,6 +201,10 @@ fn free_page_reporting_returns_what_linux_frees_to_the_pool() {
     );
     // Whole chunks went back: reported, discarded, their frames freed.
     let chunks = back["guest"]["discarded_chunks"].as_u64().unwrap() - discarded;
-    assert!(chunks >= 48, "{back:#}");
+    assert!(
+        chunks >= 48,
+        "{chunks} chunks discarded: {back:#}; stderr: {}",
+        vmm.stderr_so_far()
+    );
     shut_down(vmm, &api);
 }

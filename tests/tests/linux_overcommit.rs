@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use guest_mem::{Backing, Pool, PoolConfig, Scrub};
 use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
-use vmm::api::ApiClient;
-use vmm::cli::{Cli, Command, VmConfig};
+use vmm::config::VmConfig;
 use vmm::devices::serial::SharedBuffer;
 use vmm::runner::{run_on, ResetCause, RunOutcome, SPARE_CORES};
+use vmm_cli::ApiClient;
+use vmm_cli::{Cli, Command};
 
 const MIB: u64 = 1 << 20;
 

@@ -115,7 +115,7 @@ struct PausedOnPoolFile {
     pool: String,
     backing: String,
     vmm: VmmRun,
-    api: vmm::api::ApiClient,
+    api: vmm_cli::ApiClient,
 }
 
 /// Starts a VMM running `workload` on a fresh pool file in a scratch directory named `name`
@@ -310,8 +310,10 @@ fn format_pool_lays_out_a_pool_over_an_all_zero_file() {
     VmmRun::run(&format).assert_success();
     // The pool is there now: opened again without formatting.
     VmmRun::run(&read).assert_success();
-    VmmRun::run(&["--memory", "16M", "--format-pool"])
-        .assert_fails(2, "--format-pool formats the file or device of --backing");
+    VmmRun::run(&["--memory", "16M", "--format-pool"]).assert_fails(
+        2,
+        "--format-pool: only a pool in a file or device (backing file:PATH or dax:PATH)",
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 pub mod api;
 pub mod arch;
 pub mod boot;
-pub mod cli;
+pub mod config;
 pub mod devices;
 pub mod layout;
 pub mod runner;

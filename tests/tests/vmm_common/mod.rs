@@ -10,11 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use e2e_tests::{Finished, Scratch};
-use vmm::api::ApiClient;
-
-/// The `vmm` command.
-pub const VMM: &str = env!("CARGO_BIN_EXE_vmm-cli");
+pub use e2e_tests::{vmm_binary, Finished, Scratch};
+use vmm_cli::ApiClient;
 
 /// Reads `pipe` to its end on a thread of its own, keeping what came so far in `so_far`.
 fn collect(
@@ -44,7 +41,7 @@ pub struct VmmRun {
 impl VmmRun {
     /// Starts `vmm run ARGS` with stdin from /dev/null and stdout and stderr captured.
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(VMM)
+        let mut child = Command::new(vmm_binary())
             .arg("run")
             .args(args)
             .stdin(Stdio::null())
@@ -102,6 +99,11 @@ impl VmmRun {
     }
 
     /// The process id.
+    /// What the VMM wrote on stderr so far.
+    pub fn stderr_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.stderr_so_far.lock().unwrap()).into_owned()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -206,7 +208,7 @@ pub fn wait_for_state(client: &ApiClient, state: &str) {
 
 /// Runs `vmm ARGS` (a client subcommand) to its end.
 pub fn client(args: &[&str]) -> Finished {
-    Command::new(VMM)
+    Command::new(vmm_binary())
         .args(args)
         .output()
         .expect("run vmm")

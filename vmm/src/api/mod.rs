@@ -4,20 +4,18 @@
 //! * [`routes`] lists the resources. Pause and resume are `PATCH /vm {"state": ...}` as in
 //!   Firecracker; stopping the VM is `PUT /actions {"action_type": "Shutdown"}` (a host-side
 //!   stop, not Firecracker's guest-cooperative SendCtrlAltDel).
-//! * [`ApiClient`] sends requests; `vmm api`, `vmm info`, `vmm pause`, ... use it.
+//! * The `vmm` command (the vmm-cli crate) has the client: `vmm api`, `vmm info`, `vmm pause`.
 //!
 //! ```text
 //! curl --unix-socket /tmp/vmm.sock http://localhost/memory
 //! curl --unix-socket /tmp/vmm.sock -X PATCH -d '{"state":"Paused"}' http://localhost/vm
 //! ```
 
-pub mod client;
 pub mod control;
 pub mod http;
 pub mod model;
 pub mod routes;
 pub mod server;
 
-pub use client::{ApiClient, ApiResponse, ClientError};
 pub use control::{ControlError, VmmControl};
 pub use server::{ApiServer, ServerError};

@@ -4,7 +4,7 @@ use guest_mem::{GuestMemory, Pool, Populate};
 use serde::{Deserialize, Serialize};
 use virtio_balloon::Violations;
 
-use crate::cli::{GuestConfig, VmConfig};
+use crate::config::{GuestConfig, VmConfig};
 
 /// Run state of the VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

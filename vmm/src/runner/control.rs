@@ -181,20 +181,17 @@ impl GuestValues {
 mod tests {
     use std::sync::Arc;
 
-    use clap::Parser;
-
     use super::*;
-    use crate::cli::{Cli, Command, VmConfig};
+    use crate::config::VmConfig;
     use crate::runner::devices::create_devices;
     use crate::runner::memory::{create_memory, create_pool};
 
-    fn session_with(extra: &[&str]) -> Session {
-        let args = ["vmm", "run", "--memory", "16M", "--vcpus", "2"];
-        let cli = Cli::try_parse_from(args.iter().chain(extra)).unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("not run")
-        };
-        let config = VmConfig::try_from(args).unwrap();
+    /// A session of a 16 MiB VM with 2 vCPUs and the balloon `balloon` (if any).
+    fn session_with(balloon: Option<&str>) -> Session {
+        let mut config = VmConfig::test_guest(16 << 20, 2);
+        if let Some(balloon) = balloon {
+            config = config.with_balloon(balloon);
+        }
         let memory = Arc::new(
             create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
         );
@@ -203,7 +200,7 @@ mod tests {
     }
 
     fn session() -> Session {
-        session_with(&[])
+        session_with(None)
     }
 
     #[test]
@@ -242,7 +239,7 @@ mod tests {
             Err(ControlError::BalloonNotConfigured)
         );
 
-        let session = session_with(&["--balloon", "size=4M,free_page_reporting=on"]);
+        let session = session_with(Some("size=4M,free_page_reporting=on"));
         let info = session.balloon().unwrap();
         assert_eq!(
             info,
@@ -284,7 +281,7 @@ mod tests {
         assert_eq!((stats.target_pages, stats.target_mib), (12 * 256, 12));
         assert_eq!((stats.actual_pages, stats.free_memory), (0, None));
 
-        let polled = session_with(&["--balloon", "stats_polling_interval_s=3"]);
+        let polled = session_with(Some("stats_polling_interval_s=3"));
         assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 3);
         let off = BalloonUpdate {
             amount_mib: None,
@@ -297,7 +294,7 @@ mod tests {
     #[test]
     fn sizes_the_guest_wrote_beyond_its_ram_are_clamped_and_flagged() {
         use crate::devices::virtio::VirtioDevice;
-        let session = session_with(&["--balloon", "size=0"]);
+        let session = session_with(Some("size=0"));
         let balloon = session.balloon_handle().unwrap();
         // A hostile driver claims a balloon of 2^32 - 1 pages in a 16 MiB guest.
         balloon

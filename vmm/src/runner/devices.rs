@@ -16,7 +16,7 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::boot::VirtioMmioEntry;
-use crate::cli::VmConfig;
+use crate::config::VmConfig;
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::serial::SerialError;
@@ -199,12 +199,10 @@ pub(super) fn create_devices(
 mod tests {
     use std::time::Duration;
 
-    use clap::Parser;
     use kvm_ioctls::Kvm;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use super::*;
-    use crate::cli::{Cli, Command};
     use crate::devices::balloon::BalloonControlError;
     use crate::devices::virtio::mmio::tests::TestDevice;
     use crate::layout::BALLOON_SLOT;
@@ -274,12 +272,9 @@ mod tests {
         );
     }
 
-    fn vm_config(flags: &[&str]) -> VmConfig {
-        let args = ["vmm", "run", "--memory", "16M"].iter().chain(flags);
-        let Command::Run(args) = Cli::try_parse_from(args).unwrap().command else {
-            panic!("not run")
-        };
-        VmConfig::try_from(args).unwrap()
+    /// A 16 MiB VM with the balloon `balloon`.
+    fn vm_config(balloon: &str) -> VmConfig {
+        VmConfig::test_guest(16 << 20, 1).with_balloon(balloon)
     }
 
     #[test]
@@ -291,7 +286,7 @@ mod tests {
         let vm = kvm.create_vm().unwrap();
         vm.create_irq_chip().unwrap();
         let option = "size=4M,free_page_reporting=on,stats_polling_interval_s=1";
-        let config = vm_config(&["--balloon", option]);
+        let config = vm_config(option);
         let memory = Arc::new(
             create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
         );
@@ -338,7 +333,7 @@ mod tests {
 
     #[test]
     fn without_balloon_there_are_no_devices() {
-        let config = vm_config(&[]);
+        let config = VmConfig::test_guest(16 << 20, 1);
         let memory = Arc::new(
             create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
         );

@@ -23,7 +23,7 @@ use crate::arch::x86_64::{
     host_has_hardware_virtualization, write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED,
 };
 use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
-use crate::cli::LinuxConfig;
+use crate::config::LinuxConfig;
 use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use crate::devices::BusDevice;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};

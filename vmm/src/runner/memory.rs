@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
-use guest_mem::pool::BackingError;
 use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError, Population};
 use vm_memory::GuestAddress;
 
-use crate::cli::{ExitStatus, VmConfig};
+use crate::config::VmConfig;
 use crate::vcpu::kick_signal;
 
 /// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device
@@ -51,24 +50,4 @@ pub(super) fn create_memory(
         },
         population,
     )
-}
-
-/// The exit status of a pool error: the host lacks huge pages, the pool file is unusable, or
-/// something failed at run time.
-pub(super) fn pool_error_status(error: &PoolError) -> ExitStatus {
-    match error {
-        PoolError::Backing(
-            BackingError::HugePagesUnsupported { .. } | BackingError::NotEnoughHugePages { .. },
-        ) => ExitStatus::HostUnsupported,
-        PoolError::Backing(
-            BackingError::File { .. }
-            | BackingError::InUse(_)
-            | BackingError::DeviceTooSmall { .. }
-            | BackingError::FileTooSmall { .. },
-        )
-        | PoolError::Header { .. }
-        | PoolError::SizeMismatch { .. }
-        | PoolError::CannotPunch(_) => ExitStatus::Usage,
-        _ => ExitStatus::Runtime,
-    }
 }

@@ -14,7 +14,7 @@
 //! The vCPUs start paused: their thread ids are registered, the run control is handed to the
 //! API and the signal handling, and only then does the guest run.
 //!
-//! Outcomes ([`RunOutcome`], [`RunError::exit_status`]): a guest that finished its work and a
+//! Outcomes ([`RunOutcome`], [`RunError`]): a guest that finished its work and a
 //! Linux guest that reset or powered off are successes; a stop asked for by the owner (API
 //! shutdown, SIGINT, SIGTERM) is [`RunOutcome::Stopped`] with its [`StopCause`]. A test guest
 //! whose verification or protocol failed, or that crashed, is a guest failure. A fault the pool
@@ -45,7 +45,7 @@ use guest_mem::{FaultError, MemoryError, Pool, PoolError, Population};
 
 use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
-use crate::cli::{ExitStatus, GuestConfig, LinuxConfig, VmConfig};
+use crate::config::{GuestConfig, LinuxConfig, VmConfig};
 use crate::devices::serial::SerialOutput;
 use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
@@ -164,29 +164,6 @@ pub enum RunError {
     /// A vCPU failed (a KVM error, a failed entry, an emulation failure).
     #[error("{0}")]
     VcpuFailed(String),
-}
-
-impl RunError {
-    /// The exit status for this error.
-    pub fn exit_status(&self) -> ExitStatus {
-        match self {
-            RunError::Boot { .. }
-            | RunError::PoolExhaustedAtStart { .. }
-            | RunError::Devices(DeviceError::BalloonOption(_)) => ExitStatus::Usage,
-            RunError::Pool(e) => memory::pool_error_status(e),
-            RunError::Api(
-                ServerError::InUse(_) | ServerError::NotASocket(_) | ServerError::Socket { .. },
-            ) => ExitStatus::Usage,
-            RunError::Vm(VmError::KvmUnavailable(_))
-            | RunError::TestGuest(TestGuestError::Vm(VmError::KvmUnavailable(_))) => {
-                ExitStatus::HostUnsupported
-            }
-            RunError::TestGuest(
-                TestGuestError::Workload(_) | TestGuestError::MemoryTooLarge { .. },
-            ) => ExitStatus::Usage,
-            _ => ExitStatus::Runtime,
-        }
-    }
 }
 
 /// Boots and runs the VM `config` describes, until the guest ends or is shut down, on a pool of

@@ -1,7 +1,7 @@
 //! Progress lines on stderr for work that takes longer than about a second: eager population of
 //! guest memory and the test guest's memory steps. Each line starts with `progress: `.
 
-use crate::cli::format_size_approx;
+use crate::config::format_size_approx;
 use crate::testguest::protocol::{step_kind, PAGE_SIZE};
 use crate::testguest::workload::kind_name;
 use crate::testguest::{Progress, Workload};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use guest_mem::{FaultError, GuestMemory};
 
 use super::{RunError, RunOutcome, StopCause};
-use crate::cli::{format_size, BackingKind, VmConfig};
+use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::devices::i8042::I8042Device;
 use crate::devices::GuestWarnings;

@@ -5,6 +5,6 @@
 mod request;
 mod response;
 
-pub(crate) use request::is_token;
+pub use request::is_token;
 pub use request::{read_request, Method, Request, RequestError, MAX_BODY_BYTES, MAX_HEAD_BYTES};
 pub use response::Response;

@@ -107,7 +107,7 @@ fn malformed(why: impl Into<String>) -> RequestError {
 }
 
 /// Whether `text` is an RFC 9110 token (method and header names).
-pub(crate) fn is_token(text: &str) -> bool {
+pub fn is_token(text: &str) -> bool {
     !text.is_empty()
         && text
             .bytes()

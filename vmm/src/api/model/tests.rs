@@ -1,9 +1,7 @@
-use clap::Parser;
 use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig};
 use vm_memory::GuestAddress;
 
 use super::*;
-use crate::cli::{Cli, Command};
 
 #[test]
 fn memory_info_reports_a_real_eager_guest_memory_and_its_pool() {
@@ -40,12 +38,10 @@ fn memory_info_reports_a_real_eager_guest_memory_and_its_pool() {
 
 #[test]
 fn machine_info_follows_the_config() {
-    let cli = Cli::try_parse_from(["vmm", "run", "--memory=1G", "--vcpus=3", "--populate=eager"])
-        .unwrap();
-    let Command::Run(args) = cli.command else {
-        panic!("not run")
+    let config = VmConfig {
+        populate: Populate::Eager,
+        ..VmConfig::test_guest(1 << 30, 3)
     };
-    let config = VmConfig::try_from(args).unwrap();
     let info = MachineInfo::new(&config, VmState::Paused);
     assert_eq!((info.vcpu_count, info.mem_size_mib), (3, 1024));
     assert_eq!((info.backing.as_str(), info.frame_size_kib), ("anon", 2048));

@@ -14,7 +14,7 @@ use virtio_balloon::{
 
 use super::stats_timer::{StatsInterval, StatsTimer, StatsTimerError};
 use super::{lock, BalloonDevice};
-use crate::cli::BalloonConfig as BalloonOption;
+use crate::config::BalloonDeviceConfig;
 
 /// Errors of creating a balloon.
 #[derive(Debug, thiserror::Error)]
@@ -130,14 +130,14 @@ impl BalloonHandle {
     }
 }
 
-/// The device options of a `--balloon` option: the initial target, deflate-on-OOM, free page
+/// The virtio-balloon options of a configured balloon device: the initial target, deflate-on-OOM, free page
 /// reporting, statistics (an interval of 0 turns them off), MUST_TELL_HOST and 1024-entry queues.
-pub fn device_config(option: &BalloonOption) -> Result<BalloonConfig, ConfigError> {
-    let interval = option.stats_polling_interval_s;
+pub fn device_config(balloon: &BalloonDeviceConfig) -> Result<BalloonConfig, ConfigError> {
+    let interval = balloon.stats_polling_interval_s;
     Ok(BalloonConfig {
-        target_pages: pages_from_bytes(option.size)?,
-        deflate_on_oom: option.deflate_on_oom,
-        free_page_reporting: option.free_page_reporting,
+        target_pages: pages_from_bytes(balloon.size)?,
+        deflate_on_oom: balloon.deflate_on_oom,
+        free_page_reporting: balloon.free_page_reporting,
         stats_interval: (interval > 0).then(|| Duration::from_secs(interval.into())),
         ..BalloonConfig::default()
     })

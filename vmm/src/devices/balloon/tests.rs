@@ -182,7 +182,7 @@ fn the_stats_timer_requests_statistics_at_the_interval_it_is_set_to() {
 
 #[test]
 fn the_balloon_option_becomes_device_options() {
-    let option = crate::cli::BalloonConfig {
+    let option = crate::config::BalloonDeviceConfig {
         size: 256 * MIB,
         deflate_on_oom: true,
         free_page_reporting: true,
@@ -193,7 +193,7 @@ fn the_balloon_option_becomes_device_options() {
     assert!(config.deflate_on_oom && config.free_page_reporting && config.must_tell_host);
     assert_eq!(config.stats_interval, Some(Duration::from_secs(2)));
     assert_eq!(config.queue_size, 1024);
-    let quiet = crate::cli::BalloonConfig {
+    let quiet = crate::config::BalloonDeviceConfig {
         stats_polling_interval_s: 0,
         ..option
     };

@@ -1,5 +1,6 @@
-//! The `--balloon` option: `size=SIZE,deflate_on_oom=on|off,free_page_reporting=on|off,
-//! stats_polling_interval_s=N`, in the style of Cloud Hypervisor's `--balloon`.
+//! The balloon device's configuration and its textual form, `size=SIZE,deflate_on_oom=on|off,
+//! free_page_reporting=on|off,stats_polling_interval_s=N` (the `--balloon` option, in the style
+//! of Cloud Hypervisor's).
 
 use std::str::FromStr;
 
@@ -42,9 +43,9 @@ pub enum BalloonError {
     BadInterval(String),
 }
 
-/// A virtio-balloon device configured on the command line.
+/// A virtio-balloon device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct BalloonConfig {
+pub struct BalloonDeviceConfig {
     /// Initial balloon target in bytes: memory the guest is asked to give back (default 0).
     pub size: u64,
     /// Whether the guest may deflate the balloon when it runs out of memory (default off).
@@ -69,14 +70,27 @@ fn on_off(key: &'static str, value: &str) -> Result<bool, BalloonError> {
     }
 }
 
-impl FromStr for BalloonConfig {
+impl BalloonDeviceConfig {
+    /// Checks that the balloon fits in `memory` bytes of guest RAM.
+    pub fn check_fits(&self, memory: u64) -> Result<(), super::ConfigError> {
+        if self.size > memory {
+            return Err(super::ConfigError::BalloonTooLarge {
+                size: self.size,
+                memory,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for BalloonDeviceConfig {
     type Err = BalloonError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if text.is_empty() {
             return Err(BalloonError::Empty);
         }
-        let mut config = BalloonConfig::default();
+        let mut config = BalloonDeviceConfig::default();
         let mut seen: Vec<&str> = Vec::new();
         for item in text.split(',') {
             let (key, value) = item
@@ -117,23 +131,23 @@ mod tests {
 
     #[test]
     fn parses_all_options_in_any_order() {
-        let config: BalloonConfig =
+        let config: BalloonDeviceConfig =
             "free_page_reporting=on,size=256M,stats_polling_interval_s=2,deflate_on_oom=on"
                 .parse()
                 .unwrap();
         assert_eq!(
             config,
-            BalloonConfig {
+            BalloonDeviceConfig {
                 size: 256 << 20,
                 deflate_on_oom: true,
                 free_page_reporting: true,
                 stats_polling_interval_s: 2,
             }
         );
-        assert_eq!("size=0".parse(), Ok(BalloonConfig::default()));
+        assert_eq!("size=0".parse(), Ok(BalloonDeviceConfig::default()));
         assert_eq!(
-            "deflate_on_oom=off".parse::<BalloonConfig>().unwrap(),
-            BalloonConfig::default()
+            "deflate_on_oom=off".parse::<BalloonDeviceConfig>().unwrap(),
+            BalloonDeviceConfig::default()
         );
     }
 
@@ -188,18 +202,24 @@ mod tests {
             ),
         ];
         for (text, expected) in cases {
-            assert_eq!(text.parse::<BalloonConfig>(), Err(expected), "{text:?}");
+            assert_eq!(
+                text.parse::<BalloonDeviceConfig>(),
+                Err(expected),
+                "{text:?}"
+            );
         }
     }
 
     #[test]
     fn messages_name_the_offending_option() {
-        let err = "deflate_on_oom=1".parse::<BalloonConfig>().unwrap_err();
+        let err = "deflate_on_oom=1"
+            .parse::<BalloonDeviceConfig>()
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "balloon option deflate_on_oom=1: expected on or off"
         );
-        let err = "foo=1".parse::<BalloonConfig>().unwrap_err();
+        let err = "foo=1".parse::<BalloonDeviceConfig>().unwrap_err();
         assert!(
             err.to_string().contains("keys: size, deflate_on_oom"),
             "{err}"

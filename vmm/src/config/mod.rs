@@ -1,4 +1,18 @@
-//! [`VmConfig`]: the validated configuration of one VM, built from `vmm run`'s flags.
+//! The configuration of one VM ([`VmConfig`]), and the checks its parts pass, in the style of
+//! Firecracker's `vmm_config`: every front end (the `vmm` command line, the control API, a
+//! configuration file) builds these types and gets the same errors.
+//!
+//! Every [`ConfigError`] message starts with the name of the setting it is about, spelt as the
+//! command line's flag without its dashes (`vcpus 255: must be between 1 and 254`), so that a
+//! front end can name the setting its own way in front of it.
+
+mod backing;
+mod balloon;
+mod size;
+
+pub use backing::{BackingError, BackingKind};
+pub use balloon::{BalloonDeviceConfig, BalloonError};
+pub use size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -6,11 +20,6 @@ use std::path::{Path, PathBuf};
 
 use guest_mem::{Populate, Scrub};
 
-use super::args::{PopulateArg, RunArgs};
-use super::backing::BackingKind;
-use super::balloon::BalloonConfig;
-use super::size::format_size;
-use super::workload::WorkloadSpecError;
 use crate::boot::cmdline::DEFAULT_CMDLINE;
 use crate::layout::{ram_regions, RamRegion, CMDLINE_MAX_SIZE};
 use crate::testguest::{protocol, Workload};
@@ -24,20 +33,20 @@ pub const MAX_MEMORY: u64 = 1 << 40;
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
-/// Errors of validating `vmm run`'s flags.
+/// Errors of checking a VM configuration; each message starts with the setting's name.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The vCPU count is out of range.
-    #[error("--vcpus {0}: must be between 1 and {MAX_VCPUS}")]
+    #[error("vcpus {0}: must be between 1 and {MAX_VCPUS}")]
     Vcpus(usize),
     /// The test guest supports fewer vCPUs than KVM.
-    #[error("--vcpus {0}: the built-in test guest runs on at most {max} vCPUs", max = protocol::MAX_VCPUS)]
+    #[error("vcpus {0}: the built-in test guest runs on at most {max} vCPUs", max = protocol::MAX_VCPUS)]
     TestGuestVcpus(usize),
     /// The memory size is outside [`MIN_MEMORY`, `MAX_MEMORY`].
-    #[error("--memory {}: must be between 4 MiB and 1 TiB", format_size(*.0))]
+    #[error("memory {}: must be between 4 MiB and 1 TiB", format_size(*.0))]
     MemoryRange(u64),
     /// The memory size is not a multiple of the backing's frame size.
-    #[error("--memory {}: must be a multiple of {frame} for --backing {backing}", format_size(*.size))]
+    #[error("memory {}: must be a multiple of {frame} with backing {backing}", format_size(*.size))]
     MemoryMisaligned {
         /// The size.
         size: u64,
@@ -47,26 +56,23 @@ pub enum ConfigError {
         backing: BackingKind,
     },
     /// A file the VM needs is missing or unusable.
-    #[error("{flag}{}: {why}", .path.display())]
+    #[error("{setting}{}: {why}", .path.display())]
     Path {
-        /// The flag naming the file, with its separator ("--kernel ", "--backing file:").
-        flag: &'static str,
+        /// The setting naming the file, with its separator ("kernel ", "backing file:").
+        setting: &'static str,
         /// The path.
         path: PathBuf,
         /// What is wrong.
         why: String,
     },
     /// The kernel command line is too long or has bytes a kernel cannot take.
-    #[error("--cmdline: {0}")]
+    #[error("cmdline: {0}")]
     Cmdline(String),
-    /// `--format-pool` without a file or device to format.
-    #[error("--format-pool formats the file or device of --backing file:PATH or dax:PATH, not --backing {0}")]
+    /// Formatting asked for a pool that is no file or device.
+    #[error("format-pool: only a pool in a file or device (backing file:PATH or dax:PATH) can be formatted, not backing {0}")]
     FormatWithoutFile(BackingKind),
-    /// The workload does not fit the VM.
-    #[error("--workload: {0}")]
-    Workload(#[from] WorkloadSpecError),
     /// The balloon is larger than guest RAM.
-    #[error("--balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
+    #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
         /// The balloon size.
         size: u64,
@@ -118,7 +124,7 @@ pub struct VmConfig {
     /// Where to serve the control API.
     pub api_socket: Option<PathBuf>,
     /// The balloon device, if any.
-    pub balloon: Option<BalloonConfig>,
+    pub balloon: Option<BalloonDeviceConfig>,
 }
 
 impl VmConfig {
@@ -126,60 +132,49 @@ impl VmConfig {
     pub fn ram_regions(&self) -> Vec<RamRegion> {
         ram_regions(self.memory_size)
     }
-}
 
-impl TryFrom<RunArgs> for VmConfig {
-    type Error = ConfigError;
+    /// The built-in test guest with an empty workload on `memory_size` bytes of anonymous
+    /// memory, populated lazily, with `vcpus` vCPUs and no devices, for the library's tests.
+    #[cfg(test)]
+    pub(crate) fn test_guest(memory_size: u64, vcpus: usize) -> Self {
+        VmConfig {
+            memory_size,
+            backing: BackingKind::Anonymous,
+            format_pool: false,
+            wait_for_memory: false,
+            scrub: Scrub::PunchHole,
+            populate: Populate::Lazy,
+            vcpus,
+            guest: GuestConfig::TestGuest(Workload::new()),
+            api_socket: None,
+            balloon: None,
+        }
+    }
 
-    fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
-        if args.vcpus == 0 || args.vcpus > MAX_VCPUS {
-            return Err(ConfigError::Vcpus(args.vcpus));
+    /// [`VmConfig::test_guest`] with a balloon given in its textual form, for tests.
+    #[cfg(test)]
+    pub(crate) fn with_balloon(self, balloon: &str) -> Self {
+        VmConfig {
+            balloon: Some(balloon.parse().expect("balloon option")),
+            ..self
         }
-        check_memory(args.memory, &args.backing)?;
-        let scrub = check_backing(&args.backing)?;
-        if args.format_pool && !args.backing.is_persistent() {
-            return Err(ConfigError::FormatWithoutFile(args.backing));
-        }
-        let guest = match args.kernel {
-            Some(kernel) => GuestConfig::Linux(linux_config(kernel, args.initrd, args.cmdline)?),
-            None => {
-                if args.vcpus > protocol::MAX_VCPUS as usize {
-                    return Err(ConfigError::TestGuestVcpus(args.vcpus));
-                }
-                args.workload.check_balloon(args.balloon.as_ref())?;
-                GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)
-            }
-        };
-        if let Some(socket) = &args.api_socket {
-            check_socket_path(socket)?;
-        }
-        if let Some(balloon) = &args.balloon {
-            if balloon.size > args.memory {
-                return Err(ConfigError::BalloonTooLarge {
-                    size: balloon.size,
-                    memory: args.memory,
-                });
-            }
-        }
-        Ok(VmConfig {
-            memory_size: args.memory,
-            backing: args.backing,
-            format_pool: args.format_pool,
-            wait_for_memory: args.wait_for_memory,
-            scrub,
-            populate: match args.populate {
-                PopulateArg::Eager => Populate::Eager,
-                PopulateArg::Lazy => Populate::Lazy,
-            },
-            vcpus: args.vcpus,
-            guest,
-            api_socket: args.api_socket,
-            balloon: args.balloon,
-        })
     }
 }
 
-fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError> {
+/// Checks a vCPU count; the built-in test guest (`test_guest`) runs on fewer vCPUs than KVM.
+pub fn check_vcpus(vcpus: usize, test_guest: bool) -> Result<(), ConfigError> {
+    if vcpus == 0 || vcpus > MAX_VCPUS {
+        return Err(ConfigError::Vcpus(vcpus));
+    }
+    if test_guest && vcpus > protocol::MAX_VCPUS as usize {
+        return Err(ConfigError::TestGuestVcpus(vcpus));
+    }
+    Ok(())
+}
+
+/// Checks a guest RAM size: within [`MIN_MEMORY`, `MAX_MEMORY`] and a whole number of the
+/// backing's frames.
+pub fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError> {
     if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
         return Err(ConfigError::MemoryRange(size));
     }
@@ -194,9 +189,9 @@ fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn path_error(flag: &'static str, path: &Path, why: impl Into<String>) -> ConfigError {
+fn path_error(setting: &'static str, path: &Path, why: impl Into<String>) -> ConfigError {
     ConfigError::Path {
-        flag,
+        setting,
         path: path.to_owned(),
         why: why.into(),
     }
@@ -210,14 +205,18 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// Checks the pool file or DAX path and picks how freed frames are scrubbed.
-fn check_backing(backing: &BackingKind) -> Result<Scrub, ConfigError> {
+/// Checks the pool file or DAX path (and that `format` asks to lay out a pool only in a file or
+/// device) and picks how freed frames are scrubbed.
+pub fn check_backing(backing: &BackingKind, format: bool) -> Result<Scrub, ConfigError> {
+    if format && !backing.is_persistent() {
+        return Err(ConfigError::FormatWithoutFile(backing.clone()));
+    }
     match backing {
         BackingKind::File(path) => match fs::metadata(path) {
             Ok(meta) if meta.is_file() => Ok(Scrub::PunchHole),
-            Ok(meta) if meta.is_dir() => Err(path_error("--backing file:", path, "is a directory")),
+            Ok(meta) if meta.is_dir() => Err(path_error("backing file:", path, "is a directory")),
             Ok(_) => Err(path_error(
-                "--backing file:",
+                "backing file:",
                 path,
                 "is not a regular file (a device DAX takes --backing dax:PATH)",
             )),
@@ -226,17 +225,17 @@ fn check_backing(backing: &BackingKind) -> Result<Scrub, ConfigError> {
                     Ok(Scrub::PunchHole)
                 } else {
                     Err(path_error(
-                        "--backing file:",
+                        "backing file:",
                         path,
                         "its directory does not exist",
                     ))
                 }
             }
-            Err(e) => Err(path_error("--backing file:", path, e.to_string())),
+            Err(e) => Err(path_error("backing file:", path, e.to_string())),
         },
         BackingKind::Dax(path) => {
-            let meta = fs::metadata(path)
-                .map_err(|e| path_error("--backing dax:", path, e.to_string()))?;
+            let meta =
+                fs::metadata(path).map_err(|e| path_error("backing dax:", path, e.to_string()))?;
             let kind = meta.file_type();
             if kind.is_char_device() {
                 Ok(Scrub::ZeroOnFree)
@@ -244,7 +243,7 @@ fn check_backing(backing: &BackingKind) -> Result<Scrub, ConfigError> {
                 Ok(Scrub::PunchHole)
             } else {
                 Err(path_error(
-                    "--backing dax:",
+                    "backing dax:",
                     path,
                     "is neither a DAX device nor a file",
                 ))
@@ -255,49 +254,55 @@ fn check_backing(backing: &BackingKind) -> Result<Scrub, ConfigError> {
 }
 
 /// Checks that `path` is a readable regular file.
-fn check_input_file(flag: &'static str, path: &Path) -> Result<(), ConfigError> {
-    let meta = fs::metadata(path).map_err(|e| path_error(flag, path, e.to_string()))?;
+fn check_input_file(setting: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let meta = fs::metadata(path).map_err(|e| path_error(setting, path, e.to_string()))?;
     if !meta.is_file() {
-        return Err(path_error(flag, path, "is not a regular file"));
+        return Err(path_error(setting, path, "is not a regular file"));
     }
     if meta.len() == 0 {
-        return Err(path_error(flag, path, "is empty"));
+        return Err(path_error(setting, path, "is empty"));
     }
-    fs::File::open(path).map_err(|e| path_error(flag, path, e.to_string()))?;
+    fs::File::open(path).map_err(|e| path_error(setting, path, e.to_string()))?;
     Ok(())
 }
 
-fn linux_config(
-    kernel: PathBuf,
-    initrd: Option<PathBuf>,
-    cmdline: Option<String>,
-) -> Result<LinuxConfig, ConfigError> {
-    check_input_file("--kernel ", &kernel)?;
-    if let Some(initrd) = &initrd {
-        check_input_file("--initrd ", initrd)?;
+impl LinuxConfig {
+    /// Checks that the kernel and initrd are readable files and the command line (the default
+    /// one when `None`) fits and is printable ASCII.
+    pub fn new(
+        kernel: PathBuf,
+        initrd: Option<PathBuf>,
+        cmdline: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        check_input_file("kernel ", &kernel)?;
+        if let Some(initrd) = &initrd {
+            check_input_file("initrd ", initrd)?;
+        }
+        let cmdline = cmdline.unwrap_or_else(|| DEFAULT_CMDLINE.to_owned());
+        if cmdline.len() >= CMDLINE_MAX_SIZE {
+            return Err(ConfigError::Cmdline(format!(
+                "{} bytes; at most {} fit",
+                cmdline.len(),
+                CMDLINE_MAX_SIZE - 1
+            )));
+        }
+        if let Some(bad) = cmdline.chars().find(|c| !(' '..='~').contains(c)) {
+            return Err(ConfigError::Cmdline(format!(
+                "{bad:?} is not a printable ASCII character"
+            )));
+        }
+        Ok(LinuxConfig {
+            kernel,
+            initrd,
+            cmdline,
+        })
     }
-    let cmdline = cmdline.unwrap_or_else(|| DEFAULT_CMDLINE.to_owned());
-    if cmdline.len() >= CMDLINE_MAX_SIZE {
-        return Err(ConfigError::Cmdline(format!(
-            "{} bytes; at most {} fit",
-            cmdline.len(),
-            CMDLINE_MAX_SIZE - 1
-        )));
-    }
-    if let Some(bad) = cmdline.chars().find(|c| !(' '..='~').contains(c)) {
-        return Err(ConfigError::Cmdline(format!(
-            "{bad:?} is not a printable ASCII character"
-        )));
-    }
-    Ok(LinuxConfig {
-        kernel,
-        initrd,
-        cmdline,
-    })
 }
 
-fn check_socket_path(path: &Path) -> Result<(), ConfigError> {
-    let flag = "--api-socket ";
+/// Checks that the control API can be served at `path`: short enough, in an existing
+/// directory, and not some other file.
+pub fn check_api_socket(path: &Path) -> Result<(), ConfigError> {
+    let flag = "api-socket ";
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(path_error(
             flag,
@@ -317,6 +322,3 @@ fn check_socket_path(path: &Path) -> Result<(), ConfigError> {
         _ => Ok(()),
     }
 }
-
-#[cfg(test)]
-mod tests;

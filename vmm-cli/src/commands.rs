@@ -3,12 +3,13 @@
 use std::fmt::Display;
 use std::path::Path;
 
-use super::args::{BalloonAction, RunArgs};
-use super::config::VmConfig;
-use super::exit::ExitStatus;
-use super::host::check_host;
-use crate::api::{ApiClient, ClientError};
-use crate::runner::{RunOutcome, StopCause};
+use vmm::config::VmConfig;
+use vmm::runner::{RunOutcome, StopCause};
+
+use crate::api_client::{ApiClient, ClientError};
+use crate::args::{BalloonAction, RunArgs};
+use crate::exit::{run_error_status, ExitStatus};
+use crate::host::check_host;
 
 /// Prints `error: {message}` and returns `status`.
 fn fail(status: ExitStatus, message: impl Display) -> ExitStatus {
@@ -28,7 +29,7 @@ pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
             format!("host unsupported: {e}"),
         );
     }
-    match crate::run(config) {
+    match vmm::run(config) {
         Ok(RunOutcome::Success) => ExitStatus::Success,
         Ok(RunOutcome::GuestReset(cause)) => {
             eprintln!(
@@ -48,7 +49,7 @@ pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
                 StopCause::Api => ExitStatus::StoppedByApi,
             }
         }
-        Err(e) => fail(e.exit_status(), e),
+        Err(e) => fail(run_error_status(&e), e),
     }
 }
 

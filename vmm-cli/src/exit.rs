@@ -2,6 +2,13 @@
 
 use std::process::ExitCode;
 
+use guest_mem::pool::BackingError;
+use guest_mem::PoolError;
+use vmm::api::ServerError;
+use vmm::runner::{DeviceError, RunError};
+use vmm::testguest::TestGuestError;
+use vmm::vm::VmError;
+
 /// The help text that lists the exit statuses (shown by `vmm --help` and `vmm run --help`).
 pub const EXIT_STATUS_HELP: &str = "\
 Exit status:
@@ -54,6 +61,49 @@ impl ExitStatus {
 impl From<ExitStatus> for ExitCode {
     fn from(status: ExitStatus) -> Self {
         ExitCode::from(status.code())
+    }
+}
+
+/// The exit status of a `vmm run` that failed with `error`: a configuration the library
+/// refused is a usage error, a host without KVM or huge pages is unsupported, anything else
+/// failed at run time.
+pub fn run_error_status(error: &RunError) -> ExitStatus {
+    match error {
+        RunError::Boot { .. }
+        | RunError::PoolExhaustedAtStart { .. }
+        | RunError::Devices(DeviceError::BalloonOption(_)) => ExitStatus::Usage,
+        RunError::Pool(e) => pool_error_status(e),
+        RunError::Api(
+            ServerError::InUse(_) | ServerError::NotASocket(_) | ServerError::Socket { .. },
+        ) => ExitStatus::Usage,
+        RunError::Vm(VmError::KvmUnavailable(_))
+        | RunError::TestGuest(TestGuestError::Vm(VmError::KvmUnavailable(_))) => {
+            ExitStatus::HostUnsupported
+        }
+        RunError::TestGuest(
+            TestGuestError::Workload(_) | TestGuestError::MemoryTooLarge { .. },
+        ) => ExitStatus::Usage,
+        _ => ExitStatus::Runtime,
+    }
+}
+
+/// The exit status of a pool error: the host lacks huge pages, the pool file is unusable, or
+/// something failed at run time.
+fn pool_error_status(error: &PoolError) -> ExitStatus {
+    match error {
+        PoolError::Backing(
+            BackingError::HugePagesUnsupported { .. } | BackingError::NotEnoughHugePages { .. },
+        ) => ExitStatus::HostUnsupported,
+        PoolError::Backing(
+            BackingError::File { .. }
+            | BackingError::InUse(_)
+            | BackingError::DeviceTooSmall { .. }
+            | BackingError::FileTooSmall { .. },
+        )
+        | PoolError::Header { .. }
+        | PoolError::SizeMismatch { .. }
+        | PoolError::CannotPunch(_) => ExitStatus::Usage,
+        _ => ExitStatus::Runtime,
     }
 }
 

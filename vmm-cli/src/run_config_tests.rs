@@ -1,9 +1,16 @@
+use std::fs;
+use std::path::PathBuf;
+
 use clap::error::ErrorKind;
 use clap::Parser;
+use guest_mem::{Populate, Scrub};
+use vmm::boot::DEFAULT_CMDLINE;
+use vmm::config::{BackingKind, GuestConfig};
+use vmm::layout::CMDLINE_MAX_SIZE;
 
 use super::*;
-use crate::cli::args::{Cli, Command};
-use crate::cli::workload::DEFAULT_PATTERN;
+use crate::args::{Cli, Command};
+use crate::workload::DEFAULT_PATTERN;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -37,7 +44,7 @@ fn run_args(flags: &[&str]) -> Result<RunArgs, clap::Error> {
     }
 }
 
-fn config(flags: &[&str]) -> Result<VmConfig, ConfigError> {
+fn config(flags: &[&str]) -> Result<VmConfig, RunConfigError> {
     VmConfig::try_from(run_args(flags).expect("flags parse"))
 }
 
@@ -229,11 +236,11 @@ fn memory_is_bounded_and_aligned_to_the_frame_size() {
     );
     assert_eq!(
         config_err(&["--memory=5M"]),
-        "--memory 5 MiB: must be a multiple of 2 MiB for --backing anon"
+        "--memory 5 MiB: must be a multiple of 2 MiB with backing anon"
     );
     assert_eq!(
         config_err(&["--memory=1536M", "--backing=hugetlb-1g"]),
-        "--memory 1536 MiB: must be a multiple of 1 GiB for --backing hugetlb-1g"
+        "--memory 1536 MiB: must be a multiple of 1 GiB with backing hugetlb-1g"
     );
     let config = config(&["--memory=2G", "--backing=hugetlb-1g"]).unwrap();
     assert_eq!(config.backing.frame_size(), guest_mem::FrameSize::Giant);

@@ -1,4 +1,5 @@
-//! The `vmm` command line, in the style of Cloud Hypervisor and Firecracker.
+//! The `vmm` command, the front end of the vmm library: its command line, in the style of Cloud
+//! Hypervisor and Firecracker, the control API's client, and the process exit statuses.
 //!
 //! ```text
 //! vmm run --memory 1G --backing hugetlb-2m --populate lazy --vcpus 2 --api-socket /tmp/vmm.sock
@@ -6,9 +7,10 @@
 //! vmm api --socket /tmp/vmm.sock PATCH /vm '{"state":"Paused"}'
 //! ```
 //!
-//! `vmm run` parses its flags into a validated [`VmConfig`], checks the host
-//! ([`host::check_host`]) and hands the config to [`crate::run`]. The other subcommands are
-//! clients of a running VMM's control API ([`crate::api`]).
+//! `vmm run` parses its flags into the library's [`VmConfig`](vmm::config::VmConfig), checked
+//! with the library's checks ([`run_config`]), checks the host ([`host::check_host`]) and hands
+//! the config to [`vmm::run`]. The other subcommands are clients ([`ApiClient`]) of a running
+//! VMM's control API ([`vmm::api`]).
 //!
 //! Every error prints one line, `error: ...`, on stderr. Exit statuses ([`ExitStatus`]):
 //!
@@ -24,15 +26,13 @@
 //! | 7 | `vmm run`: the guest reset the VM (reboot, a panic with panic=N, a triple fault) |
 //! | 130, 143 | `vmm run`: SIGINT or SIGTERM stopped the VM before the guest finished |
 
+mod api_client;
 mod args;
-mod backing;
-mod balloon;
 mod commands;
-mod config;
 mod exit;
 pub mod host;
 mod logger;
-mod size;
+pub mod run_config;
 mod workload;
 
 use std::ffi::OsString;
@@ -40,16 +40,12 @@ use std::ffi::OsString;
 use clap::error::ErrorKind;
 use clap::Parser;
 
+pub use api_client::{ApiClient, ApiResponse, ClientError};
 pub use args::{
     ApiArgs, BalloonAction, BalloonArgs, Cli, Command, PopulateArg, RunArgs, SocketArgs,
 };
-pub use backing::{BackingError, BackingKind};
-pub use balloon::{BalloonConfig, BalloonError};
-pub use config::{
-    ConfigError, GuestConfig, LinuxConfig, VmConfig, MAX_MEMORY, MAX_VCPUS, MIN_MEMORY,
-};
-pub use exit::{ExitStatus, EXIT_STATUS_HELP};
-pub use size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
+pub use exit::{run_error_status, ExitStatus, EXIT_STATUS_HELP};
+pub use run_config::RunConfigError;
 pub use workload::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 
 /// Runs the `vmm` command with `args` (the first is the program name) and returns its exit

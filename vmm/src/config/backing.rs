@@ -1,4 +1,5 @@
-//! The `--backing` option: which host memory the guest's frame pool is made of.
+//! Which host memory the guest's frame pool is made of, and its textual form (`anon`,
+//! `hugetlb-2m`, `hugetlb-1g`, `file:PATH`, `dax:PATH`: the `--backing` option).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ pub enum BackingError {
     MissingPath(String),
 }
 
-/// The kind of host memory behind guest RAM, as given on the command line.
+/// The kind of host memory behind guest RAM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackingKind {
     /// `anon`: plain shared memory; 2 MiB frames.

@@ -6,9 +6,7 @@ use std::path::Path;
 use guest_mem::pool::available_huge_pages;
 use kvm_ioctls::Kvm;
 
-use super::backing::BackingKind;
-use super::config::VmConfig;
-use super::size::format_size;
+use vmm::config::{format_size, BackingKind, VmConfig};
 
 /// The KVM API version every current kernel has.
 const KVM_API_VERSION: i32 = 12;
@@ -98,7 +96,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::cli::{Cli, Command};
+    use crate::args::{Cli, Command};
 
     fn config(flags: &[&str]) -> VmConfig {
         let cli = Cli::try_parse_from(["vmm", "run"].iter().chain(flags)).unwrap();

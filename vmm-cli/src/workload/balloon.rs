@@ -2,11 +2,10 @@
 //! that precedes the first of them.
 
 use super::{Action, WorkloadSpecError};
-use crate::cli::balloon::BalloonConfig;
-use crate::cli::size::parse_size as parse_bytes;
-use crate::layout::{virtio_mmio_base, BALLOON_SLOT};
-use crate::testguest::protocol::{BALLOON_DRIVER_FEATURES, PAGE_SIZE};
-use crate::testguest::Workload;
+use vmm::config::{parse_size as parse_bytes, BalloonDeviceConfig};
+use vmm::layout::{virtio_mmio_base, BALLOON_SLOT};
+use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, PAGE_SIZE};
+use vmm::testguest::Workload;
 
 /// What a step needs of the balloon device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +38,7 @@ pub(super) fn need(action: Action) -> Need {
 pub(super) fn check(
     step: &str,
     action: Action,
-    balloon: Option<&BalloonConfig>,
+    balloon: Option<&BalloonDeviceConfig>,
 ) -> Result<(), WorkloadSpecError> {
     let need = need(action);
     if need == Need::Nothing {

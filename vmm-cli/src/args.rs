@@ -4,11 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::backing::BackingKind;
-use super::balloon::BalloonConfig;
-use super::exit::EXIT_STATUS_HELP;
-use super::size::{parse_mib, parse_size};
-use super::workload::WorkloadSpec;
+use vmm::config::{parse_mib, parse_size, BackingKind, BalloonDeviceConfig};
+
+use crate::exit::EXIT_STATUS_HELP;
+use crate::workload::WorkloadSpec;
 
 /// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
 ///
@@ -189,7 +188,7 @@ pub struct RunArgs {
     ///   free_page_reporting=on|off   the guest reports free pages back to the pool (off)
     ///   stats_polling_interval_s=N   seconds between statistics requests, 0 = none (0)
     #[arg(long, value_name = "OPTIONS", verbatim_doc_comment)]
-    pub balloon: Option<BalloonConfig>,
+    pub balloon: Option<BalloonDeviceConfig>,
 }
 
 /// The API socket of a running VMM.

@@ -1,0 +1,66 @@
+//! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
+
+use vmm::config::{
+    check_api_socket, check_backing, check_memory, check_vcpus, ConfigError, GuestConfig,
+    LinuxConfig, VmConfig,
+};
+
+use crate::args::{PopulateArg, RunArgs};
+use crate::workload::WorkloadSpecError;
+
+/// Errors of `vmm run`'s flags.
+#[derive(Debug, thiserror::Error)]
+pub enum RunConfigError {
+    /// A setting failed the library's check; its message starts with the setting, which is
+    /// the flag's name.
+    #[error("--{0}")]
+    Config(#[from] ConfigError),
+    /// The workload does not fit the VM.
+    #[error("--workload: {0}")]
+    Workload(#[from] WorkloadSpecError),
+}
+
+impl TryFrom<RunArgs> for VmConfig {
+    type Error = RunConfigError;
+
+    fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
+        check_vcpus(args.vcpus, false)?;
+        check_memory(args.memory, &args.backing)?;
+        let scrub = check_backing(&args.backing, args.format_pool)?;
+        let guest = match args.kernel {
+            Some(kernel) => {
+                GuestConfig::Linux(LinuxConfig::new(kernel, args.initrd, args.cmdline)?)
+            }
+            None => {
+                check_vcpus(args.vcpus, true)?;
+                args.workload.check_balloon(args.balloon.as_ref())?;
+                GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)
+            }
+        };
+        if let Some(socket) = &args.api_socket {
+            check_api_socket(socket)?;
+        }
+        if let Some(balloon) = &args.balloon {
+            balloon.check_fits(args.memory)?;
+        }
+        Ok(VmConfig {
+            memory_size: args.memory,
+            backing: args.backing,
+            format_pool: args.format_pool,
+            wait_for_memory: args.wait_for_memory,
+            scrub,
+            populate: match args.populate {
+                PopulateArg::Eager => guest_mem::Populate::Eager,
+                PopulateArg::Lazy => guest_mem::Populate::Lazy,
+            },
+            vcpus: args.vcpus,
+            guest,
+            api_socket: args.api_socket,
+            balloon: args.balloon,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "run_config_tests.rs"]
+mod tests;
