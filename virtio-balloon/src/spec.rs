@@ -1,14 +1,11 @@
 //! Definitions from the virtio 1.2 specification, §5.5 "Memory Balloon Device".
 //!
-//! virtio-bindings 0.2 has none of them, so they are written down here from the spec (and, for
-//! the statistics tags 10 to 15, from Linux's `include/uapi/linux/virtio_balloon.h`, which later
-//! spec versions adopted).
+//! The device ID and VIRTIO_F_VERSION_1 come from virtio-bindings; it has no balloon header, so
+//! the rest is written down here from the spec (and, for the statistics tags 10 to 15, from
+//! Linux's `include/uapi/linux/virtio_balloon.h`, which later spec versions adopted).
 
-/// Device ID of the memory balloon (virtio 1.2 §5).
-pub const VIRTIO_ID_BALLOON: u32 = 5;
-
-/// Feature bit: compliance with virtio 1.0 and later (virtio 1.2 §6).
-pub const VIRTIO_F_VERSION_1: u32 = 32;
+pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+pub use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
 
 /// The largest split virtqueue (virtio 1.2 §2.7).
 pub const MAX_QUEUE_SIZE: u16 = 32768;

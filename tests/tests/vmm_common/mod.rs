@@ -136,10 +136,18 @@ impl VmmRun {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "vmm run did not end within {timeout:?}"
-            );
+            if Instant::now() >= deadline {
+                let stdout =
+                    String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap()).into_owned();
+                let tail: Vec<&str> = stdout.lines().rev().take(20).collect();
+                let _ = self.child.kill();
+                panic!(
+                    "vmm run did not end within {timeout:?}; stderr: {}; the last lines of \
+                     stdout: {:#?}",
+                    self.stderr_so_far(),
+                    tail.iter().rev().collect::<Vec<_>>()
+                );
+            }
             std::thread::sleep(Duration::from_millis(10));
         };
         Finished {

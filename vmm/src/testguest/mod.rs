@@ -1,5 +1,6 @@
-//! The built-in test guest: a tiny freestanding 64-bit program (vmm/guest/) that runs memory
-//! workloads and reports the results, and [`run`], which boots it in a fresh VM.
+//! The host side of the built-in test guest (the test-guest crate: a tiny freestanding 64-bit
+//! program that runs memory workloads and reports the results, and its protocol): workloads
+//! ([`Workload`]), the report device ([`Report`]), and [`run`], which boots it in a fresh VM.
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -12,9 +13,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod protocol;
 pub mod report;
 pub mod workload;
+
+pub use test_guest::{protocol, IMAGE};
 
 pub use report::{exit_code, CheckpointHook, Mismatch, Progress, Report, StepReport, VcpuReport};
 pub use workload::{Workload, WorkloadError};
@@ -44,9 +46,6 @@ use protocol::{
     REPORT_MMIO_SIZE, STACKS_START, STACK_SIZE, WORKLOAD_MIN_ADDR,
 };
 use report::ReportDevice;
-
-/// The test guest's ELF image, built by build.rs.
-pub static IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/testguest.elf"));
 
 /// Errors of setting up a test guest run (the guest's own outcome is in the [`Report`]).
 #[derive(Debug, thiserror::Error)]

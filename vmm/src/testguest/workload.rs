@@ -51,11 +51,6 @@ pub enum WorkloadError {
     Write(String),
 }
 
-// SAFETY: `Header` is `repr(C)` with two u32 after a u64: no padding, and any bytes are valid.
-unsafe impl ByteValued for Header {}
-// SAFETY: `Step` is `repr(C)`, two u32, three u64, two u32: no padding, and any bytes are valid.
-unsafe impl ByteValued for Step {}
-
 /// A raw chain for hostile-driver tests ([`Workload::balloon_raw`]): the guest posts it as it
 /// is, without any check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

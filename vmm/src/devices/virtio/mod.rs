@@ -16,26 +16,18 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub use interrupt::Interrupt;
 
-/// Device status bits (virtio 1.2 §2.1).
+/// Device status bits (virtio 1.2 §2.1), from virtio-bindings.
 pub mod status {
-    /// The guest has noticed the device.
-    pub const ACKNOWLEDGE: u32 = 1;
-    /// The guest knows how to drive the device.
-    pub const DRIVER: u32 = 2;
-    /// The driver is set up and ready to drive the device.
-    pub const DRIVER_OK: u32 = 4;
-    /// The driver has acknowledged the features it understands; negotiation is complete.
-    pub const FEATURES_OK: u32 = 8;
-    /// The device has hit an error it cannot recover from without a reset.
-    pub const DEVICE_NEEDS_RESET: u32 = 64;
-    /// The driver has given up on the device.
-    pub const FAILED: u32 = 128;
+    pub use virtio_bindings::virtio_config::{
+        VIRTIO_CONFIG_S_ACKNOWLEDGE as ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER as DRIVER,
+        VIRTIO_CONFIG_S_DRIVER_OK as DRIVER_OK, VIRTIO_CONFIG_S_FAILED as FAILED,
+        VIRTIO_CONFIG_S_FEATURES_OK as FEATURES_OK,
+        VIRTIO_CONFIG_S_NEEDS_RESET as DEVICE_NEEDS_RESET,
+    };
 }
 
-/// Feature bit: compliance with virtio 1.0 and later; mandatory for the modern transport.
-pub const VIRTIO_F_VERSION_1: u32 = 32;
-/// Feature bit: the driver and device use `used_event`/`avail_event` suppression.
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+pub use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 /// Errors a device reports when it cannot be activated.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,7 @@
 //! The built-in test guest: a freestanding 64-bit program that runs the memory workload the VMM
-//! describes (see `src/testguest/protocol.rs`) and reports the results over MMIO and the serial
-//! port. Built by `build.rs` with `rustc` directly: no std, no libc, static, linked at 1 MiB.
+//! describes (see the crate's `protocol`) and reports the results over MMIO and the serial port.
+//! Built by `build.rs` with `rustc` directly: no std, no libc, static, linked at 1 MiB, against
+//! the crate's library compiled the same way.
 //!
 //! Every instruction may be emulated on hosts without hardware virtualization: it touches one
 //! `u64` per 4 KiB page and does little else. KVM's instruction emulator (all PVM has) knows no
@@ -14,14 +15,9 @@ use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 mod balloon;
-#[allow(dead_code)]
-#[path = "../src/devices/virtio/mmio/registers.rs"]
-mod mmio_registers;
-#[allow(dead_code)]
-#[path = "../src/testguest/protocol.rs"]
-mod protocol;
+mod virtio_mmio;
 
-use protocol::*;
+use test_guest::protocol::*;
 
 // Entry: RDI = vCPU index, RSI = descriptor, RSP = stack top (16-byte aligned).
 global_asm!(

@@ -1,6 +1,5 @@
-//! The protocol between the VMM and the built-in test guest, shared by both: this file is
-//! compiled into the VMM and, through `#[path]`, into the freestanding guest (so it is `no_std`
-//! plain data and constants).
+//! The protocol between the VMM and the built-in test guest, shared by both (`no_std` plain data
+//! and constants).
 //!
 //! # Guest physical memory layout
 //!

@@ -6,8 +6,8 @@
 
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
-use crate::mmio_registers as reg;
-use crate::protocol::*;
+use crate::virtio_mmio as reg;
+use test_guest::protocol::*;
 
 /// `num_pages` in the balloon's configuration space (virtio 1.2 §5.5.4).
 const CONFIG_NUM_PAGES: u64 = reg::CONFIG;
