@@ -1,5 +1,8 @@
 //! Bad parameters give clear errors, never a crash.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::sync::Arc;
 
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};

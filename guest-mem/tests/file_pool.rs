@@ -1,6 +1,9 @@
 //! Persistent pools in a file: the allocator's metadata in the file's header, guest contents in
 //! its frames, surviving unmapping, closing and reopening.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 use std::path::PathBuf;

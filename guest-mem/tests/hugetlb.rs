@@ -1,5 +1,8 @@
 //! Guest memory on hugetlb pools with 2 MiB and 1 GiB pages, touched by real KVM vCPUs.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 use std::sync::Arc;

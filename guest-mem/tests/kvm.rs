@@ -1,5 +1,8 @@
 //! Real KVM vCPUs populating, discarding and sharing pool-backed guest memory (plain memory pool).
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 use std::sync::{mpsc, Arc};

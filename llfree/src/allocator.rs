@@ -39,6 +39,18 @@ pub struct LLFree {
     _region: Box<dyn MetaRegion>,
 }
 
+impl std::fmt::Debug for LLFree {
+    /// The size and state, not the metadata (megabytes of bitfields).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LLFree")
+            .field("frames", &self.frames())
+            .field("cores", &self.cores())
+            .field("persistent", &self.meta.is_some())
+            .field("recovery", &self.recovery)
+            .finish_non_exhaustive()
+    }
+}
+
 impl LLFree {
     /// Creates an allocator with volatile metadata on the heap; all frames are free.
     pub fn new(config: Config) -> Result<Self, InitError> {

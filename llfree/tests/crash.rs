@@ -5,6 +5,9 @@
 //!
 //! `LLFREE_CRASHES=N` sets the number of crashes (default 200).
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -1,6 +1,9 @@
 //! Multi-thread stress for every order: threads allocate and free at random; afterwards no frame
 //! was handed out twice, the free counts are exact and everything is free again.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use llfree::{Config, LLFree, GIANT_ORDER, MAX_ORDER, TREE_FRAMES};

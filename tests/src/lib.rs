@@ -49,6 +49,7 @@ pub fn hardware_virtualization() -> Result<(), String> {
 }
 
 /// A scratch directory for one test, removed on drop.
+#[derive(Debug)]
 pub struct Scratch(PathBuf);
 
 impl Scratch {

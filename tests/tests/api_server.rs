@@ -1,6 +1,9 @@
 //! End-to-end: the control API server on a real Unix socket, driven by the API client and by
 //! raw (also malformed) HTTP, in front of an in-test `VmmControl`.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod api_common;
 
 use std::io::{Read, Write};

@@ -5,6 +5,9 @@
 //! the balloon's size, the frames back in the pool and the guest's statistics. Bad input is
 //! refused: API requests with 400 and a fault message, `--balloon` options with exit status 2.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod vmm_common;
 
 use std::io::{Read, Write};

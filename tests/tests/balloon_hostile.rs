@@ -3,6 +3,9 @@
 //! flags, duplicate inflation and deflation of pages never inflated are all ignored and counted;
 //! the VMM stays alive, no frame goes back to the pool and no page outside them changes.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod balloon_common;
 
 use balloon_common::{guest_memory, pool_free, probed_workload, run_sampled, MIB};

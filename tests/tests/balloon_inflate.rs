@@ -1,6 +1,9 @@
 //! End-to-end: the test guest inflates and deflates a virtio-balloon on lazily populated
 //! guest-mem memory (2 MiB frames from an anonymous LLFree pool), in a real KVM VM.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod balloon_common;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,9 @@
 //! blocks on an exhausted pool until the first reports free memory through its balloon; then
 //! both finish their workloads.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod balloon_common;
 
 use std::sync::{Arc, Mutex};

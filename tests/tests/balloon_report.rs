@@ -1,6 +1,9 @@
 //! End-to-end: free page reporting from the test guest returns exactly the reported 2 MiB
 //! frames to the pool, and a re-touch repopulates them with zeroes.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod balloon_common;
 
 use std::time::Instant;

@@ -1,6 +1,9 @@
 //! End-to-end: the `vmm` client subcommands (api, info, memory, pause, resume, shutdown,
 //! balloon) as a real process against an API server with an in-test `VmmControl`.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod api_common;
 
 use std::path::Path;

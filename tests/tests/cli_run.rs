@@ -3,6 +3,9 @@
 //!
 //! Runs need KVM; without it they print SKIP.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod vmm_common;
 
 use std::path::Path;

@@ -8,6 +8,9 @@
 //!   pages back from the balloon instead of an OOM kill.
 //! * Free page reporting: memory the guest frees goes back to the pool as whole frames.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod linux_common;
 mod vmm_common;
 

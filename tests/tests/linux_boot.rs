@@ -9,6 +9,9 @@
 //!   `--balloon`), prints it on COM1 and triple-faults, which a Linux guest's run treats as a
 //!   reset. (tests/tests/linux_balloon.rs drives Linux's balloon driver where Linux boots.)
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod linux_common;
 mod vmm_common;
 

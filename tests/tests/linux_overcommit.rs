@@ -6,6 +6,9 @@
 //! faults also come from kernel worker threads, which wait for frames like its vCPU.) (The guest is `linux_common`'s; SKIP where it cannot boot, run for
 //! real by tests/linux-nested/run.sh.)
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod linux_common;
 
 use std::sync::Arc;

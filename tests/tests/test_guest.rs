@@ -1,5 +1,8 @@
 //! End-to-end: boot the built-in test guest in a real KVM VM and run memory workloads.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

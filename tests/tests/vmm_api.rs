@@ -1,6 +1,9 @@
 //! End-to-end: the control API of a running `vmm run`: per-vCPU LLFree reservations in
 //! GET /memory, checkpoints that pause the VM, and the `vmm` client subcommands.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod vmm_common;
 
 use e2e_tests::kvm_available;

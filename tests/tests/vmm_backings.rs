@@ -1,6 +1,9 @@
 //! End-to-end: `vmm run` boots the built-in test guest and runs its memory workload on every
 //! backing (plain memory, hugetlb with 2 MiB and 1 GiB pages, a pool file), eager and lazy.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod vmm_common;
 
 use e2e_tests::kvm_available;

@@ -2,6 +2,9 @@
 //! documented exit status (2: usage or configuration, 4: runtime). Bad flags, missing files,
 //! no /dev/kvm and too few huge pages are in cli_run.rs.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod vmm_common;
 
 use e2e_tests::{elf_kernel, kvm_available};

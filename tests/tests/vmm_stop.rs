@@ -2,6 +2,9 @@
 //! status 130 or 143 and a line saying so; a guest fault the frame pool cannot serve ends the
 //! run with one error line.
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 mod vmm_common;
 
 use std::path::Path;

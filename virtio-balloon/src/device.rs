@@ -145,6 +145,22 @@ pub struct Balloon<M: GuestAddressSpace, B: BalloonBackend> {
     record: Record,
 }
 
+impl<M: GuestAddressSpace, B: BalloonBackend> std::fmt::Debug for Balloon<M, B> {
+    /// The options, the configuration space, whether a driver drives it and with which
+    /// features, and what it has counted.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Balloon")
+            .field("config", &self.config)
+            .field("space", &self.space)
+            .field(
+                "acked_features",
+                &self.active.as_ref().map(|a| a.acked_features),
+            )
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
     /// Creates a device with `config`'s options over `backend`.
     pub fn new(config: BalloonConfig, backend: B) -> Result<Self, BalloonError> {

@@ -1,6 +1,9 @@
 //! The `vmm` binary itself: its help, version and usage errors, without KVM. (The end-to-end
 //! tests under tests/ run this same binary; having this test makes `cargo test` build it.)
 
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
 use std::process::{Command, Output};
 
 fn vmm(args: &[&str]) -> Output {

@@ -23,6 +23,7 @@ static RAISED: [AtomicPtr<OldSetting>; 2] = [
 ];
 
 /// Huge pages reserved for a test or benchmark; the old `nr_hugepages` comes back on drop.
+#[derive(Debug)]
 pub struct HugePages {
     slot: usize,
     _guard: MutexGuard<'static, ()>,

@@ -45,6 +45,7 @@ fn call(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> KvmError {
 }
 
 /// A VM whose vCPUs run the touch programs.
+#[derive(Debug)]
 pub struct Vm {
     fd: VmFd,
     code: u64,
@@ -159,6 +160,7 @@ impl Vm {
 }
 
 /// A vCPU that runs the touch programs, on the thread that calls its methods.
+#[derive(Debug)]
 pub struct TouchVcpu {
     fd: VcpuFd,
     index: usize,

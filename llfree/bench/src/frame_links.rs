@@ -19,6 +19,16 @@ pub struct FrameLinks {
     links: Box<[Link]>,
 }
 
+impl std::fmt::Debug for FrameLinks {
+    /// The counts, not the links (one per frame).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameLinks")
+            .field("frames", &self.len())
+            .field("allocated", &self.allocated())
+            .finish()
+    }
+}
+
 impl FrameLinks {
     /// Creates the links of `frames` free frames split into `lists` runs of [`share`]; each run is
     /// chained in ascending order and ends in [`NIL`].

@@ -10,10 +10,12 @@ use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
+#[derive(Debug)]
 #[repr(align(64))]
 struct Head(AtomicU64);
 
 /// A lock-free global free list of frames.
+#[derive(Debug)]
 pub struct ListCas {
     head: Head,
     links: FrameLinks,

@@ -33,6 +33,7 @@ fn thread_token() -> u64 {
     })
 }
 
+#[derive(Debug)]
 #[repr(align(64))]
 struct LocalList {
     owner: AtomicU64,
@@ -41,6 +42,7 @@ struct LocalList {
 }
 
 /// Per-core free lists without any sharing between cores.
+#[derive(Debug)]
 pub struct ListLocal {
     lists: Box<[LocalList]>,
     links: FrameLinks,

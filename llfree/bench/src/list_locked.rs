@@ -5,12 +5,14 @@ use crate::frame_alloc::{AllocError, FrameAllocator};
 use crate::frame_links::{order_zero_only, FrameLinks, NIL};
 use crate::spin::SpinLock;
 
+#[derive(Debug)]
 struct ListHead {
     head: u32,
     len: usize,
 }
 
 /// A spin-locked global free list of frames.
+#[derive(Debug)]
 pub struct ListLocked {
     list: SpinLock<ListHead>,
     links: FrameLinks,

@@ -4,6 +4,7 @@ use crate::frame_alloc::{AllocError, FrameAllocator};
 use llfree::{Config, InitError, LLFree, GIANT_ORDER, MAX_ORDER};
 
 /// LLFree with volatile metadata, driven through the harness.
+#[derive(Debug)]
 pub struct LLFreeAlloc {
     llfree: LLFree,
 }

@@ -63,7 +63,7 @@ fn median(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 /// Collects runs and prints the summary.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Summary {
     runs: Vec<Medians>,
 }

@@ -6,6 +6,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A spin lock protecting a `T`.
+#[derive(Debug)]
 pub struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
@@ -43,6 +44,7 @@ impl<T> SpinLock<T> {
 }
 
 /// Holds a [`SpinLock`]; releases it on drop.
+#[derive(Debug)]
 pub struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
 }

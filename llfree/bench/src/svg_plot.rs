@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 /// One line of a panel.
+#[derive(Debug)]
 pub struct Series<'a> {
     /// The legend entry.
     pub name: &'a str,
@@ -11,6 +12,7 @@ pub struct Series<'a> {
 }
 
 /// One chart.
+#[derive(Debug)]
 pub struct Panel<'a> {
     /// Shown above the chart.
     pub title: &'a str,

@@ -68,6 +68,16 @@ pub struct SerialDevice {
     warnings: GuestWarnings,
 }
 
+impl std::fmt::Debug for SerialDevice {
+    /// The interrupt and the warnings, not the UART (its output is a `dyn Write`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SerialDevice")
+            .field("irq", &self.irq)
+            .field("warnings", &self.warnings)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SerialDevice {
     /// Creates a UART raising `irq` and writing guest output to `out`.
     pub fn new(irq: EventFd, out: SerialOutput) -> Result<Self, SerialError> {

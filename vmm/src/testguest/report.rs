@@ -139,7 +139,7 @@ impl Report {
 }
 
 /// Per-vCPU state of the device: the report so far and the step being reported.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct VcpuState {
     report: VcpuReport,
     current: StepReport,
@@ -158,6 +158,17 @@ pub struct ReportDevice {
     protocol_errors: GuestWarnings,
     control: OnceLock<Arc<VmControl>>,
     on_checkpoint: Option<CheckpointHook>,
+}
+
+impl std::fmt::Debug for ReportDevice {
+    /// The reports so far and the counts, not the checkpoint hook.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReportDevice")
+            .field("vcpus", &self.vcpus)
+            .field("exited", &self.exited)
+            .field("protocol_errors", &self.protocol_errors)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReportDevice {

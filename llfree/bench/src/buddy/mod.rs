@@ -69,6 +69,19 @@ pub struct Buddy {
     pcp: bool,
 }
 
+impl std::fmt::Debug for Buddy {
+    /// The size and settings, not the page array.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buddy")
+            .field("frames", &self.pages.len())
+            .field("cpus", &self.pcps.len())
+            .field("pcp", &self.pcp)
+            .field("batch", &self.batch)
+            .field("high", &self.high)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Buddy {
     /// Creates a zone of `frames` free frames.
     pub fn new(config: BuddyConfig, frames: usize) -> Result<Self, AllocError> {

@@ -36,6 +36,7 @@ impl GuestNotifier for InterruptNotifier {
 }
 
 /// A virtio-balloon device on guest-mem memory.
+#[derive(Debug)]
 pub struct BalloonDevice {
     balloon: Balloon<Memory, GuestMemBackend>,
 }

@@ -144,6 +144,7 @@ pub fn device_config(balloon: &BalloonDeviceConfig) -> Result<BalloonConfig, Con
 }
 
 /// A balloon that is not on a transport yet.
+#[derive(Debug)]
 pub struct NewBalloon {
     /// The device, to put behind a virtio-mmio transport (whose queue subscriber processes it).
     pub device: Arc<Mutex<BalloonDevice>>,

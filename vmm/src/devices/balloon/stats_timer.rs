@@ -26,6 +26,7 @@ pub enum StatsTimerError {
 }
 
 /// The timer and the interval it runs at.
+#[derive(Debug)]
 struct Timer {
     fd: TimerFd,
     interval: Option<Duration>,
@@ -44,7 +45,7 @@ impl Timer {
 }
 
 /// Reads and sets the statistics polling interval of a running balloon.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct StatsInterval {
     timer: Arc<Mutex<Timer>>,
     enabled: bool,
@@ -68,6 +69,7 @@ impl StatsInterval {
 }
 
 /// The event-loop side: calls `request_stats` on the balloon when the timer fires.
+#[derive(Debug)]
 pub struct StatsTimer {
     device: Arc<Mutex<BalloonDevice>>,
     timer: Arc<Mutex<Timer>>,

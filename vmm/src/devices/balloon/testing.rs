@@ -26,6 +26,7 @@ const DESC_F_WRITE: u16 = 2;
 /// One buffer of a chain: address, length and whether the device may write it.
 pub type Buffer = (u64, u32, bool);
 
+#[derive(Debug)]
 struct DriverQueue {
     size: u16,
     next_desc: u16,
@@ -40,6 +41,17 @@ pub struct MmioDriver<'a, M> {
     memory: &'a M,
     area: u64,
     queues: Vec<DriverQueue>,
+}
+
+impl<M> std::fmt::Debug for MmioDriver<'_, M> {
+    /// Where the device and the rings are, and the queues.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MmioDriver")
+            .field("base", &self.base)
+            .field("area", &self.area)
+            .field("queues", &self.queues)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a, M: GuestMemoryBackend> MmioDriver<'a, M> {
@@ -192,6 +204,7 @@ impl<'a, M: GuestMemoryBackend> MmioDriver<'a, M> {
 }
 
 /// An event loop with subscribers, run on its own thread until dropped.
+#[derive(Debug)]
 pub struct EventLoopThread {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,

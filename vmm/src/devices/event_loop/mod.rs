@@ -28,6 +28,7 @@ const RX_READY: u32 = 1;
 /// does not spin) and added back once the guest has read the FIFO empty. On end of input or
 /// an error, the input is removed for good. An input epoll cannot watch (a regular file,
 /// `/dev/null`) is reported once and ignored.
+#[derive(Debug)]
 pub struct SerialInput<R: Read + AsRawFd> {
     serial: Arc<SerialDevice>,
     input: R,
@@ -129,6 +130,7 @@ impl<R: Read + AsRawFd> MutEventSubscriber for SerialInput<R> {
 }
 
 /// Calls [`VirtioDevice::process_queue`] when a queue's notifier fires.
+#[derive(Debug)]
 pub struct QueueSubscriber<M, D> {
     device: Arc<Mutex<D>>,
     notifiers: Vec<EventFd>,

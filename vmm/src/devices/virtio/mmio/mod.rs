@@ -43,6 +43,7 @@ pub enum MmioError {
 }
 
 /// Driver-visible transport state, guarded by one lock.
+#[derive(Debug)]
 struct TransportState<M> {
     memory: M,
     device_status: u32,
@@ -55,6 +56,7 @@ struct TransportState<M> {
 }
 
 /// A virtio device behind the virtio-mmio register interface.
+#[derive(Debug)]
 pub struct MmioTransport<M: GuestAddressSpace, D: VirtioDevice<M>> {
     state: Mutex<TransportState<M>>,
     device: Arc<Mutex<D>>,
