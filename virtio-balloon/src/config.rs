@@ -126,9 +126,11 @@ pub struct ConfigSpace {
 
 impl ConfigSpace {
     fn bytes(&self) -> [u8; CONFIG_SIZE] {
+        // The layout of the spec: num_pages, then actual.
+        const _: () = assert!(CONFIG_NUM_PAGES == 0 && CONFIG_ACTUAL == 4);
         let mut bytes = [0; CONFIG_SIZE];
-        bytes[CONFIG_NUM_PAGES as usize..][..4].copy_from_slice(&self.num_pages.to_le_bytes());
-        bytes[CONFIG_ACTUAL as usize..][..4].copy_from_slice(&self.actual.to_le_bytes());
+        bytes[..4].copy_from_slice(&self.num_pages.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.actual.to_le_bytes());
         bytes
     }
 

@@ -69,6 +69,18 @@
 //! on a timer of [`Balloon::stats_interval`]; the API thread calls [`Balloon::set_target_mib`]
 //! and [`Balloon::info`] through the same mutex the transport holds the device in.
 
+// Every value here may come from a hostile guest: no silent truncation or sign change (the
+// tests build their inputs with casts on purpose).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::cast_lossless,
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss
+    )
+)]
+
 mod backend;
 mod config;
 mod device;

@@ -74,7 +74,7 @@ impl QueueLayout {
         self.roles
             .iter()
             .position(|r| *r == Some(role))
-            .map(|i| i as u16)
+            .and_then(|i| u16::try_from(i).ok())
     }
 
     /// The roles in index order.

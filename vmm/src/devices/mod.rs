@@ -1,6 +1,18 @@
 //! Emulated devices: the I/O and MMIO bus, the 16550 serial console, the i8042 keyboard
 //! controller, virtio over MMIO and the virtio-balloon.
 
+// Devices take values from a hostile guest: no silent truncation or sign change (the tests
+// build their inputs with casts on purpose).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::cast_lossless,
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss
+    )
+)]
+
 pub mod balloon;
 pub mod bus;
 pub mod event_loop;

@@ -239,10 +239,10 @@ pub fn read_request<S: Read + Write>(stream: &mut S) -> Result<Request, RequestE
         (None, Method::Put | Method::Patch) => return Err(RequestError::LengthRequired),
         (None, _) => 0,
     };
-    if length > MAX_BODY_BYTES as u64 {
-        return Err(RequestError::BodyTooLarge(length));
-    }
-    let length = length as usize;
+    let length = match usize::try_from(length) {
+        Ok(length) if length <= MAX_BODY_BYTES => length,
+        _ => return Err(RequestError::BodyTooLarge(length)),
+    };
     let mut body = buf.split_off(end);
     if body.len() < length && head.expect_continue {
         stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;

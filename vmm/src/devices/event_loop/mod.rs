@@ -154,8 +154,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> QueueSubscriber<M, D> {
 
 impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubscriber<M, D> {
     fn init(&mut self, ops: &mut EventOps) {
-        for (index, notifier) in self.notifiers.iter().enumerate() {
-            if let Err(e) = ops.add(Events::with_data(notifier, index as u32, EventSet::IN)) {
+        // At most a u16 of queues: see `QueueSubscriber::new`.
+        for (index, notifier) in (0u16..).zip(&self.notifiers) {
+            if let Err(e) = ops.add(Events::with_data(notifier, index.into(), EventSet::IN)) {
                 warn!("virtio: cannot watch queue {index}: {e}");
             }
         }
@@ -163,7 +164,10 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubsc
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         let index = events.data();
-        let Some(notifier) = self.notifiers.get(index as usize) else {
+        let Some((queue, notifier)) = u16::try_from(index)
+            .ok()
+            .and_then(|queue| Some((queue, self.notifiers.get(usize::from(queue))?)))
+        else {
             warn!("virtio: event for unknown queue {index}");
             return;
         };
@@ -172,7 +176,7 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubsc
             self.device
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .process_queue(index as u16);
+                .process_queue(queue);
         }
     }
 }

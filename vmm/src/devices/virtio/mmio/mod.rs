@@ -167,8 +167,8 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             reg::DEVICE_ID => self.device_type,
             reg::VENDOR_ID => reg::VENDOR,
             reg::DEVICE_FEATURES => match state.device_features_sel {
-                0 => self.device_features as u32,
-                1 => (self.device_features >> 32) as u32,
+                0 => low_half(self.device_features),
+                1 => low_half(self.device_features >> 32),
                 _ => 0,
             },
             reg::QUEUE_NUM_MAX => queue.map_or(0, |q| u32::from(q.max_size())),
@@ -279,7 +279,8 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         let mut queues = Vec::new();
         let memory = state.memory.memory();
         let event_idx = state.driver_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        for (index, queue) in state.queues.iter().enumerate() {
+        // Queue indices are u16 in virtio; the device has fewer queues.
+        for (index, queue) in (0u16..).zip(&state.queues) {
             if !queue.ready() {
                 continue;
             }
@@ -289,7 +290,7 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
                 ));
                 return self.fail_activation();
             }
-            let notifier = match self.notifiers[index].try_clone() {
+            let notifier = match self.notifiers[usize::from(index)].try_clone() {
                 Ok(fd) => fd,
                 Err(e) => {
                     warn!("virtio-mmio@{base:#x}: cannot clone notifier: {e}");
@@ -304,7 +305,7 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             };
             queue.set_event_idx(event_idx);
             queues.push(ActiveQueue {
-                index: index as u16,
+                index,
                 queue,
                 notifier,
             });
@@ -416,6 +417,12 @@ where
         }
         self.write_register(&mut state, base, offset, u32::from_le_bytes(bytes));
     }
+}
+
+/// The low 32 bits of `value` (one half of a 64-bit register pair).
+#[allow(clippy::cast_possible_truncation)] // Dropping the high half is the point.
+fn low_half(value: u64) -> u32 {
+    value as u32
 }
 
 #[cfg(test)]
