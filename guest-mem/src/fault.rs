@@ -12,7 +12,6 @@
 //! again, and that repeat only joins the wait.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,6 +23,7 @@ use crate::memory::{Inner, Shared};
 use crate::region::{GuestRegion, RegionError};
 use crate::stats::Counters;
 use crate::sys::uffd::Fault;
+use crate::sys::{wait_readable, Readiness};
 use crate::vcpu::FaultError;
 
 const PAGE: usize = 4096;
@@ -74,18 +74,6 @@ fn serve(inner: &Inner, stop: &EventFd) {
         write: false,
     }; 16];
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: uffd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
         let timeout = if inner.shared.vcpus.any_blocked()
             || inner.shared.others_wait.load(Ordering::Acquire)
         {
@@ -93,20 +81,13 @@ fn serve(inner: &Inner, stop: &EventFd) {
         } else {
             -1
         };
-        // SAFETY: `fds` is an array of two valid pollfd structures.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        if rc < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+        match wait_readable(uffd, stop, timeout) {
+            Ok(Readiness::Readable) => {}
+            Ok(Readiness::TimedOut) => {
+                retry_blocked(inner);
                 continue;
             }
-            return;
-        }
-        if fds[1].revents != 0 {
-            return;
-        }
-        if rc == 0 {
-            retry_blocked(inner);
-            continue;
+            Ok(Readiness::Stopped) | Err(_) => return,
         }
         // Another handler may have taken the messages: then nothing is read.
         let Ok(n) = uffd.read_faults(&mut faults) else {

@@ -344,10 +344,9 @@ impl GuestMemory {
     /// Records thread `tid` (a kernel thread id of this process) as vCPU `index`, for a VMM
     /// that starts its vCPU threads elsewhere and learns their ids: like [`Self::register_vcpu`]
     /// called on that thread. Register before the vCPU first touches guest memory.
-    pub fn register_vcpu_tid(&self, index: usize, tid: libc::pid_t) -> Result<(), MemoryError> {
+    pub fn register_vcpu_tid(&self, index: usize, tid: u32) -> Result<(), MemoryError> {
         let vcpus = &self.inner.shared.vcpus;
-        // Thread ids are positive; a cast of anything else matches no thread.
-        if !vcpus.register(index, tid as u32) {
+        if !vcpus.register(index, tid) {
             return Err(MemoryError::NoSuchVcpu {
                 index,
                 vcpus: vcpus.len(),

@@ -89,12 +89,6 @@ pub fn current_vcpu_index() -> Option<usize> {
     VCPU_INDEX.with(Cell::get)
 }
 
-/// Kernel thread id of the calling thread.
-pub(crate) fn gettid() -> libc::pid_t {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() }
-}
-
 /// Clears the thread's `kvm_run` pointer when dropped.
 struct ClearKvmRun;
 

@@ -26,7 +26,7 @@ use kvm_bindings::{
 use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
-use crate::vcpu::{self, Buses, Vcpu, VcpuExitReason};
+use crate::vcpu::{Buses, Vcpu, VcpuExitReason};
 use control::{StopReason, VmControl};
 
 /// Errors of VM creation and start.
@@ -225,7 +225,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
                     let failed = ready.is_err();
                     // The receiver lives until every thread has reported; dropping the sender
                     // lets it see the end of the reports.
-                    let _ = tid_sender.send((index, vcpu::gettid(), ready));
+                    let _ = tid_sender.send((index, guest_mem::gettid(), ready));
                     drop(tid_sender);
                     exit.reason = if failed {
                         VcpuExitReason::Failed(format!("vCPU {index}: no kick signal handler"))
@@ -326,7 +326,7 @@ fn register_memslots<M: GuestMemoryBackend>(
 pub struct RunningVm {
     control: Arc<VmControl>,
     threads: Vec<JoinHandle<VcpuExitReason>>,
-    tids: Vec<libc::pid_t>,
+    tids: Vec<u32>,
     fd: Arc<VmFd>,
 }
 
@@ -343,7 +343,7 @@ impl RunningVm {
     fn new(
         control: Arc<VmControl>,
         threads: Vec<JoinHandle<VcpuExitReason>>,
-        tids: Vec<libc::pid_t>,
+        tids: Vec<u32>,
         fd: Arc<VmFd>,
     ) -> Self {
         use std::os::unix::thread::JoinHandleExt;
@@ -357,12 +357,12 @@ impl RunningVm {
     }
 
     /// Kernel thread id of each vCPU thread, by vCPU index.
-    pub fn vcpu_tids(&self) -> &[libc::pid_t] {
+    pub fn vcpu_tids(&self) -> &[u32] {
         &self.tids
     }
 
     /// The vCPU index of a thread id, if it is one of this VM's vCPU threads.
-    pub fn vcpu_of_tid(&self, tid: libc::pid_t) -> Option<usize> {
+    pub fn vcpu_of_tid(&self, tid: u32) -> Option<usize> {
         self.tids.iter().position(|t| *t == tid)
     }
 

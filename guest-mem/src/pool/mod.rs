@@ -300,7 +300,7 @@ impl Pool {
     /// contents read as zero afterwards).
     pub(crate) fn punch(&self, first: u64, count: u64) -> io::Result<()> {
         let offset = self.data_offset + first * FRAME_SIZE as u64;
-        sys::punch_hole(self.file.raw_fd(), offset, count * FRAME_SIZE as u64)
+        sys::punch_hole(self.file.as_file(), offset, count * FRAME_SIZE as u64)
     }
 
     /// Scrubs `frame` by the pool's policy, then returns it to the pool with `core`. A frame that

@@ -5,7 +5,9 @@ pub mod uffd;
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use vmm_sys_util::fallocate::{fallocate, FallocateMode};
 
 /// Creates a memfd; `huge_shift` asks for hugetlb pages of `1 << huge_shift` bytes.
 pub fn memfd(name: &CStr, huge_shift: Option<u32>) -> io::Result<OwnedFd> {
@@ -23,23 +25,11 @@ pub fn memfd(name: &CStr, huge_shift: Option<u32>) -> io::Result<OwnedFd> {
 }
 
 /// Frees the file blocks of `[offset, offset + len)`, keeping the file size.
-pub fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
-    // SAFETY: fallocate only reads its integer arguments.
-    let rc = unsafe {
-        libc::fallocate(
-            fd,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+pub fn punch_hole(file: &impl AsRawFd, offset: u64, len: u64) -> io::Result<()> {
+    fallocate(file, FallocateMode::PunchHole, true, offset, len).map_err(io::Error::from)
 }
 
-/// The kernel thread id of the calling thread.
+/// The kernel thread id of the calling thread, as userfaultfd reports it.
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and cannot fail.
     unsafe { libc::gettid() as u32 }
@@ -53,4 +43,48 @@ pub fn tgkill(tid: u32, signal: i32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// What [`wait_readable`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The fd is readable.
+    Readable,
+    /// The stop event was signalled (it stays signalled: every waiter sees it).
+    Stopped,
+    /// The timeout passed first.
+    TimedOut,
+}
+
+/// Waits until `fd` is readable or `stop` is signalled, at most `timeout_ms` milliseconds (-1:
+/// no limit); a signal interrupting the wait restarts it. The loop of a service thread that a
+/// level-triggered eventfd stops.
+pub fn wait_readable(
+    fd: &impl AsRawFd,
+    stop: &impl AsRawFd,
+    timeout_ms: i32,
+) -> io::Result<Readiness> {
+    loop {
+        let mut fds = [fd.as_raw_fd(), stop.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: `fds` is an array of two valid pollfd structures whose fds outlive the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        return Ok(if fds[1].revents != 0 {
+            Readiness::Stopped
+        } else if ready == 0 {
+            Readiness::TimedOut
+        } else {
+            Readiness::Readable
+        });
+    }
 }

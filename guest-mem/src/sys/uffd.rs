@@ -1,10 +1,13 @@
-//! A userfaultfd in "missing" mode, driven with raw ioctls (the uapi of `linux/userfaultfd.h`).
+//! A userfaultfd in "missing" mode: the uapi of `linux/userfaultfd.h`, with ioctl numbers from
+//! vmm-sys-util's macros. (The `userfaultfd` crate has the thread-id feature only through
+//! bindgen at build time, which would make libclang a build dependency.)
 
 use std::io;
-use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use thiserror::Error;
+use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
+use vmm_sys_util::{ioctl_ior_nr, ioctl_iowr_nr};
 
 /// Errors of the userfaultfd wrapper.
 #[derive(Debug, Error)]
@@ -37,11 +40,8 @@ const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1;
 
-const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
-    (dir << 30) | ((size as u64) << 16) | (0xAA << 8) | nr
-}
-const IOC_WRITE: u64 = 1;
-const IOC_READ: u64 = 2;
+/// The ioctl type of userfaultfd (`UFFDIO`).
+const UFFDIO: u32 = 0xAA;
 
 #[repr(C)]
 #[derive(Default)]
@@ -88,10 +88,18 @@ struct UffdMsg {
     pad: u32,
 }
 
-const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, 0x3F, size_of::<UffdioApi>());
-const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, 0x00, size_of::<UffdioRegister>());
-const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, size_of::<UffdioRange>());
-const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, 0x04, size_of::<UffdioZeropage>());
+ioctl_iowr_nr!(UFFDIO_API, UFFDIO, 0x3F, UffdioApi);
+ioctl_iowr_nr!(UFFDIO_REGISTER, UFFDIO, 0x00, UffdioRegister);
+ioctl_ior_nr!(UFFDIO_WAKE, UFFDIO, 0x02, UffdioRange);
+ioctl_iowr_nr!(UFFDIO_ZEROPAGE, UFFDIO, 0x04, UffdioZeropage);
+
+/// The result of an ioctl helper as an `io::Result`.
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// One page fault read from the userfaultfd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,9 +135,8 @@ impl Uffd {
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`, which `api` is.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } < 0 {
-            return Err(UffdError::Api(io::Error::last_os_error()));
-        }
+        check(unsafe { ioctl_with_mut_ref(&fd, UFFDIO_API(), &mut api) })
+            .map_err(UffdError::Api)?;
         if api.features & UFFD_FEATURE_THREAD_ID == 0 {
             return Err(UffdError::NoThreadId);
         }
@@ -147,27 +154,18 @@ impl Uffd {
             ioctls: 0,
         };
         // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register`, which `reg` is.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) } < 0 {
-            return Err(UffdError::Register {
-                start,
-                len,
-                source: io::Error::last_os_error(),
-            });
-        }
-        Ok(())
+        check(unsafe { ioctl_with_mut_ref(&self.fd, UFFDIO_REGISTER(), &mut reg) })
+            .map_err(|source| UffdError::Register { start, len, source })
     }
 
     /// Wakes the threads blocked on faults in `[start, start + len)`.
     pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
-        let mut range = UffdioRange {
+        let range = UffdioRange {
             start: start as u64,
             len: len as u64,
         };
         // SAFETY: UFFDIO_WAKE reads a `struct uffdio_range`, which `range` is.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE as _, &mut range) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        check(unsafe { ioctl_with_ref(&self.fd, UFFDIO_WAKE(), &range) })
     }
 
     /// Resolves a fault on the 4 KiB page at `page` with the shared zero page and wakes the waiters.
@@ -181,14 +179,11 @@ impl Uffd {
             zeropage: 0,
         };
         // SAFETY: UFFDIO_ZEROPAGE reads and writes a `struct uffdio_zeropage`, which `zp` is.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_ZEROPAGE as _, &mut zp) } < 0 {
-            let err = io::Error::last_os_error();
+        match check(unsafe { ioctl_with_mut_ref(&self.fd, UFFDIO_ZEROPAGE(), &mut zp) }) {
             // EEXIST: the page is present already (another resolver won); the waiter retries.
-            if err.raw_os_error() != Some(libc::EEXIST) {
-                return Err(err);
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            other => other,
         }
-        Ok(())
     }
 
     /// Reads pending page faults into `out` without blocking; returns how many were read.
@@ -240,11 +235,12 @@ mod tests {
 
     #[test]
     fn uapi_layout_matches_the_kernel() {
-        assert_eq!(size_of::<UffdMsg>(), 32);
-        assert_eq!(UFFDIO_API, 0xc018_aa3f);
-        assert_eq!(UFFDIO_REGISTER, 0xc020_aa00);
-        assert_eq!(UFFDIO_WAKE, 0x8010_aa02);
-        assert_eq!(UFFDIO_ZEROPAGE, 0xc020_aa04);
+        assert_eq!(std::mem::size_of::<UffdMsg>(), 32);
+        // The numbers of linux/userfaultfd.h.
+        assert_eq!(UFFDIO_API(), 0xc018_aa3f);
+        assert_eq!(UFFDIO_REGISTER(), 0xc020_aa00);
+        assert_eq!(UFFDIO_WAKE(), 0x8010_aa02);
+        assert_eq!(UFFDIO_ZEROPAGE(), 0xc020_aa04);
     }
 
     #[test]

@@ -10,9 +10,10 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
+
+use guest_mem::{wait_readable, Readiness};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -139,30 +140,13 @@ impl Drop for ApiServer {
 fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
     let active = Arc::new(AtomicUsize::new(0));
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds whose fds outlive the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
+        match wait_readable(&listener, stop, -1) {
+            Ok(Readiness::Readable | Readiness::TimedOut) => {}
+            Ok(Readiness::Stopped) => return,
+            Err(error) => {
+                log::error!("API server: poll failed, stopping: {error}");
+                return;
             }
-            log::error!("API server: poll failed, stopping: {error}");
-            return;
-        }
-        if fds[1].revents != 0 {
-            return;
         }
         match listener.accept() {
             Ok((stream, _)) => spawn_connection(stream, &active, &control),

@@ -62,7 +62,7 @@ fn direct(kind: PoolKind, size: u64) -> Result<Vec<(&'static str, Vec<f64>)>, St
         unsafe { std::ptr::write_bytes(at(off) as *mut u8, 0, len) };
         Ok(())
     })?;
-    let punch = per_frame(frames, frame, |off| punch_hole(fd, off, frame))?;
+    let punch = per_frame(frames, frame, |off| punch_hole(&file, off, frame))?;
     let fallocate = per_frame(frames, frame, |off| host::fallocate(fd, 0, off, frame))?;
     let resident = per_frame(frames, frame, |off| {
         // SAFETY: the frame lies inside `map`, a read/write mapping only this function uses.
