@@ -50,17 +50,11 @@ impl GuestMemory {
         if len == 0 || !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(MemoryError::Unaligned { addr: addr.0, len });
         }
-        let end = addr
-            .0
-            .checked_add(len)
-            .ok_or(MemoryError::NotRam { addr: addr.0, len })?;
-        let mut at = addr.0;
-        while at < end {
-            let region = self
-                .locate_guest(GuestAddress(at))
-                .ok_or(MemoryError::NotRam { addr: addr.0, len })?;
-            at = (region.start().0 + region.size()).min(end);
+        if !self.is_ram(addr, len) {
+            return Err(MemoryError::NotRam { addr: addr.0, len });
         }
+        // Cannot overflow: the range is RAM.
+        let end = addr.0 + len;
         let mut at = addr.0;
         while at < end {
             let region = self.locate_guest(GuestAddress(at)).expect("checked above");

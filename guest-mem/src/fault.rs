@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::memory::{Inner, Shared};
 use crate::region::{GuestRegion, RegionError};
+use crate::shared::{Inner, Shared};
 use crate::stats::Counters;
 use crate::sys::uffd::Fault;
 use crate::sys::{wait_readable, Readiness};

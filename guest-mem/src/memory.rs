@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::fault::FaultHandlers;
 use crate::pool::{Frame, FrameSize, Pool};
 use crate::region::{GuestRegion, RegionError};
+use crate::shared::{Inner, Shared};
 use crate::stats::{Counters, MemoryStats};
 use crate::sys::uffd::{Uffd, UffdError};
 use crate::vcpu::{FaultError, VcpuRegistry};
@@ -158,47 +159,6 @@ pub struct Snapshot {
     pub chunk_size: FrameSize,
     /// Per region: its guest address and the frame (first 4 KiB frame number) of every chunk.
     pub regions: Vec<(GuestAddress, Vec<Option<u64>>)>,
-}
-
-/// State shared by the regions and the fault handler threads.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub pool: Arc<Pool>,
-    pub uffd: Uffd,
-    pub vcpus: VcpuRegistry,
-    /// Faults of threads that are no vCPU (KVM's asynchronous page fault workers, VMM threads)
-    /// that wait for a frame: their addresses, retried with the vCPUs' (see `fault`).
-    pub waiting_others: Mutex<Vec<usize>>,
-    /// Whether `waiting_others` holds any, read without its lock on the handlers' poll path.
-    pub others_wait: AtomicBool,
-    pub counters: Counters,
-    pub core_base: usize,
-    pub vmm_core: usize,
-}
-
-impl Shared {
-    /// The addresses other threads wait on (see `waiting_others`).
-    pub fn lock_waiting_others(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
-        self.waiting_others
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// The regions, kept alive by the memory and its fault handlers.
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub regions: Vec<GuestRegion>,
-    pub shared: Arc<Shared>,
-}
-
-impl Inner {
-    /// The region and chunk of host address `addr`.
-    pub fn locate(&self, addr: usize) -> Option<(&GuestRegion, usize)> {
-        self.regions
-            .iter()
-            .find_map(|r| r.chunk_of_host(addr).map(|chunk| (r, chunk)))
-    }
 }
 
 /// A guest's physical memory. Implements vm-memory's `GuestMemoryBackend`.
@@ -396,6 +356,23 @@ impl GuestMemory {
     pub fn frame_at(&self, addr: GuestAddress) -> Option<Frame> {
         let region = self.locate_guest(addr)?;
         region.frame_at(addr.0 - region.start().0)
+    }
+
+    /// Whether every byte of `[addr, addr + len)` is guest RAM: a non-empty range inside the
+    /// regions (it may span adjacent ones). The one answer to "is this RAM" for devices and
+    /// for this crate's discards.
+    pub fn is_ram(&self, addr: GuestAddress, len: u64) -> bool {
+        let Some(end) = addr.0.checked_add(len).filter(|_| len > 0) else {
+            return false;
+        };
+        let mut at = addr.0;
+        while at < end {
+            let Some(region) = self.locate_guest(GuestAddress(at)) else {
+                return false;
+            };
+            at = (region.start().0 + region.size()).min(end);
+        }
+        true
     }
 
     pub(crate) fn locate_guest(&self, addr: GuestAddress) -> Option<&GuestRegion> {

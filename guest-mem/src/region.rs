@@ -10,9 +10,9 @@ use thiserror::Error;
 use vm_memory::GuestAddress;
 
 use crate::frame_table::{ChunkState, FrameTable};
-use crate::memory::Shared;
 use crate::pieces::PieceMap;
 use crate::pool::{Frame, FrameSize};
+use crate::shared::Shared;
 use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
 

@@ -8,8 +8,6 @@ use std::sync::Arc;
 use guest_mem::{GuestMemory, MemoryError};
 use virtio_balloon::{BalloonBackend, GuestRange, Inflated};
 
-use crate::layout::{MMIO_GAP_END, MMIO_GAP_START};
-
 /// A [`BalloonBackend`] over a guest-mem [`GuestMemory`].
 #[derive(Debug, Clone)]
 pub struct GuestMemBackend {
@@ -39,25 +37,7 @@ impl BalloonBackend for GuestMemBackend {
     type Error = MemoryError;
 
     fn is_ram(&self, range: GuestRange) -> bool {
-        let Some(end) = range.end().filter(|_| range.len > 0) else {
-            return false;
-        };
-        if range.addr.0 < MMIO_GAP_END && end > MMIO_GAP_START {
-            return false;
-        }
-        // Walk the regions in address order: every byte must lie in one.
-        let mut at = range.addr.0;
-        for region in self.memory.regions() {
-            let start = region.start().0;
-            let region_end = start + region.size();
-            if at >= start && at < region_end {
-                at = region_end.min(end);
-                if at == end {
-                    return true;
-                }
-            }
-        }
-        false
+        self.memory.is_ram(range.addr, range.len)
     }
 
     fn inflate(&self, range: GuestRange) -> Result<Inflated, MemoryError> {
@@ -92,6 +72,7 @@ impl BalloonBackend for GuestMemBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{MMIO_GAP_END, MMIO_GAP_START};
     use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
     use vm_memory::{Bytes, GuestAddress};
 

@@ -1,0 +1,53 @@
+//! The state a guest memory's regions and its fault handler threads share: the pool, the
+//! userfaultfd, the vCPU registry and the counters ([`Shared`]), and the regions themselves
+//! ([`Inner`]), which the memory and the handlers keep alive together.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use crate::pool::Pool;
+use crate::region::GuestRegion;
+use crate::stats::Counters;
+use crate::sys::uffd::Uffd;
+use crate::vcpu::VcpuRegistry;
+
+/// State shared by the regions and the fault handler threads.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub pool: Arc<Pool>,
+    pub uffd: Uffd,
+    pub vcpus: VcpuRegistry,
+    /// Faults of threads that are no vCPU (KVM's asynchronous page fault workers, VMM threads)
+    /// that wait for a frame: their addresses, retried with the vCPUs' (see `fault`).
+    pub waiting_others: Mutex<Vec<usize>>,
+    /// Whether `waiting_others` holds any, read without its lock on the handlers' poll path.
+    pub others_wait: AtomicBool,
+    pub counters: Counters,
+    pub core_base: usize,
+    pub vmm_core: usize,
+}
+
+impl Shared {
+    /// The addresses other threads wait on (see `waiting_others`).
+    pub fn lock_waiting_others(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.waiting_others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The regions, kept alive by the memory and its fault handlers.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub regions: Vec<GuestRegion>,
+    pub shared: Arc<Shared>,
+}
+
+impl Inner {
+    /// The region and chunk of host address `addr`.
+    pub fn locate(&self, addr: usize) -> Option<(&GuestRegion, usize)> {
+        self.regions
+            .iter()
+            .find_map(|r| r.chunk_of_host(addr).map(|chunk| (r, chunk)))
+    }
+}
