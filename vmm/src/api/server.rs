@@ -12,8 +12,6 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-
-use guest_mem::{wait_readable, Readiness};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,11 +19,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use guest_mem::{wait_readable, Readiness};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::control::VmmControl;
 use super::http::{read_request, Response};
 use super::routes;
+use crate::config::MAX_SOCKET_PATH;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,10 +84,40 @@ fn bind(path: &Path) -> Result<UnixListener, ServerError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(socket_err(e)),
     }
-    let listener = UnixListener::bind(path).map_err(socket_err)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(socket_err)?;
+    // Bound and listening under a temporary name, then renamed into place: a client that sees
+    // the socket can connect (between bind and listen it would be refused).
+    let listener = match listening_name(path) {
+        Some(temp) => {
+            let _ = fs::remove_file(&temp);
+            let listener = UnixListener::bind(&temp).map_err(socket_err)?;
+            let placed = fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))
+                .and_then(|()| fs::rename(&temp, path));
+            if let Err(e) = placed {
+                let _ = fs::remove_file(&temp);
+                return Err(socket_err(e));
+            }
+            listener
+        }
+        None => {
+            let listener = UnixListener::bind(path).map_err(socket_err)?;
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(socket_err)?;
+            listener
+        }
+    };
     listener.set_nonblocking(true).map_err(socket_err)?;
     Ok(listener)
+}
+
+/// A temporary name for the socket at `path` in its directory, unique in the process (several
+/// VMs may serve their APIs), unless that would exceed the Unix socket path limit.
+fn listening_name(path: &Path) -> Option<PathBuf> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let temp = path
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join(format!(".vmm-api-{}-{n}", std::process::id()));
+    (temp.as_os_str().len() <= MAX_SOCKET_PATH).then_some(temp)
 }
 
 impl ApiServer {
@@ -293,5 +323,20 @@ fn linger(mut stream: UnixStream) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_temporary_name_is_beside_the_socket_unique_and_within_the_limit() {
+        let first = listening_name(Path::new("/run/vmm/api.sock")).unwrap();
+        let second = listening_name(Path::new("/run/vmm/api.sock")).unwrap();
+        assert_eq!(first.parent(), Some(Path::new("/run/vmm")));
+        assert_ne!(first, second, "two servers of one process");
+        let dir = format!("/{}", "d".repeat(MAX_SOCKET_PATH - 10));
+        assert_eq!(listening_name(&Path::new(&dir).join("s")), None);
     }
 }

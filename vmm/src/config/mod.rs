@@ -31,7 +31,7 @@ pub const MIN_MEMORY: u64 = 4 << 20;
 /// Largest guest RAM.
 pub const MAX_MEMORY: u64 = 1 << 40;
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
-const MAX_SOCKET_PATH: usize = 107;
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Errors of checking a VM configuration; each message starts with the setting's name.
 #[derive(Debug, thiserror::Error)]
