@@ -16,6 +16,10 @@
 
 /// First guest physical address of RAM.
 pub const RAM_START: u64 = 0;
+/// Smallest guest RAM.
+pub const MIN_MEMORY: u64 = 4 << 20;
+/// Largest guest RAM.
+pub const MAX_MEMORY: u64 = 1 << 40;
 
 /// Address of the boot GDT.
 pub const BOOT_GDT_START: u64 = 0x500;

@@ -7,6 +7,7 @@ pub mod config;
 pub mod devices;
 pub mod layout;
 pub mod runner;
+pub mod size;
 pub mod testguest;
 pub mod vcpu;
 pub mod vm;

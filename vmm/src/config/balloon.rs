@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 
-use super::size::{parse_size, SizeError};
+use crate::size::{parse_size, SizeError};
 
 /// The keys `--balloon` accepts, for messages.
 const KEYS: &str = "size, deflate_on_oom, free_page_reporting, stats_polling_interval_s";

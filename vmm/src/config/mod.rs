@@ -8,11 +8,11 @@
 
 mod backing;
 mod balloon;
-mod size;
 
+pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
+pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 pub use backing::{BackingError, BackingKind};
 pub use balloon::{BalloonDeviceConfig, BalloonError};
-pub use size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -26,10 +26,6 @@ use crate::testguest::{protocol, Workload};
 
 /// Most vCPUs a VM can have: xAPIC ids are 8 bits and 0xff is the broadcast id.
 pub const MAX_VCPUS: usize = 254;
-/// Smallest guest RAM.
-pub const MIN_MEMORY: u64 = 4 << 20;
-/// Largest guest RAM.
-pub const MAX_MEMORY: u64 = 1 << 40;
 /// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 

@@ -68,7 +68,7 @@ pub enum TestGuestError {
             PageSize::Size2M => "2 MiB pages: KVM offers no 1 GiB pages here",
             PageSize::Size1G => "1 GiB pages",
         },
-        crate::config::format_size(*.memory)
+        crate::size::format_size(*.memory)
     )]
     MemoryTooLarge {
         /// The RAM asked for.
@@ -282,7 +282,7 @@ pub fn check_memory_size(memory_size: u64) -> Result<(), TestGuestError> {
     if tables_fit(memory_size, page_size) {
         return Ok(());
     }
-    let max = (1..=crate::config::MAX_MEMORY >> 30)
+    let max = (1..=crate::layout::MAX_MEMORY >> 30)
         .rev()
         .map(|gib| gib << 30)
         .find(|&size| tables_fit(size, page_size))
