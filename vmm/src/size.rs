@@ -1,7 +1,7 @@
 //! Byte sizes as people write them: a decimal number with an optional binary suffix, `K`, `M`,
 //! `G` or `T`, one syntax for every flag, subcommand and setting. Every suffix is a power of
-//! 1024, however it is spelt: `1G`, `1g`, `1GiB` and `1GB` are all 2^30 bytes (as in QEMU, Cloud Hypervisor
-//! and Firecracker's `mem_size_mib`, memory sizes are binary).
+//! 1024, however it is spelt: `1G`, `1g`, `1GiB` and `1GB` are all 2^30 bytes (as in QEMU,
+//! Cloud Hypervisor and Firecracker's `mem_size_mib`, memory sizes are binary).
 
 /// Errors of parsing a size.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
