@@ -12,8 +12,8 @@ use crate::upper::local::Local;
 use crate::upper::trees::{Trees, GIANT_TREES};
 use crate::upper::{Locals, Search};
 use crate::{
-    Config, Error, Init, InitError, Recovery, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER, MAX_ORDER,
-    TREE_CHILDREN, TREE_FRAMES,
+    Config, CoreId, Error, FrameId, Init, InitError, Order, Recovery, CHILD_FRAMES, GIANT_ORDER,
+    HUGE_ORDER, MAX_ORDER, TREE_CHILDREN, TREE_FRAMES,
 };
 
 /// Why a reservation did not happen.
@@ -189,7 +189,12 @@ impl LLFree {
 
     /// Allocates `2^order` contiguous, aligned frames with the reservation of `core`.
     /// Returns the first frame.
-    pub fn get(&self, core: usize, order: usize) -> Result<usize, Error> {
+    #[inline]
+    pub fn get(&self, core: CoreId, order: Order) -> Result<FrameId, Error> {
+        self.get_frames(core.0, order.0).map(FrameId)
+    }
+
+    pub(crate) fn get_frames(&self, core: usize, order: usize) -> Result<usize, Error> {
         if order > MAX_ORDER {
             check_order(order)?;
             return self.get_giant();
@@ -366,7 +371,12 @@ impl LLFree {
     /// Fails without changing anything if the frames are out of range, misaligned, not
     /// allocated, or were allocated with another order (as far as the metadata records orders:
     /// huge, order-10 and giant frames are recorded, base-frame runs are not).
-    pub fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
+    #[inline]
+    pub fn put(&self, core: CoreId, frame: FrameId, order: Order) -> Result<(), Error> {
+        self.put_frames(core.0, frame.0, order.0)
+    }
+
+    pub(crate) fn put_frames(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
         self.check(frame, order)?;
         if order == GIANT_ORDER {
             self.lower.put_giant(frame)?;
@@ -407,8 +417,8 @@ impl LLFree {
 
     /// Gives up the reserved tree of `core`, returning its frames to the global counters.
     /// Best effort: skipped if another thread of the core is reserving a tree at this moment.
-    pub fn drain(&self, core: usize) {
-        let local = self.locals.get(core);
+    pub fn drain(&self, core: CoreId) {
+        let local = self.locals.get(core.0);
         if local.begin_slow_path().is_some() {
             self.uninstall(local);
         }

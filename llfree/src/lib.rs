@@ -67,6 +67,32 @@ pub const TREE_FRAMES: usize = CHILD_FRAMES * TREE_CHILDREN;
 /// Largest zone: frame numbers must fit the 40-bit hint of the per-core data.
 pub const MAX_FRAMES: usize = 1 << 40;
 
+/// The id of a core: it selects a per-core reservation, which any number of threads may share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct CoreId(pub usize);
+
+/// A frame number: the index of a base frame ([`FRAME_SIZE`]) in the zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct FrameId(pub usize);
+
+/// The size of an allocation: `2^order` base frames, aligned to its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Order(pub usize);
+
+impl Order {
+    /// A base frame (4 KiB).
+    pub const BASE: Order = Order(0);
+    /// A huge frame (2 MiB).
+    pub const HUGE: Order = Order(HUGE_ORDER);
+    /// A giant frame (1 GiB).
+    pub const GIANT: Order = Order(GIANT_ORDER);
+
+    /// How many base frames an allocation of this order spans.
+    pub fn frames(self) -> usize {
+        1 << self.0
+    }
+}
+
 /// Parameters of an allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {

@@ -12,7 +12,9 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use llfree::{Config, FileRegion, Init, LLFree, Recovery, GIANT_ORDER, TREE_FRAMES};
+use llfree::{
+    Config, CoreId, FileRegion, FrameId, Init, LLFree, Order, Recovery, GIANT_ORDER, TREE_FRAMES,
+};
 
 /// Threads in the child, each with an operation in flight at any time.
 const THREADS: usize = 2;
@@ -67,14 +69,15 @@ fn child(file: &File, config: Config, log: &'static Log, seed: u64) -> ! {
                     match slot.load(Ordering::Acquire) {
                         0 => {
                             let order = ORDERS[(rng >> 32) as usize % ORDERS.len()];
-                            if let Ok(frame) = alloc.get(t, order) {
+                            if let Ok(FrameId(frame)) = alloc.get(CoreId(t), Order(order)) {
                                 slot.store(((frame << 8 | order) + 1) as u64, Ordering::Release);
                             }
                         }
                         entry => {
                             slot.store(0, Ordering::Release);
                             let entry = entry as usize - 1;
-                            alloc.put(t, entry >> 8, entry & 0xff).unwrap();
+                            let (frame, order) = (FrameId(entry >> 8), Order(entry & 0xff));
+                            alloc.put(CoreId(t), frame, order).unwrap();
                         }
                     }
                     log.ops.fetch_add(1, Ordering::Relaxed);
@@ -144,7 +147,10 @@ fn recovers_after_sigkill() {
             let entry = entry.load(Ordering::Relaxed) as usize;
             if entry != 0 {
                 let (frame, order) = ((entry - 1) >> 8, (entry - 1) & 0xff);
-                assert!(!alloc.is_free(frame, order), "logged frame {frame} lost");
+                assert!(
+                    !alloc.is_free(FrameId(frame), Order(order)),
+                    "logged frame {frame} lost"
+                );
                 logged[frame..frame + (1 << order)].fill(true);
             }
         }
@@ -163,7 +169,8 @@ fn recovers_after_sigkill() {
         for entry in log.slots.iter().flatten() {
             let entry = entry.load(Ordering::Relaxed) as usize;
             if entry != 0 {
-                alloc.put(0, (entry - 1) >> 8, (entry - 1) & 0xff).unwrap();
+                let (frame, order) = (FrameId((entry - 1) >> 8), Order((entry - 1) & 0xff));
+                alloc.put(CoreId(0), frame, order).unwrap();
             }
         }
         assert_eq!(alloc.free_frames(), alloc.frames() - lost);
@@ -179,11 +186,11 @@ fn recovers_after_sigkill() {
 fn lost_runs(alloc: &LLFree, logged: &[bool]) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for child in (0..alloc.frames()).step_by(512) {
-        if alloc.is_free(child, 9) {
+        if alloc.is_free(FrameId(child), Order::HUGE) {
             continue;
         }
         for (frame, logged) in logged.iter().enumerate().skip(child).take(512) {
-            if *logged || alloc.is_free(frame, 0) {
+            if *logged || alloc.is_free(FrameId(frame), Order::BASE) {
                 continue;
             }
             match runs.last_mut() {

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use llfree::{Config, LLFree, GIANT_ORDER, MAX_ORDER, TREE_FRAMES};
+use llfree::{Config, CoreId, FrameId, LLFree, Order, GIANT_ORDER, MAX_ORDER, TREE_FRAMES};
 
 /// A small xorshift generator (deterministic per seed).
 struct Rng(u64);
@@ -53,7 +53,7 @@ fn stress(order: usize, trees: usize, threads: usize, cores: usize, rounds: usiz
             .collect(),
     );
     let capacity = alloc.frames() >> order;
-    let held: Vec<Vec<usize>> = std::thread::scope(|scope| {
+    let held: Vec<Vec<FrameId>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let (alloc, owners) = (&alloc, &owners);
@@ -62,9 +62,9 @@ fn stress(order: usize, trees: usize, threads: usize, cores: usize, rounds: usiz
                     let mut held = Vec::new();
                     for _ in 0..rounds {
                         if held.is_empty() || rng.below(3) != 0 {
-                            match alloc.get(t, order) {
+                            match alloc.get(CoreId(t), Order(order)) {
                                 Ok(frame) => {
-                                    owners.claim(frame, order);
+                                    owners.claim(frame.0, order);
                                     held.push(frame);
                                 }
                                 Err(llfree::Error::Memory { .. }) => {}
@@ -72,9 +72,10 @@ fn stress(order: usize, trees: usize, threads: usize, cores: usize, rounds: usiz
                             }
                         } else {
                             let frame = held.swap_remove(rng.below(held.len()));
-                            owners.release(frame, order);
+                            owners.release(frame.0, order);
                             // Free from a random core: foreign frees and reserve-on-free.
-                            alloc.put(rng.below(cores + 1), frame, order).unwrap();
+                            let core = CoreId(rng.below(cores + 1));
+                            alloc.put(core, frame, Order(order)).unwrap();
                         }
                     }
                     held
@@ -89,8 +90,8 @@ fn stress(order: usize, trees: usize, threads: usize, cores: usize, rounds: usiz
     alloc.validate().unwrap();
     for (t, frames) in held.into_iter().enumerate() {
         for frame in frames {
-            owners.release(frame, order);
-            alloc.put(t, frame, order).unwrap();
+            owners.release(frame.0, order);
+            alloc.put(CoreId(t), frame, Order(order)).unwrap();
         }
     }
     assert_eq!(alloc.free_frames(), alloc.frames());
@@ -135,16 +136,16 @@ fn mixed_orders_on_one_zone() {
                 for _ in 0..20_000 {
                     if held.is_empty() || rng.below(2) == 0 {
                         let order = [0, 0, 0, 1, 3, 9, 10, GIANT_ORDER][rng.below(8)];
-                        if let Ok(frame) = alloc.get(t, order) {
+                        if let Ok(frame) = alloc.get(CoreId(t), Order(order)) {
                             held.push((frame, order));
                         }
                     } else {
                         let (frame, order) = held.swap_remove(rng.below(held.len()));
-                        alloc.put(t, frame, order).unwrap();
+                        alloc.put(CoreId(t), frame, Order(order)).unwrap();
                     }
                 }
                 for (frame, order) in held {
-                    alloc.put(t, frame, order).unwrap();
+                    alloc.put(CoreId(t), frame, Order(order)).unwrap();
                 }
             });
         }

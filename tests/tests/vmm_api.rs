@@ -174,7 +174,7 @@ fn a_guest_writing_memory_while_it_reports_it_free_never_gets_memory_outside_the
     }
     let scratch = Scratch::new("write-while-reporting");
     let socket = scratch.path("api.sock");
-    // vCPU 1 writes one page of chunk 1 over and over while vCPU 0 reports the chunk free 100
+    // vCPU 1 writes one page of chunk 1 over and over while vCPU 0 reports the chunk free 1000
     // times: every report finds the chunk populated again and discards it under the writer.
     let (vmm, api) = VmmRun::start_paused(
         &[
@@ -185,13 +185,13 @@ fn a_guest_writing_memory_while_it_reports_it_free_never_gets_memory_outside_the
             "--balloon",
             "free_page_reporting=on",
             "--workload",
-            "write@1:2M+4K*300000&report@0:2M+2M*100,checkpoint:1",
+            "write@1:2M+4K*300000&report@0:2M+2M*1000,checkpoint:1",
         ],
         &socket,
     );
     let memory = get(&api, "/memory");
     let discarded = memory["guest"]["discarded_chunks"].as_u64().unwrap();
-    // Most of the 100 reports discard the chunk under the writer on an idle host; on a loaded
+    // Most of the reports discard the chunk under the writer on an idle host; on a loaded
     // one the two vCPUs overlap less, and ten races are still the point made.
     assert!(discarded >= 10, "the reports raced the writer: {memory:#}");
     let populated = memory["guest"]["populated_chunks"].as_u64().unwrap();

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use llfree::{Config, InitError, LLFree, FRAME_SIZE, GIANT_ORDER, HUGE_ORDER};
+use llfree::{Config, CoreId, FrameId, InitError, LLFree, Order, FRAME_SIZE, GIANT_ORDER};
 use thiserror::Error;
 
 use crate::stats::PoolStats;
@@ -31,16 +31,21 @@ pub enum FrameSize {
 
 impl FrameSize {
     /// The LLFree order (in 4 KiB frames).
-    pub fn order(self) -> usize {
+    pub fn order(self) -> Order {
         match self {
-            FrameSize::Huge => HUGE_ORDER,
-            FrameSize::Giant => GIANT_ORDER,
+            FrameSize::Huge => Order::HUGE,
+            FrameSize::Giant => Order::GIANT,
         }
+    }
+
+    /// How many 4 KiB frames a frame of this size spans.
+    pub fn base_frames(self) -> u64 {
+        1 << self.order().0
     }
 
     /// The size in bytes.
     pub fn bytes(self) -> u64 {
-        (FRAME_SIZE as u64) << self.order()
+        FRAME_SIZE as u64 * self.base_frames()
     }
 
     /// A human-readable name ("2 MiB", "1 GiB").
@@ -258,24 +263,27 @@ impl Pool {
 
     /// Allocates a frame with `core`'s reservation; `None` when the pool is exhausted.
     pub fn alloc(&self, core: usize, size: FrameSize) -> Option<Frame> {
-        let index = self.llfree.get(core, size.order()).ok()? as u64;
-        Some(Frame { index, size })
+        let FrameId(index) = self.llfree.get(CoreId(core), size.order()).ok()?;
+        Some(Frame {
+            index: index as u64,
+            size,
+        })
     }
 
     /// Returns a frame to the pool. Its contents must have been scrubbed already.
     pub fn free(&self, core: usize, frame: Frame) -> Result<(), llfree::Error> {
-        self.llfree
-            .put(core, frame.index as usize, frame.size.order())
+        let index = FrameId(frame.index as usize);
+        self.llfree.put(CoreId(core), index, frame.size.order())
     }
 
     /// Whether `frame` is currently allocated (used when restoring a frame table).
     pub fn is_allocated(&self, frame: Frame) -> bool {
-        let end = frame.index + (1 << frame.size.order());
-        frame.index.is_multiple_of(1 << frame.size.order())
+        let end = frame.index + frame.size.base_frames();
+        frame.index.is_multiple_of(frame.size.base_frames())
             && end <= (self.size / FRAME_SIZE as u64)
             && !self
                 .llfree
-                .is_free(frame.index as usize, frame.size.order())
+                .is_free(FrameId(frame.index as usize), frame.size.order())
     }
 
     /// Maps all of `frame`, shared, over `[addr, addr + frame size)`.
@@ -306,7 +314,7 @@ impl Pool {
     /// Scrubs `frame` by the pool's policy, then returns it to the pool with `core`. A frame that
     /// cannot be scrubbed is not freed.
     pub(crate) fn scrub_and_free(&self, core: usize, frame: Frame) -> io::Result<()> {
-        let pages = 1u64 << frame.size.order();
+        let pages = frame.size.base_frames();
         match self.scrub {
             Scrub::PunchHole => self.punch(frame.index, pages)?,
             Scrub::ZeroOnFree => self.zero(frame.index, pages)?,

@@ -12,7 +12,7 @@ use crate::frame_alloc::{AllocError, FrameAllocator};
 use crate::llfree_alloc::LLFreeAlloc;
 use crate::rng::Rng;
 use crate::svg_plot::{render, Panel, Series};
-use llfree::CHILD_FRAMES;
+use llfree::{FrameId, Order, CHILD_FRAMES};
 use std::io::{self, Write};
 
 /// An allocator whose huge-frame fragmentation can be measured.
@@ -49,7 +49,7 @@ impl HugeFragmentation for LLFreeAlloc {
                     for (offset, count) in part.iter_mut().enumerate() {
                         let first = (index * chunk + offset) * CHILD_FRAMES;
                         *count = (first..first + CHILD_FRAMES)
-                            .filter(|&frame| self.llfree().is_free(frame, 0))
+                            .filter(|&frame| self.llfree().is_free(FrameId(frame), Order::BASE))
                             .count() as u16;
                     }
                 });

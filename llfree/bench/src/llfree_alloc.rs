@@ -1,7 +1,7 @@
 //! The [`FrameAllocator`] adapter of [`llfree::LLFree`].
 
 use crate::frame_alloc::{AllocError, FrameAllocator};
-use llfree::{Config, InitError, LLFree, GIANT_ORDER, MAX_ORDER};
+use llfree::{Config, CoreId, FrameId, InitError, LLFree, Order, GIANT_ORDER, MAX_ORDER};
 
 /// LLFree with volatile metadata, driven through the harness.
 #[derive(Debug)]
@@ -35,18 +35,19 @@ impl FrameAllocator for LLFreeAlloc {
 
     #[inline]
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        self.llfree.get(core, order).map_err(AllocError::from)
+        let frame = self.llfree.get(CoreId(core), Order(order))?;
+        Ok(frame.0)
     }
 
     #[inline]
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         self.llfree
-            .put(core, frame, order)
+            .put(CoreId(core), FrameId(frame), Order(order))
             .map_err(AllocError::from)
     }
 
     fn drain(&self, core: usize) {
-        self.llfree.drain(core);
+        self.llfree.drain(CoreId(core));
     }
 
     fn free_frames(&self) -> usize {

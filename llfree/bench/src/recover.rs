@@ -10,7 +10,7 @@
 //! The timed call includes the page faults of the fresh mapping, as a restart would.
 
 use crate::rng::Rng;
-use llfree::{Config, FileRegion, Init, InitError, LLFree, Recovery};
+use llfree::{Config, CoreId, FileRegion, Init, InitError, LLFree, Order, Recovery};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -148,13 +148,13 @@ pub fn run(params: &RecoverParams) -> Result<Vec<RecoverSample>, RecoverError> {
 fn prepare(meta: &MetaFile, frames: usize, rng: &mut Rng) -> Result<(), RecoverError> {
     let llfree = meta.open(frames, Init::Fresh)?;
     let mut held = (0..frames * 3 / 4)
-        .map(|_| llfree.get(0, 0))
+        .map(|_| llfree.get(CoreId(0), Order::BASE))
         .collect::<Result<Vec<_>, _>>()?;
     let surplus = held.len() - frames / 2;
     rng.choose_front(&mut held, surplus);
     held[..surplus]
         .iter()
-        .try_for_each(|&frame| llfree.put(0, frame, 0))?;
+        .try_for_each(|&frame| llfree.put(CoreId(0), frame, Order::BASE))?;
     Ok(())
 }
 
@@ -250,13 +250,13 @@ fn churn(meta: &MetaFile, frames: usize, mut ready: File, seed: u64) -> ! {
     let mut held = Vec::with_capacity(1024);
     loop {
         if held.len() < held.capacity() && (held.is_empty() || rng.below(2) == 0) {
-            if let Ok(frame) = llfree.get(0, 0) {
+            if let Ok(frame) = llfree.get(CoreId(0), Order::BASE) {
                 held.push(frame);
             }
         } else {
             let frame = held.swap_remove(rng.below(held.len()));
             // A failure cannot happen for a frame we hold; the loop only ends by SIGKILL.
-            let _ = llfree.put(0, frame, 0);
+            let _ = llfree.put(CoreId(0), frame, Order::BASE);
         }
     }
 }

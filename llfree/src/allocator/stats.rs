@@ -2,18 +2,28 @@
 
 use super::LLFree;
 use crate::lower::child::Child;
-use crate::{InitError, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER};
+use crate::{FrameId, InitError, Order, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER};
 
 impl LLFree {
     /// Whether the `2^order` frames at `frame` are free (false for invalid arguments).
-    pub fn is_free(&self, frame: usize, order: usize) -> bool {
+    #[inline]
+    pub fn is_free(&self, frame: FrameId, order: Order) -> bool {
+        self.frames_are_free(frame.0, order.0)
+    }
+
+    pub(crate) fn frames_are_free(&self, frame: usize, order: usize) -> bool {
         self.check(frame, order).is_ok() && self.lower.is_free(frame, order)
     }
 
     /// Whether the `2^order` frames at `frame` are allocated as one frame of that order. Huge,
     /// order-10 and giant frames record their order; for base orders this checks that every
     /// frame of the run is allocated (false for invalid arguments).
-    pub fn is_allocated(&self, frame: usize, order: usize) -> bool {
+    #[inline]
+    pub fn is_allocated(&self, frame: FrameId, order: Order) -> bool {
+        self.frames_are_allocated(frame.0, order.0)
+    }
+
+    pub(crate) fn frames_are_allocated(&self, frame: usize, order: usize) -> bool {
         self.check(frame, order).is_ok() && self.lower.is_allocated(frame, order)
     }
 

@@ -16,12 +16,12 @@ fn zone(cores: usize, trees: usize) -> LLFree {
 fn every_order_round_trips() {
     let alloc = zone(2, 32);
     for order in (0..=MAX_ORDER).chain([GIANT_ORDER]) {
-        let frame = alloc.get(1, order).unwrap();
-        assert!(!alloc.is_free(frame, order));
+        let frame = alloc.get_frames(1, order).unwrap();
+        assert!(!alloc.frames_are_free(frame, order));
         assert_eq!(alloc.free_frames(), alloc.frames() - (1 << order));
         alloc.validate().unwrap();
-        alloc.put(0, frame, order).unwrap();
-        assert!(alloc.is_free(frame, order));
+        alloc.put_frames(0, frame, order).unwrap();
+        assert!(alloc.frames_are_free(frame, order));
         assert_eq!(alloc.free_frames(), alloc.frames());
     }
     alloc.validate().unwrap();
@@ -30,16 +30,19 @@ fn every_order_round_trips() {
 #[test]
 fn is_allocated_checks_the_recorded_order() {
     let alloc = zone(2, 32);
-    let huge = alloc.get(0, HUGE_ORDER).unwrap();
-    let pair = alloc.get(0, 10).unwrap();
-    let run = alloc.get(0, 3).unwrap();
-    let giant = alloc.get(0, GIANT_ORDER).unwrap();
-    assert!(alloc.is_allocated(huge, HUGE_ORDER) && !alloc.is_allocated(huge, 10));
-    assert!(alloc.is_allocated(pair, 10) && !alloc.is_allocated(pair, HUGE_ORDER));
-    assert!(alloc.is_allocated(run, 3) && alloc.is_allocated(run, 0));
-    assert!(!alloc.is_allocated(run + 8, 0) && !alloc.is_allocated(run, 4));
-    assert!(alloc.is_allocated(giant, GIANT_ORDER) && !alloc.is_allocated(giant, HUGE_ORDER));
-    assert!(!alloc.is_allocated(usize::MAX, 0));
+    let huge = alloc.get_frames(0, HUGE_ORDER).unwrap();
+    let pair = alloc.get_frames(0, 10).unwrap();
+    let run = alloc.get_frames(0, 3).unwrap();
+    let giant = alloc.get_frames(0, GIANT_ORDER).unwrap();
+    assert!(alloc.frames_are_allocated(huge, HUGE_ORDER) && !alloc.frames_are_allocated(huge, 10));
+    assert!(alloc.frames_are_allocated(pair, 10) && !alloc.frames_are_allocated(pair, HUGE_ORDER));
+    assert!(alloc.frames_are_allocated(run, 3) && alloc.frames_are_allocated(run, 0));
+    assert!(!alloc.frames_are_allocated(run + 8, 0) && !alloc.frames_are_allocated(run, 4));
+    assert!(
+        alloc.frames_are_allocated(giant, GIANT_ORDER)
+            && !alloc.frames_are_allocated(giant, HUGE_ORDER)
+    );
+    assert!(!alloc.frames_are_allocated(usize::MAX, 0));
     let reserved: Vec<_> = alloc.reservations().collect();
     assert_eq!(reserved.len(), 2);
     assert!(reserved[0].is_some() && reserved[1].is_none());
@@ -48,10 +51,10 @@ fn is_allocated_checks_the_recorded_order() {
 #[test]
 fn invalid_requests_are_errors() {
     let alloc = zone(1, 1);
-    assert_eq!(alloc.get(0, 11), Err(Error::InvalidOrder(11)));
-    assert_eq!(alloc.put(0, 0, 17), Err(Error::InvalidOrder(17)));
+    assert_eq!(alloc.get_frames(0, 11), Err(Error::InvalidOrder(11)));
+    assert_eq!(alloc.put_frames(0, 0, 17), Err(Error::InvalidOrder(17)));
     assert_eq!(
-        alloc.put(0, TREE_FRAMES, 0),
+        alloc.put_frames(0, TREE_FRAMES, 0),
         Err(Error::OutOfRange {
             frame: TREE_FRAMES,
             order: 0,
@@ -59,7 +62,7 @@ fn invalid_requests_are_errors() {
         })
     );
     assert_eq!(
-        alloc.put(0, 0, GIANT_ORDER),
+        alloc.put_frames(0, 0, GIANT_ORDER),
         Err(Error::OutOfRange {
             frame: 0,
             order: GIANT_ORDER,
@@ -67,24 +70,27 @@ fn invalid_requests_are_errors() {
         })
     );
     assert_eq!(
-        alloc.put(0, 3, 1),
+        alloc.put_frames(0, 3, 1),
         Err(Error::Misaligned { frame: 3, order: 1 })
     );
     assert_eq!(
-        alloc.put(0, 0, 0),
+        alloc.put_frames(0, 0, 0),
         Err(Error::NotAllocated { frame: 0, order: 0 })
     );
-    let huge = alloc.get(0, HUGE_ORDER).unwrap();
+    let huge = alloc.get_frames(0, HUGE_ORDER).unwrap();
     assert_eq!(
-        alloc.put(0, huge, 0),
+        alloc.put_frames(0, huge, 0),
         Err(Error::WrongOrder {
             frame: huge,
             order: 0
         })
     );
-    assert_eq!(alloc.get(0, GIANT_ORDER), Err(Error::Memory { order: 18 }));
+    assert_eq!(
+        alloc.get_frames(0, GIANT_ORDER),
+        Err(Error::Memory { order: 18 })
+    );
     alloc.validate().unwrap();
-    assert!(!alloc.is_free(usize::MAX, 0));
+    assert!(!alloc.frames_are_free(usize::MAX, 0));
 }
 
 #[test]
@@ -108,13 +114,14 @@ fn invalid_configurations_are_errors() {
 fn allocates_everything_then_frees_everything() {
     for order in [0, 3, 7, HUGE_ORDER, 10] {
         let alloc = zone(2, 2);
-        let frames: Vec<usize> = std::iter::from_fn(|| alloc.get(order, order).ok()).collect();
+        let frames: Vec<usize> =
+            std::iter::from_fn(|| alloc.get_frames(order, order).ok()).collect();
         assert_eq!(frames.len(), alloc.frames() >> order);
-        assert_eq!(alloc.get(0, order), Err(Error::Memory { order }));
+        assert_eq!(alloc.get_frames(0, order), Err(Error::Memory { order }));
         assert_eq!(alloc.free_frames(), 0);
         alloc.validate().unwrap();
         for frame in frames {
-            alloc.put(1, frame, order).unwrap();
+            alloc.put_frames(1, frame, order).unwrap();
         }
         assert_eq!(alloc.free_frames(), alloc.frames());
         assert_eq!(alloc.free_huge(), alloc.frames() / CHILD_FRAMES);
@@ -125,12 +132,12 @@ fn allocates_everything_then_frees_everything() {
 #[test]
 fn cores_reserve_different_trees() {
     let alloc = zone(2, 8);
-    let a = alloc.get(0, 0).unwrap();
-    let b = alloc.get(1, 0).unwrap();
+    let a = alloc.get_frames(0, 0).unwrap();
+    let b = alloc.get_frames(1, 0).unwrap();
     assert_ne!(a / TREE_FRAMES, b / TREE_FRAMES);
     assert_eq!(alloc.tree_stats().filter(|t| t.reserved).count(), 2);
-    alloc.drain(0);
-    alloc.drain(1);
+    alloc.drain(CoreId(0));
+    alloc.drain(CoreId(1));
     assert_eq!(alloc.tree_stats().filter(|t| t.reserved).count(), 0);
     alloc.validate().unwrap();
 }
@@ -138,13 +145,13 @@ fn cores_reserve_different_trees() {
 #[test]
 fn reserve_on_free_takes_over_a_tree() {
     let alloc = zone(2, 8);
-    let frames: Vec<usize> = (0..8).map(|_| alloc.get(0, 0).unwrap()).collect();
+    let frames: Vec<usize> = (0..8).map(|_| alloc.get_frames(0, 0).unwrap()).collect();
     let tree = frames[0] / TREE_FRAMES;
-    alloc.drain(0);
-    let own = alloc.get(1, 0).unwrap() / TREE_FRAMES;
+    alloc.drain(CoreId(0));
+    let own = alloc.get_frames(1, 0).unwrap() / TREE_FRAMES;
     assert_ne!(own, tree);
     for frame in &frames[..4] {
-        alloc.put(1, *frame, 0).unwrap();
+        alloc.put_frames(1, *frame, 0).unwrap();
     }
     let reserved: Vec<usize> = alloc
         .tree_stats()
@@ -153,7 +160,7 @@ fn reserve_on_free_takes_over_a_tree() {
         .collect();
     assert_eq!(reserved, vec![tree]);
     // Core 1 now allocates next to the frames it freed.
-    assert_eq!(alloc.get(1, 0).unwrap() / TREE_FRAMES, tree);
+    assert_eq!(alloc.get_frames(1, 0).unwrap() / TREE_FRAMES, tree);
     alloc.validate().unwrap();
 }
 
@@ -163,7 +170,7 @@ fn fragmented_trees_are_left_for_free_ones() {
     // Take one base frame in every child of the first tree.
     let mut held = Vec::new();
     for _ in 0..TREE_FRAMES {
-        held.push(alloc.get(0, 0).unwrap());
+        held.push(alloc.get_frames(0, 0).unwrap());
         if held.len() == TREE_CHILDREN * 2 {
             break;
         }
@@ -174,11 +181,11 @@ fn fragmented_trees_are_left_for_free_ones() {
         .filter(|f| f % CHILD_FRAMES == 0)
         .collect();
     for frame in held.iter().filter(|f| *f % CHILD_FRAMES != 0) {
-        alloc.put(0, *frame, 0).unwrap();
+        alloc.put_frames(0, *frame, 0).unwrap();
     }
     assert_eq!(keep.len(), 1);
-    let huge = alloc.get(0, HUGE_ORDER).unwrap();
-    assert!(alloc.is_free(huge, 0) || !alloc.is_free(huge, HUGE_ORDER));
+    let huge = alloc.get_frames(0, HUGE_ORDER).unwrap();
+    assert!(alloc.frames_are_free(huge, 0) || !alloc.frames_are_free(huge, HUGE_ORDER));
     alloc.validate().unwrap();
 }
 
@@ -186,9 +193,9 @@ fn fragmented_trees_are_left_for_free_ones() {
 fn fewer_trees_than_cores_share_slots() {
     let alloc = zone(8, 1);
     assert_eq!(alloc.cores(), 1);
-    let frames: Vec<usize> = (0..16).map(|c| alloc.get(c, 0).unwrap()).collect();
+    let frames: Vec<usize> = (0..16).map(|c| alloc.get_frames(c, 0).unwrap()).collect();
     for (c, frame) in frames.iter().enumerate() {
-        alloc.put(c + 3, *frame, 0).unwrap();
+        alloc.put_frames(c + 3, *frame, 0).unwrap();
     }
     alloc.validate().unwrap();
 }
@@ -196,18 +203,24 @@ fn fewer_trees_than_cores_share_slots() {
 #[test]
 fn giant_frames_need_sixteen_free_trees() {
     let alloc = zone(2, 32);
-    let a = alloc.get(0, GIANT_ORDER).unwrap();
-    let b = alloc.get(1, GIANT_ORDER).unwrap();
+    let a = alloc.get_frames(0, GIANT_ORDER).unwrap();
+    let b = alloc.get_frames(1, GIANT_ORDER).unwrap();
     assert_ne!(a, b);
-    assert_eq!(alloc.get(0, GIANT_ORDER), Err(Error::Memory { order: 18 }));
-    assert_eq!(alloc.get(0, 0), Err(Error::Memory { order: 0 }));
-    alloc.put(0, a, GIANT_ORDER).unwrap();
+    assert_eq!(
+        alloc.get_frames(0, GIANT_ORDER),
+        Err(Error::Memory { order: 18 })
+    );
+    assert_eq!(alloc.get_frames(0, 0), Err(Error::Memory { order: 0 }));
+    alloc.put_frames(0, a, GIANT_ORDER).unwrap();
     assert_eq!(alloc.free_giant(), 1);
-    let base = alloc.get(0, 0).unwrap();
-    assert_eq!(alloc.get(1, GIANT_ORDER), Err(Error::Memory { order: 18 }));
-    alloc.put(1, base, 0).unwrap();
+    let base = alloc.get_frames(0, 0).unwrap();
+    assert_eq!(
+        alloc.get_frames(1, GIANT_ORDER),
+        Err(Error::Memory { order: 18 })
+    );
+    alloc.put_frames(1, base, 0).unwrap();
     // The base frame's tree is still reserved by core 0: the giant search drains it.
-    assert_eq!(alloc.get(1, GIANT_ORDER), Ok(a));
+    assert_eq!(alloc.get_frames(1, GIANT_ORDER), Ok(a));
     alloc.validate().unwrap();
 }
 
@@ -218,11 +231,13 @@ fn threads_of_one_core_race_for_a_new_tree() {
         let alloc = zone(1, 2);
         // Leave exactly one free frame in the reserved tree.
         let orders = [10; 15].into_iter().chain((0..HUGE_ORDER + 1).rev());
-        let held: Vec<(usize, usize)> = orders.map(|o| (alloc.get(0, o).unwrap(), o)).collect();
+        let held: Vec<(usize, usize)> = orders
+            .map(|o| (alloc.get_frames(0, o).unwrap(), o))
+            .collect();
         assert_eq!(alloc.free_frames(), alloc.frames() - TREE_FRAMES + 1);
         let got = Mutex::new(Vec::new());
         stop::run(2, &schedule, |_| {
-            let frame = alloc.get(0, 0).unwrap();
+            let frame = alloc.get_frames(0, 0).unwrap();
             got.lock().unwrap().push(frame);
         });
         let mut got = got.into_inner().unwrap();
@@ -253,7 +268,7 @@ fn persistent_state_survives_a_clean_shutdown() {
     let alloc = persistent(&file, config, Init::Fresh).unwrap();
     let frames: Vec<(usize, usize)> = (0..=MAX_ORDER)
         .chain([GIANT_ORDER])
-        .map(|order| (alloc.get(order % 2, order).unwrap(), order))
+        .map(|order| (alloc.get_frames(order % 2, order).unwrap(), order))
         .collect();
     let free = alloc.free_frames();
     drop(alloc);
@@ -261,7 +276,7 @@ fn persistent_state_survives_a_clean_shutdown() {
     assert_eq!(alloc.recovery(), Recovery::Clean);
     assert_eq!(alloc.free_frames(), free);
     for (frame, order) in &frames {
-        assert!(!alloc.is_free(*frame, *order));
+        assert!(!alloc.frames_are_free(*frame, *order));
     }
     alloc.validate().unwrap();
     drop(alloc);
@@ -269,7 +284,7 @@ fn persistent_state_survives_a_clean_shutdown() {
     assert_eq!(alloc.recovery(), Recovery::Crash);
     assert_eq!(alloc.free_frames(), free);
     for (frame, order) in frames {
-        alloc.put(0, frame, order).unwrap();
+        alloc.put_frames(0, frame, order).unwrap();
     }
     assert_eq!(alloc.free_frames(), alloc.frames());
 }
@@ -307,11 +322,11 @@ fn flushed_persistent_metadata_round_trips() {
     };
     let file = temp_file(LLFree::metadata_size(config.frames) as u64);
     let alloc = persistent(&file, config, Init::Fresh).unwrap();
-    let frame = alloc.get(0, HUGE_ORDER).unwrap();
+    let frame = alloc.get_frames(0, HUGE_ORDER).unwrap();
     drop(alloc);
     let alloc = persistent(&file, config, Init::Recover).unwrap();
     assert_eq!(alloc.recovery(), Recovery::Clean);
-    assert!(alloc.is_allocated(frame, HUGE_ORDER));
+    assert!(alloc.frames_are_allocated(frame, HUGE_ORDER));
 }
 
 #[test]
@@ -319,11 +334,11 @@ fn a_crashed_allocator_is_recovered_deeply() {
     let config = Config::new(1, TREE_FRAMES);
     let file = temp_file(LLFree::metadata_size(config.frames) as u64);
     let alloc = persistent(&file, config, Init::Fresh).unwrap();
-    let frame = alloc.get(0, 0).unwrap();
+    let frame = alloc.get_frames(0, 0).unwrap();
     // Simulate a crash: the allocator is never dropped, so no clean marker is written.
     std::mem::forget(alloc);
     let alloc = persistent(&file, config, Init::Recover).unwrap();
     assert_eq!(alloc.recovery(), Recovery::Crash);
-    assert!(!alloc.is_free(frame, 0));
+    assert!(!alloc.frames_are_free(frame, 0));
     assert_eq!(alloc.free_frames(), alloc.frames() - 1);
 }

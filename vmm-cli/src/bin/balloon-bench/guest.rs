@@ -197,7 +197,7 @@ impl Guest {
                 .memory
                 .frame_at(GuestAddress(chunk))
                 .ok_or("not populated")?;
-            let (index, order) = (frame.index as usize, frame.size.order());
+            let (index, order) = (llfree::FrameId(frame.index as usize), frame.size.order());
             driver.add_chain(REPORTING, &[(chunk, HUGE as u32, true)]);
             let started = Instant::now();
             if sample % 2 == 0 {
