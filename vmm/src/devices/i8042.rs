@@ -15,7 +15,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::BusDevice;
 use super::GuestWarnings;
-use crate::vm::control::{StopReason, VmControl};
+use super::ResetLine;
 
 /// First port of the controller (the data port).
 pub const I8042_PORT_BASE: u64 = 0x60;
@@ -114,7 +114,7 @@ struct State {
 pub struct I8042Device {
     state: Mutex<State>,
     irq: EventFd,
-    control: OnceLock<Arc<VmControl>>,
+    reset: OnceLock<Arc<dyn ResetLine>>,
     warnings: GuestWarnings,
 }
 
@@ -130,7 +130,7 @@ impl I8042Device {
                 target: DataTarget::Keyboard,
             }),
             irq,
-            control: OnceLock::new(),
+            reset: OnceLock::new(),
             warnings: GuestWarnings::default(),
         }
     }
@@ -140,10 +140,10 @@ impl I8042Device {
         &self.irq
     }
 
-    /// Connects the device to the VM that the reset command stops.
-    pub fn set_control(&self, control: Arc<VmControl>) {
+    /// Connects the device to the VM that the reset command resets (stops).
+    pub fn connect_reset(&self, line: Arc<dyn ResetLine>) {
         // Set once, before the vCPUs run; a second call keeps the first VM.
-        let _ = self.control.set(control);
+        let _ = self.reset.set(line);
     }
 
     /// Presses and releases Ctrl-Alt-Del on the keyboard. Returns `false` when the keyboard
@@ -220,8 +220,8 @@ impl I8042Device {
             CMD_WRITE_KBD_OUTPUT => state.target = DataTarget::KeyboardOutput,
             CMD_WRITE_AUX_OUTPUT | CMD_WRITE_AUX => state.target = DataTarget::Aux,
             CMD_RESET_CPU => {
-                if let Some(control) = self.control.get() {
-                    control.request_stop(StopReason::GuestReset);
+                if let Some(line) = self.reset.get() {
+                    line.reset();
                 }
             }
             // Pulses of the output port lines, password and other vendor commands: nothing.
@@ -242,8 +242,8 @@ impl I8042Device {
             DataTarget::OutputPort => {
                 // Bit 0 low holds the CPU in reset: the way some guests reboot.
                 if byte & 1 == 0 {
-                    if let Some(control) = self.control.get() {
-                        control.request_stop(StopReason::GuestReset);
+                    if let Some(line) = self.reset.get() {
+                        line.reset();
                     }
                 }
             }

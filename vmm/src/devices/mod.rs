@@ -22,4 +22,11 @@ pub mod serial;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError, BusRange};
+
+/// What a device that can reset the machine (the i8042's CPU reset) asks of the VM. The VM
+/// implements it, so that devices need not know the VM.
+pub trait ResetLine: Send + Sync + std::fmt::Debug {
+    /// The guest asked for a reset: a microVM stops.
+    fn reset(&self);
+}
 pub use guest_warnings::GuestWarnings;

@@ -89,7 +89,7 @@ pub(super) fn run(
     devices.attach(vm.fd(), &mut buses)?;
 
     let running = vm.start(Arc::new(buses))?;
-    keyboard.set_control(running.control().clone());
+    keyboard.connect_reset(running.control().clone());
     session.attach_keyboard(keyboard);
     session.start_guest(&running);
     match running.wait() {

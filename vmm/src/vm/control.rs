@@ -272,6 +272,13 @@ impl VmControl {
     }
 }
 
+impl crate::devices::ResetLine for VmControl {
+    /// The guest reset the VM through a device: the VM stops with [`StopReason::GuestReset`].
+    fn reset(&self) {
+        self.request_stop(StopReason::GuestReset);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::vm::control::VmControl;
+use crate::vm::control::{StopReason, VmControl};
 
 fn device() -> I8042Device {
     I8042Device::new(EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap())
@@ -96,7 +96,7 @@ fn a_guest_that_never_reads_cannot_grow_the_queue() {
 fn the_reset_command_stops_the_vm() {
     let device = device();
     let control = Arc::new(VmControl::new(1));
-    device.set_control(control.clone());
+    device.connect_reset(control.clone());
     write(&device, 0x64, CMD_RESET_CPU);
     assert_eq!(control.stop_reason(), Some(StopReason::GuestReset));
 }
