@@ -21,8 +21,7 @@ use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use vmm::config::VmConfig;
 use vmm::devices::serial::SharedBuffer;
 use vmm::runner::{run_on, ResetCause, RunOutcome, SPARE_CORES};
-use vmm_cli::ApiClient;
-use vmm_cli::{Cli, Command};
+use vmm_cli::{ApiClient, Cli, Command};
 
 const MIB: u64 = 1 << 20;
 
