@@ -6,6 +6,8 @@ use std::process::Output;
 /// The `vmm` binary the end-to-end tests run: `$LLFREE_VMM_BIN` where set (the nested harness
 /// copies it elsewhere), else the one cargo built beside the test binaries, in
 /// `target/<profile>/` (`cargo test --workspace` builds it: vmm-cli has integration tests).
+/// Panics, saying how to build it, if it is missing or older than the vmm-cli library the tests
+/// were built with (`cargo test -p e2e-tests` alone does not rebuild it).
 pub fn vmm_binary() -> &'static str {
     static BINARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     BINARY.get_or_init(|| {
@@ -14,20 +16,39 @@ pub fn vmm_binary() -> &'static str {
         }
         // The test binary is target/<profile>/deps/<name>-<hash>.
         let test = std::env::current_exe().expect("the test binary's path");
-        let binary = test
-            .parent()
-            .and_then(Path::parent)
-            .map(|profile| profile.join("vmm"))
-            .filter(|vmm| vmm.is_file())
-            .unwrap_or_else(|| {
-                panic!(
-                    "no vmm binary beside {}: build it first (cargo build -p vmm-cli, with \
-                     --release for release tests) or set LLFREE_VMM_BIN",
-                    test.display()
-                )
-            });
+        let deps = test.parent().expect("the test binary's directory");
+        let binary = deps.parent().unwrap_or(deps).join("vmm");
+        let build = "build it first: cargo build -p vmm-cli (with --release for release tests), \
+                     or run the tests with cargo test --workspace";
+        let built = modified(&binary)
+            .unwrap_or_else(|| panic!("no vmm binary at {}: {build}", binary.display()));
+        if newest_vmm_cli_library(deps).is_some_and(|library| library > built) {
+            panic!(
+                "{} is older than the code it is built from: {build}",
+                binary.display()
+            );
+        }
         binary.to_string_lossy().into_owned()
     })
+}
+
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// When the newest vmm-cli library in `deps` was built: the `vmm` binary links it, so a binary
+/// older than it is stale.
+fn newest_vmm_cli_library(deps: &Path) -> Option<std::time::SystemTime> {
+    std::fs::read_dir(deps)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("libvmm_cli-") && name.ends_with(".rlib")
+        })
+        .filter_map(|entry| modified(&entry.path()))
+        .max()
 }
 
 /// Whether KVM is usable here; prints `SKIP: <test>: ...` and returns `false` when it is not.

@@ -22,6 +22,7 @@ use e2e_tests::{
 };
 use guest_mem::testing::HugePages;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use vmm::boot::DEFAULT_CMDLINE;
 use vmm_common::{client, Scratch, VmmRun};
 
 /// Prints the NUL-terminated command line at `[RSI + 0x228]` (the zero page's `cmd_line_ptr`)
@@ -81,7 +82,7 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
             populate,
         ]);
         run.assert_guest_reset(BY_A_TRIPLE_FAULT);
-        assert_eq!(run.stdout, "console=ttyS0 reboot=k panic=1 pci=off\n");
+        assert_eq!(run.stdout, format!("{DEFAULT_CMDLINE}\n"));
     }
     let run = VmmRun::run(&[
         "--kernel",

@@ -132,8 +132,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH", requires = "kernel")]
     pub initrd: Option<PathBuf>,
 
-    /// Kernel command line (needs --kernel). Default: "console=ttyS0 reboot=k panic=1 pci=off";
-    /// virtio-mmio devices are appended to it.
+    /// Kernel command line (needs --kernel). Default, as Firecracker's: "console=ttyS0 reboot=k
+    /// panic=1 pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"; virtio-mmio devices
+    /// are appended to it.
     #[arg(long, value_name = "ARGS", requires = "kernel")]
     pub cmdline: Option<String>,
 
