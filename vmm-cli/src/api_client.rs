@@ -81,7 +81,7 @@ pub struct ApiClient {
 }
 
 impl ApiClient {
-    /// A client of the socket at `socket`, waiting at most [`DEFAULT_TIMEOUT`].
+    /// A client of the socket at `socket`, waiting at most `DEFAULT_TIMEOUT` (30 s).
     pub fn new(socket: impl AsRef<Path>) -> Self {
         ApiClient {
             socket: socket.as_ref().to_owned(),

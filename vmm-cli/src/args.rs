@@ -1,5 +1,9 @@
 //! The command line, declared with clap's derive API. Every flag's doc comment is its `--help`.
 
+// The doc comments below are clap's --help text (with brackets for optional parts), not
+// rustdoc links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};

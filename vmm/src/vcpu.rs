@@ -1,7 +1,7 @@
 //! A vCPU and its run loop: one thread per vCPU enters `KVM_RUN`, dispatches port I/O and MMIO
 //! exits to the device buses, and leaves on HLT, shutdown, errors or a stop request.
 //!
-//! Kicking: to get a thread out of `KVM_RUN`, [`kick_thread`] sends it [`kick_signal`]. The
+//! Kicking: to get a thread out of `KVM_RUN`, `kick_thread` sends it [`kick_signal`]. The
 //! handler sets `immediate_exit` in that thread's own `kvm_run` (found through a thread-local
 //! pointer), so a kick that lands just before `KVM_RUN` is not lost: `KVM_RUN` returns `EINTR`
 //! at once and the loop looks at the pending request.

@@ -3,10 +3,10 @@
 /// The touch programs, to be loaded at a VM's code address.
 ///
 /// In: esi = first address, ecx = count, edx = stride, eax = marker. For each address:
-/// ebx |= [esi]; [esi] = eax. Then out 0x10, ebx; hlt.
+/// ebx |= \[esi\]; \[esi\] = eax. Then out 0x10, ebx; hlt.
 ///
 /// * At offset 0: the plain loop.
-/// * At [`STEPPED`]: the same loop with `out 0x11, al` after every store, so that the VMM sees
+/// * At `STEPPED`: the same loop with `out 0x11, al` after every store, so that the VMM sees
 ///   (and can time) each touch.
 pub const PROGRAMS: [u8; 32] = [
     // Plain.

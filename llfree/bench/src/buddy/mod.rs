@@ -1,8 +1,8 @@
 //! A spin-locked binary buddy allocator modelled on Linux's page allocator.
 //!
 //! * One zone lock protects per-order free lists (orders 0..=[`MAX_ORDER`]) threaded through a
-//!   64-byte frame descriptor array ([`page`]), with buddy merging on free ([`zone`]).
-//! * Order-0 frames go through per-CPU lists ([`pcp`]) with Linux's batch/high scheme; each list
+//!   64-byte frame descriptor array (`page`), with buddy merging on free (`zone`).
+//! * Order-0 frames go through per-CPU lists (`pcp`) with Linux's batch/high scheme; each list
 //!   has its own (normally uncontended) lock, as in Linux 6.0, so that [`Buddy::drain`] and the
 //!   out-of-memory path can empty other CPUs' lists (`drain_all_pages`).
 //! * A double free or an order mismatch is detected by one compare-and-swap on the frame's state.
