@@ -194,6 +194,8 @@ run_directly() {
     local kernel=$1 binary status=0
     shift
     export LLFREE_VMM_TEST_KERNEL=$kernel LLFREE_VMM_TEST_INITRD=$WORK/l2-initrd.gz
+    # The vmm that build_tests just built (its own build, whose features differ from the tests').
+    export LLFREE_VMM_BIN=$ROOT/target/release/vmm
     for binary in "$@"; do
         "$binary" --test-threads=1 --nocapture ${FILTER:+"$FILTER"} 2>&1 || status=1
     done
