@@ -6,8 +6,8 @@ use std::process::Output;
 /// The `vmm` binary the end-to-end tests run: `$LLFREE_VMM_BIN` where set (the nested harness
 /// copies it elsewhere), else the one cargo built beside the test binaries, in
 /// `target/<profile>/` (`cargo test --workspace` builds it: vmm-cli has integration tests).
-/// Panics, saying how to build it, if it is missing or older than the vmm-cli library the tests
-/// were built with (`cargo test -p e2e-tests` alone does not rebuild it).
+/// Panics, saying how to build it, if it is missing or older than a source file of the crates
+/// it is built from (`cargo test -p e2e-tests` alone does not rebuild it).
 pub fn vmm_binary() -> &'static str {
     static BINARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     BINARY.get_or_init(|| {
@@ -22,10 +22,23 @@ pub fn vmm_binary() -> &'static str {
                      or run the tests with cargo test --workspace";
         let built = modified(&binary)
             .unwrap_or_else(|| panic!("no vmm binary at {}: {build}", binary.display()));
-        if newest_vmm_cli_library(deps).is_some_and(|library| library > built) {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let sources = [
+            "llfree/src",
+            "guest-mem/src",
+            "virtio-balloon/src",
+            "test-guest",
+            "vmm/src",
+            "vmm-cli/src",
+        ];
+        if let Some(newer) = sources
+            .iter()
+            .find_map(|dir| newer_source(&workspace.join(dir), built))
+        {
             panic!(
-                "{} is older than the code it is built from: {build}",
-                binary.display()
+                "{} is older than {}: {build}",
+                binary.display(),
+                newer.display()
             );
         }
         binary.to_string_lossy().into_owned()
@@ -36,19 +49,26 @@ fn modified(path: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// When the newest vmm-cli library in `deps` was built: the `vmm` binary links it, so a binary
-/// older than it is stale.
-fn newest_vmm_cli_library(deps: &Path) -> Option<std::time::SystemTime> {
-    std::fs::read_dir(deps)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter(|entry| {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("libvmm_cli-") && name.ends_with(".rlib")
-        })
-        .filter_map(|entry| modified(&entry.path()))
-        .max()
+/// A Rust source, manifest or link script under `dir` (skipping `target`) changed after
+/// `built`, if any.
+fn newer_source(dir: &Path, built: std::time::SystemTime) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|name| name != "target") {
+                if let Some(newer) = newer_source(&path, built) {
+                    return Some(newer);
+                }
+            }
+        } else if path
+            .extension()
+            .is_some_and(|ext| ext == "rs" || ext == "toml" || ext == "ld")
+            && modified(&path).is_some_and(|changed| changed > built)
+        {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// Whether KVM is usable here; prints `SKIP: <test>: ...` and returns `false` when it is not.
