@@ -24,7 +24,7 @@ impl TryFrom<RunArgs> for VmConfig {
     type Error = RunConfigError;
 
     fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
-        check_vcpus(args.vcpus, false)?;
+        check_vcpus(args.vcpus, args.kernel.is_none())?;
         check_memory(args.memory, &args.backing)?;
         let scrub = check_backing(&args.backing, args.format_pool)?;
         let guest = match args.kernel {
@@ -32,7 +32,6 @@ impl TryFrom<RunArgs> for VmConfig {
                 GuestConfig::Linux(LinuxConfig::new(kernel, args.initrd, args.cmdline)?)
             }
             None => {
-                check_vcpus(args.vcpus, true)?;
                 args.workload.check_balloon(args.balloon.as_ref())?;
                 GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)
             }

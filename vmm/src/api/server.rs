@@ -86,24 +86,21 @@ fn bind(path: &Path) -> Result<UnixListener, ServerError> {
     }
     // Bound and listening under a temporary name, then renamed into place: a client that sees
     // the socket can connect (between bind and listen it would be refused).
-    let listener = match listening_name(path) {
-        Some(temp) => {
-            let _ = fs::remove_file(&temp);
-            let listener = UnixListener::bind(&temp).map_err(socket_err)?;
-            let placed = fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))
-                .and_then(|()| fs::rename(&temp, path));
-            if let Err(e) = placed {
-                let _ = fs::remove_file(&temp);
-                return Err(socket_err(e));
-            }
-            listener
-        }
-        None => {
-            let listener = UnixListener::bind(path).map_err(socket_err)?;
-            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(socket_err)?;
-            listener
-        }
-    };
+    let temp = listening_name(path);
+    let at = temp.as_deref().unwrap_or(path);
+    if let Some(temp) = &temp {
+        let _ = fs::remove_file(temp);
+    }
+    let listener = UnixListener::bind(at).map_err(socket_err)?;
+    let placed =
+        fs::set_permissions(at, fs::Permissions::from_mode(0o600)).and_then(|()| match &temp {
+            Some(temp) => fs::rename(temp, path),
+            None => Ok(()),
+        });
+    if let Err(e) = placed {
+        let _ = fs::remove_file(at);
+        return Err(socket_err(e));
+    }
     listener.set_nonblocking(true).map_err(socket_err)?;
     Ok(listener)
 }

@@ -298,20 +298,20 @@ impl LinuxConfig {
 /// Checks that the control API can be served at `path`: short enough, in an existing
 /// directory, and not some other file.
 pub fn check_api_socket(path: &Path) -> Result<(), ConfigError> {
-    let flag = "api-socket ";
+    let setting = "api-socket ";
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(path_error(
-            flag,
+            setting,
             path,
             format!("longer than {MAX_SOCKET_PATH} bytes (the Unix socket limit)"),
         ));
     }
     if !parent_dir(path).is_dir() {
-        return Err(path_error(flag, path, "its directory does not exist"));
+        return Err(path_error(setting, path, "its directory does not exist"));
     }
     match fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => Err(path_error(
-            flag,
+            setting,
             path,
             "exists and is not a socket (refusing to replace it)",
         )),

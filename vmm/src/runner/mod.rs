@@ -173,8 +173,10 @@ pub enum RunError {
 /// handled by the event loop until this returns; call it before starting other threads that
 /// leave them unblocked.
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
+    // Before the pool exists: a refused VM leaves no pool file behind.
+    check_guest(&config)?;
     let pool = memory::create_pool(&config)?;
-    run_on(config, pool, console::serial_output())
+    run_checked(config, pool, console::serial_output())
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
@@ -184,10 +186,24 @@ pub fn run_on(
     pool: Arc<Pool>,
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
-    // Before any guest memory is populated.
+    check_guest(&config)?;
+    run_checked(config, pool, console)
+}
+
+/// What the configuration alone cannot tell: whether the test guest's page tables fit its RAM.
+fn check_guest(config: &VmConfig) -> Result<(), RunError> {
     if let GuestConfig::TestGuest(_) = &config.guest {
         testguest::check_memory_size(config.memory_size)?;
     }
+    Ok(())
+}
+
+/// [`run_on`] once the guest passed [`check_guest`].
+fn run_checked(
+    config: VmConfig,
+    pool: Arc<Pool>,
+    console: SerialOutput,
+) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
     let population = Arc::new(Population::default());
