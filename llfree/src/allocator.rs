@@ -366,6 +366,47 @@ impl LLFree {
         }
     }
 
+    /// Allocates the specific huge or giant frame at `frame`, which must be free: for a persistent
+    /// owner that records the frame while the allocator lost it (a zone's crash recovery).
+    ///
+    /// Every core's reservation is given up first, so that the tree's free frames are counted
+    /// globally; fails with [`Error::NotFree`] if a frame of the range is taken, or if a core
+    /// reserved the tree again meanwhile, and with [`Error::InvalidOrder`] for other orders.
+    pub fn get_at(&self, frame: FrameId, order: Order) -> Result<(), Error> {
+        let (frame, order) = (frame.0, order.0);
+        self.check(frame, order)?;
+        let not_free = Error::NotFree { frame, order };
+        for local in self.locals.iter() {
+            if local.begin_slow_path().is_some() {
+                self.uninstall(local);
+            }
+        }
+        match order {
+            HUGE_ORDER => {
+                let tree = frame / TREE_FRAMES;
+                if !self.trees.take(tree, CHILD_FRAMES) {
+                    return Err(not_free);
+                }
+                if !self.lower.get_huge_at(frame / CHILD_FRAMES) {
+                    self.trees.add(tree, CHILD_FRAMES);
+                    return Err(not_free);
+                }
+                Ok(())
+            }
+            GIANT_ORDER => {
+                if !self.trees.claim_giant_at(frame / TREE_FRAMES) {
+                    return Err(not_free);
+                }
+                if !self.lower.get_giant(frame) {
+                    self.add_giant_trees(frame);
+                    return Err(not_free);
+                }
+                Ok(())
+            }
+            _ => Err(Error::InvalidOrder(order)),
+        }
+    }
+
     /// Frees `2^order` frames starting at `frame`, from `core`.
     ///
     /// Fails without changing anything if the frames are out of range, misaligned, not

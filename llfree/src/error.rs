@@ -40,6 +40,15 @@ pub enum Error {
         /// The order.
         order: usize,
     },
+    /// A specific frame was asked for ([`crate::LLFree::get_at`]) but is not entirely free, or
+    /// its tree is reserved by a core.
+    #[error("frame {frame} (order {order}) is not free")]
+    NotFree {
+        /// The frame.
+        frame: usize,
+        /// The order.
+        order: usize,
+    },
     /// The frame is allocated, but with another order.
     #[error("frame {frame} was not allocated with order {order}")]
     WrongOrder {

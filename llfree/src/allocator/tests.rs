@@ -342,3 +342,37 @@ fn a_crashed_allocator_is_recovered_deeply() {
     assert!(!alloc.frames_are_free(frame, 0));
     assert_eq!(alloc.free_frames(), alloc.frames() - 1);
 }
+
+#[test]
+fn get_at_takes_back_a_specific_huge_or_giant_frame() {
+    let alloc = zone(2, 48);
+    let huge = FrameId(3 * CHILD_FRAMES);
+    alloc.get_at(huge, Order::HUGE).unwrap();
+    assert!(alloc.is_allocated(huge, Order::HUGE));
+    assert_eq!(
+        alloc.get_at(huge, Order::HUGE),
+        Err(Error::NotFree {
+            frame: huge.0,
+            order: HUGE_ORDER
+        })
+    );
+    assert_eq!(alloc.free_frames(), alloc.frames() - CHILD_FRAMES);
+    // A tree reserved by a core is given back first.
+    let base = alloc.get_frames(1, 0).unwrap();
+    let next = FrameId(base / CHILD_FRAMES * CHILD_FRAMES + CHILD_FRAMES);
+    alloc.get_at(next, Order::HUGE).unwrap();
+    let giant = FrameId(2 << GIANT_ORDER);
+    alloc.get_at(giant, Order::GIANT).unwrap();
+    assert!(alloc.is_allocated(giant, Order::GIANT));
+    assert!(alloc.get_at(FrameId(0), Order::GIANT).is_err(), "partly used");
+    assert_eq!(
+        alloc.get_at(FrameId(0), Order(3)),
+        Err(Error::InvalidOrder(3))
+    );
+    alloc.validate().unwrap();
+    alloc.put(CoreId(0), giant, Order::GIANT).unwrap();
+    alloc.put(CoreId(0), next, Order::HUGE).unwrap();
+    alloc.put(CoreId(0), huge, Order::HUGE).unwrap();
+    alloc.put_frames(0, base, 0).unwrap();
+    assert_eq!(alloc.free_frames(), alloc.frames());
+}

@@ -192,6 +192,11 @@ impl Lower {
         None
     }
 
+    /// Allocates `child` as a huge frame if it is entirely free (see `LLFree::get_at`).
+    pub fn get_huge_at(&self, child: usize) -> bool {
+        self.get_huge(child).is_some()
+    }
+
     fn get_huge(&self, child: usize) -> Option<usize> {
         self.pair(child)
             .update(child % 2, |c| (c == Child::FREE).then_some(HUGE_CHILD))

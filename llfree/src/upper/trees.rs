@@ -133,33 +133,36 @@ impl Trees {
             .is_ok()
     }
 
+    /// Claims the `GIANT_TREES` trees from `first` (aligned) if all are entirely free and
+    /// unreserved.
+    pub fn claim_giant_at(&self, first: usize) -> bool {
+        let full = TREE_FRAMES as u16;
+        for tree in first..first + GIANT_TREES {
+            stop!();
+            let claimed =
+                self.entry(tree)
+                    .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed);
+            if claimed.is_err() {
+                for claimed in first..tree {
+                    self.add(claimed, TREE_FRAMES);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
     /// Claims `GIANT_TREES` entirely free, unreserved, aligned trees among the first `trees`
     /// (those entirely inside the zone). Returns the first tree.
     pub fn claim_giant(&self, trees: usize) -> Option<usize> {
         let full = TREE_FRAMES as u16;
-        'groups: for first in (0..trees / GIANT_TREES * GIANT_TREES).step_by(GIANT_TREES) {
-            let group = first..first + GIANT_TREES;
-            if group
-                .clone()
-                .any(|t| self.entry(t).load(Ordering::Relaxed) != full)
-            {
-                continue;
-            }
-            for tree in group.clone() {
-                stop!();
-                let claimed =
-                    self.entry(tree)
-                        .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed);
-                if claimed.is_err() {
-                    for claimed in first..tree {
-                        self.add(claimed, TREE_FRAMES);
-                    }
-                    continue 'groups;
-                }
-            }
-            return Some(first);
-        }
-        None
+        (0..trees / GIANT_TREES * GIANT_TREES)
+            .step_by(GIANT_TREES)
+            .find(|&first| {
+                (first..first + GIANT_TREES)
+                    .all(|t| self.entry(t).load(Ordering::Relaxed) == full)
+                    && self.claim_giant_at(first)
+            })
     }
 }
 
