@@ -1,10 +1,18 @@
 //! The frame table: for every guest chunk, the pool frame backing it, one `AtomicU64` each.
 //!
-//! Every change is one atomic store or compare-and-swap of one entry, so the table can later live
-//! in a persistent zone. An entry is `EMPTY` (unpopulated), `BUSY` (one thread is mapping or
-//! unmapping the chunk) or `frame index + 1` (mapped onto that frame).
+//! Every change is one atomic store or compare-and-swap of one entry. An entry is `EMPTY`
+//! (unpopulated), `BUSY` (one thread is mapping or unmapping the chunk) or `frame index + 1`
+//! (mapped onto that frame) in this process.
+//!
+//! The memory of a VM in a zone also has a **persistent** table in the zone file, one word per
+//! chunk, `EMPTY` or `frame index + 1`, changed only by the thread that holds the chunk `BUSY`
+//! here: a frame is published there right after it was allocated and before it is mapped, and
+//! unpublished after it was scrubbed and before it is freed. A new process maps the frames it
+//! records when their chunks are first touched.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::zone::ZoneWords;
 
 const EMPTY: u64 = 0;
 const BUSY: u64 = u64::MAX;
@@ -24,13 +32,46 @@ pub enum ChunkState {
 #[derive(Debug)]
 pub struct FrameTable {
     entries: Box<[AtomicU64]>,
+    persistent: Option<ZoneWords>,
 }
 
 impl FrameTable {
-    /// A table of `chunks` unpopulated chunks.
-    pub fn new(chunks: usize) -> Self {
+    /// A table of `chunks` unpopulated chunks, with the persistent table `persistent` (as many
+    /// words) of a VM in a zone.
+    pub fn new(chunks: usize, persistent: Option<ZoneWords>) -> Self {
+        debug_assert!(persistent.as_ref().is_none_or(|p| p.len() == chunks));
         Self {
             entries: (0..chunks).map(|_| AtomicU64::new(EMPTY)).collect(),
+            persistent,
+        }
+    }
+
+    /// Whether the table is persistent (its frames belong to a VM in a zone, not to this
+    /// process).
+    pub fn is_persistent(&self) -> bool {
+        self.persistent.is_some()
+    }
+
+    /// The frame the persistent table records for `chunk` (held `BUSY` by the caller).
+    pub fn persisted(&self, chunk: usize) -> Option<u64> {
+        let persistent = self.persistent.as_ref()?;
+        match persistent[chunk].load(Ordering::Acquire) {
+            EMPTY => None,
+            entry => Some(entry - 1),
+        }
+    }
+
+    /// Publishes `frame` for `chunk` (held `BUSY` by the caller) in the persistent table.
+    pub fn persist(&self, chunk: usize, frame: u64) {
+        if let Some(persistent) = &self.persistent {
+            persistent[chunk].store(frame + 1, Ordering::Release);
+        }
+    }
+
+    /// Unpublishes the frame of `chunk` (held `BUSY` by the caller) in the persistent table.
+    pub fn unpersist(&self, chunk: usize) {
+        if let Some(persistent) = &self.persistent {
+            persistent[chunk].store(EMPTY, Ordering::Release);
         }
     }
 
@@ -86,7 +127,7 @@ mod tests {
 
     #[test]
     fn claims_are_exclusive() {
-        let table = FrameTable::new(2);
+        let table = FrameTable::new(2, None);
         assert!(table.claim_empty(1));
         assert!(!table.claim_empty(1));
         assert_eq!(table.state(1), ChunkState::Busy);

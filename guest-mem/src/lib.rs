@@ -21,6 +21,7 @@ mod memory;
 mod pieces;
 pub mod pool;
 mod region;
+pub mod zone;
 mod shared;
 pub mod stats;
 mod sys;

@@ -17,6 +17,7 @@ use crate::shared::{Inner, Shared};
 use crate::stats::{Counters, MemoryStats};
 use crate::sys::uffd::{Uffd, UffdError};
 use crate::vcpu::{FaultError, VcpuRegistry};
+use crate::zone::ZoneVm;
 
 /// When chunks get their frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -228,7 +229,41 @@ impl GuestMemory {
         Ok(memory)
     }
 
+    /// Creates the guest memory of `vm`, a VM in a zone, on the zone's pool: the frames the VM
+    /// had (before a crash or a restart of the VMM) are mapped again when their chunks are first
+    /// touched (or now, with eager population); new ones are recorded in the zone. The ranges
+    /// and chunk size of `config` must be the VM's layout.
+    pub fn new_in_zone(
+        vm: ZoneVm,
+        config: MemoryConfig,
+        population: &Population,
+    ) -> Result<Self, MemoryError> {
+        let layout = vm.layout();
+        let ranges: Vec<_> = config.ranges.iter().map(|(a, s)| (a.0, *s)).collect();
+        if ranges != layout.regions || config.chunk_size.is_some_and(|c| c != layout.chunk_size)
+        {
+            return Err(MemoryError::Snapshot(format!(
+                "the RAM ranges differ from VM '{}' in the zone",
+                vm.name()
+            )));
+        }
+        let pool = Arc::clone(vm.zone().pool());
+        let memory = Self::build_with(pool, &config, Some(vm))?;
+        if config.populate == Populate::Eager {
+            memory.populate_all(population)?;
+        }
+        Ok(memory)
+    }
+
     fn build(pool: Arc<Pool>, config: &MemoryConfig) -> Result<Self, MemoryError> {
+        Self::build_with(pool, config, None)
+    }
+
+    fn build_with(
+        pool: Arc<Pool>,
+        config: &MemoryConfig,
+        zone_vm: Option<ZoneVm>,
+    ) -> Result<Self, MemoryError> {
         let chunk = config.chunk_size.unwrap_or(pool.frame_size());
         if chunk < pool.frame_size() {
             return Err(MemoryError::ChunkTooSmall {
@@ -251,11 +286,19 @@ impl GuestMemory {
             waiting_others: Mutex::new(Vec::new()),
             others_wait: AtomicBool::new(false),
             counters: Counters::new(config.vcpus),
+            zone_vm,
         });
         let regions = config
             .ranges
             .iter()
-            .map(|&(start, size)| GuestRegion::new(start, size, chunk, Arc::clone(&shared)))
+            .enumerate()
+            .map(|(i, &(start, size))| {
+                let persistent = shared
+                    .zone_vm
+                    .as_ref()
+                    .map(|vm| (vm.table_words(i), vm.piece_words(i)));
+                GuestRegion::new(start, size, chunk, Arc::clone(&shared), persistent)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let inner = Arc::new(Inner { regions, shared });
         let handlers =

@@ -3,25 +3,60 @@
 //! The bits outlive the calls that set them: a chunk whose pieces have all been given away,
 //! possibly over many calls, can give its frame back to the pool.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::zone::ZoneWords;
+
+/// Where the bits live: this process's heap, or a VM's bitmaps in a zone (which outlive it).
+#[derive(Debug)]
+enum Words {
+    Heap(Box<[AtomicU64]>),
+    Zone(ZoneWords),
+}
+
+impl Deref for Words {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            Words::Heap(words) => words,
+            Words::Zone(words) => words,
+        }
+    }
+}
 
 /// Bitmaps of given-away 4 KiB pieces, one per chunk, with a count of set bits each.
 #[derive(Debug)]
 pub struct PieceMap {
-    words: Box<[AtomicU64]>,
+    words: Words,
     counts: Box<[AtomicU32]>,
     pieces_per_chunk: usize,
 }
 
 impl PieceMap {
-    /// Empty bitmaps for `chunks` chunks of `pieces_per_chunk` pieces (a multiple of 64).
-    pub fn new(chunks: usize, pieces_per_chunk: usize) -> Self {
+    /// Bitmaps for `chunks` chunks of `pieces_per_chunk` pieces (a multiple of 64): empty, or
+    /// the ones a VM in a zone kept (`persistent`, as many words), counted again.
+    pub fn new(chunks: usize, pieces_per_chunk: usize, persistent: Option<ZoneWords>) -> Self {
         debug_assert_eq!(pieces_per_chunk % 64, 0);
+        let words = match persistent {
+            Some(words) => Words::Zone(words),
+            None => Words::Heap(
+                (0..chunks * pieces_per_chunk / 64)
+                    .map(|_| AtomicU64::new(0))
+                    .collect(),
+            ),
+        };
+        debug_assert_eq!(words.len(), chunks * pieces_per_chunk / 64);
+        let counts = words
+            .chunks(pieces_per_chunk / 64)
+            .map(|chunk| {
+                let set = chunk.iter().map(|w| w.load(Ordering::Relaxed).count_ones());
+                AtomicU32::new(set.sum())
+            })
+            .collect();
         Self {
-            words: (0..chunks * pieces_per_chunk / 64)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            counts: (0..chunks).map(|_| AtomicU32::new(0)).collect(),
+            words,
+            counts,
             pieces_per_chunk,
         }
     }
@@ -90,7 +125,7 @@ mod tests {
 
     #[test]
     fn pieces_accumulate_over_calls_until_the_chunk_is_full() {
-        let map = PieceMap::new(2, 512);
+        let map = PieceMap::new(2, 512, None);
         assert_eq!(map.set(1, 0, 100), (100, false));
         assert_eq!(map.set(1, 50, 100), (50, false));
         assert_eq!(map.count(0), 0);

@@ -15,6 +15,7 @@ use crate::pool::{Frame, FrameSize};
 use crate::shared::Shared;
 use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
+use crate::zone::ZoneWords;
 
 /// Errors of populating and discarding chunks.
 #[derive(Debug, Error)]
@@ -95,23 +96,26 @@ pub struct GuestRegion {
 impl GuestRegion {
     /// Reserves the host range (aligned to the chunk size, like the guest address), maps the
     /// placeholder over it and registers it with userfaultfd.
+    /// A VM in a zone passes its persistent frame table and piece bitmaps for the region.
     pub(crate) fn new(
         start: GuestAddress,
         len: u64,
         chunk: FrameSize,
         shared: Arc<Shared>,
+        persistent: Option<(ZoneWords, ZoneWords)>,
     ) -> Result<Self, RegionError> {
         let reserve_err = |source| RegionError::Reserve { len, source };
         let host = Mapping::anonymous(len as usize, chunk.bytes() as usize).map_err(reserve_err)?;
         shared.uffd.register(host.addr(), host.len())?;
         let chunks = (len / chunk.bytes()) as usize;
         let pieces = (chunk.bytes() / FRAME_SIZE as u64) as usize;
+        let (table, piece_words) = persistent.unzip();
         Ok(Self {
             start,
             host,
             chunk,
-            table: FrameTable::new(chunks),
-            pieces: PieceMap::new(chunks, pieces),
+            table: FrameTable::new(chunks, table),
+            pieces: PieceMap::new(chunks, pieces, piece_words),
             shared,
         })
     }
@@ -197,13 +201,25 @@ impl GuestRegion {
         if let ChunkState::Mapped(_) = self.claim(chunk, false) {
             return Ok(false);
         }
+        if let Some(index) = self.table.persisted(chunk) {
+            // A VM in a zone: the frame it had before this process.
+            let frame = Frame {
+                index,
+                size: self.chunk,
+            };
+            return self.map_claimed(chunk, frame).map(|()| true);
+        }
         let pool = &self.shared.pool;
         let Some(frame) = pool.alloc(core, self.chunk) else {
             self.table.publish_empty(chunk);
             return Err(RegionError::Exhausted(self.chunk.name()));
         };
+        // Allocate, then publish: a crash in between leaves a frame that the zone's recovery
+        // finds referenced by no VM, and frees.
+        self.table.persist(chunk, frame.index);
         if let Err(e) = self.map_claimed(chunk, frame) {
-            // The frame never held guest data; give it back as it is.
+            // The frame never held guest data; unpublish it and give it back as it is.
+            self.table.unpersist(chunk);
             let _ = pool.free(core, frame);
             return Err(e);
         }
@@ -294,17 +310,26 @@ impl GuestRegion {
             let _ = self.map_claimed(chunk, frame);
             return Err(e);
         }
-        // The guest cannot reach the frame any more: scrub it and give it back.
-        let result = self
-            .shared
-            .pool
-            .scrub_and_free(core, frame)
-            .map_err(|source| RegionError::Scrub {
+        // The guest cannot reach the frame any more: scrub it, unpublish it, then free it (a
+        // crash in between leaves a clean frame referenced by no VM, which recovery frees).
+        let pool = &self.shared.pool;
+        if let Err(source) = pool.scrub(frame) {
+            // Keep the frame: the guest gets it back as it is.
+            let _ = self.map_claimed(chunk, frame);
+            return Err(RegionError::Scrub {
                 frame: index,
                 source,
             });
+        }
+        self.table.unpersist(chunk);
+        let freed = pool.free(core, frame);
         self.table.publish_empty(chunk);
-        result.map(|()| true)
+        freed
+            .map(|()| true)
+            .map_err(|e| RegionError::Scrub {
+                frame: index,
+                source: io::Error::other(e),
+            })
     }
 
     /// Releases the host memory of pieces `[first, first + count)` of a populated chunk, where
@@ -343,9 +368,13 @@ impl GuestRegion {
 
 impl Drop for GuestRegion {
     fn drop(&mut self) {
-        // Cut every frame off the guest first, then scrub and free them.
+        // Cut every frame off the guest first, then scrub and free them; the frames of a VM in
+        // a zone stay its own.
         // SAFETY: the whole range belongs to this region, which nobody can use any more.
         let _ = unsafe { mmap::map_placeholder(self.host.addr(), self.host.len()) };
+        if self.table.is_persistent() {
+            return;
+        }
         for chunk in 0..self.table.len() {
             if let ChunkState::Mapped(index) = self.table.state(chunk) {
                 let frame = Frame {

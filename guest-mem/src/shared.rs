@@ -10,6 +10,7 @@ use crate::region::GuestRegion;
 use crate::stats::Counters;
 use crate::sys::uffd::Uffd;
 use crate::vcpu::VcpuRegistry;
+use crate::zone::ZoneVm;
 
 /// State shared by the regions and the fault handler threads.
 #[derive(Debug)]
@@ -25,6 +26,9 @@ pub(crate) struct Shared {
     pub counters: Counters,
     pub core_base: usize,
     pub vmm_core: usize,
+    /// The VM in a zone whose memory this is (its persistent tables live there); detached
+    /// when the memory goes.
+    pub zone_vm: Option<ZoneVm>,
 }
 
 impl Shared {

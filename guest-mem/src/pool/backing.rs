@@ -104,6 +104,8 @@ pub struct BackingFile {
     pub can_punch: bool,
     /// Whether this is a device, or a file that already existed with contents.
     pub had_contents: bool,
+    /// The size of the pages the memory is made of (4 KiB; a hugetlb page size).
+    pub page_size: u64,
     /// Bytes the file or device held when opened (the memfd's size).
     len: u64,
     /// Whether this is a block or character device, whose size cannot change.
@@ -143,17 +145,19 @@ impl BackingFile {
             map_sync: false,
             can_punch: true,
             had_contents: false,
+            page_size: huge.map_or(4096, |h| 1 << h.0),
             len: size,
             device: false,
             _reservation: reservation,
         })
     }
 
-    /// Opens a file or device, creating an absent file (empty), and takes an exclusive advisory
-    /// lock (flock) on it for as long as this lives: a second process on the same pool is
-    /// refused at once. Nothing in it is changed: the caller checks what it holds first, then
-    /// sizes it with [`BackingFile::ensure_len`].
-    pub fn open(path: &Path) -> Result<Self, BackingError> {
+    /// Opens a file or device, creating an absent file (empty) with `create`, and takes an
+    /// exclusive advisory lock (flock) on it for as long as this lives: a second process on the
+    /// same pool is refused at once. Nothing in it is changed: the caller checks what it holds
+    /// first, then sizes it with [`BackingFile::ensure_len`]. A file on hugetlbfs is hugetlb
+    /// memory of that mount's page size.
+    pub fn open(path: &Path, create: bool) -> Result<Self, BackingError> {
         let err = |source| BackingError::File {
             path: path.to_owned(),
             source,
@@ -161,7 +165,7 @@ impl BackingFile {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
+            .create(create)
             .truncate(false)
             .open(path)
             .map_err(err)?;
@@ -179,10 +183,12 @@ impl BackingFile {
         } else {
             meta.len()
         };
-        let map_sync = mmap::supports_map_sync(file.as_raw_fd(), 0, 4096);
+        let hugetlb_page = hugetlbfs_page_size(&file).map_err(err)?;
+        let map_sync = hugetlb_page.is_none() && mmap::supports_map_sync(file.as_raw_fd(), 0, 4096);
         Ok(Self {
             file,
-            hugetlb: false,
+            hugetlb: hugetlb_page.is_some(),
+            page_size: hugetlb_page.unwrap_or(4096),
             map_sync,
             can_punch: !meta.file_type().is_char_device(),
             had_contents: device || len > 0,
@@ -219,6 +225,18 @@ impl BackingFile {
     pub fn as_file(&self) -> &File {
         &self.file
     }
+}
+
+/// The page size of the hugetlbfs mount `file` lies on; `None` for other file systems.
+fn hugetlbfs_page_size(file: &File) -> io::Result<Option<u64>> {
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // SAFETY: statfs is plain data, valid when zeroed; fstatfs fills it.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `file` is an open fd and `stat` a writable statfs.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((stat.f_type as i64 == HUGETLBFS_MAGIC).then_some(stat.f_bsize as u64))
 }
 
 fn huge_dir(kb: u64) -> String {

@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use crate::stats::PoolStats;
 use crate::sys::{self, mmap};
-use backing::BackingFile;
+pub(crate) use backing::BackingFile;
 use persistent::{open_file, Opened};
 
 /// The size of a pool frame, which is also the size of the guest chunks mapped onto it.
@@ -225,6 +225,34 @@ impl Pool {
         Ok(Arc::new(pool))
     }
 
+    /// A pool over the frames of a zone file: `llfree` manages the frames at `data_offset` of
+    /// `file`. Freed frames are punched out of the file, or zeroed where it cannot punch.
+    pub(crate) fn assemble(
+        llfree: LLFree,
+        file: BackingFile,
+        data_offset: u64,
+        frame_size: FrameSize,
+    ) -> Arc<Self> {
+        let scrub = match file.can_punch {
+            true => Scrub::PunchHole,
+            false => Scrub::ZeroOnFree,
+        };
+        Arc::new(Self {
+            size: (llfree.frames() * FRAME_SIZE) as u64,
+            llfree,
+            file,
+            data_offset,
+            frame_size,
+            scrub,
+            next_core: AtomicUsize::new(0),
+        })
+    }
+
+    /// The file or memfd the frames lie in.
+    pub(crate) fn backing_file(&self) -> &BackingFile {
+        &self.file
+    }
+
     /// The smallest frame (and chunk) size this pool hands out.
     pub fn frame_size(&self) -> FrameSize {
         self.frame_size
@@ -314,12 +342,17 @@ impl Pool {
     /// Scrubs `frame` by the pool's policy, then returns it to the pool with `core`. A frame that
     /// cannot be scrubbed is not freed.
     pub(crate) fn scrub_and_free(&self, core: usize, frame: Frame) -> io::Result<()> {
+        self.scrub(frame)?;
+        self.free(core, frame).map_err(io::Error::other)
+    }
+
+    /// Destroys the contents of `frame` by the pool's policy.
+    pub(crate) fn scrub(&self, frame: Frame) -> io::Result<()> {
         let pages = frame.size.base_frames();
         match self.scrub {
-            Scrub::PunchHole => self.punch(frame.index, pages)?,
-            Scrub::ZeroOnFree => self.zero(frame.index, pages)?,
+            Scrub::PunchHole => self.punch(frame.index, pages),
+            Scrub::ZeroOnFree => self.zero(frame.index, pages),
         }
-        self.free(core, frame).map_err(io::Error::other)
     }
 
     /// Writes zeroes over 4 KiB frames `[first, first + count)` through a temporary mapping.

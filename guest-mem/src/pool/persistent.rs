@@ -33,7 +33,7 @@ pub(super) fn open_file(
 ) -> Result<Opened, PoolError> {
     let meta_len = LLFree::metadata_size(llfree_config.frames) as u64;
     let layout = Header::new(llfree_config.frames as u64, meta_len);
-    let file = BackingFile::open(path)?;
+    let file = BackingFile::open(path, true)?;
     if !file.can_punch && config.scrub == Scrub::PunchHole {
         return Err(PoolError::CannotPunch(path.to_owned()));
     }

@@ -1,0 +1,295 @@
+//! The VM directory of a zone: one 4 KiB slot per VM, with its name, RAM layout, owner and state.
+//!
+//! A slot changes state with one atomic store, after everything it publishes was written:
+//! * `FREE` → `ACTIVE`: the slot's tables are zeroed and its fields written (and synced) first, so
+//!   a crash in between leaves a free slot.
+//! * `ACTIVE` → `DELETING` → `FREE`: every frame-table entry is cleared (its frame freed) while the
+//!   slot is `DELETING`; an open finds a deletion cut short and finishes it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::layout::{Layout, PAGE};
+use crate::pool::FrameSize;
+
+const FREE: u64 = 0;
+const ACTIVE: u64 = u64::from_le_bytes(*b"LLFVMOK1");
+const DELETING: u64 = u64::from_le_bytes(*b"LLFVMDEL");
+
+/// The longest VM name, in bytes.
+pub const MAX_NAME: usize = 64;
+/// The most RAM regions a VM may have.
+pub const MAX_REGIONS: usize = 8;
+
+const STATE: usize = 0;
+const OWNER: usize = 1;
+const NAME_LEN: usize = 2;
+const NAME: usize = 3;
+const CHUNK_ORDER: usize = NAME + MAX_NAME / 8;
+const REGION_COUNT: usize = CHUNK_ORDER + 1;
+const REGIONS: usize = REGION_COUNT + 1;
+const SLOT_WORDS: usize = REGIONS + 2 * MAX_REGIONS;
+
+/// A VM's RAM: its chunk size and its regions as (guest address, size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmLayout {
+    /// The chunk size (the zone's frame size).
+    pub chunk_size: FrameSize,
+    /// RAM regions as (guest address, size), multiples of the chunk size.
+    pub regions: Vec<(u64, u64)>,
+}
+
+impl VmLayout {
+    /// Chunks in all regions.
+    pub fn chunks(&self) -> u64 {
+        self.regions
+            .iter()
+            .map(|(_, size)| size / self.chunk_size.bytes())
+            .sum()
+    }
+
+    /// Bytes of RAM.
+    pub fn bytes(&self) -> u64 {
+        self.regions.iter().map(|(_, size)| size).sum()
+    }
+}
+
+/// What a slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// Nothing.
+    Free,
+    /// A VM.
+    Active,
+    /// A VM being deleted.
+    Deleting,
+    /// Anything else: the zone is damaged.
+    Corrupted(u64),
+}
+
+/// One slot of the directory, seen through the zone mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct Slot<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Slot<'a> {
+    /// The slot whose words are `words` (at least [`SLOT_WORDS`]).
+    pub fn new(words: &'a [AtomicU64]) -> Self {
+        debug_assert!(words.len() >= SLOT_WORDS && SLOT_WORDS * 8 <= PAGE as usize);
+        Self { words }
+    }
+
+    fn get(&self, index: usize) -> u64 {
+        self.words[index].load(Ordering::Acquire)
+    }
+
+    fn set(&self, index: usize, value: u64) {
+        self.words[index].store(value, Ordering::Release);
+    }
+
+    /// The state.
+    pub fn state(&self) -> SlotState {
+        match self.get(STATE) {
+            FREE => SlotState::Free,
+            ACTIVE => SlotState::Active,
+            DELETING => SlotState::Deleting,
+            other => SlotState::Corrupted(other),
+        }
+    }
+
+    /// Publishes the slot as active (its fields written before).
+    pub fn activate(&self) {
+        self.set(STATE, ACTIVE);
+    }
+
+    /// Marks the slot as being deleted.
+    pub fn mark_deleting(&self) {
+        self.set(STATE, DELETING);
+    }
+
+    /// Frees the slot.
+    pub fn release(&self) {
+        self.set(STATE, FREE);
+    }
+
+    /// The process id of the VMM attached to the VM, 0 for none.
+    pub fn owner(&self) -> u32 {
+        self.get(OWNER) as u32
+    }
+
+    /// Records the attached VMM's process id (0: none).
+    pub fn set_owner(&self, pid: u32) {
+        self.set(OWNER, pid.into());
+    }
+
+    /// The name; `None` if the recorded one is not a valid name.
+    pub fn name(&self) -> Option<String> {
+        let len = self.get(NAME_LEN) as usize;
+        if len == 0 || len > MAX_NAME {
+            return None;
+        }
+        let bytes: Vec<u8> = (NAME..NAME + MAX_NAME / 8)
+            .flat_map(|i| self.get(i).to_le_bytes())
+            .take(len)
+            .collect();
+        let name = String::from_utf8(bytes).ok()?;
+        check_name(&name).is_ok().then_some(name)
+    }
+
+    /// The RAM layout; `None` if the recorded one is malformed or does not fit `zone`.
+    pub fn layout(&self, zone: &Layout) -> Option<VmLayout> {
+        if self.get(CHUNK_ORDER) != zone.frame_size.order().0 as u64 {
+            return None;
+        }
+        let count = self.get(REGION_COUNT) as usize;
+        if count == 0 || count > MAX_REGIONS {
+            return None;
+        }
+        let regions = (0..count)
+            .map(|i| (self.get(REGIONS + 2 * i), self.get(REGIONS + 2 * i + 1)))
+            .collect();
+        let layout = VmLayout {
+            chunk_size: zone.frame_size,
+            regions,
+        };
+        check_layout(&layout, zone).is_ok().then_some(layout)
+    }
+
+    /// Writes the name and layout (checked by the caller) of a slot about to be activated.
+    pub fn write(&self, name: &str, layout: &VmLayout) {
+        let mut bytes = [0u8; MAX_NAME];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        for (i, word) in bytes.chunks(8).enumerate() {
+            self.set(NAME + i, u64::from_le_bytes(word.try_into().expect("8 bytes")));
+        }
+        self.set(NAME_LEN, name.len() as u64);
+        self.set(CHUNK_ORDER, layout.chunk_size.order().0 as u64);
+        self.set(REGION_COUNT, layout.regions.len() as u64);
+        for (i, (start, size)) in layout.regions.iter().enumerate() {
+            self.set(REGIONS + 2 * i, *start);
+            self.set(REGIONS + 2 * i + 1, *size);
+        }
+        self.set(OWNER, 0);
+    }
+}
+
+/// Checks a VM name: 1 to 64 bytes of letters, digits, `.`, `_` and `-`, not starting with `.`
+/// or `-`.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err("a VM name has 1 to 64 characters");
+    }
+    if name.starts_with(['.', '-']) {
+        return Err("a VM name does not start with '.' or '-'");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err("a VM name consists of letters, digits, '.', '_' and '-'");
+    }
+    Ok(())
+}
+
+/// Checks that a RAM layout fits a zone: 1 to [`MAX_REGIONS`] sorted, non-overlapping regions
+/// of whole chunks of the zone's frame size, no more chunks than the zone has frames.
+pub fn check_layout(layout: &VmLayout, zone: &Layout) -> Result<(), String> {
+    let chunk = zone.frame_size.bytes();
+    if layout.chunk_size != zone.frame_size {
+        return Err(format!(
+            "its chunks must be the zone's frames ({})",
+            zone.frame_size.name()
+        ));
+    }
+    if layout.regions.is_empty() || layout.regions.len() > MAX_REGIONS {
+        return Err(format!("it must have 1 to {MAX_REGIONS} RAM regions"));
+    }
+    let mut end = 0u64;
+    for &(start, size) in &layout.regions {
+        if size == 0 || !start.is_multiple_of(chunk) || !size.is_multiple_of(chunk) {
+            return Err(format!(
+                "RAM region {start:#x}+{size:#x} is empty or not a multiple of the zone's \
+                 frame size ({})",
+                zone.frame_size.name()
+            ));
+        }
+        if start < end || start.checked_add(size).is_none() {
+            return Err(format!("RAM region {start:#x}+{size:#x} overlaps or wraps"));
+        }
+        end = start + size;
+    }
+    if layout.chunks() > zone.vm_chunks() {
+        return Err(format!(
+            "its {} MiB of RAM exceed the zone's {} MiB",
+            layout.bytes() >> 20,
+            zone.data_len() >> 20
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot_words() -> Vec<AtomicU64> {
+        (0..PAGE / 8).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn a_written_slot_reads_back() {
+        let zone = Layout::new(FrameSize::Huge, 512 * 64, 4, 4096);
+        let words = slot_words();
+        let slot = Slot::new(&words);
+        assert_eq!(slot.state(), SlotState::Free);
+        let layout = VmLayout {
+            chunk_size: FrameSize::Huge,
+            regions: vec![(0, 32 << 20), (1 << 32, 64 << 20)],
+        };
+        slot.write("vm-1.test_a", &layout);
+        slot.activate();
+        assert_eq!(slot.state(), SlotState::Active);
+        assert_eq!(slot.name().as_deref(), Some("vm-1.test_a"));
+        assert_eq!(slot.layout(&zone), Some(layout));
+        slot.mark_deleting();
+        assert_eq!(slot.state(), SlotState::Deleting);
+        words[STATE].store(7, Ordering::Relaxed);
+        assert_eq!(slot.state(), SlotState::Corrupted(7));
+    }
+
+    #[test]
+    fn hostile_slots_are_rejected() {
+        let zone = Layout::new(FrameSize::Huge, 512 * 64, 4, 4096);
+        let words = slot_words();
+        let slot = Slot::new(&words);
+        slot.write(
+            "a",
+            &VmLayout {
+                chunk_size: FrameSize::Huge,
+                regions: vec![(0, 2 << 20)],
+            },
+        );
+        words[NAME_LEN].store(65, Ordering::Relaxed);
+        assert_eq!(slot.name(), None);
+        words[NAME_LEN].store(1, Ordering::Relaxed);
+        words[NAME].store(u64::from(b'/'), Ordering::Relaxed);
+        assert_eq!(slot.name(), None);
+        words[REGION_COUNT].store(9, Ordering::Relaxed);
+        assert_eq!(slot.layout(&zone), None);
+        words[REGION_COUNT].store(1, Ordering::Relaxed);
+        words[REGIONS + 1].store(256 << 20, Ordering::Relaxed);
+        assert_eq!(slot.layout(&zone), None, "more RAM than the zone");
+        words[REGIONS + 1].store(3 << 20, Ordering::Relaxed);
+        assert_eq!(slot.layout(&zone), None, "not whole chunks");
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["a", "vm-1", "A.b_c", &"x".repeat(64)] {
+            assert_eq!(check_name(good), Ok(()), "{good}");
+        }
+        for bad in ["", ".x", "-x", "a/b", "a b", "ä", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}

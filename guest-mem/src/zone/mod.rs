@@ -1,0 +1,751 @@
+//! Persistent zones: one host file that holds everything a VM's memory needs to outlive the VMM
+//! process: a header, LLFree's persistent metadata, a directory of VMs (name, RAM layout,
+//! persistent frame table, balloon piece bitmaps) and the frames (see `layout` for where).
+//!
+//! * Creation is crash-safe: the header says "being created" until the last step, and such a
+//!   zone is never used ([`ZoneError::HalfCreated`]; `create` lays it out again).
+//! * Every VM's frame table entry changes with one atomic store, ordered against the allocator:
+//!   a frame is allocated, then published; unpublished, then freed.
+//! * Opening a zone ([`Zone::open`]) recovers LLFree (deeply after a crash), finishes deletions
+//!   cut short, and cross-checks every VM's frame table against the allocator: a frame allocated
+//!   but referenced by no VM is scrubbed and freed (a crash between allocating and publishing,
+//!   or unpublishing and freeing); a frame referenced but free is allocated again. Nothing is
+//!   lost and nothing leaks.
+//! * A zone file may lie on any file system (tmpfs, hugetlbfs with 2 MiB or 1 GiB pages, a disk,
+//!   a DAX file system with MAP_SYNC) or be a device DAX. One VMM process uses it at a time
+//!   (flock); owners are recorded per VM.
+
+mod directory;
+mod layout;
+mod map;
+mod recovery;
+
+pub use directory::{check_name, VmLayout, MAX_NAME, MAX_REGIONS};
+pub use recovery::{RecoveryKind, RecoveryReport};
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use llfree::{Config, Init, InitError, LLFree, FRAME_SIZE};
+use thiserror::Error;
+
+use crate::pool::{BackingError, BackingFile, Frame, FrameSize, Pool};
+use crate::sys;
+use directory::{Slot, SlotState};
+use layout::{Layout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
+use map::{ZoneMap, ZoneMetaRegion};
+pub(crate) use map::ZoneWords;
+
+/// The default number of VM slots of a new zone.
+pub const DEFAULT_MAX_VMS: u64 = 16;
+
+/// Errors of creating, opening and changing zones.
+#[derive(Debug, Error)]
+pub enum ZoneError {
+    /// The file cannot be opened, locked or sized.
+    #[error(transparent)]
+    Backing(#[from] BackingError),
+    /// The zone size is zero or not a multiple of the frame size.
+    #[error("zone size {size:#x} must be a non-zero multiple of the frame size ({frame})")]
+    BadSize {
+        /// The size asked for.
+        size: u64,
+        /// The frame size.
+        frame: &'static str,
+    },
+    /// The slot count is out of range.
+    #[error("a zone holds 1 to {max} VMs, not {0}", max = layout::MAX_VMS)]
+    BadMaxVms(u64),
+    /// The file system's pages are larger than the frames.
+    #[error(
+        "zone {path}: the file system's pages ({page} bytes) are larger than the frames ({frame})"
+    )]
+    PageSize {
+        /// The zone file.
+        path: PathBuf,
+        /// Its page size.
+        page: u64,
+        /// The frame size.
+        frame: &'static str,
+    },
+    /// `create` found a zone in the file.
+    #[error("{0} already holds a zone (delete the file to create another)")]
+    Exists(PathBuf),
+    /// The file holds something else.
+    #[error("{path} holds no zone (magic {magic:#018x})")]
+    NotAZone {
+        /// The file.
+        path: PathBuf,
+        /// The first word found.
+        magic: u64,
+    },
+    /// The zone's creation never finished.
+    #[error(
+        "{0}: the zone's creation never finished (the process creating it stopped); create it \
+         again with `vmm zone create`"
+    )]
+    HalfCreated(PathBuf),
+    /// Another layout version.
+    #[error("{path}: zone version {found} is not supported (expected {VERSION})")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        found: u64,
+    },
+    /// The zone's metadata is inconsistent.
+    #[error("zone {path} is corrupted: {what}")]
+    Corrupted {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The file is shorter than its zone.
+    #[error("zone {path} needs {need} bytes, but the file holds {have} (truncated?)")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the zone needs.
+        need: u64,
+        /// Bytes the file has.
+        have: u64,
+    },
+    /// Mapping, syncing or cleaning the zone failed.
+    #[error("zone {path}: {what}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// LLFree refused the zone's metadata.
+    #[error("zone {path}: allocator metadata: {source}")]
+    Allocator {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: InitError,
+    },
+    /// A VM name is invalid.
+    #[error("invalid VM name '{name}': {why}")]
+    BadName {
+        /// The name.
+        name: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A VM's RAM does not fit the zone.
+    #[error("VM '{name}' does not fit zone {path}: {why}")]
+    BadLayout {
+        /// The VM.
+        name: String,
+        /// The zone.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The VM exists with another RAM layout.
+    #[error(
+        "VM '{name}' in zone {path} has {recorded} MiB of RAM in {chunk} chunks; it cannot be \
+         attached with {requested} MiB"
+    )]
+    LayoutMismatch {
+        /// The VM.
+        name: String,
+        /// The zone.
+        path: PathBuf,
+        /// MiB recorded.
+        recorded: u64,
+        /// MiB requested.
+        requested: u64,
+        /// The chunk size.
+        chunk: &'static str,
+    },
+    /// No such VM.
+    #[error("zone {path} holds no VM named '{name}'")]
+    NoSuchVm {
+        /// The zone.
+        path: PathBuf,
+        /// The name.
+        name: String,
+    },
+    /// Every slot is taken.
+    #[error("zone {path} holds {max} VMs already (delete one with `vmm zone delete-vm`)")]
+    Full {
+        /// The zone.
+        path: PathBuf,
+        /// Its slots.
+        max: u64,
+    },
+    /// The VM is attached to a process.
+    #[error("VM '{name}' in zone {path} is in use by process {pid}")]
+    VmInUse {
+        /// The VM.
+        name: String,
+        /// The zone.
+        path: PathBuf,
+        /// The owner.
+        pid: u32,
+    },
+}
+
+/// Parameters of a new zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneConfig {
+    /// Bytes of frames.
+    pub size: u64,
+    /// The frame size.
+    pub frame_size: FrameSize,
+    /// VM slots.
+    pub max_vms: u64,
+}
+
+/// An open zone: its pool of frames and its VM directory. Share it with `Arc`.
+#[derive(Debug)]
+pub struct Zone {
+    path: PathBuf,
+    pool: Arc<Pool>,
+    map: Arc<ZoneMap>,
+    layout: Layout,
+    recovery: RecoveryReport,
+}
+
+/// One VM of a zone and its place in the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmInfo {
+    /// The name.
+    pub name: String,
+    /// Its RAM.
+    pub layout: VmLayout,
+    /// Chunks backed by a frame.
+    pub frames: u64,
+    /// 4 KiB pieces given to the balloon.
+    pub given_away_pieces: u64,
+    /// The process attached to it, if any.
+    pub owner: Option<u32>,
+}
+
+/// What `vmm zone inspect` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneInfo {
+    /// Bytes of frames.
+    pub size: u64,
+    /// The frame size.
+    pub frame_size: FrameSize,
+    /// Frames (of the frame size).
+    pub frames: u64,
+    /// Free frames.
+    pub free_frames: u64,
+    /// VM slots.
+    pub max_vms: u64,
+    /// The VMs.
+    pub vms: Vec<VmInfo>,
+    /// What opening the zone recovered.
+    pub recovery: RecoveryReport,
+    /// Frames allocated that no VM references, now (after recovery: 0).
+    pub leaked_frames: u64,
+    /// Frames a VM references that the allocator counts free, now (after recovery: 0).
+    pub lost_frames: u64,
+}
+
+impl Zone {
+    /// Creates a zone in `path` (a new or empty file, a zero-filled device, or a zone whose
+    /// creation never finished). A file that holds a zone or anything else is refused
+    /// untouched.
+    pub fn create(path: &Path, config: &ZoneConfig) -> Result<(), ZoneError> {
+        let frame = config.frame_size;
+        if config.size == 0 || !config.size.is_multiple_of(frame.bytes()) {
+            return Err(ZoneError::BadSize {
+                size: config.size,
+                frame: frame.name(),
+            });
+        }
+        if config.max_vms == 0 || config.max_vms > layout::MAX_VMS {
+            return Err(ZoneError::BadMaxVms(config.max_vms));
+        }
+        let file = BackingFile::open(path, true)?;
+        check_page_size(path, &file, frame)?;
+        let io_err = |what| {
+            move |source| ZoneError::Io {
+                path: path.to_owned(),
+                what,
+                source,
+            }
+        };
+        if file.had_contents {
+            let first = ZoneMap::new(file.raw_fd(), file.page_size)
+                .map_err(io_err("cannot map the header"))?;
+            match first.header().magic.load(Ordering::Acquire) {
+                0 => {}
+                CREATING_MAGIC => log::warn!(
+                    "{}: the zone's creation never finished; creating it again",
+                    path.display()
+                ),
+                MAGIC => return Err(ZoneError::Exists(path.to_owned())),
+                magic => {
+                    return Err(ZoneError::NotAZone {
+                        path: path.to_owned(),
+                        magic,
+                    })
+                }
+            }
+        }
+        let frames = config.size / FRAME_SIZE as u64;
+        let layout = Layout::new(frame, frames, config.max_vms, file.page_size);
+        file.ensure_len(path, layout.total_len(), true)?;
+        let map = Arc::new(
+            ZoneMap::new(file.raw_fd(), layout.data_off)
+                .map_err(io_err("cannot map the metadata"))?,
+        );
+        let header = map.header();
+        header.magic.store(CREATING_MAGIC, Ordering::Release);
+        map.sync(0, PAGE).map_err(io_err("cannot sync the header"))?;
+        // The directory and the tables start zeroed; the frames start clean.
+        let tables = layout.dir_off..layout.data_off;
+        if file.can_punch && !file.hugetlb {
+            sys::punch_hole(file.as_file(), tables.start, tables.end - tables.start)
+                .map_err(io_err("cannot clear the directory"))?;
+        } else {
+            map.zero(tables.start, tables.end - tables.start);
+        }
+        let region = ZoneMetaRegion::new(Arc::clone(&map), layout);
+        let llfree = LLFree::persistent(Config::new(1, frames as usize), Box::new(region), Init::Fresh)
+            .map_err(|source| ZoneError::Allocator {
+                path: path.to_owned(),
+                source,
+            })?;
+        let pool = Pool::assemble(llfree, file, layout.data_off, frame);
+        scrub_all(&pool, frames).map_err(io_err("cannot clean the frames"))?;
+        drop(pool);
+        layout.write(header);
+        map.sync(0, layout.data_off)
+            .map_err(io_err("cannot sync the metadata"))?;
+        header.magic.store(MAGIC, Ordering::Release);
+        map.sync(0, PAGE).map_err(io_err("cannot sync the header"))
+    }
+
+    /// Opens the zone in `path` for a VMM with `cores` LLFree cores: recovers the allocator,
+    /// finishes interrupted deletions and cross-checks every VM's frame table (see the module
+    /// docs). Fails with a clear error on anything that is not a complete zone of this version,
+    /// or whose metadata is inconsistent.
+    pub fn open(path: &Path, cores: usize) -> Result<Arc<Self>, ZoneError> {
+        let started = Instant::now();
+        let file = BackingFile::open(path, false)?;
+        let io_err = |what| {
+            move |source| ZoneError::Io {
+                path: path.to_owned(),
+                what,
+                source,
+            }
+        };
+        let first = ZoneMap::new(file.raw_fd(), file.page_size.max(PAGE))
+            .map_err(io_err("cannot map the header"))?;
+        let layout = read_header(path, first.header())?;
+        drop(first);
+        check_page_size(path, &file, layout.frame_size)?;
+        if !layout.data_off.is_multiple_of(file.page_size) {
+            return Err(corrupted(path, "its frames are not aligned to the file system's pages"));
+        }
+        let have = file.as_file().metadata().map(|m| m.len()).unwrap_or(0);
+        if file.as_file().metadata().is_ok_and(|m| m.is_file()) && have < layout.total_len() {
+            return Err(ZoneError::Truncated {
+                path: path.to_owned(),
+                need: layout.total_len(),
+                have,
+            });
+        }
+        let map = Arc::new(
+            ZoneMap::new(file.raw_fd(), layout.data_off)
+                .map_err(io_err("cannot map the metadata"))?,
+        );
+        let region = ZoneMetaRegion::new(Arc::clone(&map), layout);
+        let config = Config::new(cores.max(1), layout.frames as usize);
+        let llfree = LLFree::persistent(config, Box::new(region), Init::Recover).map_err(
+            |source| ZoneError::Allocator {
+                path: path.to_owned(),
+                source,
+            },
+        )?;
+        let kind = RecoveryKind::from(llfree.recovery());
+        let pool = Pool::assemble(llfree, file, layout.data_off, layout.frame_size);
+        let mut zone = Self {
+            path: path.to_owned(),
+            pool,
+            map,
+            layout,
+            recovery: RecoveryReport::default(),
+        };
+        let (leaked, lost) = zone.recover()?;
+        zone.recovery = RecoveryReport {
+            kind,
+            leaked_frames: leaked,
+            lost_frames: lost,
+            nanos: started.elapsed().as_nanos() as u64,
+        };
+        zone.recovery.record(zone.map.header());
+        Ok(Arc::new(zone))
+    }
+
+    /// The zone file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The pool of the zone's frames.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The frame size.
+    pub fn frame_size(&self) -> FrameSize {
+        self.layout.frame_size
+    }
+
+    /// What opening the zone recovered.
+    pub fn recovery(&self) -> RecoveryReport {
+        self.recovery
+    }
+
+    fn slot(&self, index: u64) -> Slot<'_> {
+        Slot::new(
+            self.map
+                .words(self.layout.dir_off + index * PAGE, PAGE / 8),
+        )
+    }
+
+    /// The frame-table words of slot `index` (one per chunk the zone allows).
+    fn table_offset(&self, index: u64) -> u64 {
+        self.layout.tables_off + index * self.layout.slot_tables
+    }
+
+    /// The piece-bitmap offset of slot `index`.
+    fn pieces_offset(&self, index: u64) -> u64 {
+        self.table_offset(index) + self.layout.vm_chunks() * 8
+    }
+
+    fn table(&self, index: u64) -> &[std::sync::atomic::AtomicU64] {
+        self.map
+            .words(self.table_offset(index), self.layout.vm_chunks())
+    }
+
+    /// The slot index of the VM called `name`.
+    fn find(&self, name: &str) -> Option<u64> {
+        (0..self.layout.max_vms).find(|&i| {
+            let slot = self.slot(i);
+            slot.state() == SlotState::Active && slot.name().as_deref() == Some(name)
+        })
+    }
+
+    fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> ZoneError + '_ {
+        move |source| ZoneError::Io {
+            path: self.path.clone(),
+            what,
+            source,
+        }
+    }
+
+    /// Attaches this process to the VM called `name`, creating it with `layout` if the zone has
+    /// none of that name; an existing VM must have the same layout.
+    pub fn attach(self: &Arc<Self>, name: &str, layout: &VmLayout) -> Result<ZoneVm, ZoneError> {
+        check_name(name).map_err(|why| ZoneError::BadName {
+            name: name.to_owned(),
+            why,
+        })?;
+        directory::check_layout(layout, &self.layout).map_err(|why| ZoneError::BadLayout {
+            name: name.to_owned(),
+            path: self.path.clone(),
+            why,
+        })?;
+        let index = match self.find(name) {
+            Some(index) => {
+                let slot = self.slot(index);
+                let recorded = slot.layout(&self.layout).expect("checked when opened");
+                if recorded != *layout {
+                    return Err(ZoneError::LayoutMismatch {
+                        name: name.to_owned(),
+                        path: self.path.clone(),
+                        recorded: recorded.bytes() >> 20,
+                        requested: layout.bytes() >> 20,
+                        chunk: self.layout.frame_size.name(),
+                    });
+                }
+                if slot.owner() != 0 && slot.owner() != std::process::id() {
+                    return Err(ZoneError::VmInUse {
+                        name: name.to_owned(),
+                        path: self.path.clone(),
+                        pid: slot.owner(),
+                    });
+                }
+                index
+            }
+            None => self.create_vm(name, layout)?,
+        };
+        self.slot(index).set_owner(std::process::id());
+        Ok(ZoneVm {
+            zone: Arc::clone(self),
+            index,
+            name: name.to_owned(),
+            layout: layout.clone(),
+        })
+    }
+
+    /// Puts a new VM into a free slot: its tables are zeroed and its fields written (and
+    /// synced) before it is published.
+    fn create_vm(&self, name: &str, layout: &VmLayout) -> Result<u64, ZoneError> {
+        let index = (0..self.layout.max_vms)
+            .find(|&i| self.slot(i).state() == SlotState::Free)
+            .ok_or(ZoneError::Full {
+                path: self.path.clone(),
+                max: self.layout.max_vms,
+            })?;
+        let slot = self.slot(index);
+        let tables = self.table_offset(index);
+        self.map.zero(tables, self.layout.slot_tables);
+        slot.write(name, layout);
+        let sync = self.io_err("cannot sync the directory");
+        self.map
+            .sync(tables, self.layout.slot_tables)
+            .and_then(|()| self.map.sync(self.layout.dir_off + index * PAGE, PAGE))
+            .map_err(sync)?;
+        slot.activate();
+        self.map
+            .sync(self.layout.dir_off + index * PAGE, PAGE)
+            .map_err(self.io_err("cannot sync the directory"))?;
+        Ok(index)
+    }
+
+    /// Deletes the VM called `name`: its frames are scrubbed and go back to the pool, its slot
+    /// is freed. Returns how many frames it held.
+    pub fn delete_vm(&self, name: &str) -> Result<u64, ZoneError> {
+        let index = self.find(name).ok_or_else(|| ZoneError::NoSuchVm {
+            path: self.path.clone(),
+            name: name.to_owned(),
+        })?;
+        let slot = self.slot(index);
+        if slot.owner() != 0 {
+            return Err(ZoneError::VmInUse {
+                name: name.to_owned(),
+                path: self.path.clone(),
+                pid: slot.owner(),
+            });
+        }
+        slot.mark_deleting();
+        self.map
+            .sync(self.layout.dir_off + index * PAGE, PAGE)
+            .map_err(self.io_err("cannot sync the directory"))?;
+        Ok(self.finish_deletion(index, true))
+    }
+
+    /// Clears the frame table of slot `index` (being deleted), freeing each frame with `free`
+    /// (after a crash the cross-check frees them instead), then frees the slot. Returns how
+    /// many entries referenced a frame.
+    fn finish_deletion(&self, index: u64, free: bool) -> u64 {
+        let mut frames = 0;
+        for entry in self.table(index) {
+            let value = entry.swap(0, Ordering::AcqRel);
+            if value == 0 {
+                continue;
+            }
+            frames += 1;
+            if free {
+                let frame = Frame {
+                    index: value - 1,
+                    size: self.layout.frame_size,
+                };
+                // A frame that cannot be scrubbed stays allocated; the next open frees it.
+                let _ = self.pool.scrub_and_free(0, frame);
+            }
+        }
+        self.map
+            .zero(self.table_offset(index), self.layout.slot_tables);
+        let slot = self.slot(index);
+        slot.set_owner(0);
+        slot.release();
+        let _ = self.map.sync(self.layout.dir_off + index * PAGE, PAGE);
+        frames
+    }
+
+    /// Releases the host memory of every free frame (punches it out of the file; on a device,
+    /// nothing). Returns how many frames that were.
+    pub fn release_free_frames(&self) -> Result<u64, ZoneError> {
+        if !self.pool.backing_file().can_punch {
+            return Ok(0);
+        }
+        let size = self.layout.frame_size;
+        let mut released = 0;
+        for index in (0..self.layout.frames).step_by(size.base_frames() as usize) {
+            let id = llfree::FrameId(index as usize);
+            if self.pool.allocator().is_free(id, size.order()) {
+                self.pool
+                    .scrub(Frame { index, size })
+                    .map_err(self.io_err("cannot release a free frame"))?;
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    /// The zone's size, VMs, and the state of its frames.
+    pub fn info(&self) -> Result<ZoneInfo, ZoneError> {
+        let check = self.check()?;
+        let pieces = self.layout.frame_size.base_frames();
+        let vms = (0..self.layout.max_vms)
+            .filter(|&i| self.slot(i).state() == SlotState::Active)
+            .map(|i| {
+                let slot = self.slot(i);
+                let layout = slot.layout(&self.layout).expect("checked when opened");
+                let chunks = layout.chunks();
+                let table = &self.table(i)[..chunks as usize];
+                let bitmap = self
+                    .map
+                    .words(self.pieces_offset(i), chunks * pieces / 64);
+                VmInfo {
+                    name: slot.name().expect("checked when opened"),
+                    frames: table.iter().filter(|e| e.load(Ordering::Relaxed) != 0).count()
+                        as u64,
+                    given_away_pieces: bitmap
+                        .iter()
+                        .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+                        .sum(),
+                    owner: (slot.owner() != 0).then(|| slot.owner()),
+                    layout,
+                }
+            })
+            .collect();
+        let llfree = self.pool.allocator();
+        Ok(ZoneInfo {
+            size: self.layout.data_len(),
+            frame_size: self.layout.frame_size,
+            frames: self.layout.vm_chunks(),
+            free_frames: (llfree.free_frames() as u64) / self.layout.frame_size.base_frames(),
+            max_vms: self.layout.max_vms,
+            vms,
+            recovery: self.recovery,
+            leaked_frames: check.leaked,
+            lost_frames: check.lost,
+        })
+    }
+}
+
+/// One VM of a zone, attached to this process; detached when dropped.
+#[derive(Debug)]
+pub struct ZoneVm {
+    zone: Arc<Zone>,
+    index: u64,
+    name: String,
+    layout: VmLayout,
+}
+
+impl ZoneVm {
+    /// The zone.
+    pub fn zone(&self) -> &Arc<Zone> {
+        &self.zone
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The VM's RAM layout.
+    pub fn layout(&self) -> &VmLayout {
+        &self.layout
+    }
+
+    /// The first chunk of region `region` in the VM's tables.
+    fn first_chunk(&self, region: usize) -> u64 {
+        let chunk = self.layout.chunk_size.bytes();
+        self.layout.regions[..region]
+            .iter()
+            .map(|(_, size)| size / chunk)
+            .sum()
+    }
+
+    /// The persistent frame-table entries of region `region`.
+    pub(crate) fn table_words(&self, region: usize) -> ZoneWords {
+        let chunks = self.layout.regions[region].1 / self.layout.chunk_size.bytes();
+        ZoneWords::new(
+            Arc::clone(&self.zone.map),
+            self.zone.table_offset(self.index) + self.first_chunk(region) * 8,
+            chunks,
+        )
+    }
+
+    /// The balloon piece bitmaps of region `region` (one bit per 4 KiB piece).
+    pub(crate) fn piece_words(&self, region: usize) -> ZoneWords {
+        let pieces = self.layout.chunk_size.base_frames();
+        let chunks = self.layout.regions[region].1 / self.layout.chunk_size.bytes();
+        ZoneWords::new(
+            Arc::clone(&self.zone.map),
+            self.zone.pieces_offset(self.index) + self.first_chunk(region) * pieces / 8,
+            chunks * pieces / 64,
+        )
+    }
+}
+
+impl Drop for ZoneVm {
+    fn drop(&mut self) {
+        self.zone.slot(self.index).set_owner(0);
+    }
+}
+
+/// Reads and checks the header of a zone.
+fn read_header(path: &Path, header: &layout::Header) -> Result<Layout, ZoneError> {
+    match header.magic.load(Ordering::Acquire) {
+        MAGIC => {}
+        CREATING_MAGIC => return Err(ZoneError::HalfCreated(path.to_owned())),
+        magic => {
+            return Err(ZoneError::NotAZone {
+                path: path.to_owned(),
+                magic,
+            })
+        }
+    }
+    let version = header.version.load(Ordering::Relaxed);
+    if version != VERSION {
+        return Err(ZoneError::Version {
+            path: path.to_owned(),
+            found: version,
+        });
+    }
+    Layout::read(header).map_err(|what| corrupted(path, what))
+}
+
+/// Frames must be whole pages of the file system (hugetlbfs).
+fn check_page_size(path: &Path, file: &BackingFile, frame: FrameSize) -> Result<(), ZoneError> {
+    if file.page_size > frame.bytes() {
+        return Err(ZoneError::PageSize {
+            path: path.to_owned(),
+            page: file.page_size,
+            frame: frame.name(),
+        });
+    }
+    Ok(())
+}
+
+fn corrupted(path: &Path, what: impl Into<String>) -> ZoneError {
+    ZoneError::Corrupted {
+        path: path.to_owned(),
+        what: what.into(),
+    }
+}
+
+/// Cleans every frame of a new zone (a file may hold old data).
+fn scrub_all(pool: &Pool, frames: u64) -> io::Result<()> {
+    if pool.backing_file().can_punch {
+        return pool.punch(0, frames);
+    }
+    let size = pool.frame_size();
+    (0..frames)
+        .step_by(size.base_frames() as usize)
+        .try_for_each(|index| pool.scrub(Frame { index, size }))
+}
+

@@ -1,0 +1,211 @@
+//! A zone's recovery when it is opened: interrupted deletions are finished, every VM's frame
+//! table is checked, and the allocator is made to agree with the tables.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use llfree::{FrameId, Recovery};
+
+use super::directory::SlotState;
+use super::layout::Header;
+use super::{corrupted, Zone, ZoneError};
+use crate::pool::Frame;
+
+/// How the allocator's metadata was found when a zone was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryKind {
+    /// Just created.
+    #[default]
+    Fresh,
+    /// The last process shut down cleanly.
+    Clean,
+    /// The last process crashed: the counters were rebuilt from the bitfields.
+    Crash,
+}
+
+impl From<Recovery> for RecoveryKind {
+    fn from(recovery: Recovery) -> Self {
+        match recovery {
+            Recovery::Fresh => RecoveryKind::Fresh,
+            Recovery::Clean => RecoveryKind::Clean,
+            Recovery::Crash => RecoveryKind::Crash,
+        }
+    }
+}
+
+impl RecoveryKind {
+    /// "fresh", "clean" or "crash".
+    pub fn name(self) -> &'static str {
+        match self {
+            RecoveryKind::Fresh => "fresh",
+            RecoveryKind::Clean => "clean",
+            RecoveryKind::Crash => "crash",
+        }
+    }
+}
+
+/// What opening a zone recovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecoveryReport {
+    /// How the allocator was found.
+    pub kind: RecoveryKind,
+    /// Frames the allocator held that no VM referenced (a crash between allocating and
+    /// publishing, or unpublishing and freeing): scrubbed and freed.
+    pub leaked_frames: u64,
+    /// Frames a VM referenced that the allocator counted free: allocated again.
+    pub lost_frames: u64,
+    /// Nanoseconds from opening the file to the end of the cross-check.
+    pub nanos: u64,
+}
+
+impl RecoveryReport {
+    /// Records the report in the zone header.
+    pub(super) fn record(&self, header: &Header) {
+        header.opens.fetch_add(1, Ordering::Relaxed);
+        header.last_kind.store(self.kind as u64, Ordering::Relaxed);
+        header.last_leaked.store(self.leaked_frames, Ordering::Relaxed);
+        header.last_lost.store(self.lost_frames, Ordering::Relaxed);
+        header.last_nanos.store(self.nanos, Ordering::Relaxed);
+    }
+}
+
+/// The frames every VM references, and how they disagree with the allocator.
+pub(super) struct Check {
+    /// One bit per frame of the zone's frame size.
+    referenced: Vec<u64>,
+    /// Frames allocated but referenced by no VM.
+    pub leaked: u64,
+    /// Frames referenced but free.
+    pub lost: u64,
+}
+
+impl Zone {
+    /// Collects the frames the VMs reference, checking every slot and entry, and compares them
+    /// with the allocator.
+    pub(super) fn check(&self) -> Result<Check, ZoneError> {
+        let size = self.layout.frame_size;
+        let count = self.layout.vm_chunks();
+        let mut referenced = vec![0u64; count.div_ceil(64) as usize];
+        for index in 0..self.layout.max_vms {
+            let slot = self.slot(index);
+            match slot.state() {
+                SlotState::Free | SlotState::Deleting => continue,
+                SlotState::Corrupted(state) => {
+                    return Err(corrupted(
+                        &self.path,
+                        format!("VM slot {index} has the unknown state {state:#x}"),
+                    ))
+                }
+                SlotState::Active => {}
+            }
+            let bad_slot = |what: &str| corrupted(&self.path, format!("VM slot {index}: {what}"));
+            let name = slot.name().ok_or_else(|| bad_slot("invalid name"))?;
+            let layout = slot
+                .layout(&self.layout)
+                .ok_or_else(|| bad_slot("invalid RAM layout"))?;
+            let table: &[AtomicU64] = self.table(index);
+            for (chunk, entry) in table.iter().enumerate() {
+                let value = entry.load(Ordering::Acquire);
+                if value == 0 {
+                    continue;
+                }
+                let frame = value - 1;
+                if chunk as u64 >= layout.chunks()
+                    || !frame.is_multiple_of(size.base_frames())
+                    || frame >= self.layout.frames
+                {
+                    return Err(corrupted(
+                        &self.path,
+                        format!("VM '{name}' chunk {chunk}: invalid frame entry {value:#x}"),
+                    ));
+                }
+                let bit = frame / size.base_frames();
+                let word = &mut referenced[(bit / 64) as usize];
+                if *word & (1 << (bit % 64)) != 0 {
+                    return Err(corrupted(
+                        &self.path,
+                        format!("VM '{name}' chunk {chunk}: frame {frame} is referenced twice"),
+                    ));
+                }
+                *word |= 1 << (bit % 64);
+            }
+        }
+        let llfree = self.pool.allocator();
+        let (mut leaked, mut lost) = (0, 0);
+        for bit in 0..count {
+            let frame = FrameId((bit * size.base_frames()) as usize);
+            let is_referenced = referenced[(bit / 64) as usize] & (1 << (bit % 64)) != 0;
+            let free = llfree.is_free(frame, size.order());
+            let allocated = llfree.is_allocated(frame, size.order());
+            if !free && !allocated {
+                return Err(corrupted(
+                    &self.path,
+                    format!("frame {} is partly allocated", frame.0),
+                ));
+            }
+            match (is_referenced, free) {
+                (true, true) => lost += 1,
+                (false, false) => leaked += 1,
+                _ => {}
+            }
+        }
+        Ok(Check {
+            referenced,
+            leaked,
+            lost,
+        })
+    }
+
+    /// Recovers the directory after an open: finishes deletions, clears stale owners (this
+    /// process holds the zone's lock, so none is alive), then makes the allocator agree with
+    /// the frame tables. Returns the frames freed (leaked) and allocated again (lost).
+    pub(super) fn recover(&self) -> Result<(u64, u64), ZoneError> {
+        for index in 0..self.layout.max_vms {
+            let slot = self.slot(index);
+            match slot.state() {
+                SlotState::Deleting => {
+                    log::info!(
+                        "zone {}: finishing the deletion of VM slot {index}",
+                        self.path.display()
+                    );
+                    self.finish_deletion(index, false);
+                }
+                SlotState::Active if slot.owner() != 0 => slot.set_owner(0),
+                _ => {}
+            }
+        }
+        let check = self.check()?;
+        if check.leaked == 0 && check.lost == 0 {
+            return Ok((0, 0));
+        }
+        let size = self.layout.frame_size;
+        let llfree = self.pool.allocator();
+        let (mut leaked, mut lost) = (0, 0);
+        for bit in 0..self.layout.vm_chunks() {
+            let index = bit * size.base_frames();
+            let frame = Frame { index, size };
+            let id = FrameId(index as usize);
+            let is_referenced = check.referenced[(bit / 64) as usize] & (1 << (bit % 64)) != 0;
+            let free = llfree.is_free(id, size.order());
+            if is_referenced && free {
+                llfree.get_at(id, size.order()).map_err(|e| {
+                    corrupted(&self.path, format!("cannot allocate frame {index} again: {e}"))
+                })?;
+                lost += 1;
+            } else if !is_referenced && !free {
+                self.pool.scrub(frame).map_err(self.io_err("cannot scrub a leaked frame"))?;
+                self.pool.free(0, frame).map_err(|e| {
+                    corrupted(&self.path, format!("cannot free leaked frame {index}: {e}"))
+                })?;
+                leaked += 1;
+            }
+        }
+        if leaked + lost > 0 {
+            log::info!(
+                "zone {}: recovery freed {leaked} leaked frames and allocated {lost} lost ones \
+                 again",
+                self.path.display()
+            );
+        }
+        Ok((leaked, lost))
+    }
+}

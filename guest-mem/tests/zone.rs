@@ -1,0 +1,337 @@
+//! Persistent zones: a VM's memory in a zone file outlives the process, through clean exits and
+//! SIGKILL crashes, and the zone's recovery loses and leaks no frame.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use common::MIB;
+use guest_mem::zone::{RecoveryKind, VmLayout, Zone, ZoneConfig, ZoneError, DEFAULT_MAX_VMS};
+use guest_mem::{FrameSize, GuestMemory, MemoryConfig, Population, Populate};
+use vm_memory::{Bytes, GuestAddress};
+
+/// The environment variable that turns [`crashing_child`] into a child process's work.
+const CHILD_ENV: &str = "GUEST_MEM_ZONE_CHILD";
+
+struct TempZone(PathBuf);
+
+impl TempZone {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::var_os("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+        Self::in_dir(&dir, name)
+    }
+
+    fn in_dir(dir: &Path, name: &str) -> Self {
+        let path = dir.join(format!("guest-mem-zone-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Self(path)
+    }
+}
+
+impl Drop for TempZone {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn zone_config(size: u64) -> ZoneConfig {
+    ZoneConfig {
+        size,
+        frame_size: FrameSize::Huge,
+        max_vms: DEFAULT_MAX_VMS,
+    }
+}
+
+fn layout(size: u64) -> VmLayout {
+    VmLayout {
+        chunk_size: FrameSize::Huge,
+        regions: vec![(0, size)],
+    }
+}
+
+fn memory_config(size: u64) -> MemoryConfig {
+    common::memory_config(size, 1)
+}
+
+fn open_memory(zone: &Arc<Zone>, name: &str, size: u64) -> GuestMemory {
+    let vm = zone.attach(name, &layout(size)).expect("attach");
+    GuestMemory::new_in_zone(vm, memory_config(size), &Population::default()).expect("memory")
+}
+
+fn read_text(memory: &GuestMemory, addr: u64) -> [u8; 16] {
+    let mut text = [0u8; 16];
+    memory.read_slice(&mut text, GuestAddress(addr)).expect("read");
+    text
+}
+
+#[test]
+fn a_vm_keeps_its_memory_across_closing_and_reopening_the_zone() {
+    let path = TempZone::new("reopen");
+    Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 4).expect("open");
+    assert_eq!(zone.recovery().kind, RecoveryKind::Clean);
+    let memory = open_memory(&zone, "vm1", 32 * MIB);
+    memory
+        .write_slice(b"persistent hello", GuestAddress(20 * MIB + 4096))
+        .expect("write");
+    memory
+        .write_slice(b"second chunk....", GuestAddress(2 * MIB))
+        .expect("write");
+    assert_eq!(memory.stats().populated_chunks, 2);
+    drop(memory);
+    drop(zone);
+
+    let zone = Zone::open(&path.0, 4).expect("reopen");
+    let info = zone.info().expect("info");
+    assert_eq!(zone.recovery().kind, RecoveryKind::Clean);
+    assert_eq!((info.leaked_frames, info.lost_frames), (0, 0));
+    assert_eq!(info.vms.len(), 1);
+    assert_eq!((info.vms[0].name.as_str(), info.vms[0].frames), ("vm1", 2));
+    assert_eq!(info.free_frames, info.frames - 2);
+    let memory = open_memory(&zone, "vm1", 32 * MIB);
+    assert_eq!(memory.stats().populated_chunks, 0, "frames map on first touch");
+    assert_eq!(&read_text(&memory, 20 * MIB + 4096), b"persistent hello");
+    assert_eq!(&read_text(&memory, 2 * MIB), b"second chunk....");
+    assert_eq!(read_text(&memory, 4 * MIB), [0; 16]);
+    assert_eq!(zone.info().expect("info").vms[0].frames, 3);
+
+    // Eager population maps every recorded frame up front.
+    drop(memory);
+    let vm = zone.attach("vm1", &layout(32 * MIB)).expect("attach");
+    let mut config = memory_config(32 * MIB);
+    config.populate = Populate::Eager;
+    let memory = GuestMemory::new_in_zone(vm, config, &Population::default()).expect("eager");
+    assert_eq!(&read_text(&memory, 20 * MIB + 4096), b"persistent hello");
+    assert_eq!(zone.info().expect("info").vms[0].frames, 16);
+}
+
+#[test]
+fn attaching_checks_names_layouts_and_owners() {
+    let path = TempZone::new("attach");
+    Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 4).expect("open");
+    let vm = zone.attach("a", &layout(32 * MIB)).expect("attach");
+    let err = zone.attach("b/c", &layout(32 * MIB)).unwrap_err();
+    assert!(matches!(err, ZoneError::BadName { .. }), "{err}");
+    let err = zone.attach("a", &layout(16 * MIB)).unwrap_err();
+    assert!(err.to_string().contains("has 32 MiB of RAM"), "{err}");
+    let err = zone.attach("big", &layout(128 * MIB)).unwrap_err();
+    assert!(err.to_string().contains("exceed the zone's 64 MiB"), "{err}");
+    let err = zone.delete_vm("a").unwrap_err();
+    assert!(matches!(err, ZoneError::VmInUse { .. }), "{err}");
+    drop(vm);
+    assert_eq!(zone.delete_vm("a").expect("delete"), 0);
+    let err = zone.delete_vm("a").unwrap_err();
+    assert!(matches!(err, ZoneError::NoSuchVm { .. }), "{err}");
+    // A second process (or open) is refused while this one holds the zone.
+    let err = Zone::open(&path.0, 1).unwrap_err();
+    assert!(err.to_string().contains("in use by another process"), "{err}");
+}
+
+#[test]
+fn deleting_a_vm_frees_its_frames_and_gc_releases_free_memory() {
+    let path = TempZone::new("delete");
+    Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 4).expect("open");
+    let memory = open_memory(&zone, "gone", 16 * MIB);
+    for chunk in 0..8 {
+        memory
+            .write_obj(0xABu8, GuestAddress(chunk * 2 * MIB))
+            .expect("write");
+    }
+    drop(memory);
+    let info = zone.info().expect("info");
+    assert_eq!(info.free_frames, info.frames - 8);
+    assert_eq!(zone.delete_vm("gone").expect("delete"), 8);
+    let info = zone.info().expect("info");
+    assert_eq!((info.free_frames, info.vms.len()), (info.frames, 0));
+    assert_eq!(zone.release_free_frames().expect("gc"), info.frames);
+    // A new VM of the same name starts empty.
+    let memory = open_memory(&zone, "gone", 16 * MIB);
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(0)).expect("read"), 0);
+}
+
+#[test]
+fn a_zone_whose_creation_was_cut_short_is_never_used_and_can_be_created_again() {
+    let path = TempZone::new("half");
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
+    let err = Zone::create(&path.0, &zone_config(32 * MIB)).unwrap_err();
+    assert!(matches!(err, ZoneError::Exists(_)), "{err}");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path.0)
+        .expect("open");
+    file.write_all_at(b"LLFZONE~", 0).expect("write");
+    let err = Zone::open(&path.0, 1).unwrap_err();
+    assert!(matches!(err, ZoneError::HalfCreated(_)), "{err}");
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create again");
+    Zone::open(&path.0, 1).expect("open");
+
+    file.write_all_at(b"not a zone at all", 0).expect("write");
+    let err = Zone::open(&path.0, 1).unwrap_err();
+    assert!(matches!(err, ZoneError::NotAZone { .. }), "{err}");
+    let err = Zone::create(&path.0, &zone_config(32 * MIB)).unwrap_err();
+    assert!(matches!(err, ZoneError::NotAZone { .. }), "{err}");
+    let missing = TempZone::new("missing");
+    let err = Zone::open(&missing.0, 1).unwrap_err();
+    assert!(err.to_string().contains("No such file"), "{err}");
+}
+
+/// The byte offset of the first frame-table word of slot 0 (the header's `tables_off`).
+fn tables_offset(path: &Path) -> u64 {
+    let file = std::fs::File::open(path).expect("open");
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, 9 * 8).expect("read");
+    u64::from_le_bytes(word)
+}
+
+#[test]
+fn corrupted_frame_tables_are_refused_with_a_clear_error() {
+    let path = TempZone::new("corrupt");
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 1).expect("open");
+    let memory = open_memory(&zone, "vm", 8 * MIB);
+    memory.write_obj(1u8, GuestAddress(0)).expect("write");
+    drop((memory, zone));
+    let table = tables_offset(&path.0);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path.0)
+        .expect("open");
+    let mut first = [0u8; 8];
+    file.read_exact_at(&mut first, table).expect("read");
+    for (entry, why) in [
+        (first, "is referenced twice"),
+        (4u64.to_le_bytes(), "invalid frame entry 0x4"),
+        ((1u64 << 40).to_le_bytes(), "invalid frame entry"),
+    ] {
+        file.write_all_at(&entry, table + 8).expect("write");
+        let err = Zone::open(&path.0, 1).unwrap_err().to_string();
+        assert!(err.contains("is corrupted") && err.contains(why), "{err}");
+    }
+    file.write_all_at(&[0; 8], table + 8).expect("write");
+    Zone::open(&path.0, 1).expect("repaired");
+}
+
+/// Runs [`crashing_child`] in a child process on `zone`, waits until it is ready and kills it
+/// with SIGKILL.
+fn crash_child(zone: &Path) {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "crashing_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, zone)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line == "ready");
+    assert!(ready, "the child did not get ready");
+    child.kill().expect("SIGKILL");
+    child.wait().expect("wait");
+}
+
+/// In a child process (see [`crash_child`]): writes to a VM's memory, leaks a frame (allocated,
+/// never published, as a crash during population leaves it) and loses one (freed in the
+/// allocator while the VM references it), then waits to be killed.
+#[test]
+fn crashing_child() {
+    let Some(path) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let zone = Zone::open(Path::new(&path), 2).expect("open");
+    let memory = open_memory(&zone, "victim", 16 * MIB);
+    memory
+        .write_slice(b"before the crash", GuestAddress(6 * MIB))
+        .expect("write");
+    memory.write_obj(7u8, GuestAddress(0)).expect("write");
+    let pool = zone.pool();
+    let leaked = pool.alloc(0, FrameSize::Huge).expect("leak");
+    pool.free(0, memory.frame_at(GuestAddress(6 * MIB)).expect("frame"))
+        .expect("lose");
+    println!("leaked {}", leaked.index);
+    println!("ready");
+    std::io::stdout().flush().expect("flush");
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn recovery_after_sigkill_frees_leaked_frames_and_takes_back_lost_ones() {
+    let path = TempZone::new("crash");
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
+    crash_child(&path.0);
+    let zone = Zone::open(&path.0, 2).expect("open after the crash");
+    let recovery = zone.recovery();
+    assert_eq!(recovery.kind, RecoveryKind::Crash);
+    assert_eq!((recovery.leaked_frames, recovery.lost_frames), (1, 1));
+    let info = zone.info().expect("info");
+    assert_eq!((info.leaked_frames, info.lost_frames), (0, 0));
+    assert_eq!(info.free_frames, info.frames - 2);
+    let memory = open_memory(&zone, "victim", 16 * MIB);
+    assert_eq!(&read_text(&memory, 6 * MIB), b"before the crash");
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(0)).expect("read"), 7);
+}
+
+#[test]
+fn zones_live_on_tmpfs_and_hugetlbfs() {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        let path = TempZone::in_dir(shm, "tmpfs");
+        Zone::create(&path.0, &zone_config(32 * MIB)).expect("create on tmpfs");
+        let zone = Zone::open(&path.0, 1).expect("open");
+        let memory = open_memory(&zone, "vm", 8 * MIB);
+        memory.write_obj(5u8, GuestAddress(MIB)).expect("write");
+        drop((memory, zone));
+        let zone = Zone::open(&path.0, 1).expect("reopen");
+        let memory = open_memory(&zone, "vm", 8 * MIB);
+        assert_eq!(memory.read_obj::<u8>(GuestAddress(MIB)).expect("read"), 5);
+    }
+    let pages = match common::HugePages::reserve(2048, 24) {
+        Ok(pages) => pages,
+        Err(why) => return eprintln!("SKIP hugetlbfs zone: {why}"),
+    };
+    let mount = std::env::temp_dir().join(format!("guest-mem-hugetlbfs-{}", std::process::id()));
+    std::fs::create_dir_all(&mount).expect("mount point");
+    let status = Command::new("mount")
+        .args(["-t", "hugetlbfs", "-o", "pagesize=2M", "none"])
+        .arg(&mount)
+        .status();
+    if !status.is_ok_and(|s| s.success()) {
+        let _ = std::fs::remove_dir(&mount);
+        return eprintln!("SKIP hugetlbfs zone: cannot mount hugetlbfs (not root?)");
+    }
+    let result = std::panic::catch_unwind(|| {
+        let path = mount.join("zone");
+        Zone::create(&path, &zone_config(32 * MIB)).expect("create on hugetlbfs");
+        let zone = Zone::open(&path, 1).expect("open");
+        assert!(zone.pool().is_hugetlb());
+        let memory = open_memory(&zone, "vm", 8 * MIB);
+        memory
+            .write_slice(b"hugetlbfs zone..", GuestAddress(3 * MIB))
+            .expect("write");
+        drop((memory, zone));
+        let zone = Zone::open(&path, 1).expect("reopen");
+        let memory = open_memory(&zone, "vm", 8 * MIB);
+        assert_eq!(&read_text(&memory, 3 * MIB), b"hugetlbfs zone..");
+        drop((memory, zone));
+        std::fs::remove_file(&path).expect("remove");
+    });
+    let _ = Command::new("umount").arg(&mount).status();
+    let _ = std::fs::remove_dir(&mount);
+    drop(pages);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
