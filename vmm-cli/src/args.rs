@@ -65,6 +65,77 @@ pub enum Command {
     /// Set or show the balloon (/balloon resources).
     #[command(arg_required_else_help = false)]
     Balloon(BalloonArgs),
+    /// Create, inspect and clean up persistent zones: files that keep VMs' memory across VMM
+    /// restarts and crashes (`vmm run --zone PATH --vm NAME`).
+    Zone(ZoneArgs),
+}
+
+/// Options of `vmm zone`.
+#[derive(Debug, Args)]
+pub struct ZoneArgs {
+    /// What to do with the zone.
+    #[command(subcommand)]
+    pub action: ZoneAction,
+}
+
+/// A zone's frame size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FrameSizeArg {
+    /// 2 MiB frames.
+    #[value(name = "2M")]
+    Huge,
+    /// 1 GiB frames (a zone on hugetlbfs needs a mount with 1 GiB pages).
+    #[value(name = "1G")]
+    Giant,
+}
+
+/// `vmm zone` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ZoneAction {
+    /// Create a zone in a new file (on any file system: tmpfs, hugetlbfs, a disk, DAX) or in
+    /// an all-zero device DAX. A file that holds anything is refused, except a zone whose
+    /// creation was cut short.
+    Create {
+        /// The zone file.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// Bytes of frames (K, M, G, T suffixes), a multiple of the frame size; the file is
+        /// larger by the metadata.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        size: u64,
+        /// The frame size, which is also the chunk size of every VM's RAM.
+        #[arg(long, value_enum, value_name = "SIZE", default_value = "2M")]
+        frame_size: FrameSizeArg,
+        /// How many VMs the zone can hold.
+        #[arg(long, value_name = "N", default_value_t = guest_mem::zone::DEFAULT_MAX_VMS)]
+        max_vms: u64,
+    },
+    /// Show a zone: size, frames free and used, each VM with its frames, and what opening it
+    /// recovered (after a crash: the leaked frames it freed, the lost ones it took back).
+    Inspect {
+        /// The zone file.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a VM from a zone: its frames are scrubbed and freed.
+    DeleteVm {
+        /// The zone file.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// The VM's name.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// Recover a zone (after a crash) and give the host memory of its free frames back to the
+    /// file system.
+    Gc {
+        /// The zone file.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+    },
 }
 
 /// When guest memory is populated.
@@ -102,6 +173,24 @@ pub struct RunArgs {
         verbatim_doc_comment
     )]
     pub backing: BackingKind,
+
+    /// Keep guest RAM in this persistent zone (`vmm zone create`) instead of a pool of its own:
+    /// it outlives the VMM, through exits and crashes alike. Needs --vm.
+    ///
+    /// The VM is created in the zone on first use with --memory's RAM; later runs attach to it
+    /// (with the same --memory) and find its RAM as it was, whatever the guest does at boot.
+    /// After a crash the zone is recovered first: no frame is lost or leaked.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "vm",
+        conflicts_with_all = ["backing", "format_pool"]
+    )]
+    pub zone: Option<PathBuf>,
+
+    /// The VM's name in the --zone: 1 to 64 letters, digits, '.', '_' or '-'.
+    #[arg(long, value_name = "NAME", requires = "zone")]
+    pub vm: Option<String>,
 
     /// Lay out a new, empty pool in the file or device of --backing file:/dax:, overwriting
     /// what it holds (an all-zero file, a fresh DAX device, an old pool and its frames).

@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 
 use guest_mem::pool::BackingError;
+use guest_mem::zone::ZoneError;
 use guest_mem::PoolError;
 use vmm::api::ServerError;
-use vmm::runner::{DeviceError, RunError};
+use vmm::runner::{DeviceError, RunError, ZoneSetupError};
 use vmm::testguest::TestGuestError;
 use vmm::vm::VmError;
 
@@ -73,6 +74,8 @@ pub fn run_error_status(error: &RunError) -> ExitStatus {
         | RunError::PoolExhaustedAtStart { .. }
         | RunError::Devices(DeviceError::BalloonOption(_)) => ExitStatus::Usage,
         RunError::Pool(e) => pool_error_status(e),
+        RunError::Zone(ZoneSetupError::Zone(e)) => zone_error_status(e),
+        RunError::Zone(ZoneSetupError::Misaligned { .. }) => ExitStatus::Usage,
         RunError::Api(
             ServerError::InUse(_) | ServerError::NotASocket(_) | ServerError::Socket { .. },
         ) => ExitStatus::Usage,
@@ -104,6 +107,19 @@ fn pool_error_status(error: &PoolError) -> ExitStatus {
         | PoolError::SizeMismatch { .. }
         | PoolError::CannotPunch(_) => ExitStatus::Usage,
         _ => ExitStatus::Runtime,
+    }
+}
+
+/// The exit status of a zone error: failing to read, write or sync the file is a run-time
+/// error, as is a zone in use by another process; anything about what the file holds or what
+/// was asked of it is a usage error.
+pub fn zone_error_status(error: &ZoneError) -> ExitStatus {
+    match error {
+        ZoneError::Io { .. }
+        | ZoneError::Allocator { .. }
+        | ZoneError::VmInUse { .. }
+        | ZoneError::Backing(BackingError::InUse(_)) => ExitStatus::Runtime,
+        _ => ExitStatus::Usage,
     }
 }
 

@@ -34,6 +34,7 @@ pub mod host;
 mod logger;
 pub mod run_config;
 mod workload;
+mod zone;
 
 use std::ffi::OsString;
 
@@ -42,9 +43,10 @@ use clap::Parser;
 
 pub use api_client::{ApiClient, ApiResponse, ClientError};
 pub use args::{
-    ApiArgs, BalloonAction, BalloonArgs, Cli, Command, PopulateArg, RunArgs, SocketArgs,
+    ApiArgs, BalloonAction, BalloonArgs, Cli, Command, FrameSizeArg, PopulateArg, RunArgs,
+    SocketArgs, ZoneAction, ZoneArgs,
 };
-pub use exit::{run_error_status, ExitStatus, EXIT_STATUS_HELP};
+pub use exit::{run_error_status, zone_error_status, ExitStatus, EXIT_STATUS_HELP};
 pub use run_config::RunConfigError;
 pub use workload::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 
@@ -91,6 +93,7 @@ where
             "Ctrl-Alt-Del sent to the guest's keyboard",
         ),
         Command::Balloon(balloon) => commands::balloon(&balloon.socket.socket, balloon.action),
+        Command::Zone(zone) => zone::run(zone.action),
     }
 }
 

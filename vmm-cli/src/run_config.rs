@@ -1,8 +1,8 @@
 //! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
 
 use vmm::config::{
-    check_api_socket, check_backing, check_memory, check_vcpus, ConfigError, GuestConfig,
-    LinuxConfig, VmConfig,
+    check_api_socket, check_backing, check_memory, check_vcpus, check_zone, ConfigError,
+    GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};
@@ -27,6 +27,13 @@ impl TryFrom<RunArgs> for VmConfig {
         check_vcpus(args.vcpus, args.kernel.is_none())?;
         check_memory(args.memory, &args.backing)?;
         let scrub = check_backing(&args.backing, args.format_pool)?;
+        let zone = match (args.zone, args.vm) {
+            (Some(path), Some(vm)) => Some(ZoneTarget { path, vm }),
+            _ => None,
+        };
+        if let Some(zone) = &zone {
+            check_zone(zone)?;
+        }
         let guest = match args.kernel {
             Some(kernel) => {
                 GuestConfig::Linux(LinuxConfig::new(kernel, args.initrd, args.cmdline)?)
@@ -45,6 +52,7 @@ impl TryFrom<RunArgs> for VmConfig {
         Ok(VmConfig {
             memory_size: args.memory,
             backing: args.backing,
+            zone,
             format_pool: args.format_pool,
             wait_for_memory: args.wait_for_memory,
             scrub,

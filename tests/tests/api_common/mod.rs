@@ -64,6 +64,7 @@ impl TestVmm {
 impl VmmControl for TestVmm {
     fn machine_info(&self) -> Result<MachineInfo, ControlError> {
         Ok(MachineInfo {
+            zone_vm: None,
             vmm_version: "test".into(),
             state: self.state(),
             vcpu_count: 2,

@@ -1,6 +1,6 @@
 //! The JSON bodies of the control API: what the VMM reports and what clients send.
 
-use guest_mem::{GuestMemory, Pool, Populate};
+use guest_mem::{FrameSize, GuestMemory, Pool, Populate};
 use serde::{Deserialize, Serialize};
 use virtio_balloon::Violations;
 
@@ -49,8 +49,12 @@ pub struct MachineInfo {
     pub vcpu_count: usize,
     /// Guest RAM in MiB.
     pub mem_size_mib: u64,
-    /// The backing as on the command line (`anon`, `hugetlb-2m`, `file:PATH`, ...).
+    /// The backing as on the command line (`anon`, `hugetlb-2m`, `file:PATH`, ...), or
+    /// `zone:PATH` for a VM in a persistent zone.
     pub backing: String,
+    /// The VM's name in its zone (`vmm run --vm`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub zone_vm: Option<String>,
     /// Frame (and chunk) size of the pool, in KiB.
     pub frame_size_kib: u64,
     /// Eager or lazy population.
@@ -62,15 +66,19 @@ pub struct MachineInfo {
 }
 
 impl MachineInfo {
-    /// The info of a VM configured by `config`, now in `state`.
-    pub fn new(config: &VmConfig, state: VmState) -> Self {
+    /// The info of a VM configured by `config`, with frames of `frame_size`, now in `state`.
+    pub fn new(config: &VmConfig, frame_size: FrameSize, state: VmState) -> Self {
         MachineInfo {
             vmm_version: env!("CARGO_PKG_VERSION").to_owned(),
             state,
             vcpu_count: config.vcpus,
             mem_size_mib: config.memory_size >> 20,
-            backing: config.backing.to_string(),
-            frame_size_kib: config.backing.frame_size().bytes() >> 10,
+            backing: match &config.zone {
+                Some(zone) => format!("zone:{}", zone.path.display()),
+                None => config.backing.to_string(),
+            },
+            zone_vm: config.zone.as_ref().map(|zone| zone.vm.clone()),
+            frame_size_kib: frame_size.bytes() >> 10,
             populate: config.populate.into(),
             guest: match config.guest {
                 GuestConfig::TestGuest(_) => "test-guest",

@@ -67,6 +67,14 @@ pub enum ConfigError {
     /// Formatting asked for a pool that is no file or device.
     #[error("format-pool: only a pool in a file or device (backing file:PATH or dax:PATH) can be formatted, not backing {0}")]
     FormatWithoutFile(BackingKind),
+    /// A VM name in a zone is invalid.
+    #[error("vm {name}: {why}")]
+    VmName {
+        /// The name.
+        name: String,
+        /// What is wrong.
+        why: &'static str,
+    },
     /// The balloon is larger than guest RAM.
     #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
@@ -97,13 +105,24 @@ pub enum GuestConfig {
     Linux(LinuxConfig),
 }
 
+/// A VM in a persistent zone: its memory outlives the VMM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneTarget {
+    /// The zone file (`vmm zone create`).
+    pub path: PathBuf,
+    /// The VM's name in the zone; created there on first use.
+    pub vm: String,
+}
+
 /// The validated configuration of one VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmConfig {
     /// Guest RAM in bytes, a multiple of the backing's frame size.
     pub memory_size: u64,
-    /// The host memory of the frame pool.
+    /// The host memory of the frame pool (without a zone).
     pub backing: BackingKind,
+    /// The zone whose frames and VM directory hold guest RAM, instead of a pool of its own.
+    pub zone: Option<ZoneTarget>,
     /// Lay out a new pool in the backing's file or device, whatever it holds.
     pub format_pool: bool,
     /// A vCPU that finds the pool exhausted waits for a frame instead of the VM stopping.
@@ -136,6 +155,7 @@ impl VmConfig {
         VmConfig {
             memory_size,
             backing: BackingKind::Anonymous,
+            zone: None,
             format_pool: false,
             wait_for_memory: false,
             scrub: Scrub::PunchHole,
@@ -198,6 +218,25 @@ fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
+    }
+}
+
+/// Checks a zone and a VM name: the zone file exists (`vmm zone create` made it) and the name
+/// is one a zone takes.
+pub fn check_zone(zone: &ZoneTarget) -> Result<(), ConfigError> {
+    guest_mem::zone::check_name(&zone.vm).map_err(|why| ConfigError::VmName {
+        name: zone.vm.clone(),
+        why,
+    })?;
+    match fs::metadata(&zone.path) {
+        Ok(meta) if meta.is_dir() => Err(path_error("zone ", &zone.path, "is a directory")),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(path_error(
+            "zone ",
+            &zone.path,
+            "does not exist (create it with `vmm zone create`)",
+        )),
+        Err(e) => Err(path_error("zone ", &zone.path, e.to_string())),
     }
 }
 

@@ -64,7 +64,8 @@ impl VmmControl for Session {
             (Phase::Started, Some(RunState::Paused)) => VmState::Paused,
             _ => VmState::Stopped,
         };
-        Ok(MachineInfo::new(self.config(), state))
+        let frame_size = self.memory().pool().frame_size();
+        Ok(MachineInfo::new(self.config(), frame_size, state))
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
@@ -184,7 +185,7 @@ mod tests {
     use super::*;
     use crate::config::VmConfig;
     use crate::runner::devices::create_devices;
-    use crate::runner::memory::{create_memory, create_pool};
+    use crate::runner::memory::{create_memory, create_pool, Frames};
 
     /// A session of a 16 MiB VM with 2 vCPUs and the balloon `balloon` (if any).
     fn session_with(balloon: Option<&str>) -> Session {
@@ -193,7 +194,11 @@ mod tests {
             config = config.with_balloon(balloon);
         }
         let memory = Arc::new(
-            create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
+            create_memory(
+                &config,
+                Frames::Pool(create_pool(&config).unwrap()),
+                &Default::default(),
+            ).unwrap(),
         );
         let devices = create_devices(&config, &memory).unwrap();
         Session::new(config, memory, devices.balloon)

@@ -206,7 +206,7 @@ mod tests {
     use crate::devices::balloon::BalloonControlError;
     use crate::devices::virtio::mmio::tests::TestDevice;
     use crate::layout::BALLOON_SLOT;
-    use crate::runner::memory::{create_memory, create_pool};
+    use crate::runner::memory::{create_memory, create_pool, Frames};
 
     fn memory() -> Arc<GuestMemoryMmap<()>> {
         Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap())
@@ -288,7 +288,11 @@ mod tests {
         let option = "size=4M,free_page_reporting=on,stats_polling_interval_s=1";
         let config = vm_config(option);
         let memory = Arc::new(
-            create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
+            create_memory(
+                &config,
+                Frames::Pool(create_pool(&config).unwrap()),
+                &Default::default(),
+            ).unwrap(),
         );
         let Devices { mut mmio, balloon } = create_devices(&config, &memory).unwrap();
         let balloon = balloon.expect("a balloon");
@@ -335,7 +339,11 @@ mod tests {
     fn without_balloon_there_are_no_devices() {
         let config = VmConfig::test_guest(16 << 20, 1);
         let memory = Arc::new(
-            create_memory(&config, create_pool(&config).unwrap(), &Default::default()).unwrap(),
+            create_memory(
+                &config,
+                Frames::Pool(create_pool(&config).unwrap()),
+                &Default::default(),
+            ).unwrap(),
         );
         let devices = create_devices(&config, &memory).unwrap();
         assert!(devices.mmio.entries().is_empty() && devices.balloon.is_none());

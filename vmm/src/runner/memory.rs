@@ -1,12 +1,70 @@
-//! The frame pool and the guest memory of a VM, as configured.
+//! The frame pool and the guest memory of a VM, as configured: a pool of its own, a pool shared
+//! with other VMs of the process, or a VM in a persistent zone.
 
 use std::sync::Arc;
 
+use guest_mem::zone::{VmLayout, Zone, ZoneError, ZoneVm};
 use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError, Population};
 use vm_memory::GuestAddress;
 
-use crate::config::VmConfig;
+use crate::config::{format_size, VmConfig, ZoneTarget};
 use crate::vcpu::kick_signal;
+
+/// Where a VM's frames come from.
+#[derive(Debug)]
+pub(super) enum Frames {
+    /// A pool (its own or shared).
+    Pool(Arc<Pool>),
+    /// Its VM in a zone, attached to this process.
+    Zone(ZoneVm),
+}
+
+/// Errors of opening a zone for a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum ZoneSetupError {
+    /// The zone could not be opened or the VM not attached.
+    #[error(transparent)]
+    Zone(#[from] ZoneError),
+    /// Guest RAM is not made of whole frames of the zone.
+    #[error("memory {memory}: must be a multiple of the zone's frame size ({frame})")]
+    Misaligned {
+        /// Guest RAM.
+        memory: String,
+        /// The zone's frame size.
+        frame: &'static str,
+    },
+}
+
+/// Opens the zone of `target` (recovering it after a crash) and attaches this process to its VM,
+/// creating the VM with `config`'s RAM if the zone has none of that name.
+pub(super) fn attach_zone(config: &VmConfig, target: &ZoneTarget) -> Result<ZoneVm, ZoneSetupError> {
+    let zone = Zone::open(&target.path, config.vcpus + SPARE_CORES)?;
+    let recovery = zone.recovery();
+    if recovery.leaked_frames + recovery.lost_frames > 0 {
+        log::warn!(
+            "zone {}: recovered after a crash: freed {} leaked frames, took back {} lost ones",
+            target.path.display(),
+            recovery.leaked_frames,
+            recovery.lost_frames
+        );
+    }
+    let frame = zone.frame_size();
+    if !config.memory_size.is_multiple_of(frame.bytes()) {
+        return Err(ZoneSetupError::Misaligned {
+            memory: format_size(config.memory_size),
+            frame: frame.name(),
+        });
+    }
+    let layout = VmLayout {
+        chunk_size: frame,
+        regions: config
+            .ram_regions()
+            .iter()
+            .map(|region| (region.start, region.size))
+            .collect(),
+    };
+    Ok(zone.attach(&target.vm, &layout)?)
+}
 
 /// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device
 /// accesses) and one for a device that frees frames (the balloon).
@@ -30,7 +88,7 @@ pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
 /// Eager population counts its progress in `population` and stops once it is cancelled.
 pub(super) fn create_memory(
     config: &VmConfig,
-    pool: Arc<Pool>,
+    frames: Frames,
     population: &Population,
 ) -> Result<GuestMemory, MemoryError> {
     let ranges = config
@@ -38,16 +96,23 @@ pub(super) fn create_memory(
         .iter()
         .map(|region| (GuestAddress(region.start), region.size))
         .collect();
-    GuestMemory::new_watched(
-        pool,
-        MemoryConfig {
-            ranges,
-            chunk_size: Some(config.backing.frame_size()),
-            populate: config.populate,
-            vcpus: config.vcpus,
-            fault_threads: config.vcpus.clamp(1, MAX_FAULT_THREADS),
-            kick_signal: Some(kick_signal()),
-        },
-        population,
-    )
+    let memory_config = |chunk_size| MemoryConfig {
+        ranges,
+        chunk_size: Some(chunk_size),
+        populate: config.populate,
+        vcpus: config.vcpus,
+        fault_threads: config.vcpus.clamp(1, MAX_FAULT_THREADS),
+        kick_signal: Some(kick_signal()),
+    };
+    match frames {
+        Frames::Pool(pool) => GuestMemory::new_watched(
+            pool,
+            memory_config(config.backing.frame_size()),
+            population,
+        ),
+        Frames::Zone(vm) => {
+            let chunk_size = vm.layout().chunk_size;
+            GuestMemory::new_in_zone(vm, memory_config(chunk_size), population)
+        }
+    }
 }

@@ -36,7 +36,7 @@ mod signals;
 mod test_guest;
 
 pub use devices::{DeviceError, VirtioMmioDevices};
-pub use memory::SPARE_CORES;
+pub use memory::{ZoneSetupError, SPARE_CORES};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,6 +49,7 @@ use crate::config::{GuestConfig, LinuxConfig, VmConfig};
 use crate::devices::serial::SerialOutput;
 use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
+use memory::Frames;
 use session::Session;
 
 /// How a VM run ended.
@@ -114,6 +115,9 @@ pub enum RunError {
     /// The frame pool could not be created.
     #[error("cannot create the frame pool: {0}")]
     Pool(#[from] PoolError),
+    /// The zone could not be opened, or the VM not attached to it.
+    #[error("cannot attach the VM to its zone: {0}")]
+    Zone(#[from] ZoneSetupError),
     /// Guest memory could not be created or populated.
     #[error("cannot create guest memory: {0}")]
     Memory(#[from] MemoryError),
@@ -175,8 +179,11 @@ pub enum RunError {
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     // Before the pool exists: a refused VM leaves no pool file behind.
     check_guest(&config)?;
-    let pool = memory::create_pool(&config)?;
-    run_checked(config, pool, console::serial_output())
+    let frames = match &config.zone {
+        Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
+        None => Frames::Pool(memory::create_pool(&config)?),
+    };
+    run_checked(config, frames, console::serial_output())
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
@@ -187,7 +194,7 @@ pub fn run_on(
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
     check_guest(&config)?;
-    run_checked(config, pool, console)
+    run_checked(config, Frames::Pool(pool), console)
 }
 
 /// What the configuration alone cannot tell: whether the test guest's page tables fit its RAM.
@@ -201,7 +208,7 @@ fn check_guest(config: &VmConfig) -> Result<(), RunError> {
 /// [`run_on`] once the guest passed [`check_guest`].
 fn run_checked(
     config: VmConfig,
-    pool: Arc<Pool>,
+    frames: Frames,
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
@@ -210,7 +217,7 @@ fn run_checked(
     let watch = signals
         .watch(population.clone(), config.memory_size)
         .map_err(RunError::Signals)?;
-    let created = memory::create_memory(&config, pool, &population);
+    let created = memory::create_memory(&config, frames, &population);
     if let Some(signal) = watch.finish() {
         return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
     }

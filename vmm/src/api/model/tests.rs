@@ -42,7 +42,7 @@ fn machine_info_follows_the_config() {
         populate: Populate::Eager,
         ..VmConfig::test_guest(1 << 30, 3)
     };
-    let info = MachineInfo::new(&config, VmState::Paused);
+    let info = MachineInfo::new(&config, guest_mem::FrameSize::Huge, VmState::Paused);
     assert_eq!((info.vcpu_count, info.mem_size_mib), (3, 1024));
     assert_eq!((info.backing.as_str(), info.frame_size_kib), ("anon", 2048));
     assert_eq!((info.guest.as_str(), info.balloon), ("test-guest", false));

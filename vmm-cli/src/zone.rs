@@ -1,0 +1,158 @@
+//! `vmm zone`: create, inspect, delete VMs from and clean up persistent zones.
+
+use std::path::Path;
+
+use guest_mem::zone::{RecoveryKind, Zone, ZoneConfig, ZoneError, ZoneInfo};
+use guest_mem::FrameSize;
+use serde_json::json;
+use vmm::config::format_size;
+
+use crate::args::{FrameSizeArg, ZoneAction};
+use crate::exit::{zone_error_status, ExitStatus};
+
+/// LLFree cores of a zone opened by these commands (they allocate nothing).
+const CORES: usize = 1;
+
+/// Runs a `vmm zone` subcommand.
+pub(super) fn run(action: ZoneAction) -> ExitStatus {
+    let result = match action {
+        ZoneAction::Create {
+            path,
+            size,
+            frame_size,
+            max_vms,
+        } => create(&path, size, frame_size, max_vms),
+        ZoneAction::Inspect { path, json } => inspect(&path, json),
+        ZoneAction::DeleteVm { path, name } => Zone::open(&path, CORES)
+            .and_then(|zone| zone.delete_vm(&name))
+            .map(|frames| {
+                println!(
+                    "deleted VM '{name}' from {}: {frames} frames freed",
+                    path.display()
+                )
+            }),
+        ZoneAction::Gc { path } => Zone::open(&path, CORES).and_then(|zone| {
+            let released = zone.release_free_frames()?;
+            let recovery = zone.recovery();
+            println!(
+                "{}: {} recovery freed {} leaked frames and took back {} lost ones; released \
+                 the memory of {released} free frames",
+                path.display(),
+                recovery.kind.name(),
+                recovery.leaked_frames,
+                recovery.lost_frames,
+            );
+            Ok(())
+        }),
+    };
+    match result {
+        Ok(()) => ExitStatus::Success,
+        Err(e) => {
+            eprintln!("error: {e}");
+            zone_error_status(&e)
+        }
+    }
+}
+
+fn create(path: &Path, size: u64, frame_size: FrameSizeArg, max_vms: u64) -> Result<(), ZoneError> {
+    let frame_size = match frame_size {
+        FrameSizeArg::Huge => FrameSize::Huge,
+        FrameSizeArg::Giant => FrameSize::Giant,
+    };
+    Zone::create(
+        path,
+        &ZoneConfig {
+            size,
+            frame_size,
+            max_vms,
+        },
+    )?;
+    println!(
+        "created zone {}: {} in {} frames, room for {max_vms} VMs",
+        path.display(),
+        format_size(size),
+        frame_size.name()
+    );
+    Ok(())
+}
+
+fn inspect(path: &Path, as_json: bool) -> Result<(), ZoneError> {
+    let zone = Zone::open(path, CORES)?;
+    let info = zone.info()?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&info)).expect("JSON"));
+    } else {
+        print_text(path, &info);
+    }
+    Ok(())
+}
+
+/// The JSON form of `vmm zone inspect --json`.
+fn to_json(info: &ZoneInfo) -> serde_json::Value {
+    let frame = info.frame_size.bytes();
+    json!({
+        "size_bytes": info.size,
+        "frame_size_kib": frame >> 10,
+        "frames": info.frames,
+        "free_frames": info.free_frames,
+        "used_frames": info.frames - info.free_frames,
+        "max_vms": info.max_vms,
+        "leaked_frames": info.leaked_frames,
+        "lost_frames": info.lost_frames,
+        "recovery": {
+            "kind": info.recovery.kind.name(),
+            "freed_leaked_frames": info.recovery.leaked_frames,
+            "took_back_lost_frames": info.recovery.lost_frames,
+            "micros": info.recovery.nanos / 1000,
+        },
+        "vms": info.vms.iter().map(|vm| json!({
+            "name": vm.name,
+            "memory_bytes": vm.layout.bytes(),
+            "regions": vm.layout.regions.iter()
+                .map(|(start, size)| json!({"start": start, "size": size}))
+                .collect::<Vec<_>>(),
+            "frames": vm.frames,
+            "given_away_pieces": vm.given_away_pieces,
+            "owner_pid": vm.owner,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_text(path: &Path, info: &ZoneInfo) {
+    let frame = info.frame_size.bytes();
+    println!("zone {}", path.display());
+    println!(
+        "  size {} in {} frames: {} used, {} free",
+        format_size(info.size),
+        info.frame_size.name(),
+        info.frames - info.free_frames,
+        info.free_frames
+    );
+    let after = match info.recovery.kind {
+        RecoveryKind::Fresh => "its creation",
+        RecoveryKind::Clean => "a clean shutdown",
+        RecoveryKind::Crash => "a crash",
+    };
+    println!(
+        "  opened after {after} in {} µs: freed {} leaked frames, took back {} lost ones",
+        info.recovery.nanos / 1000,
+        info.recovery.leaked_frames,
+        info.recovery.lost_frames
+    );
+    println!(
+        "  now: {} leaked frames, {} lost frames",
+        info.leaked_frames, info.lost_frames
+    );
+    println!("  VMs: {} of {}", info.vms.len(), info.max_vms);
+    for vm in &info.vms {
+        let owner = vm.owner.map_or(String::new(), |pid| format!(", in use by {pid}"));
+        println!(
+            "    {}: {} of RAM, {} frames ({}), {} KiB given to the balloon{owner}",
+            vm.name,
+            format_size(vm.layout.bytes()),
+            vm.frames,
+            format_size(vm.frames * frame),
+            vm.given_away_pieces * 4
+        );
+    }
+}
