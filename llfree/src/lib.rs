@@ -167,6 +167,17 @@ pub enum Recovery {
     Crash,
 }
 
+/// The state of one aligned frame of some order ([`LLFree::frame_states`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameState {
+    /// Entirely free.
+    Free,
+    /// Allocated as one frame of that order.
+    Allocated,
+    /// Partly allocated, or allocated as part of a larger frame or as smaller ones.
+    Mixed,
+}
+
 /// Statistics of one tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeStats {

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use llfree::{FrameId, Recovery};
+use llfree::{FrameId, FrameState, Recovery};
 
 use super::directory::SlotState;
 use super::layout::Header;
@@ -102,15 +102,14 @@ impl Zone {
             let layout = slot
                 .layout(&self.layout)
                 .ok_or_else(|| bad_slot("invalid RAM layout"))?;
-            let table: &[AtomicU64] = self.table(index);
+            let table: &[AtomicU64] = &self.table(index)[..layout.chunks() as usize];
             for (chunk, entry) in table.iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
                 if value == 0 {
                     continue;
                 }
                 let frame = value - 1;
-                if chunk as u64 >= layout.chunks()
-                    || !frame.is_multiple_of(size.base_frames())
+                if !frame.is_multiple_of(size.base_frames())
                     || frame >= self.layout.frames
                 {
                     return Err(corrupted(
@@ -119,7 +118,7 @@ impl Zone {
                     ));
                 }
                 let bit = frame / size.base_frames();
-                let word = &mut referenced[(bit / 64) as usize];
+                let word = &mut referenced[bit as usize / 64];
                 if *word & (1 << (bit % 64)) != 0 {
                     return Err(corrupted(
                         &self.path,
@@ -129,22 +128,19 @@ impl Zone {
                 *word |= 1 << (bit % 64);
             }
         }
-        let llfree = self.pool.allocator();
         let (mut leaked, mut lost) = (0, 0);
-        for bit in 0..count {
-            let frame = FrameId((bit * size.base_frames()) as usize);
-            let is_referenced = referenced[(bit / 64) as usize] & (1 << (bit % 64)) != 0;
-            let free = llfree.is_free(frame, size.order());
-            let allocated = llfree.is_allocated(frame, size.order());
-            if !free && !allocated {
-                return Err(corrupted(
-                    &self.path,
-                    format!("frame {} is partly allocated", frame.0),
-                ));
-            }
-            match (is_referenced, free) {
-                (true, true) => lost += 1,
-                (false, false) => leaked += 1,
+        let states = self.pool.allocator().frame_states(size.order());
+        for (bit, state) in states.enumerate() {
+            let is_referenced = referenced[bit / 64] & (1 << (bit % 64)) != 0;
+            match (is_referenced, state) {
+                (_, FrameState::Mixed) => {
+                    return Err(corrupted(
+                        &self.path,
+                        format!("frame {} is partly allocated", bit as u64 * size.base_frames()),
+                    ))
+                }
+                (true, FrameState::Free) => lost += 1,
+                (false, FrameState::Allocated) => leaked += 1,
                 _ => {}
             }
         }
@@ -184,7 +180,7 @@ impl Zone {
             let index = bit * size.base_frames();
             let frame = Frame { index, size };
             let id = FrameId(index as usize);
-            let is_referenced = check.referenced[(bit / 64) as usize] & (1 << (bit % 64)) != 0;
+            let is_referenced = check.referenced[bit as usize / 64] & (1 << (bit % 64)) != 0;
             let free = llfree.is_free(id, size.order());
             if is_referenced && free {
                 llfree.get_at(id, size.order()).map_err(|e| {

@@ -1,8 +1,10 @@
 //! Queries of the allocator's state: free frames, trees and reservations.
 
 use super::LLFree;
-use crate::lower::child::Child;
-use crate::{FrameId, InitError, Order, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER};
+use crate::lower::child::{Child, HUGE};
+use crate::{
+    FrameId, FrameState, InitError, Order, TreeStats, CHILD_FRAMES, GIANT_ORDER, HUGE_ORDER,
+};
 
 impl LLFree {
     /// Whether the `2^order` frames at `frame` are free (false for invalid arguments).
@@ -25,6 +27,33 @@ impl LLFree {
 
     pub(crate) fn frames_are_allocated(&self, frame: usize, order: usize) -> bool {
         self.check(frame, order).is_ok() && self.lower.is_allocated(frame, order)
+    }
+
+    /// The state of every aligned frame of `order` in the zone, in frame order: one pass over the
+    /// child entries for huge frames (a zone's cross-check of its owners' records).
+    pub fn frame_states(&self, order: Order) -> impl Iterator<Item = FrameState> + '_ {
+        let children = self.lower.children();
+        let count = match order.0 {
+            HUGE_ORDER => children,
+            order => (children * CHILD_FRAMES) >> order,
+        };
+        (0..count).map(move |i| {
+            if order.0 == HUGE_ORDER {
+                return match self.lower.child(i) {
+                    Child::FREE => FrameState::Free,
+                    child if child == Child::new(0, HUGE) => FrameState::Allocated,
+                    _ => FrameState::Mixed,
+                };
+            }
+            let frame = i << order.0;
+            if self.lower.is_allocated(frame, order.0) {
+                FrameState::Allocated
+            } else if self.lower.is_free(frame, order.0) {
+                FrameState::Free
+            } else {
+                FrameState::Mixed
+            }
+        })
     }
 
     /// The reserved tree of every per-core slot (`None` where the slot has no reservation).

@@ -376,3 +376,21 @@ fn get_at_takes_back_a_specific_huge_or_giant_frame() {
     alloc.put_frames(0, base, 0).unwrap();
     assert_eq!(alloc.free_frames(), alloc.frames());
 }
+
+#[test]
+fn frame_states_classify_every_frame_of_an_order() {
+    let alloc = zone(1, 32);
+    let huge = alloc.get(CoreId(0), Order::HUGE).unwrap();
+    let base = alloc.get(CoreId(0), Order::BASE).unwrap();
+    let states: Vec<_> = alloc.frame_states(Order::HUGE).collect();
+    assert_eq!(states.len(), 32 * TREE_CHILDREN);
+    assert_eq!(states[huge.0 / CHILD_FRAMES], FrameState::Allocated);
+    assert_eq!(states[base.0 / CHILD_FRAMES], FrameState::Mixed);
+    let free = states.iter().filter(|s| **s == FrameState::Free).count();
+    assert_eq!(free, states.len() - 2);
+    let giant = alloc.get(CoreId(0), Order::GIANT).unwrap();
+    let giants: Vec<_> = alloc.frame_states(Order::GIANT).collect();
+    assert_eq!(giants.len(), 2);
+    assert_eq!(giants[giant.0 >> GIANT_ORDER], FrameState::Allocated);
+    assert_eq!(giants[1 - (giant.0 >> GIANT_ORDER)], FrameState::Mixed);
+}
