@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use super::*;
 use crate::region::{temp_file, FileRegion};
 use crate::stop;
-use crate::MAX_FRAMES;
+use crate::{FrameState, MAX_FRAMES};
 
 fn zone(cores: usize, trees: usize) -> LLFree {
     LLFree::new(Config::new(cores, trees * TREE_FRAMES)).unwrap()
