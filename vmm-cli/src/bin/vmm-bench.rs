@@ -15,6 +15,12 @@
 //!   pool file); hugetlb pages are outside VmRSS (HugetlbPages). The VMM's own memory is
 //!   VmRSS minus guest memory: heap, stacks, the binary and libraries.
 //!
+//! * restart: a VM in a persistent zone (on /dev/shm) with all of its RAM touched (eager
+//!   population: every frame held and faulted in) is killed with SIGKILL, then started again
+//!   `--runs` times: spawn to the first guest output, against a VM of the same size on plain
+//!   memory (no zone, lazy) in the same run, for `--restart-sizes` GiB of RAM. The first
+//!   restart recovers the zone after the crash; `vmm zone inspect` tells its time.
+//!
 //! hugetlb-2m cases need free 2 MiB huge pages (memory / 2 MiB of them), e.g.
 //! `echo 512 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`; they are skipped with
 //! a note otherwise.
@@ -26,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use vmm_cli::ApiClient;
 
-const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead]";
+const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] \
+                     [--restart-sizes GIB,...] [startup] [overhead] [restart]";
 
 /// The command line.
 struct Args {
@@ -42,6 +49,10 @@ struct Args {
     startup: bool,
     /// Measure the VMM's own memory.
     overhead: bool,
+    /// Measure restarts of a VM in a zone.
+    restart: bool,
+    /// Guest RAM of the restart cases, GiB.
+    restart_sizes: Vec<u64>,
 }
 
 /// Parses the command line; with neither `startup` nor `overhead`, both are measured.
@@ -54,6 +65,8 @@ fn parse_args() -> Result<Args, String> {
         memory_mib: 512,
         startup: false,
         overhead: false,
+        restart: false,
+        restart_sizes: vec![1, 4, 8, 16],
     };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
@@ -67,13 +80,20 @@ fn parse_args() -> Result<Args, String> {
             }
             "startup" => args.startup = true,
             "overhead" => args.overhead = true,
+            "restart" => args.restart = true,
+            "--restart-sizes" => {
+                args.restart_sizes = value()?
+                    .split(',')
+                    .map(|n| n.parse().map_err(|e| format!("--restart-sizes: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
     if args.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
-    if !args.startup && !args.overhead {
+    if !args.startup && !args.overhead && !args.restart {
         (args.startup, args.overhead) = (true, true);
     }
     Ok(args)
@@ -393,6 +413,115 @@ fn overhead(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `vmm ARGS` to its end; it must succeed. Returns its stdout.
+fn vmm_ok(vmm: &Path, args: &[&str]) -> Result<String, String> {
+    let output = Command::new(vmm)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err(format!(
+            "vmm {args:?}: {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Populates all of a zone VM's RAM, kills its VMM at a checkpoint, and returns the recovery
+/// time the next open reports, µs.
+fn touch_and_crash(vmm: &Path, run: &[&str], zone: &str) -> Result<u64, String> {
+    let dir = std::env::temp_dir().join(format!("vmm-bench-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let socket = dir.join("api.sock");
+    let mut child = Command::new(vmm)
+        .args(run)
+        .args(["--populate", "eager", "--workload", "read:2M+4K,checkpoint:1"])
+        .arg("--api-socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let client = ApiClient::new(&socket);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let paused = loop {
+        if Instant::now() > deadline {
+            break Err("the VM did not reach its checkpoint in 600 s".to_owned());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            break Err(format!("vmm run ended early: {status}"));
+        }
+        if socket.exists()
+            && api_json(&client, "GET", "/machine", None).is_ok_and(|m| m["state"] == "Paused")
+        {
+            break Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    paused?;
+    let info = vmm_ok(vmm, &["zone", "inspect", "--json", zone])?;
+    let info: serde_json::Value = serde_json::from_str(&info).map_err(|e| e.to_string())?;
+    if info["recovery"]["kind"] != "crash" || info["free_frames"] != 0 {
+        return Err(format!("unexpected zone state after the kill: {info}"));
+    }
+    info["recovery"]["micros"]
+        .as_u64()
+        .ok_or_else(|| "no recovery time".to_owned())
+}
+
+/// Prints the restart table.
+fn restart(args: &Args) -> Result<(), String> {
+    println!(
+        "## restart: a VM in a zone on /dev/shm, all RAM touched, killed, started again; {} \
+         runs each, 1 vCPU, --workload read:2M+4K",
+        args.runs
+    );
+    println!(
+        "| guest RAM | recovery after the kill, µs | zone restart: spawn to first guest output, \
+         ms | no zone (anon, lazy), ms | difference of the medians, ms |"
+    );
+    println!("|---|---|---|---|---|");
+    let zone = format!("/dev/shm/vmm-bench-zone-{}", std::process::id());
+    for &gib in &args.restart_sizes {
+        let memory = format!("{gib}G");
+        let _ = std::fs::remove_file(&zone);
+        vmm_ok(&args.vmm, &["zone", "create", &zone, "--size", &memory])?;
+        let run = ["run", "--zone", &zone, "--vm", "bench", "--memory", &memory];
+        let measured = touch_and_crash(&args.vmm, &run, &zone).and_then(|recovery| {
+            let mut zone_run = run.to_vec();
+            zone_run.extend(["--workload", "read:2M+4K"]);
+            let plain = ["run", "--memory", &memory, "--workload", "read:2M+4K"];
+            let (mut zoned, mut anon) = (Vec::new(), Vec::new());
+            for _ in 0..args.runs {
+                zoned.push(timed_run(&args.vmm, &zone_run)?.0);
+                anon.push(timed_run(&args.vmm, &plain)?.0);
+            }
+            Ok((recovery, zoned, anon))
+        });
+        let _ = std::fs::remove_file(&zone);
+        let (recovery, zoned, anon) = measured?;
+        let median = |v: &[Duration]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1000.0
+        };
+        let difference = median(&zoned) - median(&anon);
+        println!(
+            "| {gib} GiB | {recovery} | {} | {} | {difference:+.1} |",
+            summary(zoned),
+            summary(anon)
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     let result = parse_args().and_then(|args| {
         if !args.vmm.is_file() {
@@ -407,6 +536,9 @@ fn main() {
         }
         if args.overhead {
             overhead(&args)?;
+        }
+        if args.restart {
+            restart(&args)?;
         }
         Ok(())
     });
