@@ -21,13 +21,13 @@ mod memory;
 mod pieces;
 pub mod pool;
 mod region;
-pub mod zone;
 mod shared;
 pub mod stats;
 mod sys;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod vcpu;
+pub mod zone;
 
 pub use discard::DiscardStats;
 pub use latency::LatencySummary;

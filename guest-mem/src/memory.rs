@@ -240,8 +240,7 @@ impl GuestMemory {
     ) -> Result<Self, MemoryError> {
         let layout = vm.layout();
         let ranges: Vec<_> = config.ranges.iter().map(|(a, s)| (a.0, *s)).collect();
-        if ranges != layout.regions || config.chunk_size.is_some_and(|c| c != layout.chunk_size)
-        {
+        if ranges != layout.regions || config.chunk_size.is_some_and(|c| c != layout.chunk_size) {
             return Err(MemoryError::Snapshot(format!(
                 "the RAM ranges differ from VM '{}' in the zone",
                 vm.name()
@@ -423,6 +422,25 @@ impl GuestMemory {
             .regions
             .iter()
             .find(|r| addr.0 >= r.start().0 && addr.0 - r.start().0 < r.size())
+    }
+
+    /// Writes the contents of `[addr, addr + len)` back to the backing (msync): for a file or a
+    /// zone on a disk or DAX file system, they survive a host crash from now on (a flush of a
+    /// virtio-pmem device). Unpopulated parts have nothing to write.
+    pub fn sync(&self, addr: GuestAddress, len: u64) -> Result<(), MemoryError> {
+        if !self.is_ram(addr, len) {
+            return Err(MemoryError::NotRam { addr: addr.0, len });
+        }
+        let mut at = addr.0;
+        let end = addr.0 + len;
+        while at < end {
+            let region = self.locate_guest(GuestAddress(at)).expect("checked above");
+            let offset = at - region.start().0;
+            let part = (region.size() - offset).min(end - at);
+            region.sync(offset, part).map_err(RegionError::Sync)?;
+            at += part;
+        }
+        Ok(())
     }
 
     /// Counters of this guest memory.

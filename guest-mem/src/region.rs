@@ -71,6 +71,9 @@ pub enum RegionError {
         #[source]
         source: io::Error,
     },
+    /// Writing a range back to its backing failed.
+    #[error("cannot write guest memory back to its backing: {0}")]
+    Sync(#[source] io::Error),
     /// Scrubbing or freeing a frame failed; the frame is kept out of the pool.
     #[error("cannot scrub frame {frame}: {source}")]
     Scrub {
@@ -324,12 +327,10 @@ impl GuestRegion {
         self.table.unpersist(chunk);
         let freed = pool.free(core, frame);
         self.table.publish_empty(chunk);
-        freed
-            .map(|()| true)
-            .map_err(|e| RegionError::Scrub {
-                frame: index,
-                source: io::Error::other(e),
-            })
+        freed.map(|()| true).map_err(|e| RegionError::Scrub {
+            frame: index,
+            source: io::Error::other(e),
+        })
     }
 
     /// Releases the host memory of pieces `[first, first + count)` of a populated chunk, where
@@ -350,6 +351,27 @@ impl GuestRegion {
         let result = pool.punch(index + first as u64, count as u64);
         self.table.publish(chunk, index);
         result.map_err(|source| RegionError::Punch { chunk, source })
+    }
+
+    /// Writes `[offset, offset + len)` of the region back to its backing (msync), page-aligned
+    /// outwards.
+    pub(crate) fn sync(&self, offset: u64, len: u64) -> io::Result<()> {
+        let start = offset / FRAME_SIZE as u64 * FRAME_SIZE as u64;
+        let end = (offset + len)
+            .next_multiple_of(FRAME_SIZE as u64)
+            .min(self.size());
+        // SAFETY: the range lies inside this region's mapping; msync changes no memory.
+        let rc = unsafe {
+            libc::msync(
+                (self.host.addr() + start as usize) as *mut _,
+                (end - start) as usize,
+                libc::MS_SYNC,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Unmaps every chunk without freeing its frame and returns the frames (detach).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use common::MIB;
 use guest_mem::zone::{RecoveryKind, VmLayout, Zone, ZoneConfig, ZoneError, DEFAULT_MAX_VMS};
-use guest_mem::{FrameSize, GuestMemory, MemoryConfig, Population, Populate};
+use guest_mem::{FrameSize, GuestMemory, MemoryConfig, Populate, Population};
 use vm_memory::{Bytes, GuestAddress};
 
 /// The environment variable that turns [`crashing_child`] into a child process's work.
@@ -68,7 +68,9 @@ fn open_memory(zone: &Arc<Zone>, name: &str, size: u64) -> GuestMemory {
 
 fn read_text(memory: &GuestMemory, addr: u64) -> [u8; 16] {
     let mut text = [0u8; 16];
-    memory.read_slice(&mut text, GuestAddress(addr)).expect("read");
+    memory
+        .read_slice(&mut text, GuestAddress(addr))
+        .expect("read");
     text
 }
 
@@ -97,7 +99,11 @@ fn a_vm_keeps_its_memory_across_closing_and_reopening_the_zone() {
     assert_eq!((info.vms[0].name.as_str(), info.vms[0].frames), ("vm1", 2));
     assert_eq!(info.free_frames, info.frames - 2);
     let memory = open_memory(&zone, "vm1", 32 * MIB);
-    assert_eq!(memory.stats().populated_chunks, 0, "frames map on first touch");
+    assert_eq!(
+        memory.stats().populated_chunks,
+        0,
+        "frames map on first touch"
+    );
     assert_eq!(&read_text(&memory, 20 * MIB + 4096), b"persistent hello");
     assert_eq!(&read_text(&memory, 2 * MIB), b"second chunk....");
     assert_eq!(read_text(&memory, 4 * MIB), [0; 16]);
@@ -124,7 +130,10 @@ fn attaching_checks_names_layouts_and_owners() {
     let err = zone.attach("a", &layout(16 * MIB)).unwrap_err();
     assert!(err.to_string().contains("has 32 MiB of RAM"), "{err}");
     let err = zone.attach("big", &layout(128 * MIB)).unwrap_err();
-    assert!(err.to_string().contains("exceed the zone's 64 MiB"), "{err}");
+    assert!(
+        err.to_string().contains("exceed the zone's 64 MiB"),
+        "{err}"
+    );
     let err = zone.delete_vm("a").unwrap_err();
     assert!(matches!(err, ZoneError::VmInUse { .. }), "{err}");
     drop(vm);
@@ -133,7 +142,10 @@ fn attaching_checks_names_layouts_and_owners() {
     assert!(matches!(err, ZoneError::NoSuchVm { .. }), "{err}");
     // A second process (or open) is refused while this one holds the zone.
     let err = Zone::open(&path.0, 1).unwrap_err();
-    assert!(err.to_string().contains("in use by another process"), "{err}");
+    assert!(
+        err.to_string().contains("in use by another process"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -226,7 +238,12 @@ fn corrupted_frame_tables_are_refused_with_a_clear_error() {
 /// with SIGKILL.
 fn crash_child(zone: &Path) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "crashing_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "crashing_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, zone)
         .stdout(Stdio::piped())
         .spawn()

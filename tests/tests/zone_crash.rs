@@ -65,12 +65,23 @@ fn assert_consistent(info: &serde_json::Value, what: &str) {
         .iter()
         .map(|vm| vm["frames"].as_u64().unwrap())
         .sum();
-    assert_eq!(info["used_frames"].as_u64().unwrap(), owned, "{what}: {info:#}");
+    assert_eq!(
+        info["used_frames"].as_u64().unwrap(),
+        owned,
+        "{what}: {info:#}"
+    );
 }
 
 fn run_in_zone(zone: &str, workload: &str, balloon: bool) -> Vec<String> {
     let mut args: Vec<String> = [
-        "--zone", zone, "--vm", "crashy", "--memory", MEMORY, "--workload", workload,
+        "--zone",
+        zone,
+        "--vm",
+        "crashy",
+        "--memory",
+        MEMORY,
+        "--workload",
+        workload,
     ]
     .map(String::from)
     .to_vec();
@@ -162,7 +173,10 @@ fn sigkill_at_random_moments_loses_and_leaks_no_frame() {
     let creation_window = {
         let started = Instant::now();
         let path = scratch.path("timed");
-        assert_eq!(vmm(&["zone", "create", &path, "--size", "256M"]).code, Some(0));
+        assert_eq!(
+            vmm(&["zone", "create", &path, "--size", "256M"]).code,
+            Some(0)
+        );
         // Some kills land after the end.
         started.elapsed() * 3 / 2
     };
@@ -200,8 +214,13 @@ fn the_guest_finds_its_ram_as_it_was_at_the_kill() {
     let scratch = Scratch::new("zone-checkpoint");
     let zone = scratch.path("zone");
     let socket = scratch.path("api.sock");
-    assert_eq!(vmm(&["zone", "create", &zone, "--size", "128M"]).code, Some(0));
-    let args = ["--zone", &zone, "--vm", "vm", "--memory", "64M", "--vcpus", "2"];
+    assert_eq!(
+        vmm(&["zone", "create", &zone, "--size", "128M"]).code,
+        Some(0)
+    );
+    let args = [
+        "--zone", &zone, "--vm", "vm", "--memory", "64M", "--vcpus", "2",
+    ];
     let mut paused = args.to_vec();
     paused.extend(["--workload", "write:all:0xFEED,checkpoint:1"]);
     let (vmm_run, _api) = VmmRun::start_paused(&paused, &socket);

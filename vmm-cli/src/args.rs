@@ -192,6 +192,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", requires = "zone")]
     pub vm: Option<String>,
 
+    /// Add a virtio-pmem device of SIZE (a multiple of the zone's frame size; needs --zone):
+    /// persistent memory whose contents live in the zone beside the VM's RAM.
+    ///
+    /// Linux (CONFIG_VIRTIO_PMEM) sees /dev/pmem0 and can put a file system on it with `-o dax`;
+    /// its flushes (fsync, sync) write the memory back to the zone file. The device's memory
+    /// lies above RAM at a 1 GiB boundary.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "zone")]
+    pub pmem: Option<u64>,
+
     /// Lay out a new, empty pool in the file or device of --backing file:/dax:, overwriting
     /// what it holds (an all-zero file, a fresh DAX device, an old pool and its frames).
     ///

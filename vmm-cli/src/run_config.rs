@@ -1,8 +1,8 @@
 //! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
 
 use vmm::config::{
-    check_api_socket, check_backing, check_memory, check_vcpus, check_zone, ConfigError,
-    GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
+    check_api_socket, check_backing, check_memory, check_pmem, check_vcpus, check_zone,
+    ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};
@@ -34,6 +34,9 @@ impl TryFrom<RunArgs> for VmConfig {
         if let Some(zone) = &zone {
             check_zone(zone)?;
         }
+        if let Some(size) = args.pmem {
+            check_pmem(size, zone.as_ref())?;
+        }
         let guest = match args.kernel {
             Some(kernel) => {
                 GuestConfig::Linux(LinuxConfig::new(kernel, args.initrd, args.cmdline)?)
@@ -53,6 +56,7 @@ impl TryFrom<RunArgs> for VmConfig {
             memory_size: args.memory,
             backing: args.backing,
             zone,
+            pmem_size: args.pmem,
             format_pool: args.format_pool,
             wait_for_memory: args.wait_for_memory,
             scrub,

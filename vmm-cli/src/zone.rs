@@ -80,7 +80,10 @@ fn inspect(path: &Path, as_json: bool) -> Result<(), ZoneError> {
     let zone = Zone::open(path, CORES)?;
     let info = zone.info()?;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&info)).expect("JSON"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&info)).expect("JSON")
+        );
     } else {
         print_text(path, &info);
     }
@@ -145,7 +148,9 @@ fn print_text(path: &Path, info: &ZoneInfo) {
     );
     println!("  VMs: {} of {}", info.vms.len(), info.max_vms);
     for vm in &info.vms {
-        let owner = vm.owner.map_or(String::new(), |pid| format!(", in use by {pid}"));
+        let owner = vm
+            .owner
+            .map_or(String::new(), |pid| format!(", in use by {pid}"));
         println!(
             "    {}: {} of RAM, {} frames ({}), {} KiB given to the balloon{owner}",
             vm.name,

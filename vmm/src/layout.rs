@@ -12,6 +12,7 @@
 //! 0x0010_0000 .. MMIO_GAP_START  RAM (kernel at 1 MiB, initrd at the top)
 //! 0xc000_0000 .. 0x1_0000_0000   MMIO gap: virtio-mmio slots, 0x1000 apart
 //! 0x1_0000_0000 ..               RAM above 4 GiB
+//! next 1 GiB boundary ..         the virtio-pmem device's memory (`--pmem`), if any
 //! ```
 
 /// First guest physical address of RAM.
@@ -125,9 +126,33 @@ pub fn ram_regions(ram_size: u64) -> Vec<RamRegion> {
     regions
 }
 
+/// Where the virtio-pmem device's memory of `pmem_size` bytes lies for `ram_size` bytes of RAM:
+/// above RAM and the MMIO gap, at a 1 GiB boundary (Linux maps it with ZONE_DEVICE pages, which
+/// want it aligned to its memory sections).
+pub fn pmem_region(ram_size: u64, pmem_size: u64) -> RamRegion {
+    let ram_end = ram_regions(ram_size)
+        .last()
+        .map_or(RAM_START, RamRegion::end)
+        .max(MMIO_GAP_END);
+    RamRegion {
+        start: ram_end.next_multiple_of(PMEM_ALIGN),
+        size: pmem_size,
+    }
+}
+
+/// Alignment of the virtio-pmem region's guest address.
+pub const PMEM_ALIGN: u64 = 1 << 30;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pmem_lies_above_ram_and_the_gap_at_a_gib_boundary() {
+        assert_eq!(pmem_region(512 << 20, 64 << 20).start, MMIO_GAP_END);
+        assert_eq!(pmem_region(4 << 30, 1 << 20).start, 5 << 30);
+        assert_eq!(pmem_region((4 << 30) + (2 << 20), 1 << 20).start, 6 << 30);
+    }
 
     #[test]
     fn small_ram_is_one_region_below_the_gap() {

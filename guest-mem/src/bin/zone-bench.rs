@@ -154,7 +154,9 @@ fn faults(args: &Args) {
         size / CHUNK,
         args.repeats
     );
-    let path = args.dir.join(format!("zone-bench-faults-{}", std::process::id()));
+    let path = args
+        .dir
+        .join(format!("zone-bench-faults-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let config = ZoneConfig {
         size,

@@ -160,7 +160,10 @@ impl<'a> Slot<'a> {
         let mut bytes = [0u8; MAX_NAME];
         bytes[..name.len()].copy_from_slice(name.as_bytes());
         for (i, word) in bytes.chunks(8).enumerate() {
-            self.set(NAME + i, u64::from_le_bytes(word.try_into().expect("8 bytes")));
+            self.set(
+                NAME + i,
+                u64::from_le_bytes(word.try_into().expect("8 bytes")),
+            );
         }
         self.set(NAME_LEN, name.len() as u64);
         self.set(CHUNK_ORDER, layout.chunk_size.order().0 as u64);

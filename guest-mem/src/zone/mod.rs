@@ -36,8 +36,8 @@ use crate::pool::{BackingError, BackingFile, Frame, FrameSize, Pool};
 use crate::sys;
 use directory::{Slot, SlotState};
 use layout::{Layout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
-use map::{ZoneMap, ZoneMetaRegion};
 pub(crate) use map::ZoneWords;
+use map::{ZoneMap, ZoneMetaRegion};
 
 /// The default number of VM slots of a new zone.
 pub const DEFAULT_MAX_VMS: u64 = 16;
@@ -307,7 +307,8 @@ impl Zone {
         );
         let header = map.header();
         header.magic.store(CREATING_MAGIC, Ordering::Release);
-        map.sync(0, PAGE).map_err(io_err("cannot sync the header"))?;
+        map.sync(0, PAGE)
+            .map_err(io_err("cannot sync the header"))?;
         // The directory and the tables start zeroed; the frames start clean.
         let tables = layout.dir_off..layout.data_off;
         if file.can_punch && !file.hugetlb {
@@ -317,11 +318,15 @@ impl Zone {
             map.zero(tables.start, tables.end - tables.start);
         }
         let region = ZoneMetaRegion::new(Arc::clone(&map), layout);
-        let llfree = LLFree::persistent(Config::new(1, frames as usize), Box::new(region), Init::Fresh)
-            .map_err(|source| ZoneError::Allocator {
-                path: path.to_owned(),
-                source,
-            })?;
+        let llfree = LLFree::persistent(
+            Config::new(1, frames as usize),
+            Box::new(region),
+            Init::Fresh,
+        )
+        .map_err(|source| ZoneError::Allocator {
+            path: path.to_owned(),
+            source,
+        })?;
         let pool = Pool::assemble(llfree, file, layout.data_off, frame);
         scrub_all(&pool, frames).map_err(io_err("cannot clean the frames"))?;
         drop(pool);
@@ -352,7 +357,10 @@ impl Zone {
         drop(first);
         check_page_size(path, &file, layout.frame_size)?;
         if !layout.data_off.is_multiple_of(file.page_size) {
-            return Err(corrupted(path, "its frames are not aligned to the file system's pages"));
+            return Err(corrupted(
+                path,
+                "its frames are not aligned to the file system's pages",
+            ));
         }
         let have = file.as_file().metadata().map(|m| m.len()).unwrap_or(0);
         if file.as_file().metadata().is_ok_and(|m| m.is_file()) && have < layout.total_len() {
@@ -368,12 +376,13 @@ impl Zone {
         );
         let region = ZoneMetaRegion::new(Arc::clone(&map), layout);
         let config = Config::new(cores.max(1), layout.frames as usize);
-        let llfree = LLFree::persistent(config, Box::new(region), Init::Recover).map_err(
-            |source| ZoneError::Allocator {
-                path: path.to_owned(),
-                source,
-            },
-        )?;
+        let llfree =
+            LLFree::persistent(config, Box::new(region), Init::Recover).map_err(|source| {
+                ZoneError::Allocator {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
         let kind = RecoveryKind::from(llfree.recovery());
         let pool = Pool::assemble(llfree, file, layout.data_off, layout.frame_size);
         let mut zone = Self {
@@ -415,10 +424,7 @@ impl Zone {
     }
 
     fn slot(&self, index: u64) -> Slot<'_> {
-        Slot::new(
-            self.map
-                .words(self.layout.dir_off + index * PAGE, PAGE / 8),
-        )
+        Slot::new(self.map.words(self.layout.dir_off + index * PAGE, PAGE / 8))
     }
 
     /// The frame-table words of slot `index` (one per chunk the zone allows).
@@ -604,13 +610,13 @@ impl Zone {
                 let layout = slot.layout(&self.layout).expect("checked when opened");
                 let chunks = layout.chunks();
                 let table = &self.table(i)[..chunks as usize];
-                let bitmap = self
-                    .map
-                    .words(self.pieces_offset(i), chunks * pieces / 64);
+                let bitmap = self.map.words(self.pieces_offset(i), chunks * pieces / 64);
                 VmInfo {
                     name: slot.name().expect("checked when opened"),
-                    frames: table.iter().filter(|e| e.load(Ordering::Relaxed) != 0).count()
-                        as u64,
+                    frames: table
+                        .iter()
+                        .filter(|e| e.load(Ordering::Relaxed) != 0)
+                        .count() as u64,
                     given_away_pieces: bitmap
                         .iter()
                         .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
@@ -748,4 +754,3 @@ fn scrub_all(pool: &Pool, frames: u64) -> io::Result<()> {
         .step_by(size.base_frames() as usize)
         .try_for_each(|index| pool.scrub(Frame { index, size }))
 }
-

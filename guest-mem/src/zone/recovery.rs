@@ -62,7 +62,9 @@ impl RecoveryReport {
     pub(super) fn record(&self, header: &Header) {
         header.opens.fetch_add(1, Ordering::Relaxed);
         header.last_kind.store(self.kind as u64, Ordering::Relaxed);
-        header.last_leaked.store(self.leaked_frames, Ordering::Relaxed);
+        header
+            .last_leaked
+            .store(self.leaked_frames, Ordering::Relaxed);
         header.last_lost.store(self.lost_frames, Ordering::Relaxed);
         header.last_nanos.store(self.nanos, Ordering::Relaxed);
     }
@@ -109,9 +111,7 @@ impl Zone {
                     continue;
                 }
                 let frame = value - 1;
-                if !frame.is_multiple_of(size.base_frames())
-                    || frame >= self.layout.frames
-                {
+                if !frame.is_multiple_of(size.base_frames()) || frame >= self.layout.frames {
                     return Err(corrupted(
                         &self.path,
                         format!("VM '{name}' chunk {chunk}: invalid frame entry {value:#x}"),
@@ -136,7 +136,10 @@ impl Zone {
                 (_, FrameState::Mixed) => {
                     return Err(corrupted(
                         &self.path,
-                        format!("frame {} is partly allocated", bit as u64 * size.base_frames()),
+                        format!(
+                            "frame {} is partly allocated",
+                            bit as u64 * size.base_frames()
+                        ),
                     ))
                 }
                 (true, FrameState::Free) => lost += 1,
@@ -184,11 +187,16 @@ impl Zone {
             let free = llfree.is_free(id, size.order());
             if is_referenced && free {
                 llfree.get_at(id, size.order()).map_err(|e| {
-                    corrupted(&self.path, format!("cannot allocate frame {index} again: {e}"))
+                    corrupted(
+                        &self.path,
+                        format!("cannot allocate frame {index} again: {e}"),
+                    )
                 })?;
                 lost += 1;
             } else if !is_referenced && !free {
-                self.pool.scrub(frame).map_err(self.io_err("cannot scrub a leaked frame"))?;
+                self.pool
+                    .scrub(frame)
+                    .map_err(self.io_err("cannot scrub a leaked frame"))?;
                 self.pool.free(0, frame).map_err(|e| {
                     corrupted(&self.path, format!("cannot free leaked frame {index}: {e}"))
                 })?;

@@ -364,7 +364,10 @@ fn get_at_takes_back_a_specific_huge_or_giant_frame() {
     let giant = FrameId(2 << GIANT_ORDER);
     alloc.get_at(giant, Order::GIANT).unwrap();
     assert!(alloc.is_allocated(giant, Order::GIANT));
-    assert!(alloc.get_at(FrameId(0), Order::GIANT).is_err(), "partly used");
+    assert!(
+        alloc.get_at(FrameId(0), Order::GIANT).is_err(),
+        "partly used"
+    );
     assert_eq!(
         alloc.get_at(FrameId(0), Order(3)),
         Err(Error::InvalidOrder(3))

@@ -159,8 +159,7 @@ impl Trees {
         (0..trees / GIANT_TREES * GIANT_TREES)
             .step_by(GIANT_TREES)
             .find(|&first| {
-                (first..first + GIANT_TREES)
-                    .all(|t| self.entry(t).load(Ordering::Relaxed) == full)
+                (first..first + GIANT_TREES).all(|t| self.entry(t).load(Ordering::Relaxed) == full)
                     && self.claim_giant_at(first)
             })
     }

@@ -438,7 +438,12 @@ fn touch_and_crash(vmm: &Path, run: &[&str], zone: &str) -> Result<u64, String> 
     let socket = dir.join("api.sock");
     let mut child = Command::new(vmm)
         .args(run)
-        .args(["--populate", "eager", "--workload", "read:2M+4K,checkpoint:1"])
+        .args([
+            "--populate",
+            "eager",
+            "--workload",
+            "read:2M+4K,checkpoint:1",
+        ])
         .arg("--api-socket")
         .arg(&socket)
         .stdin(Stdio::null())

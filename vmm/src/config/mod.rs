@@ -75,6 +75,12 @@ pub enum ConfigError {
         /// What is wrong.
         why: &'static str,
     },
+    /// A virtio-pmem device needs a zone to keep its memory in.
+    #[error("pmem: a virtio-pmem device keeps its memory in a zone (--zone PATH --vm NAME)")]
+    PmemWithoutZone,
+    /// The virtio-pmem size is not a positive multiple of 2 MiB, or too large.
+    #[error("pmem {}: must be a multiple of 2 MiB, at most 1 TiB", format_size(*.0))]
+    PmemSize(u64),
     /// The balloon is larger than guest RAM.
     #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
@@ -123,6 +129,8 @@ pub struct VmConfig {
     pub backing: BackingKind,
     /// The zone whose frames and VM directory hold guest RAM, instead of a pool of its own.
     pub zone: Option<ZoneTarget>,
+    /// Bytes of a virtio-pmem device's memory (in the zone), if the VM has one.
+    pub pmem_size: Option<u64>,
     /// Lay out a new pool in the backing's file or device, whatever it holds.
     pub format_pool: bool,
     /// A vCPU that finds the pool exhausted waits for a frame instead of the VM stopping.
@@ -148,6 +156,19 @@ impl VmConfig {
         ram_regions(self.memory_size)
     }
 
+    /// The virtio-pmem device's memory, if the VM has one ([`crate::layout::pmem_region`]).
+    pub fn pmem_region(&self) -> Option<RamRegion> {
+        self.pmem_size
+            .map(|size| crate::layout::pmem_region(self.memory_size, size))
+    }
+
+    /// Every region of guest memory: RAM, then the virtio-pmem memory.
+    pub fn memory_regions(&self) -> Vec<RamRegion> {
+        let mut regions = self.ram_regions();
+        regions.extend(self.pmem_region());
+        regions
+    }
+
     /// The built-in test guest with an empty workload on `memory_size` bytes of anonymous
     /// memory, populated lazily, with `vcpus` vCPUs and no devices, for the library's tests.
     #[cfg(test)]
@@ -156,6 +177,7 @@ impl VmConfig {
             memory_size,
             backing: BackingKind::Anonymous,
             zone: None,
+            pmem_size: None,
             format_pool: false,
             wait_for_memory: false,
             scrub: Scrub::PunchHole,
@@ -219,6 +241,17 @@ fn parent_dir(path: &Path) -> &Path {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     }
+}
+
+/// Checks a virtio-pmem size (`--pmem`), which needs a zone.
+pub fn check_pmem(size: u64, zone: Option<&ZoneTarget>) -> Result<(), ConfigError> {
+    if zone.is_none() {
+        return Err(ConfigError::PmemWithoutZone);
+    }
+    if size == 0 || !size.is_multiple_of(2 << 20) || size > MAX_MEMORY {
+        return Err(ConfigError::PmemSize(size));
+    }
+    Ok(())
 }
 
 /// Checks a zone and a VM name: the zone file exists (`vmm zone create` made it) and the name

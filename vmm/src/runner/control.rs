@@ -198,7 +198,8 @@ mod tests {
                 &config,
                 Frames::Pool(create_pool(&config).unwrap()),
                 &Default::default(),
-            ).unwrap(),
+            )
+            .unwrap(),
         );
         let devices = create_devices(&config, &memory).unwrap();
         Session::new(config, memory, devices.balloon)

@@ -19,6 +19,7 @@ use crate::boot::VirtioMmioEntry;
 use crate::config::VmConfig;
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
+use crate::devices::pmem::PmemDevice;
 use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport};
 use crate::devices::virtio::VirtioDevice;
@@ -192,6 +193,10 @@ pub(super) fn create_devices(
         }
         None => None,
     };
+    if let Some(region) = config.pmem_region() {
+        let pmem = PmemDevice::new(memory.clone(), region.start, region.size);
+        mmio.add(memory.clone(), Arc::new(Mutex::new(pmem)))?;
+    }
     Ok(Devices { mmio, balloon })
 }
 
@@ -292,7 +297,8 @@ mod tests {
                 &config,
                 Frames::Pool(create_pool(&config).unwrap()),
                 &Default::default(),
-            ).unwrap(),
+            )
+            .unwrap(),
         );
         let Devices { mut mmio, balloon } = create_devices(&config, &memory).unwrap();
         let balloon = balloon.expect("a balloon");
@@ -343,7 +349,8 @@ mod tests {
                 &config,
                 Frames::Pool(create_pool(&config).unwrap()),
                 &Default::default(),
-            ).unwrap(),
+            )
+            .unwrap(),
         );
         let devices = create_devices(&config, &memory).unwrap();
         assert!(devices.mmio.entries().is_empty() && devices.balloon.is_none());

@@ -25,11 +25,13 @@ pub enum ZoneSetupError {
     /// The zone could not be opened or the VM not attached.
     #[error(transparent)]
     Zone(#[from] ZoneError),
-    /// Guest RAM is not made of whole frames of the zone.
-    #[error("memory {memory}: must be a multiple of the zone's frame size ({frame})")]
+    /// Guest RAM or pmem is not made of whole frames of the zone.
+    #[error("{setting} {size}: must be a multiple of the zone's frame size ({frame})")]
     Misaligned {
-        /// Guest RAM.
-        memory: String,
+        /// The setting: memory or pmem.
+        setting: &'static str,
+        /// Its size.
+        size: String,
         /// The zone's frame size.
         frame: &'static str,
     },
@@ -37,7 +39,10 @@ pub enum ZoneSetupError {
 
 /// Opens the zone of `target` (recovering it after a crash) and attaches this process to its VM,
 /// creating the VM with `config`'s RAM if the zone has none of that name.
-pub(super) fn attach_zone(config: &VmConfig, target: &ZoneTarget) -> Result<ZoneVm, ZoneSetupError> {
+pub(super) fn attach_zone(
+    config: &VmConfig,
+    target: &ZoneTarget,
+) -> Result<ZoneVm, ZoneSetupError> {
     let zone = Zone::open(&target.path, config.vcpus + SPARE_CORES)?;
     let recovery = zone.recovery();
     if recovery.leaked_frames + recovery.lost_frames > 0 {
@@ -49,16 +54,22 @@ pub(super) fn attach_zone(config: &VmConfig, target: &ZoneTarget) -> Result<Zone
         );
     }
     let frame = zone.frame_size();
-    if !config.memory_size.is_multiple_of(frame.bytes()) {
-        return Err(ZoneSetupError::Misaligned {
-            memory: format_size(config.memory_size),
-            frame: frame.name(),
-        });
+    for (setting, size) in [
+        ("memory", Some(config.memory_size)),
+        ("pmem", config.pmem_size),
+    ] {
+        if let Some(size) = size.filter(|size| !size.is_multiple_of(frame.bytes())) {
+            return Err(ZoneSetupError::Misaligned {
+                setting,
+                size: format_size(size),
+                frame: frame.name(),
+            });
+        }
     }
     let layout = VmLayout {
         chunk_size: frame,
         regions: config
-            .ram_regions()
+            .memory_regions()
             .iter()
             .map(|region| (region.start, region.size))
             .collect(),
@@ -92,7 +103,7 @@ pub(super) fn create_memory(
     population: &Population,
 ) -> Result<GuestMemory, MemoryError> {
     let ranges = config
-        .ram_regions()
+        .memory_regions()
         .iter()
         .map(|region| (GuestAddress(region.start), region.size))
         .collect();
@@ -105,11 +116,9 @@ pub(super) fn create_memory(
         kick_signal: Some(kick_signal()),
     };
     match frames {
-        Frames::Pool(pool) => GuestMemory::new_watched(
-            pool,
-            memory_config(config.backing.frame_size()),
-            population,
-        ),
+        Frames::Pool(pool) => {
+            GuestMemory::new_watched(pool, memory_config(config.backing.frame_size()), population)
+        }
         Frames::Zone(vm) => {
             let chunk_size = vm.layout().chunk_size;
             GuestMemory::new_in_zone(vm, memory_config(chunk_size), population)
