@@ -30,9 +30,9 @@ TIMEOUT=${LLFREE_NESTED_TIMEOUT:-1500}
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
-TESTS=(linux_boot linux_balloon linux_overcommit)
+TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem)
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
-    xz-utils seabios)
+    xz-utils seabios e2fsprogs)
 # QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.
 QEMU_SUITE=bookworm-backports
 QEMU_MIN_VERSION=1:10
@@ -110,11 +110,17 @@ pack() {
     (cd "$1" && find . | cpio -o -H newc --quiet | gzip -1) >"$2"
 }
 
+# The L2 initramfs: busybox, l2-init, and mke2fs and e2fsck for the pmem test.
 l2_initramfs() {
-    local root=$WORK/l2-root
-    rm -rf "$root" && mkdir -p "$root"/{bin,dev,proc,sys,tmp}
+    local root=$WORK/l2-root tool
+    rm -rf "$root" && mkdir -p "$root"/{bin,dev,proc,sys,tmp,usr/sbin}
     cp /bin/busybox "$root/bin/busybox"
     cp "$HERE/l2-init" "$root/init"
+    # Outside /bin, where busybox installs its own (smaller) mke2fs.
+    for tool in /sbin/mke2fs /sbin/e2fsck; do
+        cp "$tool" "$root/usr/sbin/"
+        copy_libraries "$tool" "$root"
+    done
     pack "$root" "$WORK/l2-initrd.gz"
 }
 

@@ -152,7 +152,7 @@ fn print_text(path: &Path, info: &ZoneInfo) {
             .owner
             .map_or(String::new(), |pid| format!(", in use by {pid}"));
         println!(
-            "    {}: {} of RAM, {} frames ({}), {} KiB given to the balloon{owner}",
+            "    {}: {} of guest memory, {} frames ({}), {} KiB given to the balloon{owner}",
             vm.name,
             format_size(vm.layout.bytes()),
             vm.frames,

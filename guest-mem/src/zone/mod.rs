@@ -154,8 +154,8 @@ pub enum ZoneError {
     },
     /// The VM exists with another RAM layout.
     #[error(
-        "VM '{name}' in zone {path} has {recorded} MiB of RAM in {chunk} chunks; it cannot be \
-         attached with {requested} MiB"
+        "VM '{name}' in zone {path} has {recorded} MiB of guest memory (RAM and pmem) in {chunk} \
+         chunks, not {requested} MiB: give the --memory and --pmem it was created with"
     )]
     LayoutMismatch {
         /// The VM.

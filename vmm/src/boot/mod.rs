@@ -17,7 +17,7 @@ pub mod zero_page;
 use std::path::{Path, PathBuf};
 
 use linux_loader::loader::load_cmdline;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 pub use cmdline::{build_cmdline, VirtioMmioEntry, DEFAULT_CMDLINE};
 pub use initrd::InitrdPlacement;
@@ -101,6 +101,9 @@ pub struct LinuxBootConfig<'a> {
     pub cmdline: Option<&'a str>,
     /// virtio-mmio devices to announce on the command line.
     pub virtio_devices: &'a [VirtioMmioEntry],
+    /// Guest RAM as (start, size), the e820 map's usable RAM. Guest memory may hold more (a
+    /// virtio-pmem device's memory), which the guest must not take for RAM.
+    pub ram: &'a [(u64, u64)],
 }
 
 /// The result of boot setup: how to start the boot vCPU.
@@ -155,11 +158,7 @@ pub fn load_linux<M: GuestMemoryBackend>(
         None => None,
     };
 
-    let ram: Vec<(u64, u64)> = memory
-        .iter()
-        .map(|region| (region.start_addr().0, region.len()))
-        .collect();
-    let e820 = zero_page::e820_map(&ram)?;
+    let e820 = zero_page::e820_map(config.ram)?;
     let params = zero_page::build_zero_page(&zero_page::ZeroPageConfig {
         setup_header: kernel.setup_header,
         cmdline_addr: CMDLINE_START,

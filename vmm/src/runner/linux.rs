@@ -41,6 +41,12 @@ pub(super) fn run(
     let memory = session.memory().clone();
     let vm = Vm::new(memory.clone(), session.config().vcpus)?;
     let entries = devices.entries();
+    let ram: Vec<(u64, u64)> = session
+        .config()
+        .ram_regions()
+        .iter()
+        .map(|region| (region.start, region.size))
+        .collect();
     let boot = load_linux(
         memory.as_ref(),
         &LinuxBootConfig {
@@ -48,6 +54,7 @@ pub(super) fn run(
             initrd: linux.initrd.as_deref(),
             cmdline: Some(&linux.cmdline),
             virtio_devices: &entries,
+            ram: &ram,
         },
     )
     .map_err(|source| RunError::Boot {

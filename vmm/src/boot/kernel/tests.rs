@@ -156,6 +156,7 @@ fn full_linux_boot_setup_writes_cmdline_initrd_and_zero_page() {
             initrd: Some(&initrd_path),
             cmdline: Some("console=ttyS0"),
             virtio_devices: &devices,
+            ram: &[(0, MEM_SIZE)],
         },
     )
     .unwrap();
@@ -199,6 +200,7 @@ fn missing_files_are_clear_errors() {
         initrd: None,
         cmdline: None,
         virtio_devices: &[],
+        ram: &[],
     };
     let err = load_linux(&memory, &config).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/vmlinux"), "{err}");
@@ -231,6 +233,7 @@ fn loads_a_real_kernel_if_available() {
             initrd: None,
             cmdline: None,
             virtio_devices: &[],
+            ram: &[(0, 256 << 20)],
         },
     )
     .unwrap();

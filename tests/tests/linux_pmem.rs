@@ -1,0 +1,94 @@
+//! End-to-end: a real Linux keeps a DAX file system on the virtio-pmem device of a VM in a
+//! persistent zone. ext4 on /dev/pmem0, mounted with `-o dax`, is written and synced file by
+//! file; the VMM is killed with SIGKILL in the middle of that; the VM starts again from the
+//! zone, Linux boots, the file system mounts, e2fsck finds it clean and every file that was
+//! synced before the kill is intact. (See linux_common for the guest and where this runs.)
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod linux_common;
+mod vmm_common;
+
+use std::time::Duration;
+
+use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{client, Scratch, VmmRun};
+
+/// Files the guest syncs before the kill, at least.
+const SYNCED_BEFORE_KILL: u64 = 5;
+
+#[test]
+fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
+    let name = "a_dax_file_system_on_pmem_survives_a_vmm_kill";
+    let Some(guest) = LinuxGuest::find(name) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-pmem");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "512M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let vm = |extra: &str| {
+        let line = cmdline(&format!("llfree.test=pmem {extra}"));
+        let args = [
+            "--zone",
+            &zone,
+            "--vm",
+            "linux",
+            "--memory",
+            "256M",
+            "--pmem",
+            "128M",
+            "--cmdline",
+            &line,
+        ];
+        VmmRun::start(&guest.args(&args))
+    };
+
+    let mut writer = vm("llfree.phase=write llfree.format=1");
+    let mounted = writer.wait_for_line("LLFREE-L2 mounted", BOOT_TIMEOUT);
+    assert_eq!(
+        field(&mounted, "dax"),
+        Some("1"),
+        "not mounted with DAX: {mounted}"
+    );
+    writer.wait_for_line(
+        &format!("LLFREE-L2 synced {SYNCED_BEFORE_KILL}"),
+        Duration::from_secs(120),
+    );
+    // Somewhere in the middle of the next file.
+    std::thread::sleep(Duration::from_millis(150));
+    let killed = writer.kill();
+    let synced = killed
+        .stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("LLFREE-L2 synced "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .max()
+        .expect("synced lines");
+    eprintln!("killed the VMM after {synced} synced files");
+
+    let inspect = client(&["zone", "inspect", "--json", &zone]);
+    let info: serde_json::Value = serde_json::from_str(&inspect.stdout).expect("inspect JSON");
+    assert_eq!(info["recovery"]["kind"], "crash", "{info:#}");
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    let mut checker = vm(&format!("llfree.phase=check llfree.upto={synced}"));
+    let checked = checker.wait_for_line("LLFREE-L2 checked", BOOT_TIMEOUT);
+    let run = checker.wait(Duration::from_secs(60));
+    assert_eq!(
+        field(&checked, "fsck"),
+        Some("0"),
+        "{checked}: {}",
+        run.stdout
+    );
+    assert_eq!(field(&checked, "bad"), Some("0"), "{checked}");
+    assert_eq!(
+        field(&checked, "good"),
+        Some(synced.to_string().as_str()),
+        "{checked}"
+    );
+}
