@@ -156,7 +156,7 @@ fn full_linux_boot_setup_writes_cmdline_initrd_and_zero_page() {
             initrd: Some(&initrd_path),
             cmdline: Some("console=ttyS0"),
             virtio_devices: &devices,
-            ram: &[(0, MEM_SIZE)],
+            ram: &[(0, MEM_SIZE as u64)],
         },
     )
     .unwrap();
