@@ -128,7 +128,10 @@ fn attaching_checks_names_layouts_and_owners() {
     let err = zone.attach("b/c", &layout(32 * MIB)).unwrap_err();
     assert!(matches!(err, ZoneError::BadName { .. }), "{err}");
     let err = zone.attach("a", &layout(16 * MIB)).unwrap_err();
-    assert!(err.to_string().contains("has 32 MiB of guest memory"), "{err}");
+    assert!(
+        err.to_string().contains("has 32 MiB of guest memory"),
+        "{err}"
+    );
     let err = zone.attach("big", &layout(128 * MIB)).unwrap_err();
     assert!(
         err.to_string().contains("exceed the zone's 64 MiB"),

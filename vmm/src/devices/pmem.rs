@@ -180,10 +180,7 @@ impl VirtioDevice<Memory> for PmemDevice {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
             let mut used = false;
-            loop {
-                let Some(chain) = active.queue.pop_descriptor_chain(&*mem) else {
-                    break;
-                };
+            while let Some(chain) = active.queue.pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
                 let written = self.answer(&mem, chain);
                 if active.queue.add_used(&*mem, head, written).is_err() {
