@@ -146,6 +146,24 @@ impl GuestMemory {
         })
     }
 
+    /// Takes back every piece given away with [`GuestMemory::release_pieces`]: the guest's
+    /// balloon is empty again (a device reset, or a guest that boots afresh on the memory of a
+    /// VM in a zone, whose bitmaps outlived the previous guest). Returns how many there were.
+    pub fn reclaim_all_pieces(&self) -> usize {
+        self.inner
+            .regions
+            .iter()
+            .map(|region| {
+                let pieces = region.pieces();
+                let per_chunk = pieces.pieces_per_chunk();
+                (0..region.table().len())
+                    .filter(|&chunk| pieces.count(chunk) > 0)
+                    .map(|chunk| pieces.clear(chunk, 0, per_chunk))
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// Takes back pieces given away with [`GuestMemory::release_pieces`] (balloon deflation);
     /// returns how many were given away. They are repopulated when touched.
     pub fn reclaim_pieces(&self, addr: GuestAddress, len: u64) -> Result<usize, MemoryError> {

@@ -299,28 +299,61 @@ impl GuestRegion {
         unsafe { mmap::drop_pages(addr, len) }.map_err(placeholder_err)
     }
 
-    /// Unmaps `chunk` (back to a registered placeholder) and returns its frame to the pool,
-    /// scrubbed, using `core`. Returns whether a frame was freed.
-    pub(crate) fn discard_chunk(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
-        let ChunkState::Mapped(index) = self.claim(chunk, true) else {
-            return Ok(false);
-        };
-        let frame = Frame {
+    /// Claims the frame of `chunk`: mapped here, or (a VM in a zone) recorded in the zone but
+    /// not mapped in this process yet. Returns it and whether it is mapped; `None` (nothing
+    /// claimed) when the chunk has no frame.
+    fn claim_frame(&self, chunk: usize) -> Option<(Frame, bool)> {
+        let frame = |index| Frame {
             index,
             size: self.chunk,
         };
-        if let Err(e) = self.restore_placeholder(chunk) {
-            let _ = self.map_claimed(chunk, frame);
-            return Err(e);
+        loop {
+            match self.claim(chunk, true) {
+                ChunkState::Mapped(index) => return Some((frame(index), true)),
+                ChunkState::Empty if self.table.is_persistent() => {
+                    if !self.table.claim_empty(chunk) {
+                        continue;
+                    }
+                    match self.table.persisted(chunk) {
+                        Some(index) => return Some((frame(index), false)),
+                        None => {
+                            self.table.publish_empty(chunk);
+                            return None;
+                        }
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Unmaps `chunk` (back to a registered placeholder) and returns its frame to the pool,
+    /// scrubbed, using `core`. Returns whether a frame was freed.
+    pub(crate) fn discard_chunk(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
+        let Some((frame, mapped)) = self.claim_frame(chunk) else {
+            return Ok(false);
+        };
+        // Puts the chunk back as it was claimed.
+        let keep = || match mapped {
+            true => {
+                let _ = self.map_claimed(chunk, frame);
+            }
+            false => self.table.publish_empty(chunk),
+        };
+        if mapped {
+            if let Err(e) = self.restore_placeholder(chunk) {
+                keep();
+                return Err(e);
+            }
         }
         // The guest cannot reach the frame any more: scrub it, unpublish it, then free it (a
         // crash in between leaves a clean frame referenced by no VM, which recovery frees).
         let pool = &self.shared.pool;
         if let Err(source) = pool.scrub(frame) {
             // Keep the frame: the guest gets it back as it is.
-            let _ = self.map_claimed(chunk, frame);
+            keep();
             return Err(RegionError::Scrub {
-                frame: index,
+                frame: frame.index,
                 source,
             });
         }
@@ -328,7 +361,7 @@ impl GuestRegion {
         let freed = pool.free(core, frame);
         self.table.publish_empty(chunk);
         freed.map(|()| true).map_err(|e| RegionError::Scrub {
-            frame: index,
+            frame: frame.index,
             source: io::Error::other(e),
         })
     }
@@ -345,11 +378,14 @@ impl GuestRegion {
         if pool.is_hugetlb() || pool.scrub_policy() != crate::pool::Scrub::PunchHole {
             return Ok(());
         }
-        let ChunkState::Mapped(index) = self.claim(chunk, true) else {
+        let Some((frame, mapped)) = self.claim_frame(chunk) else {
             return Ok(());
         };
-        let result = pool.punch(index + first as u64, count as u64);
-        self.table.publish(chunk, index);
+        let result = pool.punch(frame.index + first as u64, count as u64);
+        match mapped {
+            true => self.table.publish(chunk, frame.index),
+            false => self.table.publish_empty(chunk),
+        }
         result.map_err(|source| RegionError::Punch { chunk, source })
     }
 

@@ -355,3 +355,28 @@ fn zones_live_on_tmpfs_and_hugetlbfs() {
         std::panic::resume_unwind(panic);
     }
 }
+
+#[test]
+fn balloon_bitmaps_outlive_the_process_until_taken_back() {
+    let path = TempZone::new("pieces");
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 1).expect("open");
+    let memory = open_memory(&zone, "vm", 8 * MIB);
+    memory.write_obj(1u8, GuestAddress(2 * MIB)).expect("write");
+    let core = memory.vmm_core();
+    let given = memory
+        .release_pieces(GuestAddress(2 * MIB), MIB, core)
+        .expect("inflate");
+    assert_eq!((given.pieces, given.freed_chunks), (256, 0));
+    drop((memory, zone));
+    let zone = Zone::open(&path.0, 1).expect("reopen");
+    assert_eq!(zone.info().expect("info").vms[0].given_away_pieces, 256);
+    let memory = open_memory(&zone, "vm", 8 * MIB);
+    // The rest of the chunk completes it: its frame goes back to the zone.
+    let rest = memory
+        .release_pieces(GuestAddress(3 * MIB), MIB, core)
+        .expect("inflate");
+    assert_eq!((rest.pieces, rest.freed_chunks), (256, 1));
+    assert_eq!(memory.reclaim_all_pieces(), 512);
+    assert_eq!(zone.info().expect("info").vms[0].given_away_pieces, 0);
+}

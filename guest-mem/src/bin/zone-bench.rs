@@ -82,9 +82,9 @@ fn discard(memory: &GuestMemory, size: u64) -> Duration {
     started.elapsed() / (size / CHUNK) as u32
 }
 
-/// A zone of `size` bytes in `dir` whose VM "bench" holds every frame.
-fn full_zone(dir: &Path, size: u64) -> PathBuf {
-    let path = dir.join(format!("zone-bench-{}-{}", size / GIB, std::process::id()));
+/// A new zone of `size` bytes of 2 MiB frames, file `name` in `dir`, opened.
+fn new_zone(dir: &Path, name: &str, size: u64) -> (PathBuf, Arc<Zone>) {
+    let path = dir.join(format!("zone-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let config = ZoneConfig {
         size,
@@ -93,6 +93,12 @@ fn full_zone(dir: &Path, size: u64) -> PathBuf {
     };
     Zone::create(&path, &config).expect("create");
     let zone = Zone::open(&path, 2).expect("open");
+    (path, zone)
+}
+
+/// A zone of `size` bytes in `dir` whose VM "bench" holds every frame.
+fn full_zone(dir: &Path, size: u64) -> PathBuf {
+    let (path, zone) = new_zone(dir, &(size / GIB).to_string(), size);
     let vm = zone.attach("bench", &layout(size)).expect("attach");
     let memory =
         GuestMemory::new_in_zone(vm, memory_config(size), &Population::default()).expect("memory");
@@ -154,17 +160,7 @@ fn faults(args: &Args) {
         size / CHUNK,
         args.repeats
     );
-    let path = args
-        .dir
-        .join(format!("zone-bench-faults-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let config = ZoneConfig {
-        size,
-        frame_size: FrameSize::Huge,
-        max_vms: DEFAULT_MAX_VMS,
-    };
-    Zone::create(&path, &config).expect("create");
-    let zone = Zone::open(&path, 2).expect("open");
+    let (path, zone) = new_zone(&args.dir, "faults", size);
     let mut times: [[Vec<f64>; 2]; 2] = Default::default();
     for _ in 0..args.repeats {
         for persistent in [false, true] {

@@ -27,7 +27,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vmm_cli::ApiClient;
@@ -316,46 +316,77 @@ fn measure_paused(client: &ApiClient, pid: u32, pool: &Path) -> Result<PausedMem
     })
 }
 
+/// A `vmm run` paused at a workload checkpoint, with a client of its API; the scratch
+/// directory of its socket goes with it.
+struct Paused {
+    child: Child,
+    client: ApiClient,
+    dir: PathBuf,
+}
+
+impl Paused {
+    /// Starts `vmm ARGS --api-socket ...` and waits (at most `timeout`) until its VM is paused
+    /// at a checkpoint.
+    fn start(vmm: &Path, args: &[&str], timeout: Duration) -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("vmm-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let socket = dir.join("api.sock");
+        let child = Command::new(vmm)
+            .args(args)
+            .arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut paused = Paused {
+            child,
+            client: ApiClient::new(&socket),
+            dir,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the VM did not reach its checkpoint in {timeout:?}"
+                ));
+            }
+            if let Ok(Some(status)) = paused.child.try_wait() {
+                return Err(format!("vmm run ended early: {status}"));
+            }
+            if socket.exists()
+                && api_json(&paused.client, "GET", "/machine", None)
+                    .is_ok_and(|m| m["state"] == "Paused")
+            {
+                return Ok(paused);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Paused {
+    /// Shuts the VMM down through its API (if it still listens); kills it if it has not ended
+    /// 10 s later.
+    fn drop(&mut self) {
+        let shutdown = Some(r#"{"action_type":"Shutdown"}"#);
+        let _ = api_json(&self.client, "PUT", "/actions", shutdown);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Runs `vmm ARGS --api-socket ...` (ARGS from [`run_args`]) to its checkpoint, measures, and
 /// shuts it down.
 fn paused_memory(vmm: &Path, run_args: &[&str], pool: &Path) -> Result<PausedMemory, String> {
-    let dir = std::env::temp_dir().join(format!("vmm-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let socket = dir.join("api.sock");
-    let mut child = Command::new(vmm)
-        .args(run_args)
-        .arg("--api-socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let client = ApiClient::new(&socket);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let result = loop {
-        if Instant::now() > deadline {
-            break Err("the VM did not reach its checkpoint in 120 s".to_owned());
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            break Err(format!("vmm run ended early: {status}"));
-        }
-        let paused = socket.exists()
-            && api_json(&client, "GET", "/machine", None).is_ok_and(|m| m["state"] == "Paused");
-        if paused {
-            break measure_paused(&client, child.id(), pool);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // Whatever the result, the VMM goes.
-    let _ = api_json(
-        &client,
-        "PUT",
-        "/actions",
-        Some(r#"{"action_type":"Shutdown"}"#),
-    );
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let paused = Paused::start(vmm, run_args, Duration::from_secs(120))?;
+    measure_paused(&paused.client, paused.child.id(), pool)
 }
 
 /// Prints the memory overhead table.
@@ -433,44 +464,17 @@ fn vmm_ok(vmm: &Path, args: &[&str]) -> Result<String, String> {
 /// Populates all of a zone VM's RAM, kills its VMM at a checkpoint, and returns the recovery
 /// time the next open reports, µs.
 fn touch_and_crash(vmm: &Path, run: &[&str], zone: &str) -> Result<u64, String> {
-    let dir = std::env::temp_dir().join(format!("vmm-bench-restart-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let socket = dir.join("api.sock");
-    let mut child = Command::new(vmm)
-        .args(run)
-        .args([
-            "--populate",
-            "eager",
-            "--workload",
-            "read:2M+4K,checkpoint:1",
-        ])
-        .arg("--api-socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let client = ApiClient::new(&socket);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let paused = loop {
-        if Instant::now() > deadline {
-            break Err("the VM did not reach its checkpoint in 600 s".to_owned());
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            break Err(format!("vmm run ended early: {status}"));
-        }
-        if socket.exists()
-            && api_json(&client, "GET", "/machine", None).is_ok_and(|m| m["state"] == "Paused")
-        {
-            break Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    paused?;
+    let mut args = run.to_vec();
+    args.extend([
+        "--populate",
+        "eager",
+        "--workload",
+        "read:2M+4K,checkpoint:1",
+    ]);
+    let mut paused = Paused::start(vmm, &args, Duration::from_secs(600))?;
+    paused.child.kill().map_err(|e| e.to_string())?;
+    paused.child.wait().map_err(|e| e.to_string())?;
+    drop(paused);
     let info = vmm_ok(vmm, &["zone", "inspect", "--json", zone])?;
     let info: serde_json::Value = serde_json::from_str(&info).map_err(|e| e.to_string())?;
     if info["recovery"]["kind"] != "crash" || info["free_frames"] != 0 {

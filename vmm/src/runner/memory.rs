@@ -121,7 +121,18 @@ pub(super) fn create_memory(
         }
         Frames::Zone(vm) => {
             let chunk_size = vm.layout().chunk_size;
-            GuestMemory::new_in_zone(vm, memory_config(chunk_size), population)
+            let memory = GuestMemory::new_in_zone(vm, memory_config(chunk_size), population)?;
+            // The guest boots afresh with an empty balloon: pages its previous life gave away
+            // are its own again (a chunk it gave away entirely has no frame and gets a fresh
+            // one on its next touch). Left marked, they would let a later inflation of the
+            // chunk's other pages free a frame the new guest uses.
+            let reclaimed = memory.reclaim_all_pieces();
+            if reclaimed > 0 {
+                log::info!(
+                    "the guest boots afresh: took back {reclaimed} pages of its old balloon"
+                );
+            }
+            Ok(memory)
         }
     }
 }

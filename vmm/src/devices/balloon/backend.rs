@@ -62,10 +62,7 @@ impl BalloonBackend for GuestMemBackend {
     }
 
     fn deflate_all(&self) -> Result<u64, MemoryError> {
-        self.memory.regions().iter().try_fold(0, |pages, region| {
-            let reclaimed = self.memory.reclaim_pieces(region.start(), region.size())?;
-            Ok(pages + reclaimed as u64)
-        })
+        Ok(self.memory.reclaim_all_pieces() as u64)
     }
 }
 
