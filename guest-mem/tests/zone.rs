@@ -318,14 +318,24 @@ fn zones_live_on_tmpfs_and_hugetlbfs() {
         let memory = open_memory(&zone, "vm", 8 * MIB);
         assert_eq!(memory.read_obj::<u8>(GuestAddress(MIB)).expect("read"), 5);
     }
-    let pages = match common::HugePages::reserve(2048, 24) {
+    on_hugetlbfs(FrameSize::Huge, 24);
+    // 1 GiB pages: the metadata takes the first page, one 1 GiB frame the second.
+    on_hugetlbfs(FrameSize::Giant, 2);
+}
+
+/// Creates, fills, reopens and checks a zone of `frame` frames on a hugetlbfs mount of that
+/// page size, with `pages` huge pages reserved; SKIP where they cannot be had.
+fn on_hugetlbfs(frame: FrameSize, pages: u64) {
+    let kib = frame.bytes() >> 10;
+    let pages = match common::HugePages::reserve(kib, pages) {
         Ok(pages) => pages,
-        Err(why) => return eprintln!("SKIP hugetlbfs zone: {why}"),
+        Err(why) => return eprintln!("SKIP hugetlbfs zone of {} pages: {why}", frame.name()),
     };
-    let mount = std::env::temp_dir().join(format!("guest-mem-hugetlbfs-{}", std::process::id()));
+    let mount =
+        std::env::temp_dir().join(format!("guest-mem-hugetlbfs-{kib}-{}", std::process::id()));
     std::fs::create_dir_all(&mount).expect("mount point");
     let status = Command::new("mount")
-        .args(["-t", "hugetlbfs", "-o", "pagesize=2M", "none"])
+        .args(["-t", "hugetlbfs", "-o", &format!("pagesize={kib}K"), "none"])
         .arg(&mount)
         .status();
     if !status.is_ok_and(|s| s.success()) {
@@ -334,19 +344,41 @@ fn zones_live_on_tmpfs_and_hugetlbfs() {
     }
     let result = std::panic::catch_unwind(|| {
         let path = mount.join("zone");
-        Zone::create(&path, &zone_config(32 * MIB)).expect("create on hugetlbfs");
+        let config = ZoneConfig {
+            size: frame.bytes().max(32 * MIB),
+            frame_size: frame,
+            max_vms: DEFAULT_MAX_VMS,
+        };
+        let size = config.size;
+        Zone::create(&path, &config).expect("create on hugetlbfs");
         let zone = Zone::open(&path, 1).expect("open");
         assert!(zone.pool().is_hugetlb());
-        let memory = open_memory(&zone, "vm", 8 * MIB);
+        let layout = VmLayout {
+            chunk_size: frame,
+            regions: vec![(0, size)],
+        };
+        let open = |zone: &Arc<Zone>| {
+            let vm = zone.attach("vm", &layout).expect("attach");
+            let mut config = memory_config(size);
+            config.chunk_size = Some(frame);
+            GuestMemory::new_in_zone(vm, config, &Population::default()).expect("memory")
+        };
+        let memory = open(&zone);
         memory
             .write_slice(b"hugetlbfs zone..", GuestAddress(3 * MIB))
             .expect("write");
         drop((memory, zone));
         let zone = Zone::open(&path, 1).expect("reopen");
-        let memory = open_memory(&zone, "vm", 8 * MIB);
+        let memory = open(&zone);
         assert_eq!(&read_text(&memory, 3 * MIB), b"hugetlbfs zone..");
         drop((memory, zone));
         std::fs::remove_file(&path).expect("remove");
+        // Frames smaller than the mount's pages are refused, and leave no file behind.
+        if frame == FrameSize::Giant {
+            let err = Zone::create(&path, &zone_config(32 * MIB)).unwrap_err();
+            assert!(err.to_string().contains("larger than the frames"), "{err}");
+            assert!(!path.exists());
+        }
     });
     let _ = Command::new("umount").arg(&mount).status();
     let _ = std::fs::remove_dir(&mount);

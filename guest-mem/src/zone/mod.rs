@@ -261,6 +261,16 @@ impl Zone {
     /// creation never finished). A file that holds a zone or anything else is refused
     /// untouched.
     pub fn create(path: &Path, config: &ZoneConfig) -> Result<(), ZoneError> {
+        let existed = path.exists();
+        let result = Self::create_in(path, config);
+        if result.is_err() && !existed {
+            // Leave nothing behind of a zone that was never made.
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+
+    fn create_in(path: &Path, config: &ZoneConfig) -> Result<(), ZoneError> {
         let frame = config.frame_size;
         if config.size == 0 || !config.size.is_multiple_of(frame.bytes()) {
             return Err(ZoneError::BadSize {
