@@ -244,4 +244,17 @@ fn the_guest_finds_its_ram_as_it_was_at_the_kill() {
     let mut zero = args.to_vec();
     zero.extend(["--workload", "verify-zero:all"]);
     VmmRun::run(&zero).assert_success();
+    // gc gives the memory of the free frames back; the zone stays usable.
+    let gc = vmm(&["zone", "gc", &zone]);
+    assert_eq!(gc.code, Some(0), "{gc:#?}");
+    assert!(gc.stdout.contains("released the memory of"), "{gc:#?}");
+    assert_consistent(&inspect(&zone), "after gc");
+    // Nonsense is refused with one line and the usage status.
+    let missing = scratch.path("missing");
+    let run = vmm(&["zone", "inspect", &missing]);
+    run.assert_fails(2, "No such file");
+    let run = vmm(&["zone", "create", &zone, "--size", "128M"]);
+    run.assert_fails(2, "already holds a zone");
+    let run = vmm(&["zone", "delete-vm", &zone, "nobody"]);
+    run.assert_fails(2, "holds no VM named 'nobody'");
 }

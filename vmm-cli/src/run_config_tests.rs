@@ -379,3 +379,45 @@ fn api_socket_paths_are_checked() {
     );
     assert!(config(&["--api-socket=relative.sock"]).is_ok());
 }
+
+#[test]
+fn zones_need_a_vm_name_and_an_existing_file() {
+    let dir = TempDir::new("zone");
+    let zone = dir.file("zone");
+    let zone = zone.to_str().unwrap();
+    let config = config(&["--zone", zone, "--vm", "web-1", "--pmem", "64M"]).unwrap();
+    let target = config.zone.as_ref().unwrap();
+    assert_eq!(
+        (target.path.to_str(), target.vm.as_str()),
+        (Some(zone), "web-1")
+    );
+    assert_eq!(config.pmem_size, Some(64 << 20));
+    let pmem = config.pmem_region().unwrap();
+    assert_eq!((pmem.start, pmem.size), (1 << 32, 64 << 20));
+    assert_eq!(config.memory_regions().len(), 2);
+    assert_eq!(
+        usage_err(&["--zone", zone]).0,
+        ErrorKind::MissingRequiredArgument
+    );
+    assert_eq!(
+        usage_err(&["--zone", zone, "--vm", "a", "--backing", "hugetlb-2m"]).0,
+        ErrorKind::ArgumentConflict
+    );
+    assert_eq!(
+        usage_err(&["--pmem", "64M"]).0,
+        ErrorKind::MissingRequiredArgument
+    );
+    let missing = dir.0.join("missing");
+    let err = config_err(&["--zone", missing.to_str().unwrap(), "--vm", "a"]);
+    assert!(
+        err.starts_with("--zone ") && err.contains("vmm zone create"),
+        "{err}"
+    );
+    let err = config_err(&["--zone", zone, "--vm", "a/b"]);
+    assert!(err.starts_with("--vm a/b: "), "{err}");
+    let err = config_err(&["--zone", zone, "--vm", "a", "--pmem", "3M"]);
+    assert!(
+        err.starts_with("--pmem 3 MiB: must be a multiple of 2 MiB"),
+        "{err}"
+    );
+}
