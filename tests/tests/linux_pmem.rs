@@ -3,6 +3,10 @@
 //! file; the VMM is killed with SIGKILL in the middle of that; the VM starts again from the
 //! zone, Linux boots, the file system mounts, e2fsck finds it clean and every file that was
 //! synced before the kill is intact. (See linux_common for the guest and where this runs.)
+//!
+//! And a zone on a DAX file system (ext4 `-o dax` on QEMU's emulated NVDIMM in the nested run's
+//! L1, or `LLFREE_VMM_DAX_DIR` on a host that has one): mapped with MAP_SYNC, it keeps a test
+//! guest's RAM through a SIGKILL as a zone in a page-cache file does.
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -12,6 +16,7 @@ mod vmm_common;
 
 use std::time::Duration;
 
+use e2e_tests::kvm_available;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{client, Scratch, VmmRun};
 
@@ -91,4 +96,51 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
         Some(synced.to_string().as_str()),
         "{checked}"
     );
+}
+
+#[test]
+fn a_zone_on_a_dax_file_system_is_mapped_with_map_sync_and_survives_a_kill() {
+    let name = "a_zone_on_a_dax_file_system_is_mapped_with_map_sync_and_survives_a_kill";
+    if !kvm_available(name) {
+        return;
+    }
+    let Some(dir) = std::env::var_os("LLFREE_VMM_DAX_DIR") else {
+        eprintln!(
+            "SKIP: {name}: no DAX file system (LLFREE_VMM_DAX_DIR); tests/linux-nested/run.sh \
+             mounts one on QEMU's emulated NVDIMM"
+        );
+        return;
+    };
+    let zone = std::path::Path::new(&dir).join(format!("zone-{}", std::process::id()));
+    let zone = zone.to_str().expect("UTF-8 path").to_owned();
+    let created = client(&["zone", "create", &zone, "--size", "256M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let inspect = || {
+        let run = client(&["zone", "inspect", "--json", &zone]);
+        assert_eq!(run.code, Some(0), "{run:#?}");
+        serde_json::from_str::<serde_json::Value>(&run.stdout).expect("JSON")
+    };
+    assert_eq!(
+        inspect()["map_sync"],
+        true,
+        "not mapped with MAP_SYNC: {:#}",
+        inspect()
+    );
+    let scratch = Scratch::new("dax-zone");
+    let socket = scratch.path("api.sock");
+    let args = ["--zone", &zone, "--vm", "vm", "--memory", "64M"];
+    let mut paused = args.to_vec();
+    paused.extend(["--workload", "write:all:0xDA7A,checkpoint:1"]);
+    let (vmm, _api) = VmmRun::start_paused(&paused, &socket);
+    assert_eq!(vmm.kill().code, None);
+    let info = inspect();
+    assert_eq!(info["recovery"]["kind"], "crash", "{info:#}");
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let mut verify = args.to_vec();
+    verify.extend(["--workload", "verify:all:0xDA7A"]);
+    VmmRun::run(&verify).assert_success();
+    let _ = std::fs::remove_file(&zone);
 }

@@ -100,6 +100,7 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
         "free_frames": info.free_frames,
         "used_frames": info.frames - info.free_frames,
         "max_vms": info.max_vms,
+        "map_sync": info.map_sync,
         "leaked_frames": info.leaked_frames,
         "lost_frames": info.lost_frames,
         "recovery": {
@@ -123,7 +124,11 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
 
 fn print_text(path: &Path, info: &ZoneInfo) {
     let frame = info.frame_size.bytes();
-    println!("zone {}", path.display());
+    let sync = match info.map_sync {
+        true => " (DAX, MAP_SYNC)",
+        false => "",
+    };
+    println!("zone {}{sync}", path.display());
     println!(
         "  size {} in {} frames: {} used, {} free",
         format_size(info.size),

@@ -86,6 +86,13 @@ impl Mapping {
         Self::map_shared_file(fd, offset, len, 0)
     }
 
+    /// A shared file mapping (PROT_READ|PROT_WRITE, kernel-chosen address) with MAP_SYNC, for a
+    /// file on a DAX file system: what is stored to it is durable without msync once it leaves
+    /// the CPU caches. Fails with EOPNOTSUPP elsewhere.
+    pub fn shared_file_sync(fd: RawFd, offset: u64, len: usize) -> io::Result<Self> {
+        Self::map_shared_file(fd, offset, len, libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC)
+    }
+
     /// Like a shared file mapping (PROT_READ|PROT_WRITE, kernel-chosen address), with every page
     /// of the range mapped by the mmap call itself (MAP_POPULATE: pages in the file are mapped in
     /// batches, missing ones allocated), so that writing all of it takes no page fault.

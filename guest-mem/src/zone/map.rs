@@ -19,12 +19,15 @@ pub struct ZoneMap {
 }
 
 impl ZoneMap {
-    /// Maps the first `len` bytes (a multiple of the file's page size) of the file `fd`.
-    pub fn new(fd: RawFd, len: u64) -> io::Result<Self> {
+    /// Maps the first `len` bytes (a multiple of the file's page size) of the file `fd`; with
+    /// `map_sync` (a file on DAX) with MAP_SYNC, so that metadata stores need no msync.
+    pub fn new(fd: RawFd, len: u64, map_sync: bool) -> io::Result<Self> {
         let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
-        Ok(Self {
-            map: Mapping::shared_file(fd, 0, len)?,
-        })
+        let map = match map_sync {
+            true => Mapping::shared_file_sync(fd, 0, len)?,
+            false => Mapping::shared_file(fd, 0, len)?,
+        };
+        Ok(Self { map })
     }
 
     /// The header at offset 0.

@@ -254,6 +254,9 @@ pub struct ZoneInfo {
     pub leaked_frames: u64,
     /// Frames a VM references that the allocator counts free, now (after recovery: 0).
     pub lost_frames: u64,
+    /// Whether the zone is mapped with MAP_SYNC (a file on a DAX file system): stores to its
+    /// metadata and frames are durable without msync.
+    pub map_sync: bool,
 }
 
 impl Zone {
@@ -291,7 +294,7 @@ impl Zone {
             }
         };
         if file.had_contents {
-            let first = ZoneMap::new(file.raw_fd(), file.page_size)
+            let first = ZoneMap::new(file.raw_fd(), file.page_size, false)
                 .map_err(io_err("cannot map the header"))?;
             match first.header().magic.load(Ordering::Acquire) {
                 0 => {}
@@ -312,7 +315,7 @@ impl Zone {
         let layout = Layout::new(frame, frames, config.max_vms, file.page_size);
         file.ensure_len(path, layout.total_len(), true)?;
         let map = Arc::new(
-            ZoneMap::new(file.raw_fd(), layout.data_off)
+            ZoneMap::new(file.raw_fd(), layout.data_off, file.map_sync)
                 .map_err(io_err("cannot map the metadata"))?,
         );
         let header = map.header();
@@ -361,7 +364,7 @@ impl Zone {
                 source,
             }
         };
-        let first = ZoneMap::new(file.raw_fd(), file.page_size.max(PAGE))
+        let first = ZoneMap::new(file.raw_fd(), file.page_size.max(PAGE), false)
             .map_err(io_err("cannot map the header"))?;
         let layout = read_header(path, first.header())?;
         drop(first);
@@ -381,7 +384,7 @@ impl Zone {
             });
         }
         let map = Arc::new(
-            ZoneMap::new(file.raw_fd(), layout.data_off)
+            ZoneMap::new(file.raw_fd(), layout.data_off, file.map_sync)
                 .map_err(io_err("cannot map the metadata"))?,
         );
         let region = ZoneMetaRegion::new(Arc::clone(&map), layout);
@@ -647,6 +650,7 @@ impl Zone {
             recovery: self.recovery,
             leaked_frames: check.leaked,
             lost_frames: check.lost,
+            map_sync: self.pool.uses_map_sync(),
         })
     }
 }
