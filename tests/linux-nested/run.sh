@@ -34,7 +34,7 @@ ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem)
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
-    xz-utils seabios e2fsprogs)
+    xz-utils seabios e2fsprogs ndctl)
 # QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.
 QEMU_SUITE=bookworm-backports
 QEMU_MIN_VERSION=1:10
@@ -168,6 +168,8 @@ l1_initramfs() {
     done
     cp /sbin/mke2fs "$root/bin/mke2fs.real"
     copy_libraries /sbin/mke2fs "$root"
+    cp /usr/bin/ndctl "$root/bin/ndctl"
+    copy_libraries /usr/bin/ndctl "$root"
     for binary in "$@"; do
         cp "$binary" "$root/tests/"
         copy_libraries "$binary" "$root"
