@@ -159,7 +159,7 @@ fn a_pool_file_another_vmm_uses_is_refused_at_once() {
         api,
     } = paused_on_pool_file("pool-in-use", "write:all,checkpoint:1,verify:all");
     VmmRun::run(&["--memory", "16M", "--backing", &backing])
-        .assert_fails(2, &format!("pool file {pool} is in use by another process"));
+        .assert_fails(2, &format!("{pool} is in use by another process"));
     // The first VMM goes on undisturbed, and once it is gone the pool file serves again.
     send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     first

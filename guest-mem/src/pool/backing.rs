@@ -64,10 +64,10 @@ pub enum BackingError {
         #[source]
         source: io::Error,
     },
-    /// Another process (a VMM) holds the pool file.
+    /// Another process (a VMM) holds the pool file or zone.
     #[error(
-        "pool file {0} is in use by another process (one VMM per pool file; a shared zone is \
-         not supported yet)"
+        "{0} is in use by another process (a pool file or zone serves one VMM at a time; \
+         sharing a zone between VMMs is not supported yet)"
     )]
     InUse(PathBuf),
     /// The device is smaller than the pool needs.
