@@ -11,6 +11,8 @@
 //!   are counted in per-chunk bitmaps until the chunk is entirely given away.
 //! * [`GuestMemory`] implements vm-memory's `GuestMemoryBackend`, so loaders, virtio queues and
 //!   devices use it directly; their accesses populate first and never fault fatally.
+//! * A [`zone::Zone`] is a persistent pool in one file with a directory of VMs: the memory of a
+//!   VM in a zone ([`GuestMemory::new_in_zone`]) outlives the process, crashes included.
 
 mod access;
 mod discard;

@@ -14,6 +14,10 @@
 //! * A zone file may lie on any file system (tmpfs, hugetlbfs with 2 MiB or 1 GiB pages, a disk,
 //!   a DAX file system with MAP_SYNC) or be a device DAX. One VMM process uses it at a time
 //!   (flock); owners are recorded per VM.
+//! * What survives what: every store is in the file's pages at once, so a crash of the process
+//!   loses nothing. A crash of the host keeps what was synced: layout changes are msynced, a
+//!   guest's virtio-pmem flushes msync its memory; on DAX with MAP_SYNC every store is durable
+//!   once it leaves the CPU caches (eADR platforms; LLFree's `clwb` mode is not used here).
 
 mod directory;
 mod layout;
