@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use e2e_tests::kvm_available;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, Scratch, VmmRun};
+use vmm_common::{client, get, Scratch, VmmRun};
 
 /// Files the guest syncs before the kill, at least.
 const SYNCED_BEFORE_KILL: u64 = 5;
@@ -33,6 +33,7 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
     let zone = scratch.path("zone");
     let created = client(&["zone", "create", &zone, "--size", "512M"]);
     assert_eq!(created.code, Some(0), "{created:#?}");
+    let socket = scratch.path("api.sock");
     let vm = |extra: &str| {
         let line = cmdline(&format!("llfree.test=pmem {extra}"));
         let args = [
@@ -46,6 +47,8 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
             "128M",
             "--cmdline",
             &line,
+            "--api-socket",
+            &socket,
         ];
         VmmRun::start(&guest.args(&args))
     };
@@ -61,6 +64,11 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
         &format!("LLFREE-L2 synced {SYNCED_BEFORE_KILL}"),
         Duration::from_secs(120),
     );
+    // Linux's syncs reached the device: each is a flush request, answered after an msync.
+    let memory = get(&writer.api(&socket), "/memory");
+    let flushes = memory["pmem"]["flushes"].as_u64().unwrap_or(0);
+    assert!(flushes >= SYNCED_BEFORE_KILL, "pmem flushes: {memory:#}");
+    assert_eq!(memory["pmem"]["size_mib"], 128, "{memory:#}");
     // Somewhere in the middle of the next file.
     std::thread::sleep(Duration::from_millis(150));
     let killed = writer.kill();

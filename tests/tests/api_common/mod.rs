@@ -80,6 +80,7 @@ impl VmmControl for TestVmm {
     fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
         assert!(!self.panic_on_memory, "memory_info failed on purpose");
         Ok(MemoryInfo {
+            pmem: None,
             guest: GuestMemoryInfo {
                 chunk_size_kib: 2048,
                 chunks: 128,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use virtio_balloon::Violations;
 
 use crate::config::{GuestConfig, VmConfig};
+use crate::devices::pmem::PmemHandle;
 
 /// Run state of the VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,11 +218,25 @@ pub struct MemoryInfo {
     pub vcpus: Vec<VcpuMemoryInfo>,
     /// The pool the guest's frames come from.
     pub pool: PoolInfo,
+    /// The virtio-pmem device's memory, if the VM has one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pmem: Option<PmemInfo>,
+}
+
+/// A virtio-pmem device's memory in `GET /memory`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PmemInfo {
+    /// Guest physical address of its first byte.
+    pub guest_address: u64,
+    /// Its size in MiB.
+    pub size_mib: u64,
+    /// Flush requests of the guest, each answered after the memory was written back.
+    pub flushes: u64,
 }
 
 impl MemoryInfo {
-    /// Collects the counters of `memory` and its pool.
-    pub fn collect(memory: &GuestMemory) -> Self {
+    /// Collects the counters of `memory`, its pool and the VM's virtio-pmem device `pmem`.
+    pub fn collect(memory: &GuestMemory, pmem: Option<&PmemHandle>) -> Self {
         let stats = memory.stats();
         let pool = PoolInfo::collect(memory.pool());
         let chunk_size = memory
@@ -258,6 +273,11 @@ impl MemoryInfo {
                 })
                 .collect(),
             pool,
+            pmem: pmem.map(|pmem| PmemInfo {
+                guest_address: pmem.start,
+                size_mib: pmem.size >> 20,
+                flushes: pmem.flushes(),
+            }),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! 4 bytes (the type) and a writable one of at least 4 bytes (the answer); anything else is put
 //! in the used ring unanswered and counted as a warning (rate-limited).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
@@ -37,6 +38,24 @@ struct Active {
     interrupt: Arc<Interrupt>,
 }
 
+/// What the control API shows of a virtio-pmem device: where its memory is and how often the
+/// guest flushed it.
+#[derive(Debug, Clone)]
+pub struct PmemHandle {
+    /// Guest physical address of its memory.
+    pub start: u64,
+    /// Bytes of memory.
+    pub size: u64,
+    flushes: Arc<AtomicU64>,
+}
+
+impl PmemHandle {
+    /// Flush requests answered so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+}
+
 /// A virtio-pmem device over `[start, start + size)` of guest memory.
 #[derive(Debug)]
 pub struct PmemDevice {
@@ -45,7 +64,7 @@ pub struct PmemDevice {
     memory: Memory,
     active: Option<Active>,
     warnings: GuestWarnings,
-    flushes: u64,
+    flushes: Arc<AtomicU64>,
 }
 
 impl PmemDevice {
@@ -57,13 +76,17 @@ impl PmemDevice {
             memory,
             active: None,
             warnings: GuestWarnings::default(),
-            flushes: 0,
+            flushes: Arc::default(),
         }
     }
 
-    /// Flush requests answered so far.
-    pub fn flushes(&self) -> u64 {
-        self.flushes
+    /// The device's handle for the control API.
+    pub fn handle(&self) -> PmemHandle {
+        PmemHandle {
+            start: self.start,
+            size: self.size,
+            flushes: Arc::clone(&self.flushes),
+        }
     }
 
     /// The config space: `le64 start; le64 size`.
@@ -96,7 +119,7 @@ impl PmemDevice {
         let answer = match mem.read_obj::<u32>(request).map(u32::from_le) {
             Ok(REQ_TYPE_FLUSH) => match self.memory.sync(GuestAddress(self.start), self.size) {
                 Ok(()) => {
-                    self.flushes += 1;
+                    self.flushes.fetch_add(1, Ordering::Relaxed);
                     RESP_OK
                 }
                 Err(e) => {
@@ -307,7 +330,7 @@ mod tests {
         );
         assert_eq!(mock.used().idx().load(), 1);
         assert_eq!(mock.used().ring().ref_at(0).unwrap().load().len(), 4);
-        assert_eq!(device.flushes(), 1);
+        assert_eq!(device.handle().flushes(), 1);
         assert_eq!(irq.read().unwrap(), 1);
     }
 
@@ -336,7 +359,7 @@ mod tests {
         for slot in 1..5 {
             assert_eq!(mock.used().ring().ref_at(slot).unwrap().load().len(), 0);
         }
-        assert_eq!(device.flushes(), 0);
+        assert_eq!(device.handle().flushes(), 0);
         assert!(device.warnings.count() >= 5);
         // Notifications for other queues, and after a reset, are ignored.
         device.process_queue(3);

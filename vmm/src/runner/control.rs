@@ -69,7 +69,7 @@ impl VmmControl for Session {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
-        Ok(MemoryInfo::collect(self.memory()))
+        Ok(MemoryInfo::collect(self.memory(), self.pmem_handle()))
     }
 
     fn pause(&self) -> Result<(), ControlError> {
@@ -202,7 +202,7 @@ mod tests {
             .unwrap(),
         );
         let devices = create_devices(&config, &memory).unwrap();
-        Session::new(config, memory, devices.balloon)
+        Session::new(config, memory, devices.balloon, devices.pmem)
     }
 
     fn session() -> Session {

@@ -19,7 +19,7 @@ use crate::boot::VirtioMmioEntry;
 use crate::config::VmConfig;
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
-use crate::devices::pmem::PmemDevice;
+use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport};
 use crate::devices::virtio::VirtioDevice;
@@ -177,6 +177,8 @@ pub(super) struct Devices {
     pub mmio: VirtioMmioDevices,
     /// The balloon, for the control API.
     pub balloon: Option<BalloonHandle>,
+    /// The virtio-pmem device, for the control API.
+    pub pmem: Option<PmemHandle>,
 }
 
 /// Creates the devices `config` asks for over `memory`: the balloon first (in
@@ -193,11 +195,20 @@ pub(super) fn create_devices(
         }
         None => None,
     };
-    if let Some(region) = config.pmem_region() {
-        let pmem = PmemDevice::new(memory.clone(), region.start, region.size);
-        mmio.add(memory.clone(), Arc::new(Mutex::new(pmem)))?;
-    }
-    Ok(Devices { mmio, balloon })
+    let pmem = match config.pmem_region() {
+        Some(region) => {
+            let device = PmemDevice::new(memory.clone(), region.start, region.size);
+            let handle = device.handle();
+            mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
+            Some(handle)
+        }
+        None => None,
+    };
+    Ok(Devices {
+        mmio,
+        balloon,
+        pmem,
+    })
 }
 
 #[cfg(test)]
@@ -300,7 +311,9 @@ mod tests {
             )
             .unwrap(),
         );
-        let Devices { mut mmio, balloon } = create_devices(&config, &memory).unwrap();
+        let Devices {
+            mut mmio, balloon, ..
+        } = create_devices(&config, &memory).unwrap();
         let balloon = balloon.expect("a balloon");
         let entry = VirtioMmioEntry {
             base: virtio_mmio_base(BALLOON_SLOT).unwrap(),

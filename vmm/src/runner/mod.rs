@@ -225,8 +225,9 @@ fn run_checked(
     let devices::Devices {
         mmio: mut devices,
         balloon,
+        pmem,
     } = devices::create_devices(&config, &guest_memory)?;
-    let session = Arc::new(Session::new(config, guest_memory, balloon));
+    let session = Arc::new(Session::new(config, guest_memory, balloon, pmem));
     let guest = match &session.config().guest {
         GuestConfig::TestGuest(workload) => Guest::Test(workload, console),
         GuestConfig::Linux(linux) => Guest::Linux(

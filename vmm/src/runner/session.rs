@@ -10,6 +10,7 @@ use super::{RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::devices::i8042::I8042Device;
+use crate::devices::pmem::PmemHandle;
 use crate::devices::GuestWarnings;
 use crate::testguest::TestGuestError;
 use crate::vm::control::{StopReason, VmControl};
@@ -47,6 +48,8 @@ pub(super) struct Session {
     memory: Arc<GuestMemory>,
     /// The balloon, if the VM has one.
     balloon: Option<BalloonHandle>,
+    /// The virtio-pmem device, if any.
+    pmem: Option<PmemHandle>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
@@ -65,12 +68,19 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// A session for `config` over `memory`, with the VM's balloon if it has one.
-    pub fn new(config: VmConfig, memory: Arc<GuestMemory>, balloon: Option<BalloonHandle>) -> Self {
+    /// A session for `config` over `memory`, with the VM's balloon and virtio-pmem device if it
+    /// has them.
+    pub fn new(
+        config: VmConfig,
+        memory: Arc<GuestMemory>,
+        balloon: Option<BalloonHandle>,
+        pmem: Option<PmemHandle>,
+    ) -> Self {
         Session {
             config,
             memory,
             balloon,
+            pmem,
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
             phase: Mutex::new(Phase::Setup),
@@ -94,6 +104,11 @@ impl Session {
     /// The balloon, if the VM has one.
     pub fn balloon_handle(&self) -> Option<&BalloonHandle> {
         self.balloon.as_ref()
+    }
+
+    /// The virtio-pmem device, if the VM has one.
+    pub fn pmem_handle(&self) -> Option<&PmemHandle> {
+        self.pmem.as_ref()
     }
 
     /// Makes `keyboard` the VM's keyboard controller (for Ctrl-Alt-Del); the first one stays.

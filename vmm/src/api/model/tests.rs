@@ -11,7 +11,7 @@ fn memory_info_reports_a_real_eager_guest_memory_and_its_pool() {
         ..MemoryConfig::new(vec![(GuestAddress(0), 16 << 20)], 2)
     };
     let memory = GuestMemory::new(pool, config).expect("guest memory");
-    let info = MemoryInfo::collect(&memory);
+    let info = MemoryInfo::collect(&memory, None);
     assert_eq!(info.guest.chunk_size_kib, 2048);
     assert_eq!((info.guest.chunks, info.guest.populated_chunks), (8, 8));
     assert_eq!(info.guest.populated_bytes, 16 << 20);
