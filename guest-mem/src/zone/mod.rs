@@ -346,12 +346,16 @@ impl Zone {
         })?;
         let pool = Pool::assemble(llfree, file, layout.data_off, frame);
         scrub_all(&pool, frames).map_err(io_err("cannot clean the frames"))?;
-        drop(pool);
         layout.write(header);
         map.sync(0, layout.data_off)
             .map_err(io_err("cannot sync the metadata"))?;
         header.magic.store(MAGIC, Ordering::Release);
-        map.sync(0, PAGE).map_err(io_err("cannot sync the header"))
+        map.sync(0, PAGE)
+            .map_err(io_err("cannot sync the header"))?;
+        // Only now: the pool holds the file's lock, which keeps other processes out until the
+        // zone is complete; dropping it marks the allocator shut down cleanly.
+        drop(pool);
+        Ok(())
     }
 
     /// Opens the zone in `path` for a VMM with `cores` LLFree cores: recovers the allocator,
