@@ -195,6 +195,11 @@ fn a_zone_whose_creation_was_cut_short_is_never_used_and_can_be_created_again() 
     assert!(matches!(err, ZoneError::NotAZone { .. }), "{err}");
     let err = Zone::create(&path.0, &zone_config(32 * MIB)).unwrap_err();
     assert!(matches!(err, ZoneError::NotAZone { .. }), "{err}");
+    // An empty file (a creation killed at once) holds no zone; create makes one in it.
+    file.set_len(0).expect("truncate");
+    let err = Zone::open(&path.0, 1).unwrap_err();
+    assert!(matches!(err, ZoneError::Empty(_)), "{err}");
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create in an empty file");
     let missing = TempZone::new("missing");
     let err = Zone::open(&missing.0, 1).unwrap_err();
     assert!(err.to_string().contains("No such file"), "{err}");

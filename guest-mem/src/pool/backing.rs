@@ -216,6 +216,11 @@ impl BackingFile {
         }
     }
 
+    /// Bytes the file or device held when it was opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
     /// The raw fd, for mmap and fallocate.
     pub fn raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()

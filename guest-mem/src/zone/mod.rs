@@ -86,6 +86,9 @@ pub enum ZoneError {
         /// The first word found.
         magic: u64,
     },
+    /// The file is too short to hold even a zone's header.
+    #[error("{0} holds no zone (it is empty or shorter than a zone's header)")]
+    Empty(PathBuf),
     /// The zone's creation never finished.
     #[error(
         "{0}: the zone's creation never finished (the process creating it stopped); create it \
@@ -365,6 +368,10 @@ impl Zone {
     pub fn open(path: &Path, cores: usize) -> Result<Arc<Self>, ZoneError> {
         let started = Instant::now();
         let file = BackingFile::open(path, false)?;
+        // Reading a header past the end of the file would fault (SIGBUS).
+        if file.len() < PAGE {
+            return Err(ZoneError::Empty(path.to_owned()));
+        }
         let io_err = |what| {
             move |source| ZoneError::Io {
                 path: path.to_owned(),
