@@ -113,10 +113,13 @@ impl FrameTable {
         self.entries[chunk].store(EMPTY, Ordering::Release);
     }
 
-    /// Chunks mapped now.
+    /// Chunks backed by a frame: mapped now, or (a VM in a zone) recorded in the zone and mapped
+    /// on first touch.
     pub fn populated(&self) -> usize {
         (0..self.len())
-            .filter(|&c| matches!(self.state(c), ChunkState::Mapped(_)))
+            .filter(|&c| {
+                matches!(self.state(c), ChunkState::Mapped(_)) || self.persisted(c).is_some()
+            })
             .count()
     }
 }

@@ -158,13 +158,17 @@ impl GuestRegion {
         if offset >= self.size() {
             return None;
         }
-        match self.table.state((offset / self.chunk.bytes()) as usize) {
-            ChunkState::Mapped(index) => Some(Frame {
-                index,
-                size: self.chunk,
-            }),
-            _ => None,
-        }
+        let chunk = (offset / self.chunk.bytes()) as usize;
+        let index = match self.table.state(chunk) {
+            ChunkState::Mapped(index) => index,
+            // A VM in a zone: its frame, mapped on the chunk's first touch in this process.
+            ChunkState::Empty => self.table.persisted(chunk)?,
+            ChunkState::Busy => return None,
+        };
+        Some(Frame {
+            index,
+            size: self.chunk,
+        })
     }
 
     /// The chunk holding host address `addr`.
