@@ -6,30 +6,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{touch, Vm, MIB};
+use common::{touch, TempFile, Vm, MIB};
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
 use vm_memory::{Bytes, GuestAddress};
-
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str) -> Self {
-        let dir =
-            std::env::var_os("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
-        let path = dir.join(format!("guest-mem-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        Self(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn file_config(path: &TempFile, size: u64, format: bool) -> PoolConfig {
     PoolConfig::new(

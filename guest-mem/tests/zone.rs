@@ -8,39 +8,17 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use common::MIB;
+use common::{TempFile, MIB};
 use guest_mem::zone::{RecoveryKind, VmLayout, Zone, ZoneConfig, ZoneError, DEFAULT_MAX_VMS};
 use guest_mem::{FrameSize, GuestMemory, MemoryConfig, Populate, Population};
 use vm_memory::{Bytes, GuestAddress};
 
 /// The environment variable that turns [`crashing_child`] into a child process's work.
 const CHILD_ENV: &str = "GUEST_MEM_ZONE_CHILD";
-
-struct TempZone(PathBuf);
-
-impl TempZone {
-    fn new(name: &str) -> Self {
-        let dir =
-            std::env::var_os("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
-        Self::in_dir(&dir, name)
-    }
-
-    fn in_dir(dir: &Path, name: &str) -> Self {
-        let path = dir.join(format!("guest-mem-zone-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        Self(path)
-    }
-}
-
-impl Drop for TempZone {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn zone_config(size: u64) -> ZoneConfig {
     ZoneConfig {
@@ -76,7 +54,7 @@ fn read_text(memory: &GuestMemory, addr: u64) -> [u8; 16] {
 
 #[test]
 fn a_vm_keeps_its_memory_across_closing_and_reopening_the_zone() {
-    let path = TempZone::new("reopen");
+    let path = TempFile::new("zone-reopen");
     Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
     let zone = Zone::open(&path.0, 4).expect("open");
     assert_eq!(zone.recovery().kind, RecoveryKind::Clean);
@@ -120,7 +98,7 @@ fn a_vm_keeps_its_memory_across_closing_and_reopening_the_zone() {
 
 #[test]
 fn attaching_checks_names_layouts_and_owners() {
-    let path = TempZone::new("attach");
+    let path = TempFile::new("zone-attach");
     Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
     let zone = Zone::open(&path.0, 4).expect("open");
     let vm = zone.attach("a", &layout(32 * MIB)).expect("attach");
@@ -152,7 +130,7 @@ fn attaching_checks_names_layouts_and_owners() {
 
 #[test]
 fn deleting_a_vm_frees_its_frames_and_gc_releases_free_memory() {
-    let path = TempZone::new("delete");
+    let path = TempFile::new("zone-delete");
     Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
     let zone = Zone::open(&path.0, 4).expect("open");
     let memory = open_memory(&zone, "gone", 16 * MIB);
@@ -175,7 +153,7 @@ fn deleting_a_vm_frees_its_frames_and_gc_releases_free_memory() {
 
 #[test]
 fn a_zone_whose_creation_was_cut_short_is_never_used_and_can_be_created_again() {
-    let path = TempZone::new("half");
+    let path = TempFile::new("zone-half");
     Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
     let err = Zone::create(&path.0, &zone_config(32 * MIB)).unwrap_err();
     assert!(matches!(err, ZoneError::Exists(_)), "{err}");
@@ -199,7 +177,7 @@ fn a_zone_whose_creation_was_cut_short_is_never_used_and_can_be_created_again() 
     let err = Zone::open(&path.0, 1).unwrap_err();
     assert!(matches!(err, ZoneError::Empty(_)), "{err}");
     Zone::create(&path.0, &zone_config(32 * MIB)).expect("create in an empty file");
-    let missing = TempZone::new("missing");
+    let missing = TempFile::new("zone-missing");
     let err = Zone::open(&missing.0, 1).unwrap_err();
     assert!(err.to_string().contains("No such file"), "{err}");
 }
@@ -214,7 +192,7 @@ fn tables_offset(path: &Path) -> u64 {
 
 #[test]
 fn corrupted_frame_tables_are_refused_with_a_clear_error() {
-    let path = TempZone::new("corrupt");
+    let path = TempFile::new("zone-corrupt");
     Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
     let zone = Zone::open(&path.0, 1).expect("open");
     let memory = open_memory(&zone, "vm", 8 * MIB);
@@ -293,7 +271,7 @@ fn crashing_child() {
 
 #[test]
 fn recovery_after_sigkill_frees_leaked_frames_and_takes_back_lost_ones() {
-    let path = TempZone::new("crash");
+    let path = TempFile::new("zone-crash");
     Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
     crash_child(&path.0);
     let zone = Zone::open(&path.0, 2).expect("open after the crash");
@@ -312,7 +290,7 @@ fn recovery_after_sigkill_frees_leaked_frames_and_takes_back_lost_ones() {
 fn zones_live_on_tmpfs_and_hugetlbfs() {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
-        let path = TempZone::in_dir(shm, "tmpfs");
+        let path = TempFile::in_dir(shm, "zone-tmpfs");
         Zone::create(&path.0, &zone_config(32 * MIB)).expect("create on tmpfs");
         let zone = Zone::open(&path.0, 1).expect("open");
         let memory = open_memory(&zone, "vm", 8 * MIB);
@@ -394,7 +372,7 @@ fn on_hugetlbfs(frame: FrameSize, pages: u64) {
 
 #[test]
 fn balloon_bitmaps_outlive_the_process_until_taken_back() {
-    let path = TempZone::new("pieces");
+    let path = TempFile::new("zone-pieces");
     Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
     let zone = Zone::open(&path.0, 1).expect("open");
     let memory = open_memory(&zone, "vm", 8 * MIB);

@@ -2,6 +2,7 @@
 //! when KVM is not usable here.
 #![allow(dead_code, unused_imports)] // Each test file uses its own part.
 
+use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 use guest_mem::testing::{self, KvmError};
@@ -95,5 +96,30 @@ impl Vm {
                 .map(|h| h.join().expect("join"))
                 .collect()
         })
+    }
+}
+
+/// A file path for one test, the file removed before and after.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    /// `guest-mem-NAME-PID` in cargo's temporary directory for tests (or the system's).
+    pub fn new(name: &str) -> Self {
+        let dir =
+            std::env::var_os("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+        Self::in_dir(&dir, name)
+    }
+
+    /// `guest-mem-NAME-PID` in `dir`.
+    pub fn in_dir(dir: &Path, name: &str) -> Self {
+        let path = dir.join(format!("guest-mem-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
