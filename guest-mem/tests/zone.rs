@@ -217,6 +217,11 @@ fn corrupted_frame_tables_are_refused_with_a_clear_error() {
     }
     file.write_all_at(&[0; 8], table + 8).expect("write");
     Zone::open(&path.0, 1).expect("repaired");
+    // A truncated file is refused before anything maps past its end.
+    let len = file.metadata().expect("metadata").len();
+    file.set_len(len - 4096).expect("truncate");
+    let err = Zone::open(&path.0, 1).unwrap_err();
+    assert!(matches!(err, ZoneError::Truncated { .. }), "{err}");
 }
 
 /// Runs [`crashing_child`] in a child process on `zone`, waits until it is ready and kills it

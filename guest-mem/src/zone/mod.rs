@@ -111,8 +111,8 @@ pub enum ZoneError {
         /// What is wrong.
         what: String,
     },
-    /// The file is shorter than its zone.
-    #[error("zone {path} needs {need} bytes, but the file holds {have} (truncated?)")]
+    /// The file or device is shorter than its zone.
+    #[error("zone {path} needs {need} bytes, but the file or device holds {have} (truncated?)")]
     Truncated {
         /// The file.
         path: PathBuf,
@@ -390,12 +390,12 @@ impl Zone {
                 "its frames are not aligned to the file system's pages",
             ));
         }
-        let have = file.as_file().metadata().map(|m| m.len()).unwrap_or(0);
-        if file.as_file().metadata().is_ok_and(|m| m.is_file()) && have < layout.total_len() {
+        // A file or device shorter than its header says would fault (SIGBUS) on access.
+        if file.len() < layout.total_len() {
             return Err(ZoneError::Truncated {
                 path: path.to_owned(),
                 need: layout.total_len(),
-                have,
+                have: file.len(),
             });
         }
         let map = Arc::new(
