@@ -67,9 +67,12 @@ fn a_vm_keeps_its_memory_across_closing_and_reopening_the_zone() {
         .expect("write");
     assert_eq!(memory.stats().populated_chunks, 2);
     drop(memory);
+    let id = zone.id();
     drop(zone);
 
     let zone = Zone::open(&path.0, 4).expect("reopen");
+    assert_eq!(zone.id(), id, "a zone keeps its identity");
+    assert_ne!(id, 0);
     let info = zone.info().expect("info");
     assert_eq!(zone.recovery().kind, RecoveryKind::Clean);
     assert_eq!((info.leaked_frames, info.lost_frames), (0, 0));
@@ -142,13 +145,15 @@ fn deleting_a_vm_frees_its_frames_and_gc_releases_free_memory() {
     drop(memory);
     let info = zone.info().expect("info");
     assert_eq!(info.free_frames, info.frames - 8);
+    let old_id = zone.info().expect("info").vms[0].id;
     assert_eq!(zone.delete_vm("gone").expect("delete"), 8);
     let info = zone.info().expect("info");
     assert_eq!((info.free_frames, info.vms.len()), (info.frames, 0));
     assert_eq!(zone.release_free_frames().expect("gc"), info.frames);
-    // A new VM of the same name starts empty.
+    // A new VM of the same name starts empty, and is another VM.
     let memory = open_memory(&zone, "gone", 16 * MIB);
     assert_eq!(memory.read_obj::<u8>(GuestAddress(0)).expect("read"), 0);
+    assert_ne!(zone.info().expect("info").vms[0].id, old_id);
 }
 
 #[test]

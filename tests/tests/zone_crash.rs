@@ -229,6 +229,12 @@ fn the_guest_finds_its_ram_as_it_was_at_the_kill() {
     let info = inspect(&zone);
     assert_eq!(info["recovery"]["kind"], "crash", "{info:#}");
     assert_consistent(&info, "after the kill");
+    assert_eq!(info["id"].as_str().map(str::len), Some(32), "{info:#}");
+    assert_eq!(
+        info["vms"][0]["id"].as_str().map(str::len),
+        Some(16),
+        "{info:#}"
+    );
     assert_eq!(info["vms"][0]["frames"], 32, "{info:#}");
     let mut verify = args.to_vec();
     verify.extend(["--workload", "verify:all:0xFEED"]);

@@ -94,6 +94,7 @@ fn inspect(path: &Path, as_json: bool) -> Result<(), ZoneError> {
 fn to_json(info: &ZoneInfo) -> serde_json::Value {
     let frame = info.frame_size.bytes();
     json!({
+        "id": format!("{:032x}", info.id),
         "size_bytes": info.size,
         "frame_size_kib": frame >> 10,
         "frames": info.frames,
@@ -111,6 +112,7 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
         },
         "vms": info.vms.iter().map(|vm| json!({
             "name": vm.name,
+            "id": format!("{:016x}", vm.id),
             "memory_bytes": vm.layout.bytes(),
             "regions": vm.layout.regions.iter()
                 .map(|(start, size)| json!({"start": start, "size": size}))
@@ -128,7 +130,7 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         true => " (DAX, MAP_SYNC)",
         false => "",
     };
-    println!("zone {}{sync}", path.display());
+    println!("zone {}{sync}, id {:032x}", path.display(), info.id);
     println!(
         "  size {} in {} frames: {} used, {} free",
         format_size(info.size),

@@ -29,6 +29,17 @@ pub fn punch_hole(file: &impl AsRawFd, offset: u64, len: u64) -> io::Result<()> 
     fallocate(file, FallocateMode::PunchHole, true, offset, len).map_err(io::Error::from)
 }
 
+/// A random u64 from the kernel (getrandom), for identities that must differ between objects.
+pub fn random_u64() -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(bytes))
+}
+
 /// The kernel thread id of the calling thread, as userfaultfd reports it.
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and cannot fail.

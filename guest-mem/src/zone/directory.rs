@@ -27,7 +27,8 @@ const NAME: usize = 3;
 const CHUNK_ORDER: usize = NAME + MAX_NAME / 8;
 const REGION_COUNT: usize = CHUNK_ORDER + 1;
 const REGIONS: usize = REGION_COUNT + 1;
-const SLOT_WORDS: usize = REGIONS + 2 * MAX_REGIONS;
+const ID: usize = REGIONS + 2 * MAX_REGIONS;
+const SLOT_WORDS: usize = ID + 1;
 
 /// A VM's RAM: its chunk size and its regions as (guest address, size).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,8 +156,15 @@ impl<'a> Slot<'a> {
         check_layout(&layout, zone).is_ok().then_some(layout)
     }
 
-    /// Writes the name and layout (checked by the caller) of a slot about to be activated.
-    pub fn write(&self, name: &str, layout: &VmLayout) {
+    /// The VM's identity: random, set when it was created (another VM of the same name later
+    /// has another).
+    pub fn id(&self) -> u64 {
+        self.get(ID)
+    }
+
+    /// Writes the name, layout (checked by the caller) and identity of a slot about to be
+    /// activated.
+    pub fn write(&self, name: &str, layout: &VmLayout, id: u64) {
         let mut bytes = [0u8; MAX_NAME];
         bytes[..name.len()].copy_from_slice(name.as_bytes());
         for (i, word) in bytes.chunks(8).enumerate() {
@@ -172,6 +180,7 @@ impl<'a> Slot<'a> {
             self.set(REGIONS + 2 * i, *start);
             self.set(REGIONS + 2 * i + 1, *size);
         }
+        self.set(ID, id);
         self.set(OWNER, 0);
     }
 }
@@ -249,11 +258,12 @@ mod tests {
             chunk_size: FrameSize::Huge,
             regions: vec![(0, 32 << 20), (1 << 32, 64 << 20)],
         };
-        slot.write("vm-1.test_a", &layout);
+        slot.write("vm-1.test_a", &layout, 42);
         slot.activate();
         assert_eq!(slot.state(), SlotState::Active);
         assert_eq!(slot.name().as_deref(), Some("vm-1.test_a"));
         assert_eq!(slot.layout(&zone), Some(layout));
+        assert_eq!(slot.id(), 42);
         slot.mark_deleting();
         assert_eq!(slot.state(), SlotState::Deleting);
         words[STATE].store(7, Ordering::Relaxed);
@@ -271,6 +281,7 @@ mod tests {
                 chunk_size: FrameSize::Huge,
                 regions: vec![(0, 2 << 20)],
             },
+            1,
         );
         words[NAME_LEN].store(65, Ordering::Relaxed);
         assert_eq!(slot.name(), None);

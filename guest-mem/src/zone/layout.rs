@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! 0            header (4 KiB): magic, version, the zone's parameters and offsets, the last
-//!              recovery's results
+//!              recovery's results, a random identity
 //! 4 KiB        LLFree's persistent metadata (meta page, child entries, bitfields)
 //! dir          the VM directory: one 4 KiB slot per VM (name, RAM layout, owner, state)
 //! tables       per slot: its persistent frame table (one u64 per chunk), then its balloon
@@ -61,6 +61,8 @@ pub struct Header {
     pub last_leaked: AtomicU64,
     pub last_lost: AtomicU64,
     pub last_nanos: AtomicU64,
+    /// The zone's identity: random, set at creation (a snapshot names the zone it belongs to).
+    pub id: [AtomicU64; 2],
 }
 
 /// The offsets of a zone's parts, computed from its parameters.

@@ -230,6 +230,8 @@ pub struct Zone {
 pub struct VmInfo {
     /// The name.
     pub name: String,
+    /// Its identity, drawn at random when it was created.
+    pub id: u64,
     /// Its RAM.
     pub layout: VmLayout,
     /// Chunks backed by a frame.
@@ -243,6 +245,8 @@ pub struct VmInfo {
 /// What `vmm zone inspect` shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZoneInfo {
+    /// The zone's identity.
+    pub id: u128,
     /// Bytes of frames.
     pub size: u64,
     /// The frame size.
@@ -350,6 +354,10 @@ impl Zone {
         let pool = Pool::assemble(llfree, file, layout.data_off, frame);
         scrub_all(&pool, frames).map_err(io_err("cannot clean the frames"))?;
         layout.write(header);
+        for word in &header.id {
+            let id = sys::random_u64().map_err(io_err("cannot draw the zone's identity"))?;
+            word.store(id, Ordering::Relaxed);
+        }
         map.sync(0, layout.data_off)
             .map_err(io_err("cannot sync the metadata"))?;
         header.magic.store(MAGIC, Ordering::Release);
@@ -451,6 +459,12 @@ impl Zone {
         self.recovery
     }
 
+    /// The zone's identity, drawn at random when it was created.
+    pub fn id(&self) -> u128 {
+        let [low, high] = &self.map.header().id;
+        u128::from(low.load(Ordering::Relaxed)) | u128::from(high.load(Ordering::Relaxed)) << 64
+    }
+
     fn slot(&self, index: u64) -> Slot<'_> {
         Slot::new(self.map.words(self.layout.dir_off + index * PAGE, PAGE / 8))
     }
@@ -543,7 +557,8 @@ impl Zone {
         let slot = self.slot(index);
         let tables = self.table_offset(index);
         self.map.zero(tables, self.layout.slot_tables);
-        slot.write(name, layout);
+        let id = sys::random_u64().map_err(self.io_err("cannot draw the VM's identity"))?;
+        slot.write(name, layout, id);
         let sync = self.io_err("cannot sync the directory");
         self.map
             .sync(tables, self.layout.slot_tables)
@@ -641,6 +656,7 @@ impl Zone {
                 let bitmap = self.map.words(self.pieces_offset(i), chunks * pieces / 64);
                 VmInfo {
                     name: slot.name().expect("checked when opened"),
+                    id: slot.id(),
                     frames: table
                         .iter()
                         .filter(|e| e.load(Ordering::Relaxed) != 0)
@@ -656,6 +672,7 @@ impl Zone {
             .collect();
         let llfree = self.pool.allocator();
         Ok(ZoneInfo {
+            id: self.id(),
             size: self.layout.data_len(),
             frame_size: self.layout.frame_size,
             frames: self.layout.vm_chunks(),
