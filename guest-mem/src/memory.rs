@@ -151,6 +151,9 @@ pub enum MemoryError {
     /// A snapshot does not fit the configuration or the pool.
     #[error("frame table snapshot does not fit: {0}")]
     Snapshot(String),
+    /// The RAM ranges or chunk size differ from the layout of the VM in its zone.
+    #[error("the RAM ranges differ from VM '{0}' in the zone")]
+    ZoneLayout(String),
 }
 
 /// The frames of a detached guest memory, to map them again later.
@@ -241,10 +244,7 @@ impl GuestMemory {
         let layout = vm.layout();
         let ranges: Vec<_> = config.ranges.iter().map(|(a, s)| (a.0, *s)).collect();
         if ranges != layout.regions || config.chunk_size.is_some_and(|c| c != layout.chunk_size) {
-            return Err(MemoryError::Snapshot(format!(
-                "the RAM ranges differ from VM '{}' in the zone",
-                vm.name()
-            )));
+            return Err(MemoryError::ZoneLayout(vm.name().to_owned()));
         }
         let pool = Arc::clone(vm.zone().pool());
         let memory = Self::build_with(pool, &config, Some(vm))?;

@@ -393,25 +393,9 @@ impl GuestRegion {
         result.map_err(|source| RegionError::Punch { chunk, source })
     }
 
-    /// Writes `[offset, offset + len)` of the region back to its backing (msync), page-aligned
-    /// outwards.
+    /// Writes `[offset, offset + len)` of the region (inside it) back to its backing (msync).
     pub(crate) fn sync(&self, offset: u64, len: u64) -> io::Result<()> {
-        let start = offset / FRAME_SIZE as u64 * FRAME_SIZE as u64;
-        let end = (offset + len)
-            .next_multiple_of(FRAME_SIZE as u64)
-            .min(self.size());
-        // SAFETY: the range lies inside this region's mapping; msync changes no memory.
-        let rc = unsafe {
-            libc::msync(
-                (self.host.addr() + start as usize) as *mut _,
-                (end - start) as usize,
-                libc::MS_SYNC,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        mmap::sync(self.host.addr() + offset as usize, len as usize)
     }
 
     /// Unmaps every chunk without freeing its frame and returns the frames (detach).

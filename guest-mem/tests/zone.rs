@@ -309,6 +309,8 @@ fn zones_live_on_tmpfs_and_hugetlbfs() {
         let zone = Zone::open(&path.0, 1).expect("reopen");
         let memory = open_memory(&zone, "vm", 8 * MIB);
         assert_eq!(memory.read_obj::<u8>(GuestAddress(MIB)).expect("read"), 5);
+    } else {
+        eprintln!("SKIP: zones_live_on_tmpfs_and_hugetlbfs: tmpfs part: no /dev/shm");
     }
     on_hugetlbfs(FrameSize::Huge, 24);
     // 1 GiB pages: the metadata takes the first page, one 1 GiB frame the second.
@@ -321,7 +323,10 @@ fn on_hugetlbfs(frame: FrameSize, pages: u64) {
     let kib = frame.bytes() >> 10;
     let pages = match common::HugePages::reserve(kib, pages) {
         Ok(pages) => pages,
-        Err(why) => return eprintln!("SKIP hugetlbfs zone of {} pages: {why}", frame.name()),
+        Err(why) => {
+            let page = frame.name();
+            return eprintln!("SKIP: zones_live_on_tmpfs_and_hugetlbfs: {page} pages: {why}");
+        }
     };
     let mount =
         std::env::temp_dir().join(format!("guest-mem-hugetlbfs-{kib}-{}", std::process::id()));
@@ -332,7 +337,9 @@ fn on_hugetlbfs(frame: FrameSize, pages: u64) {
         .status();
     if !status.is_ok_and(|s| s.success()) {
         let _ = std::fs::remove_dir(&mount);
-        return eprintln!("SKIP hugetlbfs zone: cannot mount hugetlbfs (not root?)");
+        return eprintln!(
+            "SKIP: zones_live_on_tmpfs_and_hugetlbfs: cannot mount hugetlbfs (not root?)"
+        );
     }
     let result = std::panic::catch_unwind(|| {
         let path = mount.join("zone");

@@ -225,6 +225,18 @@ unsafe fn touch_pages(addr: usize, len: usize) {
     }
 }
 
+/// Writes the pages of `[addr, addr + len)` (widened to whole 4 KiB pages) back to the file they
+/// map (msync with MS_SYNC); private pages have nothing to write.
+pub fn sync(addr: usize, len: usize) -> io::Result<()> {
+    let start = addr & !(PAGE - 1);
+    let end = (addr + len).next_multiple_of(PAGE);
+    // SAFETY: msync changes no memory; a range that is not mapped fails with ENOMEM.
+    if unsafe { libc::msync(start as *mut _, end - start, libc::MS_SYNC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether `fd` can be mapped with MAP_SYNC (a file on a DAX file system or a DAX device).
 pub fn supports_map_sync(fd: RawFd, offset: u64, len: usize) -> bool {
     let flags = libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use llfree::MetaRegion;
 
-use super::layout::{Header, Layout, PAGE};
-use crate::sys::mmap::Mapping;
+use super::layout::{Header, Layout};
+use crate::sys::mmap::{self, Mapping};
 
 /// A `MAP_SHARED` mapping of the metadata part of a zone file.
 #[derive(Debug)]
@@ -51,21 +51,8 @@ impl ZoneMap {
     /// Writes the range `[offset, offset + len)` back to the file (msync), so that it survives
     /// a crash of the host, not only of the process.
     pub fn sync(&self, offset: u64, len: u64) -> io::Result<()> {
-        let start = offset / PAGE * PAGE;
-        let len = (offset + len - start) as usize;
-        // SAFETY: the range lies inside this mapping (callers pass ranges of its parts); msync
-        // changes no memory.
-        let rc = unsafe {
-            libc::msync(
-                (self.map.addr() + start as usize) as *mut _,
-                len.min(self.map.len() - start as usize),
-                libc::MS_SYNC,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        let end = (offset + len).min(self.map.len() as u64);
+        mmap::sync(self.map.addr() + offset as usize, (end - offset) as usize)
     }
 
     /// Zeroes the byte range `[offset, offset + len)` (8-byte aligned) through the mapping.

@@ -297,13 +297,7 @@ impl Zone {
         }
         let file = BackingFile::open(path, true)?;
         check_page_size(path, &file, frame)?;
-        let io_err = |what| {
-            move |source| ZoneError::Io {
-                path: path.to_owned(),
-                what,
-                source,
-            }
-        };
+        let io_err = |what| io_error(path, what);
         if file.had_contents {
             let first = ZoneMap::new(file.raw_fd(), file.page_size, false)
                 .map_err(io_err("cannot map the header"))?;
@@ -380,13 +374,7 @@ impl Zone {
         if file.len() < PAGE {
             return Err(ZoneError::Empty(path.to_owned()));
         }
-        let io_err = |what| {
-            move |source| ZoneError::Io {
-                path: path.to_owned(),
-                what,
-                source,
-            }
-        };
+        let io_err = |what| io_error(path, what);
         let first = ZoneMap::new(file.raw_fd(), file.page_size.max(PAGE), false)
             .map_err(io_err("cannot map the header"))?;
         let layout = read_header(path, first.header())?;
@@ -493,11 +481,7 @@ impl Zone {
     }
 
     fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> ZoneError + '_ {
-        move |source| ZoneError::Io {
-            path: self.path.clone(),
-            what,
-            source,
-        }
+        io_error(&self.path, what)
     }
 
     /// Attaches this process to the VM called `name`, creating it with `layout` if the zone has
@@ -680,8 +664,8 @@ impl Zone {
             max_vms: self.layout.max_vms,
             vms,
             recovery: self.recovery,
-            leaked_frames: check.leaked,
-            lost_frames: check.lost,
+            leaked_frames: check.leaked.len() as u64,
+            lost_frames: check.lost.len() as u64,
             map_sync: self.pool.uses_map_sync(),
         })
     }
@@ -781,6 +765,15 @@ fn check_page_size(path: &Path, file: &BackingFile, frame: FrameSize) -> Result<
         });
     }
     Ok(())
+}
+
+/// The error of `what` failing on the zone in `path`.
+fn io_error<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> ZoneError + 'a {
+    move |source| ZoneError::Io {
+        path: path.to_owned(),
+        what,
+        source,
+    }
 }
 
 fn corrupted(path: &Path, what: impl Into<String>) -> ZoneError {

@@ -72,12 +72,10 @@ impl RecoveryReport {
 
 /// The frames every VM references, and how they disagree with the allocator.
 pub(super) struct Check {
-    /// One bit per frame of the zone's frame size.
-    referenced: Vec<u64>,
-    /// Frames allocated but referenced by no VM.
-    pub leaked: u64,
+    /// Frames (first 4 KiB frame numbers) allocated but referenced by no VM.
+    pub leaked: Vec<u64>,
     /// Frames referenced but free.
-    pub lost: u64,
+    pub lost: Vec<u64>,
 }
 
 impl Zone {
@@ -128,30 +126,24 @@ impl Zone {
                 *word |= 1 << (bit % 64);
             }
         }
-        let (mut leaked, mut lost) = (0, 0);
+        let (mut leaked, mut lost) = (Vec::new(), Vec::new());
         let states = self.pool.allocator().frame_states(size.order());
         for (bit, state) in states.enumerate() {
             let is_referenced = referenced[bit / 64] & (1 << (bit % 64)) != 0;
+            let frame = bit as u64 * size.base_frames();
             match (is_referenced, state) {
                 (_, FrameState::Mixed) => {
                     return Err(corrupted(
                         &self.path,
-                        format!(
-                            "frame {} is partly allocated",
-                            bit as u64 * size.base_frames()
-                        ),
+                        format!("frame {frame} is partly allocated"),
                     ))
                 }
-                (true, FrameState::Free) => lost += 1,
-                (false, FrameState::Allocated) => leaked += 1,
+                (true, FrameState::Free) => lost.push(frame),
+                (false, FrameState::Allocated) => leaked.push(frame),
                 _ => {}
             }
         }
-        Ok(Check {
-            referenced,
-            leaked,
-            lost,
-        })
+        Ok(Check { leaked, lost })
     }
 
     /// Recovers the directory after an open: finishes deletions, clears stale owners (this
@@ -172,37 +164,29 @@ impl Zone {
                 _ => {}
             }
         }
-        let check = self.check()?;
-        if check.leaked == 0 && check.lost == 0 {
-            return Ok((0, 0));
-        }
+        let Check { leaked, lost } = self.check()?;
         let size = self.layout.frame_size;
-        let llfree = self.pool.allocator();
-        let (mut leaked, mut lost) = (0, 0);
-        for bit in 0..self.layout.vm_chunks() {
-            let index = bit * size.base_frames();
-            let frame = Frame { index, size };
-            let id = FrameId(index as usize);
-            let is_referenced = check.referenced[bit as usize / 64] & (1 << (bit % 64)) != 0;
-            let free = llfree.is_free(id, size.order());
-            if is_referenced && free {
-                llfree.get_at(id, size.order()).map_err(|e| {
+        for &index in &lost {
+            self.pool
+                .allocator()
+                .get_at(FrameId(index as usize), size.order())
+                .map_err(|e| {
                     corrupted(
                         &self.path,
                         format!("cannot allocate frame {index} again: {e}"),
                     )
                 })?;
-                lost += 1;
-            } else if !is_referenced && !free {
-                self.pool
-                    .scrub(frame)
-                    .map_err(self.io_err("cannot scrub a leaked frame"))?;
-                self.pool.free(0, frame).map_err(|e| {
-                    corrupted(&self.path, format!("cannot free leaked frame {index}: {e}"))
-                })?;
-                leaked += 1;
-            }
         }
+        for &index in &leaked {
+            let frame = Frame { index, size };
+            self.pool
+                .scrub(frame)
+                .map_err(self.io_err("cannot scrub a leaked frame"))?;
+            self.pool.free(0, frame).map_err(|e| {
+                corrupted(&self.path, format!("cannot free leaked frame {index}: {e}"))
+            })?;
+        }
+        let (leaked, lost) = (leaked.len() as u64, lost.len() as u64);
         if leaked + lost > 0 {
             log::info!(
                 "zone {}: recovery freed {leaked} leaked frames and allocated {lost} lost ones \

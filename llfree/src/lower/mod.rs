@@ -39,7 +39,7 @@ const GIANT_CHILDREN: usize = 1 << (GIANT_ORDER - HUGE_ORDER);
 /// A child that is part of a giant frame.
 const GIANT_CHILD: Child = Child::new(0, GIANT);
 /// A child that is an order-9 frame.
-const HUGE_CHILD: Child = Child::new(0, HUGE);
+pub(crate) const HUGE_CHILD: Child = Child::new(0, HUGE);
 /// A child that is half of an order-10 frame.
 const PAIR_CHILD: Child = Child::new(0, HUGE | PAIR);
 
