@@ -4,6 +4,7 @@
 #[cfg(test)]
 mod fuzz_tests;
 mod process;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::{debug, error, warn};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddressSpace;
@@ -24,6 +25,7 @@ use crate::spec::VIRTIO_ID_BALLOON;
 use crate::stats::GuestStats;
 use crate::violations::{Violation, Violations};
 use process::Handler;
+pub use state::{ActiveState, BalloonState, Reactivation};
 
 /// Errors of the balloon device.
 #[derive(Debug, Error)]
@@ -71,10 +73,13 @@ pub enum BalloonError {
     /// Raising an interrupt failed.
     #[error("cannot notify the guest: {0}")]
     Notify(#[source] io::Error),
+    /// A saved state cannot be restored.
+    #[error("cannot restore the balloon: {0}")]
+    BadState(String),
 }
 
 /// What the device did, as the host sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct BalloonCounters {
     /// 4 KiB pages the guest has given away and not taken back.
     pub inflated_pages: u64,
@@ -272,6 +277,27 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
         if self.active.is_some() {
             return Err(BalloonError::AlreadyActive);
         }
+        let active = self.check_activation(memory, acked_features, queues, notifier)?;
+        let layout = active.layout;
+        self.active = Some(active);
+        for role in layout.roles() {
+            if let Err(e) = self.process_role(role) {
+                self.reset();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks what a driver hands over on activation (features, queues) and makes the state of
+    /// an active device of it.
+    fn check_activation(
+        &self,
+        memory: M,
+        acked_features: u64,
+        queues: impl IntoIterator<Item = (u16, Queue)>,
+        notifier: Arc<dyn GuestNotifier>,
+    ) -> Result<Active<M>, BalloonError> {
         let unoffered = acked_features & !self.device_features();
         if unoffered != 0 {
             return Err(BalloonError::UnofferedFeatures(unoffered));
@@ -295,7 +321,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
                 return Err(BalloonError::MissingQueue { index, role });
             }
         }
-        self.active = Some(Active {
+        Ok(Active {
             memory,
             acked_features,
             layout,
@@ -303,14 +329,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
             notifier,
             held_stats: None,
             needs_reset: false,
-        });
-        for role in layout.roles() {
-            if let Err(e) = self.process_role(role) {
-                self.reset();
-                return Err(e);
-            }
-        }
-        Ok(())
+        })
     }
 
     /// Handles a driver notification on queue `index`. Notifications while inactive are

@@ -98,7 +98,9 @@ pub use config::{
     pages_from_bytes, pages_from_mib, BalloonConfig, ConfigError, ConfigSpace, DEFAULT_QUEUE_SIZE,
     MAX_TARGET_BYTES,
 };
-pub use device::{Balloon, BalloonCounters, BalloonError, BalloonInfo};
+pub use device::{
+    ActiveState, Balloon, BalloonCounters, BalloonError, BalloonInfo, BalloonState, Reactivation,
+};
 pub use pfn_list::MAX_PFNS_PER_CHAIN;
 pub use queues::{QueueLayout, QueueRole};
 pub use stats::{GuestStats, MAX_STATS_BUFFER_BYTES};

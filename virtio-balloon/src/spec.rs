@@ -78,4 +78,6 @@ pub mod stat_tag {
     pub const ASYNC_RECLAIM: u16 = 14;
     /// Memory reclaimed directly, bytes (Linux extension).
     pub const DIRECT_RECLAIM: u16 = 15;
+    /// The highest tag of the spec.
+    pub const MAX: u16 = DIRECT_RECLAIM;
 }

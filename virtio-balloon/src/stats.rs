@@ -72,6 +72,24 @@ impl GuestStats {
         copy.slot(tag).and_then(|slot| *slot)
     }
 
+    /// The statistics the guest sent, as (tag, value) pairs in tag order.
+    pub fn entries(&self) -> Vec<(u16, u64)> {
+        (0..=stat_tag::MAX)
+            .filter_map(|tag| Some((tag, self.get(tag)?)))
+            .collect()
+    }
+
+    /// Statistics from (tag, value) pairs; unknown tags are left out.
+    pub fn from_entries(entries: &[(u16, u64)]) -> Self {
+        let mut stats = Self::default();
+        for &(tag, value) in entries {
+            if let Some(slot) = stats.slot(tag) {
+                *slot = Some(value);
+            }
+        }
+        stats
+    }
+
     fn slot(&mut self, tag: u16) -> Option<&mut Option<u64>> {
         Some(match tag {
             stat_tag::SWAP_IN => &mut self.swap_in,

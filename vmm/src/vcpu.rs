@@ -13,8 +13,9 @@ use std::sync::Once;
 use kvm_bindings::kvm_run;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
+use crate::arch::x86_64::state::VcpuState;
 use crate::devices::Bus;
-use crate::vm::control::{StopReason, VmControl};
+use crate::vm::control::{Checkpoint, StopReason, VmControl};
 
 /// The device buses vCPUs dispatch exits to.
 #[derive(Debug, Default)]
@@ -43,6 +44,8 @@ pub enum VcpuExitReason {
 pub struct Vcpu {
     index: usize,
     fd: VcpuFd,
+    /// The MSRs its state includes, for snapshots.
+    msrs_to_save: std::sync::Arc<[u32]>,
 }
 
 thread_local! {
@@ -99,8 +102,12 @@ impl Drop for ClearKvmRun {
 }
 
 impl Vcpu {
-    pub(crate) fn new(index: usize, fd: VcpuFd) -> Self {
-        Vcpu { index, fd }
+    pub(crate) fn new(index: usize, fd: VcpuFd, msrs_to_save: std::sync::Arc<[u32]>) -> Self {
+        Vcpu {
+            index,
+            fd,
+            msrs_to_save,
+        }
     }
 
     /// Index of this vCPU (also its KVM vCPU id and APIC id).
@@ -140,9 +147,36 @@ impl Vcpu {
         reason
     }
 
+    /// Waits at the control's checkpoint while paused, reading the vCPU's state when asked to.
+    /// Returns `false` when the vCPU must stop.
+    fn checkpoint(&mut self, control: &VmControl) -> bool {
+        loop {
+            match control.vcpu_checkpoint(self.index) {
+                Checkpoint::Run => return true,
+                Checkpoint::Stop => return false,
+                Checkpoint::Save => control.vcpu_saved(self.index, self.save_state()),
+            }
+        }
+    }
+
+    /// Completes the I/O of the last exit (KVM finishes an emulated instruction, such as a port
+    /// read, on the next `KVM_RUN`: one with `immediate_exit` set does only that) and reads the
+    /// vCPU's state.
+    fn save_state(&mut self) -> Result<VcpuState, String> {
+        self.fd.set_kvm_immediate_exit(1);
+        let completed = match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Ok(()),
+            Err(e) => Err(format!("completing its last I/O: KVM_RUN: {e}")),
+            Ok(exit) => Err(format!("completing its last I/O: unexpected exit {exit:?}")),
+        };
+        self.fd.set_kvm_immediate_exit(0);
+        completed?;
+        VcpuState::save(&self.fd, &self.msrs_to_save).map_err(|e| e.to_string())
+    }
+
     fn run_loop(&mut self, buses: &Buses, control: &VmControl) -> VcpuExitReason {
         loop {
-            if control.is_pending() && !control.vcpu_checkpoint() {
+            if control.is_pending() && !self.checkpoint(control) {
                 return VcpuExitReason::Stopped;
             }
             match self.fd.run() {

@@ -165,12 +165,17 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
         fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
         filter_pmu_msrs(&kvm, &fd)?;
         register_memslots(&kvm, &fd, memory.as_ref())?;
+        let msrs_to_save: Arc<[u32]> = kvm
+            .get_msr_index_list()
+            .map_err(kvm_err("KVM_GET_MSR_INDEX_LIST"))?
+            .as_slice()
+            .into();
         let vcpus = (0..vcpu_count)
             .map(|index| {
                 let vcpu_fd = fd
                     .create_vcpu(index as u64)
                     .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-                Ok(Vcpu::new(index, vcpu_fd))
+                Ok(Vcpu::new(index, vcpu_fd, msrs_to_save.clone()))
             })
             .collect::<Result<Vec<_>, VmError>>()?;
         Ok(Vm {

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use virtio_queue::QueueState;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::*;
@@ -436,4 +437,70 @@ fn chains_with_indirect_descriptors_are_refused_unread() {
         !info.needs_reset,
         "refusing a chain does not stop the device"
     );
+}
+
+#[test]
+fn a_restored_balloon_goes_on_where_the_saved_one_stood() {
+    let mem = guest_memory();
+    let mut balloon = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    let mut driver = Driver::new(&mem, 4, QUEUE_SIZE);
+    let notifier = Arc::new(CountingNotifier::default());
+    driver.write(BUFFERS, &stats_entry(stat_tag::MEMFREE, 1 << 30));
+    let held = driver.add_chain(STATS, &[(BUFFERS, 10, false)]);
+    activate_all_features(&mut balloon, &mem, &driver, &notifier);
+    balloon.set_target_mib(8).unwrap();
+    let len = driver.write_pfns(BUFFERS, &[0x300, 0x301]);
+    driver.add_chain(INFLATE, &[(BUFFERS, len, false)]);
+    balloon.process_queue(INFLATE).unwrap();
+    assert_eq!(driver.take_used(INFLATE).len(), 1);
+
+    let state = balloon.save_state();
+    let queues = balloon.queue_states();
+    assert_eq!(queues.len(), 4);
+    assert_eq!(
+        queues[usize::from(INFLATE)].1.next_used,
+        1,
+        "the device's own queue"
+    );
+    assert_eq!(state.active.unwrap().held_stats, Some(held));
+
+    // A new device, as another process makes it, gets the state and the saved queues.
+    let mut restored = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    let reactivation = |queues: &[(u16, QueueState)]| Reactivation {
+        memory: mem.clone(),
+        queues: queues
+            .iter()
+            .map(|(index, state)| (*index, Queue::try_from(*state).unwrap()))
+            .collect::<Vec<_>>(),
+        notifier: notifier.clone() as Arc<dyn GuestNotifier>,
+    };
+    restored
+        .restore(&state, Some(reactivation(&queues)))
+        .unwrap();
+    assert_eq!(restored.save_state(), state);
+    assert_eq!(restored.info().stats.free_memory, Some(1 << 30));
+    assert_eq!(restored.target_pages(), 2048);
+    // The held statistics buffer goes back to the driver when the timer asks.
+    assert!(restored.request_stats().unwrap());
+    assert_eq!(driver.take_used(STATS), [held]);
+    // The inflate queue goes on after the entry it had used.
+    let len = driver.write_pfns(BUFFERS, &[0x302]);
+    driver.add_chain(INFLATE, &[(BUFFERS, len, false)]);
+    restored.process_queue(INFLATE).unwrap();
+    assert_eq!(driver.take_used(INFLATE).len(), 1);
+    assert_eq!(restored.info().counters.inflated_pages, 3);
+
+    // A damaged state changes nothing.
+    let mut bad = state.clone();
+    bad.active.as_mut().unwrap().held_stats = Some(QUEUE_SIZE);
+    let mut fresh = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    assert!(matches!(
+        fresh.restore(&bad, Some(reactivation(&queues))),
+        Err(BalloonError::BadState(_))
+    ));
+    assert!(matches!(
+        fresh.restore(&state, None::<Reactivation<_, Vec<_>>>),
+        Err(BalloonError::BadState(_))
+    ));
+    assert!(!fresh.is_active() && fresh.target_pages() == 0);
 }

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_PMEM;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueState, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
-use crate::devices::virtio::{ActivateError, Activation, Interrupt, VirtioDevice};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice};
 use crate::devices::GuestWarnings;
 
 /// The only request type: make everything written so far durable.
@@ -223,6 +223,36 @@ impl VirtioDevice<Memory> for PmemDevice {
 
     fn reset(&mut self) {
         self.active = None;
+    }
+
+    fn queue_states(&self) -> Vec<(u16, QueueState)> {
+        self.active
+            .iter()
+            .map(|active| (0, active.queue.state()))
+            .collect()
+    }
+
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Pmem {
+            flushes: self.flushes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation<Memory>>,
+    ) -> Result<(), ActivateError> {
+        let DeviceState::Pmem { flushes } = state else {
+            return Err(ActivateError::Device(
+                format!("a virtio-pmem device cannot take the state {state:?}").into(),
+            ));
+        };
+        if let Some(activation) = activation {
+            self.activate(activation)?;
+        }
+        self.flushes.store(*flushes, Ordering::Relaxed);
+        Ok(())
     }
 }
 

@@ -17,7 +17,12 @@ use super::StopCause;
 fn api_error(error: control::ControlError) -> ControlError {
     match error {
         control::ControlError::Stopped => ControlError::InvalidState("the VM has stopped".into()),
-        control::ControlError::CalledFromVcpu => ControlError::Internal(error.to_string()),
+        control::ControlError::NotPaused => ControlError::InvalidState(
+            "the VM is not paused (PATCH /vm {\"state\":\"Paused\"})".into(),
+        ),
+        control::ControlError::CalledFromVcpu | control::ControlError::SaveFailed { .. } => {
+            ControlError::Internal(error.to_string())
+        }
     }
 }
 

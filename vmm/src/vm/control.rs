@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::arch::x86_64::state::VcpuState;
 use crate::vcpu::{self, VcpuExitReason};
 
 /// Errors of run control requests.
@@ -20,6 +21,28 @@ pub enum ControlError {
     /// `pause` was called on a vCPU thread, which would wait for itself.
     #[error("a vCPU thread cannot pause its own VM")]
     CalledFromVcpu,
+    /// The vCPUs' state can only be read while the VM is paused.
+    #[error("the VM is not paused")]
+    NotPaused,
+    /// A vCPU could not read its state.
+    #[error("vCPU {vcpu}: {message}")]
+    SaveFailed {
+        /// The vCPU.
+        vcpu: usize,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// What a vCPU is to do after [`VmControl::vcpu_checkpoint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Checkpoint {
+    /// Enter the guest.
+    Run,
+    /// Leave the run loop.
+    Stop,
+    /// Read the vCPU's state and hand it to [`VmControl::vcpu_saved`], then check in again.
+    Save,
 }
 
 /// What the VM's owner asked the vCPUs to do.
@@ -77,6 +100,10 @@ struct State {
     stop_reason: Option<StopReason>,
     /// pthread handles of the vCPU threads, to kick them.
     threads: Vec<libc::pthread_t>,
+    /// Per vCPU: asked to read its state (while paused).
+    save_requested: Vec<bool>,
+    /// Per vCPU: the state it read, once it has.
+    saved: Vec<Option<Result<VcpuState, String>>>,
 }
 
 impl State {
@@ -113,6 +140,8 @@ impl VmControl {
                 exits: vec![None; vcpu_count],
                 stop_reason: None,
                 threads: Vec::new(),
+                save_requested: vec![false; vcpu_count],
+                saved: (0..vcpu_count).map(|_| None).collect(),
             }),
             changed: Condvar::new(),
         }
@@ -238,14 +267,65 @@ impl VmControl {
         self.pending.load(Ordering::SeqCst)
     }
 
-    /// Called by a vCPU when a request is pending: waits while paused. Returns `false` when the
-    /// vCPU must stop.
-    pub(crate) fn vcpu_checkpoint(&self) -> bool {
+    /// Reads the state of every vCPU of a paused VM: each vCPU thread reads its own, where it
+    /// waits. Fails when the VM is not paused (or stops meanwhile) or a vCPU cannot read it.
+    pub fn save_vcpus(&self) -> Result<Vec<VcpuState>, ControlError> {
+        let mut state = self.lock();
+        let count = state.exits.len();
+        let all_parked = |state: &State| state.parked + state.exited() == count;
+        if state.requested != RunState::Paused || !all_parked(&state) || state.exited() > 0 {
+            return Err(ControlError::NotPaused);
+        }
+        state.save_requested.fill(true);
+        state.saved.iter_mut().for_each(|saved| *saved = None);
+        self.changed.notify_all();
+        while state.requested == RunState::Paused && state.saved.iter().any(Option::is_none) {
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.save_requested.fill(false);
+        if state.requested != RunState::Paused {
+            return Err(ControlError::Stopped);
+        }
+        // Wait until every vCPU is parked again, so that a resume finds them all where it expects.
+        while state.requested == RunState::Paused && !all_parked(&state) {
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        let saved = std::mem::take(&mut state.saved);
+        state.saved = (0..count).map(|_| None).collect();
+        saved
+            .into_iter()
+            .enumerate()
+            .map(|(vcpu, saved)| match saved {
+                Some(Ok(vcpu_state)) => Ok(vcpu_state),
+                Some(Err(message)) => Err(ControlError::SaveFailed { vcpu, message }),
+                None => Err(ControlError::Stopped),
+            })
+            .collect()
+    }
+
+    /// Called by a vCPU thread with the state it read after [`Checkpoint::Save`].
+    pub(crate) fn vcpu_saved(&self, index: usize, saved: Result<VcpuState, String>) {
+        let mut state = self.lock();
+        if let Some(slot) = state.saved.get_mut(index) {
+            *slot = Some(saved);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Called by a vCPU when a request is pending: waits while paused, and reads its state
+    /// when asked to.
+    pub(crate) fn vcpu_checkpoint(&self, index: usize) -> Checkpoint {
         let mut state = self.lock();
         loop {
             match state.requested {
-                RunState::Running => return true,
-                RunState::Stopped => return false,
+                RunState::Running => return Checkpoint::Run,
+                RunState::Stopped => return Checkpoint::Stop,
+                RunState::Paused
+                    if state.save_requested.get(index) == Some(&true)
+                        && state.saved.get(index).is_some_and(Option::is_none) =>
+                {
+                    return Checkpoint::Save;
+                }
                 RunState::Paused => {
                     state.parked += 1;
                     self.changed.notify_all();
@@ -290,7 +370,16 @@ mod tests {
             .map(|index| {
                 let control = control.clone();
                 std::thread::spawn(move || {
-                    while !control.is_pending() || control.vcpu_checkpoint() {
+                    loop {
+                        if control.is_pending() {
+                            match control.vcpu_checkpoint(index) {
+                                Checkpoint::Run => {}
+                                Checkpoint::Stop => break,
+                                Checkpoint::Save => {
+                                    control.vcpu_saved(index, Err(format!("fake vCPU {index}")))
+                                }
+                            }
+                        }
                         std::thread::yield_now();
                     }
                     control.vcpu_exited(index, VcpuExitReason::Stopped);
@@ -307,7 +396,17 @@ mod tests {
         assert_eq!(control.state(), RunState::Running);
         control.pause().unwrap();
         assert_eq!(control.lock().parked, 2);
+        // Each parked vCPU answers a save request (these fake ones with an error).
+        assert_eq!(
+            control.save_vcpus().unwrap_err(),
+            ControlError::SaveFailed {
+                vcpu: 0,
+                message: "fake vCPU 0".into()
+            }
+        );
+        assert_eq!(control.lock().parked, 2, "parked again");
         control.resume().unwrap();
+        assert_eq!(control.save_vcpus().unwrap_err(), ControlError::NotPaused);
         control.request_stop(StopReason::GuestExit(3));
         control.request_stop(StopReason::Requested);
         assert!(control.wait_for_exit(Some(Duration::from_secs(10))));

@@ -17,6 +17,7 @@ pub mod mptable;
 pub mod msr;
 pub mod paging;
 pub mod regs;
+pub mod state;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 

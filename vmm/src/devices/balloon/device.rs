@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use log::warn;
-use virtio_balloon::{Balloon, BalloonConfig, BalloonError, GuestNotifier};
+use virtio_balloon::{Balloon, BalloonConfig, BalloonError, GuestNotifier, Reactivation};
+use virtio_queue::QueueState;
 
 use super::backend::GuestMemBackend;
 use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::virtio::{ActivateError, Activation, Interrupt, VirtioDevice};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice};
 
 /// The queues' guest memory.
 pub type Memory = Arc<GuestMemory>;
@@ -102,5 +103,37 @@ impl VirtioDevice<Memory> for BalloonDevice {
 
     fn reset(&mut self) {
         self.balloon.reset();
+    }
+
+    fn queue_states(&self) -> Vec<(u16, QueueState)> {
+        self.balloon.queue_states()
+    }
+
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Balloon(self.balloon.save_state())
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation<Memory>>,
+    ) -> Result<(), ActivateError> {
+        let DeviceState::Balloon(state) = state else {
+            return Err(ActivateError::Device(
+                format!("a virtio-balloon cannot take the state {state:?}").into(),
+            ));
+        };
+        let reactivation = activation.map(|activation| Reactivation {
+            memory: activation.memory,
+            queues: activation
+                .queues
+                .into_iter()
+                .map(|q| (q.index, q.queue))
+                .collect::<Vec<_>>(),
+            notifier: Arc::new(InterruptNotifier(activation.interrupt)) as Arc<dyn GuestNotifier>,
+        });
+        self.balloon
+            .restore(state, reactivation)
+            .map_err(|e| ActivateError::Device(Box::new(e)))
     }
 }

@@ -79,6 +79,26 @@ impl Interrupt {
         self.config_generation.load(Ordering::Acquire)
     }
 
+    /// The state to save in a snapshot.
+    pub fn save_state(&self) -> super::state::InterruptSnapshot {
+        super::state::InterruptSnapshot {
+            status: self.status(),
+            config_generation: self.config_generation(),
+            needs_reset: self.needs_reset(),
+        }
+    }
+
+    /// Restores a saved state (raising nothing: the interrupt controller's state has the line).
+    pub fn restore_state(&self, state: &super::state::InterruptSnapshot) {
+        self.status.store(
+            state.status & (INT_USED_RING | INT_CONFIG),
+            Ordering::Release,
+        );
+        self.config_generation
+            .store(state.config_generation, Ordering::Release);
+        self.needs_reset.store(state.needs_reset, Ordering::Release);
+    }
+
     /// Clears all pending status (device reset).
     pub(crate) fn reset(&self) {
         self.needs_reset.store(false, Ordering::Release);

@@ -7,14 +7,16 @@
 
 pub mod interrupt;
 pub mod mmio;
+pub mod state;
 
 use std::sync::Arc;
 
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueState};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use interrupt::Interrupt;
+pub use state::DeviceState;
 
 /// Device status bits (virtio 1.2 §2.1), from virtio-bindings.
 pub mod status {
@@ -86,4 +88,18 @@ pub trait VirtioDevice<M: GuestAddressSpace>: Send {
     fn process_queue(&mut self, index: u16);
     /// Stops the device and drops its queues; it must be ready for a new activation.
     fn reset(&mut self);
+    /// The positions of the queues an active device holds, by queue index (the transport's
+    /// copies stop at the activation); empty while inactive.
+    fn queue_states(&self) -> Vec<(u16, QueueState)>;
+    /// The device's own state, for a snapshot.
+    fn save_state(&self) -> DeviceState;
+    /// Restores a saved state into a device fresh from its constructor; a device that was
+    /// active gets its queues in `activation`. Unlike [`Self::activate`] it processes nothing
+    /// (buffers made available wait for the next notification). The state comes from a file:
+    /// everything is checked, and a state of another device type is refused.
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation<M>>,
+    ) -> Result<(), ActivateError>;
 }

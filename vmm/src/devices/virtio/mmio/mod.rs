@@ -12,11 +12,12 @@ mod status;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::warn;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::interrupt::Interrupt;
+use super::state::{MmioSnapshot, QueueSnapshot};
 use super::status::{DRIVER, DRIVER_OK, FAILED, FEATURES_OK};
 use super::{Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::bus::BusDevice;
@@ -40,6 +41,9 @@ pub enum MmioError {
     /// Creating an event fd failed.
     #[error("event fd: {0}")]
     EventFd(#[source] std::io::Error),
+    /// A saved state does not fit the device or is inconsistent.
+    #[error("cannot restore the device: {0}")]
+    BadState(String),
 }
 
 /// Driver-visible transport state, guarded by one lock.
@@ -275,34 +279,24 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
         }
     }
 
-    fn activate(&self, state: &mut TransportState<M>, base: u64) {
-        let mut queues = Vec::new();
+    /// The queues the driver made ready, checked against guest memory, for the device.
+    fn active_queues(&self, state: &TransportState<M>) -> Result<Vec<ActiveQueue>, String> {
         let memory = state.memory.memory();
         let event_idx = state.driver_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let mut queues = Vec::new();
         // Queue indices are u16 in virtio; the device has fewer queues.
         for (index, queue) in (0u16..).zip(&state.queues) {
             if !queue.ready() {
                 continue;
             }
             if !queue.is_valid(&*memory) {
-                self.warnings.warn(format_args!(
-                    "virtio-mmio@{base:#x}: queue {index} became invalid; not activating"
-                ));
-                return self.fail_activation();
+                return Err(format!("queue {index} became invalid"));
             }
-            let notifier = match self.notifiers[usize::from(index)].try_clone() {
-                Ok(fd) => fd,
-                Err(e) => {
-                    warn!("virtio-mmio@{base:#x}: cannot clone notifier: {e}");
-                    return self.fail_activation();
-                }
-            };
-            let Ok(mut queue) = Queue::try_from(queue.state()) else {
-                self.warnings.warn(format_args!(
-                    "virtio-mmio@{base:#x}: queue {index} state is inconsistent"
-                ));
-                return self.fail_activation();
-            };
+            let notifier = self.notifiers[usize::from(index)]
+                .try_clone()
+                .map_err(|e| format!("cannot clone the notifier of queue {index}: {e}"))?;
+            let mut queue = Queue::try_from(queue.state())
+                .map_err(|_| format!("queue {index} state is inconsistent"))?;
             queue.set_event_idx(event_idx);
             queues.push(ActiveQueue {
                 index,
@@ -310,7 +304,18 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
                 notifier,
             });
         }
-        drop(memory);
+        Ok(queues)
+    }
+
+    fn activate(&self, state: &mut TransportState<M>, base: u64) {
+        let queues = match self.active_queues(state) {
+            Ok(queues) => queues,
+            Err(e) => {
+                self.warnings
+                    .warn(format_args!("virtio-mmio@{base:#x}: {e}; not activating"));
+                return self.fail_activation();
+            }
+        };
         let activation = Activation {
             memory: state.memory.clone(),
             acked_features: state.driver_features,
@@ -326,6 +331,102 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
                 self.fail_activation();
             }
         }
+    }
+
+    /// The transport's and the device's state, for a snapshot of a paused VM.
+    pub fn save_state(&self) -> MmioSnapshot {
+        let state = lock(&self.state);
+        let device = lock(&self.device);
+        let mut queues: Vec<QueueSnapshot> =
+            state.queues.iter().map(|q| q.state().into()).collect();
+        for (index, queue) in device.queue_states() {
+            if let Some(slot) = queues.get_mut(usize::from(index)) {
+                *slot = queue.into();
+            }
+        }
+        MmioSnapshot {
+            device_type: self.device_type,
+            device_status: state.device_status,
+            device_features_sel: state.device_features_sel,
+            driver_features_sel: state.driver_features_sel,
+            driver_features: state.driver_features,
+            queue_sel: state.queue_sel,
+            queues,
+            activated: state.activated,
+            interrupt: self.interrupt.save_state(),
+            device: device.save_state(),
+        }
+    }
+
+    /// Restores a saved state into a transport fresh from [`Self::new`], and its device; a
+    /// device that was active is handed its queues again. Everything is checked as if a driver
+    /// had written it; on error the transport is reset.
+    pub fn restore_state(&self, saved: &MmioSnapshot) -> Result<(), MmioError> {
+        let mut state = lock(&self.state);
+        let result = self.restore_locked(&mut state, saved);
+        if result.is_err() {
+            self.reset(&mut state);
+        }
+        result
+    }
+
+    fn restore_locked(
+        &self,
+        state: &mut TransportState<M>,
+        saved: &MmioSnapshot,
+    ) -> Result<(), MmioError> {
+        let bad = |why: String| MmioError::BadState(why);
+        if saved.device_type != self.device_type {
+            return Err(bad(format!(
+                "a device of type {} cannot take the state of type {}",
+                self.device_type, saved.device_type
+            )));
+        }
+        if saved.queues.len() != state.queues.len() {
+            return Err(bad(format!(
+                "{} queues saved, the device has {}",
+                saved.queues.len(),
+                state.queues.len()
+            )));
+        }
+        if saved.driver_features & !self.device_features != 0 {
+            return Err(bad(format!(
+                "the saved features {:#x} were not offered",
+                saved.driver_features
+            )));
+        }
+        for (index, (queue, snapshot)) in state.queues.iter_mut().zip(&saved.queues).enumerate() {
+            if snapshot.max_size != queue.max_size() {
+                return Err(bad(format!(
+                    "queue {index}: saved maximum size {} differs from {}",
+                    snapshot.max_size,
+                    queue.max_size()
+                )));
+            }
+            *queue = Queue::try_from(QueueState::from(*snapshot))
+                .map_err(|e| bad(format!("queue {index}: {e}")))?;
+        }
+        state.device_status = saved.device_status;
+        state.device_features_sel = saved.device_features_sel;
+        state.driver_features_sel = saved.driver_features_sel;
+        state.driver_features = saved.driver_features;
+        state.queue_sel = saved.queue_sel;
+        self.interrupt.restore_state(&saved.interrupt);
+        let activation = if saved.activated {
+            Some(Activation {
+                memory: state.memory.clone(),
+                acked_features: state.driver_features,
+                queues: self.active_queues(state).map_err(bad)?,
+                interrupt: self.interrupt.clone(),
+            })
+        } else {
+            None
+        };
+        lock(&self.device)
+            .restore_state(&saved.device, activation)
+            .map_err(|e| bad(e.to_string()))?;
+        state.activated = saved.activated;
+        Ok(())
     }
 
     /// Sets DEVICE_NEEDS_RESET and tells the driver (virtio 1.2 §2.1.2).

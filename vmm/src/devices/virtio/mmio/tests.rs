@@ -3,7 +3,7 @@
 use super::*;
 use crate::devices::virtio::interrupt::{INT_CONFIG, INT_USED_RING};
 use crate::devices::virtio::status::{ACKNOWLEDGE, DEVICE_NEEDS_RESET};
-use crate::devices::virtio::ActivateError;
+use crate::devices::virtio::{ActivateError, DeviceState};
 use proptest::prelude::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -81,6 +81,20 @@ impl VirtioDevice<Memory> for TestDevice {
     }
     fn reset(&mut self) {
         self.resets += 1;
+    }
+    fn queue_states(&self) -> Vec<(u16, QueueState)> {
+        Vec::new()
+    }
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Plain
+    }
+    fn restore_state(
+        &mut self,
+        state: &DeviceState,
+        activation: Option<Activation<Memory>>,
+    ) -> Result<(), ActivateError> {
+        assert_eq!(state, &DeviceState::Plain);
+        activation.map_or(Ok(()), |activation| self.activate(activation))
     }
 }
 
@@ -403,5 +417,46 @@ proptest! {
         if f.transport.is_activated() {
             prop_assert_ne!(f.status() & DRIVER_OK, 0);
         }
+    }
+}
+
+#[test]
+fn a_restored_transport_shows_the_driver_what_the_saved_one_did() {
+    let f = Fixture::new();
+    f.negotiate(VERSION_1 | TEST_FEATURES);
+    f.setup_queue(0, 16, 0x1_0000);
+    f.set_status(DRIVER_OK);
+    f.transport.interrupt().signal_config_change().unwrap();
+    let saved = f.transport.save_state();
+    assert!(saved.activated && saved.queues[0].ready && !saved.queues[1].ready);
+
+    let g = Fixture::new();
+    g.transport.restore_state(&saved).unwrap();
+    assert_eq!(g.transport.save_state(), saved);
+    assert_eq!(g.status(), f.status());
+    assert_eq!(g.read(reg::CONFIG_GENERATION), 1);
+    assert_eq!(g.read(reg::INTERRUPT_STATUS), INT_CONFIG);
+    assert_eq!(
+        g.activations(),
+        vec![(VERSION_1 | TEST_FEATURES, vec![(0, 16, 0x1_0000, true)])],
+        "the device got its queue back"
+    );
+
+    // States that do not fit are refused, and leave a reset transport.
+    let h = Fixture::new();
+    let mut other_type = saved.clone();
+    other_type.device_type = 5;
+    let mut too_few = saved.clone();
+    too_few.queues.pop();
+    let mut ring_outside = saved.clone();
+    ring_outside.queues[0].used_ring = MEM_SIZE as u64;
+    let mut unoffered = saved.clone();
+    unoffered.driver_features |= 1 << 60;
+    for bad in [other_type, too_few, ring_outside, unoffered] {
+        assert!(matches!(
+            h.transport.restore_state(&bad),
+            Err(MmioError::BadState(_))
+        ));
+        assert_eq!((h.status(), h.transport.is_activated()), (0, false));
     }
 }
