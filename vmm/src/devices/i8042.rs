@@ -83,7 +83,7 @@ const CTRL_ALT_DEL: [u8; 11] = [
 const OUTPUT_CAPACITY: usize = 64;
 
 /// What the next byte written to the data port is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum DataTarget {
     /// A keyboard command.
     Keyboard,
@@ -99,7 +99,7 @@ enum DataTarget {
     KeyboardArgument(u8),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct State {
     command_byte: u8,
     output: VecDeque<u8>,
@@ -108,6 +108,15 @@ struct State {
     status_last_was_command: bool,
     target: DataTarget,
 }
+
+/// The controller's and keyboard's state, for snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct I8042Snapshot(State);
+
+/// A saved state that cannot be restored.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot restore the i8042: {0} bytes of output, it holds {OUTPUT_CAPACITY}")]
+pub struct I8042StateError(usize);
 
 /// The controller and its keyboard.
 #[derive(Debug)]
@@ -133,6 +142,21 @@ impl I8042Device {
             reset: OnceLock::new(),
             warnings: GuestWarnings::default(),
         }
+    }
+
+    /// The state, for a snapshot.
+    pub fn save_state(&self) -> I8042Snapshot {
+        I8042Snapshot(self.lock().clone())
+    }
+
+    /// Restores a saved state.
+    pub fn restore_state(&self, snapshot: &I8042Snapshot) -> Result<(), I8042StateError> {
+        let output = snapshot.0.output.len();
+        if output > OUTPUT_CAPACITY {
+            return Err(I8042StateError(output));
+        }
+        *self.lock() = snapshot.0.clone();
+        Ok(())
     }
 
     /// The interrupt event fd.

@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::warn;
-use vm_superio::serial::SerialEvents;
+use vm_superio::serial::{SerialEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -25,6 +25,65 @@ pub enum SerialError {
     /// Queuing input failed (interrupt delivery or a full FIFO).
     #[error("serial input: {0}")]
     Input(String),
+    /// A saved state cannot be restored.
+    #[error("cannot restore the serial port: {0}")]
+    BadState(String),
+}
+
+/// The UART's registers and receive FIFO, for snapshots (vm-superio's `SerialState`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialSnapshot {
+    /// Divisor latch, low and high byte.
+    pub baud_divisor: [u8; 2],
+    /// Interrupt enable register.
+    pub interrupt_enable: u8,
+    /// Interrupt identification register.
+    pub interrupt_identification: u8,
+    /// Line control register.
+    pub line_control: u8,
+    /// Line status register.
+    pub line_status: u8,
+    /// Modem control register.
+    pub modem_control: u8,
+    /// Modem status register.
+    pub modem_status: u8,
+    /// Scratch register.
+    pub scratch: u8,
+    /// Bytes the guest has not read yet.
+    pub in_buffer: Vec<u8>,
+}
+
+impl From<SerialState> for SerialSnapshot {
+    fn from(state: SerialState) -> Self {
+        SerialSnapshot {
+            baud_divisor: [state.baud_divisor_low, state.baud_divisor_high],
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            in_buffer: state.in_buffer,
+        }
+    }
+}
+
+impl From<&SerialSnapshot> for SerialState {
+    fn from(snapshot: &SerialSnapshot) -> Self {
+        SerialState {
+            baud_divisor_low: snapshot.baud_divisor[0],
+            baud_divisor_high: snapshot.baud_divisor[1],
+            interrupt_enable: snapshot.interrupt_enable,
+            interrupt_identification: snapshot.interrupt_identification,
+            line_control: snapshot.line_control,
+            line_status: snapshot.line_status,
+            modem_control: snapshot.modem_control,
+            modem_status: snapshot.modem_status,
+            scratch: snapshot.scratch,
+            in_buffer: snapshot.in_buffer.clone(),
+        }
+    }
 }
 
 /// Raises the UART interrupt by signalling an event fd.
@@ -55,6 +114,9 @@ impl SerialEvents for RxReadyEvents {
         }
     }
 }
+
+/// Bytes in the UART's receive FIFO (vm-superio's).
+const FIFO_SIZE: usize = 64;
 
 /// The writer the UART transmits to.
 pub type SerialOutput = Box<dyn Write + Send>;
@@ -107,6 +169,39 @@ impl SerialDevice {
         self.uart
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The UART's state, for a snapshot.
+    pub fn save_state(&self) -> SerialSnapshot {
+        self.uart().state().into()
+    }
+
+    /// Restores a saved state; the output keeps going where it goes.
+    pub fn restore_state(&self, snapshot: &SerialSnapshot) -> Result<(), SerialError> {
+        let clone = |fd: &EventFd| fd.try_clone().map_err(SerialError::EventFd);
+        let (irq, rx_ready) = (clone(&self.irq)?, clone(&self.rx_ready)?);
+        if snapshot.in_buffer.len() > FIFO_SIZE {
+            return Err(SerialError::BadState(format!(
+                "{} bytes of input, the FIFO holds {FIFO_SIZE}",
+                snapshot.in_buffer.len()
+            )));
+        }
+        let mut uart = self.uart();
+        // Only the writer moves over: a stand-in holds the place while it does.
+        let stand_in = Serial::with_events(
+            EventFdTrigger(clone(&self.irq)?),
+            RxReadyEvents(clone(&self.rx_ready)?),
+            Box::new(io::sink()) as SerialOutput,
+        );
+        let out = std::mem::replace(&mut *uart, stand_in).into_writer();
+        *uart = Serial::from_state(
+            &SerialState::from(snapshot),
+            EventFdTrigger(irq),
+            RxReadyEvents(rx_ready),
+            out,
+        )
+        .map_err(|e| SerialError::BadState(format!("{e:?}")))?;
+        Ok(())
     }
 
     /// Free space in the receive FIFO.
@@ -233,6 +328,36 @@ mod tests {
         serial.read(0x3f8, DATA, &mut byte);
         assert_eq!(byte[0], b'b');
         assert_eq!(serial.rx_ready_evt().read().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_restored_uart_has_the_saved_registers_and_input_and_keeps_its_output() {
+        let (saved, _) = device();
+        saved.write(0x3f8, IER, &[IER_RDA]);
+        saved.enqueue_input(b"xyz").unwrap();
+        let state = saved.save_state();
+        assert_eq!(
+            (state.interrupt_enable, &state.in_buffer[..]),
+            (IER_RDA, &b"xyz"[..])
+        );
+
+        let (restored, out) = device();
+        restored.restore_state(&state).unwrap();
+        assert_eq!(restored.save_state(), state);
+        let mut byte = [0];
+        restored.read(0x3f8, DATA, &mut byte);
+        assert_eq!(byte[0], b'x');
+        restored.write(0x3f8, DATA, b"!");
+        assert_eq!(out.contents(), b"!");
+
+        let too_much = SerialSnapshot {
+            in_buffer: vec![0; FIFO_SIZE + 1],
+            ..state
+        };
+        assert!(matches!(
+            restored.restore_state(&too_much),
+            Err(SerialError::BadState(_))
+        ));
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub mod workload;
 
 pub use test_guest::{protocol, IMAGE};
 
-pub use report::{exit_code, CheckpointHook, Mismatch, Progress, Report, StepReport, VcpuReport};
+pub use report::{
+    exit_code, CheckpointHook, Mismatch, Progress, Report, ReportSnapshot, StepReport, VcpuReport,
+};
 pub use workload::{Workload, WorkloadError};
 
 use std::io::Cursor;

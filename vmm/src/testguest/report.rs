@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::protocol::{exit_status, report_code, REPORT_STRIDE};
 use crate::devices::{BusDevice, GuestWarnings};
 use crate::vm::control::{StopReason, VmControl};
@@ -15,7 +17,7 @@ use crate::vm::control::{StopReason, VmControl};
 pub type CheckpointHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// The first page a verification found wrong.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mismatch {
     /// Guest physical address of the page.
     pub addr: u64,
@@ -24,7 +26,7 @@ pub struct Mismatch {
 }
 
 /// What one vCPU reported for one step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepReport {
     /// The vCPU finished the step.
     pub done: bool,
@@ -46,7 +48,7 @@ pub struct Progress {
 }
 
 /// What one vCPU reported.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuReport {
     /// It reached the guest's entry point.
     pub started: bool,
@@ -138,6 +140,22 @@ impl Report {
     }
 }
 
+/// The device's state, for snapshots: per vCPU its report so far and the step it reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportSnapshot {
+    /// Per vCPU: the report and the step being reported.
+    pub vcpus: Vec<(VcpuReport, StepReport)>,
+    /// vCPUs that exited with success.
+    pub exited: u64,
+    /// Malformed reports so far.
+    pub protocol_errors: u64,
+}
+
+/// A saved state that does not fit the device.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot restore the test guest's reports: {0}")]
+pub struct ReportStateError(String);
+
 /// Per-vCPU state of the device: the report so far and the step being reported.
 #[derive(Debug, Default)]
 struct VcpuState {
@@ -156,6 +174,8 @@ pub struct ReportDevice {
     exited: AtomicU64,
     /// Malformed reports: counted, and warned about rate-limited.
     protocol_errors: GuestWarnings,
+    /// Protocol errors of the VM's life before a restore.
+    restored_protocol_errors: AtomicU64,
     control: OnceLock<Arc<VmControl>>,
     on_checkpoint: Option<CheckpointHook>,
 }
@@ -187,6 +207,7 @@ impl ReportDevice {
             vcpus: (0..vcpus).map(|_| state()).collect(),
             exited: AtomicU64::new(0),
             protocol_errors: GuestWarnings::default(),
+            restored_protocol_errors: AtomicU64::new(0),
             control: OnceLock::new(),
             on_checkpoint,
         }
@@ -201,7 +222,61 @@ impl ReportDevice {
     /// The reports so far, per vCPU, and the number of protocol errors.
     pub fn reports(&self) -> (Vec<VcpuReport>, u64) {
         let reports = self.vcpus.iter().map(|v| lock(v).report.clone()).collect();
-        (reports, self.protocol_errors.count())
+        (reports, self.protocol_errors())
+    }
+
+    fn protocol_errors(&self) -> u64 {
+        self.protocol_errors.count() + self.restored_protocol_errors.load(Ordering::Relaxed)
+    }
+
+    /// The state, for a snapshot.
+    pub fn save_state(&self) -> ReportSnapshot {
+        ReportSnapshot {
+            vcpus: self
+                .vcpus
+                .iter()
+                .map(|v| {
+                    let state = lock(v);
+                    (state.report.clone(), state.current)
+                })
+                .collect(),
+            exited: self.exited.load(Ordering::Acquire),
+            protocol_errors: self.protocol_errors(),
+        }
+    }
+
+    /// Restores a saved state into a device made for the same vCPUs and workload.
+    pub fn restore_state(&self, snapshot: &ReportSnapshot) -> Result<(), ReportStateError> {
+        if snapshot.vcpus.len() != self.vcpus.len() {
+            return Err(ReportStateError(format!(
+                "{} vCPUs saved, the VM has {}",
+                snapshot.vcpus.len(),
+                self.vcpus.len()
+            )));
+        }
+        let steps = self.vcpus.first().map_or(0, |v| lock(v).report.steps.len());
+        if let Some((report, _)) = snapshot.vcpus.iter().find(|(r, _)| r.steps.len() != steps) {
+            return Err(ReportStateError(format!(
+                "{} steps saved, the workload has {steps}",
+                report.steps.len()
+            )));
+        }
+        if snapshot.exited > self.vcpus.len() as u64 {
+            return Err(ReportStateError(format!(
+                "{} vCPUs exited of {}",
+                snapshot.exited,
+                self.vcpus.len()
+            )));
+        }
+        for (vcpu, (report, current)) in self.vcpus.iter().zip(&snapshot.vcpus) {
+            let mut state = lock(vcpu);
+            state.report = report.clone();
+            state.current = *current;
+        }
+        self.exited.store(snapshot.exited, Ordering::Release);
+        self.restored_protocol_errors
+            .store(snapshot.protocol_errors, Ordering::Relaxed);
+        Ok(())
     }
 
     /// How far the vCPUs are: the pages of the steps they finished and of those they run.

@@ -100,3 +100,24 @@ fn the_reset_command_stops_the_vm() {
     write(&device, 0x64, CMD_RESET_CPU);
     assert_eq!(control.stop_reason(), Some(StopReason::GuestReset));
 }
+
+#[test]
+fn a_restored_controller_answers_as_the_saved_one_would() {
+    let saved = device();
+    write(&saved, 0x64, CMD_WRITE_CTR);
+    write(&saved, 0x60, CTR_SYSTEM);
+    write(&saved, 0x60, KBD_GET_ID);
+    let state = saved.save_state();
+
+    let restored = device();
+    restored.restore_state(&state).unwrap();
+    assert_eq!(restored.save_state(), state);
+    assert_eq!(drain(&restored), [KBD_ACK, 0xab, 0x83]);
+    write(&restored, 0x64, CMD_READ_CTR);
+    assert_eq!(drain(&restored), [CTR_SYSTEM]);
+
+    let mut flooded = state.clone();
+    flooded.0.output = std::iter::repeat_n(0, OUTPUT_CAPACITY + 1).collect();
+    assert!(restored.restore_state(&flooded).is_err());
+    assert_eq!(drain(&restored), Vec::<u8>::new(), "unchanged");
+}
