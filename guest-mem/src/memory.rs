@@ -326,6 +326,11 @@ impl GuestMemory {
         &self.inner.regions
     }
 
+    /// The VM in a zone whose memory this is, if it is one.
+    pub fn zone_vm(&self) -> Option<&ZoneVm> {
+        self.inner.shared.zone_vm.as_ref()
+    }
+
     /// The pool the frames come from.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.inner.shared.pool

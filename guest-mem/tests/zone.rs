@@ -411,3 +411,29 @@ fn balloon_bitmaps_outlive_the_process_until_taken_back() {
     assert_eq!(memory.reclaim_all_pieces(), 512);
     assert_eq!(zone.info().expect("info").vms[0].given_away_pieces, 0);
 }
+
+#[test]
+fn a_seal_and_the_identity_of_a_vm_outlive_the_process_and_a_new_vm_has_neither() {
+    let path = TempFile::new("zone-seal");
+    Zone::create(&path.0, &zone_config(16 * MIB)).expect("create");
+    let (id, other_id) = {
+        let zone = Zone::open(&path.0, 4).expect("open");
+        let vm = zone.attach("sealed", &layout(4 * MIB)).expect("attach");
+        assert_eq!(vm.seal(), 0);
+        vm.set_seal(0x5ea1).expect("seal");
+        let other = zone.attach("other", &layout(4 * MIB)).expect("attach");
+        (vm.id(), other.id())
+    };
+    assert_ne!(id, other_id);
+    let zone = Zone::open(&path.0, 4).expect("reopen");
+    let vm = zone.attach("sealed", &layout(4 * MIB)).expect("attach");
+    assert_eq!((vm.id(), vm.seal()), (id, 0x5ea1));
+    vm.set_seal(0).expect("break the seal");
+    assert_eq!(vm.seal(), 0);
+    vm.set_seal(7).expect("seal");
+    drop(vm);
+    zone.delete_vm("sealed").expect("delete");
+    let again = zone.attach("sealed", &layout(4 * MIB)).expect("attach");
+    assert_eq!(again.seal(), 0, "a new VM in the slot is not sealed");
+    assert_ne!(again.id(), id);
+}

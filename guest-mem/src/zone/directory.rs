@@ -28,7 +28,8 @@ const CHUNK_ORDER: usize = NAME + MAX_NAME / 8;
 const REGION_COUNT: usize = CHUNK_ORDER + 1;
 const REGIONS: usize = REGION_COUNT + 1;
 const ID: usize = REGIONS + 2 * MAX_REGIONS;
-const SLOT_WORDS: usize = ID + 1;
+const SEAL: usize = ID + 1;
+const SLOT_WORDS: usize = SEAL + 1;
 
 /// A VM's RAM: its chunk size and its regions as (guest address, size).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +182,19 @@ impl<'a> Slot<'a> {
             self.set(REGIONS + 2 * i + 1, *size);
         }
         self.set(ID, id);
+        self.set(SEAL, 0);
         self.set(OWNER, 0);
+    }
+
+    /// The seal of the VM's memory: set by a snapshot, cleared when the guest runs again; 0
+    /// for none.
+    pub fn seal(&self) -> u64 {
+        self.get(SEAL)
+    }
+
+    /// Sets (or, with 0, clears) the seal.
+    pub fn set_seal(&self, seal: u64) {
+        self.set(SEAL, seal);
     }
 }
 

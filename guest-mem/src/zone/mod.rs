@@ -696,6 +696,31 @@ impl ZoneVm {
         &self.layout
     }
 
+    /// The VM's identity: drawn at random when it was created in the zone.
+    pub fn id(&self) -> u64 {
+        self.zone.slot(self.index).id()
+    }
+
+    /// The seal of the VM's memory, 0 for none: a snapshot that left the memory in the zone
+    /// seals it, and the memory is the snapshot's as long as the seal is there.
+    pub fn seal(&self) -> u64 {
+        self.zone.slot(self.index).seal()
+    }
+
+    /// Seals the VM's memory with `seal` (0: breaks the seal, as the guest is about to change
+    /// it), durably: the zone's directory is synced.
+    pub fn set_seal(&self, seal: u64) -> Result<(), ZoneError> {
+        let slot = self.zone.slot(self.index);
+        if slot.seal() == seal {
+            return Ok(());
+        }
+        slot.set_seal(seal);
+        self.zone
+            .map
+            .sync(self.zone.layout.dir_off + self.index * PAGE, PAGE)
+            .map_err(self.zone.io_err("cannot sync the directory"))
+    }
+
     /// The first chunk of region `region` in the VM's tables.
     fn first_chunk(&self, region: usize) -> u64 {
         let chunk = self.layout.chunk_size.bytes();
