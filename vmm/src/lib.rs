@@ -8,6 +8,7 @@ pub mod devices;
 pub mod layout;
 pub mod runner;
 pub mod size;
+pub mod snapshot;
 pub mod testguest;
 pub mod vcpu;
 pub mod vm;

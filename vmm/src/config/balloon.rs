@@ -44,7 +44,7 @@ pub enum BalloonError {
 }
 
 /// A virtio-balloon device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct BalloonDeviceConfig {
     /// Initial balloon target in bytes: memory the guest is asked to give back (default 0).
     pub size: u64,

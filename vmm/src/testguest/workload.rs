@@ -73,9 +73,59 @@ pub struct RawChain {
 
 /// A memory workload: steps the test guest's vCPUs run in order, with a barrier after each
 /// (unless [`Workload::joined_with_next`] says otherwise).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "Vec<SavedStep>", into = "Vec<SavedStep>")]
 pub struct Workload {
     steps: Vec<Step>,
+}
+
+/// A step as a snapshot keeps it (the guest's [`Step`], which has no serde).
+#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct SavedStep {
+    kind: u32,
+    vcpu: u32,
+    addr: u64,
+    size: u64,
+    pattern: u64,
+    repeat: u32,
+    flags: u32,
+}
+
+impl From<Vec<SavedStep>> for Workload {
+    /// The steps are checked when the workload is used ([`Workload::validate`]).
+    fn from(steps: Vec<SavedStep>) -> Self {
+        let steps = steps
+            .into_iter()
+            .map(|s| Step {
+                kind: s.kind,
+                vcpu: s.vcpu,
+                addr: s.addr,
+                size: s.size,
+                pattern: s.pattern,
+                repeat: s.repeat,
+                flags: s.flags,
+            })
+            .collect();
+        Workload { steps }
+    }
+}
+
+impl From<Workload> for Vec<SavedStep> {
+    fn from(workload: Workload) -> Self {
+        workload
+            .steps
+            .into_iter()
+            .map(|s| SavedStep {
+                kind: s.kind,
+                vcpu: s.vcpu,
+                addr: s.addr,
+                size: s.size,
+                pattern: s.pattern,
+                repeat: s.repeat,
+                flags: s.flags,
+            })
+            .collect()
+    }
 }
 
 /// Name of a step kind, for messages.

@@ -1,0 +1,170 @@
+//! Snapshots of a paused VM ([`VmSnapshot`]): what KVM holds about its vCPUs and the VM, the
+//! state of every device, the configuration it needs to be built again, and where its memory
+//! is ([`MemorySource`]).
+//!
+//! A VM whose memory lives in a zone leaves it there: the snapshot names the zone and the VM by
+//! their identities and seals the VM's memory (see `guest_mem::zone::ZoneVm::set_seal`); the
+//! seal breaks when the guest runs again, after which the snapshot can no longer be loaded. A VM
+//! snapshotted into a memory file of its own gets a copy, as Firecracker makes one.
+//!
+//! The file format is in [`file`]; `vmm::runner` takes and loads snapshots.
+
+pub mod file;
+
+use serde::{Deserialize, Serialize};
+
+use crate::arch::x86_64::state::{VcpuState, VmState};
+use crate::config::BalloonDeviceConfig;
+use crate::devices::i8042::I8042Snapshot;
+use crate::devices::serial::SerialSnapshot;
+use crate::devices::virtio::state::MmioSnapshot;
+use crate::testguest::{ReportSnapshot, Workload};
+
+/// Errors of a snapshot's contents, checked after it was read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("the snapshot is inconsistent: {0}")]
+pub struct InconsistentSnapshot(pub String);
+
+/// What a VM runs, as a snapshot keeps it (a Linux kernel is in guest memory by now).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SavedGuest {
+    /// The built-in test guest and its workload.
+    TestGuest(Workload),
+    /// A Linux guest.
+    Linux,
+}
+
+/// The configuration the VM is built again with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    /// Bytes of RAM.
+    pub memory_size: u64,
+    /// vCPUs.
+    pub vcpus: usize,
+    /// Bytes of the virtio-pmem device, if it has one.
+    pub pmem_size: Option<u64>,
+    /// The balloon's options, if it has one.
+    pub balloon: Option<BalloonDeviceConfig>,
+    /// The balloon's statistics interval when the snapshot was taken (an API may have changed
+    /// it since the start).
+    pub balloon_stats_interval_s: u32,
+    /// vCPUs wait for frames when the pool is exhausted.
+    pub wait_for_memory: bool,
+    /// What the VM runs.
+    pub guest: SavedGuest,
+}
+
+/// Where the VM's memory is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemorySource {
+    /// In its zone, sealed: nothing was copied.
+    Zone {
+        /// The zone's identity.
+        zone_id: u128,
+        /// The VM's name in the zone.
+        vm: String,
+        /// The VM's identity in the zone.
+        vm_id: u64,
+        /// The seal the snapshot put on the VM's memory.
+        seal: u64,
+    },
+    /// Copied into a memory file: the memory regions one after the other, each as large as
+    /// the region (chunks the guest never touched are holes).
+    File {
+        /// The regions as (guest address, bytes).
+        regions: Vec<(u64, u64)>,
+    },
+}
+
+/// Every device's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStates {
+    /// The serial port.
+    pub serial: SerialSnapshot,
+    /// The i8042 (Linux guests).
+    pub keyboard: Option<I8042Snapshot>,
+    /// The test guest's report device.
+    pub report: Option<ReportSnapshot>,
+    /// The virtio-mmio devices, by slot.
+    pub virtio: Vec<MmioSnapshot>,
+}
+
+/// A paused VM.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// Its configuration.
+    pub machine: Machine,
+    /// Where its memory is.
+    pub memory: MemorySource,
+    /// Each vCPU, by index.
+    pub vcpus: Vec<VcpuState>,
+    /// The interrupt controllers, PIT and clock.
+    pub vm: VmState,
+    /// The devices.
+    pub devices: DeviceStates,
+}
+
+impl VmSnapshot {
+    /// Checks that the parts fit together (the file's checksums only say it is what was
+    /// written); each device checks its own state when it is restored.
+    pub fn check(&self) -> Result<(), InconsistentSnapshot> {
+        let bad = |why: String| Err(InconsistentSnapshot(why));
+        let machine = &self.machine;
+        let memory = machine.memory_size;
+        if !(crate::layout::MIN_MEMORY..=crate::layout::MAX_MEMORY).contains(&memory)
+            || !memory.is_multiple_of(2 << 20)
+            || machine.pmem_size.is_some_and(|size| {
+                size == 0 || size > crate::layout::MAX_MEMORY || !size.is_multiple_of(2 << 20)
+            })
+        {
+            return bad(format!(
+                "{memory} bytes of memory, pmem {:?}",
+                machine.pmem_size
+            ));
+        }
+        if machine.vcpus == 0 || machine.vcpus > crate::config::MAX_VCPUS {
+            return bad(format!("{} vCPUs", machine.vcpus));
+        }
+        if self.vcpus.len() != machine.vcpus {
+            return bad(format!(
+                "{} vCPU states for {} vCPUs",
+                self.vcpus.len(),
+                machine.vcpus
+            ));
+        }
+        let virtio =
+            usize::from(machine.balloon.is_some()) + usize::from(machine.pmem_size.is_some());
+        if self.devices.virtio.len() != virtio {
+            return bad(format!(
+                "{} virtio devices saved, the configuration has {virtio}",
+                self.devices.virtio.len()
+            ));
+        }
+        let (test_guest, linux) = match machine.guest {
+            SavedGuest::TestGuest(_) => (true, false),
+            SavedGuest::Linux => (false, true),
+        };
+        if self.devices.report.is_some() != test_guest || self.devices.keyboard.is_some() != linux {
+            return bad("the devices do not fit the guest".into());
+        }
+        if let MemorySource::File { regions } = &self.memory {
+            let expected = crate::layout::ram_regions(machine.memory_size)
+                .iter()
+                .map(|r| (r.start, r.size))
+                .chain(
+                    machine
+                        .pmem_size
+                        .map(|size| crate::layout::pmem_region(machine.memory_size, size))
+                        .map(|r| (r.start, r.size)),
+                )
+                .collect::<Vec<_>>();
+            if *regions != expected {
+                return bad("the memory file's regions do not fit the memory size".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
