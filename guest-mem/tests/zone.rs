@@ -416,21 +416,26 @@ fn balloon_bitmaps_outlive_the_process_until_taken_back() {
 fn a_seal_and_the_identity_of_a_vm_outlive_the_process_and_a_new_vm_has_neither() {
     let path = TempFile::new("zone-seal");
     Zone::create(&path.0, &zone_config(16 * MIB)).expect("create");
-    let (id, other_id) = {
+    let (id, other_id, seal) = {
         let zone = Zone::open(&path.0, 4).expect("open");
         let vm = zone.attach("sealed", &layout(4 * MIB)).expect("attach");
         assert_eq!(vm.seal(), 0);
-        vm.set_seal(0x5ea1).expect("seal");
+        let seal = vm.seal_memory().expect("seal");
+        assert_ne!(seal, 0);
         let other = zone.attach("other", &layout(4 * MIB)).expect("attach");
-        (vm.id(), other.id())
+        (vm.id(), other.id(), seal)
     };
     assert_ne!(id, other_id);
     let zone = Zone::open(&path.0, 4).expect("reopen");
     let vm = zone.attach("sealed", &layout(4 * MIB)).expect("attach");
-    assert_eq!((vm.id(), vm.seal()), (id, 0x5ea1));
-    vm.set_seal(0).expect("break the seal");
+    assert_eq!((vm.id(), vm.seal()), (id, seal));
+    vm.break_seal().expect("break the seal");
     assert_eq!(vm.seal(), 0);
-    vm.set_seal(7).expect("seal");
+    assert_ne!(
+        vm.seal_memory().expect("seal"),
+        seal,
+        "a new seal each time"
+    );
     drop(vm);
     zone.delete_vm("sealed").expect("delete");
     let again = zone.attach("sealed", &layout(4 * MIB)).expect("attach");

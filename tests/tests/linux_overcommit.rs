@@ -28,7 +28,7 @@ const MIB: u64 = 1 << 20;
 /// The VM configuration of `vmm run ARGS`.
 fn config(args: &[&str]) -> VmConfig {
     let cli = Cli::try_parse_from(["vmm", "run"].iter().chain(args)).unwrap();
-    let Command::Run(args) = cli.command else {
+    let Some(Command::Run(args)) = cli.command else {
         panic!("not run")
     };
     VmConfig::try_from(args).unwrap()

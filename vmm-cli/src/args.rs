@@ -17,6 +17,8 @@ use crate::workload::WorkloadSpec;
 ///
 /// `vmm run` boots a VM (the built-in test guest unless --kernel is given); the other
 /// subcommands talk to a running VMM through its API socket (see `vmm run --api-socket`).
+/// `vmm --api-sock PATH`, as Firecracker starts, serves the API without a VM until a client
+/// loads a snapshot (PUT /snapshot/load).
 #[derive(Debug, Parser)]
 #[command(
     name = "vmm",
@@ -27,7 +29,12 @@ use crate::workload::WorkloadSpec;
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+
+    /// Serve the control API on this Unix socket without a VM, until a client loads a snapshot
+    /// (PUT /snapshot/load, as with Firecracker); the VM then runs as with `vmm run`.
+    #[arg(long, value_name = "PATH", conflicts_with = "command")]
+    pub api_sock: Option<PathBuf>,
 
     /// Messages on stderr from this level up: off, error, warn, info, debug or trace.
     ///
@@ -68,6 +75,55 @@ pub enum Command {
     /// Create, inspect and clean up persistent zones: files that keep VMs' memory across VMM
     /// restarts and crashes (`vmm run --zone PATH --vm NAME`).
     Zone(ZoneArgs),
+    /// Take a snapshot of a paused VM, or load one into a new VMM process.
+    Snapshot(SnapshotArgs),
+}
+
+/// Options of `vmm snapshot`.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: SnapshotAction,
+}
+
+/// `vmm snapshot` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotAction {
+    /// Snapshot a paused VM (PUT /snapshot/create). With --mem-file-path naming the VM's zone
+    /// nothing is copied: the memory stays there, sealed, until the VM runs again; any other
+    /// path gets a copy of guest memory.
+    Create {
+        /// The running VMM's API socket.
+        #[command(flatten)]
+        socket: SocketArgs,
+        /// Where the VM's state goes (written beside it, then renamed into place).
+        #[arg(long, value_name = "PATH")]
+        snapshot_path: PathBuf,
+        /// The VM's zone (no copy), or a file for a copy of guest memory.
+        #[arg(long, value_name = "PATH")]
+        mem_file_path: PathBuf,
+    },
+    /// Load a snapshot in this process and run its VM until it ends, as `vmm run` does.
+    Load(SnapshotLoadArgs),
+}
+
+/// Options of `vmm snapshot load`.
+#[derive(Debug, Args)]
+pub struct SnapshotLoadArgs {
+    /// The snapshot file.
+    #[arg(long, value_name = "PATH")]
+    pub snapshot_path: PathBuf,
+    /// The VM's zone, or the memory file the snapshot copied guest memory into.
+    #[arg(long, value_name = "PATH")]
+    pub mem_file_path: PathBuf,
+    /// Let the VM run at once; otherwise it waits, paused, for `vmm resume` (needs
+    /// --api-socket then).
+    #[arg(long)]
+    pub resume: bool,
+    /// Serve the control API on this Unix socket.
+    #[arg(long, value_name = "PATH", required_unless_present = "resume")]
+    pub api_socket: Option<PathBuf>,
 }
 
 /// Options of `vmm zone`.

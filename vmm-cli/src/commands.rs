@@ -3,11 +3,12 @@
 use std::fmt::Display;
 use std::path::Path;
 
+use vmm::api::model::{MemoryBackend, MemoryBackendType, SnapshotLoadParams};
 use vmm::config::VmConfig;
-use vmm::runner::{RunOutcome, StopCause};
+use vmm::runner::{RunError, RunOutcome, StopCause};
 
 use crate::api_client::{ApiClient, ClientError};
-use crate::args::{BalloonAction, RunArgs};
+use crate::args::{BalloonAction, RunArgs, SnapshotLoadArgs};
 use crate::exit::{run_error_status, ExitStatus};
 use crate::host::check_host;
 
@@ -29,7 +30,54 @@ pub(super) fn run_vm(args: RunArgs) -> ExitStatus {
             format!("host unsupported: {e}"),
         );
     }
-    match vmm::run(config) {
+    outcome_status(vmm::run(config))
+}
+
+/// `vmm snapshot load`: load a snapshot and run its VM as `vmm run` does.
+pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
+    let params = SnapshotLoadParams {
+        snapshot_path: args.snapshot_path,
+        mem_file_path: None,
+        mem_backend: Some(MemoryBackend {
+            backend_type: MemoryBackendType::File,
+            backend_path: args.mem_file_path,
+        }),
+        resume_vm: args.resume,
+        enable_diff_snapshots: false,
+        track_dirty_pages: false,
+        network_overrides: Vec::new(),
+        clock_realtime: false,
+    };
+    outcome_status(vmm::runner::load(&params, args.api_socket))
+}
+
+/// `vmm snapshot create`: PUT /snapshot/create on a running VMM.
+pub(super) fn create_snapshot(
+    socket: &Path,
+    snapshot_path: &Path,
+    mem_file_path: &Path,
+) -> ExitStatus {
+    let body = serde_json::json!({
+        "snapshot_path": snapshot_path,
+        "mem_file_path": mem_file_path,
+        "snapshot_type": "Full",
+    })
+    .to_string();
+    action(
+        socket,
+        ("PUT", "/snapshot/create", &body),
+        &format!("snapshot written to {}", snapshot_path.display()),
+    )
+}
+
+/// `vmm --api-sock PATH`: wait for a snapshot to load, then run its VM.
+pub(super) fn serve(api_socket: &Path) -> ExitStatus {
+    outcome_status(vmm::runner::serve(api_socket))
+}
+
+/// The exit status of a VM run, with its message on stderr.
+fn outcome_status(outcome: Result<RunOutcome, RunError>) -> ExitStatus {
+    match outcome {
         Ok(RunOutcome::Success) => ExitStatus::Success,
         Ok(RunOutcome::GuestReset(cause)) => {
             eprintln!(

@@ -6,7 +6,7 @@ use guest_mem::pool::BackingError;
 use guest_mem::zone::ZoneError;
 use guest_mem::PoolError;
 use vmm::api::ServerError;
-use vmm::runner::{DeviceError, RunError, ZoneSetupError};
+use vmm::runner::{DeviceError, RunError, SnapshotError, ZoneSetupError};
 use vmm::testguest::TestGuestError;
 use vmm::vm::VmError;
 
@@ -86,6 +86,11 @@ pub fn run_error_status(error: &RunError) -> ExitStatus {
         RunError::TestGuest(
             TestGuestError::Workload(_) | TestGuestError::MemoryTooLarge { .. },
         ) => ExitStatus::Usage,
+        RunError::Snapshot(
+            SnapshotError::Vcpus(_) | SnapshotError::Vm(_) | SnapshotError::MemoryFile { .. },
+        ) => ExitStatus::Runtime,
+        RunError::Snapshot(SnapshotError::Zone { source, .. }) => zone_error_status(source),
+        RunError::Snapshot(_) => ExitStatus::Usage,
         _ => ExitStatus::Runtime,
     }
 }

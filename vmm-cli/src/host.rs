@@ -100,7 +100,7 @@ mod tests {
 
     fn config(flags: &[&str]) -> VmConfig {
         let cli = Cli::try_parse_from(["vmm", "run"].iter().chain(flags)).unwrap();
-        let Command::Run(args) = cli.command else {
+        let Some(Command::Run(args)) = cli.command else {
             panic!("not run")
         };
         VmConfig::try_from(args).unwrap()

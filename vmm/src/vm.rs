@@ -26,6 +26,7 @@ use kvm_bindings::{
 use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
+use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::vcpu::{Buses, Vcpu, VcpuExitReason};
 use control::{StopReason, VmControl};
 
@@ -67,6 +68,9 @@ pub enum VmError {
         /// KVM's limit.
         max: usize,
     },
+    /// A snapshot's state could not be given to the VM.
+    #[error("cannot restore the VM's state: {0}")]
+    Restore(String),
     /// A vCPU thread could not be started.
     #[error("cannot start vCPU thread {index}: {reason}")]
     VcpuThread {
@@ -204,6 +208,26 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     /// The vCPUs, to configure before [`Self::start`].
     pub fn vcpus(&self) -> &[Vcpu] {
         &self.vcpus
+    }
+
+    /// Gives the VM and its vCPUs the states a snapshot saved, instead of setting them up for
+    /// a boot.
+    pub fn restore(&self, vcpus: &[VcpuState], vm: &VmState) -> Result<(), VmError> {
+        if vcpus.len() != self.vcpus.len() {
+            return Err(VmError::Restore(format!(
+                "{} vCPU states for {} vCPUs",
+                vcpus.len(),
+                self.vcpus.len()
+            )));
+        }
+        vm.restore(&self.fd)
+            .map_err(|e| VmError::Restore(e.to_string()))?;
+        for (vcpu, state) in self.vcpus.iter().zip(vcpus) {
+            state
+                .restore(vcpu.fd())
+                .map_err(|e| VmError::Restore(format!("vCPU {}: {e}", vcpu.index())))?;
+        }
+        Ok(())
     }
 
     /// Starts one thread per vCPU. The vCPUs wait, paused, until [`RunningVm::resume`]; their

@@ -707,9 +707,27 @@ impl ZoneVm {
         self.zone.slot(self.index).seal()
     }
 
-    /// Seals the VM's memory with `seal` (0: breaks the seal, as the guest is about to change
-    /// it), durably: the zone's directory is synced.
-    pub fn set_seal(&self, seal: u64) -> Result<(), ZoneError> {
+    /// Seals the VM's memory with a new random seal, durably (the zone's directory is synced),
+    /// and returns it.
+    pub fn seal_memory(&self) -> Result<u64, ZoneError> {
+        let seal = loop {
+            let seal =
+                sys::random_u64().map_err(self.zone.io_err("cannot draw the memory's seal"))?;
+            if seal != 0 {
+                break seal;
+            }
+        };
+        self.set_seal(seal)?;
+        Ok(seal)
+    }
+
+    /// Breaks the seal, as the guest is about to change the memory, durably; nothing to do
+    /// when there is none.
+    pub fn break_seal(&self) -> Result<(), ZoneError> {
+        self.set_seal(0)
+    }
+
+    fn set_seal(&self, seal: u64) -> Result<(), ZoneError> {
         let slot = self.zone.slot(self.index);
         if slot.seal() == seal {
             return Ok(());

@@ -1,7 +1,10 @@
 //! [`VmmControl`]: what the API server asks of the VMM. The VMM core implements it; the server
 //! only parses requests, calls it and serialises the answers.
 
-use super::model::{BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo};
+use super::model::{
+    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
+    SnapshotLoadParams,
+};
 
 /// Why the VMM refused or failed a control request.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -74,5 +77,21 @@ pub trait VmmControl: Send + Sync {
     /// The guest's memory statistics from the balloon (`GET /balloon/statistics`).
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
         Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// Snapshots the paused VM (`PUT /snapshot/create`).
+    fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
+        let _ = params;
+        Err(ControlError::InvalidState(
+            "this VMM takes no snapshots".into(),
+        ))
+    }
+
+    /// Loads a snapshot into a VMM that has no VM yet (`PUT /snapshot/load`).
+    fn load_snapshot(&self, params: &SnapshotLoadParams) -> Result<(), ControlError> {
+        let _ = params;
+        Err(ControlError::InvalidState(
+            "a snapshot is loaded by a VMM without a VM (started as `vmm --api-sock PATH`)".into(),
+        ))
     }
 }

@@ -83,7 +83,7 @@ impl MachineInfo {
             populate: config.populate.into(),
             guest: match config.guest {
                 GuestConfig::TestGuest(_) => "test-guest",
-                GuestConfig::Linux(_) => "linux",
+                GuestConfig::Linux(_) | GuestConfig::RestoredLinux => "linux",
             }
             .to_owned(),
             balloon: config.balloon.is_some(),
@@ -423,3 +423,119 @@ pub struct Fault {
 
 #[cfg(test)]
 mod tests;
+
+/// The kind of snapshot asked for (Firecracker's `snapshot_type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotType {
+    /// Everything: this VMM's only kind.
+    #[default]
+    Full,
+    /// Only what changed since the last one (refused: a VM in a zone copies nothing at all).
+    Diff,
+}
+
+/// `PUT /snapshot/create` (Firecracker's `SnapshotCreateParams`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotCreateParams {
+    /// Where the VM's state goes.
+    pub snapshot_path: std::path::PathBuf,
+    /// Where its memory goes: the VM's own zone (nothing is copied) or a file that gets a copy.
+    pub mem_file_path: std::path::PathBuf,
+    /// Full (the default) or Diff.
+    #[serde(default)]
+    pub snapshot_type: SnapshotType,
+}
+
+/// How guest memory is loaded (Firecracker's `MemoryBackend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemoryBackendType {
+    /// From a file: the VM's zone, or a memory file.
+    File,
+    /// Through a userfaultfd handler process (refused: not supported).
+    Uffd,
+}
+
+/// Firecracker's `MemoryBackend`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryBackend {
+    /// File or Uffd.
+    pub backend_type: MemoryBackendType,
+    /// The file (or the handler's socket).
+    pub backend_path: std::path::PathBuf,
+}
+
+/// Firecracker's `NetworkOverride` (a VM here has no network: only an empty list is accepted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverride {
+    /// The interface.
+    pub iface_id: String,
+    /// Its new tap device.
+    pub host_dev_name: String,
+}
+
+/// `PUT /snapshot/load` (Firecracker's `SnapshotLoadParams`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotLoadParams {
+    /// The VM's state.
+    pub snapshot_path: std::path::PathBuf,
+    /// The memory (deprecated in Firecracker): exactly one of this and `mem_backend`.
+    #[serde(default)]
+    pub mem_file_path: Option<std::path::PathBuf>,
+    /// The memory.
+    #[serde(default)]
+    pub mem_backend: Option<MemoryBackend>,
+    /// Let the VM run once loaded (otherwise it waits, paused, for `PATCH /vm`).
+    #[serde(default)]
+    pub resume_vm: bool,
+    /// Dirty page tracking for diff snapshots (deprecated name).
+    #[serde(default)]
+    pub enable_diff_snapshots: bool,
+    /// Dirty page tracking for diff snapshots (refused when true).
+    #[serde(default)]
+    pub track_dirty_pages: bool,
+    /// New tap devices (refused unless empty).
+    #[serde(default)]
+    pub network_overrides: Vec<NetworkOverride>,
+    /// Advance kvmclock by the time the snapshot lay (refused when true).
+    #[serde(default)]
+    pub clock_realtime: bool,
+}
+
+impl SnapshotLoadParams {
+    /// The memory file, or why the request cannot be served.
+    pub fn memory_path(&self) -> Result<&std::path::Path, String> {
+        match (&self.mem_file_path, &self.mem_backend) {
+            (Some(path), None) => Ok(path),
+            (
+                None,
+                Some(MemoryBackend {
+                    backend_type: MemoryBackendType::File,
+                    backend_path,
+                }),
+            ) => Ok(backend_path),
+            (None, Some(MemoryBackend { .. })) => Err(
+                "mem_backend Uffd is not supported: memory comes from the VM's zone (File)".into(),
+            ),
+            (Some(_), Some(_)) => Err("give either mem_backend or mem_file_path, not both".into()),
+            (None, None) => Err("mem_backend (or mem_file_path) is missing".into()),
+        }
+    }
+
+    /// Refuses the options this VMM does not have.
+    pub fn check_supported(&self) -> Result<(), String> {
+        if self.enable_diff_snapshots || self.track_dirty_pages {
+            return Err("dirty page tracking (diff snapshots) is not supported".into());
+        }
+        if !self.network_overrides.is_empty() {
+            return Err("network_overrides: the VM has no network interface".into());
+        }
+        if self.clock_realtime {
+            return Err("clock_realtime is not supported: kvmclock resumes where it stood".into());
+        }
+        self.memory_path().map(|_| ())
+    }
+}

@@ -11,6 +11,8 @@
 //! | `/balloon`            | PATCH  | `{"amount_mib"?: N, "stats_polling_interval_s"?: N}` | 204     |
 //! | `/balloon/statistics` | GET    |                                             | [`BalloonStatistics`] |
 //! | `/balloon/statistics` | PATCH  | `{"stats_polling_interval_s": N}`           | 204              |
+//! | `/snapshot/create`    | PUT    | [`SnapshotCreateParams`]                    | 204              |
+//! | `/snapshot/load`      | PUT    | [`SnapshotLoadParams`]                      | 204              |
 //!
 //! Errors answer `{"fault_message": "..."}`: 400 for bad requests and refused operations
 //! (including "balloon not configured"), 404 for unknown resources, 405 (with `Allow`) for
@@ -20,6 +22,8 @@
 //! [`MemoryInfo`]: super::model::MemoryInfo
 //! [`BalloonInfo`]: super::model::BalloonInfo
 //! [`BalloonStatistics`]: super::model::BalloonStatistics
+//! [`SnapshotCreateParams`]: super::model::SnapshotCreateParams
+//! [`SnapshotLoadParams`]: super::model::SnapshotLoadParams
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -28,7 +32,7 @@ use super::control::{ControlError, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
     ActionRequest, ActionType, BalloonStatsUpdate, BalloonTarget, BalloonUpdate, RequestedState,
-    VmStateRequest,
+    SnapshotCreateParams, SnapshotLoadParams, VmStateRequest,
 };
 
 /// The resources.
@@ -40,6 +44,8 @@ enum Resource {
     Actions,
     Balloon,
     BalloonStatistics,
+    SnapshotCreate,
+    SnapshotLoad,
 }
 
 impl Resource {
@@ -51,6 +57,8 @@ impl Resource {
             "/actions" => Some(Resource::Actions),
             "/balloon" => Some(Resource::Balloon),
             "/balloon/statistics" => Some(Resource::BalloonStatistics),
+            "/snapshot/create" => Some(Resource::SnapshotCreate),
+            "/snapshot/load" => Some(Resource::SnapshotLoad),
             _ => None,
         }
     }
@@ -60,7 +68,7 @@ impl Resource {
         match self {
             Resource::Machine | Resource::Memory => "GET",
             Resource::Vm => "PATCH",
-            Resource::Actions => "PUT",
+            Resource::Actions | Resource::SnapshotCreate | Resource::SnapshotLoad => "PUT",
             Resource::Balloon => "GET, PUT, PATCH",
             Resource::BalloonStatistics => "GET, PATCH",
         }
@@ -150,6 +158,10 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
                     stats_polling_interval_s: Some(u.stats_polling_interval_s),
                 }))
             }),
+        (Resource::SnapshotCreate, Method::Put) => body::<SnapshotCreateParams>(request, path)
+            .map(|params| done(control.create_snapshot(&params))),
+        (Resource::SnapshotLoad, Method::Put) => body::<SnapshotLoadParams>(request, path)
+            .map(|params| done(control.load_snapshot(&params))),
         (resource, method) => Err(Response::method_not_allowed(
             method.as_str(),
             path,

@@ -109,6 +109,8 @@ pub enum GuestConfig {
     TestGuest(Workload),
     /// A Linux kernel.
     Linux(LinuxConfig),
+    /// A Linux guest restored from a snapshot: its kernel is in guest memory.
+    RestoredLinux,
 }
 
 /// A VM in a persistent zone: its memory outlives the VMM.

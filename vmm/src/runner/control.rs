@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, VmState,
+    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
+    VmState,
 };
 use crate::api::{ControlError, VmmControl};
 use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
@@ -82,7 +83,12 @@ impl VmmControl for Session {
     }
 
     fn resume(&self) -> Result<(), ControlError> {
-        self.started_control()?.resume().map_err(api_error)
+        let control = self.started_control()?;
+        // The guest is about to change its memory: a snapshot that left it in the zone no
+        // longer matches it.
+        self.break_seal()
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
+        control.resume().map_err(api_error)
     }
 
     fn shutdown(&self) -> Result<(), ControlError> {
@@ -126,6 +132,11 @@ impl VmmControl for Session {
         self.configured_balloon()?
             .update(update.amount_mib, interval)
             .map_err(balloon_error)
+    }
+
+    fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
+        self.started_control()?;
+        Session::create_snapshot(self, params).map_err(ControlError::from)
     }
 
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
@@ -203,11 +214,12 @@ mod tests {
                 &config,
                 Frames::Pool(create_pool(&config).unwrap()),
                 &Default::default(),
+                true,
             )
             .unwrap(),
         );
         let devices = create_devices(&config, &memory).unwrap();
-        Session::new(config, memory, devices.balloon, devices.pmem)
+        Session::new(config, memory, &devices)
     }
 
     fn session() -> Session {

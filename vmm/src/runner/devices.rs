@@ -21,7 +21,8 @@ use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
-use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport};
+use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
+use crate::devices::virtio::state::MmioSnapshot;
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::{BusDevice, BusError};
 use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
@@ -59,12 +60,17 @@ pub enum DeviceError {
     /// The balloon could not be created.
     #[error(transparent)]
     Balloon(#[from] CreateError),
+    /// A device could not take the state a snapshot saved.
+    #[error("cannot restore a device: {0}")]
+    Restore(String),
 }
 
 /// One device in its slot.
 struct Slot {
     entry: VirtioMmioEntry,
     transport: Arc<dyn BusDevice>,
+    /// The same transport, for snapshots.
+    stateful: Arc<dyn StatefulTransport>,
     irq: EventFd,
     notifiers: Vec<EventFd>,
 }
@@ -120,9 +126,11 @@ impl VirtioMmioDevices {
             irq: irq_line,
         };
         self.subscribers.push(Box::new(subscriber));
+        let transport = Arc::new(transport);
         self.slots.push(Slot {
             entry,
-            transport: Arc::new(transport),
+            stateful: transport.clone(),
+            transport,
             irq,
             notifiers,
         });
@@ -140,6 +148,29 @@ impl VirtioMmioDevices {
         self.add(memory, balloon.device)?;
         self.subscribers.push(Box::new(balloon.stats_timer));
         Ok(balloon.handle)
+    }
+
+    /// The transports by slot, for snapshots.
+    pub fn transports(&self) -> Vec<Arc<dyn StatefulTransport>> {
+        self.slots
+            .iter()
+            .map(|slot| slot.stateful.clone())
+            .collect()
+    }
+
+    /// Gives each device the state a snapshot saved for its slot.
+    pub fn restore_states(&self, saved: &[MmioSnapshot]) -> Result<(), DeviceError> {
+        if saved.len() != self.slots.len() {
+            return Err(DeviceError::Transport(MmioError::BadState(format!(
+                "{} virtio devices saved, the VM has {}",
+                saved.len(),
+                self.slots.len()
+            ))));
+        }
+        for (slot, state) in self.slots.iter().zip(saved) {
+            slot.stateful.restore_state(state)?;
+        }
+        Ok(())
     }
 
     /// The devices' slots, for the kernel command line.
@@ -308,6 +339,7 @@ mod tests {
                 &config,
                 Frames::Pool(create_pool(&config).unwrap()),
                 &Default::default(),
+                true,
             )
             .unwrap(),
         );
@@ -362,6 +394,7 @@ mod tests {
                 &config,
                 Frames::Pool(create_pool(&config).unwrap()),
                 &Default::default(),
+                true,
             )
             .unwrap(),
         );

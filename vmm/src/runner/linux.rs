@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::console::Console;
 use super::devices::VirtioMmioDevices;
 use super::session::Session;
+use super::snapshot::ResumedStates;
 use super::{DeviceError, ResetCause, RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
@@ -31,37 +32,26 @@ use crate::vcpu::Buses;
 use crate::vm::control::StopReason;
 use crate::vm::Vm;
 
-/// Boots `linux` over the session's memory and runs it to its end.
+/// Boots `linux` over the session's memory (or, with no kernel, resumes the guest of a
+/// snapshot from its `resumed` states) and runs it to its end.
 pub(super) fn run(
     session: &Arc<Session>,
-    linux: &LinuxConfig,
+    linux: Option<&LinuxConfig>,
     devices: VirtioMmioDevices,
     console: Console,
+    resumed: Option<ResumedStates>,
 ) -> Result<RunOutcome, RunError> {
     let memory = session.memory().clone();
     let vm = Vm::new(memory.clone(), session.config().vcpus)?;
-    let entries = devices.entries();
-    let ram: Vec<(u64, u64)> = session
-        .config()
-        .ram_regions()
-        .iter()
-        .map(|region| (region.start, region.size))
-        .collect();
-    let boot = load_linux(
-        memory.as_ref(),
-        &LinuxBootConfig {
-            kernel: &linux.kernel,
-            initrd: linux.initrd.as_deref(),
-            cmdline: Some(&linux.cmdline),
-            virtio_devices: &entries,
-            ram: &ram,
-        },
-    )
-    .map_err(|source| RunError::Boot {
-        kernel: linux.kernel.clone(),
-        source,
-    })?;
-    setup_vcpus(&vm, &boot)?;
+    match (linux, &resumed) {
+        (_, Some(resumed)) => vm.restore(&resumed.vcpus, &resumed.vm)?,
+        (Some(linux), None) => boot(session, &vm, linux, &devices)?,
+        (None, None) => {
+            return Err(RunError::VcpuSetup(
+                "a Linux guest needs a kernel or a snapshot".into(),
+            ))
+        }
+    }
     if !host_has_hardware_virtualization() {
         log::warn!(
             "this host's CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo: \
@@ -72,6 +62,22 @@ pub(super) fn run(
 
     let mut buses = Buses::default();
     let serial = console.serial();
+    let keyboard = Arc::new(I8042Device::new(
+        EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?,
+    ));
+    if let Some(resumed) = &resumed {
+        serial
+            .restore_state(&resumed.serial)
+            .map_err(DeviceError::Serial)?;
+        let saved = resumed
+            .keyboard
+            .as_ref()
+            .ok_or_else(|| DeviceError::Restore("the snapshot has no state of the i8042".into()))?;
+        keyboard
+            .restore_state(saved)
+            .map_err(|e| DeviceError::Restore(e.to_string()))?;
+    }
+    session.attach_serial(serial.clone());
     let serial_ports = (SERIAL_PORT_BASE, SERIAL_PORT_SIZE);
     attach_pio(
         &vm,
@@ -81,9 +87,6 @@ pub(super) fn run(
         serial.irq_evt(),
         SERIAL_IRQ,
     )?;
-    let keyboard = Arc::new(I8042Device::new(
-        EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?,
-    ));
     let keyboard_ports = (I8042_PORT_BASE, I8042_PORT_SIZE);
     attach_pio(
         &vm,
@@ -98,7 +101,7 @@ pub(super) fn run(
     let running = vm.start(Arc::new(buses))?;
     keyboard.connect_reset(running.control().clone());
     session.attach_keyboard(keyboard);
-    session.start_guest(&running);
+    session.start_guest(&running, resumed.is_some_and(|r| r.paused));
     match running.wait() {
         StopReason::Requested => Ok(RunOutcome::Stopped(
             session.stop_cause().unwrap_or(StopCause::Api),
@@ -115,6 +118,38 @@ pub(super) fn run(
         ))),
         StopReason::VcpuFailed { message, .. } => Err(RunError::VcpuFailed(message)),
     }
+}
+
+/// Loads kernel, initrd and command line (naming the virtio devices) and sets the vCPUs up
+/// for the kernel's entry.
+fn boot(
+    session: &Session,
+    vm: &Vm<GuestMemory>,
+    linux: &LinuxConfig,
+    devices: &VirtioMmioDevices,
+) -> Result<(), RunError> {
+    let entries = devices.entries();
+    let ram: Vec<(u64, u64)> = session
+        .config()
+        .ram_regions()
+        .iter()
+        .map(|region| (region.start, region.size))
+        .collect();
+    let boot = load_linux(
+        vm.memory().as_ref(),
+        &LinuxBootConfig {
+            kernel: &linux.kernel,
+            initrd: linux.initrd.as_deref(),
+            cmdline: Some(&linux.cmdline),
+            virtio_devices: &entries,
+            ram: &ram,
+        },
+    )
+    .map_err(|source| RunError::Boot {
+        kernel: linux.kernel.clone(),
+        source,
+    })?;
+    setup_vcpus(vm, &boot)
 }
 
 /// Puts `device` on the port I/O bus at `(base, size)`, its interrupt `irq` raised through

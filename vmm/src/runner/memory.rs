@@ -96,11 +96,14 @@ pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
 
 /// Creates guest memory over the RAM regions of the layout, in chunks of the pool's frame size,
 /// populated eagerly or lazily. Faults that cannot be served kick the vCPU out of `KVM_RUN`.
-/// Eager population counts its progress in `population` and stops once it is cancelled.
+/// Eager population counts its progress in `population` and stops once it is cancelled. A VM in
+/// a zone that boots afresh (`boot`) takes its old balloon back; one resumed from a snapshot
+/// keeps it.
 pub(super) fn create_memory(
     config: &VmConfig,
     frames: Frames,
     population: &Population,
+    boot: bool,
 ) -> Result<GuestMemory, MemoryError> {
     let ranges = config
         .memory_regions()
@@ -122,6 +125,9 @@ pub(super) fn create_memory(
         Frames::Zone(vm) => {
             let chunk_size = vm.layout().chunk_size;
             let memory = GuestMemory::new_in_zone(vm, memory_config(chunk_size), population)?;
+            if !boot {
+                return Ok(memory);
+            }
             // The guest boots afresh with an empty balloon: pages its previous life gave away
             // are its own again (a chunk it gave away entirely has no frame and gets a fresh
             // one on its next touch). Left marked, they would let a later inflation of the

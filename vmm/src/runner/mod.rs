@@ -33,6 +33,7 @@ mod memory;
 mod progress;
 mod session;
 mod signals;
+mod snapshot;
 mod test_guest;
 
 pub use devices::{DeviceError, VirtioMmioDevices};
@@ -51,6 +52,9 @@ use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
 use memory::Frames;
 use session::Session;
+use snapshot::Resumption;
+
+pub use snapshot::{load, serve, SnapshotError};
 
 /// How a VM run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,6 +172,9 @@ pub enum RunError {
     /// A vCPU failed (a KVM error, a failed entry, an emulation failure).
     #[error("{0}")]
     VcpuFailed(String),
+    /// A snapshot could not be loaded.
+    #[error("cannot load the snapshot: {0}")]
+    Snapshot(#[source] SnapshotError),
 }
 
 /// Boots and runs the VM `config` describes, until the guest ends or is shut down, on a pool of
@@ -183,7 +190,7 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
         Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
         None => Frames::Pool(memory::create_pool(&config)?),
     };
-    run_checked(config, frames, console::serial_output())
+    run_checked(config, frames, console::serial_output(), None)
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
@@ -194,7 +201,16 @@ pub fn run_on(
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
     check_guest(&config)?;
-    run_checked(config, Frames::Pool(pool), console)
+    run_checked(config, Frames::Pool(pool), console, None)
+}
+
+/// Runs the VM a snapshot describes (see [`snapshot::load`]) on `frames`.
+fn run_resumed(
+    config: VmConfig,
+    frames: Frames,
+    resumption: Resumption,
+) -> Result<RunOutcome, RunError> {
+    run_checked(config, frames, console::serial_output(), Some(resumption))
 }
 
 /// What the configuration alone cannot tell: whether the test guest's page tables fit its RAM.
@@ -205,11 +221,14 @@ fn check_guest(config: &VmConfig) -> Result<(), RunError> {
     Ok(())
 }
 
-/// [`run_on`] once the guest passed [`check_guest`].
+/// [`run_on`] once the guest passed [`check_guest`]; a VM resumed from a snapshot gets the
+/// states of `resumption`, and an API served already (by a VMM that waited for a snapshot to
+/// load) gets the run's session through `front`.
 fn run_checked(
     config: VmConfig,
     frames: Frames,
     console: SerialOutput,
+    resumption: Option<Resumption>,
 ) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
@@ -217,21 +236,35 @@ fn run_checked(
     let watch = signals
         .watch(population.clone(), config.memory_size)
         .map_err(RunError::Signals)?;
-    let created = memory::create_memory(&config, frames, &population);
+    let created = memory::create_memory(&config, frames, &population, resumption.is_none());
     if let Some(signal) = watch.finish() {
         return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
     }
     let guest_memory = Arc::new(created?);
-    let devices::Devices {
-        mmio: mut devices,
-        balloon,
-        pmem,
-    } = devices::create_devices(&config, &guest_memory)?;
-    let session = Arc::new(Session::new(config, guest_memory, balloon, pmem));
+    if let Some(resumption) = &resumption {
+        resumption.fill_memory(&guest_memory)?;
+    }
+    let devices = devices::create_devices(&config, &guest_memory)?;
+    if let Some(resumption) = &resumption {
+        resumption.restore_devices(&devices)?;
+    }
+    let session = Arc::new(Session::new(config, guest_memory, &devices));
+    let mut devices = devices.mmio;
+    let (resumption, front) = match resumption {
+        Some(resumption) => {
+            let (states, front) = resumption.into_parts();
+            (Some(states), front)
+        }
+        None => (None, None),
+    };
     let guest = match &session.config().guest {
         GuestConfig::TestGuest(workload) => Guest::Test(workload, console),
         GuestConfig::Linux(linux) => Guest::Linux(
-            linux,
+            Some(linux),
+            console::Console::new(console).map_err(DeviceError::Serial)?,
+        ),
+        GuestConfig::RestoredLinux => Guest::Linux(
+            None,
             console::Console::new(console).map_err(DeviceError::Serial)?,
         ),
     };
@@ -241,13 +274,19 @@ fn run_checked(
         event_loop.add_all(console.input_subscriber().into_iter().collect());
     }
     let events = event_loop.start().map_err(RunError::EventLoop)?;
-    let api = match &session.config().api_socket {
-        Some(path) => Some(ApiServer::start(path, session.clone())?),
-        None => None,
+    let api = match (&front, &session.config().api_socket) {
+        (Some(front), _) => {
+            front.attach(session.clone());
+            None
+        }
+        (None, Some(path)) => Some(ApiServer::start(path, session.clone())?),
+        (None, None) => None,
     };
     let outcome = match guest {
-        Guest::Test(workload, console) => test_guest::run(&session, workload, devices, console),
-        Guest::Linux(linux, console) => linux::run(&session, linux, devices, console),
+        Guest::Test(workload, console) => {
+            test_guest::run(&session, workload, devices, console, resumption)
+        }
+        Guest::Linux(linux, console) => linux::run(&session, linux, devices, console, resumption),
     };
     session.finish();
     drop(api);
@@ -260,6 +299,7 @@ fn run_checked(
 enum Guest<'a> {
     /// The built-in test guest, its workload and where its console goes.
     Test(&'a Workload, SerialOutput),
-    /// A Linux kernel and the console on stdin and stdout.
-    Linux(&'a LinuxConfig, console::Console),
+    /// A Linux kernel (none when it is resumed from a snapshot) and the console on stdin and
+    /// stdout.
+    Linux(Option<&'a LinuxConfig>, console::Console),
 }

@@ -5,13 +5,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use guest_mem::{FaultError, GuestMemory};
+use kvm_ioctls::VmFd;
 
+use super::devices::Devices;
 use super::{RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::devices::i8042::I8042Device;
 use crate::devices::pmem::PmemHandle;
+use crate::devices::serial::SerialDevice;
+use crate::devices::virtio::mmio::StatefulTransport;
 use crate::devices::GuestWarnings;
+use crate::testguest::ReportDevice;
 use crate::testguest::TestGuestError;
 use crate::vm::control::{StopReason, VmControl};
 use crate::vm::RunningVm;
@@ -42,7 +47,6 @@ struct GuestFault {
 }
 
 /// One VM run's shared state.
-#[derive(Debug)]
 pub(super) struct Session {
     config: VmConfig,
     memory: Arc<GuestMemory>,
@@ -54,6 +58,14 @@ pub(super) struct Session {
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
     keyboard: OnceLock<Arc<I8042Device>>,
+    /// The KVM VM, once it has started (for snapshots).
+    vm_fd: OnceLock<Arc<VmFd>>,
+    /// The serial port, once it exists (for snapshots).
+    serial: OnceLock<Arc<SerialDevice>>,
+    /// The test guest's report device, once it exists (for snapshots).
+    report: OnceLock<Arc<ReportDevice>>,
+    /// The virtio-mmio transports by slot (for snapshots).
+    transports: Vec<Arc<dyn StatefulTransport>>,
     /// Where the run is; changes are announced on `phase_changed`.
     phase: Mutex<Phase>,
     phase_changed: Condvar,
@@ -65,29 +77,41 @@ pub(super) struct Session {
     memory_waits: GuestWarnings,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
+    /// Called once the guest has started.
+    on_start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("config", &self.config)
+            .field("phase", &self.phase())
+            .field("stop_cause", &self.stop_cause())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Session {
     /// A session for `config` over `memory`, with the VM's balloon and virtio-pmem device if it
     /// has them.
-    pub fn new(
-        config: VmConfig,
-        memory: Arc<GuestMemory>,
-        balloon: Option<BalloonHandle>,
-        pmem: Option<PmemHandle>,
-    ) -> Self {
+    pub fn new(config: VmConfig, memory: Arc<GuestMemory>, devices: &Devices) -> Self {
         Session {
             config,
             memory,
-            balloon,
-            pmem,
+            balloon: devices.balloon.clone(),
+            pmem: devices.pmem.clone(),
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
+            vm_fd: OnceLock::new(),
+            serial: OnceLock::new(),
+            report: OnceLock::new(),
+            transports: devices.mmio.transports(),
             phase: Mutex::new(Phase::Setup),
             phase_changed: Condvar::new(),
             stop_cause: Mutex::new(None),
             memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
+            on_start: Mutex::new(None),
         }
     }
 
@@ -121,6 +145,45 @@ impl Session {
         self.keyboard.get()
     }
 
+    /// Makes `serial` the VM's serial port (for snapshots); the first one stays.
+    pub fn attach_serial(&self, serial: Arc<SerialDevice>) {
+        let _ = self.serial.set(serial);
+    }
+
+    /// The serial port, once the VM has one.
+    pub fn serial(&self) -> Option<&Arc<SerialDevice>> {
+        self.serial.get()
+    }
+
+    /// Makes `report` the test guest's report device (for snapshots); the first one stays.
+    pub fn attach_report(&self, report: Arc<ReportDevice>) {
+        let _ = self.report.set(report);
+    }
+
+    /// The test guest's report device, once it exists.
+    pub fn report(&self) -> Option<&Arc<ReportDevice>> {
+        self.report.get()
+    }
+
+    /// The virtio-mmio transports, by slot.
+    pub fn transports(&self) -> &[Arc<dyn StatefulTransport>] {
+        &self.transports
+    }
+
+    /// The KVM VM, once it has started.
+    pub fn vm_fd(&self) -> Option<&Arc<VmFd>> {
+        self.vm_fd.get()
+    }
+
+    /// Breaks the seal a snapshot put on the VM's memory in its zone, before the guest runs
+    /// and changes it: that snapshot can no longer be loaded.
+    pub fn break_seal(&self) -> Result<(), guest_mem::zone::ZoneError> {
+        match self.memory.zone_vm() {
+            Some(vm) => vm.break_seal(),
+            None => Ok(()),
+        }
+    }
+
     /// The run control, once the VM has started.
     pub fn control(&self) -> Option<&Arc<VmControl>> {
         self.control.get()
@@ -132,9 +195,19 @@ impl Session {
 
     /// Called once the vCPU threads exist (paused): registers each vCPU thread with guest
     /// memory (its faults allocate with its own core), hands out the control and lets the
-    /// guest run. Pause and resume requests wait for this, so none is lost to the start.
-    pub fn start_guest(&self, vm: &RunningVm) {
+    /// guest run, unless `paused` (a snapshot loaded without resuming: an API client resumes
+    /// it). Pause and resume requests wait for this, so none is lost to the start.
+    pub fn start_guest(&self, vm: &RunningVm, paused: bool) {
         let control = vm.control();
+        let _ = self.vm_fd.set(vm.fd().clone());
+        if !paused {
+            if let Err(e) = self.break_seal() {
+                control.request_stop(StopReason::VcpuFailed {
+                    vcpu: 0,
+                    message: format!("cannot mark the VM's memory as changing: {e}"),
+                });
+            }
+        }
         for (index, tid) in vm.vcpu_tids().iter().enumerate() {
             if let Err(e) = self.memory.register_vcpu_tid(index, *tid) {
                 control.request_stop(StopReason::VcpuFailed {
@@ -150,10 +223,26 @@ impl Session {
             control.request_stop(StopReason::Requested);
         }
         let mut phase = self.lock_phase();
-        // Fails only when the VM was stopped already; it ends at once then.
-        let _ = control.resume();
+        if !paused {
+            // Fails only when the VM was stopped already; it ends at once then.
+            let _ = control.resume();
+        }
         *phase = Phase::Started;
         self.phase_changed.notify_all();
+        drop(phase);
+        if let Some(hook) = self
+            .on_start
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            hook();
+        }
+    }
+
+    /// Calls `hook` once the guest has started (see [`Self::start_guest`]).
+    pub fn on_start(&self, hook: Box<dyn FnOnce() + Send>) {
+        *self.on_start.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
     }
 
     /// Called when the guest has ended (or never started): the control API answers with that.

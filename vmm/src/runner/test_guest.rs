@@ -7,25 +7,48 @@ use std::time::Duration;
 use super::devices::VirtioMmioDevices;
 use super::progress::StepProgress;
 use super::session::Session;
+use super::snapshot::ResumedStates;
 use super::{RunError, RunOutcome, StopCause};
 use crate::devices::serial::SerialOutput;
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
-use crate::testguest::{self, exit_code, Mismatch, Report, RunOptions, Workload};
+use crate::testguest::{
+    self, exit_code, Mismatch, Report, Resumption, RunOptions, TestGuestDevices, Workload,
+};
 use crate::vm::control::StopReason;
 
-/// Boots the test guest over the session's memory and runs `workload` to its end.
+/// Boots the test guest over the session's memory (or resumes it from a snapshot's
+/// `resumed` states) and runs `workload` to its end.
 pub(super) fn run(
     session: &Arc<Session>,
     workload: &Workload,
     devices: VirtioMmioDevices,
     console: SerialOutput,
+    resumed: Option<ResumedStates>,
 ) -> Result<RunOutcome, RunError> {
     let start_session = session.clone();
+    let devices_session = session.clone();
     let checkpoint_session = session.clone();
+    let paused = resumed.as_ref().is_some_and(|r| r.paused);
+    let resumption = match resumed {
+        Some(resumed) => Some(Resumption {
+            vcpus: resumed.vcpus,
+            vm: resumed.vm,
+            serial: resumed.serial,
+            report: resumed.report.ok_or_else(|| {
+                RunError::VcpuSetup("the snapshot has no test guest reports".into())
+            })?,
+        }),
+        None => None,
+    };
     let options = RunOptions {
         timeout: Duration::MAX,
-        on_start: Some(Box::new(move |vm| start_session.start_guest(vm))),
+        on_start: Some(Box::new(move |vm| start_session.start_guest(vm, paused))),
+        on_devices: Some(Box::new(move |guest_devices: &TestGuestDevices| {
+            devices_session.attach_serial(guest_devices.serial.clone());
+            devices_session.attach_report(guest_devices.report.clone());
+        })),
+        resumption,
         on_checkpoint: Some(Arc::new(move |id| {
             // With an API, a checkpoint pauses the VM until a client resumes it.
             if let Some(socket) = &checkpoint_session.config().api_socket {

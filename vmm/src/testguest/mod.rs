@@ -35,8 +35,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::paging::{IdentityMap, PageSize};
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
+use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
-use crate::devices::serial::{SerialDevice, SerialOutput, SharedBuffer};
+use crate::devices::serial::{SerialDevice, SerialOutput, SerialSnapshot, SharedBuffer};
 use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
 };
@@ -47,7 +48,7 @@ use protocol::{
     DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,
     REPORT_MMIO_SIZE, STACKS_START, STACK_SIZE, WORKLOAD_MIN_ADDR,
 };
-use report::ReportDevice;
+pub use report::ReportDevice;
 
 /// Errors of setting up a test guest run (the guest's own outcome is in the [`Report`]).
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +105,33 @@ pub type DevicesHook = Box<dyn FnOnce(&VmFd, &mut Buses) -> Result<(), String> +
 /// A progress hook: called about every [`PROGRESS_INTERVAL`] while the guest runs.
 pub type ProgressHook = Box<dyn FnMut(&Progress) + Send>;
 
+/// A devices-ready hook: sees the test guest's own devices once they exist (e.g. to save
+/// their state for a snapshot later).
+pub type DevicesReadyHook = Box<dyn FnOnce(&TestGuestDevices) + Send>;
+
+/// The devices every test guest VM has.
+#[derive(Debug, Clone)]
+pub struct TestGuestDevices {
+    /// The serial port.
+    pub serial: Arc<SerialDevice>,
+    /// The report device.
+    pub report: Arc<ReportDevice>,
+}
+
+/// A test guest VM as a snapshot left it: instead of booting, its vCPUs, VM and devices get
+/// these states (its memory must be the snapshot's).
+#[derive(Debug)]
+pub struct Resumption {
+    /// Each vCPU's state.
+    pub vcpus: Vec<VcpuState>,
+    /// The VM's state.
+    pub vm: VmState,
+    /// The serial port's.
+    pub serial: SerialSnapshot,
+    /// The report device's.
+    pub report: ReportSnapshot,
+}
+
 /// How often [`RunOptions::on_progress`] is called.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -124,6 +152,10 @@ pub struct RunOptions {
     pub serial_output: Option<SerialOutput>,
     /// Called after the serial port and the report device are on the buses.
     pub add_devices: Option<DevicesHook>,
+    /// Called with the serial port and the report device once they exist.
+    pub on_devices: Option<DevicesReadyHook>,
+    /// Resume a VM from a snapshot instead of booting the guest.
+    pub resumption: Option<Resumption>,
     /// Leave the vCPUs paused after `on_start`: the caller lets them run through the control it
     /// kept (a VMM whose API must be able to pause the guest from its first instruction on).
     pub start_paused: bool,
@@ -138,6 +170,8 @@ impl Default for RunOptions {
             on_progress: None,
             serial_output: None,
             add_devices: None,
+            on_devices: None,
+            resumption: None,
             start_paused: false,
         }
     }
@@ -177,9 +211,16 @@ where
     }
     workload.validate(memory.as_ref(), vcpus)?;
     let vm = Vm::new(memory.clone(), vcpus)?;
-    let entry = load_image(memory.as_ref())?;
-    workload.write_descriptor(memory.as_ref(), vcpus)?;
-    setup_vcpus(&vm, entry)?;
+    match &options.resumption {
+        None => {
+            let entry = load_image(memory.as_ref())?;
+            workload.write_descriptor(memory.as_ref(), vcpus)?;
+            setup_vcpus(&vm, entry)?;
+        }
+        Some(resumption) => vm
+            .restore(&resumption.vcpus, &resumption.vm)
+            .map_err(|e| TestGuestError::Setup(e.to_string()))?,
+    }
 
     let serial_output = SharedBuffer::new();
     let serial_irq =
@@ -187,8 +228,10 @@ where
     let serial_writer = options
         .serial_output
         .unwrap_or_else(|| Box::new(serial_output.clone()));
-    let serial = SerialDevice::new(serial_irq, serial_writer)
-        .map_err(|e| TestGuestError::Devices(e.to_string()))?;
+    let serial = Arc::new(
+        SerialDevice::new(serial_irq, serial_writer)
+            .map_err(|e| TestGuestError::Devices(e.to_string()))?,
+    );
     vm.fd()
         .register_irqfd(serial.irq_evt(), SERIAL_IRQ)
         .map_err(|e| TestGuestError::Devices(format!("KVM_IRQFD: {e}")))?;
@@ -197,11 +240,26 @@ where
         workload.steps().len(),
         options.on_checkpoint,
     ));
+    if let Some(resumption) = &options.resumption {
+        let restore_error = |e: &dyn std::fmt::Display| TestGuestError::Devices(e.to_string());
+        serial
+            .restore_state(&resumption.serial)
+            .map_err(|e| restore_error(&e))?;
+        reports
+            .restore_state(&resumption.report)
+            .map_err(|e| restore_error(&e))?;
+    }
+    if let Some(on_devices) = options.on_devices {
+        on_devices(&TestGuestDevices {
+            serial: serial.clone(),
+            report: reports.clone(),
+        });
+    }
     let mut buses = Buses::default();
     let devices_err = |e: crate::devices::BusError| TestGuestError::Devices(e.to_string());
     buses
         .pio
-        .insert(Arc::new(serial), SERIAL_PORT_BASE, SERIAL_PORT_SIZE)
+        .insert(serial, SERIAL_PORT_BASE, SERIAL_PORT_SIZE)
         .map_err(devices_err)?;
     buses
         .mmio

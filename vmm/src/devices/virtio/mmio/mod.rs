@@ -46,6 +46,28 @@ pub enum MmioError {
     BadState(String),
 }
 
+/// A transport whose state a snapshot saves and restores, whatever its device and memory.
+pub trait StatefulTransport: Send + Sync {
+    /// See [`MmioTransport::save_state`].
+    fn save_state(&self) -> MmioSnapshot;
+    /// See [`MmioTransport::restore_state`].
+    fn restore_state(&self, saved: &MmioSnapshot) -> Result<(), MmioError>;
+}
+
+impl<M, D> StatefulTransport for MmioTransport<M, D>
+where
+    M: GuestAddressSpace + Send + Sync,
+    D: VirtioDevice<M>,
+{
+    fn save_state(&self) -> MmioSnapshot {
+        MmioTransport::save_state(self)
+    }
+
+    fn restore_state(&self, saved: &MmioSnapshot) -> Result<(), MmioError> {
+        MmioTransport::restore_state(self, saved)
+    }
+}
+
 /// Driver-visible transport state, guarded by one lock.
 #[derive(Debug)]
 struct TransportState<M> {

@@ -1,0 +1,655 @@
+//! Snapshots in the runner: taking one of a paused VM ([`Session::create_snapshot`], the API's
+//! `PUT /snapshot/create`), loading one into a fresh process ([`load`]: `vmm snapshot load`, or
+//! `PUT /snapshot/load` on a VMM that waits for it, [`serve`]), and what a loaded VM gets
+//! instead of a boot ([`Resumption`]).
+//!
+//! ```text
+//! create   pause -> each vCPU thread reads its state -> VM and device states
+//!          -> memory: the VM's zone (seal it: nothing copied) or a file (copy)
+//!          -> snapshot file (synced, renamed into place)
+//! load     snapshot file (checked) -> zone, VM and seal checked (or the memory file copied
+//!          into a fresh pool) -> memory, devices with their states -> VM with the vCPU and
+//!          VM states -> started paused, or resumed (the seal breaks)
+//! ```
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use guest_mem::zone::{Zone, ZoneError};
+use guest_mem::{GuestMemory, Populate, Scrub};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::devices::{DeviceError, Devices};
+use super::memory::{self, Frames, ZoneSetupError};
+use super::session::Session;
+use super::signals::StopSignals;
+use super::{RunError, RunOutcome, StopCause};
+use crate::api::model::{
+    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
+    SnapshotLoadParams, SnapshotType,
+};
+use crate::api::{ApiServer, ControlError, VmmControl};
+use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
+use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
+use crate::devices::i8042::I8042Snapshot;
+use crate::devices::serial::SerialSnapshot;
+use crate::snapshot::file::{self, SnapshotFileError};
+use crate::snapshot::{
+    DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, VmSnapshot,
+};
+use crate::testguest::ReportSnapshot;
+use crate::vm::control;
+
+/// Errors of taking or loading a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The VM is not paused, has not started or has stopped.
+    #[error("{0}")]
+    State(String),
+    /// A vCPU could not read its state.
+    #[error("cannot read the vCPUs' state: {0}")]
+    Vcpus(#[source] control::ControlError),
+    /// KVM could not give the VM's state.
+    #[error("cannot read the VM's state: {0}")]
+    Vm(#[source] StateError),
+    /// The request asks for something this VMM does not do.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The snapshot file could not be written or read, or is damaged.
+    #[error(transparent)]
+    File(#[from] SnapshotFileError),
+    /// The snapshot's parts do not fit together.
+    #[error("{}: {source}", .path.display())]
+    Inconsistent {
+        /// The snapshot file.
+        path: PathBuf,
+        /// What does not fit.
+        source: InconsistentSnapshot,
+    },
+    /// The zone could not be opened or sealed.
+    #[error("zone {}: {source}", .path.display())]
+    Zone {
+        /// The zone.
+        path: PathBuf,
+        /// What went wrong.
+        source: ZoneError,
+    },
+    /// The VM could not be attached to its zone.
+    #[error(transparent)]
+    ZoneSetup(#[from] ZoneSetupError),
+    /// The memory file is not the snapshot's.
+    #[error("{}: {why}", .path.display())]
+    WrongMemory {
+        /// The memory file or zone given.
+        path: PathBuf,
+        /// What does not match.
+        why: String,
+    },
+    /// The memory file could not be written or read.
+    #[error("memory file {}: {what}: {source}", .path.display())]
+    MemoryFile {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// What [`SnapshotError`] means to an API client: bad requests and refused states are theirs
+/// (400), failures to read KVM or write files the VMM's (500).
+impl From<SnapshotError> for ControlError {
+    fn from(error: SnapshotError) -> Self {
+        match error {
+            SnapshotError::Vcpus(_)
+            | SnapshotError::Vm(_)
+            | SnapshotError::MemoryFile { .. }
+            | SnapshotError::File(SnapshotFileError::Io { .. }) => {
+                ControlError::Internal(error.to_string())
+            }
+            _ => ControlError::InvalidArgument(error.to_string()),
+        }
+    }
+}
+
+/// Whether `a` and `b` name the same file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+fn memory_file_error(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> SnapshotError {
+    let path = path.to_owned();
+    move |source| SnapshotError::MemoryFile { path, what, source }
+}
+
+/// Copies every populated chunk of `memory` into a new file at `path`, regions one after the
+/// other; chunks never touched stay holes. Returns the regions.
+fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<Vec<(u64, u64)>, SnapshotError> {
+    let mut file = File::create(path).map_err(memory_file_error(path, "cannot create"))?;
+    let mut regions = Vec::new();
+    let mut offset = 0;
+    for region in memory.regions() {
+        let (start, size) = (region.start().0, region.size());
+        let chunk = region.chunk_size().bytes();
+        for at in (start..start + size).step_by(chunk as usize) {
+            if memory.frame_at(GuestAddress(at)).is_none() {
+                continue;
+            }
+            file.seek(SeekFrom::Start(offset + at - start))
+                .map_err(memory_file_error(path, "cannot seek"))?;
+            memory
+                .write_all_volatile_to(GuestAddress(at), &mut file, chunk as usize)
+                .map_err(|e| SnapshotError::MemoryFile {
+                    path: path.to_owned(),
+                    what: "cannot copy guest memory",
+                    source: io::Error::other(e.to_string()),
+                })?;
+        }
+        offset += size;
+        regions.push((start, size));
+    }
+    file.set_len(offset)
+        .and_then(|()| file.sync_all())
+        .map_err(memory_file_error(path, "cannot write"))?;
+    Ok(regions)
+}
+
+/// Copies a memory file into fresh guest memory; chunks that read as zero stay untouched.
+fn copy_memory_in(memory: &GuestMemory, path: &Path) -> Result<(), SnapshotError> {
+    let mut file = File::open(path).map_err(memory_file_error(path, "cannot open"))?;
+    for region in memory.regions() {
+        let chunk = region.chunk_size().bytes() as usize;
+        let mut buffer = vec![0u8; chunk];
+        let (start, size) = (region.start().0, region.size());
+        for at in (start..start + size).step_by(chunk) {
+            file.read_exact(&mut buffer)
+                .map_err(memory_file_error(path, "cannot read"))?;
+            if buffer.iter().all(|&byte| byte == 0) {
+                continue;
+            }
+            memory.write_slice(&buffer, GuestAddress(at)).map_err(|e| {
+                SnapshotError::MemoryFile {
+                    path: path.to_owned(),
+                    what: "cannot fill guest memory",
+                    source: io::Error::other(e.to_string()),
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Snapshots the paused VM: its state into `snapshot_path`; its memory stays in its zone
+    /// when `mem_file_path` is the zone (which is sealed), or is copied into `mem_file_path`.
+    pub fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), SnapshotError> {
+        if params.snapshot_type == SnapshotType::Diff {
+            return Err(SnapshotError::Unsupported(
+                "diff snapshots are not supported: a snapshot of a VM in a zone copies nothing"
+                    .into(),
+            ));
+        }
+        let (Some(control), Some(vm_fd)) = (self.control(), self.vm_fd()) else {
+            return Err(SnapshotError::State("the VM has not started".into()));
+        };
+        let vcpus = control.save_vcpus().map_err(|e| match e {
+            control::ControlError::NotPaused => SnapshotError::State(
+                "the VM is not paused (PATCH /vm {\"state\":\"Paused\"} first)".into(),
+            ),
+            control::ControlError::Stopped => SnapshotError::State("the VM has stopped".into()),
+            e => SnapshotError::Vcpus(e),
+        })?;
+        let vm = VmState::save(vm_fd).map_err(SnapshotError::Vm)?;
+        let serial = self
+            .serial()
+            .ok_or_else(|| SnapshotError::State("the VM has no serial port yet".into()))?;
+        let devices = DeviceStates {
+            serial: serial.save_state(),
+            keyboard: self.keyboard().map(|k| k.save_state()),
+            report: self.report().map(|r| r.save_state()),
+            virtio: self.transports().iter().map(|t| t.save_state()).collect(),
+        };
+        let memory = match (self.memory().zone_vm(), &self.config().zone) {
+            (Some(vm), Some(zone)) if same_file(&params.mem_file_path, &zone.path) => {
+                let seal = vm.seal_memory().map_err(|source| SnapshotError::Zone {
+                    path: zone.path.clone(),
+                    source,
+                })?;
+                MemorySource::Zone {
+                    zone_id: vm.zone().id(),
+                    vm: vm.name().to_owned(),
+                    vm_id: vm.id(),
+                    seal,
+                }
+            }
+            _ => MemorySource::File {
+                regions: copy_memory_out(self.memory(), &params.mem_file_path)?,
+            },
+        };
+        let snapshot = VmSnapshot {
+            machine: self.machine(),
+            memory,
+            vcpus,
+            vm,
+            devices,
+        };
+        file::write(&params.snapshot_path, &snapshot)?;
+        Ok(())
+    }
+
+    /// The configuration a snapshot keeps.
+    fn machine(&self) -> Machine {
+        let config = self.config();
+        Machine {
+            memory_size: config.memory_size,
+            vcpus: config.vcpus,
+            pmem_size: config.pmem_size,
+            balloon: config.balloon,
+            balloon_stats_interval_s: self
+                .balloon_handle()
+                .and_then(|b| b.stats_interval())
+                .map_or(0, |i| u32::try_from(i.as_secs()).unwrap_or(u32::MAX)),
+            wait_for_memory: config.wait_for_memory,
+            guest: match &config.guest {
+                GuestConfig::TestGuest(workload) => SavedGuest::TestGuest(workload.clone()),
+                GuestConfig::Linux(_) | GuestConfig::RestoredLinux => SavedGuest::Linux,
+            },
+        }
+    }
+}
+
+/// The states a loaded VM's vCPUs and devices get instead of a boot.
+#[derive(Debug)]
+pub(super) struct ResumedStates {
+    /// Each vCPU's.
+    pub vcpus: Vec<VcpuState>,
+    /// The VM's.
+    pub vm: VmState,
+    /// The serial port's.
+    pub serial: SerialSnapshot,
+    /// The i8042's (Linux).
+    pub keyboard: Option<I8042Snapshot>,
+    /// The report device's (test guest).
+    pub report: Option<ReportSnapshot>,
+    /// Stay paused once loaded.
+    pub paused: bool,
+}
+
+/// A loaded snapshot on its way into a VM.
+#[derive(Debug)]
+pub(super) struct Resumption {
+    states: ResumedStates,
+    virtio: Vec<crate::devices::virtio::state::MmioSnapshot>,
+    balloon_stats_interval_s: u32,
+    /// The memory file to fill guest memory from (a snapshot that copied it).
+    memory_file: Option<PathBuf>,
+    front: Option<Arc<ApiFront>>,
+}
+
+impl Resumption {
+    /// Fills fresh guest memory from the memory file the snapshot copied it into, if it did.
+    pub fn fill_memory(&self, memory: &GuestMemory) -> Result<(), RunError> {
+        match &self.memory_file {
+            Some(path) => copy_memory_in(memory, path).map_err(RunError::Snapshot),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives the virtio devices their states (before the session exists).
+    pub fn restore_devices(&self, devices: &Devices) -> Result<(), RunError> {
+        devices.mmio.restore_states(&self.virtio)?;
+        if let Some(balloon) = &devices.balloon {
+            let interval = Duration::from_secs(self.balloon_stats_interval_s.into());
+            if balloon.stats_interval() != Some(interval).filter(|i| !i.is_zero()) {
+                balloon
+                    .update(None, Some(interval))
+                    .map_err(|e| RunError::Devices(DeviceError::Restore(e.to_string())))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The vCPU and device states, and the API front waiting for the VM, if any.
+    pub fn into_parts(self) -> (ResumedStates, Option<Arc<ApiFront>>) {
+        (self.states, self.front)
+    }
+}
+
+/// Reads the snapshot of `params` and prepares the VM it describes: its configuration (with
+/// `api_socket`), its frames (the zone's, checked against the snapshot; or a fresh pool, filled
+/// from a memory file later) and what it resumes with. Nothing is changed when this fails.
+fn prepare(
+    params: &SnapshotLoadParams,
+    api_socket: Option<PathBuf>,
+) -> Result<(VmConfig, Frames, Resumption), SnapshotError> {
+    params
+        .check_supported()
+        .map_err(SnapshotError::Unsupported)?;
+    let memory_path = params
+        .memory_path()
+        .map_err(SnapshotError::Unsupported)?
+        .to_owned();
+    let snapshot = file::read(&params.snapshot_path)?;
+    snapshot
+        .check()
+        .map_err(|source| SnapshotError::Inconsistent {
+            path: params.snapshot_path.clone(),
+            source,
+        })?;
+    let VmSnapshot {
+        machine,
+        memory,
+        vcpus,
+        vm,
+        devices,
+    } = snapshot;
+    let mut config = VmConfig {
+        memory_size: machine.memory_size,
+        backing: BackingKind::Anonymous,
+        zone: None,
+        pmem_size: machine.pmem_size,
+        format_pool: false,
+        wait_for_memory: machine.wait_for_memory,
+        scrub: Scrub::PunchHole,
+        populate: Populate::Lazy,
+        vcpus: machine.vcpus,
+        guest: match machine.guest {
+            SavedGuest::TestGuest(workload) => GuestConfig::TestGuest(workload),
+            SavedGuest::Linux => GuestConfig::RestoredLinux,
+        },
+        api_socket,
+        balloon: machine.balloon,
+    };
+    let wrong = |why: String| SnapshotError::WrongMemory {
+        path: memory_path.clone(),
+        why,
+    };
+    let (frames, copy_from) = match memory {
+        MemorySource::Zone {
+            zone_id,
+            vm,
+            vm_id,
+            seal,
+        } => {
+            let target = ZoneTarget {
+                path: memory_path.clone(),
+                vm: vm.clone(),
+            };
+            config.zone = Some(target.clone());
+            let zone =
+                Zone::open(&memory_path, config.vcpus + super::SPARE_CORES).map_err(|source| {
+                    SnapshotError::Zone {
+                        path: memory_path.clone(),
+                        source,
+                    }
+                })?;
+            if zone.id() != zone_id {
+                return Err(wrong(format!(
+                    "the snapshot's memory is in zone {zone_id:032x}, this is zone {:032x}",
+                    zone.id()
+                )));
+            }
+            drop(zone);
+            let attached = memory::attach_zone(&config, &target)?;
+            if attached.id() != vm_id {
+                return Err(wrong(format!(
+                    "VM '{vm}' of this zone is another VM than the snapshot's (it was deleted \
+                     and created again since)"
+                )));
+            }
+            if attached.seal() != seal {
+                return Err(wrong(format!(
+                    "the memory of VM '{vm}' changed since the snapshot was taken (the VM ran \
+                     again, or a later snapshot was taken): this snapshot no longer matches it"
+                )));
+            }
+            (Frames::Zone(attached), None)
+        }
+        MemorySource::File { regions } => {
+            let expected: u64 = regions.iter().map(|(_, size)| size).sum();
+            let found = std::fs::metadata(&memory_path)
+                .map_err(memory_file_error(&memory_path, "cannot open"))?
+                .len();
+            if found != expected {
+                return Err(wrong(format!(
+                    "a memory file of {found} bytes; the snapshot's memory has {expected}"
+                )));
+            }
+            let pool = memory::create_pool(&config)
+                .map_err(|e| SnapshotError::State(format!("cannot create the frame pool: {e}")))?;
+            (Frames::Pool(pool), Some(memory_path.clone()))
+        }
+    };
+    let resumption = Resumption {
+        states: ResumedStates {
+            vcpus,
+            vm,
+            serial: devices.serial,
+            keyboard: devices.keyboard,
+            report: devices.report,
+            paused: !params.resume_vm,
+        },
+        virtio: devices.virtio,
+        balloon_stats_interval_s: machine.balloon_stats_interval_s,
+        memory_file: copy_from,
+        front: None,
+    };
+    Ok((config, frames, resumption))
+}
+
+/// Loads the snapshot of `params` and runs the VM until it ends, as `vmm run` does (its API on
+/// `api_socket`, if given; a VM loaded without `resume_vm` waits there to be resumed).
+pub fn load(
+    params: &SnapshotLoadParams,
+    api_socket: Option<PathBuf>,
+) -> Result<RunOutcome, RunError> {
+    let (config, frames, resumption) = prepare(params, api_socket).map_err(RunError::Snapshot)?;
+    super::run_resumed(config, frames, resumption)
+}
+
+/// A load request from the API thread to the main thread, and where its answer goes.
+struct LoadRequest {
+    params: SnapshotLoadParams,
+    answer: Sender<Result<(), ControlError>>,
+}
+
+/// What the API of a VMM started without a VM sees: nothing but `PUT /snapshot/load` until
+/// a VM is loaded, then that VM's session.
+pub(super) struct ApiFront {
+    loads: Mutex<Option<Sender<LoadRequest>>>,
+    session: Mutex<Option<Arc<Session>>>,
+    /// The answer to the load in progress, sent once its VM has started.
+    pending: Mutex<Option<Sender<Result<(), ControlError>>>>,
+}
+
+impl std::fmt::Debug for ApiFront {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiFront")
+            .field("loaded", &self.session().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long `PUT /snapshot/load` waits for the VM to be set up.
+const LOAD_WAIT: Duration = Duration::from_secs(60);
+
+impl ApiFront {
+    fn session(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Hands the API to the loaded VM's session; the load is answered once the VM starts.
+    pub fn attach(&self, session: Arc<Session>) {
+        if let Some(answer) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            session.on_start(Box::new(move || {
+                // The client may have gone: nobody to tell then.
+                let _ = answer.send(Ok(()));
+            }));
+        }
+        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session);
+    }
+
+    /// The loaded VM's session, or the API's answer while there is none.
+    fn loaded(&self) -> Result<Arc<Session>, ControlError> {
+        self.session().ok_or_else(|| {
+            ControlError::InvalidState(
+                "no VM yet: this VMM waits for a snapshot to load (PUT /snapshot/load)".into(),
+            )
+        })
+    }
+}
+
+impl VmmControl for ApiFront {
+    fn machine_info(&self) -> Result<MachineInfo, ControlError> {
+        self.loaded()?.machine_info()
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
+        self.loaded()?.memory_info()
+    }
+
+    fn pause(&self) -> Result<(), ControlError> {
+        self.loaded()?.pause()
+    }
+
+    fn resume(&self) -> Result<(), ControlError> {
+        self.loaded()?.resume()
+    }
+
+    fn shutdown(&self) -> Result<(), ControlError> {
+        match self.session() {
+            Some(session) => session.shutdown(),
+            None => {
+                // No VM: the VMM itself ends, as on SIGTERM.
+                // SAFETY: sends SIGTERM to this process, whose main thread handles it.
+                unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+                Ok(())
+            }
+        }
+    }
+
+    fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
+        self.loaded()?.send_ctrl_alt_del()
+    }
+
+    fn balloon(&self) -> Result<BalloonInfo, ControlError> {
+        self.loaded()?.balloon()
+    }
+
+    fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
+        self.loaded()?.update_balloon(update)
+    }
+
+    fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
+        self.loaded()?.balloon_statistics()
+    }
+
+    fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
+        VmmControl::create_snapshot(self.loaded()?.as_ref(), params)
+    }
+
+    fn load_snapshot(&self, params: &SnapshotLoadParams) -> Result<(), ControlError> {
+        if self.session().is_some() {
+            return Err(ControlError::InvalidState(
+                "a VM is loaded already: a snapshot is loaded into a fresh VMM".into(),
+            ));
+        }
+        params
+            .check_supported()
+            .map_err(ControlError::InvalidArgument)?;
+        let (answer, answered) = mpsc::channel();
+        let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = loads.as_ref().is_some_and(|loads| {
+            loads
+                .send(LoadRequest {
+                    params: params.clone(),
+                    answer,
+                })
+                .is_ok()
+        });
+        drop(loads);
+        if !sent {
+            return Err(ControlError::InvalidState(
+                "a snapshot is being loaded already".into(),
+            ));
+        }
+        answered
+            .recv_timeout(LOAD_WAIT)
+            .unwrap_or_else(|_| Err(ControlError::Internal("the load did not finish".into())))
+    }
+}
+
+/// How often the waiting VMM looks for a stop signal.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// `vmm --api-sock PATH`: serves the API without a VM until a client loads a snapshot
+/// (`PUT /snapshot/load`), then runs that VM until it ends. SIGINT and SIGTERM end the wait.
+pub fn serve(api_socket: &Path) -> Result<RunOutcome, RunError> {
+    let signals = StopSignals::block().map_err(RunError::Signals)?;
+    let (loads, requests): (Sender<LoadRequest>, Receiver<LoadRequest>) = mpsc::channel();
+    let front = Arc::new(ApiFront {
+        loads: Mutex::new(Some(loads)),
+        session: Mutex::new(None),
+        pending: Mutex::new(None),
+    });
+    let server = ApiServer::start(api_socket, front.clone())?;
+    log::info!(
+        "waiting for a snapshot to load: PUT /snapshot/load on {}",
+        api_socket.display()
+    );
+    loop {
+        if let Some(signal) = signals.fd().take() {
+            return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
+        }
+        let request = match requests.recv_timeout(SIGNAL_POLL) {
+            Ok(request) => request,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(RunError::Snapshot(SnapshotError::State(
+                    "the API stopped taking loads".into(),
+                )))
+            }
+        };
+        let started = Instant::now();
+        match prepare(&request.params, Some(api_socket.to_owned())) {
+            Err(e) => {
+                let _ = request.answer.send(Err(e.into()));
+            }
+            Ok((config, frames, mut resumption)) => {
+                // One VM per process: later loads are refused.
+                *front.loads.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                *front.pending.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(request.answer.clone());
+                resumption.front = Some(front.clone());
+                log::info!("snapshot prepared in {:?}", started.elapsed());
+                drop(signals);
+                let outcome = super::run_resumed(config, frames, resumption);
+                if let Err(e) = &outcome {
+                    // Unless the VM started and the load was answered already.
+                    let _ = request
+                        .answer
+                        .send(Err(ControlError::InvalidArgument(e.to_string())));
+                }
+                drop(server);
+                return outcome;
+            }
+        }
+    }
+}
