@@ -41,8 +41,15 @@ pub struct VmmRun {
 impl VmmRun {
     /// Starts `vmm run ARGS` with stdin from /dev/null and stdout and stderr captured.
     pub fn start(args: &[&str]) -> Self {
+        let mut command = vec!["run"];
+        command.extend_from_slice(args);
+        Self::start_command(&command)
+    }
+
+    /// Starts `vmm ARGS` (e.g. `--api-sock PATH` or `snapshot load ...`) as [`Self::start`]
+    /// does.
+    pub fn start_command(args: &[&str]) -> Self {
         let mut child = Command::new(vmm_binary())
-            .arg("run")
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -172,7 +179,11 @@ impl VmmRun {
     pub fn api(&mut self, socket: &str) -> ApiClient {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !Path::new(socket).exists() {
-            assert!(self.running(), "vmm run ended before serving its API");
+            assert!(
+                self.running(),
+                "vmm ended before serving its API: {}",
+                self.stderr_so_far()
+            );
             assert!(Instant::now() < deadline, "no API socket after 60 s");
             std::thread::sleep(Duration::from_millis(10));
         }

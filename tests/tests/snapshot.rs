@@ -1,0 +1,373 @@
+//! End-to-end: snapshots of test guest VMs. A VM paused at a workload checkpoint is snapshotted
+//! (its memory stays in its zone), its VMM is killed, and a new `vmm` process loads the
+//! snapshot and finishes the workload, whose later steps verify what the earlier ones wrote;
+//! with 2 vCPUs, with a balloon in the middle of an inflation, into a memory file instead of
+//! the zone. Damaged, truncated, foreign and mismatched snapshot files are refused, and change
+//! nothing: the right snapshot loads afterwards.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod vmm_common;
+
+use std::time::{Duration, Instant};
+
+use e2e_tests::kvm_available;
+use vmm_cli::ApiClient;
+use vmm_common::{client, get, send, wait_for_state, Finished, Scratch, VmmRun};
+
+/// Writes all of RAM, stops at checkpoint 1, then verifies it.
+const WORKLOAD: &str = "write:all:0x5ea1ed,checkpoint:1,verify:all:0x5ea1ed";
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A new zone of `size` in `scratch`.
+fn zone(scratch: &Scratch, name: &str, size: &str) -> String {
+    let path = scratch.path(name);
+    let created = client(&["zone", "create", &path, "--size", size]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    path
+}
+
+/// `vmm run` of `vm` in `zone` with `args`, paused at its checkpoint.
+fn paused_in_zone(zone: &str, vm: &str, socket: &str, args: &[&str]) -> (VmmRun, ApiClient) {
+    let mut all = vec!["--zone", zone, "--vm", vm];
+    all.extend_from_slice(args);
+    VmmRun::start_paused(&all, socket)
+}
+
+/// `PUT /snapshot/create` with Firecracker's body.
+fn create_snapshot(api: &ApiClient, snapshot: &str, memory: &str) {
+    let body = format!(
+        r#"{{"snapshot_type":"Full","snapshot_path":"{snapshot}","mem_file_path":"{memory}"}}"#
+    );
+    send(api, "PUT", "/snapshot/create", &body);
+}
+
+/// The body of `PUT /snapshot/load` for `snapshot` with its memory in `memory`.
+fn load_body(snapshot: &str, memory: &str, resume: bool) -> String {
+    format!(
+        r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"File","backend_path":"{memory}"}},"resume_vm":{resume}}}"#
+    )
+}
+
+/// A `vmm --api-sock SOCKET` process, waiting for a snapshot, and its API.
+fn waiting_vmm(socket: &str) -> (VmmRun, ApiClient) {
+    let mut vmm = VmmRun::start_command(&["--api-sock", socket]);
+    let api = vmm.api(socket);
+    (vmm, api)
+}
+
+/// `vmm snapshot load ... --resume` to its end.
+fn load_and_run(snapshot: &str, memory: &str) -> Finished {
+    VmmRun::start_command(&[
+        "snapshot",
+        "load",
+        "--snapshot-path",
+        snapshot,
+        "--mem-file-path",
+        memory,
+        "--resume",
+    ])
+    .wait(TIMEOUT)
+}
+
+/// Asserts that the workload's steps after checkpoint 1 ran in this process and passed.
+fn assert_finished_after_the_checkpoint(run: &Finished, steps: usize) {
+    run.assert_success();
+    assert!(
+        run.stdout.contains(&format!("step {steps}: ok"))
+            && run.stdout.contains("test guest: done"),
+        "{run:#?}"
+    );
+    assert!(
+        !run.stdout.contains("step 1: ok"),
+        "step 1 ran before: {run:#?}"
+    );
+}
+
+#[test]
+fn a_vm_with_two_vcpus_finishes_its_workload_in_a_new_process_after_its_vmm_was_killed() {
+    if !kvm_available("snapshot_two_vcpus") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-two-vcpus");
+    let zone = zone(&scratch, "zone", "256M");
+    let (snapshot, socket) = (scratch.path("vm.snap"), scratch.path("api.sock"));
+    let args = ["--memory", "96M", "--vcpus", "2", "--workload", WORKLOAD];
+    let (vmm, api) = paused_in_zone(&zone, "twins", &socket, &args);
+    // A running VM is refused.
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let running = api
+        .request(
+            "PUT",
+            "/snapshot/create",
+            Some(&format!(
+                r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}"}}"#
+            )),
+        )
+        .unwrap();
+    assert_eq!(running.status, 400, "{}", running.body);
+    assert!(
+        running.body.contains("not paused") || running.body.contains("stopped"),
+        "{}",
+        running.body
+    );
+    vmm.wait(TIMEOUT).assert_success();
+    let _ = std::fs::remove_file(&socket);
+    let (vmm, api) = paused_in_zone(&zone, "twins2", &socket, &args);
+    create_snapshot(&api, &snapshot, &zone);
+    let killed = vmm.kill();
+    assert_eq!(killed.code, None, "SIGKILL: {killed:#?}");
+    let _ = std::fs::remove_file(&socket);
+
+    // Firecracker's way: a fresh VMM waits on its socket, a client loads and resumes.
+    let (waiting, api) = waiting_vmm(&socket);
+    let none = api.request("GET", "/machine", None).unwrap();
+    assert_eq!(none.status, 400, "no VM yet: {}", none.body);
+    let started = Instant::now();
+    send(
+        &api,
+        "PUT",
+        "/snapshot/load",
+        &load_body(&snapshot, &zone, true),
+    );
+    let loaded = started.elapsed();
+    let run = waiting.wait(TIMEOUT);
+    assert_finished_after_the_checkpoint(&run, 3);
+    eprintln!("loaded and resumed in {loaded:?} (as the client saw it)");
+
+    // The guest ran on: the memory is no longer the snapshot's.
+    let again = load_and_run(&snapshot, &zone);
+    again.assert_fails(2, "changed since the snapshot was taken");
+}
+
+#[test]
+fn a_loaded_vm_waits_paused_for_its_resume_and_the_cli_takes_and_loads_snapshots() {
+    if !kvm_available("snapshot_paused_load") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-paused-load");
+    let zone = zone(&scratch, "zone", "128M");
+    let (snapshot, socket) = (scratch.path("vm.snap"), scratch.path("api.sock"));
+    let args = ["--memory", "32M", "--workload", WORKLOAD];
+    let (vmm, api) = paused_in_zone(&zone, "cli", &socket, &args);
+    let machine = get(&api, "/machine");
+    let created = client(&[
+        "snapshot",
+        "create",
+        "--socket",
+        &socket,
+        "--snapshot-path",
+        &snapshot,
+        "--mem-file-path",
+        &zone,
+    ]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    drop(api);
+    vmm.kill();
+    let _ = std::fs::remove_file(&socket);
+
+    let mut loaded = VmmRun::start_command(&[
+        "snapshot",
+        "load",
+        "--snapshot-path",
+        &snapshot,
+        "--mem-file-path",
+        &zone,
+        "--api-socket",
+        &socket,
+    ]);
+    let api = loaded.api(&socket);
+    wait_for_state(&api, "Paused");
+    let restored = get(&api, "/machine");
+    assert_eq!(restored["vcpu_count"], machine["vcpu_count"]);
+    assert_eq!(restored["mem_size_mib"], machine["mem_size_mib"]);
+    assert_eq!(restored["zone_vm"], "cli");
+    // Loading twice into one VMM is refused.
+    let twice = api
+        .request(
+            "PUT",
+            "/snapshot/load",
+            Some(&load_body(&snapshot, &zone, true)),
+        )
+        .unwrap();
+    assert_eq!(twice.status, 400, "{}", twice.body);
+    let resumed = client(&["resume", "--socket", &socket]);
+    assert_eq!(resumed.code, Some(0), "{resumed:#?}");
+    assert_finished_after_the_checkpoint(&loaded.wait(TIMEOUT), 3);
+}
+
+#[test]
+fn a_balloon_in_the_middle_of_an_inflation_goes_on_after_the_restore() {
+    if !kvm_available("snapshot_mid_inflation") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-mid-inflation");
+    let zone = zone(&scratch, "zone", "512M");
+    let (snapshot, socket) = (scratch.path("vm.snap"), scratch.path("api.sock"));
+    let workload = "write:all:0xba11,inflate:192M,verify:2M+32M:0xba11,deflate:96M";
+    let args = [
+        "--zone",
+        &zone,
+        "--vm",
+        "ballooned",
+        "--memory",
+        "256M",
+        "--balloon",
+        "size=0",
+        "--workload",
+        workload,
+        "--api-socket",
+        &socket,
+    ];
+    // The inflation takes about half a second: pause while it is under way (a few tries, in
+    // case the host is too slow to see it).
+    let (vmm, api, inflated) = (0..5)
+        .find_map(|_| {
+            let _ = std::fs::remove_file(&socket);
+            let mut vmm = VmmRun::start(&args);
+            let api = vmm.api(&socket);
+            let deadline = Instant::now() + TIMEOUT;
+            while Instant::now() < deadline {
+                let actual = get(&api, "/balloon")["actual_mib"].as_u64().unwrap();
+                if actual >= 192 {
+                    break;
+                }
+                if actual > 0 {
+                    send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+                    let actual = get(&api, "/balloon")["actual_mib"].as_u64().unwrap();
+                    if actual < 192 {
+                        return Some((vmm, api, actual));
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            vmm.kill();
+            None
+        })
+        .expect("the inflation was never caught under way");
+    eprintln!("paused with {inflated} MiB in the balloon");
+    let memory = get(&api, "/memory");
+    create_snapshot(&api, &snapshot, &zone);
+    vmm.kill();
+    let _ = std::fs::remove_file(&socket);
+
+    let (waiting, api) = waiting_vmm(&socket);
+    send(
+        &api,
+        "PUT",
+        "/snapshot/load",
+        &load_body(&snapshot, &zone, false),
+    );
+    let balloon = get(&api, "/balloon");
+    assert_eq!(balloon["actual_mib"], inflated, "{balloon:#}");
+    let restored = get(&api, "/memory");
+    assert_eq!(
+        restored["guest"]["given_away_pieces"], memory["guest"]["given_away_pieces"],
+        "the balloon's pages are still given away"
+    );
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = waiting.wait(TIMEOUT);
+    assert!(run.stdout.contains("step 4: ok"), "{run:#?}");
+    run.assert_success();
+
+    let info = client(&["zone", "inspect", "--json", &zone]);
+    let info: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0))
+    );
+}
+
+#[test]
+fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_without_a_zone() {
+    if !kvm_available("snapshot_memory_file") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-memory-file");
+    let (snapshot, memory, socket) = (
+        scratch.path("vm.snap"),
+        scratch.path("vm.mem"),
+        scratch.path("api.sock"),
+    );
+    let args = ["--memory", "32M", "--vcpus", "2", "--workload", WORKLOAD];
+    let (vmm, api) = VmmRun::start_paused(&args, &socket);
+    create_snapshot(&api, &snapshot, &memory);
+    vmm.kill();
+    assert_eq!(std::fs::metadata(&memory).unwrap().len(), 32 << 20);
+    assert_finished_after_the_checkpoint(&load_and_run(&snapshot, &memory), 3);
+    // The copy can be loaded again: it is not the VM's live memory.
+    assert_finished_after_the_checkpoint(&load_and_run(&snapshot, &memory), 3);
+    let short = scratch.path("short.mem");
+    std::fs::write(&short, vec![0u8; 1 << 20]).unwrap();
+    load_and_run(&snapshot, &short).assert_fails(2, "memory file of 1048576 bytes");
+}
+
+#[test]
+fn bad_snapshot_files_are_refused_and_change_nothing() {
+    if !kvm_available("snapshot_bad_files") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-bad-files");
+    let zone = zone(&scratch, "zone", "128M");
+    let other_zone = zone_named(&scratch, "other-zone");
+    let (snapshot, socket) = (scratch.path("vm.snap"), scratch.path("api.sock"));
+    let args = ["--memory", "32M", "--workload", WORKLOAD];
+    let (vmm, api) = paused_in_zone(&zone, "victim", &socket, &args);
+    create_snapshot(&api, &snapshot, &zone);
+    vmm.kill();
+    let _ = std::fs::remove_file(&socket);
+    let good = std::fs::read(&snapshot).unwrap();
+
+    // Another VM of the same zone, snapshotted, then deleted and created again: another VM.
+    let other = scratch.path("other.snap");
+    let (vmm, api) = paused_in_zone(&zone, "other", &socket, &args);
+    create_snapshot(&api, &other, &zone);
+    vmm.kill();
+    let _ = std::fs::remove_file(&socket);
+    assert_eq!(client(&["zone", "delete-vm", &zone, "other"]).code, Some(0));
+    let (vmm, _api) = paused_in_zone(&zone, "other", &socket, &args);
+    vmm.kill();
+    load_and_run(&other, &zone).assert_fails(2, "another VM than the snapshot's");
+
+    // The right snapshot against another zone.
+    load_and_run(&snapshot, &other_zone).assert_fails(2, "the snapshot's memory is in zone");
+
+    let bad = scratch.path("bad.snap");
+    let mut refused = 0;
+    let mut try_bad = |bytes: &[u8], expected: &str| {
+        std::fs::write(&bad, bytes).unwrap();
+        load_and_run(&bad, &zone).assert_fails(2, expected);
+        refused += 1;
+    };
+    try_bad(b"", "is not an llfree-vmm snapshot");
+    try_bad(
+        b"#!/bin/sh\necho not a snapshot\n",
+        "is not an llfree-vmm snapshot",
+    );
+    for len in [8, 31, 32, 100, good.len() / 2, good.len() - 1] {
+        try_bad(&good[..len], "is damaged");
+    }
+    // Every header byte, and payload bytes throughout.
+    let payload_bytes = (32..good.len()).step_by(good.len() / 24);
+    for at in (0..32).chain(payload_bytes) {
+        let mut flipped = good.clone();
+        flipped[at] ^= 0x41;
+        let expected = if at < 8 {
+            "is not an llfree-vmm snapshot"
+        } else {
+            "is damaged"
+        };
+        try_bad(&flipped, expected);
+    }
+    eprintln!("{refused} bad files refused");
+
+    // None of it touched the VM: the right snapshot loads and the guest finishes.
+    assert_finished_after_the_checkpoint(&load_and_run(&snapshot, &zone), 3);
+}
+
+/// A small zone named `name` (for the snapshot of a VM in another zone).
+fn zone_named(scratch: &Scratch, name: &str) -> String {
+    zone(scratch, name, "64M")
+}
