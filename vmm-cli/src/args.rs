@@ -33,7 +33,8 @@ pub struct Cli {
 
     /// Serve the control API on this Unix socket without a VM, until a client loads a snapshot
     /// (PUT /snapshot/load, as with Firecracker); the VM then runs as with `vmm run`.
-    #[arg(long, value_name = "PATH", conflicts_with = "command")]
+    /// Not with a subcommand.
+    #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
 
     /// Messages on stderr from this level up: off, error, warn, info, debug or trace.

@@ -105,12 +105,17 @@ impl VmmRun {
         }
     }
 
-    /// The process id.
+    /// What the VMM wrote on stdout so far.
+    pub fn stdout_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap()).into_owned()
+    }
+
     /// What the VMM wrote on stderr so far.
     pub fn stderr_so_far(&self) -> String {
         String::from_utf8_lossy(&self.stderr_so_far.lock().unwrap()).into_owned()
     }
 
+    /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -201,13 +201,20 @@ impl Session {
         let (Some(control), Some(vm_fd)) = (self.control(), self.vm_fd()) else {
             return Err(SnapshotError::State("the VM has not started".into()));
         };
-        let vcpus = control.save_vcpus().map_err(|e| match e {
-            control::ControlError::NotPaused => SnapshotError::State(
+        let not_paused = || {
+            SnapshotError::State(
                 "the VM is not paused (PATCH /vm {\"state\":\"Paused\"} first)".into(),
-            ),
-            control::ControlError::Stopped => SnapshotError::State("the VM has stopped".into()),
-            e => SnapshotError::Vcpus(e),
-        })?;
+            )
+        };
+        // A pause asked for (by a checkpoint) may still be under way.
+        let vcpus = control
+            .wait_parked()
+            .and_then(|()| control.save_vcpus())
+            .map_err(|e| match e {
+                control::ControlError::NotPaused => not_paused(),
+                control::ControlError::Stopped => SnapshotError::State("the VM has stopped".into()),
+                e => SnapshotError::Vcpus(e),
+            })?;
         let vm = VmState::save(vm_fd).map_err(SnapshotError::Vm)?;
         let serial = self
             .serial()

@@ -28,7 +28,8 @@ pub(super) fn run(
 ) -> Result<RunOutcome, RunError> {
     let start_session = session.clone();
     let devices_session = session.clone();
-    let checkpoint_session = session.clone();
+    // Weak: the session keeps the report device, which keeps this hook.
+    let checkpoint_session = Arc::downgrade(session);
     let paused = resumed.as_ref().is_some_and(|r| r.paused);
     let resumption = match resumed {
         Some(resumed) => Some(Resumption {
@@ -51,6 +52,9 @@ pub(super) fn run(
         resumption,
         on_checkpoint: Some(Arc::new(move |id| {
             // With an API, a checkpoint pauses the VM until a client resumes it.
+            let Some(checkpoint_session) = checkpoint_session.upgrade() else {
+                return;
+            };
             if let Some(socket) = &checkpoint_session.config().api_socket {
                 if let Some(control) = checkpoint_session.control() {
                     // Fails only when the VM is stopping already.

@@ -267,6 +267,22 @@ impl VmControl {
         self.pending.load(Ordering::SeqCst)
     }
 
+    /// Waits until every vCPU of a VM whose pause was asked for (e.g. by a checkpoint) has
+    /// parked; fails if no pause is asked for, or the VM stops or resumes meanwhile.
+    pub fn wait_parked(&self) -> Result<(), ControlError> {
+        let mut state = self.lock();
+        while state.requested == RunState::Paused
+            && state.parked + state.exited() < state.exits.len()
+        {
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        match state.requested {
+            RunState::Paused => Ok(()),
+            RunState::Stopped => Err(ControlError::Stopped),
+            RunState::Running => Err(ControlError::NotPaused),
+        }
+    }
+
     /// Reads the state of every vCPU of a paused VM: each vCPU thread reads its own, where it
     /// waits. Fails when the VM is not paused (or stops meanwhile) or a vCPU cannot read it.
     pub fn save_vcpus(&self) -> Result<Vec<VcpuState>, ControlError> {

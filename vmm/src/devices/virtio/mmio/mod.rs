@@ -448,6 +448,18 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             .restore_state(&saved.device, activation)
             .map_err(|e| bad(e.to_string()))?;
         state.activated = saved.activated;
+        if state.activated {
+            // A notification the driver sent just before the snapshot may not have been
+            // processed: the device looks at each queue once (a spurious notification is
+            // harmless).
+            for (queue, notifier) in state.queues.iter().zip(&self.notifiers) {
+                if queue.ready() {
+                    notifier
+                        .write(1)
+                        .map_err(|e| bad(format!("cannot notify the device: {e}")))?;
+                }
+            }
+        }
         Ok(())
     }
 

@@ -441,6 +441,12 @@ fn a_restored_transport_shows_the_driver_what_the_saved_one_did() {
         vec![(VERSION_1 | TEST_FEATURES, vec![(0, 16, 0x1_0000, true)])],
         "the device got its queue back"
     );
+    assert_eq!(
+        g.transport.queue_notifiers()[0].read().unwrap(),
+        1,
+        "a notification lost with the old process is made up for"
+    );
+    assert!(g.transport.queue_notifiers()[1].read().is_err(), "not ready");
 
     // States that do not fit are refused, and leave a reset transport.
     let h = Fixture::new();

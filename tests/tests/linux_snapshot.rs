@@ -1,0 +1,146 @@
+//! End-to-end: a real Linux is snapshotted and resumed in another VMM process. Its init counts
+//! in userspace (writing each count to an ext4 `-o dax` file system on virtio-pmem and syncing
+//! it); the VM, in a zone with a balloon, is paused, snapshotted into its zone, and its VMM
+//! killed; a fresh `vmm --api-sock` loads the snapshot and resumes it. The count goes on from
+//! where it stood, the guest's clock goes on from where it stood (no jump, still running), its
+//! syncs still reach the pmem device, and its balloon driver still follows a new target. (See
+//! linux_common for the guest and where this runs.)
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod linux_common;
+mod vmm_common;
+
+use std::time::{Duration, Instant};
+
+use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{client, get, send, Scratch, VmmRun};
+
+/// The balloon target set after the restore, in MiB.
+const TARGET_MIB: u64 = 64;
+
+/// (count, uptime, free KiB) of every whole `count` line in `stdout`.
+fn counts(stdout: &str) -> Vec<(u64, f64, u64)> {
+    stdout
+        .lines()
+        .filter_map(|line| line.find("LLFREE-L2 count ").map(|at| &line[at..]))
+        .filter_map(|line| {
+            Some((
+                field(line, "n")?.parse().ok()?,
+                field(line, "uptime")?.parse().ok()?,
+                field(line, "free_kib")?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn a_linux_guest_counts_on_across_a_snapshot_into_a_new_vmm_process() {
+    let name = "a_linux_guest_counts_on_across_a_snapshot_into_a_new_vmm_process";
+    let Some(guest) = LinuxGuest::find(name) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-snapshot");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "512M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let (socket, snapshot) = (scratch.path("api.sock"), scratch.path("vm.snap"));
+    let line = cmdline("llfree.test=counter");
+    let args = [
+        "--zone",
+        &zone,
+        "--vm",
+        "counter",
+        "--memory",
+        "256M",
+        "--pmem",
+        "64M",
+        "--balloon",
+        "deflate_on_oom=on",
+        "--cmdline",
+        &line,
+        "--api-socket",
+        &socket,
+    ];
+    let mut first = VmmRun::start(&guest.args(&args));
+    first.wait_for_line("LLFREE-L2 count n=5 ", BOOT_TIMEOUT);
+    let api = first.api(&socket);
+    send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    let flushes_before = get(&api, "/memory")["pmem"]["flushes"].as_u64().unwrap();
+    let body = format!(r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}"}}"#);
+    let started = Instant::now();
+    send(&api, "PUT", "/snapshot/create", &body);
+    eprintln!(
+        "snapshot created in {:?} (as the client saw it)",
+        started.elapsed()
+    );
+    let killed = first.kill();
+    let before = counts(&killed.stdout);
+    let &(last, last_uptime, free_before) = before.last().expect("counts before");
+    assert!(last >= 5, "{before:?}");
+    let _ = std::fs::remove_file(&socket);
+
+    let mut second = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = second.api(&socket);
+    let load = format!(
+        r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"File","backend_path":"{zone}"}},"resume_vm":true}}"#
+    );
+    let started = Instant::now();
+    send(&api, "PUT", "/snapshot/load", &load);
+    eprintln!(
+        "snapshot loaded in {:?} (as the client saw it)",
+        started.elapsed()
+    );
+    second.wait_for_line(&format!("LLFREE-L2 count n={} ", last + 3), BOOT_TIMEOUT);
+
+    // The guest's syncs still reach the pmem device of the new process.
+    let flushes = get(&api, "/memory")["pmem"]["flushes"].as_u64().unwrap();
+    assert!(flushes >= 2, "pmem flushes after the restore: {flushes}");
+    // Its balloon driver follows a new target.
+    send(
+        &api,
+        "PATCH",
+        "/balloon",
+        &format!(r#"{{"amount_mib":{TARGET_MIB}}}"#),
+    );
+    let deadline = Instant::now() + BOOT_TIMEOUT;
+    while get(&api, "/balloon")["actual_mib"] != TARGET_MIB {
+        assert!(Instant::now() < deadline, "{:#}", get(&api, "/balloon"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after_balloon = get(&api, "/memory")["guest"]["given_away_pieces"].clone();
+    // A few more rounds with the balloon inflated.
+    let now = counts(&second.stdout_so_far())
+        .last()
+        .map_or(last, |count| count.0);
+    second.wait_for_line(&format!("LLFREE-L2 count n={} ", now + 3), BOOT_TIMEOUT);
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    let run = second.wait(Duration::from_secs(60));
+    let after = counts(&run.stdout);
+    eprintln!(
+        "counted to {last} before the snapshot, on from {:?} after it; {flushes_before} pmem \
+         flushes before, {flushes} after; balloon pieces given away {after_balloon}",
+        after.first()
+    );
+
+    // The count goes on: the first whole line is the one being printed at the pause, or the next.
+    let &(first_after, first_uptime, _) = after.first().expect("counts after");
+    assert!(
+        first_after == last || first_after == last + 1,
+        "counted {last} before, {first_after} first after"
+    );
+    assert!(after.windows(2).all(|w| w[1].0 == w[0].0 + 1), "{after:?}");
+    // The clock goes on from where it stood, and runs.
+    assert!(
+        first_uptime >= last_uptime && first_uptime < last_uptime + 30.0,
+        "uptime {last_uptime} before, {first_uptime} after"
+    );
+    let &(_, final_uptime, free_after) = after.last().unwrap();
+    assert!(final_uptime > first_uptime, "{after:?}");
+    // The balloon took its pages from the guest.
+    assert!(
+        free_after + (TARGET_MIB - 8) * 1024 <= free_before,
+        "free {free_before} KiB before, {free_after} KiB with the balloon at {TARGET_MIB} MiB"
+    );
+}
