@@ -94,6 +94,8 @@ pub struct Vm<M> {
     fd: Arc<VmFd>,
     kvm: Kvm,
     memory: Arc<M>,
+    /// Whether the PMU MSR filter goes in after the vCPUs started (a restored VM).
+    pmu_filter_later: bool,
 }
 
 impl<M> std::fmt::Debug for Vm<M> {
@@ -111,21 +113,20 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 /// The AMD (K7) performance counter MSRs: event selects 0xc0010000-3, counters 0xc0010004-7.
 const K7_PMU_MSRS: (u32, u32) = (0xc001_0000, 8);
 
-/// Where KVM has no virtual PMU (a host without performance counters, e.g. a nested one), has
-/// it hand accesses to the AMD counter MSRs to the vCPU loop, which reads them as 0 and drops
-/// writes quietly: KVM does the same but logs every write in the host's kernel log (Linux's
-/// PMU check writes 0xc0010007 at every boot of an AMD guest). Elsewhere, or where KVM lacks
-/// MSR filters, KVM keeps them.
-fn filter_pmu_msrs(kvm: &Kvm, fd: &VmFd) -> Result<(), VmError> {
+/// Whether the AMD counter MSRs are to be filtered (see [`filter_pmu_msrs`]): where KVM has
+/// no virtual PMU (a host without performance counters, e.g. a nested one) and has MSR filters.
+fn needs_pmu_filter(kvm: &Kvm) -> bool {
     // KVM answers 0 for the PMU capability where it has no virtual PMU (or, before Linux 5.18,
     // does not know the capability: such a guest loses the AMD legacy counters).
-    let no_pmu = kvm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into()) == 0;
-    if !no_pmu
-        || !kvm.check_extension(Cap::X86UserSpaceMsr)
-        || !kvm.check_extension(Cap::X86MsrFilter)
-    {
-        return Ok(());
-    }
+    kvm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into()) == 0
+        && kvm.check_extension(Cap::X86UserSpaceMsr)
+        && kvm.check_extension(Cap::X86MsrFilter)
+}
+
+/// Has KVM hand accesses to the AMD counter MSRs to the vCPU loop, which reads them as 0 and
+/// drops writes quietly: KVM does the same but logs every write in the host's kernel log
+/// (Linux's PMU check writes 0xc0010007 at every boot of an AMD guest).
+fn filter_pmu_msrs(fd: &VmFd) -> Result<(), VmError> {
     let mut cap = kvm_enable_cap {
         cap: KVM_CAP_X86_USER_SPACE_MSR,
         ..Default::default()
@@ -167,7 +168,6 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-        filter_pmu_msrs(&kvm, &fd)?;
         register_memslots(&kvm, &fd, memory.as_ref())?;
         let msrs_to_save: Arc<[u32]> = kvm
             .get_msr_index_list()
@@ -187,6 +187,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
             fd: Arc::new(fd),
             kvm,
             memory,
+            pmu_filter_later: false,
         })
     }
 
@@ -211,8 +212,11 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     }
 
     /// Gives the VM and its vCPUs the states a snapshot saved, instead of setting them up for
-    /// a boot.
-    pub fn restore(&self, vcpus: &[VcpuState], vm: &VmState) -> Result<(), VmError> {
+    /// a boot. The PMU MSR filter (see [`filter_pmu_msrs`]), which takes KVM an RCU grace
+    /// period (about 10 ms) to install, then goes in after the vCPUs started: the guest booted
+    /// long ago, and an access before it is only logged by KVM.
+    pub fn restore(&mut self, vcpus: &[VcpuState], vm: &VmState) -> Result<(), VmError> {
+        self.pmu_filter_later = true;
         if vcpus.len() != self.vcpus.len() {
             return Err(VmError::Restore(format!(
                 "{} vCPU states for {} vCPUs",
@@ -233,6 +237,10 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     /// Starts one thread per vCPU. The vCPUs wait, paused, until [`RunningVm::resume`]; their
     /// thread ids are known when this returns.
     pub fn start(self, buses: Arc<Buses>) -> Result<RunningVm, VmError> {
+        let needs_filter = needs_pmu_filter(&self.kvm);
+        if needs_filter && !self.pmu_filter_later {
+            filter_pmu_msrs(&self.fd)?;
+        }
         let count = self.vcpus.len();
         let control = Arc::new(VmControl::new(count));
         let (tid_sender, tid_receiver) = std::sync::mpsc::channel();
@@ -293,6 +301,19 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
         if let Some(error) = failure {
             running.control.request_stop(StopReason::Requested);
             return Err(error);
+        }
+        if needs_filter && self.pmu_filter_later {
+            let fd = running.fd.clone();
+            let spawned = std::thread::Builder::new()
+                .name("vmm-msr-filter".into())
+                .spawn(move || {
+                    if let Err(e) = filter_pmu_msrs(&fd) {
+                        log::warn!("{e}: KVM keeps the PMU MSRs (and logs their accesses)");
+                    }
+                });
+            if let Err(e) = spawned {
+                log::warn!("cannot filter the PMU MSRs: {e}");
+            }
         }
         Ok(running)
     }

@@ -42,7 +42,7 @@ pub(super) fn run(
     resumed: Option<ResumedStates>,
 ) -> Result<RunOutcome, RunError> {
     let memory = session.memory().clone();
-    let vm = Vm::new(memory.clone(), session.config().vcpus)?;
+    let mut vm = Vm::new(memory.clone(), session.config().vcpus)?;
     match (linux, &resumed) {
         (_, Some(resumed)) => vm.restore(&resumed.vcpus, &resumed.vm)?,
         (Some(linux), None) => boot(session, &vm, linux, &devices)?,

@@ -243,16 +243,19 @@ fn run_checked(
     let guest_memory = Arc::new(created?);
     if let Some(resumption) = &resumption {
         resumption.fill_memory(&guest_memory)?;
+        resumption.timing().mark("memory");
     }
     let devices = devices::create_devices(&config, &guest_memory)?;
     if let Some(resumption) = &resumption {
         resumption.restore_devices(&devices)?;
+        resumption.timing().mark("devices");
     }
     let session = Arc::new(Session::new(config, guest_memory, &devices));
     let mut devices = devices.mmio;
     let (resumption, front) = match resumption {
         Some(resumption) => {
-            let (states, front) = resumption.into_parts();
+            let (states, front, timing) = resumption.into_parts();
+            session.on_start(Box::new(move || timing.log()));
             (Some(states), front)
         }
         None => (None, None),

@@ -77,8 +77,8 @@ pub(super) struct Session {
     memory_waits: GuestWarnings,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
-    /// Called once the guest has started.
-    on_start: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Called once the guest has started, in order.
+    on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -111,7 +111,7 @@ impl Session {
             stop_cause: Mutex::new(None),
             memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
-            on_start: Mutex::new(None),
+            on_start: Mutex::new(Vec::new()),
         }
     }
 
@@ -230,19 +230,18 @@ impl Session {
         *phase = Phase::Started;
         self.phase_changed.notify_all();
         drop(phase);
-        if let Some(hook) = self
-            .on_start
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        let hooks = std::mem::take(&mut *self.on_start.lock().unwrap_or_else(|e| e.into_inner()));
+        for hook in hooks {
             hook();
         }
     }
 
     /// Calls `hook` once the guest has started (see [`Self::start_guest`]).
     pub fn on_start(&self, hook: Box<dyn FnOnce() + Send>) {
-        *self.on_start.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+        self.on_start
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
     }
 
     /// Called when the guest has ended (or never started): the control API answers with that.

@@ -198,6 +198,7 @@ impl Session {
                     .into(),
             ));
         }
+        let started = Instant::now();
         let (Some(control), Some(vm_fd)) = (self.control(), self.vm_fd()) else {
             return Err(SnapshotError::State("the VM has not started".into()));
         };
@@ -215,6 +216,7 @@ impl Session {
                 control::ControlError::Stopped => SnapshotError::State("the VM has stopped".into()),
                 e => SnapshotError::Vcpus(e),
             })?;
+        let vcpus_done = Instant::now();
         let vm = VmState::save(vm_fd).map_err(SnapshotError::Vm)?;
         let serial = self
             .serial()
@@ -225,6 +227,7 @@ impl Session {
             report: self.report().map(|r| r.save_state()),
             virtio: self.transports().iter().map(|t| t.save_state()).collect(),
         };
+        let devices_done = Instant::now();
         let memory = match (self.memory().zone_vm(), &self.config().zone) {
             (Some(vm), Some(zone)) if same_file(&params.mem_file_path, &zone.path) => {
                 let seal = vm.seal_memory().map_err(|source| SnapshotError::Zone {
@@ -242,6 +245,11 @@ impl Session {
                 regions: copy_memory_out(self.memory(), &params.mem_file_path)?,
             },
         };
+        let memory_done = Instant::now();
+        let kind = match memory {
+            MemorySource::Zone { .. } => "sealed in its zone",
+            MemorySource::File { .. } => "copied",
+        };
         let snapshot = VmSnapshot {
             machine: self.machine(),
             memory,
@@ -250,6 +258,16 @@ impl Session {
             devices,
         };
         file::write(&params.snapshot_path, &snapshot)?;
+        let done = Instant::now();
+        log::info!(
+            "snapshot created in {:?}: vCPUs {:?}, VM and devices {:?}, memory {:?} ({kind}), \
+             file {:?}",
+            done - started,
+            vcpus_done - started,
+            devices_done - vcpus_done,
+            memory_done - devices_done,
+            done - memory_done
+        );
         Ok(())
     }
 
@@ -291,6 +309,48 @@ pub(super) struct ResumedStates {
     pub paused: bool,
 }
 
+/// When the phases of a load ended, for the log.
+#[derive(Debug)]
+pub(super) struct LoadTiming {
+    started: Instant,
+    marks: Mutex<Vec<(&'static str, Instant)>>,
+}
+
+impl LoadTiming {
+    fn new(started: Instant) -> Self {
+        LoadTiming {
+            started,
+            marks: Mutex::new(Vec::with_capacity(8)),
+        }
+    }
+
+    /// Records that phase `what` ended now.
+    pub fn mark(&self, what: &'static str) {
+        self.marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((what, Instant::now()));
+    }
+
+    /// Logs the load's time and its phases.
+    pub fn log(&self) {
+        let now = Instant::now();
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut phases = Vec::with_capacity(marks.len());
+        let mut last = self.started;
+        for (what, at) in marks.iter() {
+            phases.push(format!("{what} {:?}", *at - last));
+            last = *at;
+        }
+        phases.push(format!("start {:?}", now - last));
+        log::info!(
+            "snapshot loaded in {:?}: {}",
+            now - self.started,
+            phases.join(", ")
+        );
+    }
+}
+
 /// A loaded snapshot on its way into a VM.
 #[derive(Debug)]
 pub(super) struct Resumption {
@@ -300,6 +360,8 @@ pub(super) struct Resumption {
     /// The memory file to fill guest memory from (a snapshot that copied it).
     memory_file: Option<PathBuf>,
     front: Option<Arc<ApiFront>>,
+    /// When the load's phases ended.
+    timing: Arc<LoadTiming>,
 }
 
 impl Resumption {
@@ -325,9 +387,14 @@ impl Resumption {
         Ok(())
     }
 
-    /// The vCPU and device states, and the API front waiting for the VM, if any.
-    pub fn into_parts(self) -> (ResumedStates, Option<Arc<ApiFront>>) {
-        (self.states, self.front)
+    /// The vCPU and device states, the API front waiting for the VM, if any, and the timing.
+    pub fn into_parts(self) -> (ResumedStates, Option<Arc<ApiFront>>, Arc<LoadTiming>) {
+        (self.states, self.front, self.timing)
+    }
+
+    /// The load's timing.
+    pub fn timing(&self) -> &LoadTiming {
+        &self.timing
     }
 }
 
@@ -337,7 +404,9 @@ impl Resumption {
 fn prepare(
     params: &SnapshotLoadParams,
     api_socket: Option<PathBuf>,
+    started: Instant,
 ) -> Result<(VmConfig, Frames, Resumption), SnapshotError> {
+    let timing = Arc::new(LoadTiming::new(started));
     params
         .check_supported()
         .map_err(SnapshotError::Unsupported)?;
@@ -352,6 +421,7 @@ fn prepare(
             path: params.snapshot_path.clone(),
             source,
         })?;
+    timing.mark("file");
     let VmSnapshot {
         machine,
         memory,
@@ -449,7 +519,9 @@ fn prepare(
         balloon_stats_interval_s: machine.balloon_stats_interval_s,
         memory_file: copy_from,
         front: None,
+        timing,
     };
+    resumption.timing.mark("zone");
     Ok((config, frames, resumption))
 }
 
@@ -459,7 +531,8 @@ pub fn load(
     params: &SnapshotLoadParams,
     api_socket: Option<PathBuf>,
 ) -> Result<RunOutcome, RunError> {
-    let (config, frames, resumption) = prepare(params, api_socket).map_err(RunError::Snapshot)?;
+    let (config, frames, resumption) =
+        prepare(params, api_socket, Instant::now()).map_err(RunError::Snapshot)?;
     super::run_resumed(config, frames, resumption)
 }
 
@@ -634,8 +707,7 @@ pub fn serve(api_socket: &Path) -> Result<RunOutcome, RunError> {
                 )))
             }
         };
-        let started = Instant::now();
-        match prepare(&request.params, Some(api_socket.to_owned())) {
+        match prepare(&request.params, Some(api_socket.to_owned()), Instant::now()) {
             Err(e) => {
                 let _ = request.answer.send(Err(e.into()));
             }
@@ -645,7 +717,6 @@ pub fn serve(api_socket: &Path) -> Result<RunOutcome, RunError> {
                 *front.pending.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(request.answer.clone());
                 resumption.front = Some(front.clone());
-                log::info!("snapshot prepared in {:?}", started.elapsed());
                 drop(signals);
                 let outcome = super::run_resumed(config, frames, resumption);
                 if let Err(e) = &outcome {

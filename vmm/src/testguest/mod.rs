@@ -210,7 +210,7 @@ where
         return Err(TestGuestError::MemoryTooSmall);
     }
     workload.validate(memory.as_ref(), vcpus)?;
-    let vm = Vm::new(memory.clone(), vcpus)?;
+    let mut vm = Vm::new(memory.clone(), vcpus)?;
     match &options.resumption {
         None => {
             let entry = load_image(memory.as_ref())?;

@@ -446,7 +446,10 @@ fn a_restored_transport_shows_the_driver_what_the_saved_one_did() {
         1,
         "a notification lost with the old process is made up for"
     );
-    assert!(g.transport.queue_notifiers()[1].read().is_err(), "not ready");
+    assert!(
+        g.transport.queue_notifiers()[1].read().is_err(),
+        "not ready"
+    );
 
     // States that do not fit are refused, and leave a reset transport.
     let h = Fixture::new();
