@@ -30,7 +30,7 @@ use crate::devices::BusDevice;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vcpu::Buses;
 use crate::vm::control::StopReason;
-use crate::vm::Vm;
+use crate::vm::{KvmVm, Vm};
 
 /// Boots `linux` over the session's memory (or, with no kernel, resumes the guest of a
 /// snapshot from its `resumed` states) and runs it to its end.
@@ -39,10 +39,14 @@ pub(super) fn run(
     linux: Option<&LinuxConfig>,
     devices: VirtioMmioDevices,
     console: Console,
-    resumed: Option<ResumedStates>,
+    mut resumed: Option<ResumedStates>,
 ) -> Result<RunOutcome, RunError> {
     let memory = session.memory().clone();
-    let mut vm = Vm::new(memory.clone(), session.config().vcpus)?;
+    let kvm_vm = match resumed.as_mut().and_then(ResumedStates::take_kvm_vm) {
+        Some(kvm_vm) => kvm_vm,
+        None => KvmVm::new()?,
+    };
+    let mut vm = Vm::with_kvm_vm(kvm_vm, memory.clone(), session.config().vcpus)?;
     match (linux, &resumed) {
         (_, Some(resumed)) => vm.restore(&resumed.vcpus, &resumed.vm)?,
         (Some(linux), None) => boot(session, &vm, linux, &devices)?,

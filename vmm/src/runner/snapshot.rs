@@ -18,6 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use guest_mem::zone::{Zone, ZoneError};
@@ -43,7 +44,7 @@ use crate::snapshot::{
     DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, VmSnapshot,
 };
 use crate::testguest::ReportSnapshot;
-use crate::vm::control;
+use crate::vm::{control, KvmVm, VmError};
 
 /// Errors of taking or loading a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -307,6 +308,45 @@ pub(super) struct ResumedStates {
     pub report: Option<ReportSnapshot>,
     /// Stay paused once loaded.
     pub paused: bool,
+    /// The KVM VM made ahead of time.
+    kvm_vm: Option<EarlyKvmVm>,
+}
+
+impl ResumedStates {
+    /// The KVM VM made ahead of time, if it was made.
+    pub fn take_kvm_vm(&mut self) -> Option<KvmVm> {
+        self.kvm_vm.take()?.take()
+    }
+}
+
+/// A KVM VM made ahead of time (its first memory slot takes milliseconds, see [`KvmVm`]).
+#[derive(Debug)]
+enum EarlyKvmVm {
+    /// Made.
+    Ready(KvmVm),
+    /// Being made on a thread of its own.
+    Making(JoinHandle<Result<KvmVm, VmError>>),
+}
+
+impl EarlyKvmVm {
+    /// Starts making one on a thread of its own.
+    fn start() -> Option<Self> {
+        std::thread::Builder::new()
+            .name("vmm-kvm-vm".into())
+            .spawn(KvmVm::new)
+            .ok()
+            .map(EarlyKvmVm::Making)
+    }
+
+    /// The VM, once made; `None` if making it failed (a new one is made then).
+    fn take(self) -> Option<KvmVm> {
+        let made = match self {
+            EarlyKvmVm::Ready(kvm_vm) => return Some(kvm_vm),
+            EarlyKvmVm::Making(thread) => thread.join().ok()?,
+        };
+        made.inspect_err(|e| log::warn!("the VM made ahead of time failed ({e})"))
+            .ok()
+    }
 }
 
 /// When the phases of a load ended, for the log.
@@ -405,6 +445,7 @@ fn prepare(
     params: &SnapshotLoadParams,
     api_socket: Option<PathBuf>,
     started: Instant,
+    kvm_vm: &mut Option<EarlyKvmVm>,
 ) -> Result<(VmConfig, Frames, Resumption), SnapshotError> {
     let timing = Arc::new(LoadTiming::new(started));
     params
@@ -514,6 +555,7 @@ fn prepare(
             keyboard: devices.keyboard,
             report: devices.report,
             paused: !params.resume_vm,
+            kvm_vm: kvm_vm.take(),
         },
         virtio: devices.virtio,
         balloon_stats_interval_s: machine.balloon_stats_interval_s,
@@ -531,8 +573,10 @@ pub fn load(
     params: &SnapshotLoadParams,
     api_socket: Option<PathBuf>,
 ) -> Result<RunOutcome, RunError> {
+    let started = Instant::now();
     let (config, frames, resumption) =
-        prepare(params, api_socket, Instant::now()).map_err(RunError::Snapshot)?;
+        prepare(params, api_socket, started, &mut EarlyKvmVm::start())
+            .map_err(RunError::Snapshot)?;
     super::run_resumed(config, frames, resumption)
 }
 
@@ -689,6 +733,8 @@ pub fn serve(api_socket: &Path) -> Result<RunOutcome, RunError> {
         session: Mutex::new(None),
         pending: Mutex::new(None),
     });
+    // The KVM VM is made before the API listens: a load then only fills it.
+    let mut kvm_vm = Some(EarlyKvmVm::Ready(KvmVm::new()?));
     let server = ApiServer::start(api_socket, front.clone())?;
     log::info!(
         "waiting for a snapshot to load: PUT /snapshot/load on {}",
@@ -707,7 +753,13 @@ pub fn serve(api_socket: &Path) -> Result<RunOutcome, RunError> {
                 )))
             }
         };
-        match prepare(&request.params, Some(api_socket.to_owned()), Instant::now()) {
+        let started = Instant::now();
+        match prepare(
+            &request.params,
+            Some(api_socket.to_owned()),
+            started,
+            &mut kvm_vm,
+        ) {
             Err(e) => {
                 let _ = request.answer.send(Err(e.into()));
             }

@@ -24,13 +24,14 @@ pub(super) fn run(
     workload: &Workload,
     devices: VirtioMmioDevices,
     console: SerialOutput,
-    resumed: Option<ResumedStates>,
+    mut resumed: Option<ResumedStates>,
 ) -> Result<RunOutcome, RunError> {
     let start_session = session.clone();
     let devices_session = session.clone();
     // Weak: the session keeps the report device, which keeps this hook.
     let checkpoint_session = Arc::downgrade(session);
     let paused = resumed.as_ref().is_some_and(|r| r.paused);
+    let kvm_vm = resumed.as_mut().and_then(ResumedStates::take_kvm_vm);
     let resumption = match resumed {
         Some(resumed) => Some(Resumption {
             vcpus: resumed.vcpus,
@@ -50,6 +51,7 @@ pub(super) fn run(
             devices_session.attach_report(guest_devices.report.clone());
         })),
         resumption,
+        kvm_vm,
         on_checkpoint: Some(Arc::new(move |id| {
             // With an API, a checkpoint pauses the VM until a client resumes it.
             let Some(checkpoint_session) = checkpoint_session.upgrade() else {

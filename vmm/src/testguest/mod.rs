@@ -43,7 +43,7 @@ use crate::layout::{
 };
 use crate::vcpu::Buses;
 use crate::vm::control::ControlError;
-use crate::vm::{RunningVm, Vm, VmError};
+use crate::vm::{KvmVm, RunningVm, Vm, VmError};
 use protocol::{
     DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,
     REPORT_MMIO_SIZE, STACKS_START, STACK_SIZE, WORKLOAD_MIN_ADDR,
@@ -156,6 +156,8 @@ pub struct RunOptions {
     pub on_devices: Option<DevicesReadyHook>,
     /// Resume a VM from a snapshot instead of booting the guest.
     pub resumption: Option<Resumption>,
+    /// The KVM VM to build on, made ahead of time; a new one otherwise.
+    pub kvm_vm: Option<KvmVm>,
     /// Leave the vCPUs paused after `on_start`: the caller lets them run through the control it
     /// kept (a VMM whose API must be able to pause the guest from its first instruction on).
     pub start_paused: bool,
@@ -172,6 +174,7 @@ impl Default for RunOptions {
             add_devices: None,
             on_devices: None,
             resumption: None,
+            kvm_vm: None,
             start_paused: false,
         }
     }
@@ -210,7 +213,11 @@ where
         return Err(TestGuestError::MemoryTooSmall);
     }
     workload.validate(memory.as_ref(), vcpus)?;
-    let mut vm = Vm::new(memory.clone(), vcpus)?;
+    let kvm_vm = match options.kvm_vm {
+        Some(kvm_vm) => kvm_vm,
+        None => KvmVm::new()?,
+    };
+    let mut vm = Vm::with_kvm_vm(kvm_vm, memory.clone(), vcpus)?;
     match &options.resumption {
         None => {
             let entry = load_image(memory.as_ref())?;

@@ -21,6 +21,9 @@
 //!   memory (no zone, lazy) in the same run, for `--restart-sizes` GiB of RAM. The first
 //!   restart recovers the zone after the crash; `vmm zone inspect` tells its time.
 //!
+//! * snapshot: see [`snapshot`]: create and load times of a VM in a zone (/dev/shm, hugetlbfs)
+//!   for `--snapshot-sizes` GiB of touched RAM.
+//!
 //! hugetlb-2m cases need free 2 MiB huge pages (memory / 2 MiB of them), e.g.
 //! `echo 512 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`; they are skipped with
 //! a note otherwise.
@@ -32,8 +35,11 @@ use std::time::{Duration, Instant};
 
 use vmm_cli::ApiClient;
 
+mod snapshot;
+
 const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] \
-                     [--restart-sizes GIB,...] [startup] [overhead] [restart]";
+                     [--restart-sizes GIB,...] [--snapshot-sizes GIB,...] [startup] [overhead] \
+                     [restart] [snapshot]";
 
 /// The command line.
 struct Args {
@@ -53,6 +59,10 @@ struct Args {
     restart: bool,
     /// Guest RAM of the restart cases, GiB.
     restart_sizes: Vec<u64>,
+    /// Measure snapshot create and load.
+    snapshot: bool,
+    /// Guest RAM of the snapshot cases, GiB.
+    snapshot_sizes: Vec<u64>,
 }
 
 /// Parses the command line; with neither `startup` nor `overhead`, both are measured.
@@ -67,6 +77,8 @@ fn parse_args() -> Result<Args, String> {
         overhead: false,
         restart: false,
         restart_sizes: vec![1, 4, 8, 16],
+        snapshot: false,
+        snapshot_sizes: vec![1, 4, 8, 16],
     };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
@@ -81,22 +93,26 @@ fn parse_args() -> Result<Args, String> {
             "startup" => args.startup = true,
             "overhead" => args.overhead = true,
             "restart" => args.restart = true,
-            "--restart-sizes" => {
-                args.restart_sizes = value()?
-                    .split(',')
-                    .map(|n| n.parse().map_err(|e| format!("--restart-sizes: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
+            "snapshot" => args.snapshot = true,
+            "--restart-sizes" => args.restart_sizes = gib_list(&arg, &value()?)?,
+            "--snapshot-sizes" => args.snapshot_sizes = gib_list(&arg, &value()?)?,
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
     if args.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
-    if !args.startup && !args.overhead && !args.restart {
+    if !args.startup && !args.overhead && !args.restart && !args.snapshot {
         (args.startup, args.overhead) = (true, true);
     }
     Ok(args)
+}
+
+/// A comma-separated list of GiB, for `flag`.
+fn gib_list(flag: &str, text: &str) -> Result<Vec<u64>, String> {
+    text.split(',')
+        .map(|n| n.parse().map_err(|e| format!("{flag}: {e}")))
+        .collect()
 }
 
 /// Free, unreserved 2 MiB huge pages.
@@ -331,13 +347,14 @@ impl Paused {
         let dir = std::env::temp_dir().join(format!("vmm-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let socket = dir.join("api.sock");
+        let stderr = std::fs::File::create(dir.join("stderr.log")).map_err(|e| e.to_string())?;
         let child = Command::new(vmm)
             .args(args)
             .arg("--api-socket")
             .arg(&socket)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| e.to_string())?;
         let mut paused = Paused {
@@ -353,7 +370,10 @@ impl Paused {
                 ));
             }
             if let Ok(Some(status)) = paused.child.try_wait() {
-                return Err(format!("vmm run ended early: {status}"));
+                return Err(format!(
+                    "vmm run ended early: {status}: {}",
+                    paused.stderr().trim()
+                ));
             }
             if socket.exists()
                 && api_json(&paused.client, "GET", "/machine", None)
@@ -363,6 +383,13 @@ impl Paused {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl Paused {
+    /// What the VMM wrote on stderr so far.
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
     }
 }
 
@@ -548,6 +575,9 @@ fn main() {
         }
         if args.restart {
             restart(&args)?;
+        }
+        if args.snapshot {
+            snapshot::snapshot(&args)?;
         }
         Ok(())
     });
