@@ -262,9 +262,9 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     }
 
     /// Gives the VM and its vCPUs the states a snapshot saved, instead of setting them up for
-    /// a boot. The PMU MSR filter (see [`filter_pmu_msrs`]), which takes KVM an RCU grace
-    /// period (about 10 ms) to install, then goes in after the vCPUs started: the guest booted
-    /// long ago, and an access before it is only logged by KVM.
+    /// a boot. The MSR filter of the AMD counters (on hosts without a virtual PMU), which takes
+    /// KVM an RCU grace period (about 10 ms) to install, then goes in after the vCPUs started:
+    /// the guest booted long ago, and an access before it is only logged by KVM.
     pub fn restore(&mut self, vcpus: &[VcpuState], vm: &VmState) -> Result<(), VmError> {
         self.pmu_filter_later = true;
         if vcpus.len() != self.vcpus.len() {

@@ -7,7 +7,7 @@
 //! seal breaks when the guest runs again, after which the snapshot can no longer be loaded. A VM
 //! snapshotted into a memory file of its own gets a copy, as Firecracker makes one.
 //!
-//! The file format is in [`file`]; `vmm::runner` takes and loads snapshots.
+//! The file format is in [`mod@file`]; `vmm::runner` takes and loads snapshots.
 
 pub mod file;
 

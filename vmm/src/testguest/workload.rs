@@ -79,9 +79,10 @@ pub struct Workload {
     steps: Vec<Step>,
 }
 
-/// A step as a snapshot keeps it (the guest's [`Step`], which has no serde).
-#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
-struct SavedStep {
+/// The guest's [`Step`] (which has no serde) as serde sees it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Step")]
+struct StepDef {
     kind: u32,
     vcpu: u32,
     addr: u64,
@@ -91,40 +92,22 @@ struct SavedStep {
     flags: u32,
 }
 
+/// A step as a snapshot keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedStep(#[serde(with = "StepDef")] Step);
+
 impl From<Vec<SavedStep>> for Workload {
     /// The steps are checked when the workload is used ([`Workload::validate`]).
     fn from(steps: Vec<SavedStep>) -> Self {
-        let steps = steps
-            .into_iter()
-            .map(|s| Step {
-                kind: s.kind,
-                vcpu: s.vcpu,
-                addr: s.addr,
-                size: s.size,
-                pattern: s.pattern,
-                repeat: s.repeat,
-                flags: s.flags,
-            })
-            .collect();
-        Workload { steps }
+        Workload {
+            steps: steps.into_iter().map(|step| step.0).collect(),
+        }
     }
 }
 
 impl From<Workload> for Vec<SavedStep> {
     fn from(workload: Workload) -> Self {
-        workload
-            .steps
-            .into_iter()
-            .map(|s| SavedStep {
-                kind: s.kind,
-                vcpu: s.vcpu,
-                addr: s.addr,
-                size: s.size,
-                pattern: s.pattern,
-                repeat: s.repeat,
-                flags: s.flags,
-            })
-            .collect()
+        workload.steps.into_iter().map(SavedStep).collect()
     }
 }
 
