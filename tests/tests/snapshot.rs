@@ -296,6 +296,17 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_without_a_zone() 
     );
     let args = ["--memory", "32M", "--vcpus", "2", "--workload", WORKLOAD];
     let (vmm, api) = VmmRun::start_paused(&args, &socket);
+    // Guest memory is never copied over a zone (or a pool or snapshot file).
+    let zone = zone(&scratch, "zone", "64M");
+    let body = format!(r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}"}}"#);
+    let refused = api.request("PUT", "/snapshot/create", Some(&body)).unwrap();
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(refused.body.contains("holds a zone"), "{}", refused.body);
+    assert_eq!(
+        client(&["zone", "inspect", &zone]).code,
+        Some(0),
+        "the zone is intact"
+    );
     create_snapshot(&api, &snapshot, &memory);
     vmm.kill();
     assert_eq!(std::fs::metadata(&memory).unwrap().len(), 32 << 20);

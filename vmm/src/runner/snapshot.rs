@@ -132,9 +132,31 @@ fn memory_file_error(path: &Path, what: &'static str) -> impl FnOnce(io::Error) 
     move |source| SnapshotError::MemoryFile { path, what, source }
 }
 
+/// The first bytes of every file this VMM lays out: zones, pool files, snapshots.
+const OWN_FILE_MAGIC: &[u8] = b"LLF";
+
+/// Refuses to copy guest memory over a file that holds a zone, a pool or a snapshot.
+fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
+    let mut start = [0u8; 3];
+    let holds_ours = File::open(path)
+        .and_then(|mut file| file.read_exact(&mut start))
+        .is_ok()
+        && start == OWN_FILE_MAGIC;
+    if holds_ours {
+        return Err(SnapshotError::WrongMemory {
+            path: path.to_owned(),
+            why: "holds a zone, pool or snapshot: guest memory is copied only into another file \
+                  (or left in the VM's own zone by naming it)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// Copies every populated chunk of `memory` into a new file at `path`, regions one after the
 /// other; chunks never touched stay holes. Returns the regions.
 fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<Vec<(u64, u64)>, SnapshotError> {
+    check_copy_target(path)?;
     let mut file = File::create(path).map_err(memory_file_error(path, "cannot create"))?;
     let mut regions = Vec::new();
     let mut offset = 0;
@@ -241,6 +263,13 @@ impl Session {
                     vm_id: vm.id(),
                     seal,
                 }
+            }
+            _ if self.config().pmem_size.is_some() => {
+                return Err(SnapshotError::Unsupported(
+                    "a VM with virtio-pmem is snapshotted into its zone (mem_file_path: the \
+                     zone), not copied"
+                        .into(),
+                ))
             }
             _ => MemorySource::File {
                 regions: copy_memory_out(self.memory(), &params.mem_file_path)?,

@@ -148,16 +148,13 @@ impl VmSnapshot {
             return bad("the devices do not fit the guest".into());
         }
         if let MemorySource::File { regions } = &self.memory {
-            let expected = crate::layout::ram_regions(machine.memory_size)
+            if machine.pmem_size.is_some() {
+                return bad("a VM with virtio-pmem in a memory file".into());
+            }
+            let expected: Vec<(u64, u64)> = crate::layout::ram_regions(machine.memory_size)
                 .iter()
                 .map(|r| (r.start, r.size))
-                .chain(
-                    machine
-                        .pmem_size
-                        .map(|size| crate::layout::pmem_region(machine.memory_size, size))
-                        .map(|r| (r.start, r.size)),
-                )
-                .collect::<Vec<_>>();
+                .collect();
             if *regions != expected {
                 return bad("the memory file's regions do not fit the memory size".into());
             }

@@ -196,7 +196,20 @@ fn inconsistent_contents_are_refused() {
     bad_regions.memory = MemorySource::File {
         regions: vec![(0, 1 << 20)],
     };
-    for bad in [lost_vcpu, no_report, extra_device, bad_memory, bad_regions] {
+    let mut copied_pmem = snapshot();
+    copied_pmem.machine.pmem_size = Some(2 << 20);
+    copied_pmem.machine.balloon = None;
+    copied_pmem.memory = MemorySource::File {
+        regions: vec![(0, 64 << 20)],
+    };
+    for bad in [
+        lost_vcpu,
+        no_report,
+        extra_device,
+        bad_memory,
+        bad_regions,
+        copied_pmem,
+    ] {
         assert!(bad.check().is_err());
     }
 }
