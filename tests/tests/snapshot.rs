@@ -115,6 +115,18 @@ fn a_vm_with_two_vcpus_finishes_its_workload_in_a_new_process_after_its_vmm_was_
     vmm.wait(TIMEOUT).assert_success();
     let _ = std::fs::remove_file(&socket);
     let (vmm, api) = paused_in_zone(&zone, "twins2", &socket, &args);
+    // A VMM with a VM loads no snapshot; the resources take PUT only.
+    let load = api
+        .request(
+            "PUT",
+            "/snapshot/load",
+            Some(&load_body(&snapshot, &zone, true)),
+        )
+        .unwrap();
+    assert_eq!(load.status, 400, "{}", load.body);
+    assert!(load.body.contains("without a VM"), "{}", load.body);
+    let get_create = api.request("GET", "/snapshot/create", None).unwrap();
+    assert_eq!(get_create.status, 405, "{}", get_create.body);
     create_snapshot(&api, &snapshot, &zone);
     let killed = vmm.kill();
     assert_eq!(killed.code, None, "SIGKILL: {killed:#?}");

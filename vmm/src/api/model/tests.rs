@@ -71,3 +71,54 @@ fn request_bodies_are_strict() {
         r#"{"target_pages":0,"actual_pages":0,"target_mib":0,"actual_mib":0,"clamped":false}"#
     );
 }
+
+#[test]
+fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() {
+    let create: SnapshotCreateParams =
+        serde_json::from_str(r#"{"snapshot_path":"/s","mem_file_path":"/m"}"#).unwrap();
+    assert_eq!(create.snapshot_type, SnapshotType::Full);
+    let diff = r#"{"snapshot_type":"Diff","snapshot_path":"/s","mem_file_path":"/m"}"#;
+    let diff: SnapshotCreateParams = serde_json::from_str(diff).unwrap();
+    assert_eq!(diff.snapshot_type, SnapshotType::Diff);
+    assert!(serde_json::from_str::<SnapshotCreateParams>(r#"{"snapshot_path":"/s"}"#).is_err());
+
+    let load = |text: &str| serde_json::from_str::<SnapshotLoadParams>(text).unwrap();
+    let file = load(
+        r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"File","backend_path":"/z"},
+            "resume_vm":true}"#,
+    );
+    assert_eq!(file.memory_path(), Ok(std::path::Path::new("/z")));
+    assert!(file.resume_vm && file.check_supported().is_ok());
+    let deprecated = load(r#"{"snapshot_path":"/s","mem_file_path":"/z"}"#);
+    assert_eq!(deprecated.memory_path(), Ok(std::path::Path::new("/z")));
+    assert!(!deprecated.resume_vm);
+    for (body, why) in [
+        (
+            r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"Uffd","backend_path":"/u"}}"#,
+            "Uffd",
+        ),
+        (
+            r#"{"snapshot_path":"/s","mem_file_path":"/z",
+                "mem_backend":{"backend_type":"File","backend_path":"/z"}}"#,
+            "not both",
+        ),
+        (r#"{"snapshot_path":"/s"}"#, "missing"),
+        (
+            r#"{"snapshot_path":"/s","mem_file_path":"/z","track_dirty_pages":true}"#,
+            "dirty page",
+        ),
+        (
+            r#"{"snapshot_path":"/s","mem_file_path":"/z","clock_realtime":true}"#,
+            "clock_realtime",
+        ),
+        (
+            r#"{"snapshot_path":"/s","mem_file_path":"/z",
+                "network_overrides":[{"iface_id":"eth0","host_dev_name":"tap0"}]}"#,
+            "network",
+        ),
+    ] {
+        let refused = load(body).check_supported().unwrap_err();
+        assert!(refused.contains(why), "{body}: {refused}");
+    }
+    assert!(serde_json::from_str::<SnapshotLoadParams>(r#"{"snapshot_path":"/s","x":1}"#).is_err());
+}
