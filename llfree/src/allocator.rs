@@ -1,15 +1,17 @@
 //! The allocator: lower and upper level together, with the public API.
 
 use std::hint::spin_loop;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::flush::persist;
 use crate::lower::bitfield::Bitfield;
 use crate::lower::child::ChildPair;
 use crate::lower::Lower;
+use crate::meta::PERSISTENT_SLOTS;
 use crate::meta::{Layout, Meta};
 use crate::region::{HeapRegion, MetaRegion, REGION_ALIGN};
 use crate::upper::local::Local;
-use crate::upper::trees::{Trees, GIANT_TREES};
+use crate::upper::trees::{Line, Trees, GIANT_TREES};
 use crate::upper::{Locals, Search};
 use crate::{
     Config, CoreId, Error, FrameId, Init, InitError, Order, Recovery, CHILD_FRAMES, GIANT_ORDER,
@@ -32,6 +34,8 @@ pub struct LLFree {
     lower: Lower,
     trees: Trees,
     locals: Locals,
+    /// Per slot: its owner, 0 for none (persistent regions shared by processes).
+    owners: &'static [AtomicU64],
     config: Config,
     meta: Option<&'static Meta>,
     recovery: Recovery,
@@ -55,7 +59,8 @@ impl LLFree {
     /// Creates an allocator with volatile metadata on the heap; all frames are free.
     pub fn new(config: Config) -> Result<Self, InitError> {
         config.validate()?;
-        let layout = Layout::new(config.frames, false);
+        let trees = config.frames.div_ceil(TREE_FRAMES);
+        let layout = Layout::new(config.frames, false, config.cores.min(trees));
         let region = HeapRegion::new(layout.size)
             .map_err(|_| InitError::Config("cannot allocate the metadata"))?;
         Self::with_region(config, Box::new(region), layout, None, Init::Fresh)
@@ -63,18 +68,26 @@ impl LLFree {
 
     /// Bytes of persistent metadata for a zone of `frames` frames.
     pub fn metadata_size(frames: usize) -> usize {
-        Layout::new(frames, true).size
+        Layout::new(frames, true, PERSISTENT_SLOTS).size
     }
 
-    /// Creates or recovers an allocator whose lower level lives in `region` (at least
+    /// Creates, recovers or attaches to an allocator whose metadata lives in `region` (at least
     /// [`LLFree::metadata_size`] bytes, 64-byte aligned), e.g. a shared file mapping.
+    ///
+    /// With [`Config::shared`], `config.cores` is ignored: the region's
+    /// [`PERSISTENT_SLOTS`] slots are claimed by their users ([`LLFree::claim_slots`]).
     pub fn persistent(
         config: Config,
         region: Box<dyn MetaRegion>,
         init: Init,
     ) -> Result<Self, InitError> {
         config.validate()?;
-        let layout = Layout::new(config.frames, true);
+        if !config.shared && config.cores > PERSISTENT_SLOTS {
+            return Err(InitError::Config(
+                "a persistent allocator has at most 256 cores",
+            ));
+        }
+        let layout = Layout::new(config.frames, true, PERSISTENT_SLOTS);
         if region.len() < layout.size {
             return Err(InitError::RegionTooSmall {
                 need: layout.size,
@@ -99,21 +112,50 @@ impl LLFree {
         init: Init,
     ) -> Result<Self, InitError> {
         let children = config.frames / CHILD_FRAMES;
+        let tree_count = children.div_ceil(TREE_CHILDREN);
         let base = region.as_ptr();
-        // SAFETY: the layout places the child pairs and bitfields inside the region (its size
-        // was checked by the callers), at 64-byte aligned offsets of a 64-byte aligned region.
-        // Both types are atomics, valid for any bit pattern. The region outlives `Lower`.
-        let (pairs, fields) = unsafe {
+        // SAFETY: the layout places the child pairs, bitfields, tree lines, slots and owner
+        // words inside the region (its size was checked by the callers), at 64-byte aligned
+        // offsets (slots at 128-byte ones) of a 64-byte aligned region; slots are 128 bytes and
+        // need only their atomics' alignment here. All are atomics, valid for any bit pattern.
+        // The region outlives every slice: the allocator keeps it in `_region`.
+        let (pairs, fields, lines, locals, owners) = unsafe {
             (
                 std::slice::from_raw_parts(
                     base.add(layout.pairs).cast::<ChildPair>(),
                     Lower::pairs_size(children) / 4,
                 ),
                 std::slice::from_raw_parts(base.add(layout.fields).cast::<Bitfield>(), children),
+                std::slice::from_raw_parts(
+                    base.add(layout.trees).cast::<Line>(),
+                    (layout.locals - layout.trees) / 64,
+                ),
+                std::slice::from_raw_parts(base.add(layout.locals).cast::<Local>(), layout.slots),
+                std::slice::from_raw_parts(
+                    base.add(layout.owners).cast::<AtomicU64>(),
+                    layout.slots,
+                ),
             )
         };
         let lower = Lower::new(pairs, fields, config.flush && meta.is_some());
+        let trees = Trees::new(
+            lines,
+            tree_count,
+            config.almost_allocated,
+            config.almost_free,
+        );
+        // Shared: every slot, claimed by its users; otherwise one per core, at most one per tree.
+        let used_slots = if config.shared {
+            layout.slots
+        } else {
+            config.cores.min(tree_count).min(layout.slots)
+        };
+        let locals = Locals::new(&locals[..used_slots]);
         let recovery = match (meta, init) {
+            (Some(meta), Init::Attach) => {
+                meta.check(config.frames)?;
+                Recovery::Attached
+            }
             (None, _) | (Some(_), Init::Fresh) => {
                 if let Some(meta) = meta {
                     meta.invalidate();
@@ -139,14 +181,19 @@ impl LLFree {
                 }
             }
         };
-        let tree_count = children.div_ceil(TREE_CHILDREN);
-        let free: Vec<usize> = (0..tree_count).map(|t| lower.tree_free(t)).collect();
-        let trees = Trees::new(&free, config.almost_allocated, config.almost_free);
-        let locals = Locals::new(config.cores.min(tree_count));
+        if recovery != Recovery::Attached {
+            let free: Vec<usize> = (0..tree_count).map(|t| lower.tree_free(t)).collect();
+            trees.init(&free);
+            locals.init();
+            for owner in owners {
+                owner.store(0, Ordering::Release);
+            }
+        }
         Ok(Self {
             lower,
             trees,
             locals,
+            owners,
             config,
             meta,
             recovery,
@@ -467,10 +514,11 @@ impl LLFree {
 }
 
 impl Drop for LLFree {
+    /// Marks a persistent allocator shut down cleanly, unless it is shared: then the last of
+    /// its users says so ([`LLFree::mark_clean`]).
     fn drop(&mut self) {
-        if let Some(meta) = self.meta {
-            meta.mark_clean();
-            persist_meta(meta, self.config.flush);
+        if !self.config.shared {
+            self.mark_clean();
         }
     }
 }
@@ -492,6 +540,8 @@ fn check_order(order: usize) -> Result<(), Error> {
     }
 }
 
+mod shared;
+pub use shared::SlotRecovery;
 mod stats;
 #[cfg(test)]
 mod tests;

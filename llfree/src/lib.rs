@@ -47,7 +47,8 @@ pub mod region;
 mod stop;
 mod upper;
 
-pub use allocator::LLFree;
+pub use allocator::{LLFree, SlotRecovery};
+pub use meta::PERSISTENT_SLOTS;
 pub use region::{FileRegion, HeapRegion, MetaRegion};
 
 /// Size of a base frame; frame numbers count in this unit.
@@ -108,6 +109,10 @@ pub struct Config {
     pub almost_free: usize,
     /// Write back every committed change of persistent metadata with `clwb` (ADR platforms).
     pub flush: bool,
+    /// Persistent metadata shared by several processes at once: they claim per-core slots
+    /// ([`LLFree::claim_slots`]), and the last of them marks the shutdown clean
+    /// ([`LLFree::mark_clean`]).
+    pub shared: bool,
 }
 
 impl Config {
@@ -120,6 +125,7 @@ impl Config {
             almost_allocated: TREE_FRAMES / 8,
             almost_free: TREE_FRAMES - TREE_FRAMES / 8,
             flush: false,
+            shared: false,
         }
     }
 
@@ -154,6 +160,8 @@ pub enum Init {
     Recover,
     /// Recover and always rebuild the counters from the bitfields.
     RecoverDeep,
+    /// Use the metadata as it is: other processes use it right now ([`Config::shared`]).
+    Attach,
 }
 
 /// How an allocator came to be.
@@ -165,6 +173,8 @@ pub enum Recovery {
     Clean,
     /// Recovered by rebuilding counters from the bitfields (after a crash, or on request).
     Crash,
+    /// Attached to metadata other processes use ([`Init::Attach`]).
+    Attached,
 }
 
 /// The state of one aligned frame of some order ([`LLFree::frame_states`]).

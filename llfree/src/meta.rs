@@ -1,21 +1,30 @@
 //! The persistent meta page and the layout of a metadata region.
 //!
 //! A persistent region starts with one 4 KiB meta page (magic, layout version, frame count and a
-//! running/clean marker), followed by the child entries (one cache line per tree) and the
-//! bitfields (one cache line per child). A volatile region has the same layout without the meta
-//! page.
+//! running/clean marker), followed by the lower level (the child entries, one cache line per tree,
+//! and the bitfields, one cache line per child) and the upper level (the tree entries, 32 to a
+//! cache line; per-core slots of two cache lines each; and one owner word per slot). A volatile
+//! region has the same layout without the meta page.
+//!
+//! A persistent region always has [`PERSISTENT_SLOTS`] slots, so that its size does not depend on
+//! the cores of whoever opens it; processes that share it claim slots of their own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::lower::Lower;
-use crate::{InitError, CHILD_FRAMES};
+use crate::upper::trees::LINE_TREES;
+use crate::{InitError, CHILD_FRAMES, TREE_CHILDREN};
 
 /// Size of the meta page.
 pub const META_SIZE: usize = 4096;
 /// "LLFREE" followed by two zero bytes, little endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"LLFREE\0\0");
-/// Version of the persistent layout.
-pub const VERSION: u32 = 1;
+/// Version of the persistent layout (2: the upper level is part of the region).
+pub const VERSION: u32 = 2;
+/// Per-core slots of a persistent region.
+pub const PERSISTENT_SLOTS: usize = 256;
+/// Bytes of one per-core slot.
+const SLOT_SIZE: usize = 128;
 /// Marker: the allocator was shut down cleanly.
 const CLEAN: u64 = 0xC1EA_C1EA_C1EA_C1EA;
 /// Marker: the allocator is (or was, at a crash) running.
@@ -28,20 +37,35 @@ pub struct Layout {
     pub pairs: usize,
     /// Offset of the bitfields.
     pub fields: usize,
+    /// Offset of the tree entries.
+    pub trees: usize,
+    /// Offset of the per-core slots.
+    pub locals: usize,
+    /// Offset of the slots' owner words.
+    pub owners: usize,
+    /// Number of per-core slots.
+    pub slots: usize,
     /// Total size of the region.
     pub size: usize,
 }
 
 impl Layout {
-    /// The layout for `frames` frames, with or without a meta page.
-    pub fn new(frames: usize, with_meta: bool) -> Self {
+    /// The layout for `frames` frames and `slots` per-core slots, with or without a meta page.
+    pub fn new(frames: usize, with_meta: bool, slots: usize) -> Self {
         let children = frames.div_ceil(CHILD_FRAMES);
         let pairs = if with_meta { META_SIZE } else { 0 };
         let fields = pairs + Lower::pairs_size(children);
+        let trees = fields + Lower::fields_size(children);
+        let locals = trees + children.div_ceil(TREE_CHILDREN).div_ceil(LINE_TREES) * 64;
+        let owners = locals + slots * SLOT_SIZE;
         Self {
             pairs,
             fields,
-            size: fields + Lower::fields_size(children),
+            trees,
+            locals,
+            owners,
+            slots,
+            size: owners + (slots * 8).div_ceil(64) * 64,
         }
     }
 }
@@ -126,11 +150,15 @@ mod tests {
 
     #[test]
     fn layout_has_a_cache_line_per_tree_and_child() {
-        let layout = Layout::new(1 << 20, true);
+        let layout = Layout::new(1 << 20, true, PERSISTENT_SLOTS);
         assert_eq!(layout.pairs, META_SIZE);
         assert_eq!(layout.fields, META_SIZE + 64 * 64);
-        assert_eq!(layout.size, layout.fields + 2048 * 64);
-        assert_eq!(Layout::new(512, false).size, 64 + 64);
+        assert_eq!(layout.trees, layout.fields + 2048 * 64);
+        assert_eq!(layout.locals, layout.trees + 2 * 64, "64 trees: two lines");
+        assert_eq!(layout.owners, layout.locals + 256 * 128);
+        assert_eq!(layout.size, layout.owners + 256 * 8);
+        let small = Layout::new(512, false, 1);
+        assert_eq!(small.size, 64 + 64 + 64 + 128 + 64);
     }
 
     #[test]

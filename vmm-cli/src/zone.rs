@@ -104,10 +104,13 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
         "map_sync": info.map_sync,
         "leaked_frames": info.leaked_frames,
         "lost_frames": info.lost_frames,
+        "other_processes": info.processes.iter().filter(|p| !p.this).map(|p| p.pid)
+            .collect::<Vec<_>>(),
         "recovery": {
             "kind": info.recovery.kind.name(),
             "freed_leaked_frames": info.recovery.leaked_frames,
             "took_back_lost_frames": info.recovery.lost_frames,
+            "dead_processes": info.recovery.dead_processes,
             "micros": info.recovery.nanos / 1000,
         },
         "vms": info.vms.iter().map(|vm| json!({
@@ -139,16 +142,28 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         info.free_frames
     );
     let after = match info.recovery.kind {
-        RecoveryKind::Fresh => "its creation",
-        RecoveryKind::Clean => "a clean shutdown",
-        RecoveryKind::Crash => "a crash",
+        RecoveryKind::Fresh => "after its creation",
+        RecoveryKind::Clean => "after a clean shutdown",
+        RecoveryKind::Crash => "after a crash",
+        RecoveryKind::Attached => "beside other processes",
     };
     println!(
-        "  opened after {after} in {} µs: freed {} leaked frames, took back {} lost ones",
+        "  opened {after} in {} µs: freed {} leaked frames, took back {} lost ones, recovered {} \
+         dead processes",
         info.recovery.nanos / 1000,
         info.recovery.leaked_frames,
-        info.recovery.lost_frames
+        info.recovery.lost_frames,
+        info.recovery.dead_processes
     );
+    let others: Vec<String> = info
+        .processes
+        .iter()
+        .filter(|p| !p.this)
+        .map(|p| p.pid.to_string())
+        .collect();
+    if !others.is_empty() {
+        println!("  open in processes {}", others.join(", "));
+    }
     println!(
         "  now: {} leaked frames, {} lost frames",
         info.leaked_frames, info.lost_frames

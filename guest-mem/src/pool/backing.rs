@@ -158,6 +158,16 @@ impl BackingFile {
     /// first, then sizes it with [`BackingFile::ensure_len`]. A file on hugetlbfs is hugetlb
     /// memory of that mount's page size.
     pub fn open(path: &Path, create: bool) -> Result<Self, BackingError> {
+        Self::open_with(path, create, true)
+    }
+
+    /// Opens an existing file or device as [`BackingFile::open`] does, without the lock: for a
+    /// zone, which several processes use at once (they coordinate with byte-range locks).
+    pub fn open_shared(path: &Path) -> Result<Self, BackingError> {
+        Self::open_with(path, false, false)
+    }
+
+    fn open_with(path: &Path, create: bool, lock: bool) -> Result<Self, BackingError> {
         let err = |source| BackingError::File {
             path: path.to_owned(),
             source,
@@ -169,7 +179,7 @@ impl BackingFile {
             .truncate(false)
             .open(path)
             .map_err(err)?;
-        match file.try_lock() {
+        match if lock { file.try_lock() } else { Ok(()) } {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(BackingError::InUse(path.to_owned()))

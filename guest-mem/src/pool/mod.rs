@@ -8,6 +8,7 @@ pub use backing::{available_huge_pages, Backing, BackingError};
 pub use header::HeaderError;
 
 use std::io;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use thiserror::Error;
 
 use crate::stats::PoolStats;
 use crate::sys::{self, mmap};
+use crate::zone::Membership;
 pub(crate) use backing::BackingFile;
 use persistent::{open_file, Opened};
 
@@ -164,6 +166,18 @@ pub struct Pool {
     frame_size: FrameSize,
     scrub: Scrub,
     next_core: AtomicUsize,
+    /// The allocator cores this process uses (a zone's: the slots it claimed).
+    cores: Range<usize>,
+    /// A zone's pool: this process's membership, ended when the pool goes.
+    membership: Option<Membership>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(membership) = &self.membership {
+            membership.leave(&self.llfree, self.file.as_file());
+        }
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -210,6 +224,7 @@ impl Pool {
                 }
             }
         };
+        let cores = 0..opened.llfree.cores();
         let pool = Self {
             llfree: opened.llfree,
             file: opened.file,
@@ -218,6 +233,8 @@ impl Pool {
             frame_size,
             scrub: config.scrub,
             next_core: AtomicUsize::new(0),
+            cores,
+            membership: None,
         };
         if opened.formatted {
             pool.scrub_all().map_err(PoolError::Format)?;
@@ -227,11 +244,16 @@ impl Pool {
 
     /// A pool over the frames of a zone file: `llfree` manages the frames at `data_offset` of
     /// `file`. Freed frames are punched out of the file, or zeroed where it cannot punch.
+    ///
+    /// The pool allocates with the allocator cores `cores`; a zone's pool ends the process's
+    /// `membership` when it is dropped.
     pub(crate) fn assemble(
         llfree: LLFree,
         file: BackingFile,
         data_offset: u64,
         frame_size: FrameSize,
+        cores: Range<usize>,
+        membership: Option<Membership>,
     ) -> Arc<Self> {
         let scrub = match file.can_punch {
             true => Scrub::PunchHole,
@@ -245,6 +267,8 @@ impl Pool {
             frame_size,
             scrub,
             next_core: AtomicUsize::new(0),
+            cores,
+            membership,
         })
     }
 
@@ -286,7 +310,13 @@ impl Pool {
     /// Hands out `count` consecutive core ids (modulo the allocator's cores) for a guest's vCPUs
     /// and devices, so that guests sharing the pool use different reservations where possible.
     pub fn claim_cores(&self, count: usize) -> usize {
-        self.next_core.fetch_add(count, Ordering::Relaxed) % self.llfree.cores()
+        let next = self.next_core.fetch_add(count, Ordering::Relaxed);
+        self.cores.start + next % self.cores.len()
+    }
+
+    /// A core for the pool's owner's own work (recovery, deleting a VM).
+    pub fn own_core(&self) -> usize {
+        self.cores.start
     }
 
     /// Allocates a frame with `core`'s reservation; `None` when the pool is exhausted.

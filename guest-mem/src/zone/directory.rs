@@ -114,14 +114,14 @@ impl<'a> Slot<'a> {
         self.set(STATE, FREE);
     }
 
-    /// The process id of the VMM attached to the VM, 0 for none.
-    pub fn owner(&self) -> u32 {
-        self.get(OWNER) as u32
+    /// The token of the VMM process attached to the VM (see `processes`), 0 for none.
+    pub fn owner(&self) -> u64 {
+        self.get(OWNER)
     }
 
-    /// Records the attached VMM's process id (0: none).
-    pub fn set_owner(&self, pid: u32) {
-        self.set(OWNER, pid.into());
+    /// Records the attached VMM's token (0: none).
+    pub fn set_owner(&self, token: u64) {
+        self.set(OWNER, token);
     }
 
     /// The name; `None` if the recorded one is not a valid name.

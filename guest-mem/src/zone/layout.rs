@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! 0            header (4 KiB): magic, version, the zone's parameters and offsets, the last
-//!              recovery's results, a random identity
-//! 4 KiB        LLFree's persistent metadata (meta page, child entries, bitfields)
+//!              recovery's results, a random identity; from 1 KiB the table of the processes
+//!              that have the zone open (see `processes`)
+//! 4 KiB        LLFree's persistent metadata (meta page, both levels, per-core slots)
 //! dir          the VM directory: one 4 KiB slot per VM (name, RAM layout, owner, state)
 //! tables       per slot: its persistent frame table (one u64 per chunk), then its balloon
 //!              piece bitmaps (one bit per 4 KiB piece)
@@ -25,8 +26,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE1");
 /// is replaced by [`MAGIC`] as the last step: a zone whose creation was cut short is recognised
 /// as such and never used.
 pub const CREATING_MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE~");
-/// The layout version.
-pub const VERSION: u64 = 1;
+/// The layout version (2: the allocator's upper level and a process table are in the zone, so
+/// that several VMM processes use it at once).
+pub const VERSION: u64 = 2;
 /// Size of the header and of one directory slot.
 pub const PAGE: u64 = 4096;
 /// The most VMs one zone can hold.

@@ -11,9 +11,13 @@
 //!   but referenced by no VM is scrubbed and freed (a crash between allocating and publishing,
 //!   or unpublishing and freeing); a frame referenced but free is allocated again. Nothing is
 //!   lost and nothing leaks.
+//! * Several VMM processes use a zone at once (see `processes`): LLFree's state, both levels and
+//!   the per-core slots, lives in the zone, and each process claims slots of its own. The first
+//!   to open it recovers all of it as above; the others attach to it as it is and recover what
+//!   dead processes left (their slots drained and their trees recounted, their VMs free to be
+//!   attached again) while the rest go on. A VM is attached by one process at a time.
 //! * A zone file may lie on any file system (tmpfs, hugetlbfs with 2 MiB or 1 GiB pages, a disk,
-//!   a DAX file system with MAP_SYNC) or be a device DAX. One VMM process uses it at a time
-//!   (flock); owners are recorded per VM.
+//!   a DAX file system with MAP_SYNC) or be a device DAX.
 //! * What survives what: every store is in the file's pages at once, so a crash of the process
 //!   loses nothing. A crash of the host keeps what was synced: layout changes are msynced, a
 //!   guest's virtio-pmem flushes msync its memory; on DAX with MAP_SYNC every store is durable
@@ -22,6 +26,7 @@
 mod directory;
 mod layout;
 mod map;
+mod processes;
 mod recovery;
 
 pub use directory::{check_name, VmLayout, MAX_NAME, MAX_REGIONS};
@@ -42,6 +47,7 @@ use directory::{Slot, SlotState};
 use layout::{Layout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
 pub(crate) use map::ZoneWords;
 use map::{ZoneMap, ZoneMetaRegion};
+use processes::{Entry, OpenGuard, Table, MAX_PROCESSES, TABLE_OFFSET};
 
 /// The default number of VM slots of a new zone.
 pub const DEFAULT_MAX_VMS: u64 = 16;
@@ -192,7 +198,18 @@ pub enum ZoneError {
         /// Its slots.
         max: u64,
     },
-    /// The VM is attached to a process.
+    /// The zone's process table is full.
+    #[error("zone {}: {} processes have it open, the most it allows", .0.display(), processes::MAX_PROCESSES)]
+    TooManyProcesses(PathBuf),
+    /// The allocator has no run of free per-core slots this long.
+    #[error("zone {}: no {cores} free allocator slots left (other VMMs hold the rest of its 256)", .path.display())]
+    NoSlots {
+        /// The zone.
+        path: PathBuf,
+        /// Slots asked for.
+        cores: usize,
+    },
+    /// The VM is attached to a live process.
     #[error("VM '{name}' in zone {path} is in use by process {pid}")]
     VmInUse {
         /// The VM.
@@ -222,7 +239,51 @@ pub struct Zone {
     pool: Arc<Pool>,
     map: Arc<ZoneMap>,
     layout: Layout,
+    /// This process's token in the zone (see `processes`).
+    token: u64,
     recovery: RecoveryReport,
+}
+
+/// A process that has a zone open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneProcess {
+    /// Its process id.
+    pub pid: u32,
+    /// Whether it is this process.
+    pub this: bool,
+}
+
+/// A process's membership in a zone, which the zone's pool ends when it is dropped (after
+/// every user of the pool): its allocator slots are given back, its table entry removed, and
+/// the last process to leave marks the allocator shut down cleanly.
+pub(crate) struct Membership {
+    map: Arc<ZoneMap>,
+    entry: Entry,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("entry", &self.entry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Membership {
+    /// Leaves the zone (see the type's docs).
+    pub(crate) fn leave(&self, llfree: &LLFree, file: &std::fs::File) {
+        let Ok(guard) = OpenGuard::lock(file) else {
+            // The process exits soon: the kernel drops its locks, the next open recovers.
+            return;
+        };
+        llfree.release_slots(self.entry.token);
+        let table = Table::new(self.map.words(TABLE_OFFSET, MAX_PROCESSES as u64 * 2));
+        let _ = table.remove(file, self.entry.index);
+        if guard.alone().unwrap_or(false) {
+            llfree.mark_clean();
+        }
+        let _ = guard.leave();
+    }
 }
 
 /// One VM of a zone and its place in the directory.
@@ -268,6 +329,8 @@ pub struct ZoneInfo {
     /// Whether the zone is mapped with MAP_SYNC (a file on a DAX file system): stores to its
     /// metadata and frames are durable without msync.
     pub map_sync: bool,
+    /// The processes that have the zone open, this one included.
+    pub processes: Vec<ZoneProcess>,
 }
 
 impl Zone {
@@ -345,9 +408,10 @@ impl Zone {
             path: path.to_owned(),
             source,
         })?;
-        let pool = Pool::assemble(llfree, file, layout.data_off, frame);
+        let pool = Pool::assemble(llfree, file, layout.data_off, frame, 0..1, None);
         scrub_all(&pool, frames).map_err(io_err("cannot clean the frames"))?;
         layout.write(header);
+        Table::new(map.words(TABLE_OFFSET, MAX_PROCESSES as u64 * 2)).clear();
         for word in &header.id {
             let id = sys::random_u64().map_err(io_err("cannot draw the zone's identity"))?;
             word.store(id, Ordering::Relaxed);
@@ -363,13 +427,14 @@ impl Zone {
         Ok(())
     }
 
-    /// Opens the zone in `path` for a VMM with `cores` LLFree cores: recovers the allocator,
-    /// finishes interrupted deletions and cross-checks every VM's frame table (see the module
-    /// docs). Fails with a clear error on anything that is not a complete zone of this version,
-    /// or whose metadata is inconsistent.
+    /// Opens the zone in `path` for a process that allocates with `cores` LLFree cores (claimed
+    /// in the zone for this process): alone, it recovers the allocator, finishes interrupted
+    /// deletions and cross-checks every VM's frame table (see the module docs); beside other
+    /// processes, it attaches and recovers what dead ones left. Fails with a clear error on
+    /// anything that is not a complete zone of this version, or whose metadata is inconsistent.
     pub fn open(path: &Path, cores: usize) -> Result<Arc<Self>, ZoneError> {
         let started = Instant::now();
-        let file = BackingFile::open(path, false)?;
+        let file = BackingFile::open_shared(path)?;
         // Reading a header past the end of the file would fault (SIGBUS).
         if file.len() < PAGE {
             return Err(ZoneError::Empty(path.to_owned()));
@@ -398,33 +463,159 @@ impl Zone {
             ZoneMap::new(file.raw_fd(), layout.data_off, file.map_sync)
                 .map_err(io_err("cannot map the metadata"))?,
         );
+        let guard = OpenGuard::lock(file.as_file()).map_err(io_err("cannot lock"))?;
+        let alone = guard.alone().map_err(io_err("cannot lock"))?;
         let region = ZoneMetaRegion::new(Arc::clone(&map), layout);
-        let config = Config::new(cores.max(1), layout.frames as usize);
-        let llfree =
-            LLFree::persistent(config, Box::new(region), Init::Recover).map_err(|source| {
-                ZoneError::Allocator {
-                    path: path.to_owned(),
-                    source,
-                }
-            })?;
+        let config = Config {
+            shared: true,
+            ..Config::new(1, layout.frames as usize)
+        };
+        let init = if alone { Init::Recover } else { Init::Attach };
+        let llfree = LLFree::persistent(config, Box::new(region), init).map_err(|source| {
+            ZoneError::Allocator {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
         let kind = RecoveryKind::from(llfree.recovery());
-        let pool = Pool::assemble(llfree, file, layout.data_off, layout.frame_size);
+        let table = Table::new(map.words(TABLE_OFFSET, MAX_PROCESSES as u64 * 2));
+        if alone {
+            table.clear();
+        }
+        let token = loop {
+            let token = sys::random_u64().map_err(io_err("cannot draw a process token"))?;
+            if token != 0 {
+                break token;
+            }
+        };
+        let entry = table
+            .join(file.as_file(), token)
+            .map_err(io_err("cannot lock"))?
+            .ok_or_else(|| ZoneError::TooManyProcesses(path.to_owned()))?;
+        let cores = cores.max(1);
+        let Some(first_core) = llfree.claim_slots(token, cores) else {
+            let _ = table.remove(file.as_file(), entry.index);
+            return Err(ZoneError::NoSlots {
+                path: path.to_owned(),
+                cores,
+            });
+        };
+        let membership = Membership {
+            map: Arc::clone(&map),
+            entry,
+        };
+        let pool = Pool::assemble(
+            llfree,
+            file,
+            layout.data_off,
+            layout.frame_size,
+            first_core.0..first_core.0 + cores,
+            Some(membership),
+        );
         let mut zone = Self {
             path: path.to_owned(),
             pool,
             map,
             layout,
+            token,
             recovery: RecoveryReport::default(),
         };
-        let (leaked, lost) = zone.recover()?;
+        let (leaked, lost) = match alone {
+            true => zone.recover()?,
+            false => (0, 0),
+        };
+        let dead = zone.recover_dead_locked()?;
+        guard.share().map_err(io_err("cannot lock"))?;
+        drop(guard);
         zone.recovery = RecoveryReport {
             kind,
             leaked_frames: leaked,
             lost_frames: lost,
+            dead_processes: dead,
             nanos: started.elapsed().as_nanos() as u64,
         };
         zone.recovery.record(zone.map.header());
         Ok(Arc::new(zone))
+    }
+
+    /// The process table.
+    fn processes_table(&self) -> Table<'_> {
+        Table::new(self.map.words(TABLE_OFFSET, MAX_PROCESSES as u64 * 2))
+    }
+
+    /// Recovers what processes that died with the zone open left: the allocator slots they
+    /// held (reservations drained, trees recounted) and their VMs (free to be attached again;
+    /// their frames stay theirs). The other processes go on meanwhile. Returns how many dead
+    /// processes there were.
+    pub fn recover_dead_processes(&self) -> Result<u64, ZoneError> {
+        let file = self.pool.backing_file().as_file();
+        let _guard = OpenGuard::lock(file).map_err(self.io_err("cannot lock"))?;
+        self.recover_dead_locked()
+    }
+
+    fn recover_dead_locked(&self) -> Result<u64, ZoneError> {
+        let file = self.pool.backing_file().as_file();
+        let table = self.processes_table();
+        let dead: Vec<_> = table
+            .entries(file)
+            .map_err(self.io_err("cannot lock"))?
+            .into_iter()
+            .filter(|p| !p.alive && p.token != self.token)
+            .collect();
+        for process in &dead {
+            let slots = self.pool.allocator().recover_slots(process.token);
+            for index in 0..self.layout.max_vms {
+                let slot = self.slot(index);
+                if slot.state() == SlotState::Active && slot.owner() == process.token {
+                    slot.set_owner(0);
+                }
+            }
+            table
+                .remove(file, process.index)
+                .map_err(self.io_err("cannot lock"))?;
+            log::warn!(
+                "zone {}: process {} died with the zone open: recovered its {} allocator slots \
+                 ({} trees recounted, counter drift {}); its VMs can be attached again",
+                self.path.display(),
+                process.pid,
+                slots.slots,
+                slots.trees,
+                slots.counter_drift
+            );
+        }
+        Ok(dead.len() as u64)
+    }
+
+    /// The process id of the live process named by `token`, if it is one.
+    fn live_pid(&self, token: u64) -> Option<u32> {
+        match token {
+            0 => return None,
+            // This process's own lock is invisible to it.
+            own if own == self.token => return Some(std::process::id()),
+            _ => {}
+        }
+        let file = self.pool.backing_file().as_file();
+        self.processes_table()
+            .live(file, token)
+            .ok()
+            .flatten()
+            .map(|process| process.pid)
+    }
+
+    /// The processes that have the zone open now, this one included.
+    pub fn processes(&self) -> Result<Vec<ZoneProcess>, ZoneError> {
+        let file = self.pool.backing_file().as_file();
+        Ok(self
+            .processes_table()
+            .entries(file)
+            .map_err(self.io_err("cannot lock"))?
+            .into_iter()
+            .filter(|p| p.alive || p.token == self.token)
+            .map(|p| ZoneProcess {
+                pid: p.pid,
+                this: p.token == self.token,
+            })
+            .collect())
     }
 
     /// The zone file.
@@ -509,18 +700,21 @@ impl Zone {
                         chunk: self.layout.frame_size.name(),
                     });
                 }
-                if slot.owner() != 0 && slot.owner() != std::process::id() {
-                    return Err(ZoneError::VmInUse {
-                        name: name.to_owned(),
-                        path: self.path.clone(),
-                        pid: slot.owner(),
-                    });
+                let owner = slot.owner();
+                if owner != 0 && owner != self.token {
+                    if let Some(pid) = self.live_pid(owner) {
+                        return Err(ZoneError::VmInUse {
+                            name: name.to_owned(),
+                            path: self.path.clone(),
+                            pid,
+                        });
+                    }
                 }
                 index
             }
             None => self.create_vm(name, layout)?,
         };
-        self.slot(index).set_owner(std::process::id());
+        self.slot(index).set_owner(self.token);
         Ok(ZoneVm {
             zone: Arc::clone(self),
             index,
@@ -563,11 +757,11 @@ impl Zone {
             name: name.to_owned(),
         })?;
         let slot = self.slot(index);
-        if slot.owner() != 0 {
+        if let Some(pid) = self.live_pid(slot.owner()) {
             return Err(ZoneError::VmInUse {
                 name: name.to_owned(),
                 path: self.path.clone(),
-                pid: slot.owner(),
+                pid,
             });
         }
         slot.mark_deleting();
@@ -594,7 +788,7 @@ impl Zone {
                     size: self.layout.frame_size,
                 };
                 // A frame that cannot be scrubbed stays allocated; the next open frees it.
-                let _ = self.pool.scrub_and_free(0, frame);
+                let _ = self.pool.scrub_and_free(self.pool.own_core(), frame);
             }
         }
         self.map
@@ -649,7 +843,7 @@ impl Zone {
                         .iter()
                         .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
                         .sum(),
-                    owner: (slot.owner() != 0).then(|| slot.owner()),
+                    owner: self.live_pid(slot.owner()),
                     layout,
                 }
             })
@@ -667,6 +861,7 @@ impl Zone {
             leaked_frames: check.leaked.len() as u64,
             lost_frames: check.lost.len() as u64,
             map_sync: self.pool.uses_map_sync(),
+            processes: self.processes()?,
         })
     }
 }

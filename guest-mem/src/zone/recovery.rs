@@ -20,6 +20,8 @@ pub enum RecoveryKind {
     Clean,
     /// The last process crashed: the counters were rebuilt from the bitfields.
     Crash,
+    /// Other processes had the zone open: attached to it as it was.
+    Attached,
 }
 
 impl From<Recovery> for RecoveryKind {
@@ -28,17 +30,19 @@ impl From<Recovery> for RecoveryKind {
             Recovery::Fresh => RecoveryKind::Fresh,
             Recovery::Clean => RecoveryKind::Clean,
             Recovery::Crash => RecoveryKind::Crash,
+            Recovery::Attached => RecoveryKind::Attached,
         }
     }
 }
 
 impl RecoveryKind {
-    /// "fresh", "clean" or "crash".
+    /// "fresh", "clean", "crash" or "attached".
     pub fn name(self) -> &'static str {
         match self {
             RecoveryKind::Fresh => "fresh",
             RecoveryKind::Clean => "clean",
             RecoveryKind::Crash => "crash",
+            RecoveryKind::Attached => "attached",
         }
     }
 }
@@ -53,6 +57,8 @@ pub struct RecoveryReport {
     pub leaked_frames: u64,
     /// Frames a VM referenced that the allocator counted free: allocated again.
     pub lost_frames: u64,
+    /// Processes that had died with the zone open: their part recovered.
+    pub dead_processes: u64,
     /// Nanoseconds from opening the file to the end of the cross-check.
     pub nanos: u64,
 }

@@ -397,3 +397,157 @@ fn frame_states_classify_every_frame_of_an_order() {
     assert_eq!(giants[giant.0 >> GIANT_ORDER], FrameState::Allocated);
     assert_eq!(giants[1 - (giant.0 >> GIANT_ORDER)], FrameState::Mixed);
 }
+
+/// A shared allocator on `file` with `init`, as one process of several maps it.
+fn shared(file: &File, frames: usize, init: Init) -> LLFree {
+    let config = Config {
+        shared: true,
+        ..Config::new(1, frames)
+    };
+    persistent(file, config, init).unwrap()
+}
+
+#[test]
+fn owners_on_one_shared_region_allocate_side_by_side_and_leave_it_consistent() {
+    let frames = 16 * TREE_FRAMES;
+    let file = temp_file(LLFree::metadata_size(frames) as u64);
+    let first = shared(&file, frames, Init::Fresh);
+    // A second mapping of the same file: another process.
+    let second = shared(&file, frames, Init::Attach);
+    assert_eq!(second.recovery(), Recovery::Attached);
+    assert_eq!(first.cores(), PERSISTENT_SLOTS);
+    let a = first.claim_slots(1, 3).unwrap();
+    let b = second.claim_slots(2, 2).unwrap();
+    assert_eq!((a, b), (CoreId(0), CoreId(3)));
+    assert_eq!(&first.slot_owners()[..6], [1, 1, 1, 2, 2, 0]);
+    let held = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for (alloc, core) in [(&first, 0), (&first, 1), (&second, 3), (&second, 4)] {
+            let held = &held;
+            scope.spawn(move || {
+                let mut mine = Vec::new();
+                for round in 0..2000 {
+                    let order = [0, 3, HUGE_ORDER, 0][round % 4];
+                    if let Ok(frame) = alloc.get_frames(core, order) {
+                        mine.push((frame, order));
+                    }
+                    if round % 3 == 0 {
+                        if let Some((frame, order)) = mine.pop() {
+                            alloc.put_frames(core, frame, order).unwrap();
+                        }
+                    }
+                }
+                held.lock().unwrap().extend(mine);
+            });
+        }
+    });
+    let held = held.into_inner().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for &(frame, order) in &held {
+        assert!(first.frames_are_allocated(frame, order));
+        for f in frame..frame + (1 << order) {
+            assert!(seen.insert(f), "frame {f} handed out twice");
+        }
+    }
+    assert_eq!(first.free_frames(), frames - seen.len());
+    assert_eq!(second.free_frames(), first.free_frames(), "one state");
+    // The second owner leaves; its frames are still allocated (its users keep them).
+    assert_eq!(second.release_slots(2), 2);
+    drop(second);
+    first.validate().unwrap();
+    // It comes back and frees what it held, into trees the first owner may have reserved.
+    let again = shared(&file, frames, Init::Attach);
+    let core = again.claim_slots(2, 1).unwrap();
+    assert_eq!(core, CoreId(3), "the freed slots are claimed again");
+    for (frame, order) in held {
+        again.put_frames(core.0, frame, order).unwrap();
+    }
+    assert_eq!(first.free_frames(), frames);
+    assert_eq!(again.release_slots(2) + first.release_slots(1), 4);
+    first.validate().unwrap();
+    assert!(first.slot_owners().iter().all(|owner| *owner == 0));
+}
+
+#[test]
+fn a_dead_owner_s_reservations_are_recounted_while_others_allocate() {
+    let frames = 8 * TREE_FRAMES;
+    let file = temp_file(LLFree::metadata_size(frames) as u64);
+    let survivor = shared(&file, frames, Init::Fresh);
+    let dead = shared(&file, frames, Init::Attach);
+    let live = survivor.claim_slots(7, 1).unwrap();
+    let gone = dead.claim_slots(9, 2).unwrap();
+    let mut kept = Vec::new();
+    for core in [gone.0, gone.0 + 1] {
+        for _ in 0..100 {
+            kept.push(dead.get_frames(core, 0).unwrap());
+        }
+    }
+    // Its local counter drifts as if it died in the middle of an allocation.
+    dead.locals.get(gone.0).take(5).unwrap();
+    // The process dies: nothing of it runs any more, its slots stay claimed.
+    drop(dead);
+    assert!(
+        survivor.validate().is_err(),
+        "a local counter lost 5 frames"
+    );
+    let report = std::thread::scope(|scope| {
+        let busy = scope.spawn(|| {
+            for _ in 0..500 {
+                let frame = survivor.get_frames(live.0, HUGE_ORDER).unwrap();
+                survivor.put_frames(live.0, frame, HUGE_ORDER).unwrap();
+            }
+        });
+        let report = survivor.recover_slots(9);
+        busy.join().unwrap();
+        report
+    });
+    assert_eq!(
+        report,
+        SlotRecovery {
+            slots: 2,
+            trees: 2,
+            counter_drift: -5
+        }
+    );
+    assert_eq!(survivor.slot_owners()[gone.0], 0);
+    survivor.validate().unwrap();
+    assert_eq!(survivor.free_frames(), frames - kept.len());
+    for frame in kept {
+        assert!(
+            survivor.frames_are_allocated(frame, 0),
+            "its frames stay with their users"
+        );
+    }
+}
+
+#[test]
+fn slots_are_claimed_in_runs_and_only_by_one_owner() {
+    let frames = 2 * TREE_FRAMES;
+    let file = temp_file(LLFree::metadata_size(frames) as u64);
+    let alloc = shared(&file, frames, Init::Fresh);
+    assert_eq!(alloc.claim_slots(1, 2), Some(CoreId(0)));
+    assert_eq!(alloc.claim_slots(2, 1), Some(CoreId(2)));
+    assert_eq!(alloc.release_slots(1), 2);
+    assert_eq!(
+        alloc.claim_slots(3, 3),
+        Some(CoreId(3)),
+        "0..2 is too short a run"
+    );
+    assert_eq!(alloc.claim_slots(4, 2), Some(CoreId(0)));
+    assert_eq!(alloc.claim_slots(5, PERSISTENT_SLOTS), None);
+    assert_eq!(alloc.claim_slots(5, 0), None);
+    // A shared allocator's drop does not mark the region clean: the last user does.
+    drop(alloc);
+    let reopened = shared(&file, frames, Init::Recover);
+    assert_eq!(reopened.recovery(), Recovery::Crash);
+    assert!(
+        reopened.slot_owners().iter().all(|o| *o == 0),
+        "recovery frees every slot"
+    );
+    reopened.mark_clean();
+    drop(reopened);
+    assert_eq!(
+        shared(&file, frames, Init::Recover).recovery(),
+        Recovery::Clean
+    );
+}

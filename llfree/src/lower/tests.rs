@@ -10,7 +10,7 @@ use crate::InitError;
 
 /// A lower level of `children` free children on leaked heap memory.
 fn lower(children: usize) -> Lower {
-    let layout = Layout::new(children * CHILD_FRAMES, false);
+    let layout = Layout::new(children * CHILD_FRAMES, false, 1);
     let region: &'static HeapRegion = Box::leak(Box::new(HeapRegion::new(layout.size).unwrap()));
     // SAFETY: the region is leaked, so it lives forever; the offsets come from the layout.
     let (pairs, fields) = unsafe {

@@ -150,6 +150,12 @@ impl Local {
         count as usize
     }
 
+    /// Empties the slot: no reservation, no free history.
+    pub fn reset(&self) {
+        self.state.store(0, Ordering::Release);
+        self.reset_frees();
+    }
+
     /// Forgets the reserve-on-free history.
     pub fn reset_frees(&self) {
         self.frees.store(u64::MAX, Ordering::Relaxed);

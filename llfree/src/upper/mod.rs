@@ -82,17 +82,20 @@ impl Trees {
     }
 }
 
-/// Per-core data of all cores.
-pub struct Locals(Box<[Local]>);
+/// Per-core data of all cores, in the allocator's metadata region.
+pub struct Locals(&'static [Local]);
 
 impl Locals {
-    /// Data for `cores` cores.
-    pub fn new(cores: usize) -> Self {
-        let locals: Box<[Local]> = (0..cores).map(|_| Local::default()).collect();
-        for local in &locals {
-            local.reset_frees();
-        }
+    /// The slots `locals`, as they are.
+    pub fn new(locals: &'static [Local]) -> Self {
         Self(locals)
+    }
+
+    /// Empties every slot: no reservation, no free history.
+    pub fn init(&self) {
+        for local in self.0 {
+            local.reset();
+        }
     }
 
     /// The data of `core` (core ids beyond the slots share them).
@@ -117,12 +120,25 @@ impl Locals {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::TREE_FRAMES;
 
-    fn trees(free: &[usize]) -> Trees {
-        Trees::new(free, TREE_FRAMES / 8, TREE_FRAMES - TREE_FRAMES / 8)
+    /// Unreserved trees with the `free` counts and the default thresholds, leaked for the test.
+    pub(crate) fn trees(free: &[usize]) -> Trees {
+        let lines: &'static [trees::Line] = Box::leak(
+            (0..free.len().div_ceil(LINE_TREES))
+                .map(|_| trees::Line::default())
+                .collect(),
+        );
+        let trees = Trees::new(
+            lines,
+            free.len(),
+            TREE_FRAMES / 8,
+            TREE_FRAMES - TREE_FRAMES / 8,
+        );
+        trees.init(free);
+        trees
     }
 
     fn search(start: usize, frames: usize, fragmented: bool) -> Search {

@@ -17,7 +17,7 @@ pub const GIANT_TREES: usize = (1 << GIANT_ORDER) / TREE_FRAMES;
 /// One cache line of tree entries.
 #[repr(C, align(64))]
 #[derive(Default)]
-struct Line([AtomicU16; LINE_TREES]);
+pub struct Line([AtomicU16; LINE_TREES]);
 
 /// How full a tree is, for the reservation heuristic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,9 +30,9 @@ pub enum Class {
     Free = 2,
 }
 
-/// The tree array.
+/// The tree array, in the allocator's metadata region.
 pub struct Trees {
-    lines: Box<[Line]>,
+    lines: &'static [Line],
     len: usize,
     /// Trees with fewer free frames are [`Class::Allocated`].
     almost_allocated: usize,
@@ -41,21 +41,28 @@ pub struct Trees {
 }
 
 impl Trees {
-    /// Creates `free.len()` unreserved trees with the given free counts.
-    pub fn new(free: &[usize], almost_allocated: usize, almost_free: usize) -> Self {
-        let lines: Box<[Line]> = (0..free.len().div_ceil(LINE_TREES))
-            .map(|_| Line::default())
-            .collect();
-        let trees = Self {
+    /// The array of `len` trees in `lines` (at least `len` entries), as they are.
+    pub fn new(
+        lines: &'static [Line],
+        len: usize,
+        almost_allocated: usize,
+        almost_free: usize,
+    ) -> Self {
+        debug_assert!(lines.len() * LINE_TREES >= len);
+        Self {
             lines,
-            len: free.len(),
+            len,
             almost_allocated,
             almost_free,
-        };
-        for (tree, free) in free.iter().enumerate() {
-            trees.entry(tree).store(*free as u16, Ordering::Relaxed);
         }
-        trees
+    }
+
+    /// Makes every tree unreserved with the given free counts (one per tree).
+    pub fn init(&self, free: &[usize]) {
+        debug_assert_eq!(free.len(), self.len);
+        for (tree, free) in free.iter().enumerate() {
+            self.entry(tree).store(*free as u16, Ordering::Relaxed);
+        }
     }
 
     /// Number of trees.
@@ -170,7 +177,7 @@ mod tests {
     use super::*;
 
     fn trees(free: &[usize]) -> Trees {
-        Trees::new(free, TREE_FRAMES / 8, TREE_FRAMES - TREE_FRAMES / 8)
+        super::super::tests::trees(free)
     }
 
     #[test]

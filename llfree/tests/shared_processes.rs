@@ -1,0 +1,225 @@
+//! Several processes share one persistent allocator in a file: each maps it, claims per-core
+//! slots and allocates and frees from its threads at once. Afterwards no frame was handed to two
+//! of them, every frame they hold is allocated, and the counters agree with the lower level; a
+//! process SIGKILLed in the middle is recovered while the others go on.
+//!
+//! The children are this test binary again, run with `LLFREE_SHARED_CHILD` set.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use llfree::{Config, CoreId, FileRegion, FrameId, Init, LLFree, Order, Recovery, TREE_FRAMES};
+
+const CHILD_ENV: &str = "LLFREE_SHARED_CHILD";
+/// Frames of the shared zone: 16 trees (1 GiB).
+const FRAMES: usize = 16 * TREE_FRAMES;
+/// Threads per process.
+const THREADS: usize = 3;
+/// How long each thread allocates and frees.
+const RUN: Duration = Duration::from_millis(600);
+/// The orders the threads use: mostly what guests use (2 MiB), and the small ones.
+const ORDERS: [usize; 6] = [9, 9, 0, 3, 6, 10];
+
+fn map(path: &Path, init: Init) -> LLFree {
+    let file = File::options().read(true).write(true).open(path).unwrap();
+    let region = FileRegion::map(&file, 0, LLFree::metadata_size(FRAMES)).unwrap();
+    let config = Config {
+        shared: true,
+        ..Config::new(1, FRAMES)
+    };
+    LLFree::persistent(config, Box::new(region), init).unwrap()
+}
+
+/// The child's work: allocate and free from `THREADS` threads, then print what it holds as
+/// `frame order` lines and leave (slots released).
+fn child(path: &Path, owner: u64, seed: u64) {
+    let alloc = map(path, Init::Attach);
+    let first = alloc.claim_slots(owner, THREADS).expect("free slots");
+    let held = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let alloc = &alloc;
+                scope.spawn(move || {
+                    let core = CoreId(first.0 + thread);
+                    let mut rng = seed ^ ((thread as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
+                    let mut mine: Vec<(FrameId, Order)> = Vec::new();
+                    let started = std::time::Instant::now();
+                    let mut operations = 0u64;
+                    while started.elapsed() < RUN {
+                        operations += 1;
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        // Keep about half of the zone held across processes.
+                        let free = mine.len() > 8 && rng % 16 < 7;
+                        if free {
+                            let (frame, order) = mine.swap_remove((rng >> 8) as usize % mine.len());
+                            alloc.put(core, frame, order).expect("free");
+                        } else {
+                            let order = Order(ORDERS[(rng >> 16) as usize % ORDERS.len()]);
+                            if let Ok(frame) = alloc.get(core, order) {
+                                mine.push((frame, order));
+                            }
+                        }
+                    }
+                    (mine, operations)
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        let mut operations = 0;
+        for thread in threads {
+            let (mine, count) = thread.join().unwrap();
+            held.extend(mine);
+            operations += count;
+        }
+        eprintln!("owner {owner}: {operations} operations on {THREADS} threads");
+        held
+    });
+    for (frame, order) in held {
+        println!("{} {}", frame.0, order.0);
+    }
+    alloc.release_slots(owner);
+}
+
+#[test]
+fn shared_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut parts = spec.split(',');
+    let path = PathBuf::from(parts.next().unwrap());
+    let owner: u64 = parts.next().unwrap().parse().unwrap();
+    let seed: u64 = parts.next().unwrap().parse().unwrap();
+    child(&path, owner, seed);
+}
+
+/// A zone file in the temp directory, removed when dropped.
+struct ZoneFile(PathBuf);
+
+impl ZoneFile {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("llfree-{name}-{}", std::process::id()));
+        File::create(&path)
+            .unwrap()
+            .set_len(LLFree::metadata_size(FRAMES) as u64)
+            .unwrap();
+        ZoneFile(path)
+    }
+}
+
+impl Drop for ZoneFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn spawn(path: &Path, owner: u64, seed: u64) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "shared_child", "--nocapture", "--quiet"])
+        .env(CHILD_ENV, format!("{},{owner},{seed}", path.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// The `frame order` lines of a child's output.
+fn holdings(child: std::process::Child) -> Option<Vec<(usize, usize)>> {
+    let output = child.wait_with_output().unwrap();
+    output.status.success().then(|| {
+        BufReader::new(&output.stdout[..])
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|line| {
+                let (frame, order) = line.split_once(' ')?;
+                Some((frame.parse().ok()?, order.parse().ok()?))
+            })
+            .collect()
+    })
+}
+
+/// Checks that `held` frames are pairwise disjoint and allocated in `alloc`; returns how many
+/// base frames they cover.
+fn check_held(alloc: &LLFree, held: &[(usize, usize)]) -> usize {
+    let mut seen = HashSet::new();
+    for &(frame, order) in held {
+        assert!(
+            alloc.is_allocated(FrameId(frame), Order(order)),
+            "frame {frame} order {order} is held but not allocated"
+        );
+        for f in frame..frame + (1 << order) {
+            assert!(seen.insert(f), "frame {f} was handed to two holders");
+        }
+    }
+    seen.len()
+}
+
+#[test]
+fn processes_share_one_allocator_without_handing_a_frame_out_twice() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let zone = ZoneFile::new("shared-processes");
+    let parent = map(&zone.0, Init::Fresh);
+    let children: Vec<_> = (1..=4)
+        .map(|owner| spawn(&zone.0, owner, owner * 7919))
+        .collect();
+    let held: Vec<(usize, usize)> = children
+        .into_iter()
+        .flat_map(|child| holdings(child).expect("a child failed"))
+        .collect();
+    let covered = check_held(&parent, &held);
+    eprintln!(
+        "4 processes x {THREADS} threads for {RUN:?}: {} frames held at the end",
+        held.len()
+    );
+    assert_eq!(parent.free_frames(), FRAMES - covered);
+    assert!(parent.slot_owners().iter().all(|owner| *owner == 0));
+    parent.validate().unwrap();
+    // Freed by another process than the ones that took them.
+    for (frame, order) in held {
+        parent.put(CoreId(0), FrameId(frame), Order(order)).unwrap();
+    }
+    assert_eq!(parent.free_frames(), FRAMES);
+    parent.validate().unwrap();
+}
+
+#[test]
+fn a_process_killed_in_the_middle_is_recovered_while_the_others_go_on() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let zone = ZoneFile::new("shared-kill");
+    let parent = map(&zone.0, Init::Fresh);
+    let survivors: Vec<_> = [1, 2]
+        .map(|owner| spawn(&zone.0, owner, owner * 104_729))
+        .into();
+    let mut victim = spawn(&zone.0, 3, 31);
+    // In the middle of its run.
+    std::thread::sleep(RUN / 2);
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // Recovered while the survivors allocate and free.
+    let report = parent.recover_slots(3);
+    eprintln!("recovered the killed process: {report:?}");
+    let held: Vec<(usize, usize)> = survivors
+        .into_iter()
+        .flat_map(|child| holdings(child).expect("a survivor failed"))
+        .collect();
+    check_held(&parent, &held);
+    assert!(parent.slot_owners().iter().all(|owner| *owner == 0));
+    drop(parent);
+    // The victim's frames (and anything it was doing) are the next full recovery's business.
+    let recovered = map(&zone.0, Init::RecoverDeep);
+    assert_eq!(recovered.recovery(), Recovery::Crash);
+    recovered.validate().unwrap();
+    check_held(&recovered, &held);
+}
