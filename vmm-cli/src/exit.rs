@@ -123,6 +123,9 @@ pub fn zone_error_status(error: &ZoneError) -> ExitStatus {
         ZoneError::Io { .. }
         | ZoneError::Allocator { .. }
         | ZoneError::VmInUse { .. }
+        | ZoneError::OpenElsewhere { .. }
+        | ZoneError::NoSlots { .. }
+        | ZoneError::TooManyProcesses(_)
         | ZoneError::Backing(BackingError::InUse(_)) => ExitStatus::Runtime,
         _ => ExitStatus::Usage,
     }

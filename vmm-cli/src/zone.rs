@@ -35,12 +35,13 @@ pub(super) fn run(action: ZoneAction) -> ExitStatus {
             let released = zone.release_free_frames()?;
             let recovery = zone.recovery();
             println!(
-                "{}: {} recovery freed {} leaked frames and took back {} lost ones; released \
-                 the memory of {released} free frames",
+                "{}: {} recovery freed {} leaked frames, took back {} lost ones and recovered {} \
+                 dead processes; released the memory of {released} free frames",
                 path.display(),
                 recovery.kind.name(),
                 recovery.leaked_frames,
                 recovery.lost_frames,
+                recovery.dead_processes,
             );
             Ok(())
         }),

@@ -209,6 +209,14 @@ pub enum ZoneError {
         /// Slots asked for.
         cores: usize,
     },
+    /// Other processes have the zone open (for what needs it alone).
+    #[error("zone {} is open in processes {pids:?}: free frames are released only when no VMM uses it", .path.display())]
+    OpenElsewhere {
+        /// The zone.
+        path: PathBuf,
+        /// Their process ids.
+        pids: Vec<u32>,
+    },
     /// The VM is attached to a live process.
     #[error("VM '{name}' in zone {path} is in use by process {pid}")]
     VmInUse {
@@ -687,6 +695,10 @@ impl Zone {
             path: self.path.clone(),
             why,
         })?;
+        // The directory changes one process at a time: two processes creating VMs would take
+        // the same free slot.
+        let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
+            .map_err(self.io_err("cannot lock"))?;
         let index = match self.find(name) {
             Some(index) => {
                 let slot = self.slot(index);
@@ -752,6 +764,8 @@ impl Zone {
     /// Deletes the VM called `name`: its frames are scrubbed and go back to the pool, its slot
     /// is freed. Returns how many frames it held.
     pub fn delete_vm(&self, name: &str) -> Result<u64, ZoneError> {
+        let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
+            .map_err(self.io_err("cannot lock"))?;
         let index = self.find(name).ok_or_else(|| ZoneError::NoSuchVm {
             path: self.path.clone(),
             name: name.to_owned(),
@@ -801,8 +815,23 @@ impl Zone {
     }
 
     /// Releases the host memory of every free frame (punches it out of the file; on a device,
-    /// nothing). Returns how many frames that were.
+    /// nothing). Returns how many frames that were. Only while no other process has the zone
+    /// open (one could allocate a frame between the check and the punch); new opens wait.
     pub fn release_free_frames(&self) -> Result<u64, ZoneError> {
+        let file = self.pool.backing_file().as_file();
+        let _guard = OpenGuard::lock(file).map_err(self.io_err("cannot lock"))?;
+        let others: Vec<u32> = self
+            .processes()?
+            .iter()
+            .filter(|p| !p.this)
+            .map(|p| p.pid)
+            .collect();
+        if !others.is_empty() {
+            return Err(ZoneError::OpenElsewhere {
+                path: self.path.clone(),
+                pids: others,
+            });
+        }
         if !self.pool.backing_file().can_punch {
             return Ok(0);
         }
