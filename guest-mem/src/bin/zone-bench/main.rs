@@ -8,7 +8,11 @@
 //!   (scrub, free), with the persistent frame table of a VM in a zone against the volatile one
 //!   of guest memory on the same zone's pool, interleaved runs, medians and their ratio.
 //!
+//! * `processes` and `handover`: several processes on one zone (see [`processes`]).
+//!
 //! Zone files go to `--dir` (default /dev/shm: tmpfs) and are removed afterwards.
+
+mod processes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,8 +42,12 @@ struct Args {
     /// Measurements per case (medians are reported).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
-    /// What to measure: recovery, faults.
-    #[arg(long, value_delimiter = ',', default_value = "recovery,faults")]
+    /// What to measure: recovery, faults, processes, handover.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "recovery,faults,processes,handover"
+    )]
     groups: Vec<String>,
 }
 
@@ -187,6 +195,9 @@ fn faults(args: &Args) {
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var(processes::WORKER_ENV) {
+        return processes::worker(&spec);
+    }
     if let Some(path) = std::env::var_os(CRASH_ENV) {
         let _zone = Zone::open(Path::new(&path), 2).expect("open");
         // SAFETY: kill only sends a signal; this process ends at once, as a crash would.
@@ -202,8 +213,10 @@ fn main() {
         match group.as_str() {
             "recovery" => recovery(&args),
             "faults" => faults(&args),
+            "processes" => processes::processes(&args),
+            "handover" => processes::handover(&args),
             other => {
-                eprintln!("error: unknown group {other} (recovery, faults)");
+                eprintln!("error: unknown group {other} (recovery, faults, processes, handover)");
                 std::process::exit(2);
             }
         }
