@@ -32,7 +32,7 @@ TIMEOUT=${LLFREE_NESTED_TIMEOUT:-1500}
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
-TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot)
+TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared)
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
     xz-utils seabios e2fsprogs ndctl)
 # QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.

@@ -1,0 +1,107 @@
+//! End-to-end: two real Linux guests in two `vmm run` processes overcommit one zone. The
+//! holder fills 160 MiB of tmpfs, holds it, and frees it (free page reporting gives it back);
+//! the writer, started meanwhile, writes 160 MiB too: the zone runs dry, its faults wait
+//! (`--wait-for-memory`), and it finishes once the holder's memory is back in the zone. (See
+//! linux_common for the guest and where this runs.)
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod linux_common;
+mod vmm_common;
+
+use std::time::{Duration, Instant};
+
+use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{client, get, send, Scratch, VmmRun};
+
+/// Free frames of the zone, as `vmm zone inspect` counts them.
+fn free_frames(zone: &str) -> u64 {
+    let run = client(&["zone", "inspect", "--json", zone]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    info["free_frames"].as_u64().unwrap()
+}
+
+#[test]
+fn two_linux_vmms_overcommit_one_zone_and_finish_because_one_reports() {
+    let test = "two_linux_vmms_overcommit_one_zone_and_finish_because_one_reports";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-zone-shared");
+    let zone = scratch.path("zone");
+    // 512 MiB of RAM on 288 MiB of frames.
+    let created = client(&["zone", "create", &zone, "--size", "288M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let socket = scratch.path("holder.sock");
+    let holder_cmdline = cmdline("llfree.test=fill llfree.mib=160 llfree.hold=20");
+    let mut holder = VmmRun::start(&guest.args(&[
+        "--zone",
+        &zone,
+        "--vm",
+        "holder",
+        "--memory",
+        "256M",
+        "--balloon",
+        "free_page_reporting=on",
+        "--cmdline",
+        &holder_cmdline,
+        "--api-socket",
+        &socket,
+    ]));
+    holder.wait_for_line("LLFREE-L2 filled", BOOT_TIMEOUT);
+    let writer_cmdline = cmdline("llfree.test=rounds llfree.rounds=1 llfree.mib=160");
+    let started = Instant::now();
+    let mut writer = VmmRun::start(&guest.args(&[
+        "--zone",
+        &zone,
+        "--vm",
+        "writer",
+        "--memory",
+        "256M",
+        "--wait-for-memory",
+        "--cmdline",
+        &writer_cmdline,
+    ]));
+    // The writer must run the zone dry, then go on once the holder's memory is back.
+    let mut dry_since = None;
+    while writer.running() {
+        if dry_since.is_none() && free_frames(&zone) == 0 {
+            dry_since = Some(started.elapsed());
+        }
+        assert!(
+            started.elapsed() < 2 * BOOT_TIMEOUT,
+            "the writer never finished"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let written = writer.wait(Duration::from_secs(10));
+    assert!(
+        written.stdout.contains("LLFREE-L2 rounds-done"),
+        "{written:#?}"
+    );
+    assert_eq!(written.code, Some(7), "the writer rebooted when done: {written:#?}");
+    assert!(
+        dry_since.is_some(),
+        "the two guests together needed more than the zone"
+    );
+    assert!(
+        written.stderr.contains("waits for a frame"),
+        "the writer's faults waited for the holder's memory: {written:#?}"
+    );
+    let api = holder.api(&socket);
+    let reported = get(&api, "/memory")["guest"]["discarded_chunks"]
+        .as_u64()
+        .unwrap();
+    assert!(reported > 0, "the holder reported chunks free");
+    eprintln!(
+        "{test}: the zone ran dry {:.1?} after the writer's start, the writer finished after \
+         {:.1?}; the holder reported {reported} chunks free",
+        dry_since.unwrap_or_default(),
+        started.elapsed()
+    );
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    let held = holder.wait(Duration::from_secs(60));
+    assert_eq!(held.code, Some(6), "stopped through the API: {held:#?}");
+}
