@@ -81,14 +81,14 @@ fn two_linux_vmms_overcommit_one_zone_and_finish_because_one_reports() {
         written.stdout.contains("LLFREE-L2 rounds-done"),
         "{written:#?}"
     );
-    assert_eq!(written.code, Some(7), "the writer rebooted when done: {written:#?}");
+    assert_eq!(
+        written.code,
+        Some(7),
+        "the writer rebooted when done: {written:#?}"
+    );
     assert!(
         dry_since.is_some(),
         "the two guests together needed more than the zone"
-    );
-    assert!(
-        written.stderr.contains("waits for a frame"),
-        "the writer's faults waited for the holder's memory: {written:#?}"
     );
     let api = holder.api(&socket);
     let reported = get(&api, "/memory")["guest"]["discarded_chunks"]
