@@ -19,6 +19,8 @@ use guest_mem::{FrameSize, GuestMemory, Population};
 use vm_memory::{Bytes, GuestAddress};
 
 const PEER_ENV: &str = "GUEST_MEM_ZONE_PEER";
+/// Set for a peer whose VM is ephemeral.
+const EPHEMERAL_ENV: &str = "GUEST_MEM_ZONE_PEER_EPHEMERAL";
 /// The zone: 32 frames of 2 MiB.
 const ZONE: u64 = 64 * MIB;
 /// Each VM's RAM: together more than the zone.
@@ -54,7 +56,12 @@ fn zone_peer() {
     };
     let zone = Zone::open(Path::new(&path), 2).expect("open");
     println!("opened {}", zone.recovery().kind.name());
-    let memory = open_memory(&zone, "peer");
+    let vm = zone.attach("peer", &layout()).expect("attach");
+    if std::env::var_os(EPHEMERAL_ENV).is_some() {
+        vm.make_ephemeral().expect("ephemeral");
+    }
+    let memory = GuestMemory::new_in_zone(vm, common::memory_config(VM, 1), &Population::default())
+        .expect("memory");
     fill(&memory, 0, VM, 0x9e);
     let core = zone.pool().own_core();
     memory
@@ -67,14 +74,17 @@ fn zone_peer() {
     }
 }
 
-/// Starts the peer on `zone` and waits until it gave its memory back.
-fn peer(zone: &Path) -> (Child, BufReader<ChildStdout>) {
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+/// Starts the peer on `zone` (its VM `ephemeral` or not) and waits until it gave its memory back.
+fn peer(zone: &Path, ephemeral: bool) -> (Child, BufReader<ChildStdout>) {
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    command
         .args(["--exact", "zone_peer", "--nocapture", "--test-threads=1"])
         .env(PEER_ENV, zone)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+        .stdout(Stdio::piped());
+    if ephemeral {
+        command.env(EPHEMERAL_ENV, "1");
+    }
+    let mut child = command.spawn().expect("spawn");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     while !line.starts_with("gave back") {
@@ -97,7 +107,7 @@ fn what_one_process_gives_back_another_uses_and_a_dead_one_is_recovered() {
     };
     Zone::create(&path.0, &config).expect("create");
     let zone = Zone::open(&path.0, 2).expect("open");
-    let (mut child, _lines) = peer(&path.0);
+    let (mut child, _lines) = peer(&path.0, false);
     let info = zone.info().expect("info");
     assert_eq!(info.processes.len(), 2, "{:?}", info.processes);
     // 24 frames filled, 16 given back: 24 of 32 are free, as many as this VM needs.
@@ -136,4 +146,36 @@ fn what_one_process_gives_back_another_uses_and_a_dead_one_is_recovered() {
         32 - 24 - 8,
         "mine: 24 frames, the peer's: 8"
     );
+}
+
+#[test]
+fn an_ephemeral_vm_goes_with_its_process_and_its_frames_come_back() {
+    let path = TempFile::new("zone-ephemeral");
+    let config = ZoneConfig {
+        size: ZONE,
+        frame_size: FrameSize::Huge,
+        max_vms: DEFAULT_MAX_VMS,
+    };
+    Zone::create(&path.0, &config).expect("create");
+    let zone = Zone::open(&path.0, 2).expect("open");
+    // In this process: detached, it is deleted.
+    let vm = zone.attach("here", &layout()).expect("attach");
+    vm.make_ephemeral().expect("ephemeral");
+    assert!(vm.is_ephemeral());
+    let memory = GuestMemory::new_in_zone(vm, common::memory_config(VM, 1), &Population::default())
+        .expect("memory");
+    fill(&memory, 0, VM, 1);
+    assert_eq!(zone.info().expect("info").free_frames, 32 - 24);
+    drop(memory);
+    let info = zone.info().expect("info");
+    assert!(info.vms.is_empty() && info.free_frames == 32, "{info:?}");
+    // In a process killed with it attached: the survivors' recovery deletes it.
+    let (mut child, _lines) = peer(&path.0, true);
+    assert_eq!(zone.info().expect("info").free_frames, 32 - 8);
+    child.kill().expect("SIGKILL");
+    child.wait().expect("wait");
+    assert_eq!(zone.recover_dead_processes().expect("recover"), 1);
+    let info = zone.info().expect("info");
+    assert!(info.vms.is_empty() && info.free_frames == 32, "{info:?}");
+    assert_eq!((info.leaked_frames, info.lost_frames), (0, 0));
 }

@@ -1,6 +1,7 @@
 //! End-to-end: many `vmm run` processes on one zone. Four VMMs whose RAM together is several
 //! times the zone finish their workloads because each reports what it no longer uses (the
-//! others' faults wait for it, `--wait-for-memory`); and, `LLFREE_VMM_SHARED_KILLS` times
+//! others' faults wait for it, `--wait-for-memory`), their `--ephemeral` VMs gone with them;
+//! and, `LLFREE_VMM_SHARED_KILLS` times
 //! (default 100), one of three running VMMs is SIGKILLed at a random moment: the other two
 //! finish, a `vmm zone inspect` beside them recovers the dead one's part, and afterwards the zone
 //! shows no leaked or lost frame and the killed VM restarts with its memory intact.
@@ -67,6 +68,7 @@ fn four_vmms_overcommit_one_zone_and_finish_because_they_report() {
                 "--balloon",
                 "free_page_reporting=on",
                 "--wait-for-memory",
+                "--ephemeral",
                 "--workload",
                 workload,
             ])
@@ -91,6 +93,9 @@ fn four_vmms_overcommit_one_zone_and_finish_because_they_report() {
         (Some(0), Some(0))
     );
     assert_eq!(info["recovery"]["kind"], "clean", "{info:#}");
+    // Ephemeral: the VMs went with their VMMs, their frames back in the zone.
+    assert_eq!(info["vms"].as_array().map(Vec::len), Some(0), "{info:#}");
+    assert_eq!(info["free_frames"], info["frames"], "{info:#}");
 }
 
 /// A small xorshift generator: the test needs repeatable, not good, randomness.

@@ -249,6 +249,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", requires = "zone")]
     pub vm: Option<String>,
 
+    /// Delete the VM from the --zone when this VMM ends or dies (its frames go back to the zone
+    /// at once) instead of keeping its memory for the next run.
+    #[arg(long, requires = "zone")]
+    pub ephemeral: bool,
+
     /// Add a virtio-pmem device of SIZE (a multiple of the zone's frame size; needs --zone):
     /// persistent memory whose contents live in the zone beside the VM's RAM.
     ///

@@ -28,7 +28,11 @@ impl TryFrom<RunArgs> for VmConfig {
         check_memory(args.memory, &args.backing)?;
         let scrub = check_backing(&args.backing, args.format_pool)?;
         let zone = match (args.zone, args.vm) {
-            (Some(path), Some(vm)) => Some(ZoneTarget { path, vm }),
+            (Some(path), Some(vm)) => Some(ZoneTarget {
+                path,
+                vm,
+                ephemeral: args.ephemeral,
+            }),
             _ => None,
         };
         if let Some(zone) = &zone {

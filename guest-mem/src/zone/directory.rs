@@ -29,7 +29,11 @@ const REGION_COUNT: usize = CHUNK_ORDER + 1;
 const REGIONS: usize = REGION_COUNT + 1;
 const ID: usize = REGIONS + 2 * MAX_REGIONS;
 const SEAL: usize = ID + 1;
-const SLOT_WORDS: usize = SEAL + 1;
+const FLAGS: usize = SEAL + 1;
+const SLOT_WORDS: usize = FLAGS + 1;
+
+/// Slot flag: the VM is deleted when its process leaves or dies.
+const EPHEMERAL: u64 = 1;
 
 /// A VM's RAM: its chunk size and its regions as (guest address, size).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,6 +187,7 @@ impl<'a> Slot<'a> {
         }
         self.set(ID, id);
         self.set(SEAL, 0);
+        self.set(FLAGS, 0);
         self.set(OWNER, 0);
     }
 
@@ -190,6 +195,16 @@ impl<'a> Slot<'a> {
     /// for none.
     pub fn seal(&self) -> u64 {
         self.get(SEAL)
+    }
+
+    /// Whether the VM is deleted when its process leaves or dies.
+    pub fn ephemeral(&self) -> bool {
+        self.get(FLAGS) & EPHEMERAL != 0
+    }
+
+    /// Makes the VM ephemeral.
+    pub fn set_ephemeral(&self) {
+        self.set(FLAGS, self.get(FLAGS) | EPHEMERAL);
     }
 
     /// Sets (or, with 0, clears) the seal.

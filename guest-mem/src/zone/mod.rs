@@ -574,8 +574,14 @@ impl Zone {
             let slots = self.pool.allocator().recover_slots(process.token);
             for index in 0..self.layout.max_vms {
                 let slot = self.slot(index);
-                if slot.state() == SlotState::Active && slot.owner() == process.token {
-                    slot.set_owner(0);
+                if slot.state() != SlotState::Active || slot.owner() != process.token {
+                    continue;
+                }
+                match slot.ephemeral() {
+                    true => {
+                        self.finish_deletion(index, true);
+                    }
+                    false => slot.set_owner(0),
                 }
             }
             table
@@ -994,9 +1000,41 @@ impl ZoneVm {
     }
 }
 
+impl ZoneVm {
+    /// Makes the VM ephemeral: it is deleted (its frames freed) when this process detaches it,
+    /// leaves or dies, instead of keeping its memory for a restart.
+    pub fn make_ephemeral(&self) -> Result<(), ZoneError> {
+        let slot = self.zone.slot(self.index);
+        slot.set_ephemeral();
+        self.zone
+            .map
+            .sync(self.zone.layout.dir_off + self.index * PAGE, PAGE)
+            .map_err(self.zone.io_err("cannot sync the directory"))
+    }
+
+    /// Whether the VM is ephemeral.
+    pub fn is_ephemeral(&self) -> bool {
+        self.zone.slot(self.index).ephemeral()
+    }
+}
+
 impl Drop for ZoneVm {
+    /// Detaches the VM; an ephemeral one is deleted (guest memory, which drops this last, has
+    /// unmapped its frames by now).
     fn drop(&mut self) {
-        self.zone.slot(self.index).set_owner(0);
+        let slot = self.zone.slot(self.index);
+        if !slot.ephemeral() {
+            slot.set_owner(0);
+            return;
+        }
+        let file = self.zone.pool.backing_file().as_file();
+        match OpenGuard::lock(file) {
+            Ok(_guard) => {
+                self.zone.finish_deletion(self.index, true);
+            }
+            // The next open deletes it (its owner is gone by then).
+            Err(e) => log::warn!("zone: cannot delete ephemeral VM '{}' now: {e}", self.name),
+        }
     }
 }
 

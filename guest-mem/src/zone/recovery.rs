@@ -166,6 +166,10 @@ impl Zone {
                     );
                     self.finish_deletion(index, false);
                 }
+                // Its process is gone: an ephemeral VM goes with it.
+                SlotState::Active if slot.owner() != 0 && slot.ephemeral() => {
+                    self.finish_deletion(index, false);
+                }
                 SlotState::Active if slot.owner() != 0 => slot.set_owner(0),
                 _ => {}
             }

@@ -120,6 +120,8 @@ pub struct ZoneTarget {
     pub path: PathBuf,
     /// The VM's name in the zone; created there on first use.
     pub vm: String,
+    /// Delete the VM (free its frames) when its VMM ends or dies, instead of keeping its memory.
+    pub ephemeral: bool,
 }
 
 /// The validated configuration of one VM.

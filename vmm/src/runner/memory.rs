@@ -74,7 +74,11 @@ pub(super) fn attach_zone(
             .map(|region| (region.start, region.size))
             .collect(),
     };
-    Ok(zone.attach(&target.vm, &layout)?)
+    let vm = zone.attach(&target.vm, &layout)?;
+    if target.ephemeral {
+        vm.make_ephemeral()?;
+    }
+    Ok(vm)
 }
 
 /// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device

@@ -21,6 +21,8 @@ use crate::testguest::TestGuestError;
 use crate::vm::control::{StopReason, VmControl};
 use crate::vm::RunningVm;
 
+/// How often a run whose zone ran out of frames looks for dead VMMs to recover.
+const DEAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How often vCPUs blocked on an unservable fault are let go while the VM stops.
 const UNBLOCK_INTERVAL: Duration = Duration::from_millis(10);
 /// Longest an API request waits for the guest to start (the API serves from before the VM
@@ -79,6 +81,8 @@ pub(super) struct Session {
     fault: Mutex<Option<GuestFault>>,
     /// Called once the guest has started, in order.
     on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// When this run last looked for dead VMMs in its zone.
+    dead_check: Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -112,6 +116,7 @@ impl Session {
             memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
             on_start: Mutex::new(Vec::new()),
+            dead_check: Mutex::new(None),
         }
     }
 
@@ -287,6 +292,9 @@ impl Session {
         };
         let fault = (0..self.config.vcpus).find_map(|vcpu| {
             let error = self.memory.take_fault_error(vcpu)?;
+            if error == FaultError::PoolExhausted {
+                self.recover_dead_vmms();
+            }
             if self.config.wait_for_memory && error == FaultError::PoolExhausted {
                 self.memory_waits.warn(format_args!(
                     "vCPU {vcpu}: {error} ({}); it waits for a frame another VM gives back",
@@ -312,6 +320,22 @@ impl Session {
         control.request_stop(StopReason::VcpuFailed { vcpu, message });
         while !control.wait_for_exit(Some(UNBLOCK_INTERVAL)) {
             self.memory.unblock_vcpus();
+        }
+    }
+
+    /// In a zone shared with other VMMs that ran out of frames: recovers VMMs that died with the
+    /// zone open (their allocator reservations may hold free frames), at most once a second.
+    fn recover_dead_vmms(&self) {
+        let Some(vm) = self.memory.zone_vm() else {
+            return;
+        };
+        let mut last = self.dead_check.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|at| at.elapsed() < DEAD_CHECK_INTERVAL) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        if let Err(e) = vm.zone().recover_dead_processes() {
+            log::warn!("cannot recover the dead VMMs of the zone: {e}");
         }
     }
 

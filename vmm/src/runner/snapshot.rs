@@ -530,6 +530,7 @@ fn prepare(
             let target = ZoneTarget {
                 path: memory_path.clone(),
                 vm: vm.clone(),
+                ephemeral: false,
             };
             config.zone = Some(target.clone());
             let zone =
