@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -18,14 +18,15 @@ use std::time::Duration;
 use llfree::{Config, CoreId, FileRegion, FrameId, Init, LLFree, Order, Recovery, TREE_FRAMES};
 
 const CHILD_ENV: &str = "LLFREE_SHARED_CHILD";
-/// Frames of the shared zone: 16 trees (1 GiB).
-const FRAMES: usize = 16 * TREE_FRAMES;
+/// Frames of the shared zone: 128 trees (8 GiB, eight giant frames).
+const FRAMES: usize = 128 * TREE_FRAMES;
 /// Threads per process.
 const THREADS: usize = 3;
 /// How long each thread allocates and frees.
 const RUN: Duration = Duration::from_millis(600);
-/// The orders the threads use: mostly what guests use (2 MiB), and the small ones.
-const ORDERS: [usize; 6] = [9, 9, 0, 3, 6, 10];
+/// The orders the threads use: mostly what guests use (2 MiB frames; 1 GiB ones now and then),
+/// and the small ones.
+const ORDERS: [usize; 16] = [9, 9, 9, 9, 9, 9, 0, 0, 3, 3, 6, 6, 10, 10, 9, 18];
 
 fn map(path: &Path, init: Init) -> LLFree {
     let file = File::options().read(true).write(true).open(path).unwrap();
@@ -42,6 +43,16 @@ fn map(path: &Path, init: Init) -> LLFree {
 fn child(path: &Path, owner: u64, seed: u64) {
     let alloc = map(path, Init::Attach);
     let first = alloc.claim_slots(owner, THREADS).expect("free slots");
+    // One 1 GiB frame per process, taken before anybody allocates (the parent waits for every
+    // child's "ready" before it says "go").
+    let giant = (
+        alloc.get(first, Order(18)).expect("a 1 GiB frame"),
+        Order(18),
+    );
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
     let held = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..THREADS)
             .map(|thread| {
@@ -50,6 +61,9 @@ fn child(path: &Path, owner: u64, seed: u64) {
                     let core = CoreId(first.0 + thread);
                     let mut rng = seed ^ ((thread as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
                     let mut mine: Vec<(FrameId, Order)> = Vec::new();
+                    if thread == 0 {
+                        mine.push(giant);
+                    }
                     let started = std::time::Instant::now();
                     let mut operations = 0u64;
                     while started.elapsed() < RUN {
@@ -121,14 +135,34 @@ impl Drop for ZoneFile {
     }
 }
 
+/// Starts a child and waits until it took its 1 GiB frame.
 fn spawn(path: &Path, owner: u64, seed: u64) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "shared_child", "--nocapture", "--quiet"])
         .env(CHILD_ENV, format!("{},{owner},{seed}", path.display()))
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap()
+        .unwrap();
+    let stdout = child.stdout.as_mut().unwrap();
+    let mut byte = [0u8; 1];
+    let mut line = Vec::new();
+    while line != b"ready\n" {
+        stdout.read_exact(&mut byte).expect("the child's ready");
+        line.push(byte[0]);
+        if byte[0] == b'\n' && line != b"ready\n" {
+            line.clear();
+        }
+    }
+    child
+}
+
+/// Lets the children allocate and free.
+fn go(children: &mut [std::process::Child]) {
+    for child in children {
+        writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    }
 }
 
 /// The `frame order` lines of a child's output.
@@ -169,17 +203,20 @@ fn processes_share_one_allocator_without_handing_a_frame_out_twice() {
     }
     let zone = ZoneFile::new("shared-processes");
     let parent = map(&zone.0, Init::Fresh);
-    let children: Vec<_> = (1..=4)
+    let mut children: Vec<_> = (1..=4)
         .map(|owner| spawn(&zone.0, owner, owner * 7919))
         .collect();
+    go(&mut children);
     let held: Vec<(usize, usize)> = children
         .into_iter()
         .flat_map(|child| holdings(child).expect("a child failed"))
         .collect();
     let covered = check_held(&parent, &held);
     eprintln!(
-        "4 processes x {THREADS} threads for {RUN:?}: {} frames held at the end",
-        held.len()
+        "4 processes x {THREADS} threads for {RUN:?}, each with a 1 GiB frame taken at its start: \
+         {} frames held at the end, {} of them 1 GiB",
+        held.len(),
+        held.iter().filter(|(_, order)| *order == 18).count()
     );
     assert_eq!(parent.free_frames(), FRAMES - covered);
     assert!(parent.slot_owners().iter().all(|owner| *owner == 0));
@@ -199,10 +236,12 @@ fn a_process_killed_in_the_middle_is_recovered_while_the_others_go_on() {
     }
     let zone = ZoneFile::new("shared-kill");
     let parent = map(&zone.0, Init::Fresh);
-    let survivors: Vec<_> = [1, 2]
+    let mut survivors: Vec<_> = [1, 2]
         .map(|owner| spawn(&zone.0, owner, owner * 104_729))
         .into();
     let mut victim = spawn(&zone.0, 3, 31);
+    go(&mut survivors);
+    go(std::slice::from_mut(&mut victim));
     // In the middle of its run.
     std::thread::sleep(RUN / 2);
     victim.kill().unwrap();
