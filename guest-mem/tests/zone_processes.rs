@@ -74,6 +74,18 @@ fn zone_peer() {
     }
 }
 
+/// A new zone of [`ZONE`] bytes in a temporary file `name`.
+fn new_zone(name: &str) -> TempFile {
+    let path = TempFile::new(name);
+    let config = ZoneConfig {
+        size: ZONE,
+        frame_size: FrameSize::Huge,
+        max_vms: DEFAULT_MAX_VMS,
+    };
+    Zone::create(&path.0, &config).expect("create");
+    path
+}
+
 /// Starts the peer on `zone` (its VM `ephemeral` or not) and waits until it gave its memory back.
 fn peer(zone: &Path, ephemeral: bool) -> (Child, BufReader<ChildStdout>) {
     let mut command = Command::new(std::env::current_exe().expect("test binary"));
@@ -99,13 +111,7 @@ fn peer(zone: &Path, ephemeral: bool) -> (Child, BufReader<ChildStdout>) {
 
 #[test]
 fn what_one_process_gives_back_another_uses_and_a_dead_one_is_recovered() {
-    let path = TempFile::new("zone-processes");
-    let config = ZoneConfig {
-        size: ZONE,
-        frame_size: FrameSize::Huge,
-        max_vms: DEFAULT_MAX_VMS,
-    };
-    Zone::create(&path.0, &config).expect("create");
+    let path = new_zone("zone-processes");
     let zone = Zone::open(&path.0, 2).expect("open");
     let (mut child, _lines) = peer(&path.0, false);
     let info = zone.info().expect("info");
@@ -150,13 +156,7 @@ fn what_one_process_gives_back_another_uses_and_a_dead_one_is_recovered() {
 
 #[test]
 fn an_ephemeral_vm_goes_with_its_process_and_its_frames_come_back() {
-    let path = TempFile::new("zone-ephemeral");
-    let config = ZoneConfig {
-        size: ZONE,
-        frame_size: FrameSize::Huge,
-        max_vms: DEFAULT_MAX_VMS,
-    };
-    Zone::create(&path.0, &config).expect("create");
+    let path = new_zone("zone-ephemeral");
     let zone = Zone::open(&path.0, 2).expect("open");
     // In this process: detached, it is deleted.
     let vm = zone.attach("here", &layout()).expect("attach");

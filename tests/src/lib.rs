@@ -71,6 +71,42 @@ fn newer_source(dir: &Path, built: std::time::SystemTime) -> Option<PathBuf> {
     None
 }
 
+/// A small xorshift generator: the crash-injection tests need repeatable, not good, randomness.
+#[derive(Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded from `$env` if set, else from the clock; prints the seed (and how to
+    /// repeat the run) with `what`.
+    pub fn from_env(env: &str, what: &str) -> Self {
+        let seed = std::env::var(env)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("a clock after 1970")
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("{what}: {env}={seed}");
+        Rng(seed)
+    }
+
+    /// The next number.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A duration in `[0, max)`.
+    pub fn below(&mut self, max: std::time::Duration) -> std::time::Duration {
+        std::time::Duration::from_micros(self.next() % (max.as_micros() as u64).max(1))
+    }
+}
+
 /// Whether KVM is usable here; prints `SKIP: <test>: ...` and returns `false` when it is not.
 pub fn kvm_available(test: &str) -> bool {
     let available = Path::new("/dev/kvm").exists();

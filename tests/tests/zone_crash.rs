@@ -13,7 +13,7 @@ mod vmm_common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::kvm_available;
+use e2e_tests::{kvm_available, Rng};
 use vmm_common::{client, vmm_binary, Scratch, VmmRun};
 
 /// Guest RAM of the crashing VM.
@@ -26,23 +26,6 @@ const STABLE_PATTERN: &str = "0x57AB1E";
 const CHAOS: &str = "write:18M+64M:0xC4A05,report:18M+64M,inflate:32M,write:18M+64M:0xC4A06,\
                      deflate:32M,report:18M+32M,write:18M+64M:0xC4A07";
 const BALLOON: &str = "free_page_reporting=on";
-
-/// A small xorshift generator: the test needs repeatable, not good, randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A duration in `[0, max)`.
-    fn below(&mut self, max: Duration) -> Duration {
-        Duration::from_micros(self.next() % (max.as_micros() as u64).max(1))
-    }
-}
 
 fn vmm(args: &[&str]) -> vmm_common::Finished {
     client(args)
@@ -141,18 +124,10 @@ fn sigkill_at_random_moments_loses_and_leaks_no_frame() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(100);
-    let seed = std::env::var("LLFREE_VMM_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("crash injection: {crashes} kills, LLFREE_VMM_CRASH_SEED={seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env(
+        "LLFREE_VMM_CRASH_SEED",
+        &format!("crash injection: {crashes} kills"),
+    );
     let scratch = Scratch::new("zone-crash");
     let zone = scratch.path("zone");
     let created = vmm(&["zone", "create", &zone, "--size", "256M"]);

@@ -14,7 +14,7 @@ mod vmm_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::kvm_available;
+use e2e_tests::{kvm_available, Rng};
 use vmm_common::{client, Finished, Scratch, VmmRun};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -98,18 +98,6 @@ fn four_vmms_overcommit_one_zone_and_finish_because_they_report() {
     assert_eq!(info["free_frames"], info["frames"], "{info:#}");
 }
 
-/// A small xorshift generator: the test needs repeatable, not good, randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Written first by every VM, verified at its end and after a restart.
 const STABLE: &str = "2M+8M";
 /// After the stable part: churn that allocates and gives back.
@@ -140,18 +128,7 @@ fn one_of_three_vmms_killed_at_random_is_recovered_and_restarts_intact() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(100);
-    let seed = std::env::var("LLFREE_VMM_SHARED_SEED")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("seed {seed} (LLFREE_VMM_SHARED_SEED), {kills} kills");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env("LLFREE_VMM_SHARED_SEED", &format!("{kills} kills"));
     let scratch = Scratch::new("zone-shared-kills");
     let zone = create_zone(&scratch, "128M");
     let started = Instant::now();

@@ -69,23 +69,29 @@ impl LLFree {
     /// Gives back the slots of `owner`, which is leaving: their reservations are drained (their
     /// counters are exact) and the slots freed. Returns how many it held.
     pub fn release_slots(&self, owner: u64) -> usize {
-        let mut released = 0;
-        for (slot, word) in self.owners.iter().enumerate() {
-            if word.load(Ordering::Acquire) != owner {
-                continue;
-            }
-            let local = self.locals.get(slot);
-            // The owner's threads are gone: its slow path is idle (or was left busy by a
-            // thread that ended in it, which `uninstall` overrides).
-            let old = local.uninstall();
-            if old.present() {
-                self.trees.unreserve(old.tree(), old.free());
-            }
-            local.reset();
-            word.store(0, Ordering::Release);
-            released += 1;
-        }
-        released
+        self.owned_slots(owner)
+            .map(|slot| {
+                // The owner's threads are gone: its slow path is idle (or was left busy by a
+                // thread that ended in it, which `uninstall` overrides).
+                let old = self.locals.get(slot).uninstall();
+                if old.present() {
+                    self.trees.unreserve(old.tree(), old.free());
+                }
+                self.free_slot(slot);
+            })
+            .count()
+    }
+
+    /// The slots `owner` holds.
+    fn owned_slots(&self, owner: u64) -> impl Iterator<Item = usize> + '_ {
+        (0..self.owners.len())
+            .filter(move |&slot| self.owners[slot].load(Ordering::Acquire) == owner)
+    }
+
+    /// Empties and frees `slot`.
+    fn free_slot(&self, slot: usize) {
+        self.locals.get(slot).reset();
+        self.owners[slot].store(0, Ordering::Release);
     }
 
     /// Recovers the slots of `owner`, which died: each reserved tree is unreserved with its free
@@ -94,12 +100,9 @@ impl LLFree {
     /// be counted twice (the next recovery of the whole region counts exactly).
     pub fn recover_slots(&self, owner: u64) -> SlotRecovery {
         let mut report = SlotRecovery::default();
-        for (slot, word) in self.owners.iter().enumerate() {
-            if word.load(Ordering::Acquire) != owner {
-                continue;
-            }
-            let local = self.locals.get(slot);
-            let old = local.uninstall();
+        let slots: Vec<usize> = self.owned_slots(owner).collect();
+        for slot in slots {
+            let old = self.locals.get(slot).uninstall();
             if old.present() {
                 let tree = old.tree();
                 // The tree stays reserved (nobody else allocates from it) while it is counted:
@@ -110,8 +113,7 @@ impl LLFree {
                 report.trees += 1;
                 report.counter_drift += (old.free() + foreign) as isize - counted as isize;
             }
-            local.reset();
-            word.store(0, Ordering::Release);
+            self.free_slot(slot);
             report.slots += 1;
         }
         report
