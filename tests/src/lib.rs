@@ -94,7 +94,7 @@ impl Rng {
     }
 
     /// The next number.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -103,7 +103,7 @@ impl Rng {
 
     /// A duration in `[0, max)`.
     pub fn below(&mut self, max: std::time::Duration) -> std::time::Duration {
-        std::time::Duration::from_micros(self.next() % (max.as_micros() as u64).max(1))
+        std::time::Duration::from_micros(self.next_u64() % (max.as_micros() as u64).max(1))
     }
 }
 

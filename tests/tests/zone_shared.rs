@@ -136,13 +136,13 @@ fn one_of_three_vmms_killed_at_random_is_recovered_and_restarts_intact() {
     for round in 0..kills {
         let pattern = format!("{:#x}", 0x5000 + round);
         let workload = format!("write:{STABLE}:{pattern},{CHURN},verify:{STABLE}:{pattern}");
-        let victim = (rng.next() % 3) as usize;
+        let victim = (rng.next_u64() % 3) as usize;
         let mut vmms: Vec<VmmRun> = (0..3)
             .map(|i| VmmRun::start(&vm_args(&zone, &format!("vm{i}"), &workload)))
             .collect();
         // After its stable part is written: somewhere in the churn (about 300 ms here).
         vmms[victim].wait_for_line("step 1: ok", TIMEOUT);
-        std::thread::sleep(Duration::from_micros(rng.next() % 300_000));
+        std::thread::sleep(Duration::from_micros(rng.next_u64() % 300_000));
         let killed_vmm = vmms.remove(victim);
         let killed = killed_vmm.kill();
         // Beside the survivors (if they still run): the dead one's part is recovered.
