@@ -50,7 +50,16 @@ fn raw_fault(socket: &Path, bytes: &[u8]) -> (u16, String) {
 #[test]
 fn machine_and_memory_info() {
     let (server, _vmm) = serve("info", TestVmm::new());
-    for path in ["/", "/machine", "/machine/"] {
+    // GET / is Firecracker's instance info; GET /version its version.
+    let instance = json(&call(server.path(), "GET", "/", None));
+    assert_eq!(
+        (instance["app_name"].as_str(), instance["state"].as_str()),
+        (Some("llfree-vmm"), Some("Running"))
+    );
+    assert_eq!(instance["id"], "anonymous-instance");
+    let version = json(&call(server.path(), "GET", "/version", None));
+    assert!(version["firecracker_version"].is_string(), "{version}");
+    for path in ["/machine", "/machine/"] {
         let response = call(server.path(), "GET", path, None);
         assert_eq!(response.status, 200, "{path}");
         let info = json(&response);

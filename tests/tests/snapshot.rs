@@ -136,6 +136,14 @@ fn a_vm_with_two_vcpus_finishes_its_workload_in_a_new_process_after_its_vmm_was_
     let (waiting, api) = waiting_vmm(&socket);
     let none = api.request("GET", "/machine", None).unwrap();
     assert_eq!(none.status, 400, "no VM yet: {}", none.body);
+    // Firecracker's instance info and version.
+    let instance = get(&api, "/");
+    assert_eq!(
+        (instance["state"].as_str(), instance["id"].as_str()),
+        (Some("Not started"), Some("anonymous-instance")),
+        "{instance:#}"
+    );
+    assert!(get(&api, "/version")["firecracker_version"].is_string());
     let started = Instant::now();
     send(
         &api,
@@ -192,6 +200,8 @@ fn a_loaded_vm_waits_paused_for_its_resume_and_the_cli_takes_and_loads_snapshots
     let api = loaded.api(&socket);
     wait_for_state(&api, "Paused");
     let restored = get(&api, "/machine");
+    assert_eq!(get(&api, "/")["state"], "Paused");
+    assert_eq!(get(&api, "/")["id"], "cli", "a VM in a zone is its name");
     assert_eq!(restored["vcpu_count"], machine["vcpu_count"]);
     assert_eq!(restored["mem_size_mib"], machine["mem_size_mib"]);
     assert_eq!(restored["zone_vm"], "cli");

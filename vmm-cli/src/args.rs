@@ -37,6 +37,10 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
 
+    /// The instance id GET / reports (with --api-sock; Firecracker's --id).
+    #[arg(long, value_name = "ID", requires = "api_sock", default_value = vmm::api::model::DEFAULT_INSTANCE_ID)]
+    pub id: String,
+
     /// Messages on stderr from this level up: off, error, warn, info, debug or trace.
     ///
     /// Default: warn, or what RUST_LOG says (env_logger syntax, e.g. RUST_LOG=vmm=debug);
@@ -53,7 +57,8 @@ pub enum Command {
     Run(RunArgs),
     /// Send one HTTP request to a running VMM's API and print the JSON response.
     ///
-    /// Resources: GET / and GET /machine (machine info), GET /memory (guest memory and pool),
+    /// Resources: GET / (Firecracker's instance info), GET /version, GET /machine (machine
+    /// info), GET /memory (guest memory and pool),
     /// PATCH /vm {"state":"Paused"|"Resumed"}, PUT /actions {"action_type":"Shutdown"},
     /// GET|PUT|PATCH /balloon, GET|PATCH /balloon/statistics.
     Api(ApiArgs),

@@ -71,8 +71,8 @@ pub(super) fn create_snapshot(
 }
 
 /// `vmm --api-sock PATH`: wait for a snapshot to load, then run its VM.
-pub(super) fn serve(api_socket: &Path) -> ExitStatus {
-    outcome_status(vmm::runner::serve(api_socket))
+pub(super) fn serve(api_socket: &Path, id: &str) -> ExitStatus {
+    outcome_status(vmm::runner::serve(api_socket, id))
 }
 
 /// The exit status of a VM run, with its message on stderr.

@@ -70,7 +70,7 @@ where
             return ExitStatus::Usage;
         }
         (Some(command), None) => command,
-        (None, Some(socket)) => return commands::serve(&socket),
+        (None, Some(socket)) => return commands::serve(&socket, &cli.id),
         (None, None) => {
             eprintln!("error: 'vmm' requires a subcommand or --api-sock PATH; see `vmm --help`");
             return ExitStatus::Usage;

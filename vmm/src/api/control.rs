@@ -2,8 +2,8 @@
 //! only parses requests, calls it and serialises the answers.
 
 use super::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
-    SnapshotLoadParams,
+    BalloonInfo, BalloonStatistics, BalloonUpdate, InstanceInfo, MachineInfo, MemoryInfo,
+    SnapshotCreateParams, SnapshotLoadParams, DEFAULT_INSTANCE_ID,
 };
 
 /// Why the VMM refused or failed a control request.
@@ -41,8 +41,19 @@ impl ControlError {
 /// The balloon methods default to [`ControlError::BalloonNotConfigured`], which is right for a
 /// VM without a balloon device.
 pub trait VmmControl: Send + Sync {
-    /// The machine and its run state (`GET /`, `GET /machine`).
+    /// The machine and its run state (`GET /machine`).
     fn machine_info(&self) -> Result<MachineInfo, ControlError>;
+
+    /// The instance id, as Firecracker's `GET /` reports it.
+    fn instance_id(&self) -> String {
+        DEFAULT_INSTANCE_ID.into()
+    }
+
+    /// Firecracker's instance info (`GET /`).
+    fn instance_info(&self) -> Result<InstanceInfo, ControlError> {
+        let state = self.machine_info()?.state;
+        Ok(InstanceInfo::new(&self.instance_id(), state))
+    }
 
     /// Guest memory, per-vCPU and pool counters (`GET /memory`).
     fn memory_info(&self) -> Result<MemoryInfo, ControlError>;

@@ -39,7 +39,7 @@ impl From<Populate> for PopulateMode {
     }
 }
 
-/// `GET /` and `GET /machine`: the machine and its run state.
+/// `GET /machine`: the machine and its run state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MachineInfo {
     /// The VMM's version.
@@ -537,5 +537,70 @@ impl SnapshotLoadParams {
             return Err("clock_realtime is not supported: kvmclock resumes where it stood".into());
         }
         self.memory_path().map(|_| ())
+    }
+}
+
+/// The instance id a VMM reports when it was given none (Firecracker's default).
+pub const DEFAULT_INSTANCE_ID: &str = "anonymous-instance";
+
+/// Run state as Firecracker spells it in [`InstanceInfo`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InstanceState {
+    /// No VM has run yet.
+    #[serde(rename = "Not started")]
+    NotStarted,
+    /// The vCPUs run the guest.
+    Running,
+    /// The vCPUs are paused (or, for the moment before the VMM exits, stopped).
+    Paused,
+}
+
+impl From<VmState> for InstanceState {
+    fn from(state: VmState) -> Self {
+        match state {
+            VmState::NotStarted => InstanceState::NotStarted,
+            VmState::Running => InstanceState::Running,
+            VmState::Paused | VmState::Stopped => InstanceState::Paused,
+        }
+    }
+}
+
+/// `GET /`: Firecracker's `InstanceInfo` (this VMM's own machine view is `GET /machine`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceInfo {
+    /// The application: "llfree-vmm".
+    pub app_name: String,
+    /// The instance id (`vmm --api-sock PATH --id ID`; a VM in a zone: its name).
+    pub id: String,
+    /// The run state.
+    pub state: InstanceState,
+    /// This VMM's version.
+    pub vmm_version: String,
+}
+
+impl InstanceInfo {
+    /// The info of instance `id` in `state`.
+    pub fn new(id: &str, state: VmState) -> Self {
+        InstanceInfo {
+            app_name: "llfree-vmm".into(),
+            id: id.to_owned(),
+            state: state.into(),
+            vmm_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}
+
+/// `GET /version`: Firecracker's `FirecrackerVersion`, with this VMM's version in it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// This VMM's version (the field's name is Firecracker's).
+    pub firecracker_version: String,
+}
+
+impl Default for VersionInfo {
+    fn default() -> Self {
+        VersionInfo {
+            firecracker_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! | Resource              | Method | Body                                        | Answer           |
 //! |-----------------------|--------|---------------------------------------------|------------------|
-//! | `/`, `/machine`       | GET    |                                             | [`MachineInfo`]  |
+//! | `/`                   | GET    |                                             | [`InstanceInfo`] |
+//! | `/version`            | GET    |                                             | [`VersionInfo`]  |
+//! | `/machine`            | GET    |                                             | [`MachineInfo`]  |
 //! | `/memory`             | GET    |                                             | [`MemoryInfo`]   |
 //! | `/vm`                 | PATCH  | `{"state": "Paused" \| "Resumed"}`          | 204              |
 //! | `/actions`            | PUT    | `{"action_type": "Shutdown" \| "SendCtrlAltDel"}` | 204       |
@@ -19,6 +21,8 @@
 //! wrong methods, 500 when the VMM fails.
 //!
 //! [`MachineInfo`]: super::model::MachineInfo
+//! [`InstanceInfo`]: super::model::InstanceInfo
+//! [`VersionInfo`]: super::model::VersionInfo
 //! [`MemoryInfo`]: super::model::MemoryInfo
 //! [`BalloonInfo`]: super::model::BalloonInfo
 //! [`BalloonStatistics`]: super::model::BalloonStatistics
@@ -32,12 +36,14 @@ use super::control::{ControlError, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
     ActionRequest, ActionType, BalloonStatsUpdate, BalloonTarget, BalloonUpdate, RequestedState,
-    SnapshotCreateParams, SnapshotLoadParams, VmStateRequest,
+    SnapshotCreateParams, SnapshotLoadParams, VersionInfo, VmStateRequest,
 };
 
 /// The resources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Resource {
+    Instance,
+    Version,
     Machine,
     Memory,
     Vm,
@@ -51,7 +57,9 @@ enum Resource {
 impl Resource {
     fn find(path: &str) -> Option<Self> {
         match path {
-            "/" | "/machine" => Some(Resource::Machine),
+            "/" => Some(Resource::Instance),
+            "/version" => Some(Resource::Version),
+            "/machine" => Some(Resource::Machine),
             "/memory" => Some(Resource::Memory),
             "/vm" => Some(Resource::Vm),
             "/actions" => Some(Resource::Actions),
@@ -66,7 +74,7 @@ impl Resource {
     /// The methods the resource allows, as an `Allow` header value.
     fn allow(self) -> &'static str {
         match self {
-            Resource::Machine | Resource::Memory => "GET",
+            Resource::Instance | Resource::Version | Resource::Machine | Resource::Memory => "GET",
             Resource::Vm => "PATCH",
             Resource::Actions | Resource::SnapshotCreate | Resource::SnapshotLoad => "PUT",
             Resource::Balloon => "GET, PUT, PATCH",
@@ -117,6 +125,8 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         return Response::fault(400, format!("GET {path} takes no body"));
     }
     let result = match (resource, &request.method) {
+        (Resource::Instance, Method::Get) => Ok(reply(control.instance_info())),
+        (Resource::Version, Method::Get) => Ok(Response::json(&VersionInfo::default())),
         (Resource::Machine, Method::Get) => Ok(reply(control.machine_info())),
         (Resource::Memory, Method::Get) => Ok(reply(control.memory_info())),
         (Resource::Vm, Method::Patch) => body::<VmStateRequest>(request, path).map(|r| {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::api::model::{
     BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
-    VmState,
+    VmState, DEFAULT_INSTANCE_ID,
 };
 use crate::api::{ControlError, VmmControl};
 use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
@@ -63,6 +63,14 @@ impl Session {
 }
 
 impl VmmControl for Session {
+    /// A VM in a zone is its name there.
+    fn instance_id(&self) -> String {
+        match &self.config().zone {
+            Some(zone) => zone.vm.clone(),
+            None => DEFAULT_INSTANCE_ID.into(),
+        }
+    }
+
     fn machine_info(&self) -> Result<MachineInfo, ControlError> {
         let state = match (self.phase(), self.control().map(|c| c.state())) {
             (Phase::Setup, _) => VmState::NotStarted,

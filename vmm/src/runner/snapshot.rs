@@ -31,8 +31,8 @@ use super::session::Session;
 use super::signals::StopSignals;
 use super::{RunError, RunOutcome, StopCause};
 use crate::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
-    SnapshotLoadParams, SnapshotType,
+    BalloonInfo, BalloonStatistics, BalloonUpdate, InstanceInfo, MachineInfo, MemoryInfo,
+    SnapshotCreateParams, SnapshotLoadParams, SnapshotType, VmState as ApiVmState,
 };
 use crate::api::{ApiServer, ControlError, VmmControl};
 use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
@@ -619,6 +619,8 @@ struct LoadRequest {
 /// What the API of a VMM started without a VM sees: nothing but `PUT /snapshot/load` until
 /// a VM is loaded, then that VM's session.
 pub(super) struct ApiFront {
+    /// The instance id (`vmm --api-sock PATH --id ID`).
+    id: String,
     loads: Mutex<Option<Sender<LoadRequest>>>,
     session: Mutex<Option<Arc<Session>>>,
     /// The answer to the load in progress, sent once its VM has started.
@@ -673,6 +675,18 @@ impl ApiFront {
 impl VmmControl for ApiFront {
     fn machine_info(&self) -> Result<MachineInfo, ControlError> {
         self.loaded()?.machine_info()
+    }
+
+    fn instance_id(&self) -> String {
+        self.id.clone()
+    }
+
+    fn instance_info(&self) -> Result<InstanceInfo, ControlError> {
+        let state = match self.session() {
+            Some(session) => session.machine_info()?.state,
+            None => ApiVmState::NotStarted,
+        };
+        Ok(InstanceInfo::new(&self.id, state))
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
@@ -753,12 +767,14 @@ impl VmmControl for ApiFront {
 /// How often the waiting VMM looks for a stop signal.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
-/// `vmm --api-sock PATH`: serves the API without a VM until a client loads a snapshot
-/// (`PUT /snapshot/load`), then runs that VM until it ends. SIGINT and SIGTERM end the wait.
-pub fn serve(api_socket: &Path) -> Result<RunOutcome, RunError> {
+/// `vmm --api-sock PATH --id ID`: serves the API of instance `id` without a VM until a client
+/// loads a snapshot (`PUT /snapshot/load`), then runs that VM until it ends. SIGINT and SIGTERM
+/// end the wait.
+pub fn serve(api_socket: &Path, id: &str) -> Result<RunOutcome, RunError> {
     let signals = StopSignals::block().map_err(RunError::Signals)?;
     let (loads, requests): (Sender<LoadRequest>, Receiver<LoadRequest>) = mpsc::channel();
     let front = Arc::new(ApiFront {
+        id: id.to_owned(),
         loads: Mutex::new(Some(loads)),
         session: Mutex::new(None),
         pending: Mutex::new(None),

@@ -122,3 +122,24 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
     }
     assert!(serde_json::from_str::<SnapshotLoadParams>(r#"{"snapshot_path":"/s","x":1}"#).is_err());
 }
+
+#[test]
+fn instance_info_and_version_are_firecracker_s() {
+    let info = InstanceInfo::new("vm-7", VmState::NotStarted);
+    assert_eq!(
+        serde_json::to_value(&info).unwrap(),
+        serde_json::json!({
+            "app_name": "llfree-vmm",
+            "id": "vm-7",
+            "state": "Not started",
+            "vmm_version": env!("CARGO_PKG_VERSION"),
+        })
+    );
+    assert_eq!(
+        InstanceState::from(VmState::Running),
+        InstanceState::Running
+    );
+    assert_eq!(InstanceState::from(VmState::Stopped), InstanceState::Paused);
+    let version = serde_json::to_value(VersionInfo::default()).unwrap();
+    assert_eq!(version["firecracker_version"], env!("CARGO_PKG_VERSION"));
+}
