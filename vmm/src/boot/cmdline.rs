@@ -66,9 +66,38 @@ pub fn build_cmdline(
     Ok(cmdline)
 }
 
+/// `user` (or [`DEFAULT_CMDLINE`]) with the kernel parameter `arg` added to the kernel's part,
+/// before any init arguments after `--` (how a root drive's `root=` joins the command line).
+pub fn add_kernel_arg(user: Option<&str>, arg: &str) -> String {
+    let text = user.unwrap_or(DEFAULT_CMDLINE).trim();
+    if let Some(init) = text.strip_prefix("--") {
+        return format!("{arg} --{init}");
+    }
+    match text.split_once(" -- ") {
+        Some((kernel, init)) => format!("{kernel} {arg} -- {init}"),
+        None if text.is_empty() => arg.to_owned(),
+        None => format!("{text} {arg}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_args_go_before_the_init_args() {
+        assert_eq!(
+            add_kernel_arg(Some("console=ttyS0 -- single"), "root=/dev/vda rw"),
+            "console=ttyS0 root=/dev/vda rw -- single"
+        );
+        assert_eq!(add_kernel_arg(Some("quiet"), "ro"), "quiet ro");
+        assert_eq!(add_kernel_arg(Some(""), "ro"), "ro");
+        assert_eq!(add_kernel_arg(Some("-- init"), "ro"), "ro -- init");
+        assert_eq!(
+            add_kernel_arg(None, "ro"),
+            format!("{DEFAULT_CMDLINE} ro")
+        );
+    }
 
     fn text(cmdline: &Cmdline) -> String {
         cmdline.as_cstring().unwrap().into_string().unwrap()

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use linux_loader::loader::load_cmdline;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
-pub use cmdline::{build_cmdline, VirtioMmioEntry, DEFAULT_CMDLINE};
+pub use cmdline::{add_kernel_arg, build_cmdline, VirtioMmioEntry, DEFAULT_CMDLINE};
 pub use initrd::InitrdPlacement;
 pub use kernel::{KernelFormat, LoadedKernel};
 

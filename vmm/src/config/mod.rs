@@ -8,11 +8,13 @@
 
 mod backing;
 mod balloon;
+mod drive;
 
 pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
 pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 pub use backing::{BackingError, BackingKind};
 pub use balloon::{BalloonDeviceConfig, BalloonError};
+pub use drive::{check_drive_id, check_drives, DriveConfig, MAX_DRIVE_ID};
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -81,6 +83,12 @@ pub enum ConfigError {
     /// The virtio-pmem size is not a positive multiple of 2 MiB, or too large.
     #[error("pmem {}: must be a multiple of 2 MiB, at most 1 TiB", format_size(*.0))]
     PmemSize(u64),
+    /// A drive id is not one Firecracker takes.
+    #[error("drive id {0:?}: {1}")]
+    DriveId(String, &'static str),
+    /// A drive does not fit the others, or its options do not fit together.
+    #[error("drive: {0}")]
+    Drive(String),
     /// The balloon is larger than guest RAM.
     #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
@@ -152,6 +160,8 @@ pub struct VmConfig {
     pub api_socket: Option<PathBuf>,
     /// The balloon device, if any.
     pub balloon: Option<BalloonDeviceConfig>,
+    /// virtio-blk drives, the root drive first.
+    pub drives: Vec<DriveConfig>,
 }
 
 impl VmConfig {
@@ -190,6 +200,7 @@ impl VmConfig {
             guest: GuestConfig::TestGuest(Workload::new()),
             api_socket: None,
             balloon: None,
+            drives: Vec::new(),
         }
     }
 
@@ -231,7 +242,7 @@ pub fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError>
     Ok(())
 }
 
-fn path_error(setting: &'static str, path: &Path, why: impl Into<String>) -> ConfigError {
+pub(crate) fn path_error(setting: &'static str, path: &Path, why: impl Into<String>) -> ConfigError {
     ConfigError::Path {
         setting,
         path: path.to_owned(),

@@ -1,5 +1,5 @@
 //! Emulated devices: the I/O and MMIO bus, the 16550 serial console, the i8042 keyboard
-//! controller, virtio over MMIO, the virtio-balloon and virtio-pmem.
+//! controller, virtio over MMIO, the virtio-balloon, virtio-blk and virtio-pmem.
 
 // Devices take values from a hostile guest: no silent truncation or sign change (the tests
 // build their inputs with casts on purpose).
@@ -14,6 +14,7 @@
 )]
 
 pub mod balloon;
+pub mod block;
 pub mod bus;
 pub mod event_loop;
 pub mod guest_warnings;

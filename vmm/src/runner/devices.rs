@@ -7,7 +7,8 @@
 //! [`create_devices`] is where the VM's devices are made from its configuration: the balloon,
 //! if any, comes first and so sits in [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT).
 
-use std::io;
+use std::fs::OpenOptions;
+use std::io::{self, Seek, SeekFrom};
 use std::sync::{Arc, Mutex};
 
 use guest_mem::GuestMemory;
@@ -16,9 +17,10 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::boot::VirtioMmioEntry;
-use crate::config::VmConfig;
+use crate::config::{DriveConfig, VmConfig};
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
+use crate::devices::block::{BlockCounters, BlockDevice};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
@@ -60,6 +62,16 @@ pub enum DeviceError {
     /// The balloon could not be created.
     #[error(transparent)]
     Balloon(#[from] CreateError),
+    /// A drive's image could not be opened.
+    #[error("drive {id}: cannot open {}: {source}", .path.display())]
+    Drive {
+        /// The drive's id.
+        id: String,
+        /// Its image.
+        path: std::path::PathBuf,
+        /// The error.
+        source: io::Error,
+    },
     /// A device could not take the state a snapshot saved.
     #[error("cannot restore a device: {0}")]
     Restore(String),
@@ -210,6 +222,31 @@ pub(super) struct Devices {
     pub balloon: Option<BalloonHandle>,
     /// The virtio-pmem device, for the control API.
     pub pmem: Option<PmemHandle>,
+    /// The drives' request counters, by drive id, for metrics.
+    pub drives: Vec<(String, Arc<BlockCounters>)>,
+}
+
+/// Opens a drive's image as it asks and makes its virtio-blk device.
+fn create_drive(drive: &DriveConfig, memory: &Arc<GuestMemory>) -> Result<BlockDevice, DeviceError> {
+    let error = |source| DeviceError::Drive {
+        id: drive.id.clone(),
+        path: drive.path.clone(),
+        source,
+    };
+    let mut image = OpenOptions::new()
+        .read(true)
+        .write(!drive.read_only)
+        .open(&drive.path)
+        .map_err(error)?;
+    // A block device's size is where its end is; a file's is its length.
+    let size = image.seek(SeekFrom::End(0)).map_err(error)?;
+    Ok(BlockDevice::new(
+        memory.clone(),
+        &drive.id,
+        image,
+        size,
+        drive.read_only,
+    ))
 }
 
 /// Creates the devices `config` asks for over `memory`: the balloon first (in
@@ -235,10 +272,17 @@ pub(super) fn create_devices(
         }
         None => None,
     };
+    let mut drives = Vec::with_capacity(config.drives.len());
+    for drive in &config.drives {
+        let device = create_drive(drive, memory)?;
+        drives.push((drive.id.clone(), device.counters()));
+        mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
+    }
     Ok(Devices {
         mmio,
         balloon,
         pmem,
+        drives,
     })
 }
 

@@ -23,7 +23,7 @@ use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::{
     host_has_hardware_virtualization, write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED,
 };
-use crate::boot::{load_linux, LinuxBoot, LinuxBootConfig};
+use crate::boot::{add_kernel_arg, load_linux, LinuxBoot, LinuxBootConfig};
 use crate::config::LinuxConfig;
 use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use crate::devices::BusDevice;
@@ -133,6 +133,11 @@ fn boot(
     devices: &VirtioMmioDevices,
 ) -> Result<(), RunError> {
     let entries = devices.entries();
+    // A root drive is the first virtio-blk disk, or its partition by PARTUUID.
+    let cmdline = match session.config().drives.iter().find(|drive| drive.root) {
+        Some(root) => add_kernel_arg(Some(&linux.cmdline), &root.root_cmdline()),
+        None => linux.cmdline.clone(),
+    };
     let ram: Vec<(u64, u64)> = session
         .config()
         .ram_regions()
@@ -144,7 +149,7 @@ fn boot(
         &LinuxBootConfig {
             kernel: &linux.kernel,
             initrd: linux.initrd.as_deref(),
-            cmdline: Some(&linux.cmdline),
+            cmdline: Some(&cmdline),
             virtio_devices: &entries,
             ram: &ram,
         },

@@ -515,6 +515,7 @@ fn prepare(
         },
         api_socket,
         balloon: machine.balloon,
+        drives: Vec::new(),
     };
     let wrong = |why: String| SnapshotError::WrongMemory {
         path: memory_path.clone(),

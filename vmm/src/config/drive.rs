@@ -1,0 +1,176 @@
+//! A virtio-blk drive over a raw image: its configuration and checks (Firecracker's
+//! `PUT /drives/{id}`).
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+
+use super::{path_error, ConfigError};
+
+/// Longest drive id (virtio-blk's serial number, which the guest can read, is 20 bytes).
+pub const MAX_DRIVE_ID: usize = 20;
+
+/// A virtio-blk drive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriveConfig {
+    /// The drive's id: letters, digits and '_' (Firecracker's rule), at most [`MAX_DRIVE_ID`]
+    /// bytes; the guest reads it as the disk's serial number.
+    pub id: String,
+    /// The raw image: a regular file or a block device.
+    pub path: PathBuf,
+    /// The guest may only read it.
+    pub read_only: bool,
+    /// The guest's root file system: `root=/dev/vda` (or `root=PARTUUID=...`) goes on the
+    /// kernel command line, and the drive comes first.
+    pub root: bool,
+    /// The root partition's PARTUUID, for a root drive with a partition table.
+    pub partuuid: Option<String>,
+}
+
+/// Checks a drive id.
+pub fn check_drive_id(id: &str) -> Result<(), ConfigError> {
+    if id.is_empty() {
+        return Err(ConfigError::DriveId(id.to_owned(), "the ID cannot be empty"));
+    }
+    if id.len() > MAX_DRIVE_ID {
+        return Err(ConfigError::DriveId(
+            id.to_owned(),
+            "longer than 20 bytes (the disk's serial number)",
+        ));
+    }
+    if !id.bytes().all(|b| b == b'_' || b.is_ascii_alphanumeric()) {
+        return Err(ConfigError::DriveId(
+            id.to_owned(),
+            "only letters, digits and underscores are allowed",
+        ));
+    }
+    Ok(())
+}
+
+impl DriveConfig {
+    /// Checks the id, that the image is a non-empty regular file or block device this process
+    /// can open as the drive asks (read-only or read-write), and that a PARTUUID is printable
+    /// and only given for a root drive.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        check_drive_id(&self.id)?;
+        let setting = "drive path_on_host ";
+        let meta =
+            fs::metadata(&self.path).map_err(|e| path_error(setting, &self.path, e.to_string()))?;
+        let kind = meta.file_type();
+        if !(kind.is_file() || kind.is_block_device()) {
+            return Err(path_error(
+                setting,
+                &self.path,
+                "is neither a regular file nor a block device",
+            ));
+        }
+        OpenOptions::new()
+            .read(true)
+            .write(!self.read_only)
+            .open(&self.path)
+            .map_err(|e| path_error(setting, &self.path, e.to_string()))?;
+        if let Some(partuuid) = &self.partuuid {
+            if !self.root {
+                return Err(ConfigError::Drive(
+                    "partuuid is only used for the root device (is_root_device: true)".into(),
+                ));
+            }
+            if partuuid.is_empty()
+                || !partuuid
+                    .bytes()
+                    .all(|b| b == b'-' || b.is_ascii_alphanumeric())
+            {
+                return Err(ConfigError::Drive(format!(
+                    "partuuid {partuuid:?}: expected hex digits and dashes"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the kernel command line gets for a root drive: its device (the first virtio-blk
+    /// disk, /dev/vda, or a partition by PARTUUID) and whether it is mounted read-only.
+    pub fn root_cmdline(&self) -> String {
+        let device = match &self.partuuid {
+            Some(partuuid) => format!("PARTUUID={partuuid}"),
+            None => "/dev/vda".to_owned(),
+        };
+        let mode = if self.read_only { "ro" } else { "rw" };
+        format!("root={device} {mode}")
+    }
+}
+
+/// Checks a VM's drives: each valid, ids unique, at most one root drive.
+pub fn check_drives(drives: &[DriveConfig]) -> Result<(), ConfigError> {
+    for (i, drive) in drives.iter().enumerate() {
+        drive.check()?;
+        if drives[..i].iter().any(|other| other.id == drive.id) {
+            return Err(ConfigError::Drive(format!(
+                "drive id {} is given twice",
+                drive.id
+            )));
+        }
+    }
+    if drives.iter().filter(|d| d.root).count() > 1 {
+        return Err(ConfigError::Drive("A root block device already exists!".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drive(id: &str, path: PathBuf) -> DriveConfig {
+        DriveConfig {
+            id: id.to_owned(),
+            path,
+            read_only: false,
+            root: false,
+            partuuid: None,
+        }
+    }
+
+    #[test]
+    fn ids_are_short_words() {
+        assert!(check_drive_id("rootfs").is_ok());
+        assert!(check_drive_id("data_2").is_ok());
+        for bad in ["", "a-b", "a/b", "ü", "abcdefghijklmnopqrstu"] {
+            assert!(check_drive_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn images_must_exist_and_open_as_asked() {
+        let dir = std::env::temp_dir().join(format!("llfree-drive-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("disk.img");
+        fs::write(&image, vec![0u8; 4096]).unwrap();
+        assert!(drive("disk", image.clone()).check().is_ok());
+        let message = drive("disk", dir.join("missing")).check().unwrap_err();
+        assert!(message.to_string().starts_with("drive path_on_host "));
+        assert!(drive("disk", dir.clone()).check().is_err());
+        let with_partuuid = DriveConfig {
+            partuuid: Some("abcd-01".into()),
+            ..drive("disk", image.clone())
+        };
+        assert!(with_partuuid.check().is_err());
+        let root = DriveConfig {
+            root: true,
+            ..with_partuuid
+        };
+        assert!(root.check().is_ok());
+        assert_eq!(root.root_cmdline(), "root=PARTUUID=abcd-01 rw");
+        let plain_root = DriveConfig {
+            root: true,
+            read_only: true,
+            ..drive("rootfs", image.clone())
+        };
+        assert_eq!(plain_root.root_cmdline(), "root=/dev/vda ro");
+        let twice = [drive("a", image.clone()), drive("a", image.clone())];
+        assert!(check_drives(&twice).is_err());
+        let two_roots = [plain_root.clone(), DriveConfig { id: "b".into(), ..plain_root }];
+        assert!(check_drives(&two_roots).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

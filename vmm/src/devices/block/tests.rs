@@ -1,0 +1,299 @@
+use std::io::{Read, Write};
+
+use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
+use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::tempfile::TempFile;
+
+use super::*;
+use crate::devices::virtio::ActiveQueue;
+
+const MIB: u64 = 1 << 20;
+const RING: u64 = MIB;
+const HEADER: u64 = 2 * MIB;
+const DATA: u64 = 3 * MIB;
+const STATUS: u64 = 4 * MIB;
+/// The disk: 64 sectors.
+const DISK_SIZE: u64 = 64 * SECTOR_SIZE;
+
+fn memory() -> Memory {
+    let pool = Pool::new(PoolConfig::new(Backing::Anonymous, 16 * MIB)).unwrap();
+    let config = MemoryConfig {
+        populate: Populate::Eager,
+        ..MemoryConfig::new(vec![(GuestAddress(0), 16 * MIB)], 1)
+    };
+    Arc::new(GuestMemory::new(pool, config).unwrap())
+}
+
+/// An image of [`DISK_SIZE`] bytes (plus a partial sector), sector `n` filled with byte `n`.
+fn image() -> TempFile {
+    let file = TempFile::new().unwrap();
+    let mut contents: Vec<u8> = (0..DISK_SIZE).map(|at| (at / SECTOR_SIZE) as u8).collect();
+    contents.extend_from_slice(&[0xee; 100]);
+    file.as_file().write_all(&contents).unwrap();
+    file
+}
+
+/// A device over `image`, activated with the queue of `mock`; and its interrupt's eventfd.
+fn activated(
+    memory: &Memory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+    image: &TempFile,
+    read_only: bool,
+) -> (BlockDevice, EventFd) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(image.as_path())
+        .unwrap();
+    let size = file.metadata().unwrap().len();
+    let mut device = BlockDevice::new(memory.clone(), "rootfs", file, size, read_only);
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let activation = Activation {
+        memory: memory.clone(),
+        acked_features: 0,
+        queues: vec![ActiveQueue {
+            index: 0,
+            queue: mock.create_queue().unwrap(),
+            notifier: EventFd::new(EFD_NONBLOCK).unwrap(),
+        }],
+        interrupt: Arc::new(Interrupt::new(irq.try_clone().unwrap())),
+    };
+    device.activate(activation).unwrap();
+    (device, irq)
+}
+
+/// Puts a chain of `(addr, len, writable)` buffers at descriptor `first` and makes it the
+/// `avail`-th available entry.
+fn add_chain(
+    mock: &MockSplitQueue<'_, GuestMemory>,
+    first: u16,
+    avail: u16,
+    buffers: &[(u64, u32, bool)],
+) {
+    for (i, &(addr, len, writable)) in buffers.iter().enumerate() {
+        let at = first + i as u16;
+        let last = i + 1 == buffers.len();
+        let flags = if last { 0 } else { VRING_DESC_F_NEXT }
+            | if writable { VRING_DESC_F_WRITE } else { 0 };
+        let desc = SplitDescriptor::new(addr, len, flags as u16, at + 1);
+        mock.desc_table()
+            .store(at, RawDescriptor::from(desc))
+            .unwrap();
+    }
+    mock.avail()
+        .ring()
+        .ref_at(usize::from(avail))
+        .unwrap()
+        .store(first);
+    mock.avail().idx().store(avail + 1);
+}
+
+fn header(memory: &Memory, kind: u32, sector: u64) {
+    memory.write_obj(kind.to_le(), GuestAddress(HEADER)).unwrap();
+    memory
+        .write_obj(sector.to_le(), GuestAddress(HEADER + 8))
+        .unwrap();
+}
+
+fn status(memory: &Memory) -> u8 {
+    memory.read_obj(GuestAddress(STATUS)).unwrap()
+}
+
+fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
+    mock.used().ring().ref_at(usize::from(slot)).unwrap().load().len()
+}
+
+#[test]
+fn capacity_is_whole_sectors_and_features_follow_the_mode() {
+    let memory = memory();
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    let (device, _) = activated(&memory, &mock, &image, true);
+    let mut config = [0u8; 8];
+    device.read_config(0, &mut config);
+    assert_eq!(u64::from_le_bytes(config), 64);
+    let mut past = [0xffu8; 4];
+    device.read_config(u64::MAX, &mut past);
+    assert_eq!(past, [0; 4]);
+    assert_eq!(device.device_type(), 2);
+    assert_ne!(device.device_features() & 1 << VIRTIO_BLK_F_RO, 0);
+    let (writable, _) = activated(&memory, &mock, &image, false);
+    assert_eq!(writable.device_features() & 1 << VIRTIO_BLK_F_RO, 0);
+    assert_ne!(writable.device_features() & 1 << VIRTIO_BLK_F_FLUSH, 0);
+}
+
+#[test]
+fn reads_writes_flushes_and_the_id_reach_the_image_and_the_guest() {
+    let memory = memory();
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 32);
+    let image = image();
+    let (mut device, irq) = activated(&memory, &mock, &image, false);
+    // Read sectors 3 and 4 into two buffers.
+    header(&memory, VIRTIO_BLK_T_IN, 3);
+    add_chain(
+        &mock,
+        0,
+        0,
+        &[
+            (HEADER, 16, false),
+            (DATA, 512, true),
+            (DATA + 4096, 512, true),
+            (STATUS, 1, true),
+        ],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    assert_eq!(used_len(&mock, 0), 1025);
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(), 3);
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(DATA + 4096)).unwrap(), 4);
+    assert_eq!(irq.read().unwrap(), 1);
+    // Write one sector at the last sector.
+    memory
+        .write_slice(&[0xab; 512], GuestAddress(DATA))
+        .unwrap();
+    header(&memory, VIRTIO_BLK_T_OUT, 63);
+    add_chain(
+        &mock,
+        4,
+        1,
+        &[(HEADER, 16, false), (DATA, 512, false), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    let mut contents = Vec::new();
+    std::fs::File::open(image.as_path())
+        .unwrap()
+        .read_to_end(&mut contents)
+        .unwrap();
+    assert!(contents[63 * 512..64 * 512].iter().all(|&b| b == 0xab));
+    assert_eq!(contents[62 * 512], 62);
+    // Flush, then GET_ID into a 20-byte buffer.
+    header(&memory, VIRTIO_BLK_T_FLUSH, 0);
+    add_chain(&mock, 8, 2, &[(HEADER, 16, false), (STATUS, 1, true)]);
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    header(&memory, VIRTIO_BLK_T_GET_ID, 0);
+    add_chain(
+        &mock,
+        10,
+        3,
+        &[(HEADER, 16, false), (DATA, 20, true), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    let mut id = [0u8; 20];
+    memory.read_slice(&mut id, GuestAddress(DATA)).unwrap();
+    assert_eq!(&id[..7], b"rootfs\0");
+    let counters = device.counters();
+    assert_eq!(counters.reads.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.writes.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.flushes.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.failed.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_read_only_drive_refuses_writes() {
+    let memory = memory();
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    let (mut device, _) = activated(&memory, &mock, &image, true);
+    header(&memory, VIRTIO_BLK_T_OUT, 0);
+    add_chain(
+        &mock,
+        0,
+        0,
+        &[(HEADER, 16, false), (DATA, 512, false), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
+    let mut first = [0u8; 1];
+    std::fs::File::open(image.as_path())
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    assert_eq!(first, [0]);
+}
+
+#[test]
+fn hostile_requests_get_an_error_status_or_are_dropped_and_never_panic() {
+    let memory = memory();
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 64);
+    let image = image();
+    let (mut device, _) = activated(&memory, &mock, &image, false);
+    let expect = |device: &mut BlockDevice, chain: &[(u64, u32, bool)], slot: u16, want: u32| {
+        add_chain(&mock, slot * 4, slot, chain);
+        memory.write_obj(0x77u8, GuestAddress(STATUS)).unwrap();
+        device.process_queue(0);
+        assert_eq!(u32::from(status(&memory)), want, "chain {slot}: {chain:?}");
+    };
+    let read = |sectors: u32| {
+        [
+            (HEADER, 16, false),
+            (DATA, sectors * 512, true),
+            (STATUS, 1, true),
+        ]
+    };
+    // Past the end (the partial last sector is not part of the disk), and wrapping around.
+    header(&memory, VIRTIO_BLK_T_IN, 63);
+    expect(&mut device, &read(2), 0, VIRTIO_BLK_S_IOERR);
+    header(&memory, VIRTIO_BLK_T_IN, u64::MAX);
+    expect(&mut device, &read(1), 1, VIRTIO_BLK_S_IOERR);
+    // Not whole sectors; data outside guest memory.
+    header(&memory, VIRTIO_BLK_T_IN, 0);
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (DATA, 100, true), (STATUS, 1, true)],
+        2,
+        VIRTIO_BLK_S_IOERR,
+    );
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (1 << 40, 512, true), (STATUS, 1, true)],
+        3,
+        VIRTIO_BLK_S_IOERR,
+    );
+    // An unknown type, and GET_ID without a buffer.
+    header(&memory, 0x1234, 0);
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (STATUS, 1, true)],
+        4,
+        VIRTIO_BLK_S_UNSUPP,
+    );
+    header(&memory, VIRTIO_BLK_T_GET_ID, 0);
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (STATUS, 1, true)],
+        5,
+        VIRTIO_BLK_S_IOERR,
+    );
+    // No status byte, a read-only status, a short header, a header outside memory: dropped.
+    header(&memory, VIRTIO_BLK_T_IN, 0);
+    for (slot, chain) in [
+        vec![(HEADER, 16, false)],
+        vec![(HEADER, 16, false), (STATUS, 1, false)],
+        vec![(HEADER, 8, false), (STATUS, 1, true)],
+        vec![(DATA, 512, true), (STATUS, 1, true)],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let slot = 6 + slot as u16;
+        add_chain(&mock, slot * 4, slot, chain);
+        device.process_queue(0);
+        assert_eq!(used_len(&mock, slot), 0);
+    }
+    add_chain(&mock, 40, 10, &[(1 << 40, 16, false), (STATUS, 1, true)]);
+    memory.write_obj(0x77u8, GuestAddress(STATUS)).unwrap();
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
+    assert_eq!(mock.used().idx().load(), 11);
+    assert!(device.warnings.count() >= 10);
+    assert_eq!(device.counters().reads.load(Ordering::Relaxed), 0);
+    // Notifications for other queues, and after a reset, are ignored.
+    device.process_queue(3);
+    device.reset();
+    device.process_queue(0);
+}
