@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use vmm::config::{parse_mib, parse_size, BackingKind, BalloonDeviceConfig};
+use vmm::config::{parse_mib, parse_size, BackingKind, BalloonDeviceConfig, DriveConfig};
 
 use crate::exit::EXIT_STATUS_HELP;
 use crate::workload::WorkloadSpec;
@@ -17,8 +17,9 @@ use crate::workload::WorkloadSpec;
 ///
 /// `vmm run` boots a VM (the built-in test guest unless --kernel is given); the other
 /// subcommands talk to a running VMM through its API socket (see `vmm run --api-socket`).
-/// `vmm --api-sock PATH`, as Firecracker starts, serves the API without a VM until a client
-/// loads a snapshot (PUT /snapshot/load).
+/// `vmm --api-sock PATH`, as Firecracker starts, serves Firecracker's API without a VM: a
+/// client configures one (PUT /machine-config, /boot-source, /drives/ID, ...) and boots it
+/// (PUT /actions InstanceStart), or loads a snapshot (PUT /snapshot/load).
 #[derive(Debug, Parser)]
 #[command(
     name = "vmm",
@@ -31,15 +32,21 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// Serve the control API on this Unix socket without a VM, until a client loads a snapshot
-    /// (PUT /snapshot/load, as with Firecracker); the VM then runs as with `vmm run`.
-    /// Not with a subcommand.
+    /// Serve Firecracker's API on this Unix socket without a VM, until a client configures and
+    /// starts one (InstanceStart) or loads a snapshot (PUT /snapshot/load); the VM then runs as
+    /// with `vmm run`. Not with a subcommand.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
 
-    /// The instance id GET / reports (with --api-sock; Firecracker's --id).
-    #[arg(long, value_name = "ID", requires = "api_sock", default_value = vmm::api::model::DEFAULT_INSTANCE_ID)]
+    /// The instance id GET / reports (Firecracker's --id).
+    #[arg(long, value_name = "ID", default_value = vmm::api::model::DEFAULT_INSTANCE_ID)]
     pub id: String,
+
+    /// Boot the VM this Firecracker configuration file describes (the JSON of GET /vm/config:
+    /// machine-config, boot-source, drives, balloon, ...) at once, with or without --api-sock.
+    /// Not with a subcommand.
+    #[arg(long, value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
 
     /// Messages on stderr from this level up: off, error, warn, info, debug or trace.
     ///
@@ -348,6 +355,15 @@ pub struct RunArgs {
         verbatim_doc_comment
     )]
     pub workload: WorkloadSpec,
+
+    /// Add a virtio-blk drive over a raw image (repeatable):
+    /// id=ID,path=PATH[,ro=on][,root=on][,partuuid=UUID].
+    ///
+    /// IDs are letters, digits and '_' (the guest reads them as the disk's serial). The root
+    /// drive becomes /dev/vda and adds `root=/dev/vda rw` (ro with ro=on; root=PARTUUID=... with
+    /// partuuid) to the kernel command line. Needs --kernel.
+    #[arg(long = "drive", value_name = "OPTIONS", requires = "kernel")]
+    pub drives: Vec<DriveConfig>,
 
     /// Add a virtio-balloon device: comma-separated key=value options.
     ///

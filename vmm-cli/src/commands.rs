@@ -1,16 +1,20 @@
 //! The subcommands' work: `run` boots a VM, the others talk to a running VMM's API.
 
 use std::fmt::Display;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use vmm::api::model::{MemoryBackend, MemoryBackendType, SnapshotLoadParams};
+use vmm::api::model::{
+    FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams,
+};
 use vmm::config::VmConfig;
-use vmm::runner::{RunError, RunOutcome, StopCause};
+use vmm::runner::{RunError, RunOutcome, ServeOptions, StopCause};
 
 use crate::api_client::{ApiClient, ClientError};
 use crate::args::{BalloonAction, RunArgs, SnapshotLoadArgs};
 use crate::exit::{run_error_status, ExitStatus};
 use crate::host::check_host;
+use crate::logger::ApiLogControl;
 
 /// Prints `error: {message}` and returns `status`.
 fn fail(status: ExitStatus, message: impl Display) -> ExitStatus {
@@ -70,9 +74,31 @@ pub(super) fn create_snapshot(
     )
 }
 
-/// `vmm --api-sock PATH`: wait for a snapshot to load, then run its VM.
-pub(super) fn serve(api_socket: &Path, id: &str) -> ExitStatus {
-    outcome_status(vmm::runner::serve(api_socket, id))
+/// `vmm --api-sock PATH [--config-file FILE]`: wait for the VM's configuration and start, or a
+/// snapshot to load, then run the VM (at once with a configuration file).
+pub(super) fn serve(api_socket: Option<PathBuf>, id: &str, config_file: Option<&Path>) -> ExitStatus {
+    if let Some(socket) = &api_socket {
+        if let Err(e) = vmm::config::check_api_socket(socket) {
+            return fail(ExitStatus::Usage, format!("--api-sock: {e}"));
+        }
+    }
+    let config = match config_file.map(read_config_file).transpose() {
+        Ok(config) => config,
+        Err(e) => return fail(ExitStatus::Usage, e),
+    };
+    outcome_status(vmm::runner::serve(ServeOptions {
+        api_socket,
+        id: id.to_owned(),
+        config,
+        logger: Some(Arc::new(ApiLogControl)),
+    }))
+}
+
+/// Reads a Firecracker configuration file.
+fn read_config_file(path: &Path) -> Result<FullVmConfiguration, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--config-file {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("--config-file {}: {e}", path.display()))
 }
 
 /// The exit status of a VM run, with its message on stderr.

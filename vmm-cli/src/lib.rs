@@ -62,16 +62,19 @@ where
         Err(err) => return clap_error(err),
     };
     logger::init(cli.log_level);
-    let command = match (cli.command, cli.api_sock) {
-        (Some(_), Some(_)) => {
+    let command = match (cli.command, cli.api_sock, cli.config_file) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             eprintln!(
-                "error: --api-sock starts a VMM that waits for a snapshot: not with a subcommand"
+                "error: --api-sock and --config-file start a VMM of Firecracker's kind: not with \
+                 a subcommand"
             );
             return ExitStatus::Usage;
         }
-        (Some(command), None) => command,
-        (None, Some(socket)) => return commands::serve(&socket, &cli.id),
-        (None, None) => {
+        (Some(command), None, None) => command,
+        (None, socket, config_file) if socket.is_some() || config_file.is_some() => {
+            return commands::serve(socket, &cli.id, config_file.as_deref())
+        }
+        (None, _, _) => {
             eprintln!("error: 'vmm' requires a subcommand or --api-sock PATH; see `vmm --help`");
             return ExitStatus::Usage;
         }

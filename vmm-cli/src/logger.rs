@@ -1,8 +1,15 @@
-//! The logger of the `vmm` command: env_logger on stderr, `warning: ...` lines.
+//! The logger of the `vmm` command: env_logger on stderr, `warning: ...` lines; a VMM started
+//! as `vmm --api-sock` lets the API move it to a file or named pipe (`PUT /logger`,
+//! [`ApiLogControl`]).
 
+use std::fs::OpenOptions;
 use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::sync::{OnceLock, RwLock};
 
-use log::{Level, LevelFilter};
+use log::{Level, LevelFilter, Log, Metadata, Record};
+use vmm::api::model::{LogLevel, Logger};
+use vmm::api::LogControl;
 
 /// The level when neither `--log-level` nor `RUST_LOG` says otherwise.
 pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::Warn;
@@ -17,6 +24,36 @@ fn prefix(level: Level) -> &'static str {
         Level::Trace => "trace",
     }
 }
+
+/// The installed logger: an env_logger that `PUT /logger` can replace.
+struct SwitchableLogger {
+    inner: RwLock<env_logger::Logger>,
+}
+
+impl Log for SwitchableLogger {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .enabled(metadata)
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .log(record);
+    }
+
+    fn flush(&self) {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .flush();
+    }
+}
+
+static LOGGER: OnceLock<&'static SwitchableLogger> = OnceLock::new();
 
 /// Installs the logger: `level` if given, else `RUST_LOG`, else [`DEFAULT_LEVEL`]. A second
 /// call (tests run the command many times in one process) keeps the first logger.
@@ -41,8 +78,75 @@ pub fn init(level: Option<LevelFilter>) {
             )
         }
     });
-    // Fails only when a logger is installed already.
-    let _ = builder.try_init();
+    let built = builder.build();
+    let max = built.filter();
+    LOGGER.get_or_init(|| {
+        let logger: &'static SwitchableLogger = Box::leak(Box::new(SwitchableLogger {
+            inner: RwLock::new(built),
+        }));
+        if log::set_logger(logger).is_ok() {
+            log::set_max_level(max);
+        }
+        logger
+    });
+}
+
+/// `PUT /logger` for the installed logger.
+#[derive(Debug, Default)]
+pub struct ApiLogControl;
+
+impl LogControl for ApiLogControl {
+    fn configure(&self, config: &Logger) -> Result<(), String> {
+        let logger = LOGGER.get().ok_or("no logger is installed")?;
+        let level = config.level.unwrap_or(LogLevel::Info).filter();
+        let mut builder = env_logger::Builder::new();
+        match &config.module {
+            Some(module) => builder.filter_level(LevelFilter::Off).filter_module(module, level),
+            None => builder.filter_level(level),
+        };
+        let show_level = config.show_level.unwrap_or(false);
+        let show_origin = config.show_log_origin.unwrap_or(false);
+        builder.format(move |out, record| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            write!(out, "{}.{:03} ", now.as_secs(), now.subsec_millis())?;
+            if show_level {
+                write!(out, "{} ", record.level())?;
+            }
+            if show_origin {
+                write!(
+                    out,
+                    "{}:{} ",
+                    record.file().unwrap_or("?"),
+                    record.line().unwrap_or(0)
+                )?;
+            }
+            writeln!(out, "{}", record.args())
+        });
+        if let Some(path) = &config.log_path {
+            let fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
+            let mut options = OpenOptions::new();
+            if fifo {
+                // Read and write: opening a pipe without a reader neither blocks nor fails.
+                options
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK);
+            } else {
+                options.create(true).append(true);
+            }
+            let file = options
+                .open(path)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            builder.target(env_logger::Target::Pipe(Box::new(file)));
+        }
+        let built = builder.build();
+        let max = built.filter();
+        *logger.inner.write().unwrap_or_else(|e| e.into_inner()) = built;
+        log::set_max_level(max);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
 
 use vmm::config::{
-    check_api_socket, check_backing, check_memory, check_pmem, check_vcpus, check_zone,
+    check_api_socket, check_backing, check_drives, check_memory, check_pmem, check_vcpus, check_zone,
     ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 
@@ -56,6 +56,10 @@ impl TryFrom<RunArgs> for VmConfig {
         if let Some(balloon) = &args.balloon {
             balloon.check_fits(args.memory)?;
         }
+        let mut drives = args.drives;
+        check_drives(&drives)?;
+        // The root drive comes first: it is /dev/vda.
+        drives.sort_by_key(|drive| !drive.root);
         Ok(VmConfig {
             memory_size: args.memory,
             backing: args.backing,
@@ -72,6 +76,7 @@ impl TryFrom<RunArgs> for VmConfig {
             guest,
             api_socket: args.api_socket,
             balloon: args.balloon,
+            drives,
         })
     }
 }

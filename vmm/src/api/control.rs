@@ -2,9 +2,39 @@
 //! only parses requests, calls it and serialises the answers.
 
 use super::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, InstanceInfo, MachineInfo, MemoryInfo,
-    SnapshotCreateParams, SnapshotLoadParams, DEFAULT_INSTANCE_ID,
+    Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive,
+    FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
+    MachineInfo, MemoryInfo, Metrics, Pmem, SnapshotCreateParams, SnapshotLoadParams,
+    DEFAULT_INSTANCE_ID,
 };
+
+/// Firecracker's answer to a pre-boot request after the VM started.
+pub const NOT_AFTER_START: &str =
+    "The requested operation is not supported after starting the microVM.";
+/// Firecracker's answer to a request that needs a running VM before it started.
+pub const NOT_BEFORE_START: &str =
+    "The requested operation is not supported before starting the microVM.";
+
+/// A pre-boot configuration request (Firecracker's pre-boot `PUT`s and `PATCH`es).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PreBoot {
+    /// `PUT /machine-config`.
+    Machine(MachineConfiguration),
+    /// `PATCH /machine-config`.
+    PatchMachine(MachineConfigurationUpdate),
+    /// `PUT /boot-source`.
+    BootSource(BootSource),
+    /// `PUT /drives/{id}`: the id in the path and the drive.
+    Drive(String, Drive),
+    /// `PUT /pmem/{id}`: the id in the path and the device.
+    Pmem(String, Pmem),
+    /// `PUT /balloon`.
+    Balloon(Balloon),
+    /// `PUT /logger`.
+    Logger(Logger),
+    /// `PUT /metrics`.
+    Metrics(Metrics),
+}
 
 /// Why the VMM refused or failed a control request.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -36,6 +66,14 @@ impl ControlError {
     }
 }
 
+/// What the front end lets the API change of its logger (`PUT /logger`): the VMM library does
+/// not install the logger, the program does.
+pub trait LogControl: Send + Sync {
+    /// Sends the log to the file or pipe of `logger`, at its level, formatted as it asks;
+    /// returns why not when the file cannot be opened.
+    fn configure(&self, logger: &Logger) -> Result<(), String>;
+}
+
 /// The VMM's side of the control API. Calls come from the API server's thread.
 ///
 /// The balloon methods default to [`ControlError::BalloonNotConfigured`], which is right for a
@@ -53,6 +91,42 @@ pub trait VmmControl: Send + Sync {
     fn instance_info(&self) -> Result<InstanceInfo, ControlError> {
         let state = self.machine_info()?.state;
         Ok(InstanceInfo::new(&self.instance_id(), state))
+    }
+
+    /// Firecracker's machine configuration (`GET /machine-config`); by default what
+    /// [`Self::machine_info`] tells of it.
+    fn machine_config(&self) -> Result<MachineConfiguration, ControlError> {
+        let info = self.machine_info()?;
+        Ok(MachineConfiguration {
+            vcpu_count: info.vcpu_count as u64,
+            mem_size_mib: info.mem_size_mib,
+            ..MachineConfiguration::default()
+        })
+    }
+
+    /// Firecracker's full configuration (`GET /vm/config`); by default the machine alone.
+    fn vm_config(&self) -> Result<FullVmConfiguration, ControlError> {
+        Ok(FullVmConfiguration {
+            machine_config: Some(self.machine_config()?),
+            ..FullVmConfiguration::default()
+        })
+    }
+
+    /// Configures the VM before it starts; a VMM whose VM runs refuses.
+    fn configure(&self, request: PreBoot) -> Result<(), ControlError> {
+        let _ = request;
+        Err(ControlError::InvalidState(NOT_AFTER_START.into()))
+    }
+
+    /// Boots the configured VM (`PUT /actions` InstanceStart); a VMM whose VM runs refuses.
+    fn start_instance(&self) -> Result<(), ControlError> {
+        Err(ControlError::InvalidState(NOT_AFTER_START.into()))
+    }
+
+    /// Writes the metrics now (`PUT /actions` FlushMetrics); without `PUT /metrics` there is
+    /// nowhere to write and nothing happens (as in Firecracker).
+    fn flush_metrics(&self) -> Result<(), ControlError> {
+        Ok(())
     }
 
     /// Guest memory, per-vCPU and pool counters (`GET /memory`).

@@ -14,8 +14,9 @@
 pub mod control;
 pub mod http;
 pub mod model;
+pub mod resources;
 pub mod routes;
 pub mod server;
 
-pub use control::{ControlError, VmmControl};
+pub use control::{ControlError, LogControl, PreBoot, VmmControl};
 pub use server::{ApiServer, ServerError};

@@ -7,6 +7,14 @@ use virtio_balloon::Violations;
 use crate::config::{GuestConfig, VmConfig};
 use crate::devices::pmem::PmemHandle;
 
+mod preboot;
+
+pub use preboot::{
+    Balloon, BootSource, CacheType, Drive, FullVmConfiguration, HugePages, IoEngine, LogLevel,
+    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, ZoneAttachment,
+    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+};
+
 /// Run state of the VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VmState {
@@ -350,7 +358,7 @@ pub struct BalloonStatistics {
     pub clamped: bool,
 }
 
-/// A balloon change: `PUT /balloon` (target), `PATCH /balloon` (either),
+/// A balloon change after the start: `PATCH /balloon` (target; the interval is an extension),
 /// `PATCH /balloon/statistics` (polling interval).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -361,14 +369,6 @@ pub struct BalloonUpdate {
     /// New statistics polling interval in seconds (0 stops polling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats_polling_interval_s: Option<u32>,
-}
-
-/// `PUT /balloon`: the new target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BalloonTarget {
-    /// New target in MiB.
-    pub amount_mib: u64,
 }
 
 /// `PATCH /balloon/statistics`: the new polling interval.
@@ -407,7 +407,11 @@ pub struct ActionRequest {
 /// Actions of `PUT /actions`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ActionType {
-    /// Stop the VM: the vCPUs leave the guest and `vmm run` exits.
+    /// Boot the configured VM (a VMM started as `vmm --api-sock PATH`).
+    InstanceStart,
+    /// Write the metrics to the metrics file (`PUT /metrics`) now.
+    FlushMetrics,
+    /// Extension: stop the VM from the host side; the vCPUs leave the guest and the VMM exits.
     Shutdown,
     /// Press Ctrl-Alt-Del on the guest's keyboard (an i8042, Linux guests only): Linux sends
     /// SIGINT to its init, which usually reboots, and a reboot ends `vmm run`.
@@ -445,6 +449,10 @@ pub struct SnapshotCreateParams {
     /// Full (the default) or Diff.
     #[serde(default)]
     pub snapshot_type: SnapshotType,
+    /// The snapshot format version older Firecracker clients send (ignored: this VMM writes
+    /// its own format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// How guest memory is loaded (Firecracker's `MemoryBackend`).

@@ -1,29 +1,49 @@
-//! The API's resources and their dispatch to [`VmmControl`].
+//! The API's resources and their dispatch to [`VmmControl`]: Firecracker's, and this VMM's own
+//! views (`GET /machine`, `GET /memory`).
 //!
-//! | Resource              | Method | Body                                        | Answer           |
-//! |-----------------------|--------|---------------------------------------------|------------------|
-//! | `/`                   | GET    |                                             | [`InstanceInfo`] |
-//! | `/version`            | GET    |                                             | [`VersionInfo`]  |
-//! | `/machine`            | GET    |                                             | [`MachineInfo`]  |
-//! | `/memory`             | GET    |                                             | [`MemoryInfo`]   |
-//! | `/vm`                 | PATCH  | `{"state": "Paused" \| "Resumed"}`          | 204              |
-//! | `/actions`            | PUT    | `{"action_type": "Shutdown" \| "SendCtrlAltDel"}` | 204       |
-//! | `/balloon`            | GET    |                                             | [`BalloonInfo`]  |
-//! | `/balloon`            | PUT    | `{"amount_mib": N}`                         | 204              |
-//! | `/balloon`            | PATCH  | `{"amount_mib"?: N, "stats_polling_interval_s"?: N}` | 204     |
-//! | `/balloon/statistics` | GET    |                                             | [`BalloonStatistics`] |
-//! | `/balloon/statistics` | PATCH  | `{"stats_polling_interval_s": N}`           | 204              |
-//! | `/snapshot/create`    | PUT    | [`SnapshotCreateParams`]                    | 204              |
-//! | `/snapshot/load`      | PUT    | [`SnapshotLoadParams`]                      | 204              |
+//! | Resource              | Method | Body                                        | When     |
+//! |-----------------------|--------|---------------------------------------------|----------|
+//! | `/`                   | GET    | → [`InstanceInfo`]                          | always   |
+//! | `/version`            | GET    | → [`VersionInfo`]                           | always   |
+//! | `/machine-config`     | GET    | → [`MachineConfiguration`]                  | always   |
+//! | `/machine-config`     | PUT    | [`MachineConfiguration`]                    | pre-boot |
+//! | `/machine-config`     | PATCH  | [`MachineConfigurationUpdate`]              | pre-boot |
+//! | `/boot-source`        | PUT    | [`BootSource`]                              | pre-boot |
+//! | `/drives/{id}`        | PUT    | [`Drive`]                                   | pre-boot |
+//! | `/pmem/{id}`          | PUT    | [`Pmem`]                                    | pre-boot |
+//! | `/logger`             | PUT    | [`Logger`]                                  | pre-boot |
+//! | `/metrics`            | PUT    | [`Metrics`]                                 | pre-boot |
+//! | `/actions`            | PUT    | `{"action_type": "InstanceStart" \| "SendCtrlAltDel" \| "FlushMetrics" \| "Shutdown"}` | |
+//! | `/vm`                 | PATCH  | `{"state": "Paused" \| "Resumed"}`          | running  |
+//! | `/vm/config`          | GET    | → [`FullVmConfiguration`]                   | always   |
+//! | `/balloon`            | GET    | → [`BalloonInfo`]                           | always   |
+//! | `/balloon`            | PUT    | [`Balloon`]                                 | pre-boot |
+//! | `/balloon`            | PATCH  | `{"amount_mib"?: N, "stats_polling_interval_s"?: N}` | always |
+//! | `/balloon/statistics` | GET    | → [`BalloonStatistics`]                     | running  |
+//! | `/balloon/statistics` | PATCH  | `{"stats_polling_interval_s": N}`           | always   |
+//! | `/snapshot/create`    | PUT    | [`SnapshotCreateParams`]                    | paused   |
+//! | `/snapshot/load`      | PUT    | [`SnapshotLoadParams`]                      | no VM    |
+//! | `/machine`            | GET    | → [`MachineInfo`] (extension)               | always   |
+//! | `/memory`             | GET    | → [`MemoryInfo`] (extension)                | running  |
 //!
-//! Errors answer `{"fault_message": "..."}`: 400 for bad requests and refused operations
-//! (including "balloon not configured"), 404 for unknown resources, 405 (with `Allow`) for
-//! wrong methods, 500 when the VMM fails.
+//! Errors answer `{"fault_message": "..."}` as Firecracker does: 400 for bad requests, unknown
+//! paths and wrong methods ("Invalid request method and/or path: ..."), refused operations
+//! (including "balloon not configured" and pre-boot requests after the start); 500 when the
+//! VMM fails.
 //!
 //! [`MachineInfo`]: super::model::MachineInfo
 //! [`InstanceInfo`]: super::model::InstanceInfo
 //! [`VersionInfo`]: super::model::VersionInfo
 //! [`MemoryInfo`]: super::model::MemoryInfo
+//! [`MachineConfiguration`]: super::model::MachineConfiguration
+//! [`MachineConfigurationUpdate`]: super::model::MachineConfigurationUpdate
+//! [`BootSource`]: super::model::BootSource
+//! [`Drive`]: super::model::Drive
+//! [`Pmem`]: super::model::Pmem
+//! [`Logger`]: super::model::Logger
+//! [`Metrics`]: super::model::Metrics
+//! [`FullVmConfiguration`]: super::model::FullVmConfiguration
+//! [`Balloon`]: super::model::Balloon
 //! [`BalloonInfo`]: super::model::BalloonInfo
 //! [`BalloonStatistics`]: super::model::BalloonStatistics
 //! [`SnapshotCreateParams`]: super::model::SnapshotCreateParams
@@ -32,56 +52,12 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::control::{ControlError, VmmControl};
+use super::control::{ControlError, PreBoot, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
-    ActionRequest, ActionType, BalloonStatsUpdate, BalloonTarget, BalloonUpdate, RequestedState,
+    ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, RequestedState,
     SnapshotCreateParams, SnapshotLoadParams, VersionInfo, VmStateRequest,
 };
-
-/// The resources.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Resource {
-    Instance,
-    Version,
-    Machine,
-    Memory,
-    Vm,
-    Actions,
-    Balloon,
-    BalloonStatistics,
-    SnapshotCreate,
-    SnapshotLoad,
-}
-
-impl Resource {
-    fn find(path: &str) -> Option<Self> {
-        match path {
-            "/" => Some(Resource::Instance),
-            "/version" => Some(Resource::Version),
-            "/machine" => Some(Resource::Machine),
-            "/memory" => Some(Resource::Memory),
-            "/vm" => Some(Resource::Vm),
-            "/actions" => Some(Resource::Actions),
-            "/balloon" => Some(Resource::Balloon),
-            "/balloon/statistics" => Some(Resource::BalloonStatistics),
-            "/snapshot/create" => Some(Resource::SnapshotCreate),
-            "/snapshot/load" => Some(Resource::SnapshotLoad),
-            _ => None,
-        }
-    }
-
-    /// The methods the resource allows, as an `Allow` header value.
-    fn allow(self) -> &'static str {
-        match self {
-            Resource::Instance | Resource::Version | Resource::Machine | Resource::Memory => "GET",
-            Resource::Vm => "PATCH",
-            Resource::Actions | Resource::SnapshotCreate | Resource::SnapshotLoad => "PUT",
-            Resource::Balloon => "GET, PUT, PATCH",
-            Resource::BalloonStatistics => "GET, PATCH",
-        }
-    }
-}
 
 fn fault(error: ControlError) -> Response {
     Response::fault(error.status(), error.to_string())
@@ -95,17 +71,26 @@ fn done(result: Result<(), ControlError>) -> Response {
     result.map_or_else(fault, |()| Response::no_content())
 }
 
-/// Parses the JSON body of `request` as `T`.
-fn body<T: DeserializeOwned>(request: &Request, path: &str) -> Result<T, Response> {
-    let method = request.method.as_str();
-    if request.body.is_empty() {
-        return Err(Response::fault(
+/// Parses the JSON body of `request` as `T`; a bad one gets Firecracker's answer.
+fn body<T: DeserializeOwned>(request: &Request) -> Result<T, Response> {
+    serde_json::from_slice(&request.body).map_err(|e| {
+        Response::fault(
             400,
-            format!("{method} {path} needs a JSON body"),
-        ));
+            format!("An error occurred when deserializing the json body of a request: {e}."),
+        )
+    })
+}
+
+/// Checks a resource id in a path as Firecracker does.
+fn path_id(id: Option<&str>) -> Result<&str, Response> {
+    match id {
+        None | Some("") => Err(Response::fault(400, "The ID cannot be empty.")),
+        Some(id) if id.chars().all(|c| c == '_' || c.is_ascii_alphanumeric()) => Ok(id),
+        Some(_) => Err(Response::fault(
+            400,
+            "API Resource IDs can only contain alphanumeric characters and underscores.",
+        )),
     }
-    serde_json::from_slice(&request.body)
-        .map_err(|e| Response::fault(400, format!("invalid JSON body for {method} {path}: {e}")))
 }
 
 /// Answers `request` by calling `control`.
@@ -114,42 +99,60 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
     if target.contains('?') {
         return Response::fault(400, "query strings are not supported");
     }
-    let path = match target.strip_suffix('/') {
-        Some(stripped) if !stripped.is_empty() => stripped,
-        _ => target,
-    };
-    let Some(resource) = Resource::find(path) else {
-        return Response::fault(404, format!("no resource at {path}"));
-    };
-    if request.method == Method::Get && !request.body.is_empty() {
-        return Response::fault(400, format!("GET {path} takes no body"));
+    let path = target.trim_start_matches('/');
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let mut tokens = path.split('/');
+    let (first, second, rest) = (tokens.next().unwrap_or(""), tokens.next(), tokens.next());
+    let method = &request.method;
+    let has_body = !request.body.is_empty();
+    match method {
+        Method::Get if has_body => return Response::fault(400, "GET request cannot have a body."),
+        Method::Put if !has_body => return Response::fault(400, "Empty PUT request."),
+        Method::Patch if !has_body => return Response::fault(400, "Empty PATCH request."),
+        _ => {}
     }
-    let result = match (resource, &request.method) {
-        (Resource::Instance, Method::Get) => Ok(reply(control.instance_info())),
-        (Resource::Version, Method::Get) => Ok(Response::json(&VersionInfo::default())),
-        (Resource::Machine, Method::Get) => Ok(reply(control.machine_info())),
-        (Resource::Memory, Method::Get) => Ok(reply(control.memory_info())),
-        (Resource::Vm, Method::Patch) => body::<VmStateRequest>(request, path).map(|r| {
+    let configure = |what: Result<PreBoot, Response>| what.map(|r| done(control.configure(r)));
+    let result = match (method, first, second, rest) {
+        (_, _, _, Some(_)) => Err(invalid_path(method, path)),
+        (Method::Get, "", None, _) => Ok(reply(control.instance_info())),
+        (Method::Get, "version", None, _) => Ok(Response::json(&VersionInfo::default())),
+        (Method::Get, "machine", None, _) => Ok(reply(control.machine_info())),
+        (Method::Get, "memory", None, _) => Ok(reply(control.memory_info())),
+        (Method::Get, "machine-config", None, _) => Ok(reply(control.machine_config())),
+        (Method::Put, "machine-config", None, _) => configure(body(request).map(PreBoot::Machine)),
+        (Method::Patch, "machine-config", None, _) => {
+            configure(body(request).map(PreBoot::PatchMachine))
+        }
+        (Method::Put, "boot-source", None, _) => {
+            configure(body(request).map(PreBoot::BootSource))
+        }
+        (Method::Put, "drives", id, _) => configure(
+            path_id(id).and_then(|id| Ok(PreBoot::Drive(id.to_owned(), body(request)?))),
+        ),
+        (Method::Put, "pmem", id, _) => configure(
+            path_id(id).and_then(|id| Ok(PreBoot::Pmem(id.to_owned(), body(request)?))),
+        ),
+        (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
+        (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
+        (Method::Put, "actions", None, _) => {
+            body::<ActionRequest>(request).map(|r| match r.action_type {
+                ActionType::InstanceStart => done(control.start_instance()),
+                ActionType::FlushMetrics => done(control.flush_metrics()),
+                ActionType::Shutdown => done(control.shutdown()),
+                ActionType::SendCtrlAltDel => done(control.send_ctrl_alt_del()),
+            })
+        }
+        (Method::Patch, "vm", None, _) => body::<VmStateRequest>(request).map(|r| {
             done(match r.state {
                 RequestedState::Paused => control.pause(),
                 RequestedState::Resumed => control.resume(),
             })
         }),
-        (Resource::Actions, Method::Put) => {
-            body::<ActionRequest>(request, path).map(|r| match r.action_type {
-                ActionType::Shutdown => done(control.shutdown()),
-                ActionType::SendCtrlAltDel => done(control.send_ctrl_alt_del()),
-            })
-        }
-        (Resource::Balloon, Method::Get) => Ok(reply(control.balloon())),
-        (Resource::Balloon, Method::Put) => body::<BalloonTarget>(request, path).map(|t| {
-            done(control.update_balloon(BalloonUpdate {
-                amount_mib: Some(t.amount_mib),
-                stats_polling_interval_s: None,
-            }))
-        }),
-        (Resource::Balloon, Method::Patch) => {
-            body::<BalloonUpdate>(request, path).and_then(|update| {
+        (Method::Get, "vm", Some("config"), _) => Ok(reply(control.vm_config())),
+        (Method::Get, "balloon", None, _) => Ok(reply(control.balloon())),
+        (Method::Put, "balloon", None, _) => configure(body(request).map(PreBoot::Balloon)),
+        (Method::Patch, "balloon", None, _) => {
+            body::<BalloonUpdate>(request).and_then(|update| {
                 if update == BalloonUpdate::default() {
                     Err(Response::fault(
                         400,
@@ -160,23 +163,32 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
                 }
             })
         }
-        (Resource::BalloonStatistics, Method::Get) => Ok(reply(control.balloon_statistics())),
-        (Resource::BalloonStatistics, Method::Patch) => body::<BalloonStatsUpdate>(request, path)
+        (Method::Get, "balloon", Some("statistics"), _) => {
+            Ok(reply(control.balloon_statistics()))
+        }
+        (Method::Patch, "balloon", Some("statistics"), _) => body::<BalloonStatsUpdate>(request)
             .map(|u| {
                 done(control.update_balloon(BalloonUpdate {
                     amount_mib: None,
                     stats_polling_interval_s: Some(u.stats_polling_interval_s),
                 }))
             }),
-        (Resource::SnapshotCreate, Method::Put) => body::<SnapshotCreateParams>(request, path)
+        (Method::Put, "snapshot", Some("create"), _) => body::<SnapshotCreateParams>(request)
             .map(|params| done(control.create_snapshot(&params))),
-        (Resource::SnapshotLoad, Method::Put) => body::<SnapshotLoadParams>(request, path)
+        (Method::Put, "snapshot", Some("load"), _) => body::<SnapshotLoadParams>(request)
             .map(|params| done(control.load_snapshot(&params))),
-        (resource, method) => Err(Response::method_not_allowed(
-            method.as_str(),
-            path,
-            resource.allow(),
-        )),
+        _ => Err(invalid_path(method, path)),
     };
     result.unwrap_or_else(|response| response)
+}
+
+/// Firecracker's answer to an unknown path or a method a resource does not take.
+fn invalid_path(method: &Method, path: &str) -> Response {
+    Response::fault(
+        400,
+        format!(
+            "Invalid request method and/or path: {} /{path}.",
+            method.as_str()
+        ),
+    )
 }

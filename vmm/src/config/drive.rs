@@ -4,6 +4,7 @@
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use super::{path_error, ConfigError};
 
@@ -11,7 +12,7 @@ use super::{path_error, ConfigError};
 pub const MAX_DRIVE_ID: usize = 20;
 
 /// A virtio-blk drive.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DriveConfig {
     /// The drive's id: letters, digits and '_' (Firecracker's rule), at most [`MAX_DRIVE_ID`]
     /// bytes; the guest reads it as the disk's serial number.
@@ -25,6 +26,46 @@ pub struct DriveConfig {
     pub root: bool,
     /// The root partition's PARTUUID, for a root drive with a partition table.
     pub partuuid: Option<String>,
+}
+
+/// The keys `--drive` takes, for messages.
+const KEYS: &str = "id, path, ro, root, partuuid";
+
+impl FromStr for DriveConfig {
+    type Err = ConfigError;
+
+    /// `id=ID,path=PATH[,ro=on|off][,root=on|off][,partuuid=UUID]` (`vmm run --drive`); the
+    /// result is not checked yet ([`DriveConfig::check`]).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = |why: String| ConfigError::Drive(why);
+        let (mut id, mut path) = (None, None);
+        let (mut read_only, mut root, mut partuuid) = (false, false, None);
+        for item in text.split(',') {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| bad(format!("'{item}' is not key=value (keys: {KEYS})")))?;
+            let on_off = || match value {
+                "on" => Ok(true),
+                "off" => Ok(false),
+                _ => Err(bad(format!("{key}={value}: expected on or off"))),
+            };
+            match key {
+                "id" => id = Some(value.to_owned()),
+                "path" => path = Some(PathBuf::from(value)),
+                "ro" => read_only = on_off()?,
+                "root" => root = on_off()?,
+                "partuuid" => partuuid = Some(value.to_owned()),
+                _ => return Err(bad(format!("unknown key '{key}' (keys: {KEYS})"))),
+            }
+        }
+        Ok(DriveConfig {
+            id: id.ok_or_else(|| bad("id=ID is missing".into()))?,
+            path: path.ok_or_else(|| bad("path=PATH is missing".into()))?,
+            read_only,
+            root,
+            partuuid,
+        })
+    }
 }
 
 /// Checks a drive id.
@@ -128,6 +169,24 @@ mod tests {
             read_only: false,
             root: false,
             partuuid: None,
+        }
+    }
+
+    #[test]
+    fn the_command_line_form_names_every_field() {
+        let drive: DriveConfig = "id=rootfs,path=/img,ro=on,root=on,partuuid=ab-1".parse().unwrap();
+        assert_eq!(
+            drive,
+            DriveConfig {
+                id: "rootfs".into(),
+                path: "/img".into(),
+                read_only: true,
+                root: true,
+                partuuid: Some("ab-1".into()),
+            }
+        );
+        for bad in ["path=/img", "id=a", "id=a,path=/i,ro=yes", "id=a,path=/i,size=3", "id"] {
+            assert!(bad.parse::<DriveConfig>().is_err(), "{bad}");
         }
     }
 

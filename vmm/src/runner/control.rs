@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use crate::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, MachineInfo, MemoryInfo, SnapshotCreateParams,
-    VmState, DEFAULT_INSTANCE_ID,
+    BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, MachineConfiguration,
+    MachineInfo, MemoryInfo, SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
+use crate::api::resources::{full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
 use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
 use crate::vm::control::{self, RunState, VmControl};
@@ -26,6 +27,12 @@ fn api_error(error: control::ControlError) -> ControlError {
         }
     }
 }
+
+/// Firecracker's answer to turning statistics on or off after the start.
+const STATS_STATE_CHANGE: &str = "Statistics cannot be enabled/disabled after activation.";
+/// Firecracker's answer to a statistics request when they are off.
+const STATS_DISABLED: &str =
+    "Received stats query when stats are disabled (stats_polling_interval_s is 0).";
 
 /// 4 KiB balloon pages in a MiB.
 const PAGES_PER_MIB: u64 = 256;
@@ -82,6 +89,22 @@ impl VmmControl for Session {
         Ok(MachineInfo::new(self.config(), frame_size, state))
     }
 
+    fn machine_config(&self) -> Result<MachineConfiguration, ControlError> {
+        Ok(machine_configuration(self.config()))
+    }
+
+    fn vm_config(&self) -> Result<FullVmConfiguration, ControlError> {
+        let mut config = full_configuration(self.config());
+        // The interval an API client may have changed since the start.
+        if let (Some(balloon), Some(handle)) = (&mut config.balloon, self.balloon_handle()) {
+            balloon.amount_mib = u64::from(handle.info().target_pages) / PAGES_PER_MIB;
+            balloon.stats_polling_interval_s = handle
+                .stats_interval()
+                .map_or(0, |i| u32::try_from(i.as_secs()).unwrap_or(u32::MAX));
+        }
+        Ok(config)
+    }
+
     fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
         Ok(MemoryInfo::collect(self.memory(), self.pmem_handle()))
     }
@@ -134,10 +157,15 @@ impl VmmControl for Session {
     }
 
     fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
+        let balloon = self.configured_balloon()?;
         let interval = update
             .stats_polling_interval_s
             .map(|s| Duration::from_secs(s.into()));
-        self.configured_balloon()?
+        // As in Firecracker: the interval may change, statistics not be turned on or off.
+        if interval.is_some_and(|i| i.is_zero() != balloon.stats_interval().is_none()) {
+            return Err(ControlError::InvalidArgument(STATS_STATE_CHANGE.into()));
+        }
+        balloon
             .update(update.amount_mib, interval)
             .map_err(balloon_error)
     }
@@ -148,7 +176,11 @@ impl VmmControl for Session {
     }
 
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
-        let info = self.configured_balloon()?.info();
+        let balloon = self.configured_balloon()?;
+        if balloon.stats_interval().is_none() {
+            return Err(ControlError::InvalidArgument(STATS_DISABLED.into()));
+        }
+        let info = balloon.info();
         let ram = GuestValues::new(self.config().memory_size);
         let target = u64::from(info.target_pages);
         let actual = ram.pages(info.actual_pages);
@@ -302,30 +334,33 @@ mod tests {
             amount_mib: Some(2),
             stats_polling_interval_s: Some(1),
         };
-        let refused = session.update_balloon(both).unwrap_err();
-        assert!(
-            matches!(&refused, ControlError::InvalidArgument(m) if m.contains("not enabled")),
-            "{refused:?}"
-        );
+        let state_change = ControlError::InvalidArgument(STATS_STATE_CHANGE.into());
+        assert_eq!(session.update_balloon(both), Err(state_change.clone()));
         assert_eq!(session.balloon().unwrap().amount_mib, 12, "nothing changed");
-        let stats = session.balloon_statistics().unwrap();
-        assert_eq!((stats.target_pages, stats.target_mib), (12 * 256, 12));
-        assert_eq!((stats.actual_pages, stats.free_memory), (0, None));
+        // As in Firecracker: no statistics when they are off.
+        assert_eq!(
+            session.balloon_statistics(),
+            Err(ControlError::InvalidArgument(STATS_DISABLED.into()))
+        );
 
         let polled = session_with(Some("stats_polling_interval_s=3"));
         assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 3);
-        let off = BalloonUpdate {
+        let stats = polled.balloon_statistics().unwrap();
+        assert_eq!((stats.target_pages, stats.target_mib), (0, 0));
+        assert_eq!((stats.actual_pages, stats.free_memory), (0, None));
+        let interval = |s| BalloonUpdate {
             amount_mib: None,
-            stats_polling_interval_s: Some(0),
+            stats_polling_interval_s: Some(s),
         };
-        polled.update_balloon(off).unwrap();
-        assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 0);
+        assert_eq!(polled.update_balloon(interval(0)), Err(state_change));
+        polled.update_balloon(interval(5)).unwrap();
+        assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 5);
     }
 
     #[test]
     fn sizes_the_guest_wrote_beyond_its_ram_are_clamped_and_flagged() {
         use crate::devices::virtio::VirtioDevice;
-        let session = session_with(Some("size=0"));
+        let session = session_with(Some("size=0,stats_polling_interval_s=1"));
         let balloon = session.balloon_handle().unwrap();
         // A hostile driver claims a balloon of 2^32 - 1 pages in a 16 MiB guest.
         balloon

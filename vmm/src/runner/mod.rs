@@ -28,8 +28,10 @@ mod console;
 mod control;
 mod devices;
 mod events;
+mod front;
 mod linux;
 mod memory;
+mod metrics;
 mod progress;
 mod session;
 mod signals;
@@ -54,7 +56,8 @@ use memory::Frames;
 use session::Session;
 use snapshot::Resumption;
 
-pub use snapshot::{load, serve, SnapshotError};
+pub use front::{serve, ServeOptions};
+pub use snapshot::{load, SnapshotError};
 
 /// How a VM run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +178,9 @@ pub enum RunError {
     /// A snapshot could not be loaded.
     #[error("cannot load the snapshot: {0}")]
     Snapshot(#[source] SnapshotError),
+    /// The configuration file (`--config-file`) was refused.
+    #[error("--config-file: {0}")]
+    ConfigFile(String),
 }
 
 /// Boots and runs the VM `config` describes, until the guest ends or is shut down, on a pool of
@@ -190,7 +196,7 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
         Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
         None => Frames::Pool(memory::create_pool(&config)?),
     };
-    run_checked(config, frames, console::serial_output(), None)
+    run_checked(config, frames, console::serial_output(), None, None)
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
@@ -201,7 +207,7 @@ pub fn run_on(
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
     check_guest(&config)?;
-    run_checked(config, Frames::Pool(pool), console, None)
+    run_checked(config, Frames::Pool(pool), console, None, None)
 }
 
 /// Runs the VM a snapshot describes (see [`snapshot::load`]) on `frames`.
@@ -210,7 +216,24 @@ fn run_resumed(
     frames: Frames,
     resumption: Resumption,
 ) -> Result<RunOutcome, RunError> {
-    run_checked(config, frames, console::serial_output(), Some(resumption))
+    run_checked(config, frames, console::serial_output(), Some(resumption), None)
+}
+
+/// Runs the VM a VMM without one was given (booted, or loaded when `resumption` is given) on
+/// `frames`; its API is `front`'s.
+fn run_front(
+    config: VmConfig,
+    frames: Frames,
+    resumption: Option<Resumption>,
+    front: Arc<front::ApiFront>,
+) -> Result<RunOutcome, RunError> {
+    run_checked(
+        config,
+        frames,
+        console::serial_output(),
+        resumption,
+        Some(front),
+    )
 }
 
 /// What the configuration alone cannot tell: whether the test guest's page tables fit its RAM.
@@ -222,13 +245,14 @@ fn check_guest(config: &VmConfig) -> Result<(), RunError> {
 }
 
 /// [`run_on`] once the guest passed [`check_guest`]; a VM resumed from a snapshot gets the
-/// states of `resumption`, and an API served already (by a VMM that waited for a snapshot to
-/// load) gets the run's session through `front`.
+/// states of `resumption`, and an API served already (by a VMM that waited for its VM) gets
+/// the run's session through `front`.
 fn run_checked(
     config: VmConfig,
     frames: Frames,
     console: SerialOutput,
     resumption: Option<Resumption>,
+    front: Option<Arc<front::ApiFront>>,
 ) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
@@ -252,14 +276,11 @@ fn run_checked(
     }
     let session = Arc::new(Session::new(config, guest_memory, &devices));
     let mut devices = devices.mmio;
-    let (resumption, front) = match resumption {
-        Some(resumption) => {
-            let (states, front, timing) = resumption.into_parts();
-            session.on_start(Box::new(move || timing.log()));
-            (Some(states), front)
-        }
-        None => (None, None),
-    };
+    let resumption = resumption.map(|resumption| {
+        let (states, timing) = resumption.into_parts();
+        session.on_start(Box::new(move || timing.log()));
+        states
+    });
     let guest = match &session.config().guest {
         GuestConfig::TestGuest(workload) => Guest::Test(workload, console),
         GuestConfig::Linux(linux) => Guest::Linux(

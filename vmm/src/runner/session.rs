@@ -11,6 +11,7 @@ use super::devices::Devices;
 use super::{RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
+use crate::devices::block::BlockCounters;
 use crate::devices::i8042::I8042Device;
 use crate::devices::pmem::PmemHandle;
 use crate::devices::serial::SerialDevice;
@@ -56,6 +57,8 @@ pub(super) struct Session {
     balloon: Option<BalloonHandle>,
     /// The virtio-pmem device, if any.
     pmem: Option<PmemHandle>,
+    /// The drives' request counters, by drive id.
+    drives: Vec<(String, Arc<BlockCounters>)>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
@@ -104,6 +107,7 @@ impl Session {
             memory,
             balloon: devices.balloon.clone(),
             pmem: devices.pmem.clone(),
+            drives: devices.drives.clone(),
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
             vm_fd: OnceLock::new(),
@@ -133,6 +137,11 @@ impl Session {
     /// The balloon, if the VM has one.
     pub fn balloon_handle(&self) -> Option<&BalloonHandle> {
         self.balloon.as_ref()
+    }
+
+    /// The drives' request counters, by drive id.
+    pub fn drive_counters(&self) -> &[(String, Arc<BlockCounters>)] {
+        &self.drives
     }
 
     /// The virtio-pmem device, if the VM has one.

@@ -1,7 +1,7 @@
 //! Snapshots in the runner: taking one of a paused VM ([`Session::create_snapshot`], the API's
 //! `PUT /snapshot/create`), loading one into a fresh process ([`load`]: `vmm snapshot load`, or
-//! `PUT /snapshot/load` on a VMM that waits for it, [`serve`]), and what a loaded VM gets
-//! instead of a boot ([`Resumption`]).
+//! `PUT /snapshot/load` on a VMM that waits for it, [`super::serve`]), and what a loaded VM
+//! gets instead of a boot ([`Resumption`]).
 //!
 //! ```text
 //! create   pause -> each vCPU thread reads its state -> VM and device states
@@ -16,7 +16,6 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,13 +27,9 @@ use vm_memory::{Bytes, GuestAddress};
 use super::devices::{DeviceError, Devices};
 use super::memory::{self, Frames, ZoneSetupError};
 use super::session::Session;
-use super::signals::StopSignals;
-use super::{RunError, RunOutcome, StopCause};
-use crate::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, InstanceInfo, MachineInfo, MemoryInfo,
-    SnapshotCreateParams, SnapshotLoadParams, SnapshotType, VmState as ApiVmState,
-};
-use crate::api::{ApiServer, ControlError, VmmControl};
+use super::{RunError, RunOutcome};
+use crate::api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
+use crate::api::ControlError;
 use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
 use crate::devices::i8042::I8042Snapshot;
@@ -318,6 +313,7 @@ impl Session {
                 GuestConfig::TestGuest(workload) => SavedGuest::TestGuest(workload.clone()),
                 GuestConfig::Linux(_) | GuestConfig::RestoredLinux => SavedGuest::Linux,
             },
+            drives: config.drives.clone(),
         }
     }
 }
@@ -350,7 +346,7 @@ impl ResumedStates {
 
 /// A KVM VM made ahead of time (its first memory slot takes milliseconds, see [`KvmVm`]).
 #[derive(Debug)]
-enum EarlyKvmVm {
+pub(super) enum EarlyKvmVm {
     /// Made.
     Ready(KvmVm),
     /// Being made on a thread of its own.
@@ -359,7 +355,7 @@ enum EarlyKvmVm {
 
 impl EarlyKvmVm {
     /// Starts making one on a thread of its own.
-    fn start() -> Option<Self> {
+    pub fn start() -> Option<Self> {
         std::thread::Builder::new()
             .name("vmm-kvm-vm".into())
             .spawn(KvmVm::new)
@@ -428,7 +424,6 @@ pub(super) struct Resumption {
     balloon_stats_interval_s: u32,
     /// The memory file to fill guest memory from (a snapshot that copied it).
     memory_file: Option<PathBuf>,
-    front: Option<Arc<ApiFront>>,
     /// When the load's phases ended.
     timing: Arc<LoadTiming>,
 }
@@ -456,9 +451,9 @@ impl Resumption {
         Ok(())
     }
 
-    /// The vCPU and device states, the API front waiting for the VM, if any, and the timing.
-    pub fn into_parts(self) -> (ResumedStates, Option<Arc<ApiFront>>, Arc<LoadTiming>) {
-        (self.states, self.front, self.timing)
+    /// The vCPU and device states and the timing.
+    pub fn into_parts(self) -> (ResumedStates, Arc<LoadTiming>) {
+        (self.states, self.timing)
     }
 
     /// The load's timing.
@@ -470,7 +465,7 @@ impl Resumption {
 /// Reads the snapshot of `params` and prepares the VM it describes: its configuration (with
 /// `api_socket`), its frames (the zone's, checked against the snapshot; or a fresh pool, filled
 /// from a memory file later) and what it resumes with. Nothing is changed when this fails.
-fn prepare(
+pub(super) fn prepare(
     params: &SnapshotLoadParams,
     api_socket: Option<PathBuf>,
     started: Instant,
@@ -515,8 +510,12 @@ fn prepare(
         },
         api_socket,
         balloon: machine.balloon,
-        drives: Vec::new(),
+        drives: machine.drives,
     };
+    // The images stay where they were: each must still be there, as the snapshot's VM saw it.
+    crate::config::check_drives(&config.drives).map_err(|e| {
+        SnapshotError::Unsupported(format!("the snapshot's drives cannot be opened: {e}"))
+    })?;
     let wrong = |why: String| SnapshotError::WrongMemory {
         path: memory_path.clone(),
         why,
@@ -591,7 +590,6 @@ fn prepare(
         virtio: devices.virtio,
         balloon_stats_interval_s: machine.balloon_stats_interval_s,
         memory_file: copy_from,
-        front: None,
         timing,
     };
     resumption.timing.mark("zone");
@@ -609,224 +607,4 @@ pub fn load(
         prepare(params, api_socket, started, &mut EarlyKvmVm::start())
             .map_err(RunError::Snapshot)?;
     super::run_resumed(config, frames, resumption)
-}
-
-/// A load request from the API thread to the main thread, and where its answer goes.
-struct LoadRequest {
-    params: SnapshotLoadParams,
-    answer: Sender<Result<(), ControlError>>,
-}
-
-/// What the API of a VMM started without a VM sees: nothing but `PUT /snapshot/load` until
-/// a VM is loaded, then that VM's session.
-pub(super) struct ApiFront {
-    /// The instance id (`vmm --api-sock PATH --id ID`).
-    id: String,
-    loads: Mutex<Option<Sender<LoadRequest>>>,
-    session: Mutex<Option<Arc<Session>>>,
-    /// The answer to the load in progress, sent once its VM has started.
-    pending: Mutex<Option<Sender<Result<(), ControlError>>>>,
-}
-
-impl std::fmt::Debug for ApiFront {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiFront")
-            .field("loaded", &self.session().is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-/// How long `PUT /snapshot/load` waits for the VM to be set up.
-const LOAD_WAIT: Duration = Duration::from_secs(60);
-
-impl ApiFront {
-    fn session(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Hands the API to the loaded VM's session; the load is answered once the VM starts.
-    pub fn attach(&self, session: Arc<Session>) {
-        if let Some(answer) = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            session.on_start(Box::new(move || {
-                // The client may have gone: nobody to tell then.
-                let _ = answer.send(Ok(()));
-            }));
-        }
-        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session);
-    }
-
-    /// The loaded VM's session, or the API's answer while there is none.
-    fn loaded(&self) -> Result<Arc<Session>, ControlError> {
-        self.session().ok_or_else(|| {
-            ControlError::InvalidState(
-                "no VM yet: this VMM waits for a snapshot to load (PUT /snapshot/load)".into(),
-            )
-        })
-    }
-}
-
-impl VmmControl for ApiFront {
-    fn machine_info(&self) -> Result<MachineInfo, ControlError> {
-        self.loaded()?.machine_info()
-    }
-
-    fn instance_id(&self) -> String {
-        self.id.clone()
-    }
-
-    fn instance_info(&self) -> Result<InstanceInfo, ControlError> {
-        let state = match self.session() {
-            Some(session) => session.machine_info()?.state,
-            None => ApiVmState::NotStarted,
-        };
-        Ok(InstanceInfo::new(&self.id, state))
-    }
-
-    fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
-        self.loaded()?.memory_info()
-    }
-
-    fn pause(&self) -> Result<(), ControlError> {
-        self.loaded()?.pause()
-    }
-
-    fn resume(&self) -> Result<(), ControlError> {
-        self.loaded()?.resume()
-    }
-
-    fn shutdown(&self) -> Result<(), ControlError> {
-        match self.session() {
-            Some(session) => session.shutdown(),
-            None => {
-                // No VM: the VMM itself ends, as on SIGTERM.
-                // SAFETY: sends SIGTERM to this process, whose main thread handles it.
-                unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
-                Ok(())
-            }
-        }
-    }
-
-    fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
-        self.loaded()?.send_ctrl_alt_del()
-    }
-
-    fn balloon(&self) -> Result<BalloonInfo, ControlError> {
-        self.loaded()?.balloon()
-    }
-
-    fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
-        self.loaded()?.update_balloon(update)
-    }
-
-    fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
-        self.loaded()?.balloon_statistics()
-    }
-
-    fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
-        VmmControl::create_snapshot(self.loaded()?.as_ref(), params)
-    }
-
-    fn load_snapshot(&self, params: &SnapshotLoadParams) -> Result<(), ControlError> {
-        if self.session().is_some() {
-            return Err(ControlError::InvalidState(
-                "a VM is loaded already: a snapshot is loaded into a fresh VMM".into(),
-            ));
-        }
-        params
-            .check_supported()
-            .map_err(ControlError::InvalidArgument)?;
-        let (answer, answered) = mpsc::channel();
-        let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = loads.as_ref().is_some_and(|loads| {
-            loads
-                .send(LoadRequest {
-                    params: params.clone(),
-                    answer,
-                })
-                .is_ok()
-        });
-        drop(loads);
-        if !sent {
-            return Err(ControlError::InvalidState(
-                "a snapshot is being loaded already".into(),
-            ));
-        }
-        answered
-            .recv_timeout(LOAD_WAIT)
-            .unwrap_or_else(|_| Err(ControlError::Internal("the load did not finish".into())))
-    }
-}
-
-/// How often the waiting VMM looks for a stop signal.
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
-
-/// `vmm --api-sock PATH --id ID`: serves the API of instance `id` without a VM until a client
-/// loads a snapshot (`PUT /snapshot/load`), then runs that VM until it ends. SIGINT and SIGTERM
-/// end the wait.
-pub fn serve(api_socket: &Path, id: &str) -> Result<RunOutcome, RunError> {
-    let signals = StopSignals::block().map_err(RunError::Signals)?;
-    let (loads, requests): (Sender<LoadRequest>, Receiver<LoadRequest>) = mpsc::channel();
-    let front = Arc::new(ApiFront {
-        id: id.to_owned(),
-        loads: Mutex::new(Some(loads)),
-        session: Mutex::new(None),
-        pending: Mutex::new(None),
-    });
-    // The KVM VM is made before the API listens: a load then only fills it.
-    let mut kvm_vm = Some(EarlyKvmVm::Ready(KvmVm::new()?));
-    let server = ApiServer::start(api_socket, front.clone())?;
-    log::info!(
-        "waiting for a snapshot to load: PUT /snapshot/load on {}",
-        api_socket.display()
-    );
-    loop {
-        if let Some(signal) = signals.fd().take() {
-            return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
-        }
-        let request = match requests.recv_timeout(SIGNAL_POLL) {
-            Ok(request) => request,
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(RunError::Snapshot(SnapshotError::State(
-                    "the API stopped taking loads".into(),
-                )))
-            }
-        };
-        let started = Instant::now();
-        match prepare(
-            &request.params,
-            Some(api_socket.to_owned()),
-            started,
-            &mut kvm_vm,
-        ) {
-            Err(e) => {
-                let _ = request.answer.send(Err(e.into()));
-            }
-            Ok((config, frames, mut resumption)) => {
-                // One VM per process: later loads are refused.
-                *front.loads.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                *front.pending.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(request.answer.clone());
-                resumption.front = Some(front.clone());
-                drop(signals);
-                let outcome = super::run_resumed(config, frames, resumption);
-                if let Err(e) = &outcome {
-                    // Unless the VM started and the load was answered already.
-                    let _ = request
-                        .answer
-                        .send(Err(ControlError::InvalidArgument(e.to_string())));
-                }
-                drop(server);
-                return outcome;
-            }
-        }
-    }
 }

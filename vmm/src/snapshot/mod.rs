@@ -14,7 +14,7 @@ pub mod file;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::state::{VcpuState, VmState};
-use crate::config::BalloonDeviceConfig;
+use crate::config::{BalloonDeviceConfig, DriveConfig};
 use crate::devices::i8042::I8042Snapshot;
 use crate::devices::serial::SerialSnapshot;
 use crate::devices::virtio::state::MmioSnapshot;
@@ -52,6 +52,8 @@ pub struct Machine {
     pub wait_for_memory: bool,
     /// What the VM runs.
     pub guest: SavedGuest,
+    /// The virtio-blk drives, in their slots' order (their images stay where they are).
+    pub drives: Vec<DriveConfig>,
 }
 
 /// Where the VM's memory is.
@@ -132,8 +134,9 @@ impl VmSnapshot {
                 machine.vcpus
             ));
         }
-        let virtio =
-            usize::from(machine.balloon.is_some()) + usize::from(machine.pmem_size.is_some());
+        let virtio = usize::from(machine.balloon.is_some())
+            + usize::from(machine.pmem_size.is_some())
+            + machine.drives.len();
         if self.devices.virtio.len() != virtio {
             return bad(format!(
                 "{} virtio devices saved, the configuration has {virtio}",

@@ -55,6 +55,7 @@ fn snapshot() -> VmSnapshot {
             balloon_stats_interval_s: 0,
             wait_for_memory: false,
             guest: SavedGuest::TestGuest(Workload::new().write(2 << 20, 4 << 20, 7)),
+            drives: Vec::new(),
         },
         memory: MemorySource::Zone {
             zone_id: 0x1234,
@@ -168,13 +169,13 @@ fn foreign_files_and_other_versions_are_named_as_such() {
         file::read(&path.0),
         Err(SnapshotFileError::NotASnapshot { .. })
     ));
-    bytes[8] = 2;
+    bytes[8] = 3;
     let crc = crc32fast::hash(&bytes[..28]);
     bytes[28..32].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&path.0, &bytes).unwrap();
     assert!(matches!(
         file::read(&path.0),
-        Err(SnapshotFileError::Version { found: 2, .. })
+        Err(SnapshotFileError::Version { found: 3, .. })
     ));
     assert!(matches!(
         file::read(&path.0.with_extension("missing")),

@@ -66,7 +66,8 @@ pub enum Method {
     Put,
     /// PATCH.
     Patch,
-    /// Any other method (answered with 405 on known resources).
+    /// Any other method (answered with Firecracker's 400 "Invalid request method and/or
+    /// path").
     Other(String),
 }
 

@@ -13,8 +13,6 @@ pub struct Response {
     pub status: u16,
     /// The JSON body, if any.
     pub body: Option<String>,
-    /// The methods a resource allows, sent as `Allow` with 405.
-    pub allow: Option<&'static str>,
 }
 
 /// The reason phrase of the statuses the server sends.
@@ -25,7 +23,6 @@ fn reason(status: u16) -> &'static str {
         204 => "No Content",
         400 => "Bad Request",
         404 => "Not Found",
-        405 => "Method Not Allowed",
         408 => "Request Timeout",
         411 => "Length Required",
         413 => "Content Too Large",
@@ -44,7 +41,6 @@ impl Response {
             Ok(body) => Response {
                 status: 200,
                 body: Some(body),
-                allow: None,
             },
             Err(e) => Response::fault(500, format!("cannot serialise the response: {e}")),
         }
@@ -55,7 +51,6 @@ impl Response {
         Response {
             status: 204,
             body: None,
-            allow: None,
         }
     }
 
@@ -68,27 +63,12 @@ impl Response {
             status,
             // A struct with one string field always serialises.
             body: serde_json::to_string(&fault).ok(),
-            allow: None,
-        }
-    }
-
-    /// 405 naming the allowed methods.
-    pub fn method_not_allowed(method: &str, path: &str, allow: &'static str) -> Self {
-        Response {
-            allow: Some(allow),
-            ..Response::fault(
-                405,
-                format!("{method} is not allowed on {path} (allowed: {allow})"),
-            )
         }
     }
 
     /// Writes the response, with `Connection: close`.
     pub fn write_to<W: Write>(&self, out: &mut W) -> io::Result<()> {
         let mut head = format!("HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
-        if let Some(allow) = self.allow {
-            head.push_str(&format!("Allow: {allow}\r\n"));
-        }
         let body = self.body.as_deref().unwrap_or_default();
         if self.body.is_some() {
             head.push_str("Content-Type: application/json\r\n");
@@ -132,14 +112,11 @@ mod tests {
     }
 
     #[test]
-    fn faults_are_json_and_405_names_the_allowed_methods() {
-        let text = written(&Response::method_not_allowed("PUT", "/memory", "GET"));
+    fn faults_are_json() {
+        let text = written(&Response::fault(400, "Empty PUT request."));
+        assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{text}");
         assert!(
-            text.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET\r\n"),
-            "{text}"
-        );
-        assert!(
-            text.ends_with(r#"{"fault_message":"PUT is not allowed on /memory (allowed: GET)"}"#),
+            text.ends_with(r#"{"fault_message":"Empty PUT request."}"#),
             "{text}"
         );
         let quoted = Response::fault(400, "bad \"x\"\n");

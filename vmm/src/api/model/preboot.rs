@@ -1,0 +1,417 @@
+//! Firecracker's pre-boot bodies: the machine, boot source, drives, pmem, balloon, logger and
+//! metrics a VMM started as `vmm --api-sock PATH` is configured with before `InstanceStart`
+//! (and `--config-file`'s [`FullVmConfiguration`]). Fields Firecracker does not have are
+//! marked as this VMM's extensions.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::PopulateMode;
+
+/// Firecracker's default vCPU count before `PUT /machine-config`.
+pub const DEFAULT_VCPUS: u64 = 1;
+/// Firecracker's default memory size before `PUT /machine-config`, in MiB.
+pub const DEFAULT_MEM_SIZE_MIB: u64 = 128;
+
+/// Which pages back guest memory (Firecracker's `huge_pages`; `1G` is this VMM's extension).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HugePages {
+    /// Plain shared memory, managed in 2 MiB frames (Firecracker: 4 KiB pages).
+    #[default]
+    None,
+    /// Transparent huge pages (refused: the pool's frames are 2 MiB already).
+    Transparent,
+    /// hugetlbfs 2 MiB pages.
+    #[serde(rename = "2M")]
+    Huge2M,
+    /// hugetlbfs 1 GiB pages (extension).
+    #[serde(rename = "1G")]
+    Giant1G,
+}
+
+/// A VM kept in a persistent zone (extension): its memory outlives the VMM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneAttachment {
+    /// The zone file (`vmm zone create`).
+    pub path: PathBuf,
+    /// The VM's name in it.
+    pub vm: String,
+    /// Delete the VM from the zone when this VMM ends or dies.
+    #[serde(default)]
+    pub ephemeral: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// `PUT`/`GET /machine-config`: Firecracker's `MachineConfiguration`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfiguration {
+    /// vCPUs: 1 to 32 in Firecracker, up to 254 here.
+    pub vcpu_count: u64,
+    /// Guest RAM in MiB.
+    pub mem_size_mib: u64,
+    /// Simultaneous multithreading (refused when true: the vCPUs are single cores).
+    #[serde(default)]
+    pub smt: bool,
+    /// Dirty page tracking for diff snapshots (refused when true: a VM in a zone is
+    /// snapshotted without copying anything).
+    #[serde(default)]
+    pub track_dirty_pages: bool,
+    /// A CPU template (only "None" is taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_template: Option<String>,
+    /// Which pages back guest memory.
+    #[serde(default)]
+    pub huge_pages: HugePages,
+    /// Extension: keep guest memory in this zone instead of a pool of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<ZoneAttachment>,
+    /// Extension: when guest memory gets its frames (default lazy: on first touch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub populate: Option<PopulateMode>,
+    /// Extension: a vCPU that finds the pool exhausted waits for a frame instead of the VM
+    /// stopping.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait_for_memory: bool,
+}
+
+impl Default for MachineConfiguration {
+    fn default() -> Self {
+        MachineConfiguration {
+            vcpu_count: DEFAULT_VCPUS,
+            mem_size_mib: DEFAULT_MEM_SIZE_MIB,
+            smt: false,
+            track_dirty_pages: false,
+            cpu_template: None,
+            huge_pages: HugePages::None,
+            zone: None,
+            populate: None,
+            wait_for_memory: false,
+        }
+    }
+}
+
+/// `PATCH /machine-config`: any fields of [`MachineConfiguration`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfigurationUpdate {
+    /// vCPUs.
+    #[serde(default)]
+    pub vcpu_count: Option<u64>,
+    /// Guest RAM in MiB.
+    #[serde(default)]
+    pub mem_size_mib: Option<u64>,
+    /// SMT.
+    #[serde(default)]
+    pub smt: Option<bool>,
+    /// Dirty page tracking.
+    #[serde(default)]
+    pub track_dirty_pages: Option<bool>,
+    /// A CPU template.
+    #[serde(default)]
+    pub cpu_template: Option<String>,
+    /// Which pages back guest memory.
+    #[serde(default)]
+    pub huge_pages: Option<HugePages>,
+    /// Extension: the zone.
+    #[serde(default)]
+    pub zone: Option<ZoneAttachment>,
+    /// Extension: eager or lazy population.
+    #[serde(default)]
+    pub populate: Option<PopulateMode>,
+    /// Extension: wait for memory.
+    #[serde(default)]
+    pub wait_for_memory: Option<bool>,
+}
+
+impl MachineConfigurationUpdate {
+    /// Whether no field is set (Firecracker refuses such a PATCH).
+    pub fn is_empty(&self) -> bool {
+        *self == MachineConfigurationUpdate::default()
+    }
+
+    /// `machine` with this update's fields.
+    pub fn apply(self, machine: &MachineConfiguration) -> MachineConfiguration {
+        MachineConfiguration {
+            vcpu_count: self.vcpu_count.unwrap_or(machine.vcpu_count),
+            mem_size_mib: self.mem_size_mib.unwrap_or(machine.mem_size_mib),
+            smt: self.smt.unwrap_or(machine.smt),
+            track_dirty_pages: self.track_dirty_pages.unwrap_or(machine.track_dirty_pages),
+            cpu_template: self.cpu_template.or_else(|| machine.cpu_template.clone()),
+            huge_pages: self.huge_pages.unwrap_or(machine.huge_pages),
+            zone: self.zone.or_else(|| machine.zone.clone()),
+            populate: self.populate.or(machine.populate),
+            wait_for_memory: self.wait_for_memory.unwrap_or(machine.wait_for_memory),
+        }
+    }
+}
+
+/// `PUT /boot-source`: Firecracker's `BootSource`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootSource {
+    /// The kernel: an ELF vmlinux or a bzImage.
+    pub kernel_image_path: PathBuf,
+    /// The initial ramdisk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<PathBuf>,
+    /// The kernel command line (default: this VMM's, Firecracker-like).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_args: Option<String>,
+}
+
+/// A drive's cache type: flushes are always carried out (Unsafe included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CacheType {
+    /// Firecracker's default.
+    Unsafe,
+    /// Flushes reach the disk.
+    Writeback,
+}
+
+/// A drive's I/O engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IoEngine {
+    /// Synchronous I/O on the event loop (this VMM's only engine).
+    Sync,
+    /// io_uring (refused).
+    Async,
+}
+
+/// `PUT /drives/{drive_id}`: Firecracker's `Drive`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drive {
+    /// The drive's id, the same as in the path.
+    pub drive_id: String,
+    /// The root file system.
+    pub is_root_device: bool,
+    /// The root partition, for a disk with a partition table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partuuid: Option<String>,
+    /// The cache type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type: Option<CacheType>,
+    /// Read-only (required, as for Firecracker's virtio-blk drives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_read_only: Option<bool>,
+    /// The raw image (required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_on_host: Option<PathBuf>,
+    /// A rate limiter (refused unless null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<serde_json::Value>,
+    /// The I/O engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_engine: Option<IoEngine>,
+    /// A vhost-user-block socket (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+}
+
+/// `PUT /pmem/{id}`: Firecracker's `Pmem`. Here a virtio-pmem device's memory lives in the
+/// VM's zone, so `path_on_host` names the zone and `size_mib` (an extension) its size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pmem {
+    /// The device's id, the same as in the path.
+    pub id: String,
+    /// The VM's zone (machine-config's `zone.path`).
+    pub path_on_host: PathBuf,
+    /// Extension: the device's size in MiB, a multiple of 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_mib: Option<u64>,
+    /// Boot from it (refused when true).
+    #[serde(default)]
+    pub root_device: bool,
+    /// Map it read-only (refused when true).
+    #[serde(default)]
+    pub read_only: bool,
+    /// A rate limiter (refused unless null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<serde_json::Value>,
+}
+
+/// `PUT /balloon` before the start: Firecracker's `Balloon`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Balloon {
+    /// Target in MiB.
+    pub amount_mib: u64,
+    /// The guest may deflate on OOM.
+    pub deflate_on_oom: bool,
+    /// Seconds between statistics requests; 0 turns statistics off for good.
+    #[serde(default)]
+    pub stats_polling_interval_s: u32,
+    /// Free page hinting (refused when true: free page reporting does the job).
+    #[serde(default)]
+    pub free_page_hinting: bool,
+    /// Free page reporting: reported pages go back to the frame pool.
+    #[serde(default)]
+    pub free_page_reporting: bool,
+}
+
+/// A log level as Firecracker spells it (case-insensitive on input).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Nothing.
+    Off,
+    /// Errors.
+    Error,
+    /// Warnings and up.
+    Warning,
+    /// Information and up.
+    Info,
+    /// Debug messages and up.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    const NAMES: [(&'static str, LogLevel); 6] = [
+        ("Off", LogLevel::Off),
+        ("Error", LogLevel::Error),
+        ("Warning", LogLevel::Warning),
+        ("Info", LogLevel::Info),
+        ("Debug", LogLevel::Debug),
+        ("Trace", LogLevel::Trace),
+    ];
+
+    /// The `log` crate's filter for this level.
+    pub fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Off => log::LevelFilter::Off,
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warning => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, level)| *level == self)
+            .map_or("Info", |(name, _)| name)
+    }
+}
+
+impl Serialize for LogLevel {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for LogLevel {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::NAMES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(&text))
+            .map(|(_, level)| *level)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "unknown log level {text:?}: expected Error, Warning, Info, Debug, Trace or \
+                     Off"
+                ))
+            })
+    }
+}
+
+/// `PUT /logger`: Firecracker's `Logger`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logger {
+    /// A file or named pipe for the log (default: stderr, as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<PathBuf>,
+    /// The level (default Info).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<LogLevel>,
+    /// Show each message's level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub show_level: Option<bool>,
+    /// Show each message's origin (file and line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub show_log_origin: Option<bool>,
+    /// Only messages of this module path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+}
+
+/// `PUT /metrics`: Firecracker's `Metrics`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    /// A file or named pipe that gets a JSON line per flush.
+    pub metrics_path: PathBuf,
+    /// Put the instance id in each line as `id`.
+    #[serde(default)]
+    pub emit_id: bool,
+    /// Put these pairs in each line as `properties`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub properties: Option<BTreeMap<String, String>>,
+}
+
+/// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`. Devices this VMM
+/// does not have (network interfaces, vsock, MMDS, entropy) are refused unless absent or empty.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FullVmConfiguration {
+    /// The balloon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<Balloon>,
+    /// The drives.
+    #[serde(default)]
+    pub drives: Vec<Drive>,
+    /// The kernel.
+    #[serde(
+        rename = "boot-source",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub boot_source: Option<BootSource>,
+    /// The logger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logger: Option<Logger>,
+    /// The machine.
+    #[serde(
+        rename = "machine-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub machine_config: Option<MachineConfiguration>,
+    /// The metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Metrics>,
+    /// virtio-pmem devices (at most one, in the VM's zone).
+    #[serde(default)]
+    pub pmem: Vec<Pmem>,
+    /// Network interfaces (none here).
+    #[serde(rename = "network-interfaces", default)]
+    pub network_interfaces: Vec<serde_json::Value>,
+    /// vsock (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<serde_json::Value>,
+    /// MMDS (refused).
+    #[serde(
+        rename = "mmds-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mmds_config: Option<serde_json::Value>,
+    /// CPU templates (refused).
+    #[serde(rename = "cpu-config", default, skip_serializing_if = "Option::is_none")]
+    pub cpu_config: Option<serde_json::Value>,
+    /// The entropy device (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<serde_json::Value>,
+}

@@ -1,0 +1,454 @@
+//! [`VmResources`]: what a VMM started without a VM (`vmm --api-sock PATH`) is configured with
+//! before `InstanceStart`, as in Firecracker. Every `PUT`/`PATCH` is checked when it arrives,
+//! with the same checks as `vmm run`'s flags; `InstanceStart` turns it into a [`VmConfig`].
+
+use std::path::Path;
+
+use guest_mem::{Populate, Scrub};
+
+use super::control::ControlError;
+use super::model::{
+    Balloon, BootSource, CacheType, Drive, FullVmConfiguration, HugePages, IoEngine, Logger,
+    MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode,
+    ZoneAttachment,
+};
+use crate::config::{
+    check_memory, check_pmem, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
+    ConfigError, DriveConfig, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
+};
+
+/// MiB in bytes.
+const MIB: u64 = 1 << 20;
+
+fn invalid(error: ConfigError) -> ControlError {
+    ControlError::InvalidArgument(error.to_string())
+}
+
+fn refuse(why: impl Into<String>) -> ControlError {
+    ControlError::InvalidArgument(why.into())
+}
+
+/// The backing `huge_pages` asks for.
+fn backing(huge_pages: HugePages) -> Result<BackingKind, ControlError> {
+    match huge_pages {
+        HugePages::None => Ok(BackingKind::Anonymous),
+        HugePages::Huge2M => Ok(BackingKind::Hugetlb2M),
+        HugePages::Giant1G => Ok(BackingKind::Hugetlb1G),
+        HugePages::Transparent => Err(refuse(
+            "huge_pages Transparent is not supported: guest memory is managed in 2 MiB frames \
+             already (None), or comes from hugetlbfs (2M, 1G)",
+        )),
+    }
+}
+
+/// The `huge_pages` of a backing.
+fn huge_pages(backing: &BackingKind) -> HugePages {
+    match backing {
+        BackingKind::Hugetlb2M => HugePages::Huge2M,
+        BackingKind::Hugetlb1G => HugePages::Giant1G,
+        _ => HugePages::None,
+    }
+}
+
+/// Checks a machine configuration, and that `balloon` still fits it.
+fn check_machine(
+    machine: &MachineConfiguration,
+    balloon: Option<&Balloon>,
+) -> Result<(), ControlError> {
+    let vcpus = usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX);
+    check_vcpus(vcpus, false).map_err(invalid)?;
+    if machine.smt {
+        return Err(refuse(
+            "smt is not supported: every vCPU is a core of its own",
+        ));
+    }
+    if machine.track_dirty_pages {
+        return Err(refuse(
+            "track_dirty_pages is not supported: diff snapshots are not needed, a VM in a zone \
+             is snapshotted without copying its memory",
+        ));
+    }
+    if let Some(template) = machine.cpu_template.as_deref() {
+        if template != "None" {
+            return Err(refuse(format!(
+                "cpu_template {template} is not supported (only None)"
+            )));
+        }
+    }
+    let size = machine
+        .mem_size_mib
+        .checked_mul(MIB)
+        .ok_or_else(|| refuse("The memory size (MiB) is invalid."))?;
+    check_memory(size, &backing(machine.huge_pages)?).map_err(invalid)?;
+    if let Some(zone) = &machine.zone {
+        check_zone(&zone_target(zone)).map_err(invalid)?;
+    }
+    if balloon.is_some_and(|b| b.amount_mib > machine.mem_size_mib) {
+        return Err(refuse(
+            "The memory size (MiB) is smaller than the previously set balloon device target size.",
+        ));
+    }
+    Ok(())
+}
+
+fn zone_target(zone: &ZoneAttachment) -> ZoneTarget {
+    ZoneTarget {
+        path: zone.path.clone(),
+        vm: zone.vm.clone(),
+        ephemeral: zone.ephemeral,
+    }
+}
+
+/// Checks that the id in the path is the body's.
+fn check_path_id(path_id: &str, body_id: &str) -> Result<(), ControlError> {
+    if path_id != body_id {
+        return Err(refuse("The id from the path does not match the id from the body!"));
+    }
+    Ok(())
+}
+
+/// The drive a `PUT /drives/{id}` body describes.
+fn drive_config(drive: &Drive) -> Result<DriveConfig, ControlError> {
+    if drive.socket.is_some() {
+        return Err(refuse(
+            "vhost-user-block drives (socket) are not supported: give path_on_host",
+        ));
+    }
+    if drive.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
+        return Err(refuse("rate_limiter is not supported"));
+    }
+    if drive.io_engine == Some(IoEngine::Async) {
+        return Err(refuse("io_engine Async is not supported (only Sync)"));
+    }
+    let path = drive
+        .path_on_host
+        .clone()
+        .ok_or_else(|| refuse("path_on_host is required for a virtio-block drive"))?;
+    let read_only = drive
+        .is_read_only
+        .ok_or_else(|| refuse("is_read_only is required for a virtio-block drive"))?;
+    let config = DriveConfig {
+        id: drive.drive_id.clone(),
+        path,
+        read_only,
+        root: drive.is_root_device,
+        partuuid: drive.partuuid.clone().filter(|_| drive.is_root_device),
+    };
+    config.check().map_err(invalid)?;
+    Ok(config)
+}
+
+/// What a VMM is configured with before it starts its VM.
+#[derive(Debug, Default)]
+pub struct VmResources {
+    machine: MachineConfiguration,
+    boot_source: Option<(BootSource, LinuxConfig)>,
+    balloon: Option<Balloon>,
+    drives: Vec<(Drive, DriveConfig)>,
+    pmem: Option<Pmem>,
+    logger: Option<Logger>,
+    metrics: Option<Metrics>,
+    /// Whether anything that only a boot uses was configured (a snapshot is then refused).
+    boot_specific: bool,
+}
+
+impl VmResources {
+    /// The machine configuration (Firecracker's defaults until a `PUT`).
+    pub fn machine(&self) -> &MachineConfiguration {
+        &self.machine
+    }
+
+    /// `PUT /machine-config`: fields left out take their defaults.
+    pub fn put_machine(&mut self, machine: MachineConfiguration) -> Result<(), ControlError> {
+        check_machine(&machine, self.balloon.as_ref())?;
+        self.check_pmem_with(&machine, self.pmem.as_ref())?;
+        self.machine = machine;
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// `PATCH /machine-config`: only the fields given change.
+    pub fn patch_machine(&mut self, update: MachineConfigurationUpdate) -> Result<(), ControlError> {
+        if update.is_empty() {
+            return Err(refuse("Empty PATCH request."));
+        }
+        self.put_machine(update.apply(&self.machine))
+    }
+
+    /// `PUT /boot-source`.
+    pub fn put_boot_source(&mut self, boot: BootSource) -> Result<(), ControlError> {
+        let linux = LinuxConfig::new(
+            boot.kernel_image_path.clone(),
+            boot.initrd_path.clone(),
+            boot.boot_args.clone(),
+        )
+        .map_err(invalid)?;
+        self.boot_source = Some((boot, linux));
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// `PUT /drives/{id}`: a new drive, or a new configuration for drive `id`.
+    pub fn put_drive(&mut self, id: &str, drive: Drive) -> Result<(), ControlError> {
+        check_path_id(id, &drive.drive_id)?;
+        let config = drive_config(&drive)?;
+        if config.root && self.drives.iter().any(|(_, d)| d.root && d.id != config.id) {
+            return Err(refuse("A root block device already exists!"));
+        }
+        if config.root && self.pmem.as_ref().is_some_and(|p| p.root_device) {
+            return Err(refuse(
+                "Attempt to add block as a root device while the root device defined as a pmem \
+                 device",
+            ));
+        }
+        match self.drives.iter_mut().find(|(_, d)| d.id == config.id) {
+            Some(slot) => *slot = (drive, config),
+            None => self.drives.push((drive, config)),
+        }
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    fn check_pmem_with(
+        &self,
+        machine: &MachineConfiguration,
+        pmem: Option<&Pmem>,
+    ) -> Result<(), ControlError> {
+        let Some(pmem) = pmem else {
+            return Ok(());
+        };
+        let zone = machine.zone.as_ref().ok_or_else(|| {
+            refuse(
+                "a virtio-pmem device keeps its memory in the VM's zone: set machine-config's \
+                 zone first",
+            )
+        })?;
+        let same = match (std::fs::metadata(&pmem.path_on_host), std::fs::metadata(&zone.path)) {
+            (Ok(a), Ok(b)) => {
+                use std::os::unix::fs::MetadataExt;
+                a.dev() == b.dev() && a.ino() == b.ino()
+            }
+            _ => pmem.path_on_host == zone.path,
+        };
+        if !same {
+            return Err(refuse(format!(
+                "pmem path_on_host {}: a virtio-pmem device's memory lives in the VM's zone ({})",
+                pmem.path_on_host.display(),
+                zone.path.display()
+            )));
+        }
+        let size_mib = pmem
+            .size_mib
+            .ok_or_else(|| refuse("pmem size_mib is required (the device's size in the zone)"))?;
+        check_pmem(
+            size_mib.checked_mul(MIB).unwrap_or(u64::MAX),
+            Some(&zone_target(zone)),
+        )
+        .map_err(invalid)
+    }
+
+    /// `PUT /pmem/{id}`: the VM's one virtio-pmem device, in its zone.
+    pub fn put_pmem(&mut self, id: &str, pmem: Pmem) -> Result<(), ControlError> {
+        check_path_id(id, &pmem.id)?;
+        crate::config::check_drive_id(id).map_err(invalid)?;
+        if pmem.root_device || pmem.read_only {
+            return Err(refuse(
+                "root_device and read_only are not supported for virtio-pmem",
+            ));
+        }
+        if pmem.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
+            return Err(refuse("rate_limiter is not supported"));
+        }
+        if self.pmem.as_ref().is_some_and(|p| p.id != pmem.id) {
+            return Err(refuse("only one virtio-pmem device is supported"));
+        }
+        self.check_pmem_with(&self.machine, Some(&pmem))?;
+        self.pmem = Some(pmem);
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// `PUT /balloon` before the start.
+    pub fn put_balloon(&mut self, balloon: Balloon) -> Result<(), ControlError> {
+        if balloon.free_page_hinting {
+            return Err(refuse(
+                "free_page_hinting is not supported: use free_page_reporting",
+            ));
+        }
+        if balloon.amount_mib > self.machine.mem_size_mib {
+            return Err(refuse(format!(
+                "Amount of pages requested is too large: {} MiB for {} MiB of guest memory",
+                balloon.amount_mib, self.machine.mem_size_mib
+            )));
+        }
+        self.balloon = Some(balloon);
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// The balloon, if configured.
+    pub fn balloon(&self) -> Option<&Balloon> {
+        self.balloon.as_ref()
+    }
+
+    /// `PATCH /balloon` and `PATCH /balloon/statistics` before the start.
+    pub fn patch_balloon(
+        &mut self,
+        amount_mib: Option<u64>,
+        stats_polling_interval_s: Option<u32>,
+    ) -> Result<(), ControlError> {
+        let mut balloon = self.balloon.ok_or(ControlError::BalloonNotConfigured)?;
+        if let Some(amount) = amount_mib {
+            balloon.amount_mib = amount;
+        }
+        if let Some(interval) = stats_polling_interval_s {
+            balloon.stats_polling_interval_s = interval;
+        }
+        self.put_balloon(balloon)
+    }
+
+    /// `PUT /logger`, once checked and applied by the front end.
+    pub fn set_logger(&mut self, logger: Logger) {
+        self.logger = Some(logger);
+    }
+
+    /// `PUT /metrics`, once its file is open.
+    pub fn set_metrics(&mut self, metrics: Metrics) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Whether the metrics were configured.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
+    }
+
+    /// Whether anything only a boot uses was configured (Firecracker then refuses to load a
+    /// snapshot).
+    pub fn boot_specific(&self) -> bool {
+        self.boot_specific
+    }
+
+    /// The VM to boot on `InstanceStart`, its API served on `api_socket`.
+    pub fn vm_config(&self, api_socket: Option<&Path>) -> Result<VmConfig, ControlError> {
+        let (_, linux) = self
+            .boot_source
+            .as_ref()
+            .ok_or_else(|| refuse("Start microvm error: Missing kernel configuration."))?;
+        let machine = &self.machine;
+        check_machine(machine, self.balloon.as_ref())?;
+        let mut drives: Vec<DriveConfig> = self.drives.iter().map(|(_, d)| d.clone()).collect();
+        // The root drive comes first: it is /dev/vda.
+        drives.sort_by_key(|drive| !drive.root);
+        Ok(VmConfig {
+            memory_size: machine.mem_size_mib * MIB,
+            backing: backing(machine.huge_pages)?,
+            zone: machine.zone.as_ref().map(zone_target),
+            pmem_size: self
+                .pmem
+                .as_ref()
+                .and_then(|p| p.size_mib)
+                .map(|mib| mib * MIB),
+            format_pool: false,
+            wait_for_memory: machine.wait_for_memory,
+            scrub: Scrub::PunchHole,
+            populate: match machine.populate {
+                Some(PopulateMode::Eager) => Populate::Eager,
+                _ => Populate::Lazy,
+            },
+            vcpus: usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
+            guest: GuestConfig::Linux(linux.clone()),
+            api_socket: api_socket.map(Path::to_owned),
+            balloon: self.balloon.map(|b| BalloonDeviceConfig {
+                size: b.amount_mib * MIB,
+                deflate_on_oom: b.deflate_on_oom,
+                free_page_reporting: b.free_page_reporting,
+                stats_polling_interval_s: b.stats_polling_interval_s,
+            }),
+            drives,
+        })
+    }
+
+    /// `GET /vm/config`.
+    pub fn full_config(&self) -> FullVmConfiguration {
+        FullVmConfiguration {
+            balloon: self.balloon,
+            drives: self.drives.iter().map(|(d, _)| d.clone()).collect(),
+            boot_source: self.boot_source.as_ref().map(|(b, _)| b.clone()),
+            logger: self.logger.clone(),
+            machine_config: Some(self.machine.clone()),
+            metrics: self.metrics.clone(),
+            pmem: self.pmem.iter().cloned().collect(),
+            ..FullVmConfiguration::default()
+        }
+    }
+}
+
+/// The Firecracker view of a running VM's configuration (`vmm run`): `GET /machine-config` and
+/// `GET /vm/config` of a VM that was not configured through the API.
+pub fn machine_configuration(config: &VmConfig) -> MachineConfiguration {
+    MachineConfiguration {
+        vcpu_count: config.vcpus as u64,
+        mem_size_mib: config.memory_size / MIB,
+        huge_pages: huge_pages(&config.backing),
+        zone: config.zone.as_ref().map(|zone| ZoneAttachment {
+            path: zone.path.clone(),
+            vm: zone.vm.clone(),
+            ephemeral: zone.ephemeral,
+        }),
+        populate: Some(config.populate.into()),
+        wait_for_memory: config.wait_for_memory,
+        ..MachineConfiguration::default()
+    }
+}
+
+/// `GET /vm/config` of a VM that was not configured through the API.
+pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
+    FullVmConfiguration {
+        balloon: config.balloon.map(|b| Balloon {
+            amount_mib: b.size / MIB,
+            deflate_on_oom: b.deflate_on_oom,
+            stats_polling_interval_s: b.stats_polling_interval_s,
+            free_page_hinting: false,
+            free_page_reporting: b.free_page_reporting,
+        }),
+        drives: config
+            .drives
+            .iter()
+            .map(|d| Drive {
+                drive_id: d.id.clone(),
+                is_root_device: d.root,
+                partuuid: d.partuuid.clone(),
+                cache_type: Some(CacheType::Writeback),
+                is_read_only: Some(d.read_only),
+                path_on_host: Some(d.path.clone()),
+                rate_limiter: None,
+                io_engine: Some(IoEngine::Sync),
+                socket: None,
+            })
+            .collect(),
+        boot_source: match &config.guest {
+            GuestConfig::Linux(linux) => Some(BootSource {
+                kernel_image_path: linux.kernel.clone(),
+                initrd_path: linux.initrd.clone(),
+                boot_args: Some(linux.cmdline.clone()),
+            }),
+            _ => None,
+        },
+        machine_config: Some(machine_configuration(config)),
+        pmem: match (&config.zone, config.pmem_size) {
+            (Some(zone), Some(size)) => vec![Pmem {
+                id: "pmem0".into(),
+                path_on_host: zone.path.clone(),
+                size_mib: Some(size / MIB),
+                root_device: false,
+                read_only: false,
+                rate_limiter: None,
+            }],
+            _ => Vec::new(),
+        },
+        ..FullVmConfiguration::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! A VMM started without a VM, as Firecracker starts (`vmm --api-sock PATH`, [`serve`]): its
+//! API ([`ApiFront`]) takes the pre-boot configuration ([`VmResources`]) until
+//! `InstanceStart` boots it, or loads a snapshot (`PUT /snapshot/load`); from then on it is
+//! that VM's API. `--config-file` gives the configuration at once and boots.
+//!
+//! ```text
+//! API thread     PUT /machine-config, /boot-source, /drives/{id}, ... -> VmResources
+//!                InstanceStart or PUT /snapshot/load -> main thread, wait for the VM to start
+//! main thread    wait -> frames (pool or zone) or snapshot -> run the VM as `vmm run` does
+//! ```
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::memory::{self, Frames};
+use super::metrics::MetricsSink;
+use super::session::Session;
+use super::signals::StopSignals;
+use super::snapshot::{prepare, EarlyKvmVm, SnapshotError};
+use super::{RunError, RunOutcome, StopCause};
+use crate::api::control::{NOT_AFTER_START, NOT_BEFORE_START};
+use crate::api::model::{
+    BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, InstanceInfo,
+    MachineConfiguration, MachineInfo, MemoryInfo, SnapshotCreateParams, SnapshotLoadParams,
+    VmState,
+};
+use crate::api::resources::VmResources;
+use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
+use crate::config::VmConfig;
+use crate::vm::KvmVm;
+
+/// What the API thread asks the main thread to do.
+enum Request {
+    /// Boot this VM.
+    Start(VmConfig),
+    /// Load this snapshot.
+    Load(SnapshotLoadParams),
+}
+
+/// A request and where its answer goes (once the VM runs, or when it could not start).
+struct Pending {
+    request: Request,
+    answer: Sender<Result<(), ControlError>>,
+}
+
+/// How `vmm --api-sock` was started.
+pub struct ServeOptions {
+    /// The API socket, if any (`--config-file` alone serves none).
+    pub api_socket: Option<PathBuf>,
+    /// The instance id (`--id`).
+    pub id: String,
+    /// The configuration of `--config-file`: the VM boots at once.
+    pub config: Option<FullVmConfiguration>,
+    /// The front end's logger, for `PUT /logger`.
+    pub logger: Option<Arc<dyn LogControl>>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("api_socket", &self.api_socket)
+            .field("id", &self.id)
+            .field("config", &self.config)
+            .field("logger", &self.logger.is_some())
+            .finish()
+    }
+}
+
+/// The API of a VMM that may not have a VM yet.
+pub(super) struct ApiFront {
+    id: String,
+    api_socket: Option<PathBuf>,
+    requests: Mutex<Option<Sender<Pending>>>,
+    session: Mutex<Option<Arc<Session>>>,
+    /// The answer to the start or load in progress, sent once its VM has started.
+    pending: Mutex<Option<Sender<Result<(), ControlError>>>>,
+    resources: Mutex<VmResources>,
+    logger: Option<Arc<dyn LogControl>>,
+    metrics: Mutex<Option<MetricsSink>>,
+}
+
+impl std::fmt::Debug for ApiFront {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiFront")
+            .field("id", &self.id)
+            .field("started", &self.session().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long `InstanceStart` and `PUT /snapshot/load` wait for the VM to be set up.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ApiFront {
+    fn new(options: &ServeOptions, requests: Sender<Pending>) -> Self {
+        ApiFront {
+            id: options.id.clone(),
+            api_socket: options.api_socket.clone(),
+            requests: Mutex::new(Some(requests)),
+            session: Mutex::new(None),
+            pending: Mutex::new(None),
+            resources: Mutex::new(VmResources::default()),
+            logger: options.logger.clone(),
+            metrics: Mutex::new(None),
+        }
+    }
+
+    fn session(&self) -> Option<Arc<Session>> {
+        lock(&self.session).clone()
+    }
+
+    /// Hands the API to the VM's session; the start or load is answered once the VM starts.
+    pub fn attach(&self, session: Arc<Session>) {
+        if let Some(answer) = lock(&self.pending).take() {
+            session.on_start(Box::new(move || {
+                // The client may have gone: nobody to tell then.
+                let _ = answer.send(Ok(()));
+            }));
+        }
+        *lock(&self.session) = Some(session);
+    }
+
+    /// The VM's session, or Firecracker's answer while there is none.
+    fn started(&self) -> Result<Arc<Session>, ControlError> {
+        self.session()
+            .ok_or_else(|| ControlError::InvalidState(NOT_BEFORE_START.into()))
+    }
+
+    /// Refuses pre-boot requests once a start or load was asked for.
+    fn check_not_started(&self) -> Result<(), ControlError> {
+        if self.session().is_some() || lock(&self.requests).is_none() {
+            return Err(ControlError::InvalidState(NOT_AFTER_START.into()));
+        }
+        Ok(())
+    }
+
+    /// Sends `request` to the main thread and waits for its answer; only one is taken.
+    fn submit(&self, request: Request) -> Result<(), ControlError> {
+        let (answer, answered) = mpsc::channel();
+        let sent = lock(&self.requests)
+            .take()
+            .is_some_and(|requests| requests.send(Pending { request, answer }).is_ok());
+        if !sent {
+            return Err(ControlError::InvalidState(NOT_AFTER_START.into()));
+        }
+        answered
+            .recv_timeout(START_WAIT)
+            .unwrap_or_else(|_| Err(ControlError::Internal("the VM did not start".into())))
+    }
+
+    /// Takes requests again after a start that failed before anything was made.
+    fn reopen(&self, requests: Sender<Pending>) {
+        *lock(&self.requests) = Some(requests);
+    }
+
+    /// Applies a pre-boot request.
+    fn apply(&self, request: PreBoot) -> Result<(), ControlError> {
+        let mut resources = lock(&self.resources);
+        match request {
+            PreBoot::Machine(machine) => resources.put_machine(machine),
+            PreBoot::PatchMachine(update) => resources.patch_machine(update),
+            PreBoot::BootSource(boot) => resources.put_boot_source(boot),
+            PreBoot::Drive(id, drive) => resources.put_drive(&id, drive),
+            PreBoot::Pmem(id, pmem) => resources.put_pmem(&id, pmem),
+            PreBoot::Balloon(balloon) => resources.put_balloon(balloon),
+            PreBoot::Logger(logger) => {
+                let control = self.logger.as_ref().ok_or_else(|| {
+                    ControlError::InvalidArgument("this VMM's logger cannot be changed".into())
+                })?;
+                control
+                    .configure(&logger)
+                    .map_err(|e| ControlError::InvalidArgument(format!("Logger error: {e}")))?;
+                resources.set_logger(logger);
+                Ok(())
+            }
+            PreBoot::Metrics(metrics) => {
+                let mut sink = lock(&self.metrics);
+                if sink.is_some() {
+                    return Err(ControlError::InvalidArgument(
+                        "Metrics error: Reinitialization of metrics not allowed.".into(),
+                    ));
+                }
+                let opened = MetricsSink::open(&metrics, &self.id).map_err(|e| {
+                    ControlError::InvalidArgument(format!(
+                        "Metrics error: cannot open {}: {e}",
+                        metrics.metrics_path.display()
+                    ))
+                })?;
+                *sink = Some(opened);
+                resources.set_metrics(metrics);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl VmmControl for ApiFront {
+    fn machine_info(&self) -> Result<MachineInfo, ControlError> {
+        self.started()?.machine_info()
+    }
+
+    fn instance_id(&self) -> String {
+        self.id.clone()
+    }
+
+    fn instance_info(&self) -> Result<InstanceInfo, ControlError> {
+        let state = match self.session() {
+            Some(session) => session.machine_info()?.state,
+            None => VmState::NotStarted,
+        };
+        Ok(InstanceInfo::new(&self.id, state))
+    }
+
+    fn machine_config(&self) -> Result<MachineConfiguration, ControlError> {
+        match self.session() {
+            Some(session) => session.machine_config(),
+            None => Ok(lock(&self.resources).machine().clone()),
+        }
+    }
+
+    fn vm_config(&self) -> Result<FullVmConfiguration, ControlError> {
+        let resources = lock(&self.resources);
+        match self.session() {
+            Some(session) => {
+                let mut config = session.vm_config()?;
+                let configured = resources.full_config();
+                config.logger = configured.logger;
+                config.metrics = configured.metrics;
+                Ok(config)
+            }
+            None => Ok(resources.full_config()),
+        }
+    }
+
+    fn configure(&self, request: PreBoot) -> Result<(), ControlError> {
+        self.check_not_started()?;
+        self.apply(request)
+    }
+
+    fn start_instance(&self) -> Result<(), ControlError> {
+        self.check_not_started()?;
+        let config = lock(&self.resources).vm_config(self.api_socket.as_deref())?;
+        self.submit(Request::Start(config))
+    }
+
+    fn flush_metrics(&self) -> Result<(), ControlError> {
+        let sink = lock(&self.metrics);
+        let Some(sink) = sink.as_ref() else {
+            return Ok(());
+        };
+        sink.flush(self.session().as_deref())
+            .map_err(|e| ControlError::Internal(format!("cannot write the metrics: {e}")))
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
+        self.started()?.memory_info()
+    }
+
+    fn pause(&self) -> Result<(), ControlError> {
+        self.started()?.pause()
+    }
+
+    fn resume(&self) -> Result<(), ControlError> {
+        self.started()?.resume()
+    }
+
+    fn shutdown(&self) -> Result<(), ControlError> {
+        match self.session() {
+            Some(session) => session.shutdown(),
+            None => {
+                // No VM: the VMM itself ends, as on SIGTERM.
+                // SAFETY: sends SIGTERM to this process, whose main thread handles it.
+                unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+                Ok(())
+            }
+        }
+    }
+
+    fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
+        self.started()?.send_ctrl_alt_del()
+    }
+
+    fn balloon(&self) -> Result<BalloonInfo, ControlError> {
+        if let Some(session) = self.session() {
+            return session.balloon();
+        }
+        let resources = lock(&self.resources);
+        let balloon = resources
+            .balloon()
+            .ok_or(ControlError::BalloonNotConfigured)?;
+        Ok(BalloonInfo {
+            amount_mib: balloon.amount_mib,
+            actual_mib: 0,
+            deflate_on_oom: balloon.deflate_on_oom,
+            free_page_reporting: balloon.free_page_reporting,
+            stats_polling_interval_s: balloon.stats_polling_interval_s,
+            needs_reset: false,
+            driver_violations: Default::default(),
+        })
+    }
+
+    fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
+        if let Some(session) = self.session() {
+            return session.update_balloon(update);
+        }
+        self.check_not_started()?;
+        lock(&self.resources).patch_balloon(update.amount_mib, update.stats_polling_interval_s)
+    }
+
+    fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
+        self.started()?.balloon_statistics()
+    }
+
+    fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
+        VmmControl::create_snapshot(self.started()?.as_ref(), params)
+    }
+
+    fn load_snapshot(&self, params: &SnapshotLoadParams) -> Result<(), ControlError> {
+        self.check_not_started()?;
+        if lock(&self.resources).boot_specific() {
+            return Err(ControlError::InvalidState(
+                "Loading a microVM snapshot not allowed after configuring boot-specific \
+                 resources."
+                    .into(),
+            ));
+        }
+        params
+            .check_supported()
+            .map_err(ControlError::InvalidArgument)?;
+        self.submit(Request::Load(params.clone()))
+    }
+}
+
+/// How often the waiting VMM looks for a stop signal.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// Applies `config` (`--config-file`) to `front`, as the API's requests would.
+fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<(), ControlError> {
+    let unsupported = |what: &str| {
+        Err(ControlError::InvalidArgument(format!(
+            "{what} is not supported by this VMM"
+        )))
+    };
+    if !config.network_interfaces.is_empty() {
+        return unsupported("network-interfaces");
+    }
+    for (present, what) in [
+        (config.vsock.is_some(), "vsock"),
+        (config.mmds_config.is_some(), "mmds-config"),
+        (config.cpu_config.is_some(), "cpu-config"),
+        (config.entropy.is_some(), "entropy"),
+    ] {
+        if present {
+            return unsupported(what);
+        }
+    }
+    let mut requests: Vec<PreBoot> = Vec::new();
+    requests.extend(config.logger.map(PreBoot::Logger));
+    requests.extend(config.metrics.map(PreBoot::Metrics));
+    requests.extend(config.machine_config.map(PreBoot::Machine));
+    requests.extend(config.boot_source.map(PreBoot::BootSource));
+    requests.extend(config.balloon.map(PreBoot::Balloon));
+    for drive in config.drives {
+        requests.push(PreBoot::Drive(drive.drive_id.clone(), drive));
+    }
+    for pmem in config.pmem {
+        requests.push(PreBoot::Pmem(pmem.id.clone(), pmem));
+    }
+    for request in requests {
+        front.apply(request)?;
+    }
+    Ok(())
+}
+
+/// `vmm --api-sock PATH [--id ID] [--config-file FILE]`: serves the API of instance `id`
+/// without a VM until a client boots one (`InstanceStart`) or loads a snapshot, or boots the
+/// VM of the configuration file at once; then runs that VM until it ends. SIGINT and SIGTERM
+/// end the wait.
+pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
+    let signals = StopSignals::block().map_err(RunError::Signals)?;
+    let (requests, incoming): (Sender<Pending>, Receiver<Pending>) = mpsc::channel();
+    let front = Arc::new(ApiFront::new(&options, requests.clone()));
+    // The KVM VM is made before the API listens: a load then only fills it.
+    let mut kvm_vm = Some(EarlyKvmVm::Ready(KvmVm::new()?));
+    if let Some(config) = options.config {
+        apply_config_file(&front, config)
+            .and_then(|()| lock(&front.resources).vm_config(options.api_socket.as_deref()))
+            .and_then(|config| {
+                // Nobody waits for this answer.
+                let (answer, _) = mpsc::channel();
+                lock(&front.requests).take();
+                requests
+                    .send(Pending {
+                        request: Request::Start(config),
+                        answer,
+                    })
+                    .map_err(|_| ControlError::Internal("the VMM stopped".into()))
+            })
+            .map_err(|e| RunError::ConfigFile(e.to_string()))?;
+    }
+    let server = match &options.api_socket {
+        Some(path) => {
+            let server = ApiServer::start(path, front.clone())?;
+            log::info!(
+                "waiting for the VM's configuration and InstanceStart, or a snapshot to load, \
+                 on {}",
+                path.display()
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    loop {
+        if let Some(signal) = signals.fd().take() {
+            return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
+        }
+        let pending = match incoming.recv_timeout(SIGNAL_POLL) {
+            Ok(pending) => pending,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(RunError::Snapshot(SnapshotError::State(
+                    "the API stopped taking requests".into(),
+                )))
+            }
+        };
+        let (config, frames, resumption) = match pending.request {
+            Request::Start(config) => match frames_for(&config) {
+                Ok(frames) => (config, frames, None),
+                Err(e) => {
+                    let _ = pending
+                        .answer
+                        .send(Err(ControlError::InvalidArgument(e.to_string())));
+                    front.reopen(requests.clone());
+                    continue;
+                }
+            },
+            Request::Load(params) => {
+                let prepared = prepare(
+                    &params,
+                    options.api_socket.clone(),
+                    Instant::now(),
+                    &mut kvm_vm,
+                );
+                match prepared {
+                    Ok((config, frames, resumption)) => (config, frames, Some(resumption)),
+                    Err(e) => {
+                        let _ = pending.answer.send(Err(e.into()));
+                        front.reopen(requests.clone());
+                        continue;
+                    }
+                }
+            }
+        };
+        *lock(&front.pending) = Some(pending.answer.clone());
+        drop(signals);
+        let outcome = super::run_front(config, frames, resumption, front.clone());
+        if let Err(e) = &outcome {
+            // Unless the VM started and the request was answered already.
+            let _ = pending
+                .answer
+                .send(Err(ControlError::InvalidArgument(e.to_string())));
+        }
+        drop(server);
+        return outcome;
+    }
+}
+
+/// The frames of a VM to boot: its zone's, or a new pool.
+fn frames_for(config: &VmConfig) -> Result<Frames, RunError> {
+    super::check_guest(config)?;
+    Ok(match &config.zone {
+        Some(target) => Frames::Zone(memory::attach_zone(config, target)?),
+        None => Frames::Pool(memory::create_pool(config)?),
+    })
+}
