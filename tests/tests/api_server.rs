@@ -111,7 +111,6 @@ fn balloon_resources_answer_400_until_a_balloon_exists() {
     let (server, _vmm) = serve("no-balloon", TestVmm::new());
     let requests = [
         ("GET", "/balloon", None),
-        ("PUT", "/balloon", Some(r#"{"amount_mib":64}"#)),
         ("PATCH", "/balloon", Some(r#"{"amount_mib":64}"#)),
         ("GET", "/balloon/statistics", None),
         (
@@ -128,6 +127,20 @@ fn balloon_resources_answer_400_until_a_balloon_exists() {
             Some("balloon not configured")
         );
     }
+    // A balloon is created before the start only, as in Firecracker.
+    let late = call(
+        server.path(),
+        "PUT",
+        "/balloon",
+        Some(r#"{"amount_mib":64,"deflate_on_oom":false}"#),
+    );
+    assert_eq!(
+        (late.status, late.fault_message().as_deref()),
+        (
+            400,
+            Some("The requested operation is not supported after starting the microVM.")
+        )
+    );
 }
 
 #[test]
@@ -135,7 +148,7 @@ fn balloon_target_and_statistics() {
     let (server, _vmm) = serve("balloon", TestVmm::with_balloon());
     let socket = server.path();
     assert_eq!(
-        call(socket, "PUT", "/balloon", Some(r#"{"amount_mib":64}"#)).status,
+        call(socket, "PATCH", "/balloon", Some(r#"{"amount_mib":64}"#)).status,
         204
     );
     assert_eq!(
@@ -164,7 +177,7 @@ fn balloon_target_and_statistics() {
         stats.get("swap_in").is_none(),
         "unreported statistics are left out"
     );
-    let too_big = call(socket, "PUT", "/balloon", Some(r#"{"amount_mib":1024}"#));
+    let too_big = call(socket, "PATCH", "/balloon", Some(r#"{"amount_mib":1024}"#));
     assert_eq!(too_big.status, 400);
     assert!(too_big
         .fault_message()
@@ -181,36 +194,60 @@ fn balloon_target_and_statistics() {
 fn unknown_paths_wrong_methods_and_bad_bodies() {
     let (server, _vmm) = serve("errors", TestVmm::new());
     let socket = server.path();
-    let missing = call(socket, "GET", "/snapshot", None);
+    // Unknown paths and wrong methods: Firecracker's 400.
+    for (request, method_and_path) in [
+        (&b"GET /snapshot HTTP/1.1\r\n\r\n"[..], "GET /snapshot"),
+        (b"DELETE /balloon HTTP/1.1\r\n\r\n", "DELETE /balloon"),
+        (b"GET /vm HTTP/1.1\r\n\r\n", "GET /vm"),
+        (b"GET /drives/a/b HTTP/1.1\r\n\r\n", "GET /drives/a/b"),
+        (
+            b"PUT /memory HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+            "PUT /memory",
+        ),
+    ] {
+        let (status, fault) = raw_fault(socket, request);
+        assert_eq!(
+            (status, fault),
+            (
+                400,
+                format!("Invalid request method and/or path: {method_and_path}.")
+            )
+        );
+    }
+    let (status, fault) = raw_fault(
+        socket,
+        b"PUT /drives/ HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+    );
+    assert_eq!((status, fault.as_str()), (400, "The ID cannot be empty."));
+    let (status, fault) = raw_fault(
+        socket,
+        b"PUT /drives/a-b HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+    );
     assert_eq!(
-        (missing.status, missing.fault_message().as_deref()),
-        (404, Some("no resource at /snapshot"))
+        (status, fault.as_str()),
+        (
+            400,
+            "API Resource IDs can only contain alphanumeric characters and underscores."
+        )
     );
-    let wrong = raw(socket, b"DELETE /balloon HTTP/1.1\r\n\r\n");
-    assert!(
-        wrong.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, PUT, PATCH\r\n"),
-        "{wrong}"
-    );
-    assert_eq!(call(socket, "PUT", "/memory", Some("{}")).status, 405);
-    assert_eq!(call(socket, "GET", "/vm", None).status, 405);
     let cases = [
         (
             "PATCH",
             "/vm",
             Some(r#"{"state":"Frozen"}"#),
-            "invalid JSON body for PATCH /vm: unknown variant `Frozen`",
+            "An error occurred when deserializing the json body of a request: unknown variant `Frozen`",
         ),
         (
             "PATCH",
             "/vm",
             Some(r#"{"state":"Paused","extra":1}"#),
-            "invalid JSON body for PATCH /vm: unknown field `extra`",
+            "An error occurred when deserializing the json body of a request: unknown field `extra`",
         ),
         (
             "PUT",
             "/actions",
             Some(r#"{"action_type":"Reboot"}"#),
-            "invalid JSON body for PUT /actions: unknown variant",
+            "An error occurred when deserializing the json body of a request: unknown variant",
         ),
         (
             "PUT",
@@ -222,13 +259,13 @@ fn unknown_paths_wrong_methods_and_bad_bodies() {
             "PUT",
             "/balloon",
             Some(r#"{"amount_mib":-1}"#),
-            "invalid JSON body for PUT /balloon: invalid value",
+            "An error occurred when deserializing the json body of a request: invalid value",
         ),
         (
             "PUT",
             "/balloon",
             Some("[]"),
-            "invalid JSON body for PUT /balloon",
+            "An error occurred when deserializing the json body of a request",
         ),
         (
             "GET",
@@ -246,7 +283,7 @@ fn unknown_paths_wrong_methods_and_bad_bodies() {
     let (status, fault) = raw_fault(socket, b"PATCH /vm HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
     assert_eq!(
         (status, fault.as_str()),
-        (400, "PATCH /vm needs a JSON body")
+        (400, "Empty PATCH request.")
     );
     let (status, fault) = raw_fault(
         socket,
@@ -257,7 +294,7 @@ fn unknown_paths_wrong_methods_and_bad_bodies() {
         socket,
         b"GET /memory HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
     );
-    assert_eq!((status, fault.as_str()), (400, "GET /memory takes no body"));
+    assert_eq!((status, fault.as_str()), (400, "GET request cannot have a body."));
 }
 
 #[test]

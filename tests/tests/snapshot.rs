@@ -126,7 +126,7 @@ fn a_vm_with_two_vcpus_finishes_its_workload_in_a_new_process_after_its_vmm_was_
     assert_eq!(load.status, 400, "{}", load.body);
     assert!(load.body.contains("without a VM"), "{}", load.body);
     let get_create = api.request("GET", "/snapshot/create", None).unwrap();
-    assert_eq!(get_create.status, 405, "{}", get_create.body);
+    assert_eq!(get_create.status, 400, "{}", get_create.body);
     create_snapshot(&api, &snapshot, &zone);
     let killed = vmm.kill();
     assert_eq!(killed.code, None, "SIGKILL: {killed:#?}");
