@@ -242,6 +242,42 @@ pub fn guest_reset_line(how: &str) -> String {
 pub const NO_HARDWARE_VIRTUALIZATION_WARNING: &str =
     "warning: this host's CPU has no hardware virtualization";
 
+/// A minimal ELF kernel's code ([`elf_kernel`]) for the Firecracker-mode tests: prints its
+/// command line (from the zero page at RSI), a newline and its initrd's bytes on COM1, then
+/// polls the i8042 until Ctrl-Alt-Del's Delete key (scan code 0x71) arrives and resets the
+/// machine through it, as Linux's reboot=k does.
+pub const CTRL_ALT_DEL_GUEST: &[u8] = &[
+    0x8b, 0x9e, 0x28, 0x02, 0x00, 0x00, // mov ebx, [rsi + 0x228] (cmd_line_ptr)
+    0x8a, 0x03, // 1: mov al, [rbx]
+    0x84, 0xc0, // test al, al
+    0x74, 0x0a, // jz 2f
+    0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
+    0xee, // out dx, al
+    0x48, 0xff, 0xc3, // inc rbx
+    0xeb, 0xf0, // jmp 1b
+    0x66, 0xba, 0xf8, 0x03, // 2: mov dx, 0x3f8
+    0xb0, 0x0a, // mov al, '\n'
+    0xee, // out dx, al
+    0x8b, 0x9e, 0x18, 0x02, 0x00, 0x00, // mov ebx, [rsi + 0x218] (ramdisk_image)
+    0x8b, 0x8e, 0x1c, 0x02, 0x00, 0x00, // mov ecx, [rsi + 0x21c] (ramdisk_size)
+    0x85, 0xc9, // test ecx, ecx
+    0x74, 0x0a, // jz 4f
+    0x8a, 0x03, // 3: mov al, [rbx]
+    0xee, // out dx, al
+    0x48, 0xff, 0xc3, // inc rbx
+    0xff, 0xc9, // dec ecx
+    0x75, 0xf6, // jnz 3b
+    0xe4, 0x64, // 4: in al, 0x64
+    0xa8, 0x01, // test al, 1 (output buffer full)
+    0x74, 0xfa, // jz 4b
+    0xe4, 0x60, // in al, 0x60
+    0x3c, 0x71, // cmp al, 0x71 (Delete)
+    0x75, 0xf4, // jne 4b
+    0xb0, 0xfe, // mov al, 0xfe
+    0xe6, 0x64, // out 0x64, al (CPU reset)
+    0xeb, 0xfe, // 5: jmp 5b
+];
+
 /// Physical load address and entry of [`elf_kernel`] (where vmlinux is linked).
 pub const ELF_KERNEL_LOAD: u64 = 0x100_0000;
 

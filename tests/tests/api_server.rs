@@ -281,10 +281,7 @@ fn unknown_paths_wrong_methods_and_bad_bodies() {
         assert!(fault.starts_with(message), "{fault}");
     }
     let (status, fault) = raw_fault(socket, b"PATCH /vm HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
-    assert_eq!(
-        (status, fault.as_str()),
-        (400, "Empty PATCH request.")
-    );
+    assert_eq!((status, fault.as_str()), (400, "Empty PATCH request."));
     let (status, fault) = raw_fault(
         socket,
         b"PATCH /vm HTTP/1.1\r\nContent-Length: 4\r\n\r\n{\xff}x",
@@ -294,7 +291,10 @@ fn unknown_paths_wrong_methods_and_bad_bodies() {
         socket,
         b"GET /memory HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
     );
-    assert_eq!((status, fault.as_str()), (400, "GET request cannot have a body."));
+    assert_eq!(
+        (status, fault.as_str()),
+        (400, "GET request cannot have a body.")
+    );
 }
 
 #[test]

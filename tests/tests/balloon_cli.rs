@@ -120,7 +120,10 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
     // As in Firecracker: the balloon's configuration is set before the start only.
     let full = r#"{"amount_mib": 8, "deflate_on_oom": true}"#;
     let message = refused(&socket, "PUT", "/balloon", full);
-    assert!(message.contains("not supported after starting"), "{message}");
+    assert!(
+        message.contains("not supported after starting"),
+        "{message}"
+    );
     let message = refused(
         &socket,
         "PATCH",

@@ -77,11 +77,10 @@ fn raw_api_requests() {
     let paused = vmm(&["api", "-s", socket, "patch", "/vm", r#"{"state":"Paused"}"#]);
     assert_eq!(paused.code, Some(0), "{}", paused.stderr);
     assert_eq!(vmm_state.state(), VmState::Paused);
-    vmm(&["api", "-s", socket, "GET", "/nothing"])
-        .assert_fails(
-            5,
-            "GET /nothing: 400 Invalid request method and/or path: GET /nothing.",
-        );
+    vmm(&["api", "-s", socket, "GET", "/nothing"]).assert_fails(
+        5,
+        "GET /nothing: 400 Invalid request method and/or path: GET /nothing.",
+    );
     vmm(&["api", "-s", socket, "PATCH", "/vm", "{state: Paused}"])
         .assert_fails(2, "the body is not valid JSON");
     vmm(&["api", "-s", socket, "GET", "machine"]).assert_fails(2, "bad resource path");

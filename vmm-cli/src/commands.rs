@@ -4,9 +4,7 @@ use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use vmm::api::model::{
-    FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams,
-};
+use vmm::api::model::{FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams};
 use vmm::config::VmConfig;
 use vmm::runner::{RunError, RunOutcome, ServeOptions, StopCause};
 
@@ -76,7 +74,11 @@ pub(super) fn create_snapshot(
 
 /// `vmm --api-sock PATH [--config-file FILE]`: wait for the VM's configuration and start, or a
 /// snapshot to load, then run the VM (at once with a configuration file).
-pub(super) fn serve(api_socket: Option<PathBuf>, id: &str, config_file: Option<&Path>) -> ExitStatus {
+pub(super) fn serve(
+    api_socket: Option<PathBuf>,
+    id: &str,
+    config_file: Option<&Path>,
+) -> ExitStatus {
     if let Some(socket) = &api_socket {
         if let Err(e) = vmm::config::check_api_socket(socket) {
             return fail(ExitStatus::Usage, format!("--api-sock: {e}"));
@@ -86,12 +88,18 @@ pub(super) fn serve(api_socket: Option<PathBuf>, id: &str, config_file: Option<&
         Ok(config) => config,
         Err(e) => return fail(ExitStatus::Usage, e),
     };
-    outcome_status(vmm::runner::serve(ServeOptions {
+    let outcome = vmm::runner::serve(ServeOptions {
         api_socket,
         id: id.to_owned(),
         config,
         logger: Some(Arc::new(ApiLogControl)),
-    }))
+    });
+    // As Firecracker's: a guest that rebooted (Ctrl-Alt-Del, `reboot`) ends the VMM normally.
+    if let Ok(RunOutcome::GuestReset(cause)) = &outcome {
+        eprintln!("the guest reset the VM {cause}: the microVM ends");
+        return ExitStatus::Success;
+    }
+    outcome_status(outcome)
 }
 
 /// Reads a Firecracker configuration file.

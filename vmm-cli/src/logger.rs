@@ -46,10 +46,7 @@ impl Log for SwitchableLogger {
     }
 
     fn flush(&self) {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .flush();
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).flush();
     }
 }
 
@@ -101,7 +98,9 @@ impl LogControl for ApiLogControl {
         let level = config.level.unwrap_or(LogLevel::Info).filter();
         let mut builder = env_logger::Builder::new();
         match &config.module {
-            Some(module) => builder.filter_level(LevelFilter::Off).filter_module(module, level),
+            Some(module) => builder
+                .filter_level(LevelFilter::Off)
+                .filter_module(module, level),
             None => builder.filter_level(level),
         };
         let show_level = config.show_level.unwrap_or(false);

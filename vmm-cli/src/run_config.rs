@@ -1,8 +1,8 @@
 //! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
 
 use vmm::config::{
-    check_api_socket, check_backing, check_drives, check_memory, check_pmem, check_vcpus, check_zone,
-    ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
+    check_api_socket, check_backing, check_drives, check_memory, check_pmem, check_vcpus,
+    check_zone, ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};

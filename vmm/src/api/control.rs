@@ -2,10 +2,9 @@
 //! only parses requests, calls it and serialises the answers.
 
 use super::model::{
-    Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive,
-    FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
-    MachineInfo, MemoryInfo, Metrics, Pmem, SnapshotCreateParams, SnapshotLoadParams,
-    DEFAULT_INSTANCE_ID,
+    Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, FullVmConfiguration,
+    InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate, MachineInfo,
+    MemoryInfo, Metrics, Pmem, SnapshotCreateParams, SnapshotLoadParams, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.

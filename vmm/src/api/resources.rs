@@ -9,8 +9,7 @@ use guest_mem::{Populate, Scrub};
 use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, FullVmConfiguration, HugePages, IoEngine, Logger,
-    MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode,
-    ZoneAttachment,
+    MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode, ZoneAttachment,
 };
 use crate::config::{
     check_memory, check_pmem, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
@@ -102,7 +101,9 @@ fn zone_target(zone: &ZoneAttachment) -> ZoneTarget {
 /// Checks that the id in the path is the body's.
 fn check_path_id(path_id: &str, body_id: &str) -> Result<(), ControlError> {
     if path_id != body_id {
-        return Err(refuse("The id from the path does not match the id from the body!"));
+        return Err(refuse(
+            "The id from the path does not match the id from the body!",
+        ));
     }
     Ok(())
 }
@@ -168,7 +169,10 @@ impl VmResources {
     }
 
     /// `PATCH /machine-config`: only the fields given change.
-    pub fn patch_machine(&mut self, update: MachineConfigurationUpdate) -> Result<(), ControlError> {
+    pub fn patch_machine(
+        &mut self,
+        update: MachineConfigurationUpdate,
+    ) -> Result<(), ControlError> {
         if update.is_empty() {
             return Err(refuse("Empty PATCH request."));
         }
@@ -223,7 +227,10 @@ impl VmResources {
                  zone first",
             )
         })?;
-        let same = match (std::fs::metadata(&pmem.path_on_host), std::fs::metadata(&zone.path)) {
+        let same = match (
+            std::fs::metadata(&pmem.path_on_host),
+            std::fs::metadata(&zone.path),
+        ) {
             (Ok(a), Ok(b)) => {
                 use std::os::unix::fs::MetadataExt;
                 a.dev() == b.dev() && a.ino() == b.ino()

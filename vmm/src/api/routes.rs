@@ -123,15 +123,13 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Method::Patch, "machine-config", None, _) => {
             configure(body(request).map(PreBoot::PatchMachine))
         }
-        (Method::Put, "boot-source", None, _) => {
-            configure(body(request).map(PreBoot::BootSource))
+        (Method::Put, "boot-source", None, _) => configure(body(request).map(PreBoot::BootSource)),
+        (Method::Put, "drives", id, _) => {
+            configure(path_id(id).and_then(|id| Ok(PreBoot::Drive(id.to_owned(), body(request)?))))
         }
-        (Method::Put, "drives", id, _) => configure(
-            path_id(id).and_then(|id| Ok(PreBoot::Drive(id.to_owned(), body(request)?))),
-        ),
-        (Method::Put, "pmem", id, _) => configure(
-            path_id(id).and_then(|id| Ok(PreBoot::Pmem(id.to_owned(), body(request)?))),
-        ),
+        (Method::Put, "pmem", id, _) => {
+            configure(path_id(id).and_then(|id| Ok(PreBoot::Pmem(id.to_owned(), body(request)?))))
+        }
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
         (Method::Put, "actions", None, _) => {
@@ -151,21 +149,17 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Method::Get, "vm", Some("config"), _) => Ok(reply(control.vm_config())),
         (Method::Get, "balloon", None, _) => Ok(reply(control.balloon())),
         (Method::Put, "balloon", None, _) => configure(body(request).map(PreBoot::Balloon)),
-        (Method::Patch, "balloon", None, _) => {
-            body::<BalloonUpdate>(request).and_then(|update| {
-                if update == BalloonUpdate::default() {
-                    Err(Response::fault(
-                        400,
-                        "PATCH /balloon needs amount_mib or stats_polling_interval_s",
-                    ))
-                } else {
-                    Ok(done(control.update_balloon(update)))
-                }
-            })
-        }
-        (Method::Get, "balloon", Some("statistics"), _) => {
-            Ok(reply(control.balloon_statistics()))
-        }
+        (Method::Patch, "balloon", None, _) => body::<BalloonUpdate>(request).and_then(|update| {
+            if update == BalloonUpdate::default() {
+                Err(Response::fault(
+                    400,
+                    "PATCH /balloon needs amount_mib or stats_polling_interval_s",
+                ))
+            } else {
+                Ok(done(control.update_balloon(update)))
+            }
+        }),
+        (Method::Get, "balloon", Some("statistics"), _) => Ok(reply(control.balloon_statistics())),
         (Method::Patch, "balloon", Some("statistics"), _) => body::<BalloonStatsUpdate>(request)
             .map(|u| {
                 done(control.update_balloon(BalloonUpdate {
@@ -175,8 +169,9 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
             }),
         (Method::Put, "snapshot", Some("create"), _) => body::<SnapshotCreateParams>(request)
             .map(|params| done(control.create_snapshot(&params))),
-        (Method::Put, "snapshot", Some("load"), _) => body::<SnapshotLoadParams>(request)
-            .map(|params| done(control.load_snapshot(&params))),
+        (Method::Put, "snapshot", Some("load"), _) => {
+            body::<SnapshotLoadParams>(request).map(|params| done(control.load_snapshot(&params)))
+        }
         _ => Err(invalid_path(method, path)),
     };
     result.unwrap_or_else(|response| response)

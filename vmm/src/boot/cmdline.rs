@@ -93,10 +93,7 @@ mod tests {
         assert_eq!(add_kernel_arg(Some("quiet"), "ro"), "quiet ro");
         assert_eq!(add_kernel_arg(Some(""), "ro"), "ro");
         assert_eq!(add_kernel_arg(Some("-- init"), "ro"), "ro -- init");
-        assert_eq!(
-            add_kernel_arg(None, "ro"),
-            format!("{DEFAULT_CMDLINE} ro")
-        );
+        assert_eq!(add_kernel_arg(None, "ro"), format!("{DEFAULT_CMDLINE} ro"));
     }
 
     fn text(cmdline: &Cmdline) -> String {

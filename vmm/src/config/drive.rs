@@ -71,7 +71,10 @@ impl FromStr for DriveConfig {
 /// Checks a drive id.
 pub fn check_drive_id(id: &str) -> Result<(), ConfigError> {
     if id.is_empty() {
-        return Err(ConfigError::DriveId(id.to_owned(), "the ID cannot be empty"));
+        return Err(ConfigError::DriveId(
+            id.to_owned(),
+            "the ID cannot be empty",
+        ));
     }
     if id.len() > MAX_DRIVE_ID {
         return Err(ConfigError::DriveId(
@@ -153,7 +156,9 @@ pub fn check_drives(drives: &[DriveConfig]) -> Result<(), ConfigError> {
         }
     }
     if drives.iter().filter(|d| d.root).count() > 1 {
-        return Err(ConfigError::Drive("A root block device already exists!".into()));
+        return Err(ConfigError::Drive(
+            "A root block device already exists!".into(),
+        ));
     }
     Ok(())
 }
@@ -174,7 +179,9 @@ mod tests {
 
     #[test]
     fn the_command_line_form_names_every_field() {
-        let drive: DriveConfig = "id=rootfs,path=/img,ro=on,root=on,partuuid=ab-1".parse().unwrap();
+        let drive: DriveConfig = "id=rootfs,path=/img,ro=on,root=on,partuuid=ab-1"
+            .parse()
+            .unwrap();
         assert_eq!(
             drive,
             DriveConfig {
@@ -185,7 +192,13 @@ mod tests {
                 partuuid: Some("ab-1".into()),
             }
         );
-        for bad in ["path=/img", "id=a", "id=a,path=/i,ro=yes", "id=a,path=/i,size=3", "id"] {
+        for bad in [
+            "path=/img",
+            "id=a",
+            "id=a,path=/i,ro=yes",
+            "id=a,path=/i,size=3",
+            "id",
+        ] {
             assert!(bad.parse::<DriveConfig>().is_err(), "{bad}");
         }
     }
@@ -228,7 +241,13 @@ mod tests {
         assert_eq!(plain_root.root_cmdline(), "root=/dev/vda ro");
         let twice = [drive("a", image.clone()), drive("a", image.clone())];
         assert!(check_drives(&twice).is_err());
-        let two_roots = [plain_root.clone(), DriveConfig { id: "b".into(), ..plain_root }];
+        let two_roots = [
+            plain_root.clone(),
+            DriveConfig {
+                id: "b".into(),
+                ..plain_root
+            },
+        ];
         assert!(check_drives(&two_roots).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }

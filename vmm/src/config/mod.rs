@@ -242,7 +242,11 @@ pub fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError>
     Ok(())
 }
 
-pub(crate) fn path_error(setting: &'static str, path: &Path, why: impl Into<String>) -> ConfigError {
+pub(crate) fn path_error(
+    setting: &'static str,
+    path: &Path,
+    why: impl Into<String>,
+) -> ConfigError {
     ConfigError::Path {
         setting,
         path: path.to_owned(),

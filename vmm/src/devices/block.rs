@@ -221,7 +221,9 @@ impl BlockDevice {
             .checked_add(8)
             .and_then(|at| mem.read_obj::<u64>(at).ok())
             .map(u64::from_le)
-            .ok_or(RequestError::Malformed("the request header is not in guest memory"))?;
+            .ok_or(RequestError::Malformed(
+                "the request header is not in guest memory",
+            ))?;
         let buffers = &self.buffers[..data];
         match kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
@@ -242,7 +244,9 @@ impl BlockDevice {
                 sector
                     .checked_add(total / SECTOR_SIZE)
                     .filter(|&end| end <= self.sectors)
-                    .ok_or(RequestError::Malformed("a request beyond the end of the disk"))?;
+                    .ok_or(RequestError::Malformed(
+                        "a request beyond the end of the disk",
+                    ))?;
                 self.image
                     .seek(SeekFrom::Start(sector * SECTOR_SIZE))
                     .map_err(RequestError::Io)?;
@@ -369,7 +373,10 @@ impl VirtioDevice<Memory> for BlockDevice {
                 used = true;
             }
             if used && active.interrupt.signal_used_queue().is_err() {
-                log::error!("virtio-blk {}: cannot raise the used-buffer interrupt", self.id);
+                log::error!(
+                    "virtio-blk {}: cannot raise the used-buffer interrupt",
+                    self.id
+                );
             }
         }
         self.active = Some(active);

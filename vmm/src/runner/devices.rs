@@ -19,8 +19,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::boot::VirtioMmioEntry;
 use crate::config::{DriveConfig, VmConfig};
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
-use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::block::{BlockCounters, BlockDevice};
+use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
@@ -227,7 +227,10 @@ pub(super) struct Devices {
 }
 
 /// Opens a drive's image as it asks and makes its virtio-blk device.
-fn create_drive(drive: &DriveConfig, memory: &Arc<GuestMemory>) -> Result<BlockDevice, DeviceError> {
+fn create_drive(
+    drive: &DriveConfig,
+    memory: &Arc<GuestMemory>,
+) -> Result<BlockDevice, DeviceError> {
     let error = |source| DeviceError::Drive {
         id: drive.id.clone(),
         path: drive.path.clone(),

@@ -27,8 +27,8 @@ impl MetricsSink {
     /// Opens the file (created if missing, appended to) or named pipe (without waiting for a
     /// reader) of `metrics`; lines name instance `id` if `emit_id` asks.
     pub fn open(metrics: &Metrics, id: &str) -> io::Result<Self> {
-        let fifo = std::fs::metadata(&metrics.metrics_path)
-            .is_ok_and(|meta| meta.file_type().is_fifo());
+        let fifo =
+            std::fs::metadata(&metrics.metrics_path).is_ok_and(|meta| meta.file_type().is_fifo());
         let file = if fifo {
             // Read and write: opening a pipe without a reader neither blocks nor fails.
             OpenOptions::new()
@@ -45,10 +45,7 @@ impl MetricsSink {
         Ok(MetricsSink {
             file: Mutex::new(file),
             id: metrics.emit_id.then(|| id.to_owned()),
-            properties: metrics
-                .properties
-                .as_ref()
-                .map(|p| json!(p)),
+            properties: metrics.properties.as_ref().map(|p| json!(p)),
         })
     }
 

@@ -216,7 +216,13 @@ fn run_resumed(
     frames: Frames,
     resumption: Resumption,
 ) -> Result<RunOutcome, RunError> {
-    run_checked(config, frames, console::serial_output(), Some(resumption), None)
+    run_checked(
+        config,
+        frames,
+        console::serial_output(),
+        Some(resumption),
+        None,
+    )
 }
 
 /// Runs the VM a VMM without one was given (booted, or loaded when `resumption` is given) on

@@ -409,7 +409,11 @@ pub struct FullVmConfiguration {
     )]
     pub mmds_config: Option<serde_json::Value>,
     /// CPU templates (refused).
-    #[serde(rename = "cpu-config", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "cpu-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cpu_config: Option<serde_json::Value>,
     /// The entropy device (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -132,7 +132,10 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
         })
         .unwrap();
     let shrink = message(resources.put_machine(machine(2, 16)).unwrap_err());
-    assert!(shrink.contains("smaller than the previously set balloon"), "{shrink}");
+    assert!(
+        shrink.contains("smaller than the previously set balloon"),
+        "{shrink}"
+    );
     let hinting = Balloon {
         free_page_hinting: true,
         ..balloon
@@ -140,7 +143,9 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
     assert!(message(resources.put_balloon(hinting).unwrap_err()).contains("free_page_hinting"));
     resources.patch_balloon(Some(8), Some(0)).unwrap();
     assert_eq!(
-        resources.balloon().map(|b| (b.amount_mib, b.stats_polling_interval_s)),
+        resources
+            .balloon()
+            .map(|b| (b.amount_mib, b.stats_polling_interval_s)),
         Some((8, 0))
     );
 }
@@ -165,14 +170,21 @@ fn drives_are_checked_and_the_root_drive_comes_first() {
         boot_args: None,
     };
     assert!(message(resources.put_boot_source(missing).unwrap_err()).starts_with("kernel "));
-    resources.put_drive("data", files.drive("data", "b.img", false)).unwrap();
-    resources.put_drive("rootfs", files.drive("rootfs", "a.img", true)).unwrap();
+    resources
+        .put_drive("data", files.drive("data", "b.img", false))
+        .unwrap();
+    resources
+        .put_drive("rootfs", files.drive("rootfs", "a.img", true))
+        .unwrap();
     let mismatch = message(
         resources
             .put_drive("other", files.drive("rootfs", "a.img", true))
             .unwrap_err(),
     );
-    assert_eq!(mismatch, "The id from the path does not match the id from the body!");
+    assert_eq!(
+        mismatch,
+        "The id from the path does not match the id from the body!"
+    );
     let second_root = message(
         resources
             .put_drive("data", files.drive("data", "b.img", true))
@@ -214,7 +226,9 @@ fn drives_are_checked_and_the_root_drive_comes_first() {
         assert!(text.contains(expected), "{text}");
     }
     // A drive given again is replaced, not added.
-    resources.put_drive("data", files.drive("data", "b.img", false)).unwrap();
+    resources
+        .put_drive("data", files.drive("data", "b.img", false))
+        .unwrap();
     let config = resources.vm_config(None).unwrap();
     let ids: Vec<&str> = config.drives.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(ids, ["rootfs", "data"]);

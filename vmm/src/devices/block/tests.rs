@@ -92,7 +92,9 @@ fn add_chain(
 }
 
 fn header(memory: &Memory, kind: u32, sector: u64) {
-    memory.write_obj(kind.to_le(), GuestAddress(HEADER)).unwrap();
+    memory
+        .write_obj(kind.to_le(), GuestAddress(HEADER))
+        .unwrap();
     memory
         .write_obj(sector.to_le(), GuestAddress(HEADER + 8))
         .unwrap();
@@ -103,7 +105,12 @@ fn status(memory: &Memory) -> u8 {
 }
 
 fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
-    mock.used().ring().ref_at(usize::from(slot)).unwrap().load().len()
+    mock.used()
+        .ring()
+        .ref_at(usize::from(slot))
+        .unwrap()
+        .load()
+        .len()
 }
 
 #[test]

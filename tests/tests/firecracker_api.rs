@@ -1,0 +1,469 @@
+//! End-to-end: the VMM started as Firecracker is (`vmm --api-sock PATH --id ID`), configured and
+//! booted through Firecracker's API: the curl sequence of Firecracker's getting-started guide
+//! (logger, boot source with an initrd, a root drive, machine, metrics, InstanceStart, then
+//! SendCtrlAltDel), Firecracker's answers to bad input before and after the start, and
+//! `--config-file`. The guest is a minimal ELF kernel ([`CTRL_ALT_DEL_GUEST`]): it prints its
+//! command line and initrd and reboots on Ctrl-Alt-Del.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod vmm_common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use e2e_tests::{elf_kernel, kvm_available, CTRL_ALT_DEL_GUEST};
+use serde_json::{json, Value};
+use vmm_cli::ApiClient;
+use vmm_common::{get, send, Scratch, VmmRun};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const INITRD: &str = "initrd: llfree-vmm\n";
+const NOT_AFTER_START: &str =
+    "The requested operation is not supported after starting the microVM.";
+const NOT_BEFORE_START: &str =
+    "The requested operation is not supported before starting the microVM.";
+
+/// A kernel, initrd and 1 MiB root file system in `scratch`.
+fn guest_files(scratch: &Scratch) -> (String, String, String) {
+    let (kernel, initrd, rootfs) = (
+        scratch.path("vmlinux"),
+        scratch.path("initrd"),
+        scratch.path("rootfs.ext4"),
+    );
+    std::fs::write(&kernel, elf_kernel(CTRL_ALT_DEL_GUEST)).unwrap();
+    std::fs::write(&initrd, INITRD).unwrap();
+    std::fs::write(&rootfs, vec![0u8; 1 << 20]).unwrap();
+    (kernel, initrd, rootfs)
+}
+
+/// `curl --unix-socket SOCKET -X METHOD [-d BODY] http://localhost/PATH`: status and body.
+fn curl(socket: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let mut command = Command::new("curl");
+    command.args([
+        "-sS",
+        "--unix-socket",
+        socket,
+        "-X",
+        method,
+        "-H",
+        "Accept: application/json",
+        "-H",
+        "Content-Type: application/json",
+        "-w",
+        "\n%{http_code}",
+    ]);
+    if let Some(body) = body {
+        command.args(["-d", &body.to_string()]);
+    }
+    let output = command
+        .arg(format!("http://localhost{path}"))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), body.to_owned())
+}
+
+/// Whether curl can be run; CI must have it.
+fn curl_available(test: &str) -> bool {
+    let found = Command::new("curl").arg("--version").output().is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: curl is missing in CI"
+        );
+        eprintln!("SKIP: {test}: curl is not installed");
+    }
+    found
+}
+
+#[test]
+fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() {
+    let test = "the_getting_started_curl_sequence";
+    if !kvm_available(test) || !curl_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-guide");
+    let (kernel, initrd, rootfs) = guest_files(&scratch);
+    let (socket, log, metrics) = (
+        scratch.path("firecracker.socket"),
+        scratch.path("firecracker.log"),
+        scratch.path("metrics.json"),
+    );
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket, "--id", "guide_vm"]);
+    let api = vmm.api(&socket);
+    // Before PUT /machine-config: Firecracker's defaults.
+    let defaults = get(&api, "/machine-config");
+    assert_eq!(
+        (&defaults["vcpu_count"], &defaults["mem_size_mib"]),
+        (&json!(1), &json!(128))
+    );
+    assert_eq!(get(&api, "/")["state"], "Not started");
+    let put = |path: &str, body: Value| {
+        let (status, answer) = curl(&socket, "PUT", path, Some(&body));
+        assert_eq!(status, 204, "PUT {path}: {answer}");
+    };
+    put(
+        "/logger",
+        json!({"log_path": log, "level": "Debug", "show_level": true, "show_log_origin": true}),
+    );
+    put(
+        "/boot-source",
+        json!({"kernel_image_path": kernel, "initrd_path": initrd,
+               "boot_args": "console=ttyS0 reboot=k panic=1 pci=off"}),
+    );
+    put(
+        "/drives/rootfs",
+        json!({"drive_id": "rootfs", "path_on_host": rootfs, "is_root_device": true,
+               "is_read_only": false}),
+    );
+    put(
+        "/machine-config",
+        json!({"vcpu_count": 2, "mem_size_mib": 64}),
+    );
+    put("/metrics", json!({"metrics_path": metrics}));
+    put("/actions", json!({"action_type": "InstanceStart"}));
+
+    // The kernel got its command line (with its root drive and virtio-blk device) and initrd.
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    let console = vmm.stdout_so_far();
+    assert!(
+        console.starts_with(
+            "console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda rw \
+             virtio_mmio.device=4K@0xc0000000:5\n"
+        ),
+        "{console}"
+    );
+    let info = get(&api, "/");
+    assert_eq!(
+        (&info["app_name"], &info["id"], &info["state"]),
+        (&json!("llfree-vmm"), &json!("guide_vm"), &json!("Running"))
+    );
+    let config = get(&api, "/vm/config");
+    assert_eq!(config["drives"][0]["drive_id"], "rootfs");
+    assert_eq!(config["drives"][0]["is_root_device"], true);
+    assert_eq!(config["machine-config"]["vcpu_count"], 2);
+    assert_eq!(config["boot-source"]["initrd_path"], json!(initrd));
+    assert_eq!(config["logger"]["level"], "Debug");
+    assert_eq!(config["metrics"]["metrics_path"], json!(metrics));
+    assert_eq!(get(&api, "/machine-config")["mem_size_mib"], 64);
+    // FlushMetrics writes a line with the drive's counters.
+    put("/actions", json!({"action_type": "FlushMetrics"}));
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let line: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert_eq!(line["vmm"]["state"], "Running");
+    assert_eq!(line["block"]["rootfs"]["failed"], 0);
+    assert!(line["utc_timestamp_ms"].as_u64().unwrap() > 0);
+    // The log went to the file, with levels.
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("INFO") || logged.contains("DEBUG"),
+        "{logged}"
+    );
+
+    put("/actions", json!({"action_type": "SendCtrlAltDel"}));
+    let run = vmm.wait(TIMEOUT);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("the guest reset the VM through the i8042 keyboard controller"),
+        "{run:#?}"
+    );
+}
+
+/// Sends `method path body` and expects Firecracker's 400 with `message` in its fault.
+fn refused(api: &ApiClient, method: &str, path: &str, body: Option<&str>, message: &str) {
+    let response = api.request(method, path, body).unwrap();
+    assert_eq!(response.status, 400, "{method} {path}: {}", response.body);
+    let fault = response.fault_message().unwrap();
+    assert!(fault.contains(message), "{method} {path}: {fault}");
+}
+
+#[test]
+fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
+    let test = "bad_input_before_and_after_the_start";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-errors");
+    let (kernel, _, rootfs) = guest_files(&scratch);
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    let boot = format!(r#"{{"kernel_image_path":"{kernel}"}}"#);
+    let drive = format!(
+        r#"{{"drive_id":"rootfs","path_on_host":"{rootfs}","is_root_device":true,"is_read_only":true}}"#
+    );
+    // Before the start: what needs a VM, a start without a kernel, bad values and fields.
+    for (method, path, body, message) in [
+        (
+            "PATCH",
+            "/vm",
+            Some(r#"{"state":"Paused"}"#),
+            NOT_BEFORE_START,
+        ),
+        ("GET", "/balloon/statistics", None, NOT_BEFORE_START),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"SendCtrlAltDel"}"#),
+            NOT_BEFORE_START,
+        ),
+        (
+            "PUT",
+            "/snapshot/create",
+            Some(r#"{"snapshot_path":"/s","mem_file_path":"/m"}"#),
+            NOT_BEFORE_START,
+        ),
+        ("GET", "/balloon", None, "balloon not configured"),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"InstanceStart"}"#),
+            "Missing kernel configuration",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":0,"mem_size_mib":64}"#),
+            "vcpus 0",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1,"mem_size_mib":0}"#),
+            "memory 0 bytes",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":2,"mem_size_mib":64,"smt":true}"#),
+            "smt",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1}"#),
+            "missing field `mem_size_mib`",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1,"mem_size_mib":64,"x":1}"#),
+            "unknown field `x`",
+        ),
+        (
+            "PATCH",
+            "/machine-config",
+            Some("{}"),
+            "Empty PATCH request.",
+        ),
+        (
+            "PUT",
+            "/boot-source",
+            Some(r#"{"kernel_image_path":"/no/such/kernel"}"#),
+            "kernel /no/such/kernel",
+        ),
+        (
+            "PUT",
+            "/drives/other",
+            Some(drive.as_str()),
+            "does not match the id from the body",
+        ),
+        (
+            "PUT",
+            "/drives/rootfs",
+            Some(
+                r#"{"drive_id":"rootfs","is_root_device":false,"path_on_host":"/nope","is_read_only":false}"#,
+            ),
+            "/nope",
+        ),
+        (
+            "PUT",
+            "/balloon",
+            Some(r#"{"amount_mib":512,"deflate_on_oom":false}"#),
+            "too large",
+        ),
+        (
+            "PUT",
+            "/balloon",
+            Some(r#"{"amount_mib":8}"#),
+            "missing field `deflate_on_oom`",
+        ),
+        (
+            "PUT",
+            "/logger",
+            Some(r#"{"level":"Loud"}"#),
+            "unknown log level",
+        ),
+        (
+            "PUT",
+            "/metrics",
+            Some(r#"{"metrics_path":"/no/such/dir/m"}"#),
+            "Metrics error",
+        ),
+        (
+            "PUT",
+            "/pmem/pmem0",
+            Some(r#"{"id":"pmem0","path_on_host":"/z","size_mib":2}"#),
+            "zone",
+        ),
+        (
+            "DELETE",
+            "/drives/rootfs",
+            None,
+            "Invalid request method and/or path: DELETE /drives/rootfs.",
+        ),
+    ] {
+        refused(&api, method, path, body, message);
+    }
+    // Configured, a snapshot is not loaded any more; the machine keeps its last good values.
+    send(
+        &api,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count":1,"mem_size_mib":32}"#,
+    );
+    send(&api, "PATCH", "/machine-config", r#"{"mem_size_mib":64}"#);
+    send(&api, "PUT", "/boot-source", &boot);
+    send(&api, "PUT", "/drives/rootfs", &drive);
+    send(
+        &api,
+        "PUT",
+        "/balloon",
+        r#"{"amount_mib":8,"deflate_on_oom":true}"#,
+    );
+    send(&api, "PATCH", "/balloon", r#"{"amount_mib":16}"#);
+    assert_eq!(get(&api, "/balloon")["amount_mib"], 16);
+    assert_eq!(get(&api, "/machine-config")["mem_size_mib"], 64);
+    let load =
+        r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"File","backend_path":"/m"}}"#;
+    refused(
+        &api,
+        "PUT",
+        "/snapshot/load",
+        Some(load),
+        "not allowed after configuring",
+    );
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    // No initrd: the kernel prints its command line and waits.
+    vmm.wait_for_line("root=/dev/vda ro", TIMEOUT);
+
+    // After the start: every pre-boot request is refused, statistics stay off.
+    for (method, path, body) in [
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1,"mem_size_mib":64}"#),
+        ),
+        ("PATCH", "/machine-config", Some(r#"{"mem_size_mib":32}"#)),
+        ("PUT", "/boot-source", Some(boot.as_str())),
+        ("PUT", "/drives/rootfs", Some(drive.as_str())),
+        (
+            "PUT",
+            "/balloon",
+            Some(r#"{"amount_mib":8,"deflate_on_oom":true}"#),
+        ),
+        ("PUT", "/logger", Some(r#"{"level":"Info"}"#)),
+        ("PUT", "/metrics", Some(r#"{"metrics_path":"/tmp/m"}"#)),
+        (
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"InstanceStart"}"#),
+        ),
+        ("PUT", "/snapshot/load", Some(load)),
+    ] {
+        refused(&api, method, path, body, NOT_AFTER_START);
+    }
+    refused(
+        &api,
+        "GET",
+        "/balloon/statistics",
+        None,
+        "stats are disabled",
+    );
+    refused(
+        &api,
+        "PATCH",
+        "/balloon/statistics",
+        Some(r#"{"stats_polling_interval_s":1}"#),
+        "cannot be enabled/disabled",
+    );
+    refused(
+        &api,
+        "PATCH",
+        "/balloon",
+        Some(r#"{"amount_mib":65}"#),
+        "exceeds",
+    );
+    send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    assert_eq!(get(&api, "/")["state"], "Paused");
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+}
+
+#[test]
+fn a_config_file_boots_at_once() {
+    let test = "a_config_file_boots_at_once";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-config-file");
+    let (kernel, initrd, rootfs) = guest_files(&scratch);
+    let (socket, file) = (scratch.path("api.sock"), scratch.path("vm.json"));
+    let config = json!({
+        "boot-source": {"kernel_image_path": kernel, "initrd_path": initrd,
+                        "boot_args": "console=ttyS0 -- init"},
+        "drives": [{"drive_id": "data", "path_on_host": rootfs, "is_root_device": false,
+                    "is_read_only": true}],
+        "machine-config": {"vcpu_count": 1, "mem_size_mib": 32, "huge_pages": "None"},
+        "balloon": {"amount_mib": 4, "deflate_on_oom": false, "stats_polling_interval_s": 1},
+        "network-interfaces": []
+    });
+    std::fs::write(&file, config.to_string()).unwrap();
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket, "--config-file", &file]);
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    // The balloon and the drive take their slots; init arguments stay last.
+    assert!(
+        vmm.stdout_so_far().starts_with(
+            "console=ttyS0 virtio_mmio.device=4K@0xc0000000:5 \
+             virtio_mmio.device=4K@0xc0001000:6 -- init\n"
+        ),
+        "{}",
+        vmm.stdout_so_far()
+    );
+    let api = vmm.api(&socket);
+    let shown = get(&api, "/vm/config");
+    assert_eq!(shown["balloon"]["amount_mib"], 4);
+    assert_eq!(shown["drives"][0]["is_read_only"], true);
+    assert_eq!(get(&api, "/balloon/statistics")["target_mib"], 4);
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+
+    // A file with a device this VMM lacks, or bad JSON, is refused with status 2 or 1.
+    std::fs::write(&file, r#"{"vsock": {"guest_cid": 3, "uds_path": "/v"}}"#).unwrap();
+    let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
+    assert!(run.stderr.contains("vsock is not supported"), "{run:#?}");
+    assert_ne!(run.code, Some(0));
+    std::fs::write(&file, "{").unwrap();
+    let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
+    run.assert_fails(2, "--config-file");
+}
