@@ -248,7 +248,7 @@ impl VmResources {
             .size_mib
             .ok_or_else(|| refuse("pmem size_mib is required (the device's size in the zone)"))?;
         check_pmem(
-            size_mib.checked_mul(MIB).unwrap_or(u64::MAX),
+            size_mib.saturating_mul(MIB),
             Some(&zone_target(zone)),
         )
         .map_err(invalid)

@@ -1,0 +1,188 @@
+// Command firecracker-sdk drives llfree-vmm through the official Firecracker Go SDK
+// (github.com/firecracker-microvm/firecracker-go-sdk), exactly as the SDK starts and drives
+// Firecracker: it boots a kernel with an initrd and a root drive, sets and reads the balloon and
+// its statistics, pauses the VM, snapshots it, restores the snapshot into a new VMM process,
+// resumes it and shuts it down with SendCtrlAltDel. It prints one "ok:" line per step and exits
+// with status 1 on the first failure.
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	firecracker "github.com/firecracker-microvm/firecracker-go-sdk"
+	models "github.com/firecracker-microvm/firecracker-go-sdk/client/models"
+	"github.com/sirupsen/logrus"
+)
+
+// console collects what the VMM writes on stdout: the guest's serial console.
+type console struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (c *console) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.Write(p)
+}
+
+func (c *console) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+// waitFor waits until the console shows text.
+func (c *console) waitFor(text string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(c.String(), text) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no %q on the console after %v; it shows %q", text, timeout, c.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+type options struct {
+	vmm, kernel, initrd, rootfs, dir, initrdText string
+}
+
+func check(err error, what string) {
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAILED: %s: %v\n", what, err)
+		os.Exit(1)
+	}
+	fmt.Printf("ok: %s\n", what)
+}
+
+func expect(condition bool, what string, format string, args ...interface{}) {
+	if !condition {
+		check(fmt.Errorf(format, args...), what)
+	}
+	fmt.Printf("ok: %s\n", what)
+}
+
+// machine makes a Machine whose VMM is llfree-vmm, started as the SDK starts Firecracker.
+func machine(ctx context.Context, o options, cfg firecracker.Config, out *console, opts ...firecracker.Opt) (*firecracker.Machine, error) {
+	logger := logrus.New()
+	logger.SetLevel(logrus.WarnLevel)
+	command := firecracker.VMCommandBuilder{}.
+		WithBin(o.vmm).
+		WithSocketPath(cfg.SocketPath).
+		AddArgs("--id", cfg.VMID).
+		WithStdout(out).
+		WithStderr(os.Stderr).
+		Build(ctx)
+	opts = append(opts, firecracker.WithProcessRunner(command), firecracker.WithLogger(logrus.NewEntry(logger)))
+	return firecracker.NewMachine(ctx, cfg, opts...)
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.vmm, "vmm", "", "the vmm binary")
+	flag.StringVar(&o.kernel, "kernel", "", "the kernel")
+	flag.StringVar(&o.initrd, "initrd", "", "the initrd")
+	flag.StringVar(&o.initrdText, "initrd-text", "", "what the guest prints of its initrd")
+	flag.StringVar(&o.rootfs, "rootfs", "", "the root drive's image")
+	flag.StringVar(&o.dir, "dir", "", "a scratch directory")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// Boot: kernel, initrd, root drive, machine, balloon with statistics, logger, metrics.
+	cfg := firecracker.Config{
+		SocketPath:      filepath.Join(o.dir, "first.sock"),
+		VMID:            "sdk_vm",
+		LogPath:         filepath.Join(o.dir, "first.log"),
+		LogLevel:        "Debug",
+		MetricsPath:     filepath.Join(o.dir, "metrics.json"),
+		KernelImagePath: o.kernel,
+		InitrdPath:      o.initrd,
+		KernelArgs:      "console=ttyS0 reboot=k panic=1 pci=off",
+		Drives:          firecracker.NewDrivesBuilder(o.rootfs).Build(),
+		MachineCfg: models.MachineConfiguration{
+			VcpuCount:  firecracker.Int64(2),
+			MemSizeMib: firecracker.Int64(64),
+		},
+	}
+	out := &console{}
+	m, err := machine(ctx, o, cfg, out)
+	check(err, "NewMachine")
+	m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewCreateBalloonHandler(16, true, 1))
+	check(m.Start(ctx), "Start (logger, metrics, machine-config, boot-source, drives, balloon, InstanceStart)")
+	check(out.waitFor(o.initrdText, time.Minute), "the guest printed its initrd")
+	expect(strings.Contains(out.String(), "root=/dev/vda rw"), "the root drive is on the command line", "console: %q", out.String())
+
+	info, err := m.DescribeInstanceInfo(ctx)
+	check(err, "DescribeInstanceInfo")
+	expect(*info.State == "Running" && *info.ID == "sdk_vm" && *info.AppName == "llfree-vmm",
+		"instance info", "state %q, id %q, app %q", *info.State, *info.ID, *info.AppName)
+	version, err := m.GetFirecrackerVersion(ctx)
+	check(err, "GetFirecrackerVersion")
+	expect(version != "", "a version", "empty version")
+
+	// The balloon: read, set, statistics.
+	balloon, err := m.GetBalloonConfig(ctx)
+	check(err, "GetBalloonConfig")
+	expect(*balloon.AmountMib == 16 && *balloon.DeflateOnOom && balloon.StatsPollingIntervals == 1,
+		"the balloon as created", "%+v", balloon)
+	check(m.UpdateBalloon(ctx, 8), "UpdateBalloon 8 MiB")
+	balloon, err = m.GetBalloonConfig(ctx)
+	check(err, "GetBalloonConfig after the update")
+	expect(*balloon.AmountMib == 8, "the new balloon target", "amount %d", *balloon.AmountMib)
+	stats, err := m.GetBalloonStats(ctx)
+	check(err, "GetBalloonStats")
+	expect(*stats.TargetMib == 8 && *stats.TargetPages == 8*256, "the statistics' target", "%+v", stats)
+	check(m.UpdateBalloonStats(ctx, 2), "UpdateBalloonStats 2 s")
+	balloon, err = m.GetBalloonConfig(ctx)
+	check(err, "GetBalloonConfig after the interval change")
+	expect(balloon.StatsPollingIntervals == 2, "the new statistics interval", "%d", balloon.StatsPollingIntervals)
+
+	// Pause, snapshot, and end this VMM.
+	check(m.PauseVM(ctx), "PauseVM")
+	info, err = m.DescribeInstanceInfo(ctx)
+	check(err, "DescribeInstanceInfo when paused")
+	expect(*info.State == "Paused", "paused", "state %q", *info.State)
+	memFile := filepath.Join(o.dir, "vm.mem")
+	snapshot := filepath.Join(o.dir, "vm.snap")
+	check(m.CreateSnapshot(ctx, memFile, snapshot), "CreateSnapshot")
+	check(m.StopVMM(), "StopVMM")
+	_ = m.Wait(ctx)
+
+	// Restore into a new VMM process and resume.
+	restoredCfg := firecracker.Config{
+		SocketPath: filepath.Join(o.dir, "second.sock"),
+		VMID:       "sdk_vm_restored",
+		Drives:     firecracker.NewDrivesBuilder(o.rootfs).Build(),
+		MachineCfg: cfg.MachineCfg,
+	}
+	restoredOut := &console{}
+	r, err := machine(ctx, o, restoredCfg, restoredOut,
+		firecracker.WithSnapshot(memFile, snapshot, func(s *firecracker.SnapshotConfig) { s.ResumeVM = true }))
+	check(err, "NewMachine WithSnapshot")
+	check(r.Start(ctx), "Start from the snapshot (LoadSnapshot, resume_vm)")
+	info, err = r.DescribeInstanceInfo(ctx)
+	check(err, "DescribeInstanceInfo after the restore")
+	expect(*info.State == "Running", "running again", "state %q", *info.State)
+	balloon, err = r.GetBalloonConfig(ctx)
+	check(err, "GetBalloonConfig after the restore")
+	expect(*balloon.AmountMib == 8 && balloon.StatsPollingIntervals == 2, "the balloon came along", "%+v", balloon)
+	check(r.PauseVM(ctx), "PauseVM after the restore")
+	check(r.ResumeVM(ctx), "ResumeVM")
+
+	// Shut down as the SDK does: Ctrl-Alt-Del; the guest reboots and the VMM ends.
+	check(r.Shutdown(ctx), "Shutdown (SendCtrlAltDel)")
+	waitCtx, waitCancel := context.WithTimeout(ctx, time.Minute)
+	defer waitCancel()
+	check(r.Wait(waitCtx), "the VMM ended with status 0")
+	fmt.Println("ok: all steps passed")
+}

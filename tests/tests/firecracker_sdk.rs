@@ -1,0 +1,85 @@
+//! End-to-end: the official Firecracker Go SDK (firecracker-go-sdk v1.0.0, resolved through the
+//! Go module proxy) drives the VMM exactly as it drives Firecracker: the program in
+//! `tests/firecracker-sdk` starts `vmm` through the SDK's Machine API with a kernel, initrd and
+//! root drive, sets and reads the balloon and its statistics, pauses, snapshots, restores into a
+//! new VMM process, resumes and shuts down with SendCtrlAltDel. The kernel is the minimal ELF
+//! guest of the Firecracker API tests ([`CTRL_ALT_DEL_GUEST`]).
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+use std::path::Path;
+use std::process::Command;
+
+use e2e_tests::{elf_kernel, kvm_available, vmm_binary, Scratch, CTRL_ALT_DEL_GUEST};
+
+/// What the guest's initrd holds, and so prints.
+const INITRD: &str = "initrd: driven by the Firecracker Go SDK\n";
+
+/// Whether Go can be run; CI must have it.
+fn go_available(test: &str) -> bool {
+    let found = Command::new("go").arg("version").output().is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: go is missing in CI (.ci/run installs golang-go)"
+        );
+        eprintln!("SKIP: {test}: go is not installed");
+    }
+    found
+}
+
+#[test]
+fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
+    let test = "the_firecracker_go_sdk_drives_the_vm";
+    if !kvm_available(test) || !go_available(test) {
+        return;
+    }
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("firecracker-sdk");
+    let scratch = Scratch::new("fc-sdk");
+    let program = scratch.path("firecracker-sdk");
+    // The module's go.sum pins every dependency; the module proxy serves them.
+    let build = Command::new("go")
+        .args(["build", "-mod=readonly", "-o", &program, "."])
+        .current_dir(&source)
+        .output()
+        .expect("run go build");
+    assert!(
+        build.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let (kernel, initrd, rootfs) = (
+        scratch.path("vmlinux"),
+        scratch.path("initrd"),
+        scratch.path("rootfs.ext4"),
+    );
+    std::fs::write(&kernel, elf_kernel(CTRL_ALT_DEL_GUEST)).unwrap();
+    std::fs::write(&initrd, INITRD).unwrap();
+    std::fs::write(&rootfs, vec![0u8; 1 << 20]).unwrap();
+    let dir = scratch.path("run");
+    std::fs::create_dir(&dir).unwrap();
+    let run = Command::new(&program)
+        .args(["-vmm", vmm_binary(), "-kernel", &kernel, "-initrd", &initrd])
+        .args([
+            "-initrd-text",
+            INITRD.trim(),
+            "-rootfs",
+            &rootfs,
+            "-dir",
+            &dir,
+        ])
+        .output()
+        .expect("run the SDK program");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        run.status.success() && stdout.contains("ok: all steps passed"),
+        "the SDK program failed ({}):\n{stdout}\n{stderr}",
+        run.status
+    );
+    // The first VMM logged to its file at the SDK's level, and flushed no metrics yet.
+    let log = std::fs::read_to_string(Path::new(&dir).join("first.log")).unwrap();
+    assert!(log.contains("DEBUG") || log.contains("INFO"), "{log}");
+}
