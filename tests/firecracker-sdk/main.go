@@ -53,12 +53,20 @@ func (c *console) waitFor(text string, timeout time.Duration) error {
 }
 
 type options struct {
-	vmm, kernel, initrd, rootfs, dir, initrdText string
+	vmm, kernel, initrd, rootfs, dir, ready, bootArgs string
+	memMib                                            int64
+	guestStats                                        bool
 }
+
+// started are the machines whose VMM process may still run: a failure stops them.
+var started []*firecracker.Machine
 
 func check(err error, what string) {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAILED: %s: %v\n", what, err)
+		for _, m := range started {
+			_ = m.StopVMM()
+		}
 		os.Exit(1)
 	}
 	fmt.Printf("ok: %s\n", what)
@@ -83,20 +91,29 @@ func machine(ctx context.Context, o options, cfg firecracker.Config, out *consol
 		WithStderr(os.Stderr).
 		Build(ctx)
 	opts = append(opts, firecracker.WithProcessRunner(command), firecracker.WithLogger(logrus.NewEntry(logger)))
-	return firecracker.NewMachine(ctx, cfg, opts...)
+	m, err := firecracker.NewMachine(ctx, cfg, opts...)
+	if err == nil {
+		started = append(started, m)
+	}
+	return m, err
 }
 
 func main() {
 	var o options
 	flag.StringVar(&o.vmm, "vmm", "", "the vmm binary")
 	flag.StringVar(&o.kernel, "kernel", "", "the kernel")
-	flag.StringVar(&o.initrd, "initrd", "", "the initrd")
-	flag.StringVar(&o.initrdText, "initrd-text", "", "what the guest prints of its initrd")
+	flag.StringVar(&o.initrd, "initrd", "", "the initrd, if any")
+	flag.StringVar(&o.ready, "ready", "", "what the guest prints once it runs")
+	flag.StringVar(&o.bootArgs, "boot-args", "console=ttyS0 reboot=k panic=1 pci=off", "the kernel command line")
 	flag.StringVar(&o.rootfs, "rootfs", "", "the root drive's image")
 	flag.StringVar(&o.dir, "dir", "", "a scratch directory")
+	flag.Int64Var(&o.memMib, "mem-mib", 64, "guest memory in MiB")
+	flag.BoolVar(&o.guestStats, "guest-stats", false, "wait for the guest's balloon driver to report its memory statistics")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// A real Linux boots for minutes where it runs nested under emulation.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	bootTimeout := 10 * time.Minute
 
 	// Boot: kernel, initrd, root drive, machine, balloon with statistics, logger, metrics.
 	cfg := firecracker.Config{
@@ -107,11 +124,11 @@ func main() {
 		MetricsPath:     filepath.Join(o.dir, "metrics.json"),
 		KernelImagePath: o.kernel,
 		InitrdPath:      o.initrd,
-		KernelArgs:      "console=ttyS0 reboot=k panic=1 pci=off",
+		KernelArgs:      o.bootArgs,
 		Drives:          firecracker.NewDrivesBuilder(o.rootfs).Build(),
 		MachineCfg: models.MachineConfiguration{
 			VcpuCount:  firecracker.Int64(2),
-			MemSizeMib: firecracker.Int64(64),
+			MemSizeMib: firecracker.Int64(o.memMib),
 		},
 	}
 	out := &console{}
@@ -119,7 +136,7 @@ func main() {
 	check(err, "NewMachine")
 	m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewCreateBalloonHandler(16, true, 1))
 	check(m.Start(ctx), "Start (logger, metrics, machine-config, boot-source, drives, balloon, InstanceStart)")
-	check(out.waitFor(o.initrdText, time.Minute), "the guest printed its initrd")
+	check(out.waitFor(o.ready, bootTimeout), "the guest runs")
 	expect(strings.Contains(out.String(), "root=/dev/vda rw"), "the root drive is on the command line", "console: %q", out.String())
 
 	info, err := m.DescribeInstanceInfo(ctx)
@@ -142,6 +159,17 @@ func main() {
 	stats, err := m.GetBalloonStats(ctx)
 	check(err, "GetBalloonStats")
 	expect(*stats.TargetMib == 8 && *stats.TargetPages == 8*256, "the statistics' target", "%+v", stats)
+	if o.guestStats {
+		// The guest's driver answers the device's statistics requests (every second).
+		deadline := time.Now().Add(bootTimeout)
+		for stats.FreeMemory == 0 && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+			stats, err = m.GetBalloonStats(ctx)
+			check(err, "GetBalloonStats while waiting for the guest's")
+		}
+		expect(stats.FreeMemory > 0 && stats.TotalMemory > 0 && stats.TotalMemory <= o.memMib<<20,
+			"the guest's memory statistics", "%+v", stats)
+	}
 	check(m.UpdateBalloonStats(ctx, 2), "UpdateBalloonStats 2 s")
 	balloon, err = m.GetBalloonConfig(ctx)
 	check(err, "GetBalloonConfig after the interval change")
@@ -181,7 +209,7 @@ func main() {
 
 	// Shut down as the SDK does: Ctrl-Alt-Del; the guest reboots and the VMM ends.
 	check(r.Shutdown(ctx), "Shutdown (SendCtrlAltDel)")
-	waitCtx, waitCancel := context.WithTimeout(ctx, time.Minute)
+	waitCtx, waitCancel := context.WithTimeout(ctx, bootTimeout)
 	defer waitCancel()
 	check(r.Wait(waitCtx), "the VMM ended with status 0")
 	fmt.Println("ok: all steps passed")

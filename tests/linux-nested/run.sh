@@ -6,7 +6,8 @@
 # down: QEMU in TCG mode with `-cpu max` emulates an AMD CPU with SVM; Debian's 6.1 kernel
 # there (L1) loads kvm_amd, and the test binaries run inside it against its /dev/kvm.
 #
-# Stages, all idempotent: packages (apt), the L2 kernel (Debian's linux-source-6.1, tinyconfig
+# Stages, all idempotent: packages (apt), the Firecracker Go SDK program (tests/firecracker-sdk,
+# static, from the Go module proxy), the L2 kernel (Debian's linux-source-6.1, tinyconfig
 # plus l2.config; cached outside the clone, keyed by its configuration), the L1 kernel
 # (Debian's linux-image, unpacked), the L2 initramfs (busybox and l2-init), the workspace's test
 # binaries, then the run. Ends with the test runners' summary lines; exits non-zero if a test
@@ -32,7 +33,8 @@ TIMEOUT=${LLFREE_NESTED_TIMEOUT:-1500}
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
-TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared)
+TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
+    linux_firecracker)
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
     xz-utils seabios e2fsprogs ndctl)
 # QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.
@@ -56,6 +58,7 @@ install_packages() {
             || echo "deb http://deb.debian.org/debian $QEMU_SUITE main" \
                 >/etc/apt/sources.list.d/$QEMU_SUITE.list
     fi
+    command -v go >/dev/null 2>&1 || missing+=(golang-go)
     [ ${#missing[@]} -eq 0 ] && return
     log "installing ${missing[*]}"
     apt-get update -qq
@@ -126,6 +129,12 @@ l2_initramfs() {
     pack "$root" "$WORK/l2-initrd.gz"
 }
 
+# The Firecracker Go SDK program of tests/firecracker-sdk, static (it runs in L1 too).
+build_sdk_program() {
+    (cd "$ROOT/tests/firecracker-sdk" &&
+        CGO_ENABLED=0 go build -mod=readonly -o "$WORK/firecracker-sdk" . >&2)
+}
+
 # Builds vmm and the test binaries; prints the binaries' paths.
 build_tests() {
     local args=()
@@ -176,6 +185,7 @@ l1_initramfs() {
     done
     cp "$ROOT/target/release/vmm" "$root/bin/vmm"
     copy_libraries "$ROOT/target/release/vmm" "$root"
+    cp "$WORK/firecracker-sdk" "$root/bin/firecracker-sdk"
     cp "$kernel" "$root/l2/bzImage"
     cp "$WORK/l2-initrd.gz" "$root/l2/initrd.gz"
     echo "$FILTER" >"$root/tests/filter"
@@ -214,6 +224,7 @@ run_directly() {
     local kernel=$1 binary status=0
     shift
     export LLFREE_VMM_TEST_KERNEL=$kernel LLFREE_VMM_TEST_INITRD=$WORK/l2-initrd.gz
+    export LLFREE_VMM_FC_SDK=$WORK/firecracker-sdk
     # The vmm that build_tests just built (its own build, whose features differ from the tests').
     export LLFREE_VMM_BIN=$ROOT/target/release/vmm
     # A DAX file system for the MAP_SYNC zone test, if the host has one mounted here.
@@ -231,6 +242,7 @@ main() {
     local kernel l1 binaries output status=0
     kernel=$(l2_kernel)
     l2_initramfs
+    build_sdk_program
     mapfile -t binaries < <(build_tests)
     [ ${#binaries[@]} -eq ${#TESTS[@]} ] || die "expected ${#TESTS[@]} test binaries: ${binaries[*]}"
     output=$WORK/output.log

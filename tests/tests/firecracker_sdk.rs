@@ -61,14 +61,7 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
     std::fs::create_dir(&dir).unwrap();
     let run = Command::new(&program)
         .args(["-vmm", vmm_binary(), "-kernel", &kernel, "-initrd", &initrd])
-        .args([
-            "-initrd-text",
-            INITRD.trim(),
-            "-rootfs",
-            &rootfs,
-            "-dir",
-            &dir,
-        ])
+        .args(["-ready", INITRD.trim(), "-rootfs", &rootfs, "-dir", &dir])
         .output()
         .expect("run the SDK program");
     let stdout = String::from_utf8_lossy(&run.stdout);

@@ -247,11 +247,7 @@ impl VmResources {
         let size_mib = pmem
             .size_mib
             .ok_or_else(|| refuse("pmem size_mib is required (the device's size in the zone)"))?;
-        check_pmem(
-            size_mib.saturating_mul(MIB),
-            Some(&zone_target(zone)),
-        )
-        .map_err(invalid)
+        check_pmem(size_mib.saturating_mul(MIB), Some(&zone_target(zone))).map_err(invalid)
     }
 
     /// `PUT /pmem/{id}`: the VM's one virtio-pmem device, in its zone.
