@@ -1,0 +1,259 @@
+//! Times the VMM started as Firecracker is (`vmm --api-sock`), driven the way Firecracker's
+//! clients drive it, against `vmm run` booting the same guest, all from the outside:
+//!
+//! ```text
+//! firecracker-api-bench RUNS [DIR]
+//! ```
+//!
+//! Each run of the API path: spawn `vmm --api-sock` → its socket answers (`GET /`) → the
+//! configuration (`PUT /machine-config`, `/boot-source` with an initrd, `/drives/rootfs`,
+//! `/balloon`) → `PUT /actions InstanceStart` answered → the guest's first output (the minimal
+//! ELF kernel of the tests prints its command line and initrd) → `SendCtrlAltDel` → the VMM's
+//! exit. The `vmm run` path: spawn `vmm run --kernel ... --drive ... --balloon ...` → the
+//! guest's first output. Prints every run and the medians (ms); scratch files go to DIR
+//! (default: the temp directory). The `vmm` is the one beside this program, or
+//! `LLFREE_VMM_BIN`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use e2e_tests::{elf_kernel, CTRL_ALT_DEL_GUEST};
+use vmm_cli::ApiClient;
+
+/// How long any one wait may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// What the guest's initrd holds, and so prints last.
+const INITRD: &str = "bench-initrd-end";
+
+/// The `vmm` binary: `LLFREE_VMM_BIN`, or the one beside this program.
+fn vmm_binary() -> PathBuf {
+    match std::env::var_os("LLFREE_VMM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("vmm")))
+            .unwrap_or_else(|| PathBuf::from("vmm")),
+    }
+}
+
+/// The phases of one API run, as durations from the spawn.
+struct ApiRun {
+    socket_ready: Duration,
+    configured: Duration,
+    started: Duration,
+    first_output: Duration,
+    exited: Duration,
+}
+
+/// A child's stdout, read on a thread of its own.
+fn stdout_reader(child: &mut Child) -> Receiver<u8> {
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while let Ok(1) = stdout.read(&mut byte) {
+            if sender.send(byte[0]).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// Waits until `text` has come on `output`.
+fn wait_for(output: &Receiver<u8>, text: &str) -> Result<(), String> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut seen = Vec::new();
+    while !seen.ends_with(text.as_bytes()) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let byte = output.recv_timeout(left).map_err(|_| {
+            format!(
+                "no {text:?} on the console: {}",
+                String::from_utf8_lossy(&seen)
+            )
+        })?;
+        seen.push(byte);
+    }
+    Ok(())
+}
+
+/// Sends one request that must succeed.
+fn call(api: &ApiClient, method: &str, path: &str, body: Option<&str>) -> Result<(), String> {
+    let response = api
+        .request(method, path, body)
+        .map_err(|e| format!("{method} {path}: {e}"))?;
+    if !response.is_success() {
+        return Err(format!(
+            "{method} {path}: {} {}",
+            response.status, response.body
+        ));
+    }
+    Ok(())
+}
+
+fn api_run(dir: &Path, kernel: &str, initrd: &str, rootfs: &str) -> Result<ApiRun, String> {
+    let socket = dir.join("bench.sock");
+    let _ = std::fs::remove_file(&socket);
+    let spawned = Instant::now();
+    let mut child = Command::new(vmm_binary())
+        .arg("--api-sock")
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn vmm: {e}"))?;
+    let output = stdout_reader(&mut child);
+    let api = ApiClient::new(&socket);
+    while api.request("GET", "/", None).is_err() {
+        if spawned.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            return Err("no API socket".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let socket_ready = spawned.elapsed();
+    call(
+        &api,
+        "PUT",
+        "/machine-config",
+        Some(r#"{"vcpu_count":1,"mem_size_mib":64}"#),
+    )?;
+    let boot = format!(r#"{{"kernel_image_path":"{kernel}","initrd_path":"{initrd}"}}"#);
+    call(&api, "PUT", "/boot-source", Some(&boot))?;
+    let drive = format!(
+        r#"{{"drive_id":"rootfs","path_on_host":"{rootfs}","is_root_device":true,"is_read_only":false}}"#
+    );
+    call(&api, "PUT", "/drives/rootfs", Some(&drive))?;
+    call(
+        &api,
+        "PUT",
+        "/balloon",
+        Some(r#"{"amount_mib":0,"deflate_on_oom":true}"#),
+    )?;
+    let configured = spawned.elapsed();
+    call(
+        &api,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"InstanceStart"}"#),
+    )?;
+    let started = spawned.elapsed();
+    wait_for(&output, INITRD)?;
+    let first_output = spawned.elapsed();
+    call(
+        &api,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"SendCtrlAltDel"}"#),
+    )?;
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let exited = spawned.elapsed();
+    if !status.success() {
+        return Err(format!("vmm --api-sock ended with {status}"));
+    }
+    Ok(ApiRun {
+        socket_ready,
+        configured,
+        started,
+        first_output,
+        exited,
+    })
+}
+
+fn run_run(kernel: &str, initrd: &str, rootfs: &str) -> Result<Duration, String> {
+    let spawned = Instant::now();
+    let drive = format!("id=rootfs,path={rootfs},root=on");
+    let mut child = Command::new(vmm_binary())
+        .args([
+            "run", "--memory", "64M", "--kernel", kernel, "--initrd", initrd,
+        ])
+        .args(["--drive", &drive, "--balloon", "size=0,deflate_on_oom=on"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn vmm run: {e}"))?;
+    let output = stdout_reader(&mut child);
+    wait_for(&output, INITRD)?;
+    let first_output = spawned.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(first_output)
+}
+
+fn ms(time: Duration) -> f64 {
+    time.as_secs_f64() * 1e3
+}
+
+fn median(mut times: Vec<Duration>) -> f64 {
+    times.sort();
+    ms(times[times.len() / 2])
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (runs, dir) = match args.as_slice() {
+        [runs] => (runs.parse::<usize>().ok(), std::env::temp_dir()),
+        [runs, dir] => (runs.parse::<usize>().ok(), PathBuf::from(dir)),
+        _ => (None, PathBuf::new()),
+    };
+    let Some(runs) = runs.filter(|&runs| runs > 0) else {
+        eprintln!("usage: firecracker-api-bench RUNS [DIR]");
+        return ExitCode::from(2);
+    };
+    let dir = dir.join(format!("firecracker-api-bench-{}", std::process::id()));
+    let files = std::fs::create_dir_all(&dir).and_then(|()| {
+        std::fs::write(dir.join("vmlinux"), elf_kernel(CTRL_ALT_DEL_GUEST))?;
+        std::fs::write(dir.join("initrd"), INITRD)?;
+        std::fs::write(dir.join("rootfs"), vec![0u8; 1 << 20])
+    });
+    if let Err(e) = files {
+        eprintln!("error: {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let (kernel, initrd, rootfs) = (path("vmlinux"), path("initrd"), path("rootfs"));
+    let mut api = Vec::with_capacity(runs);
+    let mut run = Vec::with_capacity(runs);
+    for i in 1..=runs {
+        let measured = api_run(&dir, &kernel, &initrd, &rootfs)
+            .and_then(|a| run_run(&kernel, &initrd, &rootfs).map(|r| (a, r)));
+        match measured {
+            Ok((a, r)) => {
+                println!(
+                    "run {i}: api socket {:.1} configured {:.1} InstanceStart answered {:.1} \
+                     first output {:.1} exit after Ctrl-Alt-Del {:.1}; vmm run first output {:.1} (ms)",
+                    ms(a.socket_ready),
+                    ms(a.configured),
+                    ms(a.started),
+                    ms(a.first_output),
+                    ms(a.exited),
+                    ms(r)
+                );
+                api.push(a);
+                run.push(r);
+            }
+            Err(why) => {
+                eprintln!("error: run {i}: {why}");
+                let _ = std::fs::remove_dir_all(&dir);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let phase = |f: fn(&ApiRun) -> Duration| median(api.iter().map(f).collect());
+    println!(
+        "median over {runs} runs (ms): api socket {:.1}, configured (4 PUTs) {:.1}, \
+         InstanceStart answered {:.1}, first output {:.1}, exit after Ctrl-Alt-Del {:.1}; \
+         vmm run to first output {:.1}",
+        phase(|a| a.socket_ready),
+        phase(|a| a.configured),
+        phase(|a| a.started),
+        phase(|a| a.first_output),
+        phase(|a| a.exited),
+        median(run)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    ExitCode::SUCCESS
+}
