@@ -135,8 +135,11 @@ func main() {
 	m, err := machine(ctx, o, cfg, out)
 	check(err, "NewMachine")
 	m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewCreateBalloonHandler(16, true, 1))
+	began := time.Now()
 	check(m.Start(ctx), "Start (logger, metrics, machine-config, boot-source, drives, balloon, InstanceStart)")
+	startTime := time.Since(began)
 	check(out.waitFor(o.ready, bootTimeout), "the guest runs")
+	readyTime := time.Since(began)
 	expect(strings.Contains(out.String(), "root=/dev/vda rw"), "the root drive is on the command line", "console: %q", out.String())
 
 	info, err := m.DescribeInstanceInfo(ctx)
@@ -182,7 +185,9 @@ func main() {
 	expect(*info.State == "Paused", "paused", "state %q", *info.State)
 	memFile := filepath.Join(o.dir, "vm.mem")
 	snapshot := filepath.Join(o.dir, "vm.snap")
+	began = time.Now()
 	check(m.CreateSnapshot(ctx, memFile, snapshot), "CreateSnapshot")
+	snapshotTime := time.Since(began)
 	check(m.StopVMM(), "StopVMM")
 	_ = m.Wait(ctx)
 
@@ -197,7 +202,9 @@ func main() {
 	r, err := machine(ctx, o, restoredCfg, restoredOut,
 		firecracker.WithSnapshot(memFile, snapshot, func(s *firecracker.SnapshotConfig) { s.ResumeVM = true }))
 	check(err, "NewMachine WithSnapshot")
+	began = time.Now()
 	check(r.Start(ctx), "Start from the snapshot (LoadSnapshot, resume_vm)")
+	restoreTime := time.Since(began)
 	info, err = r.DescribeInstanceInfo(ctx)
 	check(err, "DescribeInstanceInfo after the restore")
 	expect(*info.State == "Running", "running again", "state %q", *info.State)
@@ -208,9 +215,16 @@ func main() {
 	check(r.ResumeVM(ctx), "ResumeVM")
 
 	// Shut down as the SDK does: Ctrl-Alt-Del; the guest reboots and the VMM ends.
+	began = time.Now()
 	check(r.Shutdown(ctx), "Shutdown (SendCtrlAltDel)")
 	waitCtx, waitCancel := context.WithTimeout(ctx, bootTimeout)
 	defer waitCancel()
 	check(r.Wait(waitCtx), "the VMM ended with status 0")
+	shutdownTime := time.Since(began)
+	fmt.Printf("time: Start %v, guest running %v after it began, CreateSnapshot (%d MiB copied) %v, "+
+		"Start from the snapshot %v, Shutdown to the VMM's exit %v\n",
+		startTime.Round(time.Microsecond*100), readyTime.Round(time.Microsecond*100), o.memMib,
+		snapshotTime.Round(time.Microsecond*100), restoreTime.Round(time.Microsecond*100),
+		shutdownTime.Round(time.Microsecond*100))
 	fmt.Println("ok: all steps passed")
 }

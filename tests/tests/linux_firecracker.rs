@@ -20,12 +20,15 @@ use vmm::boot::DEFAULT_CMDLINE;
 use vmm_common::{vmm_binary, Scratch, VmmRun};
 
 /// The root file system's /sbin/init: reports in lines starting with `LLFREE-ROOT `. On a
-/// writable root it counts its boots in /boots and waits for Ctrl-Alt-Del; on a read-only one
-/// it reports and reboots.
+/// writable root it counts its boots in /boots and waits for Ctrl-Alt-Del, on which it remounts
+/// the root read-only (a clean file system) and reboots; on a read-only root it reports and
+/// reboots.
 const INIT: &str = r#"#!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 dmesg -n 1
+# Ctrl-Alt-Del comes to init as SIGINT (the kernel would reset at once, the journal unclean).
+echo 0 >/proc/sys/kernel/ctrl-alt-del
 say() { echo "LLFREE-ROOT $*"; }
 boots=$(cat /boots 2>/dev/null || echo 0)
 if touch /probe 2>/dev/null; then
@@ -38,7 +41,7 @@ else
 fi
 say "ready boots=$boots ro=$ro marker=$(cat /marker) root=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n 1)"
 [ "$ro" = 1 ] && reboot -f
-trap 'say ctrl-alt-del; sync; reboot -f' INT
+trap 'say ctrl-alt-del; mount -o remount,ro /; reboot -f' INT
 while :; do sleep 1; done
 "#;
 
