@@ -14,11 +14,12 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::early_vm::EarlyKvmVm;
 use super::memory::{self, Frames};
 use super::metrics::MetricsSink;
 use super::session::Session;
 use super::signals::StopSignals;
-use super::snapshot::{prepare, EarlyKvmVm, SnapshotError};
+use super::snapshot::{prepare, SnapshotError};
 use super::{RunError, RunOutcome, StopCause};
 use crate::api::control::{NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::model::{
@@ -29,7 +30,6 @@ use crate::api::model::{
 use crate::api::resources::VmResources;
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use crate::config::VmConfig;
-use crate::vm::KvmVm;
 
 /// What the API thread asks the main thread to do.
 enum Request {
@@ -386,8 +386,9 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     let signals = StopSignals::block().map_err(RunError::Signals)?;
     let (requests, incoming): (Sender<Pending>, Receiver<Pending>) = mpsc::channel();
     let front = Arc::new(ApiFront::new(&options, requests.clone()));
-    // The KVM VM is made before the API listens: a load then only fills it.
-    let mut kvm_vm = Some(EarlyKvmVm::Ready(KvmVm::new()?));
+    // The KVM VM is made while the VMM waits (its first memory slot takes milliseconds): a
+    // start or load then only fills it.
+    let mut kvm_vm = EarlyKvmVm::start_filtered();
     if let Some(config) = options.config {
         apply_config_file(&front, config)
             .and_then(|()| lock(&front.resources).vm_config(options.api_socket.as_deref()))
@@ -441,12 +442,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
                 }
             },
             Request::Load(params) => {
-                let prepared = prepare(
-                    &params,
-                    options.api_socket.clone(),
-                    Instant::now(),
-                    &mut kvm_vm,
-                );
+                let prepared = prepare(&params, options.api_socket.clone(), Instant::now());
                 match prepared {
                     Ok((config, frames, resumption)) => (config, frames, Some(resumption)),
                     Err(e) => {
@@ -459,7 +455,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         };
         *lock(&front.pending) = Some(pending.answer.clone());
         drop(signals);
-        let outcome = super::run_front(config, frames, resumption, front.clone());
+        let outcome = super::run_front(config, frames, resumption, front.clone(), kvm_vm.take());
         if let Err(e) = &outcome {
             // Unless the VM started and the request was answered already.
             let _ = pending

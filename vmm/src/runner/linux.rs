@@ -33,16 +33,17 @@ use crate::vm::control::StopReason;
 use crate::vm::{KvmVm, Vm};
 
 /// Boots `linux` over the session's memory (or, with no kernel, resumes the guest of a
-/// snapshot from its `resumed` states) and runs it to its end.
+/// snapshot from its `resumed` states) in `kvm_vm` (or a new KVM VM) and runs it to its end.
 pub(super) fn run(
     session: &Arc<Session>,
     linux: Option<&LinuxConfig>,
     devices: VirtioMmioDevices,
     console: Console,
-    mut resumed: Option<ResumedStates>,
+    resumed: Option<ResumedStates>,
+    kvm_vm: Option<KvmVm>,
 ) -> Result<RunOutcome, RunError> {
     let memory = session.memory().clone();
-    let kvm_vm = match resumed.as_mut().and_then(ResumedStates::take_kvm_vm) {
+    let kvm_vm = match kvm_vm {
         Some(kvm_vm) => kvm_vm,
         None => KvmVm::new()?,
     };

@@ -27,6 +27,7 @@
 mod console;
 mod control;
 mod devices;
+mod early_vm;
 mod events;
 mod front;
 mod linux;
@@ -52,6 +53,7 @@ use crate::config::{GuestConfig, LinuxConfig, VmConfig};
 use crate::devices::serial::SerialOutput;
 use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
+use early_vm::EarlyKvmVm;
 use memory::Frames;
 use session::Session;
 use snapshot::Resumption;
@@ -196,7 +198,7 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
         Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
         None => Frames::Pool(memory::create_pool(&config)?),
     };
-    run_checked(config, frames, console::serial_output(), None, None)
+    run_checked(config, frames, console::serial_output(), None, None, None)
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
@@ -207,14 +209,16 @@ pub fn run_on(
     console: SerialOutput,
 ) -> Result<RunOutcome, RunError> {
     check_guest(&config)?;
-    run_checked(config, Frames::Pool(pool), console, None, None)
+    run_checked(config, Frames::Pool(pool), console, None, None, None)
 }
 
-/// Runs the VM a snapshot describes (see [`snapshot::load`]) on `frames`.
+/// Runs the VM a snapshot describes (see [`snapshot::load`]) on `frames`, in `kvm_vm` if one
+/// was made ahead of time.
 fn run_resumed(
     config: VmConfig,
     frames: Frames,
     resumption: Resumption,
+    kvm_vm: Option<EarlyKvmVm>,
 ) -> Result<RunOutcome, RunError> {
     run_checked(
         config,
@@ -222,16 +226,18 @@ fn run_resumed(
         console::serial_output(),
         Some(resumption),
         None,
+        kvm_vm,
     )
 }
 
 /// Runs the VM a VMM without one was given (booted, or loaded when `resumption` is given) on
-/// `frames`; its API is `front`'s.
+/// `frames`, in `kvm_vm` if one was made ahead of time; its API is `front`'s.
 fn run_front(
     config: VmConfig,
     frames: Frames,
     resumption: Option<Resumption>,
     front: Arc<front::ApiFront>,
+    kvm_vm: Option<EarlyKvmVm>,
 ) -> Result<RunOutcome, RunError> {
     run_checked(
         config,
@@ -239,6 +245,7 @@ fn run_front(
         console::serial_output(),
         resumption,
         Some(front),
+        kvm_vm,
     )
 }
 
@@ -251,14 +258,15 @@ fn check_guest(config: &VmConfig) -> Result<(), RunError> {
 }
 
 /// [`run_on`] once the guest passed [`check_guest`]; a VM resumed from a snapshot gets the
-/// states of `resumption`, and an API served already (by a VMM that waited for its VM) gets
-/// the run's session through `front`.
+/// states of `resumption`, an API served already (by a VMM that waited for its VM) gets the
+/// run's session through `front`, and a KVM VM made ahead of time is used.
 fn run_checked(
     config: VmConfig,
     frames: Frames,
     console: SerialOutput,
     resumption: Option<Resumption>,
     front: Option<Arc<front::ApiFront>>,
+    kvm_vm: Option<EarlyKvmVm>,
 ) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
@@ -312,11 +320,14 @@ fn run_checked(
         (None, Some(path)) => Some(ApiServer::start(path, session.clone())?),
         (None, None) => None,
     };
+    let kvm_vm = kvm_vm.and_then(EarlyKvmVm::take);
     let outcome = match guest {
         Guest::Test(workload, console) => {
-            test_guest::run(&session, workload, devices, console, resumption)
+            test_guest::run(&session, workload, devices, console, resumption, kvm_vm)
         }
-        Guest::Linux(linux, console) => linux::run(&session, linux, devices, console, resumption),
+        Guest::Linux(linux, console) => {
+            linux::run(&session, linux, devices, console, resumption, kvm_vm)
+        }
     };
     session.finish();
     drop(api);

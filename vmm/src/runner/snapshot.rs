@@ -17,7 +17,6 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use guest_mem::zone::{Zone, ZoneError};
@@ -25,6 +24,7 @@ use guest_mem::{GuestMemory, Populate, Scrub};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::devices::{DeviceError, Devices};
+use super::early_vm::EarlyKvmVm;
 use super::memory::{self, Frames, ZoneSetupError};
 use super::session::Session;
 use super::{RunError, RunOutcome};
@@ -39,7 +39,7 @@ use crate::snapshot::{
     DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, VmSnapshot,
 };
 use crate::testguest::ReportSnapshot;
-use crate::vm::{control, KvmVm, VmError};
+use crate::vm::control;
 
 /// Errors of taking or loading a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -333,45 +333,6 @@ pub(super) struct ResumedStates {
     pub report: Option<ReportSnapshot>,
     /// Stay paused once loaded.
     pub paused: bool,
-    /// The KVM VM made ahead of time.
-    kvm_vm: Option<EarlyKvmVm>,
-}
-
-impl ResumedStates {
-    /// The KVM VM made ahead of time, if it was made.
-    pub fn take_kvm_vm(&mut self) -> Option<KvmVm> {
-        self.kvm_vm.take()?.take()
-    }
-}
-
-/// A KVM VM made ahead of time (its first memory slot takes milliseconds, see [`KvmVm`]).
-#[derive(Debug)]
-pub(super) enum EarlyKvmVm {
-    /// Made.
-    Ready(KvmVm),
-    /// Being made on a thread of its own.
-    Making(JoinHandle<Result<KvmVm, VmError>>),
-}
-
-impl EarlyKvmVm {
-    /// Starts making one on a thread of its own.
-    pub fn start() -> Option<Self> {
-        std::thread::Builder::new()
-            .name("vmm-kvm-vm".into())
-            .spawn(KvmVm::new)
-            .ok()
-            .map(EarlyKvmVm::Making)
-    }
-
-    /// The VM, once made; `None` if making it failed (a new one is made then).
-    fn take(self) -> Option<KvmVm> {
-        let made = match self {
-            EarlyKvmVm::Ready(kvm_vm) => return Some(kvm_vm),
-            EarlyKvmVm::Making(thread) => thread.join().ok()?,
-        };
-        made.inspect_err(|e| log::warn!("the VM made ahead of time failed ({e})"))
-            .ok()
-    }
 }
 
 /// When the phases of a load ended, for the log.
@@ -469,7 +430,6 @@ pub(super) fn prepare(
     params: &SnapshotLoadParams,
     api_socket: Option<PathBuf>,
     started: Instant,
-    kvm_vm: &mut Option<EarlyKvmVm>,
 ) -> Result<(VmConfig, Frames, Resumption), SnapshotError> {
     let timing = Arc::new(LoadTiming::new(started));
     params
@@ -585,7 +545,6 @@ pub(super) fn prepare(
             keyboard: devices.keyboard,
             report: devices.report,
             paused: !params.resume_vm,
-            kvm_vm: kvm_vm.take(),
         },
         virtio: devices.virtio,
         balloon_stats_interval_s: machine.balloon_stats_interval_s,
@@ -603,8 +562,8 @@ pub fn load(
     api_socket: Option<PathBuf>,
 ) -> Result<RunOutcome, RunError> {
     let started = Instant::now();
+    let kvm_vm = EarlyKvmVm::start();
     let (config, frames, resumption) =
-        prepare(params, api_socket, started, &mut EarlyKvmVm::start())
-            .map_err(RunError::Snapshot)?;
-    super::run_resumed(config, frames, resumption)
+        prepare(params, api_socket, started).map_err(RunError::Snapshot)?;
+    super::run_resumed(config, frames, resumption, kvm_vm)
 }

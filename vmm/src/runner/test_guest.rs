@@ -16,6 +16,7 @@ use crate::testguest::{
     self, exit_code, Mismatch, Report, Resumption, RunOptions, TestGuestDevices, Workload,
 };
 use crate::vm::control::StopReason;
+use crate::vm::KvmVm;
 
 /// Boots the test guest over the session's memory (or resumes it from a snapshot's
 /// `resumed` states) and runs `workload` to its end.
@@ -24,14 +25,14 @@ pub(super) fn run(
     workload: &Workload,
     devices: VirtioMmioDevices,
     console: SerialOutput,
-    mut resumed: Option<ResumedStates>,
+    resumed: Option<ResumedStates>,
+    kvm_vm: Option<KvmVm>,
 ) -> Result<RunOutcome, RunError> {
     let start_session = session.clone();
     let devices_session = session.clone();
     // Weak: the session keeps the report device, which keeps this hook.
     let checkpoint_session = Arc::downgrade(session);
     let paused = resumed.as_ref().is_some_and(|r| r.paused);
-    let kvm_vm = resumed.as_mut().and_then(ResumedStates::take_kvm_vm);
     let resumption = match resumed {
         Some(resumed) => Some(Resumption {
             vcpus: resumed.vcpus,

@@ -1,0 +1,42 @@
+//! [`EarlyKvmVm`]: the KVM VM of a run made ahead of time, on a thread of its own, while the
+//! VMM waits for its configuration or snapshot (or loads the snapshot's file), so that a start or
+//! load only fills it: on this host's KVM its first memory slot takes milliseconds (see
+//! [`KvmVm`]).
+
+use std::thread::JoinHandle;
+
+use crate::vm::{KvmVm, VmError};
+
+/// A KVM VM being made on a thread of its own.
+#[derive(Debug)]
+pub(super) struct EarlyKvmVm(JoinHandle<Result<KvmVm, VmError>>);
+
+impl EarlyKvmVm {
+    /// Starts making one; `None` if no thread could be started (the run makes its own then).
+    pub fn start() -> Option<Self> {
+        Self::spawn(KvmVm::new)
+    }
+
+    /// Starts making one with its PMU MSR filter installed (see [`KvmVm::with_pmu_filter`]), for
+    /// a VMM that waits long enough for it to be done before its VM starts.
+    pub fn start_filtered() -> Option<Self> {
+        Self::spawn(|| KvmVm::new()?.with_pmu_filter())
+    }
+
+    fn spawn(make: fn() -> Result<KvmVm, VmError>) -> Option<Self> {
+        std::thread::Builder::new()
+            .name("vmm-kvm-vm".into())
+            .spawn(make)
+            .ok()
+            .map(EarlyKvmVm)
+    }
+
+    /// The VM, once made; `None` if making it failed (the run makes a new one then).
+    pub fn take(self) -> Option<KvmVm> {
+        self.0
+            .join()
+            .ok()?
+            .inspect_err(|e| log::warn!("the VM made ahead of time failed ({e})"))
+            .ok()
+    }
+}
