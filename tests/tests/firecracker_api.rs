@@ -319,6 +319,48 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
     ] {
         refused(&api, method, path, body, message);
     }
+    // Every resource: a method it does not take, and a field it does not know.
+    for (path, wrong_method) in [
+        ("/", "PUT"),
+        ("/version", "PATCH"),
+        ("/machine-config", "DELETE"),
+        ("/boot-source", "GET"),
+        ("/drives/rootfs", "GET"),
+        ("/pmem/pmem0", "GET"),
+        ("/logger", "GET"),
+        ("/metrics", "PATCH"),
+        ("/actions", "GET"),
+        ("/vm", "PUT"),
+        ("/vm/config", "PUT"),
+        ("/balloon/statistics", "PUT"),
+        ("/snapshot/create", "PATCH"),
+        ("/snapshot/load", "GET"),
+        ("/network-interfaces/eth0", "PUT"),
+        ("/vsock", "PUT"),
+        ("/mmds", "GET"),
+    ] {
+        let body = (wrong_method != "GET").then_some("{}");
+        let expected = format!("Invalid request method and/or path: {wrong_method} {path}.");
+        refused(&api, wrong_method, path, body, &expected);
+    }
+    for (method, path) in [
+        ("PUT", "/machine-config"),
+        ("PATCH", "/machine-config"),
+        ("PUT", "/boot-source"),
+        ("PUT", "/drives/rootfs"),
+        ("PUT", "/pmem/pmem0"),
+        ("PUT", "/logger"),
+        ("PUT", "/metrics"),
+        ("PUT", "/actions"),
+        ("PATCH", "/vm"),
+        ("PUT", "/balloon"),
+        ("PATCH", "/balloon"),
+        ("PATCH", "/balloon/statistics"),
+        ("PUT", "/snapshot/create"),
+        ("PUT", "/snapshot/load"),
+    ] {
+        refused(&api, method, path, Some(r#"{"bogus":1}"#), "unknown field `bogus`");
+    }
     // Configured, a snapshot is not loaded any more; the machine keeps its last good values.
     send(
         &api,

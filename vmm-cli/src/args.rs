@@ -64,10 +64,12 @@ pub enum Command {
     Run(RunArgs),
     /// Send one HTTP request to a running VMM's API and print the JSON response.
     ///
-    /// Resources: GET / (Firecracker's instance info), GET /version, GET /machine (machine
-    /// info), GET /memory (guest memory and pool),
-    /// PATCH /vm {"state":"Paused"|"Resumed"}, PUT /actions {"action_type":"Shutdown"},
-    /// GET|PUT|PATCH /balloon, GET|PATCH /balloon/statistics.
+    /// Resources: Firecracker's (GET /, /version, /machine-config, /vm/config; before the
+    /// start PUT /machine-config, /boot-source, /drives/ID, /balloon, /logger, /metrics and
+    /// PUT /actions {"action_type":"InstanceStart"}; PATCH /vm {"state":"Paused"|"Resumed"},
+    /// GET|PATCH /balloon, GET|PATCH /balloon/statistics, PUT /snapshot/create|load) and this
+    /// VMM's: GET /machine (machine info), GET /memory (guest memory and pool),
+    /// PUT /actions {"action_type":"Shutdown"}.
     Api(ApiArgs),
     /// Show the machine: vCPUs, memory, backing, population and run state (GET /machine).
     Info(SocketArgs),

@@ -10,7 +10,7 @@
 //! `/balloon`) → `PUT /actions InstanceStart` answered → the guest's first output (the minimal
 //! ELF kernel of the tests prints its command line and initrd) → `SendCtrlAltDel` → the VMM's
 //! exit. The `vmm run` path: spawn `vmm run --kernel ... --drive ... --balloon ...` → the
-//! guest's first output. Prints every run and the medians (ms); scratch files go to DIR
+//! guest's first output. Prints every run and each phase's median (min–max) in ms; scratch files go to DIR
 //! (default: the temp directory). The `vmm` is the one beside this program, or
 //! `LLFREE_VMM_BIN`.
 
@@ -187,9 +187,15 @@ fn ms(time: Duration) -> f64 {
     time.as_secs_f64() * 1e3
 }
 
-fn median(mut times: Vec<Duration>) -> f64 {
+/// `median (min–max)` of `times`, in ms.
+fn summary(mut times: Vec<Duration>) -> String {
     times.sort();
-    ms(times[times.len() / 2])
+    format!(
+        "{:.1} ({:.1}–{:.1})",
+        ms(times[times.len() / 2]),
+        ms(times[0]),
+        ms(times[times.len() - 1])
+    )
 }
 
 fn main() -> ExitCode {
@@ -242,17 +248,17 @@ fn main() -> ExitCode {
             }
         }
     }
-    let phase = |f: fn(&ApiRun) -> Duration| median(api.iter().map(f).collect());
+    let phase = |f: fn(&ApiRun) -> Duration| summary(api.iter().map(f).collect());
     println!(
-        "median over {runs} runs (ms): api socket {:.1}, configured (4 PUTs) {:.1}, \
-         InstanceStart answered {:.1}, first output {:.1}, exit after Ctrl-Alt-Del {:.1}; \
-         vmm run to first output {:.1}",
+        "median (min–max) over {runs} runs, ms from the spawn: api socket {}, configured \
+         (4 PUTs) {}, InstanceStart answered {}, first output {}, exit after Ctrl-Alt-Del {}; \
+         vmm run to first output {}",
         phase(|a| a.socket_ready),
         phase(|a| a.configured),
         phase(|a| a.started),
         phase(|a| a.first_output),
         phase(|a| a.exited),
-        median(run)
+        summary(run)
     );
     let _ = std::fs::remove_dir_all(&dir);
     ExitCode::SUCCESS

@@ -194,11 +194,13 @@ pub enum RunError {
 pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     // Before the pool exists: a refused VM leaves no pool file behind.
     check_guest(&config)?;
+    // The KVM VM is made while the pool and guest memory are.
+    let kvm_vm = EarlyKvmVm::start_filtered();
     let frames = match &config.zone {
         Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
         None => Frames::Pool(memory::create_pool(&config)?),
     };
-    run_checked(config, frames, console::serial_output(), None, None, None)
+    run_checked(config, frames, console::serial_output(), None, None, kvm_vm)
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each
