@@ -359,7 +359,13 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("PUT", "/snapshot/create"),
         ("PUT", "/snapshot/load"),
     ] {
-        refused(&api, method, path, Some(r#"{"bogus":1}"#), "unknown field `bogus`");
+        refused(
+            &api,
+            method,
+            path,
+            Some(r#"{"bogus":1}"#),
+            "unknown field `bogus`",
+        );
     }
     // Configured, a snapshot is not loaded any more; the machine keeps its last good values.
     send(

@@ -99,8 +99,6 @@ const HOST_PAGE_SIZE: u64 = 4096;
 pub struct KvmVm {
     kvm: Kvm,
     fd: VmFd,
-    /// Whether the PMU MSR filter (where needed) is installed already.
-    pmu_filtered: bool,
 }
 
 impl std::fmt::Debug for KvmVm {
@@ -110,7 +108,8 @@ impl std::fmt::Debug for KvmVm {
 }
 
 impl KvmVm {
-    /// Creates the VM (TSS, irqchip, PIT) and warms its memory slots.
+    /// Creates the VM (TSS, irqchip, PIT), warms its memory slots and, where the host needs it,
+    /// filters the PMU MSRs (see [`filter_pmu_msrs`]).
     pub fn new() -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::KvmUnavailable)?;
         let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
@@ -140,22 +139,12 @@ impl KvmVm {
         // SAFETY: deleting a slot maps nothing.
         unsafe { fd.set_user_memory_region(slot) }
             .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-        Ok(KvmVm {
-            kvm,
-            fd,
-            pmu_filtered: false,
-        })
-    }
-
-    /// Installs the PMU MSR filter now where the host needs it (see [`filter_pmu_msrs`]): KVM
-    /// takes an RCU grace period (about 15 ms here) for it, which a VM made ahead of time pays
-    /// off the start's path.
-    pub fn with_pmu_filter(mut self) -> Result<Self, VmError> {
-        if needs_pmu_filter(&self.kvm) {
-            filter_pmu_msrs(&self.fd)?;
+        // Before any vCPU exists the filter costs tens of microseconds; with vCPUs, KVM waits
+        // for an SRCU grace period of theirs (about 15 ms on this host).
+        if needs_pmu_filter(&kvm) {
+            filter_pmu_msrs(&fd)?;
         }
-        self.pmu_filtered = true;
-        Ok(self)
+        Ok(KvmVm { kvm, fd })
     }
 }
 
@@ -166,10 +155,6 @@ pub struct Vm<M> {
     fd: Arc<VmFd>,
     kvm: Kvm,
     memory: Arc<M>,
-    /// Whether the PMU MSR filter goes in after the vCPUs started (a restored VM).
-    pmu_filter_later: bool,
-    /// Whether the KVM VM came with the PMU MSR filter installed.
-    pmu_filtered: bool,
 }
 
 impl<M> std::fmt::Debug for Vm<M> {
@@ -229,11 +214,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
 
     /// [`Self::new`] on a KVM VM made earlier (see [`KvmVm`]).
     pub fn with_kvm_vm(vm: KvmVm, memory: Arc<M>, vcpu_count: usize) -> Result<Self, VmError> {
-        let KvmVm {
-            kvm,
-            fd,
-            pmu_filtered,
-        } = vm;
+        let KvmVm { kvm, fd } = vm;
         let max = kvm.get_max_vcpus().min(MAX_VCPUS);
         if vcpu_count == 0 || vcpu_count > max {
             return Err(VmError::InvalidVcpuCount {
@@ -260,8 +241,6 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
             fd: Arc::new(fd),
             kvm,
             memory,
-            pmu_filter_later: false,
-            pmu_filtered,
         })
     }
 
@@ -286,11 +265,8 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     }
 
     /// Gives the VM and its vCPUs the states a snapshot saved, instead of setting them up for
-    /// a boot. The MSR filter of the AMD counters (on hosts without a virtual PMU), which takes
-    /// KVM an RCU grace period (about 10 ms) to install, then goes in after the vCPUs started:
-    /// the guest booted long ago, and an access before it is only logged by KVM.
+    /// a boot.
     pub fn restore(&mut self, vcpus: &[VcpuState], vm: &VmState) -> Result<(), VmError> {
-        self.pmu_filter_later = true;
         if vcpus.len() != self.vcpus.len() {
             return Err(VmError::Restore(format!(
                 "{} vCPU states for {} vCPUs",
@@ -311,10 +287,6 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     /// Starts one thread per vCPU. The vCPUs wait, paused, until [`RunningVm::resume`]; their
     /// thread ids are known when this returns.
     pub fn start(self, buses: Arc<Buses>) -> Result<RunningVm, VmError> {
-        let needs_filter = !self.pmu_filtered && needs_pmu_filter(&self.kvm);
-        if needs_filter && !self.pmu_filter_later {
-            filter_pmu_msrs(&self.fd)?;
-        }
         let count = self.vcpus.len();
         let control = Arc::new(VmControl::new(count));
         let (tid_sender, tid_receiver) = std::sync::mpsc::channel();
@@ -375,19 +347,6 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
         if let Some(error) = failure {
             running.control.request_stop(StopReason::Requested);
             return Err(error);
-        }
-        if needs_filter && self.pmu_filter_later {
-            let fd = running.fd.clone();
-            let spawned = std::thread::Builder::new()
-                .name("vmm-msr-filter".into())
-                .spawn(move || {
-                    if let Err(e) = filter_pmu_msrs(&fd) {
-                        log::warn!("{e}: KVM keeps the PMU MSRs (and logs their accesses)");
-                    }
-                });
-            if let Err(e) = spawned {
-                log::warn!("cannot filter the PMU MSRs: {e}");
-            }
         }
         Ok(running)
     }

@@ -14,19 +14,9 @@ pub(super) struct EarlyKvmVm(JoinHandle<Result<KvmVm, VmError>>);
 impl EarlyKvmVm {
     /// Starts making one; `None` if no thread could be started (the run makes its own then).
     pub fn start() -> Option<Self> {
-        Self::spawn(KvmVm::new)
-    }
-
-    /// Starts making one with its PMU MSR filter installed (see [`KvmVm::with_pmu_filter`]), for
-    /// a VMM that waits long enough for it to be done before its VM starts.
-    pub fn start_filtered() -> Option<Self> {
-        Self::spawn(|| KvmVm::new()?.with_pmu_filter())
-    }
-
-    fn spawn(make: fn() -> Result<KvmVm, VmError>) -> Option<Self> {
         std::thread::Builder::new()
             .name("vmm-kvm-vm".into())
-            .spawn(make)
+            .spawn(KvmVm::new)
             .ok()
             .map(EarlyKvmVm)
     }

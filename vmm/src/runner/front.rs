@@ -388,7 +388,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     let front = Arc::new(ApiFront::new(&options, requests.clone()));
     // The KVM VM is made while the VMM waits (its first memory slot takes milliseconds): a
     // start or load then only fills it.
-    let mut kvm_vm = EarlyKvmVm::start_filtered();
+    let mut kvm_vm = EarlyKvmVm::start();
     if let Some(config) = options.config {
         apply_config_file(&front, config)
             .and_then(|()| lock(&front.resources).vm_config(options.api_socket.as_deref()))

@@ -195,7 +195,7 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     // Before the pool exists: a refused VM leaves no pool file behind.
     check_guest(&config)?;
     // The KVM VM is made while the pool and guest memory are.
-    let kvm_vm = EarlyKvmVm::start_filtered();
+    let kvm_vm = EarlyKvmVm::start();
     let frames = match &config.zone {
         Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
         None => Frames::Pool(memory::create_pool(&config)?),

@@ -8,7 +8,10 @@
 //! resuming it (so the seal holds) and is shut down; a last load resumes the guest, which must
 //! finish its workload. Times are the API client's (request sent to answer received; a load is
 //! answered once the VM's vCPUs exist) and the VMM's own (`--log-level info`), with the phases
-//! of the median load.
+//! of the median load. A load is sent as soon as the new VMM's socket is there (which it makes
+//! before its KVM VM, made on a thread meanwhile: the load may wait for it), and also, in as
+//! many more processes, 100 ms later (a VMM that waits ready, as an orchestrator's pool keeps
+//! them).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -116,17 +119,26 @@ struct Measured {
     load_vmm: Vec<(f64, String)>,
     /// Spawn of `vmm --api-sock` to its socket.
     ready: Vec<f64>,
+    /// Spawn to the load's answer, the load sent as soon as the socket is there.
+    spawn_to_loaded: Vec<f64>,
+    /// The client's time of a load into a VMM that has waited [`SETTLE`] already.
+    load_waiting: Vec<f64>,
 }
 
-/// A `vmm --api-sock` that loads `snapshot` (memory in `zone`), resuming it or not; returns the
-/// client's time and the VMM's log, after shutting it down (or, resumed, after its guest
-/// finished).
+/// How long a VMM waits before a load of the "waiting VMM" column: long enough for its KVM VM,
+/// which it makes while it waits, to be ready (an orchestrator's pool of started VMMs).
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// A `vmm --api-sock` that loads `snapshot` (memory in `zone`) `settle` after its socket
+/// appeared, resuming it or not; returns the spawn to socket, the client's time and the VMM's
+/// log, after shutting it down (or, resumed, after its guest finished).
 fn load_once(
     vmm: &Path,
     dir: &Path,
     snapshot: &Path,
     zone: &Path,
     resume: bool,
+    settle: Duration,
 ) -> Result<(f64, f64, String), String> {
     let socket = dir.join("load.sock");
     let log = dir.join("load.log");
@@ -149,6 +161,7 @@ fn load_once(
         std::thread::sleep(Duration::from_micros(200));
     }
     let ready = spawned.elapsed().as_secs_f64() * 1000.0;
+    std::thread::sleep(settle);
     let client = ApiClient::new(&socket);
     let body = serde_json::json!({
         "snapshot_path": snapshot,
@@ -226,14 +239,20 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
         let mut load_client = Vec::new();
         let mut load_vmm = Vec::new();
         let mut ready = Vec::new();
+        let mut spawn_to_loaded = Vec::new();
+        let mut load_waiting = Vec::new();
         for _ in 0..args.runs {
-            let (up, ms, log) = load_once(&args.vmm, &dir, &snapshot, &zone, false)?;
+            let (up, ms, log) =
+                load_once(&args.vmm, &dir, &snapshot, &zone, false, Duration::ZERO)?;
             ready.push(up);
+            spawn_to_loaded.push(up + ms);
             load_client.push(ms);
             load_vmm.extend(logged(&log, "snapshot loaded in "));
+            let (_, ms, _) = load_once(&args.vmm, &dir, &snapshot, &zone, false, SETTLE)?;
+            load_waiting.push(ms);
         }
         // The guest finishes its workload in the last process.
-        load_once(&args.vmm, &dir, &snapshot, &zone, true)?;
+        load_once(&args.vmm, &dir, &snapshot, &zone, true, Duration::ZERO)?;
         drop(paused);
         Ok(Measured {
             create_client,
@@ -241,6 +260,8 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
             load_client,
             load_vmm,
             ready,
+            spawn_to_loaded,
+            load_waiting,
         })
     })();
     let _ = std::fs::remove_file(&zone);
@@ -260,12 +281,14 @@ fn print_cases(args: &Args, kind: &str, directory: &Path) -> Result<(), String> 
             .and_then(|(_, line)| line.split_once(": ").map(|(_, p)| p.to_owned()))
             .unwrap_or_default();
         println!(
-            "| {kind} | {gib} GiB | {} | {} | {} | {} | {} | {phases} |",
+            "| {kind} | {gib} GiB | {} | {} | {} | {} | {} | {} | {} | {phases} |",
             ms_summary(&measured.create_client),
             ms_summary(&measured.create_vmm),
             ms_summary(&measured.ready),
             ms_summary(&measured.load_client),
             ms_summary(&load_vmm),
+            ms_summary(&measured.spawn_to_loaded),
+            ms_summary(&measured.load_waiting),
         );
     }
     Ok(())
@@ -281,9 +304,10 @@ pub(super) fn snapshot(args: &Args) -> Result<(), String> {
     );
     println!(
         "| zone | guest RAM | create (client) | create (VMM) | `vmm --api-sock` ready \
-         (spawn to socket) | load (client) | load (VMM) | phases of the median load (VMM) |"
+         (spawn to socket) | load (client) | load (VMM) | spawn to loaded | load into a VMM \
+         that waited 100 ms (client) | phases of the median load (VMM) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     print_cases(args, "file on /dev/shm", Path::new("/dev/shm"))?;
     let largest = args.snapshot_sizes.iter().max().copied().unwrap_or(1);
     match HugetlbMount::new(largest * 512 + 16) {
