@@ -108,8 +108,7 @@ impl std::fmt::Debug for KvmVm {
 }
 
 impl KvmVm {
-    /// Creates the VM (TSS, irqchip, PIT), warms its memory slots and, where the host needs it,
-    /// filters the PMU MSRs (see [`filter_pmu_msrs`]).
+    /// Creates the VM (TSS, irqchip, PIT) and warms its memory slots.
     pub fn new() -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::KvmUnavailable)?;
         let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
@@ -139,11 +138,6 @@ impl KvmVm {
         // SAFETY: deleting a slot maps nothing.
         unsafe { fd.set_user_memory_region(slot) }
             .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-        // Before any vCPU exists the filter costs tens of microseconds; with vCPUs, KVM waits
-        // for an SRCU grace period of theirs (about 15 ms on this host).
-        if needs_pmu_filter(&kvm) {
-            filter_pmu_msrs(&fd)?;
-        }
         Ok(KvmVm { kvm, fd })
     }
 }
@@ -221,6 +215,11 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
                 requested: vcpu_count,
                 max,
             });
+        }
+        // First, while the VM has no memory slot: then KVM installs the filter at once (after the
+        // slots, it waits for a grace period of theirs: about 15 ms on this host).
+        if needs_pmu_filter(&kvm) {
+            filter_pmu_msrs(&fd)?;
         }
         register_memslots(&kvm, &fd, memory.as_ref())?;
         let msrs_to_save: Arc<[u32]> = kvm
