@@ -278,6 +278,56 @@ pub const CTRL_ALT_DEL_GUEST: &[u8] = &[
     0xeb, 0xfe, // 5: jmp 5b
 ];
 
+/// The files of a Firecracker-style boot in `scratch`: the [`CTRL_ALT_DEL_GUEST`] kernel, an
+/// initrd holding `initrd`, and a 1 MiB root drive image; their paths.
+pub fn ctrl_alt_del_guest_files(scratch: &Scratch, initrd: &str) -> (String, String, String) {
+    let (kernel, initrd_path, rootfs) = (
+        scratch.path("vmlinux"),
+        scratch.path("initrd"),
+        scratch.path("rootfs.ext4"),
+    );
+    std::fs::write(&kernel, elf_kernel(CTRL_ALT_DEL_GUEST)).unwrap();
+    std::fs::write(&initrd_path, initrd).unwrap();
+    std::fs::write(&rootfs, vec![0u8; 1 << 20]).unwrap();
+    (kernel, initrd_path, rootfs)
+}
+
+/// Whether `tool` can be run (its `--version` or `version`); prints SKIP for `test` where not.
+/// CI (`CI` set) must have it: there a missing tool fails the test.
+pub fn tool_available(test: &str, tool: &str, version_arg: &str) -> bool {
+    let found = std::process::Command::new(tool)
+        .arg(version_arg)
+        .output()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: {tool} is missing in CI (.ci/run installs it)"
+        );
+        eprintln!("SKIP: {test}: {tool} is not installed");
+    }
+    found
+}
+
+/// Runs the Firecracker Go SDK program of `tests/firecracker-sdk` (built at `program`) with
+/// `args` and `env`, and checks that every step passed; returns its output.
+pub fn run_sdk_program(program: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let run = std::process::Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the SDK program");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        run.status.success() && stdout.contains("ok: all steps passed"),
+        "the SDK program failed ({}):\n{stdout}\n{stderr}",
+        run.status
+    );
+    stdout
+}
+
 /// Physical load address and entry of [`elf_kernel`] (where vmlinux is linked).
 pub const ELF_KERNEL_LOAD: u64 = 0x100_0000;
 

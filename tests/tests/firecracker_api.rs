@@ -2,7 +2,7 @@
 //! booted through Firecracker's API: the curl sequence of Firecracker's getting-started guide
 //! (logger, boot source with an initrd, a root drive, machine, metrics, InstanceStart, then
 //! SendCtrlAltDel), Firecracker's answers to bad input before and after the start, and
-//! `--config-file`. The guest is a minimal ELF kernel ([`CTRL_ALT_DEL_GUEST`]): it prints its
+//! `--config-file`. The guest is a minimal ELF kernel (`e2e_tests::CTRL_ALT_DEL_GUEST`): it prints its
 //! command line and initrd and reboots on Ctrl-Alt-Del.
 
 // An integration test crate: its tests are the crate.
@@ -13,7 +13,7 @@ mod vmm_common;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_tests::{elf_kernel, kvm_available, CTRL_ALT_DEL_GUEST};
+use e2e_tests::{ctrl_alt_del_guest_files, kvm_available, tool_available};
 use serde_json::{json, Value};
 use vmm_cli::ApiClient;
 use vmm_common::{get, send, Scratch, VmmRun};
@@ -25,17 +25,9 @@ const NOT_AFTER_START: &str =
 const NOT_BEFORE_START: &str =
     "The requested operation is not supported before starting the microVM.";
 
-/// A kernel, initrd and 1 MiB root file system in `scratch`.
+/// The guest's kernel, initrd and root drive in `scratch`.
 fn guest_files(scratch: &Scratch) -> (String, String, String) {
-    let (kernel, initrd, rootfs) = (
-        scratch.path("vmlinux"),
-        scratch.path("initrd"),
-        scratch.path("rootfs.ext4"),
-    );
-    std::fs::write(&kernel, elf_kernel(CTRL_ALT_DEL_GUEST)).unwrap();
-    std::fs::write(&initrd, INITRD).unwrap();
-    std::fs::write(&rootfs, vec![0u8; 1 << 20]).unwrap();
-    (kernel, initrd, rootfs)
+    ctrl_alt_del_guest_files(scratch, INITRD)
 }
 
 /// `curl --unix-socket SOCKET -X METHOD [-d BODY] http://localhost/PATH`: status and body.
@@ -66,23 +58,10 @@ fn curl(socket: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, S
     (status.parse().unwrap(), body.to_owned())
 }
 
-/// Whether curl can be run; CI must have it.
-fn curl_available(test: &str) -> bool {
-    let found = Command::new("curl").arg("--version").output().is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: curl is missing in CI"
-        );
-        eprintln!("SKIP: {test}: curl is not installed");
-    }
-    found
-}
-
 #[test]
 fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() {
     let test = "the_getting_started_curl_sequence";
-    if !kvm_available(test) || !curl_available(test) {
+    if !kvm_available(test) || !tool_available(test, "curl", "--version") {
         return;
     }
     let scratch = Scratch::new("fc-guide");

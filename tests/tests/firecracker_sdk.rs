@@ -3,7 +3,7 @@
 //! `tests/firecracker-sdk` starts `vmm` through the SDK's Machine API with a kernel, initrd and
 //! root drive, sets and reads the balloon and its statistics, pauses, snapshots, restores into a
 //! new VMM process, resumes and shuts down with SendCtrlAltDel. The kernel is the minimal ELF
-//! guest of the Firecracker API tests ([`CTRL_ALT_DEL_GUEST`]).
+//! guest of the Firecracker API tests (`e2e_tests::CTRL_ALT_DEL_GUEST`).
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -11,28 +11,17 @@
 use std::path::Path;
 use std::process::Command;
 
-use e2e_tests::{elf_kernel, kvm_available, vmm_binary, Scratch, CTRL_ALT_DEL_GUEST};
+use e2e_tests::{
+    ctrl_alt_del_guest_files, kvm_available, run_sdk_program, tool_available, vmm_binary, Scratch,
+};
 
 /// What the guest's initrd holds, and so prints.
 const INITRD: &str = "initrd: driven by the Firecracker Go SDK\n";
 
-/// Whether Go can be run; CI must have it.
-fn go_available(test: &str) -> bool {
-    let found = Command::new("go").arg("version").output().is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: go is missing in CI (.ci/run installs golang-go)"
-        );
-        eprintln!("SKIP: {test}: go is not installed");
-    }
-    found
-}
-
 #[test]
 fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
     let test = "the_firecracker_go_sdk_drives_the_vm";
-    if !kvm_available(test) || !go_available(test) {
+    if !kvm_available(test) || !tool_available(test, "go", "version") {
         return;
     }
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("firecracker-sdk");
@@ -49,30 +38,25 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
         "go build: {}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let (kernel, initrd, rootfs) = (
-        scratch.path("vmlinux"),
-        scratch.path("initrd"),
-        scratch.path("rootfs.ext4"),
-    );
-    std::fs::write(&kernel, elf_kernel(CTRL_ALT_DEL_GUEST)).unwrap();
-    std::fs::write(&initrd, INITRD).unwrap();
-    std::fs::write(&rootfs, vec![0u8; 1 << 20]).unwrap();
+    let (kernel, initrd, rootfs) = ctrl_alt_del_guest_files(&scratch, INITRD);
     let dir = scratch.path("run");
     std::fs::create_dir(&dir).unwrap();
-    let run = Command::new(&program)
-        .args(["-vmm", vmm_binary(), "-kernel", &kernel, "-initrd", &initrd])
-        .args(["-ready", INITRD.trim(), "-rootfs", &rootfs, "-dir", &dir])
-        .output()
-        .expect("run the SDK program");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        run.status.success() && stdout.contains("ok: all steps passed"),
-        "the SDK program failed ({}):\n{stdout}\n{stderr}",
-        run.status
-    );
-    // The first VMM logged to its file at the SDK's level, and flushed no metrics yet.
+    let args = [
+        "-vmm",
+        vmm_binary(),
+        "-kernel",
+        &kernel,
+        "-initrd",
+        &initrd,
+        "-ready",
+        INITRD.trim(),
+        "-rootfs",
+        &rootfs,
+        "-dir",
+        &dir,
+    ];
+    run_sdk_program(&program, &args, &[]);
+    // The first VMM logged to its file at the SDK's level.
     let log = std::fs::read_to_string(Path::new(&dir).join("first.log")).unwrap();
     assert!(log.contains("DEBUG") || log.contains("INFO"), "{log}");
 }

@@ -15,6 +15,7 @@ mod vmm_common;
 use std::path::Path;
 use std::process::Command;
 
+use e2e_tests::run_sdk_program;
 use linux_common::{field, LinuxGuest, BOOT_TIMEOUT};
 use vmm::boot::DEFAULT_CMDLINE;
 use vmm_common::{vmm_binary, Scratch, VmmRun};
@@ -106,37 +107,29 @@ fn the_firecracker_go_sdk_boots_linux_from_a_root_drive_and_restores_its_snapsho
     root_file_system(&scratch, &image);
     let dir = scratch.path("run");
     std::fs::create_dir(&dir).unwrap();
-    let run = Command::new(&sdk)
-        .args([
-            "-vmm",
-            vmm_binary(),
-            "-kernel",
-            &guest.kernel,
-            "-rootfs",
-            &image,
-        ])
-        .args([
-            "-dir",
-            &dir,
-            "-ready",
-            "LLFREE-ROOT ready",
-            "-mem-mib",
-            "128",
-        ])
-        .args(["-boot-args", DEFAULT_CMDLINE, "-guest-stats"])
-        // Under emulation a request (a start, a snapshot) takes longer than the SDK's 500 ms.
-        .env("FIRECRACKER_GO_SDK_REQUEST_TIMEOUT_MILLISECONDS", "120000")
-        .env("FIRECRACKER_GO_SDK_INIT_TIMEOUT_SECONDS", "120")
-        .output()
-        .expect("run the SDK program");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        run.status.success() && stdout.contains("ok: all steps passed"),
-        "the SDK program failed ({}):\n{stdout}\n{stderr}",
-        run.status
-    );
+    let args = [
+        "-vmm",
+        vmm_binary(),
+        "-kernel",
+        &guest.kernel,
+        "-rootfs",
+        &image,
+        "-dir",
+        &dir,
+        "-ready",
+        "LLFREE-ROOT ready",
+        "-mem-mib",
+        "128",
+        "-boot-args",
+        DEFAULT_CMDLINE,
+        "-guest-stats",
+    ];
+    // Under emulation a request (a start, a snapshot) takes longer than the SDK's 500 ms.
+    let timeouts = [
+        ("FIRECRACKER_GO_SDK_REQUEST_TIMEOUT_MILLISECONDS", "120000"),
+        ("FIRECRACKER_GO_SDK_INIT_TIMEOUT_SECONDS", "120"),
+    ];
+    run_sdk_program(&sdk, &args, &timeouts);
 
     // The same image, read-only, through `vmm run --drive`: the first boot's count is there.
     let drive = format!("id=rootfs,path={image},root=on,ro=on");

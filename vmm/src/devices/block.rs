@@ -21,10 +21,11 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{DescriptorChain, Queue, QueueState, QueueT};
+use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace};
 
-use crate::devices::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice};
+use crate::devices::virtio::request_queue::{read_config, RequestQueue};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
 use crate::devices::GuestWarnings;
 
 /// Bytes of a sector, the unit of the disk's capacity and of request offsets.
@@ -37,13 +38,6 @@ const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
 
 /// The queues' guest memory.
 pub type Memory = Arc<GuestMemory>;
-
-/// What the device holds between activation and reset.
-#[derive(Debug)]
-struct Active {
-    queue: Queue,
-    interrupt: Arc<Interrupt>,
-}
 
 /// Requests served, for the control API and metrics.
 #[derive(Debug, Default)]
@@ -92,7 +86,7 @@ pub struct BlockDevice {
     /// Capacity in sectors (a partial last sector is not part of the disk).
     sectors: u64,
     memory: Memory,
-    active: Option<Active>,
+    active: Option<RequestQueue>,
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
     /// Scratch space for one request's data buffers, reused.
@@ -321,15 +315,7 @@ impl VirtioDevice<Memory> for BlockDevice {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // `le64 capacity`; the other fields belong to features the device does not offer.
-        let config = self.sectors.to_le_bytes();
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|offset| offset.checked_add(i))
-                .and_then(|at| config.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config(&self.sectors.to_le_bytes(), offset, data);
     }
 
     fn write_config(&mut self, offset: u64, _data: &[u8]) {
@@ -340,15 +326,7 @@ impl VirtioDevice<Memory> for BlockDevice {
     }
 
     fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
-        let queue = activation
-            .queues
-            .into_iter()
-            .find(|q| q.index == 0)
-            .ok_or(ActivateError::MissingQueue(0))?;
-        self.active = Some(Active {
-            queue: queue.queue,
-            interrupt: activation.interrupt,
-        });
+        self.active = Some(RequestQueue::take(activation)?);
         Ok(())
     }
 
@@ -359,24 +337,8 @@ impl VirtioDevice<Memory> for BlockDevice {
         if index == 0 {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
-            let mut used = false;
-            while let Some(chain) = active.queue.pop_descriptor_chain(&*mem) {
-                let head = chain.head_index();
-                let written = self.serve(&mem, chain);
-                if active.queue.add_used(&*mem, head, written).is_err() {
-                    self.warnings.warn(format_args!(
-                        "virtio-blk {}: the used ring is not in guest memory",
-                        self.id
-                    ));
-                    break;
-                }
-                used = true;
-            }
-            if used && active.interrupt.signal_used_queue().is_err() {
-                log::error!(
-                    "virtio-blk {}: cannot raise the used-buffer interrupt",
-                    self.id
-                );
+            if let Err(e) = active.drain(&mem, "virtio-blk", |chain| self.serve(&mem, chain)) {
+                self.warnings.warn(format_args!("virtio-blk: {e}"));
             }
         }
         self.active = Some(active);
@@ -389,7 +351,7 @@ impl VirtioDevice<Memory> for BlockDevice {
     fn queue_states(&self) -> Vec<(u16, QueueState)> {
         self.active
             .iter()
-            .map(|active| (0, active.queue.state()))
+            .map(|active| (0, active.state()))
             .collect()
     }
 

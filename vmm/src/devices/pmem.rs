@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_PMEM;
-use virtio_queue::{DescriptorChain, Queue, QueueState, QueueT};
+use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
-use crate::devices::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice};
+use crate::devices::virtio::request_queue::{read_config, RequestQueue};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
 use crate::devices::GuestWarnings;
 
 /// The only request type: make everything written so far durable.
@@ -30,13 +31,6 @@ const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
 
 /// The queues' guest memory.
 pub type Memory = Arc<GuestMemory>;
-
-/// What the device holds between activation and reset.
-#[derive(Debug)]
-struct Active {
-    queue: Queue,
-    interrupt: Arc<Interrupt>,
-}
 
 /// What the control API shows of a virtio-pmem device: where its memory is and how often the
 /// guest flushed it.
@@ -62,7 +56,7 @@ pub struct PmemDevice {
     start: u64,
     size: u64,
     memory: Memory,
-    active: Option<Active>,
+    active: Option<RequestQueue>,
     warnings: GuestWarnings,
     flushes: Arc<AtomicU64>,
 }
@@ -165,15 +159,7 @@ impl VirtioDevice<Memory> for PmemDevice {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let config = self.config();
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|offset| offset.checked_add(i))
-                .and_then(|at| config.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config(&self.config(), offset, data);
     }
 
     fn write_config(&mut self, offset: u64, _data: &[u8]) {
@@ -183,15 +169,7 @@ impl VirtioDevice<Memory> for PmemDevice {
     }
 
     fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
-        let queue = activation
-            .queues
-            .into_iter()
-            .find(|q| q.index == 0)
-            .ok_or(ActivateError::MissingQueue(0))?;
-        self.active = Some(Active {
-            queue: queue.queue,
-            interrupt: activation.interrupt,
-        });
+        self.active = Some(RequestQueue::take(activation)?);
         Ok(())
     }
 
@@ -202,20 +180,8 @@ impl VirtioDevice<Memory> for PmemDevice {
         if index == 0 {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
-            let mut used = false;
-            while let Some(chain) = active.queue.pop_descriptor_chain(&*mem) {
-                let head = chain.head_index();
-                let written = self.answer(&mem, chain);
-                if active.queue.add_used(&*mem, head, written).is_err() {
-                    self.warnings.warn(format_args!(
-                        "virtio-pmem: the used ring is not in guest memory"
-                    ));
-                    break;
-                }
-                used = true;
-            }
-            if used && active.interrupt.signal_used_queue().is_err() {
-                log::error!("virtio-pmem: cannot raise the used-buffer interrupt");
+            if let Err(e) = active.drain(&mem, "virtio-pmem", |chain| self.answer(&mem, chain)) {
+                self.warnings.warn(format_args!("virtio-pmem: {e}"));
             }
         }
         self.active = Some(active);
@@ -228,7 +194,7 @@ impl VirtioDevice<Memory> for PmemDevice {
     fn queue_states(&self) -> Vec<(u16, QueueState)> {
         self.active
             .iter()
-            .map(|active| (0, active.queue.state()))
+            .map(|active| (0, active.state()))
             .collect()
     }
 
@@ -259,13 +225,11 @@ impl VirtioDevice<Memory> for PmemDevice {
 #[cfg(test)]
 mod tests {
     use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
-    use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+    use vmm_sys_util::eventfd::EventFd;
 
     use super::*;
-    use crate::devices::virtio::ActiveQueue;
+    use crate::devices::virtio::request_queue::testing::{activation, add_chain};
 
     const MIB: u64 = 1 << 20;
     /// The pmem region: 4 MiB at 64 MiB, above 16 MiB of RAM.
@@ -287,45 +251,9 @@ mod tests {
     /// A device activated with the queue of `mock`; returns it and its interrupt's eventfd.
     fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (PmemDevice, EventFd) {
         let mut device = PmemDevice::new(memory.clone(), PMEM.0, PMEM.1);
-        let irq = EventFd::new(EFD_NONBLOCK).unwrap();
-        let activation = Activation {
-            memory: memory.clone(),
-            acked_features: 0,
-            queues: vec![ActiveQueue {
-                index: 0,
-                queue: mock.create_queue().unwrap(),
-                notifier: EventFd::new(EFD_NONBLOCK).unwrap(),
-            }],
-            interrupt: Arc::new(Interrupt::new(irq.try_clone().unwrap())),
-        };
+        let (activation, irq) = activation(memory, mock);
         device.activate(activation).unwrap();
         (device, irq)
-    }
-
-    /// Puts a chain of `(addr, len, writable)` buffers at descriptor `first` and makes it the
-    /// `avail`-th available entry.
-    fn add_chain(
-        mock: &MockSplitQueue<'_, GuestMemory>,
-        first: u16,
-        avail: u16,
-        buffers: &[(u64, u32, bool)],
-    ) {
-        for (i, &(addr, len, writable)) in buffers.iter().enumerate() {
-            let at = first + i as u16;
-            let last = i + 1 == buffers.len();
-            let flags = if last { 0 } else { VRING_DESC_F_NEXT }
-                | if writable { VRING_DESC_F_WRITE } else { 0 };
-            let desc = Descriptor::new(addr, len, flags as u16, at + 1);
-            mock.desc_table()
-                .store(at, RawDescriptor::from(desc))
-                .unwrap();
-        }
-        mock.avail()
-            .ring()
-            .ref_at(usize::from(avail))
-            .unwrap()
-            .store(first);
-        mock.avail().idx().store(avail + 1);
     }
 
     #[test]

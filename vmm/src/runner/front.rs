@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::early_vm::EarlyKvmVm;
-use super::memory::{self, Frames};
 use super::metrics::MetricsSink;
 use super::session::Session;
 use super::signals::StopSignals;
@@ -431,16 +430,18 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
             }
         };
         let (config, frames, resumption) = match pending.request {
-            Request::Start(config) => match frames_for(&config) {
-                Ok(frames) => (config, frames, None),
-                Err(e) => {
-                    let _ = pending
-                        .answer
-                        .send(Err(ControlError::InvalidArgument(e.to_string())));
-                    front.reopen(requests.clone());
-                    continue;
+            Request::Start(config) => {
+                match super::check_guest(&config).and_then(|()| super::frames_for(&config)) {
+                    Ok(frames) => (config, frames, None),
+                    Err(e) => {
+                        let _ = pending
+                            .answer
+                            .send(Err(ControlError::InvalidArgument(e.to_string())));
+                        front.reopen(requests.clone());
+                        continue;
+                    }
                 }
-            },
+            }
             Request::Load(params) => {
                 let prepared = prepare(&params, options.api_socket.clone(), Instant::now());
                 match prepared {
@@ -465,13 +466,4 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         drop(server);
         return outcome;
     }
-}
-
-/// The frames of a VM to boot: its zone's, or a new pool.
-fn frames_for(config: &VmConfig) -> Result<Frames, RunError> {
-    super::check_guest(config)?;
-    Ok(match &config.zone {
-        Some(target) => Frames::Zone(memory::attach_zone(config, target)?),
-        None => Frames::Pool(memory::create_pool(config)?),
-    })
 }

@@ -196,11 +196,16 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
     check_guest(&config)?;
     // The KVM VM is made while the pool and guest memory are.
     let kvm_vm = EarlyKvmVm::start();
-    let frames = match &config.zone {
-        Some(target) => Frames::Zone(memory::attach_zone(&config, target)?),
-        None => Frames::Pool(memory::create_pool(&config)?),
-    };
+    let frames = frames_for(&config)?;
     run_checked(config, frames, console::serial_output(), None, None, kvm_vm)
+}
+
+/// The frames of a VM to boot: its zone's, or a new pool.
+fn frames_for(config: &VmConfig) -> Result<Frames, RunError> {
+    Ok(match &config.zone {
+        Some(target) => Frames::Zone(memory::attach_zone(config, target)?),
+        None => Frames::Pool(memory::create_pool(config)?),
+    })
 }
 
 /// [`run`] on `pool`, which other VMs of this process may share (it needs a core for each

@@ -1,14 +1,12 @@
 use std::io::{Read, Write};
 
 use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
-use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempfile::TempFile;
 
 use super::*;
-use crate::devices::virtio::ActiveQueue;
+use crate::devices::virtio::request_queue::testing::{activation, add_chain};
 
 const MIB: u64 = 1 << 20;
 const RING: u64 = MIB;
@@ -50,45 +48,9 @@ fn activated(
         .unwrap();
     let size = file.metadata().unwrap().len();
     let mut device = BlockDevice::new(memory.clone(), "rootfs", file, size, read_only);
-    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
-    let activation = Activation {
-        memory: memory.clone(),
-        acked_features: 0,
-        queues: vec![ActiveQueue {
-            index: 0,
-            queue: mock.create_queue().unwrap(),
-            notifier: EventFd::new(EFD_NONBLOCK).unwrap(),
-        }],
-        interrupt: Arc::new(Interrupt::new(irq.try_clone().unwrap())),
-    };
+    let (activation, irq) = activation(memory, mock);
     device.activate(activation).unwrap();
     (device, irq)
-}
-
-/// Puts a chain of `(addr, len, writable)` buffers at descriptor `first` and makes it the
-/// `avail`-th available entry.
-fn add_chain(
-    mock: &MockSplitQueue<'_, GuestMemory>,
-    first: u16,
-    avail: u16,
-    buffers: &[(u64, u32, bool)],
-) {
-    for (i, &(addr, len, writable)) in buffers.iter().enumerate() {
-        let at = first + i as u16;
-        let last = i + 1 == buffers.len();
-        let flags = if last { 0 } else { VRING_DESC_F_NEXT }
-            | if writable { VRING_DESC_F_WRITE } else { 0 };
-        let desc = SplitDescriptor::new(addr, len, flags as u16, at + 1);
-        mock.desc_table()
-            .store(at, RawDescriptor::from(desc))
-            .unwrap();
-    }
-    mock.avail()
-        .ring()
-        .ref_at(usize::from(avail))
-        .unwrap()
-        .store(first);
-    mock.avail().idx().store(avail + 1);
 }
 
 fn header(memory: &Memory, kind: u32, sector: u64) {

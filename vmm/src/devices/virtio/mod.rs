@@ -7,6 +7,7 @@
 
 pub mod interrupt;
 pub mod mmio;
+pub mod request_queue;
 pub mod state;
 
 use std::sync::Arc;
