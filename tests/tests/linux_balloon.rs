@@ -108,7 +108,7 @@ fn linux_inflates_to_the_api_target_and_frames_return_to_the_pool() {
     let started = Instant::now();
     send(
         &api,
-        "PUT",
+        "PATCH",
         "/balloon",
         &format!(r#"{{"amount_mib":{TARGET_MIB}}}"#),
     );
