@@ -488,7 +488,10 @@ impl LLFree {
 
     /// Reserves `tree` for `local` after consecutive frees into it, if it is partial or free.
     fn reserve_on_free(&self, local: &Local, tree: usize, frame: usize) {
-        if local.begin_slow_path().is_none() {
+        // The tree's counter first (a plain load): most frees go into trees that are reserved
+        // or not free enough, and need no slow path.
+        let (free, reserved) = self.trees.load(tree);
+        if reserved || free < self.config.almost_allocated || local.begin_slow_path().is_none() {
             return;
         }
         match self

@@ -82,21 +82,38 @@ impl ChildPair {
 
     /// Atomically replaces child `half` (0 or 1) by `f(child)` while `f` returns `Some`.
     /// Returns the previous value, or the value that made `f` refuse.
+    ///
+    /// Each half has its own code with a constant shift and mask: indexing a `[Child; 2]` at
+    /// run time went through the stack, and the reload before the `lock cmpxchg` could not be
+    /// forwarded from the stores.
     #[inline]
     pub fn update(
         &self,
         half: usize,
+        f: impl FnMut(Child) -> Option<Child>,
+    ) -> Result<Child, Child> {
+        if half & 1 == 0 {
+            self.update_half::<0>(f)
+        } else {
+            self.update_half::<16>(f)
+        }
+    }
+
+    /// [`Self::update`] of the child in bits `SHIFT..SHIFT + 16`.
+    #[inline]
+    fn update_half<const SHIFT: u32>(
+        &self,
         mut f: impl FnMut(Child) -> Option<Child>,
     ) -> Result<Child, Child> {
         stop!();
+        let child = |word: u32| Child((word >> SHIFT) as u16);
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                let mut pair = split(word);
-                pair[half] = f(pair[half])?;
-                Some(join(pair))
+                let new = f(child(word))?;
+                Some(word & !(0xffff << SHIFT) | u32::from(new.0) << SHIFT)
             })
-            .map(|word| split(word)[half])
-            .map_err(|word| split(word)[half])
+            .map(child)
+            .map_err(child)
     }
 
     /// Atomically replaces both children if they equal `current`.

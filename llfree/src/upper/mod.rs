@@ -49,24 +49,26 @@ impl Trees {
         for _ in 0..ATTEMPTS {
             // First tree of each class: [allocated (large enough), partial, free].
             let mut found = [None; 3];
-            // The neighbourhood from the start on, then the other lines.
-            let line_end = (first + LINE_TREES).min(self.len());
-            let neighbours = (search.start..line_end).chain(first..search.start);
-            let others = (line_end..self.len()).chain(0..first);
-            for tree in neighbours.chain(others) {
+            // Visits a tree; true ends the pass (the first tree of the preferred class).
+            let mut visit = |tree: usize| {
                 let (free, reserved) = self.load(tree);
                 if reserved || free < search.frames {
-                    continue;
+                    return false;
                 }
                 let class = self.class(free);
                 let slot = &mut found[class as usize];
-                if slot.is_none() {
+                slot.is_none() && {
                     *slot = Some(tree);
-                    if class == preferred {
-                        break;
-                    }
+                    class == preferred
                 }
-            }
+            };
+            // The neighbourhood from the start on, then the other lines: plain loops (an
+            // iterator chain cost a reservation thousands of instructions in a large zone).
+            let line_end = (first + LINE_TREES).min(self.len());
+            let _ = (search.start..line_end).any(&mut visit)
+                || (first..search.start).any(&mut visit)
+                || (line_end..self.len()).any(&mut visit)
+                || (0..first).any(&mut visit);
             let [fits, partial, free] = found;
             let choice = if search.fragmented {
                 free.or(partial).or(fits)
