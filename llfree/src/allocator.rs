@@ -250,7 +250,7 @@ impl LLFree {
         let frames = 1 << order;
         if let Some(state) = local.take(frames) {
             if let Some(frame) = self.lower.get(state.hint(), order) {
-                // Huge frames are found without a hint (see `Lower::get`).
+                // Whole children move the hint as they are taken (see `Local::take`).
                 if order < HUGE_ORDER && frame / CHILD_FRAMES != state.hint() / CHILD_FRAMES {
                     local.set_hint(frame);
                 }

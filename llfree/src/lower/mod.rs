@@ -163,13 +163,16 @@ impl Lower {
 
     /// Allocates a huge frame (one child) or, with `pair`, an order-10 frame (an aligned pair of
     /// children) in the tree of `hint`: the first entirely free child (pair) of the tree's cache
-    /// line of child entries.
+    /// line of child entries, from the hint's pair on.
     #[inline]
     fn get_whole_children(&self, hint: usize, pair: bool) -> Option<usize> {
         let first = hint / TREE_FRAMES * TREE_CHILDREN;
         let pairs = &self.pairs[first / 2..][..TREE_CHILDREN / 2];
-        for (i, p) in pairs.iter().enumerate() {
-            let [even, odd] = p.load();
+        // From the hint's pair on (where the last allocation of the core was), wrapping around:
+        // a run of huge allocations then looks at one pair each, not at all it filled before.
+        let start = hint / CHILD_FRAMES % TREE_CHILDREN / 2;
+        for i in (start..pairs.len()).chain(0..start) {
+            let [even, odd] = pairs[i].load();
             let child = first + 2 * i;
             let frame = if pair {
                 (even == Child::FREE && odd == Child::FREE)

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::TREE_FRAMES;
+use crate::{CHILD_FRAMES, TREE_FRAMES};
 
 /// Bits of the hint (a frame number).
 const HINT_MASK: u64 = (1 << 40) - 1;
@@ -88,9 +88,23 @@ impl Local {
 
     /// Fast path: takes `frames` from the local counter. Returns the state before.
     #[inline]
+    ///
+    /// Whole children (huge and order-10 frames) also move the hint past the frame, in the same
+    /// atomic update, so that the next one is looked for where this one ends: the lower level
+    /// finds a run of them one child entry each.
     pub fn take(&self, frames: usize) -> Option<State> {
-        self.update(|s| (s.present() && s.free() >= frames).then(|| s.with_free(s.free() - frames)))
-            .ok()
+        self.update(|s| {
+            (s.present() && s.free() >= frames).then(|| {
+                let taken = s.with_free(s.free() - frames);
+                if frames < CHILD_FRAMES {
+                    return taken;
+                }
+                let hint = s.hint();
+                let next = hint - hint % TREE_FRAMES + (hint % TREE_FRAMES + frames) % TREE_FRAMES;
+                State(taken.0 & !HINT_MASK | next as u64)
+            })
+        })
+        .ok()
     }
 
     /// Adds `frames` to the local counter if `tree` is reserved here.
