@@ -6,17 +6,10 @@
 # Usage: llfree/bench/compare/count.sh BASE [N]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
 BASE=${1:?usage: count.sh BASE [N]}
 N=${2:-100000}
-WORK=$ROOT/target/llfree-compare
-mkdir -p "$WORK"
-git -C "$ROOT" worktree remove --force "$WORK/base" 2>/dev/null || rm -rf "$WORK/base"
-git -C "$ROOT" worktree add --detach -q "$WORK/base" "$BASE"
-trap 'git -C "$ROOT" worktree remove --force "$WORK/base"' EXIT
-# Another version, so that both LLFrees fit in one build (Cargo keeps one package per name and
-# version).
-sed -i 's/^version.workspace = true$/version = "0.0.0-base"/' "$WORK/base/llfree/Cargo.toml"
+# shellcheck source=base.sh
+. "$HERE/base.sh" "$BASE"
 cargo build --release -q --manifest-path "$HERE/Cargo.toml" --target-dir "$WORK/target"
 BIN=$WORK/target/release/llfree-compare
 instructions() {

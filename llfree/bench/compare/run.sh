@@ -7,16 +7,9 @@
 # The base is checked out as a git worktree in target/llfree-compare/base.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
 BASE=${1:?usage: run.sh BASE [--rounds N] [--zone SIZE] [--iterations N]}
 shift
-WORK=$ROOT/target/llfree-compare
-mkdir -p "$WORK"
-git -C "$ROOT" worktree remove --force "$WORK/base" 2>/dev/null || rm -rf "$WORK/base"
-git -C "$ROOT" worktree add --detach -q "$WORK/base" "$BASE"
-trap 'git -C "$ROOT" worktree remove --force "$WORK/base"' EXIT
-# Another version, so that both LLFrees fit in one build (Cargo keeps one package per name and
-# version).
-sed -i 's/^version.workspace = true$/version = "0.0.0-base"/' "$WORK/base/llfree/Cargo.toml"
+# shellcheck source=base.sh
+. "$HERE/base.sh" "$BASE"
 echo "base: $(git -C "$WORK/base" log --oneline -1); this tree: $(git -C "$ROOT" log --oneline -1)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')"
 cargo run --release -q --manifest-path "$HERE/Cargo.toml" --target-dir "$WORK/target" -- "$@"
