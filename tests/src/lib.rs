@@ -75,20 +75,22 @@ fn newer_source(dir: &Path, built: std::time::SystemTime) -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct Rng(u64);
 
+/// The value of the environment variable `env`, if it is set and parses.
+pub fn env_value<T: std::str::FromStr>(env: &str) -> Option<T> {
+    std::env::var(env).ok().and_then(|value| value.parse().ok())
+}
+
 impl Rng {
     /// A generator seeded from `$env` if set, else from the clock; prints the seed (and how to
     /// repeat the run) with `what`.
     pub fn from_env(env: &str, what: &str) -> Self {
-        let seed = std::env::var(env)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .expect("a clock after 1970")
-                    .as_nanos() as u64
-                    | 1
-            });
+        let seed = env_value(env).unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("a clock after 1970")
+                .as_nanos() as u64
+                | 1
+        });
         eprintln!("{what}: {env}={seed}");
         Rng(seed)
     }

@@ -13,7 +13,7 @@ mod vmm_common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::{kvm_available, Rng};
+use e2e_tests::{env_value, kvm_available, Rng};
 use vmm_common::{client, vmm_binary, Scratch, VmmRun};
 
 /// Guest RAM of the crashing VM.
@@ -120,10 +120,7 @@ fn sigkill_at_random_moments_loses_and_leaks_no_frame() {
     if !kvm_available("sigkill_at_random_moments_loses_and_leaks_no_frame") {
         return;
     }
-    let crashes: u32 = std::env::var("LLFREE_VMM_CRASHES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100);
+    let crashes: u32 = env_value("LLFREE_VMM_CRASHES").unwrap_or(100);
     let mut rng = Rng::from_env(
         "LLFREE_VMM_CRASH_SEED",
         &format!("crash injection: {crashes} kills"),

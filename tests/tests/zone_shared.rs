@@ -14,7 +14,7 @@ mod vmm_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::{kvm_available, Rng};
+use e2e_tests::{env_value, kvm_available, Rng};
 use vmm_common::{client, Finished, Scratch, VmmRun};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -124,10 +124,7 @@ fn one_of_three_vmms_killed_at_random_is_recovered_and_restarts_intact() {
     if !kvm_available("one_of_three_vmms_killed") {
         return;
     }
-    let kills: u32 = std::env::var("LLFREE_VMM_SHARED_KILLS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100);
+    let kills: u32 = env_value("LLFREE_VMM_SHARED_KILLS").unwrap_or(100);
     let mut rng = Rng::from_env("LLFREE_VMM_SHARED_SEED", &format!("{kills} kills"));
     let scratch = Scratch::new("zone-shared-kills");
     let zone = create_zone(&scratch, "128M");

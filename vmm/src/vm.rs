@@ -91,7 +91,8 @@ pub const MAX_VCPUS: usize = 254;
 const HOST_PAGE_SIZE: u64 = 4096;
 
 /// A KVM VM with its in-kernel irqchip and PIT, and no memory or vCPUs yet: what [`Vm::new`]
-/// starts from, made ahead of time where that helps (a VMM waiting for a snapshot to load).
+/// starts from, made ahead of time where that helps (on a thread while `vmm run` builds guest
+/// memory, or while a VMM waits for its configuration or a snapshot).
 ///
 /// On this host's KVM (PVM) the first memory slot of a VM costs about 7 ms, the next ones tens
 /// of microseconds, and a slot deleted again leaves that cost paid: [`KvmVm::new`] pays it with

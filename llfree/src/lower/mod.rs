@@ -171,7 +171,8 @@ impl Lower {
         // From the hint's pair on (where the last allocation of the core was), wrapping around:
         // a run of huge allocations then looks at one pair each, not at all it filled before.
         let start = hint / CHILD_FRAMES % TREE_CHILDREN / 2;
-        for i in (start..pairs.len()).chain(0..start) {
+        for k in 0..pairs.len() {
+            let i = (start + k) % pairs.len();
             let [even, odd] = pairs[i].load();
             let child = first + 2 * i;
             let frame = if pair {

@@ -87,11 +87,11 @@ impl Local {
     }
 
     /// Fast path: takes `frames` from the local counter. Returns the state before.
-    #[inline]
     ///
     /// Whole children (huge and order-10 frames) also move the hint past the frame, in the same
     /// atomic update, so that the next one is looked for where this one ends: the lower level
     /// finds a run of them one child entry each.
+    #[inline]
     pub fn take(&self, frames: usize) -> Option<State> {
         self.update(|s| {
             (s.present() && s.free() >= frames).then(|| {

@@ -320,11 +320,6 @@ impl VmResources {
         self.metrics = Some(metrics);
     }
 
-    /// Whether the metrics were configured.
-    pub fn metrics(&self) -> Option<&Metrics> {
-        self.metrics.as_ref()
-    }
-
     /// Whether anything only a boot uses was configured (Firecracker then refuses to load a
     /// snapshot).
     pub fn boot_specific(&self) -> bool {

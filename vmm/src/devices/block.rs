@@ -22,7 +22,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, QueueState};
-use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use crate::devices::virtio::request_queue::{read_config, RequestQueue};
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
@@ -207,17 +207,13 @@ impl BlockDevice {
         header: GuestAddress,
         data: usize,
     ) -> Result<u32, RequestError> {
-        let kind = mem
-            .read_obj::<u32>(header)
-            .map(u32::from_le)
+        // `le32 type; le32 reserved; le64 sector`.
+        let mut bytes = [0u8; HEADER_SIZE as usize];
+        mem.read_slice(&mut bytes, header)
             .map_err(|_| RequestError::Malformed("the request header is not in guest memory"))?;
-        let sector = header
-            .checked_add(8)
-            .and_then(|at| mem.read_obj::<u64>(at).ok())
-            .map(u64::from_le)
-            .ok_or(RequestError::Malformed(
-                "the request header is not in guest memory",
-            ))?;
+        let [t0, t1, t2, t3, _, _, _, _, s @ ..] = bytes;
+        let kind = u32::from_le_bytes([t0, t1, t2, t3]);
+        let sector = u64::from_le_bytes(s);
         let buffers = &self.buffers[..data];
         match kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {

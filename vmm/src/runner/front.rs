@@ -90,7 +90,7 @@ impl std::fmt::Debug for ApiFront {
 }
 
 /// How long `InstanceStart` and `PUT /snapshot/load` wait for the VM to be set up.
-const START_WAIT: Duration = Duration::from_secs(60);
+const ANSWER_WAIT: Duration = Duration::from_secs(60);
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
@@ -149,7 +149,7 @@ impl ApiFront {
             return Err(ControlError::InvalidState(NOT_AFTER_START.into()));
         }
         answered
-            .recv_timeout(START_WAIT)
+            .recv_timeout(ANSWER_WAIT)
             .unwrap_or_else(|_| Err(ControlError::Internal("the VM did not start".into())))
     }
 
@@ -388,34 +388,39 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     // The KVM VM is made while the VMM waits (its first memory slot takes milliseconds): a
     // start or load then only fills it.
     let mut kvm_vm = EarlyKvmVm::start();
-    if let Some(config) = options.config {
-        apply_config_file(&front, config)
-            .and_then(|()| lock(&front.resources).vm_config(options.api_socket.as_deref()))
-            .and_then(|config| {
-                // Nobody waits for this answer.
-                let (answer, _) = mpsc::channel();
-                lock(&front.requests).take();
-                requests
-                    .send(Pending {
-                        request: Request::Start(config),
-                        answer,
-                    })
-                    .map_err(|_| ControlError::Internal("the VMM stopped".into()))
-            })
-            .map_err(|e| RunError::ConfigFile(e.to_string()))?;
-    }
+    // A configuration file boots at once: requests that configure are refused from the start.
+    let file_config = match options.config {
+        Some(config) => {
+            let config = apply_config_file(&front, config)
+                .and_then(|()| lock(&front.resources).vm_config(options.api_socket.as_deref()))
+                .map_err(|e| RunError::ConfigFile(e.to_string()))?;
+            lock(&front.requests).take();
+            Some(config)
+        }
+        None => None,
+    };
     let server = match &options.api_socket {
         Some(path) => {
             let server = ApiServer::start(path, front.clone())?;
-            log::info!(
-                "waiting for the VM's configuration and InstanceStart, or a snapshot to load, \
-                 on {}",
-                path.display()
-            );
+            if file_config.is_none() {
+                log::info!(
+                    "waiting for the VM's configuration and InstanceStart, or a snapshot to \
+                     load, on {}",
+                    path.display()
+                );
+            }
             Some(server)
         }
         None => None,
     };
+    if let Some(config) = file_config {
+        super::check_guest(&config)?;
+        let frames = super::frames_for(&config)?;
+        drop(signals);
+        let outcome = super::run_front(config, frames, None, front, kvm_vm);
+        drop(server);
+        return outcome;
+    }
     loop {
         if let Some(signal) = signals.fd().take() {
             return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
