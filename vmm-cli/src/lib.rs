@@ -75,7 +75,10 @@ where
             return commands::serve(socket, &cli.id, config_file.as_deref())
         }
         (None, _, _) => {
-            eprintln!("error: 'vmm' requires a subcommand or --api-sock PATH; see `vmm --help`");
+            eprintln!(
+                "error: 'vmm' requires a subcommand, --api-sock PATH or --config-file FILE; see \
+                 `vmm --help`"
+            );
             return ExitStatus::Usage;
         }
     };

@@ -1,9 +1,11 @@
-//! The control API: HTTP/1.1 and JSON on a Unix socket, with Firecracker-like resources.
+//! The control API: HTTP/1.1 and JSON on a Unix socket, with Firecracker's resources and
+//! errors, and this VMM's own views.
 //!
 //! * [`VmmControl`] is what the VMM implements; [`ApiServer`] serves it on a socket.
-//! * [`routes`] lists the resources. Pause and resume are `PATCH /vm {"state": ...}` as in
-//!   Firecracker; stopping the VM is `PUT /actions {"action_type": "Shutdown"}` (a host-side
-//!   stop, not Firecracker's guest-cooperative SendCtrlAltDel).
+//! * [`routes`] lists the resources; [`model`] holds their JSON bodies, [`resources`] the
+//!   pre-boot configuration of a VMM started without a VM (`vmm --api-sock`). Besides
+//!   Firecracker's actions, `PUT /actions {"action_type": "Shutdown"}` stops the VM from the host
+//!   (not Firecracker's guest-cooperative SendCtrlAltDel).
 //! * The `vmm` command (the vmm-cli crate) has the client: `vmm api`, `vmm info`, `vmm pause`.
 //!
 //! ```text
