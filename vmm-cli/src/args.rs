@@ -38,8 +38,13 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
 
-    /// The instance id GET / reports (Firecracker's --id).
-    #[arg(long, value_name = "ID", default_value = vmm::api::model::DEFAULT_INSTANCE_ID)]
+    /// The instance id GET / reports (Firecracker's --id): 1 to 64 letters, digits, '-' or '_'.
+    #[arg(
+        long,
+        value_name = "ID",
+        default_value = vmm::api::model::DEFAULT_INSTANCE_ID,
+        value_parser = parse_instance_id
+    )]
     pub id: String,
 
     /// Boot the VM this Firecracker configuration file describes (the JSON of GET /vm/config:
@@ -54,6 +59,19 @@ pub struct Cli {
     /// this flag overrides RUST_LOG. Warnings a guest can trigger are rate-limited.
     #[arg(long, global = true, value_name = "LEVEL")]
     pub log_level: Option<log::LevelFilter>,
+}
+
+/// Checks an instance id: 1 to 64 ASCII letters, digits, '-' or '_' (a UUID fits).
+fn parse_instance_id(text: &str) -> Result<String, String> {
+    let valid = (1..=64).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err("expected 1 to 64 letters, digits, '-' or '_'".into())
+    }
 }
 
 /// The subcommands.

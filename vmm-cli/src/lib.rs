@@ -175,6 +175,13 @@ mod tests {
             "error: the following required arguments were not provided: --kernel <PATH>"
         );
         assert_eq!(main(["vmm"]), ExitStatus::Usage);
+        let err = Cli::try_parse_from(["vmm", "--api-sock", "s", "--id", "a b"]).unwrap_err();
+        assert!(
+            one_line(&err.render().to_string()).contains("expected 1 to 64 letters"),
+            "{err}"
+        );
+        let uuid = "0f8fad5b-d9cb-469f-a165-70867728950e";
+        assert_eq!(Cli::try_parse_from(["vmm", "--id", uuid]).unwrap().id, uuid);
         assert_eq!(
             main(["vmm", "--api-sock", "s", "info", "-s", "t"]),
             ExitStatus::Usage
