@@ -115,8 +115,8 @@ impl LLFree {
         let base = region.as_ptr();
         // SAFETY: the layout places the child pairs, bitfields, tree lines, slots and owner
         // words inside the region (its size was checked by the callers), at 64-byte aligned
-        // offsets (slots at 128-byte ones) of a 64-byte aligned region; slots are 128 bytes and
-        // need only their atomics' alignment here. All are atomics, valid for any bit pattern.
+        // offsets of a 64-byte aligned region, and none needs more alignment (`Local` is 128 bytes
+        // aligned to 64). All are atomics or plain integers, valid for any bit pattern.
         // The region outlives every slice: the allocator keeps it in `_region`.
         let (pairs, fields, lines, locals, owners) = unsafe {
             (
@@ -299,7 +299,9 @@ impl LLFree {
                 fragmented = true;
             }
         }
-        self.get_unreserved(order).ok_or(Error::Memory { order })
+        self.get_unreserved(order)
+            .or_else(|| self.get_borrowed(order))
+            .ok_or(Error::Memory { order })
     }
 
     /// Syncs the local counter with the tree, or reserves a new tree for `core`.
@@ -328,7 +330,7 @@ impl LLFree {
                 (core % self.locals.len()) * self.trees.len() / self.locals.len()
             },
             frames,
-            fragmented,
+            prefer_free: fragmented || frames >= CHILD_FRAMES,
         };
         let found = self.trees.search(search).or_else(|| {
             self.drain_others(local);
@@ -357,6 +359,23 @@ impl LLFree {
         let frames = 1 << order;
         (0..self.trees.len()).find_map(|tree| {
             if !self.trees.take(tree, frames) {
+                return None;
+            }
+            let frame = self.lower.get(tree * TREE_FRAMES, order);
+            if frame.is_none() {
+                self.trees.add(tree, frames);
+            }
+            frame
+        })
+    }
+
+    /// Allocates frames that the lower level has free although no counter shows them, because a
+    /// [`CoreCache`] counts them (or an operation is between its two levels): the tree owes them
+    /// until the cache gives its frames back. The last resort before [`Error::Memory`].
+    fn get_borrowed(&self, order: usize) -> Option<usize> {
+        let frames = 1 << order;
+        (0..self.trees.len()).find_map(|tree| {
+            if self.lower.tree_free(tree) < frames || !self.trees.borrow(tree, frames) {
                 return None;
             }
             let frame = self.lower.get(tree * TREE_FRAMES, order);
@@ -465,6 +484,11 @@ impl LLFree {
 
     pub(crate) fn put_frames(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
         self.check(frame, order)?;
+        self.put_checked(core, frame, order)
+    }
+
+    /// [`LLFree::put`] of a checked range.
+    fn put_checked(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
         if order == GIANT_ORDER {
             self.lower.put_giant(frame)?;
             self.add_giant_trees(frame);
@@ -490,7 +514,10 @@ impl LLFree {
         // The tree's counter first (a plain load): most frees go into trees that are reserved
         // or not free enough, and need no slow path.
         let (free, reserved) = self.trees.load(tree);
-        if reserved || free < self.config.almost_allocated || local.begin_slow_path().is_none() {
+        if reserved
+            || free < self.config.almost_allocated as isize
+            || local.begin_slow_path().is_none()
+        {
             return;
         }
         match self
@@ -542,6 +569,8 @@ fn check_order(order: usize) -> Result<(), Error> {
     }
 }
 
+mod cache;
+pub use cache::CoreCache;
 mod shared;
 pub use shared::SlotRecovery;
 mod stats;

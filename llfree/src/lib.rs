@@ -47,7 +47,7 @@ pub mod region;
 mod stop;
 mod upper;
 
-pub use allocator::{LLFree, SlotRecovery};
+pub use allocator::{CoreCache, LLFree, SlotRecovery};
 pub use meta::PERSISTENT_SLOTS;
 pub use region::{FileRegion, HeapRegion, MetaRegion};
 

@@ -19,12 +19,17 @@ use crate::{InitError, CHILD_FRAMES, TREE_CHILDREN};
 pub const META_SIZE: usize = 4096;
 /// "LLFREE" followed by two zero bytes, little endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"LLFREE\0\0");
-/// Version of the persistent layout (2: the upper level is part of the region).
-pub const VERSION: u32 = 2;
+/// Version of the persistent layout (2: the upper level is part of the region; 3: tree counters
+/// are biased, so that they can be negative).
+pub const VERSION: u32 = 3;
 /// Per-core slots of a persistent region.
 pub const PERSISTENT_SLOTS: usize = 256;
 /// Bytes of one per-core slot.
 const SLOT_SIZE: usize = 128;
+const _: () = assert!(
+    std::mem::size_of::<crate::upper::local::Local>() == SLOT_SIZE
+        && std::mem::align_of::<crate::upper::local::Local>() <= crate::region::REGION_ALIGN
+);
 /// Marker: the allocator was shut down cleanly.
 const CLEAN: u64 = 0xC1EA_C1EA_C1EA_C1EA;
 /// Marker: the allocator is (or was, at a crash) running.

@@ -59,7 +59,7 @@ fn child(path: &Path, owner: u64, seed: u64) {
                 let alloc = &alloc;
                 scope.spawn(move || {
                     let core = CoreId(first.0 + thread);
-                    let mut rng = seed ^ ((thread as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
+                    let mut rng = seed ^ (thread as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                     let mut mine: Vec<(FrameId, Order)> = Vec::new();
                     if thread == 0 {
                         mine.push(giant);

@@ -67,9 +67,9 @@ impl LLFree {
             .map(|s| s.present().then(|| s.tree()))
     }
 
-    /// Free frames (exact while no operation runs).
+    /// Free frames, without those [`crate::CoreCache`]s hold (exact while no operation runs).
     pub fn free_frames(&self) -> usize {
-        let global: usize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
+        let global: isize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
         let local: usize = self
             .locals
             .iter()
@@ -77,7 +77,7 @@ impl LLFree {
             .filter(|s| s.present())
             .map(|s| s.free())
             .sum();
-        global + local
+        (global + local as isize).max(0) as usize
     }
 
     /// Entirely free 2 MiB children.
@@ -119,7 +119,7 @@ impl LLFree {
             }
         }
         for (tree, local) in local_free.iter().enumerate() {
-            if self.trees.load(tree).0 + local != self.lower.tree_free(tree) {
+            if self.trees.load(tree).0 + *local as isize != self.lower.tree_free(tree) as isize {
                 return Err(InitError::Corrupted {
                     what: "tree counter differs from its children",
                     index: tree,

@@ -20,6 +20,13 @@ const PRESENT: u64 = 1 << 62;
 /// A thread runs a slow path (sync, reservation or drain) for this core.
 const RESERVING: u64 = 1 << 63;
 
+/// The frame `frames` frames after `frame`, wrapping around inside its tree: the hint after a
+/// whole-child allocation at `frame`.
+#[inline]
+pub fn after(frame: usize, frames: usize) -> usize {
+    frame - frame % TREE_FRAMES + (frame % TREE_FRAMES + frames) % TREE_FRAMES
+}
+
 /// A snapshot of the per-core word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State(u64);
@@ -53,19 +60,23 @@ impl State {
     fn with_free(self, free: usize) -> Self {
         State(self.0 & !(FREE_MASK << FREE_SHIFT) | (free as u64) << FREE_SHIFT)
     }
+    /// Whether `tree` is the reserved tree.
     #[inline]
-    fn owns(self, tree: usize) -> bool {
+    pub fn owns(self, tree: usize) -> bool {
         self.present() && self.tree() == tree
     }
 }
 
-/// The data of one core, on its own pair of cache lines.
-#[repr(C, align(128))]
+/// The data of one core, on its own pair of cache lines (128 bytes, so that the adjacent-line
+/// prefetcher does not make neighbours share; aligned to one line, as the metadata region is).
+#[repr(C, align(64))]
 #[derive(Debug, Default)]
 pub struct Local {
     state: AtomicU64,
     /// Reserve-on-free history: tree << 16 | consecutive frees into it.
     frees: AtomicU64,
+    /// Fills the pair of lines.
+    _padding: [u64; 14],
 }
 
 impl Local {
@@ -99,12 +110,28 @@ impl Local {
                 if frames < CHILD_FRAMES {
                     return taken;
                 }
-                let hint = s.hint();
-                let next = hint - hint % TREE_FRAMES + (hint % TREE_FRAMES + frames) % TREE_FRAMES;
-                State(taken.0 & !HINT_MASK | next as u64)
+                State(taken.0 & !HINT_MASK | after(s.hint(), frames) as u64)
             })
         })
         .ok()
+    }
+
+    /// Takes at least `frames` and at most `batch.max(frames)` frames from the local counter, as
+    /// many as it has, for a [`crate::CoreCache`]. Returns the state before and the frames taken.
+    #[inline]
+    pub fn take_batch(&self, frames: usize, batch: usize) -> Option<(State, usize)> {
+        let want = batch.max(frames);
+        self.update(|s| {
+            (s.present() && s.free() >= frames).then(|| s.with_free(s.free() - s.free().min(want)))
+        })
+        .ok()
+        .map(|s| (s, s.free().min(want)))
+    }
+
+    /// Whether `tree` is reserved here (one plain load).
+    #[inline]
+    pub fn owns(&self, tree: usize) -> bool {
+        self.load().owns(tree)
     }
 
     /// Adds `frames` to the local counter if `tree` is reserved here.

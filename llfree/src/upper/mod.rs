@@ -8,8 +8,9 @@
 //! One deliberate difference: the paper also takes *free* trees from the neighbourhood. That lets
 //! base-frame allocations break up entirely free trees while partial ones exist elsewhere; taking
 //! only partial trees there raised the huge frames recovered in the fragmentation benchmark
-//! (`llfree-bench frag`, 8 GiB) from 44.5 % to 45.9 %. After a higher-order allocation failed on
-//! a fragmented tree, free trees come first. After a number of
+//! (`llfree-bench frag`, 8 GiB) from 44.5 % to 45.9 %. Free trees come first for huge frames,
+//! and after a higher-order allocation failed on a fragmented tree; the search then ends at the
+//! first free tree instead of scanning every tree for a partial one (a fresh zone has none). After a number of
 //! consecutive frees into a tree that is not reserved, the freeing core reserves it
 //! (reserve-on-free).
 
@@ -26,9 +27,10 @@ pub struct Search {
     pub start: usize,
     /// Frames the allocation needs.
     pub frames: usize,
-    /// The previous tree could not serve the order although it had enough free frames: prefer
-    /// free trees, which are not fragmented.
-    pub fragmented: bool,
+    /// Prefer free trees, which are not fragmented: the previous tree could not serve the order
+    /// although it had enough free frames, or the order takes whole children, which partial
+    /// trees seldom have.
+    pub prefer_free: bool,
 }
 
 impl Trees {
@@ -41,7 +43,7 @@ impl Trees {
     pub fn search(&self, search: Search) -> Option<(usize, usize)> {
         const ATTEMPTS: usize = 4;
         let first = search.start / LINE_TREES * LINE_TREES;
-        let preferred = if search.fragmented {
+        let preferred = if search.prefer_free {
             Class::Free
         } else {
             Class::Partial
@@ -52,10 +54,10 @@ impl Trees {
             // Visits a tree; true ends the pass (the first tree of the preferred class).
             let mut visit = |tree: usize| {
                 let (free, reserved) = self.load(tree);
-                if reserved || free < search.frames {
+                if reserved || free < search.frames as isize {
                     return false;
                 }
-                let class = self.class(free);
+                let class = self.class(free as usize);
                 let slot = &mut found[class as usize];
                 slot.is_none() && {
                     *slot = Some(tree);
@@ -70,7 +72,7 @@ impl Trees {
                 || (line_end..self.len()).any(&mut visit)
                 || (0..first).any(&mut visit);
             let [fits, partial, free] = found;
-            let choice = if search.fragmented {
+            let choice = if search.prefer_free {
                 free.or(partial).or(fits)
             } else {
                 partial.or(free).or(fits)
@@ -143,11 +145,11 @@ pub(crate) mod tests {
         trees
     }
 
-    fn search(start: usize, frames: usize, fragmented: bool) -> Search {
+    fn search(start: usize, frames: usize, prefer_free: bool) -> Search {
         Search {
             start,
             frames,
-            fragmented,
+            prefer_free,
         }
     }
 

@@ -2,6 +2,11 @@
 //!
 //! Entries are packed 32 to a cache line. While a tree is reserved by a core, its free frames
 //! live in that core's local counter and the entry only collects frees from other cores.
+//!
+//! The counter may be negative: a core that found no counted frame anywhere takes one the lower
+//! level still has free, which some [`crate::CoreCache`] counts, and owes it to the tree
+//! ([`Trees::borrow`]) until that cache gives its frames back. The 15 counter bits hold the
+//! counter plus [`BIAS`].
 
 use std::sync::atomic::{AtomicU16, Ordering};
 
@@ -9,6 +14,20 @@ use crate::{GIANT_ORDER, TREE_FRAMES};
 
 /// The reserved flag.
 const RESERVED: u16 = 1 << 15;
+/// Added to the counter in the entry, so that it can be negative: from -`BIAS` to
+/// `TREE_FRAMES`.
+const BIAS: u16 = (RESERVED - 1) - TREE_FRAMES as u16;
+/// The bits of a zero counter.
+const ZERO: u16 = BIAS;
+/// The bits of an entirely free, unreserved tree.
+const FULL: u16 = BIAS + TREE_FRAMES as u16;
+
+/// The counter of an entry (without the reserved flag).
+#[inline]
+fn counter(v: u16) -> isize {
+    (v & !RESERVED) as isize - BIAS as isize
+}
+
 /// Trees in one cache line.
 pub const LINE_TREES: usize = 32;
 /// Trees in one giant frame.
@@ -61,7 +80,8 @@ impl Trees {
     pub fn init(&self, free: &[usize]) {
         debug_assert_eq!(free.len(), self.len);
         for (tree, free) in free.iter().enumerate() {
-            self.entry(tree).store(*free as u16, Ordering::Relaxed);
+            self.entry(tree)
+                .store(ZERO + *free as u16, Ordering::Relaxed);
         }
     }
 
@@ -74,10 +94,11 @@ impl Trees {
         &self.lines[tree / LINE_TREES].0[tree % LINE_TREES]
     }
 
-    /// The global free counter and the reserved flag of `tree`.
-    pub fn load(&self, tree: usize) -> (usize, bool) {
+    /// The global free counter (negative while the tree is owed frames) and the reserved flag
+    /// of `tree`.
+    pub fn load(&self, tree: usize) -> (isize, bool) {
         let v = self.entry(tree).load(Ordering::Acquire);
-        ((v & !RESERVED) as usize, v & RESERVED != 0)
+        (counter(v), v & RESERVED != 0)
     }
 
     /// Classifies a free count.
@@ -97,10 +118,11 @@ impl Trees {
         stop!();
         self.entry(tree)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                (v & RESERVED == 0 && accept(v as usize)).then_some(RESERVED)
+                let free = counter(v);
+                (v & RESERVED == 0 && free >= 0 && accept(free as usize)).then_some(RESERVED | ZERO)
             })
             .ok()
-            .map(usize::from)
+            .map(|v| counter(v) as usize)
     }
 
     /// Clears the reservation of `tree` and adds the frames its core still counted.
@@ -119,9 +141,9 @@ impl Trees {
         stop!();
         self.entry(tree)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                (v & RESERVED != 0 && v != RESERVED).then_some(RESERVED)
+                (v & RESERVED != 0 && counter(v) > 0).then_some(RESERVED | ZERO)
             })
-            .map_or(0, |v| usize::from(v & !RESERVED))
+            .map_or(0, |v| counter(v) as usize)
     }
 
     /// Adds freed frames to the global counter of `tree`.
@@ -135,7 +157,18 @@ impl Trees {
     pub fn take(&self, tree: usize, frames: usize) -> bool {
         self.entry(tree)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                (v & RESERVED == 0 && v as usize >= frames).then(|| v - frames as u16)
+                (v & RESERVED == 0 && counter(v) >= frames as isize).then(|| v - frames as u16)
+            })
+            .is_ok()
+    }
+
+    /// Takes `frames` from the global counter of `tree`, reserved or not, even below zero (down
+    /// to -[`BIAS`]): for frames the lower level has free while a cache counts them.
+    pub fn borrow(&self, tree: usize, frames: usize) -> bool {
+        stop!();
+        self.entry(tree)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v & !RESERVED >= frames as u16).then(|| v - frames as u16)
             })
             .is_ok()
     }
@@ -143,12 +176,11 @@ impl Trees {
     /// Claims the `GIANT_TREES` trees from `first` (aligned) if all are entirely free and
     /// unreserved.
     pub fn claim_giant_at(&self, first: usize) -> bool {
-        let full = TREE_FRAMES as u16;
         for tree in first..first + GIANT_TREES {
             stop!();
             let claimed =
                 self.entry(tree)
-                    .compare_exchange(full, 0, Ordering::AcqRel, Ordering::Relaxed);
+                    .compare_exchange(FULL, ZERO, Ordering::AcqRel, Ordering::Relaxed);
             if claimed.is_err() {
                 for claimed in first..tree {
                     self.add(claimed, TREE_FRAMES);
@@ -162,11 +194,10 @@ impl Trees {
     /// Claims `GIANT_TREES` entirely free, unreserved, aligned trees among the first `trees`
     /// (those entirely inside the zone). Returns the first tree.
     pub fn claim_giant(&self, trees: usize) -> Option<usize> {
-        let full = TREE_FRAMES as u16;
         (0..trees / GIANT_TREES * GIANT_TREES)
             .step_by(GIANT_TREES)
             .find(|&first| {
-                (first..first + GIANT_TREES).all(|t| self.entry(t).load(Ordering::Relaxed) == full)
+                (first..first + GIANT_TREES).all(|t| self.entry(t).load(Ordering::Relaxed) == FULL)
                     && self.claim_giant_at(first)
             })
     }
@@ -192,6 +223,24 @@ mod tests {
         assert_eq!(t.take_foreign_frees(0), 0);
         t.unreserve(0, 42);
         assert_eq!(t.load(0), (42, false));
+    }
+
+    #[test]
+    fn borrowed_frames_make_the_counter_negative() {
+        let t = trees(&[3, 0]);
+        assert!(t.borrow(0, 5));
+        assert_eq!(t.load(0), (-2, false));
+        assert!(!t.take(0, 1));
+        assert_eq!(t.reserve(0, |_| true), None);
+        t.add(0, 10);
+        assert_eq!(t.reserve(0, |_| true), Some(8));
+        assert!(t.borrow(0, 1));
+        assert_eq!(t.take_foreign_frees(0), 0);
+        t.unreserve(0, 8);
+        assert_eq!(t.load(0), (7, false));
+        assert!(t.borrow(1, BIAS as usize));
+        assert!(!t.borrow(1, 1));
+        assert_eq!(t.load(1), (-(BIAS as isize), false));
     }
 
     #[test]

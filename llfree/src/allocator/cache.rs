@@ -1,0 +1,323 @@
+//! Per-thread caches of a core's frames ([`CoreCache`]): the fast path of a thread that keeps
+//! its own cache, e.g. a vCPU thread.
+//!
+//! [`LLFree::get`] and [`LLFree::put`] change the per-core word with a compare-and-swap on every
+//! call, since any number of threads may share a core. A cache takes frames from that word in
+//! batches and counts them with plain arithmetic; only the lower level is changed atomically. An
+//! order-0 get or put then needs two locked instructions (child counter and bitfield) instead of
+//! three, and a huge one needs one instead of two.
+//!
+//! Cached frames are frames of the core's reserved tree, taken from its local counter: the lower
+//! level still has them free. Once the core no longer reserves that tree (another core drained
+//! it, or the reservation moved on), the cache's next operation gives them back to the tree. A
+//! cache holds at most [`LIMIT`] frames that other cores cannot reserve meanwhile.
+
+use super::{check_order, LLFree};
+use crate::upper::local::{after, Local};
+use crate::{CoreId, Error, FrameId, Order, HUGE_ORDER, MAX_ORDER, TREE_FRAMES};
+
+/// Frames a cache takes from its core's local counter at once (16 MiB): one compare-and-swap
+/// on the per-core word per 4096 base frames, or per 8 huge frames.
+const BATCH: usize = TREE_FRAMES / 4;
+/// A cache that frees bring above this many frames gives back all but [`BATCH`].
+const LIMIT: usize = 2 * BATCH;
+
+/// A private cache of one core's frames, for one thread ([`LLFree::core_cache`]).
+///
+/// Its frames are counted neither in the tree nor in the core's local counter:
+/// [`LLFree::free_frames`] and [`LLFree::validate`] see them once [`LLFree::release_cache`] gave
+/// them back, which the owner must do before it drops the cache (debug builds check). A crash
+/// loses nothing: recovery counts free frames from the lower level.
+#[derive(Debug)]
+pub struct CoreCache {
+    /// The core whose reservation the frames come from.
+    core: usize,
+    /// The tree of the cached frames and of the hint (`usize::MAX` before the first frame).
+    tree: usize,
+    /// Cached frames.
+    frames: usize,
+    /// Where the next allocation starts looking.
+    hint: usize,
+}
+
+impl CoreCache {
+    /// The core of this cache.
+    pub fn core(&self) -> CoreId {
+        CoreId(self.core)
+    }
+
+    /// Frames the cache holds.
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+}
+
+impl Drop for CoreCache {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            debug_assert_eq!(self.frames, 0, "a CoreCache was dropped with frames in it");
+        }
+    }
+}
+
+impl LLFree {
+    /// An empty cache of `core`'s frames for the calling thread. Any number of caches and
+    /// [`LLFree::get`] callers may share a core.
+    pub fn core_cache(&self, core: CoreId) -> CoreCache {
+        CoreCache {
+            core: core.0,
+            tree: usize::MAX,
+            frames: 0,
+            hint: 0,
+        }
+    }
+
+    /// [`LLFree::get`] through `cache`.
+    #[inline]
+    pub fn get_cached(&self, cache: &mut CoreCache, order: Order) -> Result<FrameId, Error> {
+        let order = order.0;
+        if order > MAX_ORDER {
+            check_order(order)?;
+            return self.get_frames(cache.core, order).map(FrameId);
+        }
+        let frames = 1 << order;
+        let local = self.locals.get(cache.core);
+        let fragmented = if self.fill(cache, local, frames) {
+            if let Some(frame) = self.lower.get(cache.hint, order) {
+                cache.frames -= frames;
+                cache.hint = if order < HUGE_ORDER {
+                    frame
+                } else {
+                    after(frame, frames)
+                };
+                return Ok(FrameId(frame));
+            }
+            // Enough frames, but none in the order's shape.
+            true
+        } else {
+            false
+        };
+        // The tree's frames go back to its counters before the slow path syncs or replaces it.
+        self.release_cache(cache);
+        self.get_slow(cache.core, local, order, fragmented)
+            .map(FrameId)
+    }
+
+    /// Makes `cache` hold at least `frames` frames of the tree `local` reserves, giving back
+    /// frames of a tree it no longer reserves. False if the local counter has too few.
+    #[inline]
+    fn fill(&self, cache: &mut CoreCache, local: &Local, frames: usize) -> bool {
+        let owned = local.owns(cache.tree);
+        if owned && cache.frames >= frames {
+            return true;
+        }
+        if !owned {
+            self.release_cache(cache);
+        }
+        let Some((state, taken)) = local.take_batch(frames, BATCH) else {
+            return false;
+        };
+        if state.tree() != cache.tree {
+            // A new reservation (perhaps made since the load above): start where it says.
+            self.release_cache(cache);
+            cache.tree = state.tree();
+            cache.hint = state.hint();
+        }
+        cache.frames += taken;
+        true
+    }
+
+    /// [`LLFree::put`] through `cache`: frames of the core's reserved tree go to the cache.
+    #[inline]
+    pub fn put_cached(
+        &self,
+        cache: &mut CoreCache,
+        frame: FrameId,
+        order: Order,
+    ) -> Result<(), Error> {
+        let (frame, order) = (frame.0, order.0);
+        self.check(frame, order)?;
+        let tree = frame / TREE_FRAMES;
+        let local = self.locals.get(cache.core);
+        if order > MAX_ORDER || !local.owns(tree) {
+            return self.put_checked(cache.core, frame, order);
+        }
+        self.lower.put(frame, order)?;
+        if cache.tree != tree {
+            self.release_cache(cache);
+            cache.tree = tree;
+            cache.hint = frame;
+        }
+        cache.frames += 1 << order;
+        if cache.frames > LIMIT {
+            self.give_back(local, tree, cache.frames - BATCH);
+            cache.frames = BATCH;
+        }
+        Ok(())
+    }
+
+    /// Gives the frames of `cache` back to its tree (to the core's local counter while the core
+    /// reserves it). The cache stays usable.
+    pub fn release_cache(&self, cache: &mut CoreCache) {
+        if cache.frames > 0 {
+            self.give_back(self.locals.get(cache.core), cache.tree, cache.frames);
+            cache.frames = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    fn zone(cores: usize, trees: usize) -> LLFree {
+        LLFree::new(Config::new(cores, trees * TREE_FRAMES)).unwrap()
+    }
+
+    #[test]
+    fn takes_batches_and_gives_them_back() {
+        let alloc = zone(2, 4);
+        let mut cache = alloc.core_cache(CoreId(0));
+        let frame = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        // The first get reserved a tree; the second takes a batch from it.
+        let second = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        assert_eq!(cache.frames(), BATCH - 1);
+        assert_eq!(alloc.free_frames(), alloc.frames() - 2 - cache.frames());
+        alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
+        alloc.put_cached(&mut cache, second, Order(0)).unwrap();
+        assert_eq!(cache.frames(), BATCH + 1);
+        assert_eq!(
+            alloc.put_cached(&mut cache, frame, Order(0)),
+            Err(Error::NotAllocated {
+                frame: frame.0,
+                order: 0
+            })
+        );
+        alloc.release_cache(&mut cache);
+        assert_eq!(alloc.free_frames(), alloc.frames());
+        alloc.validate().unwrap();
+    }
+
+    #[test]
+    fn every_order_round_trips() {
+        let alloc = zone(1, 32);
+        let mut cache = alloc.core_cache(CoreId(0));
+        for order in (0..=MAX_ORDER).chain([crate::GIANT_ORDER]) {
+            let frame = alloc.get_cached(&mut cache, Order(order)).unwrap();
+            assert!(alloc.is_allocated(frame, Order(order)));
+            alloc.put_cached(&mut cache, frame, Order(order)).unwrap();
+            assert!(alloc.is_free(frame, Order(order)));
+        }
+        assert_eq!(
+            alloc.get_cached(&mut cache, Order(11)),
+            Err(Error::InvalidOrder(11))
+        );
+        alloc.release_cache(&mut cache);
+        alloc.validate().unwrap();
+    }
+
+    #[test]
+    fn frees_beyond_the_limit_go_back_to_the_core() {
+        let alloc = zone(1, 2);
+        let mut cache = alloc.core_cache(CoreId(0));
+        let frames: Vec<_> = (0..TREE_FRAMES)
+            .map(|_| alloc.get_cached(&mut cache, Order(0)).unwrap())
+            .collect();
+        assert!(frames
+            .iter()
+            .all(|f| f.0 / TREE_FRAMES == frames[0].0 / TREE_FRAMES));
+        for frame in frames {
+            alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
+            assert!(cache.frames() <= LIMIT);
+        }
+        alloc.release_cache(&mut cache);
+        alloc.validate().unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+
+    #[test]
+    fn a_drained_core_s_cache_returns_its_frames_to_the_tree() {
+        let alloc = zone(2, 4);
+        let mut cache = alloc.core_cache(CoreId(0));
+        let kept = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        let frame = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        let tree = frame.0 / TREE_FRAMES;
+        // Another core takes the reservation away: the cache's frames are out of every counter
+        // until its next operation gives them back to the tree.
+        alloc.drain(CoreId(0));
+        assert_eq!(alloc.free_frames(), alloc.frames() - 2 - cache.frames());
+        alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
+        let next = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        assert_eq!(next.0 / TREE_FRAMES, tree);
+        alloc.put_cached(&mut cache, next, Order(0)).unwrap();
+        alloc.put_cached(&mut cache, kept, Order(0)).unwrap();
+        alloc.release_cache(&mut cache);
+        alloc.drain(CoreId(0));
+        alloc.validate().unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+
+    #[test]
+    fn frames_a_cache_holds_are_borrowed_when_nothing_else_is_left() {
+        let alloc = zone(2, 2);
+        let mut cache = alloc.core_cache(CoreId(0));
+        let first = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        let second = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        assert!(cache.frames() > 0);
+        let mut others = Vec::new();
+        while let Ok(frame) = alloc.get(CoreId(1), Order(0)) {
+            others.push(frame);
+        }
+        assert_eq!(others.len(), alloc.frames() - 2);
+        // The frames the cache counted are gone: it gives its count back and fails.
+        assert_eq!(
+            alloc.get_cached(&mut cache, Order(0)),
+            Err(Error::Memory { order: 0 })
+        );
+        assert_eq!(cache.frames(), 0);
+        alloc.validate().unwrap();
+        for frame in others.into_iter().chain([first, second]) {
+            alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
+        }
+        alloc.release_cache(&mut cache);
+        (0..2).for_each(|core| alloc.drain(CoreId(core)));
+        alloc.validate().unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+
+    #[test]
+    fn caches_and_shared_callers_on_many_threads_lose_nothing() {
+        let alloc = zone(2, 8);
+        std::thread::scope(|s| {
+            for thread in 0..4 {
+                let alloc = &alloc;
+                s.spawn(move || {
+                    let core = CoreId(thread % 2);
+                    let mut cache = alloc.core_cache(core);
+                    let mut held = Vec::new();
+                    for i in 0..20_000 {
+                        let order = Order([0, 0, 3, 9][i % 4]);
+                        let got = if thread < 2 {
+                            alloc.get_cached(&mut cache, order)
+                        } else {
+                            alloc.get(core, order)
+                        };
+                        held.push((got.unwrap(), order));
+                        if held.len() > 100 {
+                            let (frame, order) = held.swap_remove(i * 7 % held.len());
+                            alloc.put_cached(&mut cache, frame, order).unwrap();
+                        }
+                    }
+                    for (frame, order) in held {
+                        alloc.put(core, frame, order).unwrap();
+                    }
+                    alloc.release_cache(&mut cache);
+                });
+            }
+        });
+        (0..2).for_each(|core| alloc.drain(CoreId(core)));
+        alloc.validate().unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+}
