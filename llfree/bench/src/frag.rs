@@ -190,7 +190,7 @@ pub fn run(
     let mut rng = Rng::new(params.seed);
     let mut counts = vec![0u16; alloc.frames().div_ceil(CHILD_FRAMES)];
     let mut held = vec![0usize; alloc.frames() * 9 / 10];
-    parallel(params.threads, &mut held, |core, frames| {
+    parallel(alloc, params.threads, &mut held, |core, frames| {
         frames.iter_mut().try_for_each(|f| {
             *f = alloc.get(core, 0)?;
             Ok(())
@@ -198,7 +198,7 @@ pub fn run(
     })?;
     let half = held.len() / 2;
     rng.choose_front(&mut held, half);
-    parallel(params.threads, &mut held[..half], |core, frames| {
+    parallel(alloc, params.threads, &mut held[..half], |core, frames| {
         frames.iter().try_for_each(|&f| alloc.put(core, f, 0))
     })?;
     held.drain(..half);
@@ -206,7 +206,7 @@ pub fn run(
     let batch = held.len() / 10;
     for round in 1..=params.rounds {
         rng.choose_front(&mut held, batch);
-        parallel(params.threads, &mut held[..batch], |core, frames| {
+        parallel(alloc, params.threads, &mut held[..batch], |core, frames| {
             for frame in frames.iter_mut() {
                 alloc.put(core, *frame, 0)?;
             }
@@ -217,14 +217,16 @@ pub fn run(
         })?;
         rounds.push(measure(alloc, params.threads, round, &mut counts));
     }
-    parallel(params.threads, &mut held, |core, frames| {
+    parallel(alloc, params.threads, &mut held, |core, frames| {
         frames.iter().try_for_each(|&f| alloc.put(core, f, 0))
     })?;
     Ok(rounds)
 }
 
-/// Runs `work` on `threads` threads, thread `t` with core id `t` on the `t`-th chunk of `items`.
+/// Runs `work` on `threads` threads, thread `t` with core id `t` on the `t`-th chunk of `items`;
+/// each thread leaves its core at the end.
 fn parallel(
+    alloc: &dyn HugeFragmentation,
     threads: usize,
     items: &mut [usize],
     work: impl Fn(usize, &mut [usize]) -> Result<(), AllocError> + Sync,
@@ -236,7 +238,11 @@ fn parallel(
             .enumerate()
             .map(|(core, frames)| {
                 let work = &work;
-                s.spawn(move || work(core, frames))
+                s.spawn(move || {
+                    let result = work(core, frames);
+                    alloc.leave(core);
+                    result
+                })
             })
             .collect();
         workers

@@ -44,6 +44,10 @@ pub trait FrameAllocator: Sync {
     /// Returns the core's cached frames or reservation to the global pool, where it has one.
     fn drain(&self, core: usize);
 
+    /// The calling thread stops using `core`: what it keeps for the core on its own (a claim, a
+    /// private cache) goes back, while the core's shared state stays. Nothing by default.
+    fn leave(&self, _core: usize) {}
+
     /// The number of free base frames, including those cached per core.
     fn free_frames(&self) -> usize;
 

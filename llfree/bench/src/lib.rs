@@ -7,6 +7,7 @@
 mod affinity;
 pub mod alloc_kind;
 pub mod buddy;
+mod core_claim;
 pub mod frag;
 pub mod frame_alloc;
 mod frame_links;

@@ -6,37 +6,15 @@
 //! uses a core claims it (one compare-and-swap); other threads get [`AllocError::CoreBusy`] until
 //! the owner calls [`FrameAllocator::drain`] for that core, which only releases the claim.
 
+use crate::core_claim::Claim;
 use crate::frame_alloc::{AllocError, FrameAllocator};
 use crate::frame_links::{order_zero_only, share, FrameLinks, NIL};
-use std::cell::Cell;
-use std::sync::atomic::{
-    AtomicU32, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
-};
-
-/// Source of thread tokens; 0 means "no owner".
-static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    static TOKEN: Cell<u64> = const { Cell::new(0) };
-}
-
-/// A token unique to the calling thread for the life of the process.
-fn thread_token() -> u64 {
-    TOKEN.with(|token| match token.get() {
-        0 => {
-            let fresh = NEXT_TOKEN.fetch_add(1, Relaxed);
-            token.set(fresh);
-            fresh
-        }
-        known => known,
-    })
-}
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 #[derive(Debug)]
 #[repr(align(64))]
 struct LocalList {
-    owner: AtomicU64,
+    owner: Claim,
     head: AtomicU32,
     len: AtomicUsize,
 }
@@ -60,7 +38,7 @@ impl ListLocal {
         let lists = (0..cores)
             .map(|core| share(frames, cores, core))
             .map(|range| LocalList {
-                owner: AtomicU64::new(0),
+                owner: Claim::default(),
                 head: AtomicU32::new(range.start as u32),
                 len: AtomicUsize::new(range.len()),
             })
@@ -75,11 +53,7 @@ impl ListLocal {
     #[inline]
     fn claim(&self, core: usize) -> Result<&LocalList, AllocError> {
         let list = &self.lists[core % self.lists.len()];
-        let me = thread_token();
-        let owner = list.owner.load(Relaxed);
-        if owner == me
-            || (owner == 0 && list.owner.compare_exchange(0, me, Acquire, Relaxed).is_ok())
-        {
+        if list.owner.claim() {
             Ok(list)
         } else {
             Err(AllocError::CoreBusy(core))
@@ -122,10 +96,8 @@ impl FrameAllocator for ListLocal {
     /// Releases the calling thread's claim on `core`; the frames stay in the core's list.
     fn drain(&self, core: usize) {
         let list = &self.lists[core % self.lists.len()];
-        // Fails (and changes nothing) when another thread or no thread owns the list.
-        let _ = list
-            .owner
-            .compare_exchange(thread_token(), 0, Release, Relaxed);
+        // Changes nothing when another thread or no thread owns the list.
+        list.owner.release();
     }
 
     fn free_frames(&self) -> usize {

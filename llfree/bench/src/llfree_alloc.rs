@@ -1,21 +1,29 @@
 //! The [`FrameAllocator`] adapter of [`llfree::LLFree`].
+//!
+//! The thread that first uses a core id claims it (module `core_claim`) and allocates
+//! through the core's [`CoreCache`], as a vCPU thread would; other threads on that core id use
+//! the shared per-core path. [`FrameAllocator::drain`] gives the caller's cache and claim back.
 
+use crate::core_claim::Claimed;
 use crate::frame_alloc::{AllocError, FrameAllocator};
-use llfree::{Config, CoreId, FrameId, InitError, LLFree, Order, GIANT_ORDER, MAX_ORDER};
+use llfree::{
+    Config, CoreCache, CoreId, FrameId, InitError, LLFree, Order, GIANT_ORDER, MAX_ORDER,
+};
 
 /// LLFree with volatile metadata, driven through the harness.
 #[derive(Debug)]
 pub struct LLFreeAlloc {
     llfree: LLFree,
+    caches: Claimed<CoreCache>,
 }
 
 impl LLFreeAlloc {
     /// Creates a volatile LLFree with the default configuration for `cores` cores and `frames`
     /// free frames.
     pub fn new(cores: usize, frames: usize) -> Result<Self, InitError> {
-        Ok(Self {
-            llfree: LLFree::new(Config::new(cores, frames))?,
-        })
+        let llfree = LLFree::new(Config::new(cores, frames))?;
+        let caches = Claimed::new((0..cores).map(|core| llfree.core_cache(CoreId(core))));
+        Ok(Self { llfree, caches })
     }
 
     /// The wrapped allocator.
@@ -35,27 +43,61 @@ impl FrameAllocator for LLFreeAlloc {
 
     #[inline]
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        let frame = self.llfree.get(CoreId(core), Order(order))?;
+        let frame = self
+            .caches
+            .with(
+                core,
+                |cache| self.llfree.get_cached(cache, Order(order)),
+                CoreCache::frames,
+            )
+            .unwrap_or_else(|| self.llfree.get(CoreId(core), Order(order)))?;
         Ok(frame.0)
     }
 
     #[inline]
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
-        self.llfree
-            .put(CoreId(core), FrameId(frame), Order(order))
+        let (frame, order) = (FrameId(frame), Order(order));
+        self.caches
+            .with(
+                core,
+                |cache| self.llfree.put_cached(cache, frame, order),
+                CoreCache::frames,
+            )
+            .unwrap_or_else(|| self.llfree.put(CoreId(core), frame, order))
             .map_err(AllocError::from)
     }
 
+    /// Gives back the caller's cache of `core` and its claim, then the core's reservation.
     fn drain(&self, core: usize) {
+        self.leave(core);
         self.llfree.drain(CoreId(core));
     }
 
+    /// Gives back the caller's cache of `core` and its claim.
+    fn leave(&self, core: usize) {
+        self.caches.release(
+            core,
+            |cache| self.llfree.release_cache(cache),
+            CoreCache::frames,
+        );
+    }
+
+    /// The allocator's free frames and those the caches hold.
     fn free_frames(&self) -> usize {
-        self.llfree.free_frames()
+        self.llfree.free_frames() + self.caches.shown()
     }
 
     fn frames(&self) -> usize {
         self.llfree.frames()
+    }
+}
+
+impl Drop for LLFreeAlloc {
+    /// Gives back what caches still hold (of threads that did not drain).
+    fn drop(&mut self) {
+        for cache in self.caches.values_mut() {
+            self.llfree.release_cache(cache);
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 use super::*;
 use crate::buddy::{Buddy, BuddyConfig};
 use crate::list_local::ListLocal;
+use crate::llfree_alloc::LLFreeAlloc;
 
 fn params(bench: Bench, order: usize, threads: usize) -> RunParams {
     RunParams {
@@ -44,6 +45,18 @@ fn rand_frees_frames_of_other_threads() {
     let alloc = ListLocal::new(2, 4096).unwrap();
     run(&alloc, params(Bench::Rand, 0, 2)).unwrap();
     assert_eq!(alloc.free_frames(), 4096);
+}
+
+#[test]
+fn llfree_threads_with_caches_allocate_the_whole_zone() {
+    // Three threads do not split 8 trees evenly: the last frames of a tree are counted in
+    // another thread's cache, and borrowed from it.
+    for (bench, order) in [(Bench::Rand, 0), (Bench::Rand, 9), (Bench::Bulk, 0)] {
+        let alloc = LLFreeAlloc::new(3, 8 * llfree::TREE_FRAMES).unwrap();
+        run(&alloc, params(bench, order, 3)).unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames(), "{bench} order {order}");
+        alloc.llfree().validate().unwrap();
+    }
 }
 
 #[test]
