@@ -27,7 +27,10 @@ const LIMIT: usize = 2 * BATCH;
 /// Its frames are counted neither in the tree nor in the core's local counter:
 /// [`LLFree::free_frames`] and [`LLFree::validate`] see them once [`LLFree::release_cache`] gave
 /// them back, which the owner must do before it drops the cache (debug builds check). A crash
-/// loses nothing: recovery counts free frames from the lower level.
+/// loses nothing: recovery counts free frames from the lower level (in a region shared by
+/// processes, [`LLFree::recover_slots`] recounts the trees a dead owner reserved; frames its
+/// caches held of other trees stay counted as allocated until the whole region is recovered).
+/// A giant frame needs 16 trees whose frames no cache holds.
 #[derive(Debug)]
 pub struct CoreCache {
     /// The core whose reservation the frames come from.
