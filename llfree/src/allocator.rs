@@ -484,11 +484,6 @@ impl LLFree {
 
     pub(crate) fn put_frames(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
         self.check(frame, order)?;
-        self.put_checked(core, frame, order)
-    }
-
-    /// [`LLFree::put`] of a checked range.
-    fn put_checked(&self, core: usize, frame: usize, order: usize) -> Result<(), Error> {
         if order == GIANT_ORDER {
             self.lower.put_giant(frame)?;
             self.add_giant_trees(frame);

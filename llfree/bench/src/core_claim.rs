@@ -99,7 +99,7 @@ impl<T> Claimed<T> {
         f: impl FnOnce(&mut T) -> R,
         count: impl FnOnce(&T) -> usize,
     ) -> Option<R> {
-        let slot = &self.slots[core % self.slots.len()];
+        let slot = self.slot(core);
         if !slot.claim.claim() {
             return None;
         }
@@ -124,8 +124,17 @@ impl<T> Claimed<T> {
         count: impl FnOnce(&T) -> usize,
     ) -> Option<R> {
         let result = self.with(core, f, count)?;
-        self.slots[core % self.slots.len()].claim.release();
+        self.slot(core).claim.release();
         Some(result)
+    }
+
+    /// The slot of `core`, without a division where the id is in range.
+    #[inline]
+    fn slot(&self, core: usize) -> &Slot<T> {
+        match self.slots.get(core) {
+            Some(slot) => slot,
+            None => &self.slots[core % self.slots.len()],
+        }
     }
 
     /// The sum of the counts the owners show.

@@ -57,14 +57,15 @@ impl FrameAllocator for LLFreeAlloc {
     #[inline]
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         let (frame, order) = (FrameId(frame), Order(order));
-        self.caches
-            .with(
-                core,
-                |cache| self.llfree.put_cached(cache, frame, order),
-                CoreCache::frames,
-            )
-            .unwrap_or_else(|| self.llfree.put(CoreId(core), frame, order))
-            .map_err(AllocError::from)
+        let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
+        match self.caches.with(core, put, CoreCache::frames) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(e.into()),
+            None => self
+                .llfree
+                .put(CoreId(core), frame, order)
+                .map_err(AllocError::from),
+        }
     }
 
     /// Gives back the caller's cache of `core` and its claim, then the core's reservation.

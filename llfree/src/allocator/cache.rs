@@ -139,12 +139,12 @@ impl LLFree {
         order: Order,
     ) -> Result<(), Error> {
         let (frame, order) = (frame.0, order.0);
-        self.check(frame, order)?;
         let tree = frame / TREE_FRAMES;
         let local = self.locals.get(cache.core);
         if order > MAX_ORDER || !local.owns(tree) {
-            return self.put_checked(cache.core, frame, order);
+            return self.put_frames(cache.core, frame, order);
         }
+        self.check(frame, order)?;
         self.lower.put(frame, order)?;
         if cache.tree != tree {
             self.release_cache(cache);

@@ -93,6 +93,7 @@ impl Local {
     }
 
     /// The current state.
+    #[inline]
     pub fn load(&self) -> State {
         State(self.state.load(Ordering::Acquire))
     }
