@@ -57,15 +57,18 @@ impl FrameAllocator for LLFreeAlloc {
     #[inline]
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         let (frame, order) = (FrameId(frame), Order(order));
-        let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
-        match self.caches.with(core, put, CoreCache::frames) {
-            Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(e.into()),
-            None => self
-                .llfree
-                .put(CoreId(core), frame, order)
-                .map_err(AllocError::from),
+        // Only frames of the core's reserved tree go to its cache: the others skip the claim.
+        if self.llfree.reserves(CoreId(core), frame) {
+            let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
+            match self.caches.with(core, put, CoreCache::frames) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => return Err(e.into()),
+                None => {}
+            }
         }
+        self.llfree
+            .put(CoreId(core), frame, order)
+            .map_err(AllocError::from)
     }
 
     /// Gives back the caller's cache of `core` and its claim, then the core's reservation.

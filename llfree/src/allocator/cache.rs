@@ -130,6 +130,13 @@ impl LLFree {
         true
     }
 
+    /// Whether `core` reserves the tree of `frame` right now (one plain load): whether
+    /// [`LLFree::put_cached`] would keep the frame in a cache of that core.
+    #[inline]
+    pub fn reserves(&self, core: CoreId, frame: FrameId) -> bool {
+        self.locals.get(core.0).owns(frame.0 / TREE_FRAMES)
+    }
+
     /// [`LLFree::put`] through `cache`: frames of the core's reserved tree go to the cache.
     #[inline]
     pub fn put_cached(
@@ -138,12 +145,12 @@ impl LLFree {
         frame: FrameId,
         order: Order,
     ) -> Result<(), Error> {
+        if order.0 > MAX_ORDER || !self.reserves(cache.core(), frame) {
+            return self.put_frames(cache.core, frame.0, order.0);
+        }
         let (frame, order) = (frame.0, order.0);
         let tree = frame / TREE_FRAMES;
         let local = self.locals.get(cache.core);
-        if order > MAX_ORDER || !local.owns(tree) {
-            return self.put_frames(cache.core, frame, order);
-        }
         self.check(frame, order)?;
         self.lower.put(frame, order)?;
         if cache.tree != tree {
@@ -187,6 +194,7 @@ mod tests {
         let second = alloc.get_cached(&mut cache, Order(0)).unwrap();
         assert_eq!(cache.frames(), BATCH - 1);
         assert_eq!(alloc.free_frames(), alloc.frames() - 2 - cache.frames());
+        assert!(alloc.reserves(CoreId(0), frame) && !alloc.reserves(CoreId(1), frame));
         alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
         alloc.put_cached(&mut cache, second, Order(0)).unwrap();
         assert_eq!(cache.frames(), BATCH + 1);
