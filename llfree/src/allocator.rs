@@ -356,26 +356,28 @@ impl LLFree {
     /// Allocates from any unreserved tree without reserving it (when the core's slow path is
     /// busy, or as the last resort).
     fn get_unreserved(&self, order: usize) -> Option<usize> {
-        let frames = 1 << order;
-        (0..self.trees.len()).find_map(|tree| {
-            if !self.trees.take(tree, frames) {
-                return None;
-            }
-            let frame = self.lower.get(tree * TREE_FRAMES, order);
-            if frame.is_none() {
-                self.trees.add(tree, frames);
-            }
-            frame
-        })
+        self.get_without_reservation(order, |tree, frames| self.trees.take(tree, frames))
     }
 
     /// Allocates frames that the lower level has free although no counter shows them, because a
     /// [`CoreCache`] counts them (or an operation is between its two levels): the tree owes them
     /// until the cache gives its frames back. The last resort before [`Error::Memory`].
     fn get_borrowed(&self, order: usize) -> Option<usize> {
+        self.get_without_reservation(order, |tree, frames| {
+            self.lower.tree_free(tree) >= frames && self.trees.borrow(tree, frames)
+        })
+    }
+
+    /// Allocates from the first tree whose counter `take` lowers by the frames of `order` and
+    /// whose lower level then has them; gives them back where it had not.
+    fn get_without_reservation(
+        &self,
+        order: usize,
+        take: impl Fn(usize, usize) -> bool,
+    ) -> Option<usize> {
         let frames = 1 << order;
         (0..self.trees.len()).find_map(|tree| {
-            if self.lower.tree_free(tree) < frames || !self.trees.borrow(tree, frames) {
+            if !take(tree, frames) {
                 return None;
             }
             let frame = self.lower.get(tree * TREE_FRAMES, order);

@@ -44,11 +44,6 @@ pub struct CoreCache {
 }
 
 impl CoreCache {
-    /// The core of this cache.
-    pub fn core(&self) -> CoreId {
-        CoreId(self.core)
-    }
-
     /// Frames the cache holds.
     pub fn frames(&self) -> usize {
         self.frames
@@ -145,12 +140,12 @@ impl LLFree {
         frame: FrameId,
         order: Order,
     ) -> Result<(), Error> {
-        if order.0 > MAX_ORDER || !self.reserves(cache.core(), frame) {
-            return self.put_frames(cache.core, frame.0, order.0);
-        }
         let (frame, order) = (frame.0, order.0);
         let tree = frame / TREE_FRAMES;
         let local = self.locals.get(cache.core);
+        if order > MAX_ORDER || !local.owns(tree) {
+            return self.put_frames(cache.core, frame, order);
+        }
         self.check(frame, order)?;
         self.lower.put(frame, order)?;
         if cache.tree != tree {
