@@ -7,9 +7,15 @@
 //! When the pool is exhausted, the vCPU's error is recorded, the VMM's event is signalled and the
 //! vCPU thread is kicked (on hardware KVM its KVM_RUN returns EINTR). The fault stays pending and
 //! is retried every [`RETRY_MS`] until a frame is free (overcommit: another guest may give memory
-//! back) or the VMM gives up with [`crate::GuestMemory::unblock_vcpus`]. Each wait is reported
+//! back) or the VM stops ([`crate::GuestMemory::release_faults`]). Each wait is reported
 //! once: the kick interrupts the vCPU's wait in the kernel, which then delivers the same fault
 //! again, and that repeat only joins the wait.
+//!
+//! A fault of a thread that is no vCPU (KVM's asynchronous page fault worker, which resolves
+//! most faults of a guest running with interrupts on, or a VMM thread) waits the same way and
+//! is reported as the VM's error. Such a wait must end when the VM stops: destroying a KVM VM
+//! waits for its asynchronous page fault workers, so a worker left waiting here would leave the
+//! VMM in uninterruptible sleep for ever, deaf even to SIGKILL.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -189,16 +195,29 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
         }
         Err(error) => error,
     };
+    let error = match error {
+        RegionError::Exhausted(_) => FaultError::PoolExhausted,
+        _ => FaultError::MapFailed,
+    };
     let Some(i) = vcpu else {
         // Not a vCPU: KVM resolving a guest fault asynchronously (its async page fault worker)
         // or a VMM thread that raced with a discard. It waits for a frame like a vCPU, and is
         // retried with them: the zero page would let its write make an anonymous page outside
-        // the pool.
+        // the pool. Once the VM stops it gets the zero page (under the lock, see `released`).
         let mut others = shared.lock_waiting_others();
+        if shared.released() {
+            drop(others);
+            let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+            return;
+        }
         if !others.contains(&fault.address) {
-            Counters::bump(&shared.counters.exhausted);
+            if error == FaultError::PoolExhausted {
+                Counters::bump(&shared.counters.exhausted);
+            }
             others.push(fault.address);
             shared.others_wait.store(true, Ordering::Release);
+            drop(others);
+            shared.vcpus.report_other(error);
         }
         return;
     };
@@ -214,12 +233,45 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     if resolve(shared, region, chunk, core, vcpu, fault.address).is_ok() {
         return;
     }
-    let error = match error {
-        RegionError::Exhausted(_) => {
-            Counters::bump(&shared.counters.exhausted);
-            FaultError::PoolExhausted
-        }
-        _ => FaultError::MapFailed,
-    };
+    // The VM stopped while this wait was being recorded (the release may not have seen it).
+    if shared.released() {
+        release_vcpu(shared, i, fault.address);
+        return;
+    }
+    if error == FaultError::PoolExhausted {
+        Counters::bump(&shared.counters.exhausted);
+    }
     shared.vcpus.report(i, fault.tid, error);
+}
+
+/// Ends vCPU `index`'s wait on `addr` with the zero page, unless it no longer waits on it.
+fn release_vcpu(shared: &Shared, index: usize, addr: usize) -> bool {
+    if shared.vcpus.take_blocked_on(index, addr) {
+        return shared.uffd.zero_page(addr & !(PAGE - 1)).is_ok();
+    }
+    false
+}
+
+/// Ends every wait for a frame, now and from now on, with the zero page; returns how many
+/// waits it ended (see [`crate::GuestMemory::release_faults`]).
+pub(crate) fn release(shared: &Shared) -> usize {
+    let others = {
+        let mut waiting = shared.lock_waiting_others();
+        shared.released.store(true, Ordering::SeqCst);
+        shared.others_wait.store(false, Ordering::Release);
+        std::mem::take(&mut *waiting)
+    };
+    let others = others
+        .into_iter()
+        .filter(|addr| shared.uffd.zero_page(addr & !(PAGE - 1)).is_ok())
+        .count();
+    let vcpus = (0..shared.vcpus.len())
+        .filter(|&index| {
+            shared
+                .vcpus
+                .blocked_on(index)
+                .is_some_and(|addr| release_vcpu(shared, index, addr))
+        })
+        .count();
+    others + vcpus
 }

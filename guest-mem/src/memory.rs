@@ -5,7 +5,6 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use llfree::FRAME_SIZE;
 use thiserror::Error;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
@@ -65,7 +64,7 @@ pub struct MemoryConfig {
     pub fault_threads: usize,
     /// Signal sent to a vCPU thread whose fault cannot be resolved (the VMM must have a handler
     /// installed for it): where KVM waits on userfaultfd interruptibly, KVM_RUN returns EINTR.
-    /// Either way the fault stays pending until a frame is free or [`GuestMemory::unblock_vcpus`].
+    /// Either way the fault stays pending until a frame is free or [`GuestMemory::release_faults`].
     pub kick_signal: Option<i32>,
 }
 
@@ -284,6 +283,7 @@ impl GuestMemory {
                 .map_err(MemoryError::Handlers)?,
             waiting_others: Mutex::new(Vec::new()),
             others_wait: AtomicBool::new(false),
+            released: AtomicBool::new(false),
             counters: Counters::new(config.vcpus),
             zone_vm,
         });
@@ -377,21 +377,21 @@ impl GuestMemory {
         self.inner.shared.vcpus.take_error(index)
     }
 
-    /// Lets every vCPU (and every other thread) blocked on an unresolvable fault go on (with
-    /// the shared zero page at the faulting address, outside the pool), so that the VMM can
-    /// stop it; returns how many. Call when giving up on a guest, before stopping its vCPUs.
-    pub fn unblock_vcpus(&self) -> usize {
-        let shared = &self.inner.shared;
-        let others = {
-            let mut waiting = shared.lock_waiting_others();
-            shared.others_wait.store(false, Ordering::Release);
-            std::mem::take(&mut *waiting)
-        };
-        (0..shared.vcpus.len())
-            .filter_map(|index| shared.vcpus.take_blocked(index))
-            .chain(others)
-            .filter(|addr| shared.uffd.zero_page(addr & !(FRAME_SIZE - 1)).is_ok())
-            .count()
+    /// Takes the error of the last fault of a thread that is no vCPU (KVM's asynchronous page
+    /// fault worker, which resolves most faults of a guest running with interrupts on, or a
+    /// VMM thread): such a fault waits for a frame like a vCPU's, and reports here.
+    pub fn take_other_fault_error(&self) -> Option<FaultError> {
+        self.inner.shared.vcpus.take_other_error()
+    }
+
+    /// Call when the VM stops for good: every fault that waits for a frame, and from now on
+    /// every fault the pool cannot serve at once, is answered with the shared zero page at the
+    /// faulting address (outside the pool), so that no vCPU, no VMM thread and no kernel worker
+    /// stays blocked. KVM destroys a VM only once its asynchronous page fault workers are done:
+    /// one left waiting here would leave the VMM in uninterruptible sleep, deaf even to SIGKILL.
+    /// Returns how many waits it ended.
+    pub fn release_faults(&self) -> usize {
+        crate::fault::release(&self.inner.shared)
     }
 
     /// Readable when some vCPU has a fault error pending.
@@ -463,6 +463,8 @@ impl GuestMemory {
             faults: Counters::read(&counters.faults),
             vcpu_faults: counters.vcpu_faults.iter().map(Counters::read).collect(),
             exhausted: Counters::read(&counters.exhausted),
+            waiting_vcpus: self.inner.shared.vcpus.blocked_count(),
+            waiting_other_faults: self.inner.shared.lock_waiting_others().len(),
             discarded_chunks: Counters::read(&counters.discarded_chunks),
             given_away_pieces: regions
                 .iter()

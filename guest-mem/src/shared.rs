@@ -23,6 +23,10 @@ pub(crate) struct Shared {
     pub waiting_others: Mutex<Vec<usize>>,
     /// Whether `waiting_others` holds any, read without its lock on the handlers' poll path.
     pub others_wait: AtomicBool,
+    /// Set for good when the VM stops ([`crate::GuestMemory::release_faults`]): a fault the
+    /// pool cannot serve gets the zero page at once instead of waiting. Changed only with
+    /// `waiting_others` locked, so that no fault starts waiting after the release.
+    pub released: AtomicBool,
     pub counters: Counters,
     pub core_base: usize,
     pub vmm_core: usize,
@@ -32,6 +36,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Whether the faults have been released (see `released`).
+    pub fn released(&self) -> bool {
+        self.released.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The addresses other threads wait on (see `waiting_others`).
     pub fn lock_waiting_others(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
         self.waiting_others

@@ -75,6 +75,11 @@ pub struct MemoryStats {
     pub vcpu_faults: Vec<u64>,
     /// Faults that found the pool exhausted.
     pub exhausted: u64,
+    /// vCPUs that wait for a frame now (see [`crate::GuestMemory::release_faults`]).
+    pub waiting_vcpus: usize,
+    /// Faults of other threads that wait for a frame now: KVM's asynchronous page fault
+    /// workers (most faults of a guest running with interrupts on), VMM threads.
+    pub waiting_other_faults: usize,
     /// Chunks whose frame went back to the pool by a discard.
     pub discarded_chunks: u64,
     /// 4 KiB pieces given away (balloon) and not reclaimed yet.

@@ -1,4 +1,5 @@
-//! Which thread is which vCPU, and the errors their faults could not be resolved with.
+//! Which thread is which vCPU, and the errors their faults (and those of other threads: KVM's
+//! asynchronous page fault workers, VMM threads) could not be resolved with.
 
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -24,11 +25,13 @@ const NO_TID: u32 = 0;
 const NOT_BLOCKED: usize = 0;
 
 /// Thread ids of vCPUs (lock-free lookup), their pending fault errors and the faults they are
-/// blocked on (a vCPU waits on at most one fault at a time).
+/// blocked on (a vCPU waits on at most one fault at a time), and the pending fault error of
+/// threads that are no vCPU.
 #[derive(Debug)]
 pub(crate) struct VcpuRegistry {
     tids: Box<[AtomicU32]>,
     errors: Box<[AtomicU8]>,
+    other_error: AtomicU8,
     blocked: Box<[AtomicUsize]>,
     event: EventFd,
     kick_signal: Option<i32>,
@@ -39,6 +42,7 @@ impl VcpuRegistry {
         Ok(Self {
             tids: (0..vcpus).map(|_| AtomicU32::new(NO_TID)).collect(),
             errors: (0..vcpus).map(|_| AtomicU8::new(NO_ERROR)).collect(),
+            other_error: AtomicU8::new(NO_ERROR),
             blocked: (0..vcpus).map(|_| AtomicUsize::new(NOT_BLOCKED)).collect(),
             event: EventFd::new(EFD_NONBLOCK)?,
             kick_signal,
@@ -75,17 +79,24 @@ impl VcpuRegistry {
     /// Records `error` for vCPU `index` (thread `tid`), signals the event and kicks the thread so
     /// that its KVM_RUN returns EINTR instead of waiting on the fault.
     pub fn report(&self, index: usize, tid: u32, error: FaultError) {
-        let code = match error {
-            FaultError::PoolExhausted => 1,
-            FaultError::MapFailed => 2,
-        };
-        self.errors[index].store(code, Ordering::Release);
-        // An eventfd write fails only when its counter would overflow; it is readable then.
-        let _ = self.event.write(1);
+        self.errors[index].store(error_code(error), Ordering::Release);
+        self.signal_event();
         if let Some(signal) = self.kick_signal {
             // The thread may have exited; then there is nobody to tell.
             let _ = sys::tgkill(tid, signal);
         }
+    }
+
+    /// Records `error` for a fault of a thread that is no vCPU (KVM's asynchronous page fault
+    /// worker resolving a guest fault, a VMM thread) and signals the event.
+    pub fn report_other(&self, error: FaultError) {
+        self.other_error.store(error_code(error), Ordering::Release);
+        self.signal_event();
+    }
+
+    fn signal_event(&self) {
+        // An eventfd write fails only when its counter would overflow; it is readable then.
+        let _ = self.event.write(1);
     }
 
     /// Records that vCPU `index` waits on an unresolved fault at host address `addr`. Returns
@@ -115,12 +126,12 @@ impl VcpuRegistry {
         );
     }
 
-    /// Takes the address vCPU `index` is blocked on, if any (giving up on its fault).
-    pub fn take_blocked(&self, index: usize) -> Option<usize> {
-        match self.blocked[index].swap(NOT_BLOCKED, Ordering::AcqRel) {
-            NOT_BLOCKED => None,
-            addr => Some(addr),
-        }
+    /// Ends vCPU `index`'s wait on `addr` (giving up on its fault); returns whether it waited
+    /// on that address, i.e. whether the caller is the one to answer the fault.
+    pub fn take_blocked_on(&self, index: usize, addr: usize) -> bool {
+        self.blocked[index]
+            .compare_exchange(addr, NOT_BLOCKED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Whether some vCPU waits on an unresolved fault.
@@ -130,18 +141,42 @@ impl VcpuRegistry {
             .any(|slot| slot.load(Ordering::Acquire) != NOT_BLOCKED)
     }
 
+    /// How many vCPUs wait on an unresolved fault.
+    pub fn blocked_count(&self) -> usize {
+        self.blocked
+            .iter()
+            .filter(|slot| slot.load(Ordering::Acquire) != NOT_BLOCKED)
+            .count()
+    }
+
     /// Takes the pending error of vCPU `index`.
     pub fn take_error(&self, index: usize) -> Option<FaultError> {
-        match self.errors.get(index)?.swap(NO_ERROR, Ordering::AcqRel) {
-            1 => Some(FaultError::PoolExhausted),
-            2 => Some(FaultError::MapFailed),
-            _ => None,
-        }
+        error_of(self.errors.get(index)?.swap(NO_ERROR, Ordering::AcqRel))
+    }
+
+    /// Takes the pending error of the threads that are no vCPU.
+    pub fn take_other_error(&self) -> Option<FaultError> {
+        error_of(self.other_error.swap(NO_ERROR, Ordering::AcqRel))
     }
 
     /// Readable when some vCPU has a pending error.
     pub fn event(&self) -> &EventFd {
         &self.event
+    }
+}
+
+fn error_code(error: FaultError) -> u8 {
+    match error {
+        FaultError::PoolExhausted => 1,
+        FaultError::MapFailed => 2,
+    }
+}
+
+fn error_of(code: u8) -> Option<FaultError> {
+    match code {
+        1 => Some(FaultError::PoolExhausted),
+        2 => Some(FaultError::MapFailed),
+        _ => None,
     }
 }
 
@@ -162,11 +197,19 @@ mod tests {
         assert_eq!(reg.event().read().expect("event"), 1);
         assert_eq!(reg.take_error(1), Some(FaultError::PoolExhausted));
         assert_eq!(reg.take_error(1), None);
+        reg.report_other(FaultError::MapFailed);
+        assert_eq!(reg.event().read().expect("event"), 1);
+        assert_eq!(reg.take_error(0), None, "not a vCPU's error");
+        assert_eq!(reg.take_other_error(), Some(FaultError::MapFailed));
+        assert_eq!(reg.take_other_error(), None);
         assert!(!reg.any_blocked());
         assert!(reg.block(0, 0x1000));
         assert!(reg.any_blocked());
-        assert_eq!(reg.take_blocked(0), Some(0x1000));
-        assert_eq!(reg.take_blocked(0), None);
+        assert_eq!(reg.blocked_count(), 1);
+        assert!(!reg.take_blocked_on(0, 0x2000), "waits on another address");
+        assert!(reg.take_blocked_on(0, 0x1000));
+        assert!(!reg.take_blocked_on(0, 0x1000), "taken once");
+        assert_eq!(reg.blocked_count(), 0);
     }
 
     #[test]

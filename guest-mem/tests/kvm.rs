@@ -197,11 +197,9 @@ fn exhaustion_gives_the_vcpu_and_the_vmm_an_error() {
             .write_obj(5u32, GuestAddress(30 * CHUNK))
             .expect_err("no frame left");
         assert!(err.to_string().contains("exhausted"), "{err}");
-        // Give up on the guest: let the vCPU go on so that its kick ends KVM_RUN.
-        while !vcpu.is_finished() {
-            memory.unblock_vcpus();
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // Give up on the guest: let the vCPU go on so that its kick ends KVM_RUN (the release
+        // holds for faults that come after it too).
+        memory.release_faults();
         vcpu.join().expect("join")
     });
     assert_eq!(result, Err(RunError::Fault(FaultError::PoolExhausted)));
@@ -260,12 +258,13 @@ fn a_blocked_vcpu_goes_on_when_another_guest_frees_memory() {
     assert_eq!(memory.stats().populated_chunks, 7);
 }
 
-/// Lets the vCPUs of `memory` blocked on faults go on, until `finished` has the run's result.
+/// Lets the vCPUs of `memory` blocked on faults go on, and waits until `finished` has the
+/// run's result.
 fn give_up<T>(memory: &GuestMemory, finished: &mpsc::Receiver<T>) {
-    memory.unblock_vcpus();
-    while finished.recv_timeout(Duration::from_millis(10)).is_err() {
-        memory.unblock_vcpus();
-    }
+    memory.release_faults();
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the vCPUs end once their faults are released");
 }
 
 #[test]
@@ -381,4 +380,52 @@ fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_t
     );
     let value: u64 = memory.read_obj(GuestAddress(5 * CHUNK)).expect("read");
     assert_eq!(value, 0x0DD);
+}
+
+/// A thread that is no vCPU waiting for a frame (KVM's asynchronous page fault worker, which
+/// KVM waits for before it destroys a VM) is the VM's error as much as a vCPU's, and its wait
+/// ends when the VM stops: left waiting, it would hang the VMM's teardown in the kernel for
+/// ever, SIGKILL included. After the release, such faults are answered at once.
+#[test]
+fn a_waiting_thread_that_is_no_vcpu_is_reported_and_released_when_the_vm_stops() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let pool = pool(8 * MIB);
+    let memory = memory(&pool, 16 * MIB, 1);
+    for chunk in 0..4 {
+        memory
+            .write_obj(1u8, GuestAddress(chunk * CHUNK))
+            .expect("populate");
+    }
+    let host = |chunk: u64| memory.regions()[0].host_addr() + (chunk * CHUNK) as usize;
+    let (first, second) = (host(5), host(6));
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: the address lies in guest memory, which outlives this scope.
+            unsafe { (first as *mut u64).write_volatile(0x0DD) };
+            done.store(true, Ordering::Release);
+        });
+        assert!(
+            wait_readable(memory.fault_event(), Duration::from_secs(20)),
+            "the VMM is told"
+        );
+        assert_eq!(
+            memory.take_other_fault_error(),
+            Some(FaultError::PoolExhausted)
+        );
+        assert_eq!(memory.take_fault_error(0), None, "no vCPU's error");
+        let stats = memory.stats();
+        assert_eq!((stats.waiting_other_faults, stats.waiting_vcpus), (1, 0));
+        assert!(!done.load(Ordering::Acquire), "the write waits for a frame");
+        assert_eq!(memory.release_faults(), 1, "one wait ended");
+    });
+    assert!(done.load(Ordering::Acquire));
+    assert_eq!(memory.stats().waiting_other_faults, 0);
+    // From now on a fault the pool cannot serve does not wait at all.
+    // SAFETY: as above.
+    unsafe { (second as *mut u64).write_volatile(0x0EE) };
+    assert_eq!(pool.stats().free_bytes, 0, "no frame came from the pool");
+    assert_eq!(memory.frame_at(GuestAddress(5 * CHUNK)), None);
+    assert_eq!(memory.frame_at(GuestAddress(6 * CHUNK)), None);
 }

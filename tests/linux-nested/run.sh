@@ -19,6 +19,8 @@
 #   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 1500)
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
+#   LLFREE_NESTED_PACKAGES_ONLY  1: install the packages (QEMU from backports) and stop; how
+#                          check-install.sh proves the install on a fresh Debian
 #   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
 #                          (boot time to init, free page reporting; l1-bench)
 #   LLFREE_VMM_DAX_DIR     directly on a host: a directory on a DAX file system for the MAP_SYNC
@@ -34,12 +36,15 @@ FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
-    linux_firecracker)
+    linux_firecracker linux_exhaustion)
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
     xz-utils seabios e2fsprogs ndctl)
 # QEMU 7.2 (bookworm) froze L1 when an L2 vCPU spun with interrupts off; 10.0 does not.
 QEMU_SUITE=bookworm-backports
 QEMU_MIN_VERSION=1:10
+
+# shellcheck source=tests/linux-nested/apt.sh
+. "$HERE/apt.sh"
 
 log() { printf '== %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -50,20 +55,30 @@ install_packages() {
         dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
             || missing+=("$package")
     done
-    local qemu
+    command -v go >/dev/null 2>&1 || missing+=(golang-go)
+    local qemu new_qemu=0
     qemu=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
     if [ -z "$qemu" ] || dpkg --compare-versions "$qemu" lt "$QEMU_MIN_VERSION"; then
-        missing+=("qemu-system-x86/$QEMU_SUITE")
-        grep -rqs "$QEMU_SUITE" /etc/apt/sources.list /etc/apt/sources.list.d \
-            || echo "deb http://deb.debian.org/debian $QEMU_SUITE main" \
-                >/etc/apt/sources.list.d/$QEMU_SUITE.list
+        new_qemu=1
+        add_suite_source "$QEMU_SUITE"
     fi
-    command -v go >/dev/null 2>&1 || missing+=(golang-go)
-    [ ${#missing[@]} -eq 0 ] && return
-    log "installing ${missing[*]}"
+    [ ${#missing[@]} -eq 0 ] && [ $new_qemu = 0 ] && return
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-        >/dev/null
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
+    fi
+    if [ $new_qemu = 1 ]; then
+        # In its own call, with the suite as the default release: QEMU 10's own dependencies
+        # (qemu-system-common, -data, seabios) must come from backports too, which naming
+        # only qemu-system-x86/bookworm-backports does not do ("held broken packages").
+        log "installing qemu-system-x86 from $QEMU_SUITE"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            -t "$QEMU_SUITE" qemu-system-x86 >/dev/null
+    fi
+    dpkg --compare-versions "$(dpkg-query -W -f='${Version}' qemu-system-x86)" ge \
+        "$QEMU_MIN_VERSION" || die "qemu-system-x86 older than $QEMU_MIN_VERSION after the install"
 }
 
 # Builds the L2 kernel unless the cache has it; prints its path.
@@ -237,8 +252,12 @@ run_directly() {
 
 main() {
     [ "$(id -u)" -eq 0 ] || die "run as root (packages, KVM, huge pages)"
-    mkdir -p "$CACHE" "$WORK"
     install_packages
+    if [ "${LLFREE_NESTED_PACKAGES_ONLY:-0}" = 1 ]; then
+        log "qemu-system-x86 $(dpkg-query -W -f='${Version}' qemu-system-x86) installed"
+        return
+    fi
+    mkdir -p "$CACHE" "$WORK"
     local kernel l1 binaries output status=0
     kernel=$(l2_kernel)
     l2_initramfs

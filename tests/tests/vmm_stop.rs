@@ -145,3 +145,72 @@ fn sigint_during_eager_population_stops_at_once() {
     assert!(run.stdout.is_empty(), "the guest never ran: {run:#?}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
 }
+
+/// A guest waiting for memory (`--wait-for-memory` on an exhausted pool) is stopped as promptly
+/// as a running one, by each of API Shutdown, SIGINT and SIGTERM: the stop ends the wait of
+/// every fault (a vCPU's, or a kernel worker's on hardware KVM), which no kick can interrupt.
+#[test]
+fn every_stop_ends_a_vmm_whose_guest_waits_for_memory() {
+    if !kvm_available("every_stop_ends_a_vmm_whose_guest_waits_for_memory") {
+        return;
+    }
+    let scratch = Scratch::new("waiting-stop");
+    let backing = format!("file:{}", scratch.path("pool"));
+    // A VMM killed while its guest holds 16 of the pool's 32 frames: the persistent pool keeps
+    // them allocated, so the next guest waits at its 17th chunk.
+    let holder_socket = scratch.path("holder.sock");
+    let (holder, _api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "64M",
+            "--backing",
+            &backing,
+            "--workload",
+            "write:2M+30M,checkpoint:1",
+        ],
+        &holder_socket,
+    );
+    holder.kill();
+    for (stop, code, cause) in [
+        ("Shutdown", 6, "an API shutdown request"),
+        ("INT", 130, "SIGINT"),
+        ("TERM", 143, "SIGTERM"),
+    ] {
+        let socket = scratch.path(&format!("{stop}.sock"));
+        let mut vmm = VmmRun::start(&[
+            "--memory",
+            "64M",
+            "--backing",
+            &backing,
+            "--wait-for-memory",
+            "--api-socket",
+            &socket,
+        ]);
+        let api = vmm.api(&socket);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while get(&api, "/memory")["guest"]["waiting_vcpus"] != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{stop}: the guest never waited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let asked = std::time::Instant::now();
+        if stop == "Shutdown" {
+            vmm_common::send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+        } else {
+            vmm.signal(stop);
+        }
+        let run = vmm.wait(Duration::from_secs(20));
+        let took = asked.elapsed();
+        eprintln!("{stop}: a VMM whose guest waited for memory ended after {took:?}");
+        assert_eq!(run.code, Some(code), "{stop}: {run:#?}");
+        assert!(
+            run.stderr.contains("waits for a frame")
+                && run.stderr.ends_with(&format!(
+                    "stopped: {cause} ended the VM before the guest finished\n"
+                )),
+            "{stop}: {run:#?}"
+        );
+    }
+}

@@ -88,6 +88,8 @@ impl VmmControl for TestVmm {
                 populated_bytes: 3 << 21,
                 faults: 3,
                 exhausted_faults: 0,
+                waiting_vcpus: 0,
+                waiting_other_faults: 0,
                 discarded_chunks: 0,
                 given_away_4k_pages: 0,
             },

@@ -114,6 +114,11 @@ pub struct GuestMemoryInfo {
     pub faults: u64,
     /// Faults that found the pool exhausted.
     pub exhausted_faults: u64,
+    /// vCPUs waiting for a frame now (`--wait-for-memory`).
+    pub waiting_vcpus: usize,
+    /// Faults of other threads waiting for a frame now: KVM's asynchronous page fault
+    /// workers, which resolve most faults of a guest running with interrupts on.
+    pub waiting_other_faults: usize,
     /// Chunks whose frame went back to the pool by a discard (balloon, free page reporting).
     pub discarded_chunks: u64,
     /// 4 KiB pages given away by the balloon and not reclaimed yet.
@@ -259,6 +264,8 @@ impl MemoryInfo {
                 populated_bytes: stats.populated_bytes,
                 faults: stats.faults,
                 exhausted_faults: stats.exhausted,
+                waiting_vcpus: stats.waiting_vcpus,
+                waiting_other_faults: stats.waiting_other_faults,
                 discarded_chunks: stats.discarded_chunks,
                 given_away_4k_pages: stats.given_away_pieces,
             },

@@ -92,6 +92,8 @@ fn add_session(line: &mut Map<String, Value>, session: &Session) {
                 "populated_bytes": memory.guest.populated_bytes,
                 "faults": memory.guest.faults,
                 "exhausted_faults": memory.guest.exhausted_faults,
+                "waiting_vcpus": memory.guest.waiting_vcpus,
+                "waiting_other_faults": memory.guest.waiting_other_faults,
                 "discarded_chunks": memory.guest.discarded_chunks,
                 "pool_free_bytes": memory.pool.free_bytes,
                 "pool_used_bytes": memory.pool.used_bytes,

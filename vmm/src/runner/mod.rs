@@ -115,6 +115,27 @@ impl std::fmt::Display for StopCause {
     }
 }
 
+/// The thread whose fault on guest memory could not be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultingThread {
+    /// A vCPU, by index.
+    Vcpu(usize),
+    /// A kernel worker resolving a guest fault for a vCPU (KVM's asynchronous page faults,
+    /// which serve most faults of a guest running with interrupts on), or a VMM thread.
+    Worker,
+}
+
+impl std::fmt::Display for FaultingThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultingThread::Vcpu(vcpu) => write!(f, "vCPU {vcpu}"),
+            FaultingThread::Worker => {
+                f.write_str("a kernel worker resolving a guest fault (KVM's async page faults)")
+            }
+        }
+    }
+}
+
 /// Why a VM could not be set up or run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -156,11 +177,11 @@ pub enum RunError {
     /// Setting up the vCPUs (CPUID, MSRs, LAPIC, registers) failed.
     #[error("cannot set up the vCPUs: {0}")]
     VcpuSetup(String),
-    /// A vCPU touched guest memory that could not be given a frame; the VM was stopped.
-    #[error("vCPU {vcpu}: {error} ({pool}); the VM was stopped")]
+    /// The guest touched memory that could not be given a frame; the VM was stopped.
+    #[error("{thread}: {error} ({pool}); the VM was stopped")]
     GuestMemory {
-        /// The vCPU.
-        vcpu: usize,
+        /// Whose fault it was.
+        thread: FaultingThread,
         /// What went wrong.
         error: FaultError,
         /// The pool's state, e.g. "pool of 64 MiB, 0 bytes free".

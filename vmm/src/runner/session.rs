@@ -8,7 +8,7 @@ use guest_mem::{FaultError, GuestMemory};
 use kvm_ioctls::VmFd;
 
 use super::devices::Devices;
-use super::{RunError, RunOutcome, StopCause};
+use super::{FaultingThread, RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::devices::block::BlockCounters;
@@ -24,8 +24,6 @@ use crate::vm::RunningVm;
 
 /// How often a run whose zone ran out of frames looks for dead VMMs to recover.
 const DEAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// How often vCPUs blocked on an unservable fault are let go while the VM stops.
-const UNBLOCK_INTERVAL: Duration = Duration::from_millis(10);
 /// Longest an API request waits for the guest to start (the API serves from before the VM
 /// exists, which takes milliseconds once guest memory is there).
 const START_WAIT: Duration = Duration::from_secs(10);
@@ -41,10 +39,10 @@ pub(super) enum Phase {
     Ended,
 }
 
-/// A fault a vCPU's memory access could not be served with.
+/// A fault a guest's memory access could not be served with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct GuestFault {
-    vcpu: usize,
+    thread: FaultingThread,
     error: FaultError,
     pool: String,
 }
@@ -213,6 +211,15 @@ impl Session {
     /// it). Pause and resume requests wait for this, so none is lost to the start.
     pub fn start_guest(&self, vm: &RunningVm, paused: bool) {
         let control = vm.control();
+        // A stopping VM's faults that wait for a frame (a vCPU's, or those of KVM's asynchronous
+        // page fault workers, which KVM waits for before it destroys the VM) must end: weak,
+        // as the memory must not outlive the run through the control.
+        let memory = Arc::downgrade(&self.memory);
+        control.on_stop(Arc::new(move || {
+            if let Some(memory) = memory.upgrade() {
+                memory.release_faults();
+            }
+        }));
         let _ = self.vm_fd.set(vm.fd().clone());
         if !paused {
             if let Err(e) = self.break_seal() {
@@ -291,45 +298,57 @@ impl Session {
         }
     }
 
-    /// Called when guest memory reports a fault error: records the first, stops the VM and
-    /// lets the vCPUs blocked on their faults go on until they have all stopped. With
-    /// `--wait-for-memory`, a vCPU that found the pool exhausted waits for a frame instead (guest
-    /// memory retries its fault until another VM of the pool gives one back), with a warning.
+    /// Called when guest memory reports a fault error: records the first and stops the VM (the
+    /// stop ends every fault that waits, see [`Self::start_guest`]). With `--wait-for-memory`,
+    /// a fault that found the pool exhausted waits for a frame instead (guest memory retries it
+    /// until another VM of the pool gives one back), with a warning. Faults of threads that are
+    /// no vCPU (KVM's asynchronous page fault workers) are the VM's as much as a vCPU's.
     pub fn guest_fault_reported(&self) {
         let Some(control) = self.control.get() else {
             return;
         };
-        let fault = (0..self.config.vcpus).find_map(|vcpu| {
-            let error = self.memory.take_fault_error(vcpu)?;
+        let errors = (0..self.config.vcpus)
+            .map(|vcpu| {
+                (
+                    FaultingThread::Vcpu(vcpu),
+                    self.memory.take_fault_error(vcpu),
+                )
+            })
+            .chain([(FaultingThread::Worker, self.memory.take_other_fault_error())]);
+        let mut first = None;
+        for (thread, error) in errors {
+            let Some(error) = error else {
+                continue;
+            };
             if error == FaultError::PoolExhausted {
                 self.recover_dead_vmms();
+                if self.config.wait_for_memory {
+                    self.memory_waits.warn(format_args!(
+                        "{thread}: {error} ({}); it waits for a frame another VM gives back",
+                        self.pool_summary()
+                    ));
+                    continue;
+                }
             }
-            if self.config.wait_for_memory && error == FaultError::PoolExhausted {
-                self.memory_waits.warn(format_args!(
-                    "vCPU {vcpu}: {error} ({}); it waits for a frame another VM gives back",
-                    self.pool_summary()
-                ));
-                return None;
-            }
-            Some(GuestFault {
-                vcpu,
+            first.get_or_insert(GuestFault {
+                thread,
                 error,
                 pool: self.pool_summary(),
-            })
-        });
-        let Some(fault) = fault else {
+            });
+        }
+        let Some(fault) = first else {
             return;
         };
         let message = format!("guest memory fault: {}", fault.error);
-        let vcpu = fault.vcpu;
+        let vcpu = match fault.thread {
+            FaultingThread::Vcpu(vcpu) => vcpu,
+            FaultingThread::Worker => 0,
+        };
         self.fault
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(fault);
         control.request_stop(StopReason::VcpuFailed { vcpu, message });
-        while !control.wait_for_exit(Some(UNBLOCK_INTERVAL)) {
-            self.memory.unblock_vcpus();
-        }
     }
 
     /// In a zone shared with other VMMs that ran out of frames: recovers VMMs that died with the
@@ -373,8 +392,17 @@ impl Session {
     /// see a failed write).
     pub fn outcome(&self, outcome: Result<RunOutcome, RunError>) -> Result<RunOutcome, RunError> {
         let fault = self.fault.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(GuestFault { vcpu, error, pool }) = fault {
-            return Err(RunError::GuestMemory { vcpu, error, pool });
+        if let Some(GuestFault {
+            thread,
+            error,
+            pool,
+        }) = fault
+        {
+            return Err(RunError::GuestMemory {
+                thread,
+                error,
+                pool,
+            });
         }
         let loading = match &outcome {
             Err(RunError::Boot { kernel, .. }) => format!("the kernel {}", kernel.display()),

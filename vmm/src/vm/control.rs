@@ -6,7 +6,7 @@
 //! `KVM_RUN` with a signal (see [`crate::vcpu`]), so a guest spinning without exits stops too.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::arch::x86_64::state::VcpuState;
@@ -104,7 +104,12 @@ struct State {
     save_requested: Vec<bool>,
     /// Per vCPU: the state it read, once it has.
     saved: Vec<Option<Result<VcpuState, String>>>,
+    /// Called whenever the VM is stopped (see [`VmControl::on_stop`]).
+    stop_hook: Option<StopHook>,
 }
+
+/// What [`VmControl::on_stop`] calls.
+pub type StopHook = Arc<dyn Fn() + Send + Sync>;
 
 impl State {
     fn exited(&self) -> usize {
@@ -142,6 +147,7 @@ impl VmControl {
                 threads: Vec::new(),
                 save_requested: vec![false; vcpu_count],
                 saved: (0..vcpu_count).map(|_| None).collect(),
+                stop_hook: None,
             }),
             changed: Condvar::new(),
         }
@@ -190,6 +196,25 @@ impl VmControl {
         self.pending.store(true, Ordering::SeqCst);
         Self::kick_all(&state);
         self.changed.notify_all();
+        let hook = state.stop_hook.clone();
+        drop(state);
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    /// Has `hook` called, outside the control's lock, whenever the VM is stopped (each stop
+    /// request, and when the last vCPU has ended), and at once if it has stopped already: e.g.
+    /// guest memory ending the faults that wait for a frame, which a stopping vCPU may wait on
+    /// where a kick cannot interrupt it.
+    pub fn on_stop(&self, hook: StopHook) {
+        let mut state = self.lock();
+        state.stop_hook = Some(hook.clone());
+        let stopped = state.requested == RunState::Stopped;
+        drop(state);
+        if stopped {
+            hook();
+        }
     }
 
     /// Asks all vCPUs to pause and returns at once; each parks when it next leaves `KVM_RUN`.
@@ -359,12 +384,18 @@ impl VmControl {
         if let Some(slot) = state.exits.get_mut(index) {
             *slot = Some(reason);
         }
+        let mut hook = None;
         if state.exited() == state.exits.len() {
             state.stop_reason.get_or_insert(StopReason::AllHalted);
             state.requested = RunState::Stopped;
             self.pending.store(true, Ordering::SeqCst);
+            hook = state.stop_hook.clone();
         }
         self.changed.notify_all();
+        drop(state);
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 }
 
@@ -402,6 +433,42 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn the_stop_hook_runs_on_every_stop_and_at_once_when_stopped_already() {
+        use std::sync::atomic::AtomicUsize;
+
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counting = |calls: &Arc<AtomicUsize>| -> StopHook {
+            let calls = calls.clone();
+            Arc::new(move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let control = Arc::new(VmControl::new(1));
+        control.on_stop(counting(&calls));
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "not stopped yet");
+        control.request_pause().unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "a pause is no stop");
+        control.request_stop(StopReason::Requested);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        control.vcpu_exited(0, VcpuExitReason::Stopped);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "and when the last vCPU ends"
+        );
+        // A hook set on a stopped VM runs at once.
+        let late = Arc::new(AtomicUsize::new(0));
+        control.on_stop(counting(&late));
+        assert_eq!(late.load(Ordering::SeqCst), 1);
+        // A VM whose vCPUs all ended by themselves stopped too.
+        let halted = Arc::new(VmControl::new(1));
+        let by_exit = Arc::new(AtomicUsize::new(0));
+        halted.on_stop(counting(&by_exit));
+        halted.vcpu_exited(0, VcpuExitReason::Stopped);
+        assert_eq!(by_exit.load(Ordering::SeqCst), 1);
     }
 
     #[test]
