@@ -3,7 +3,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -66,8 +66,8 @@ pub enum BackingError {
     },
     /// Another process (a VMM) holds the pool file or zone.
     #[error(
-        "{0} is in use by another process (a pool file or zone serves one VMM at a time; \
-         sharing a zone between VMMs is not supported yet)"
+        "{0} is in use by another process (a pool file serves one VMM at a time; a zone is \
+         shared by many, each VM attached to one VMM)"
     )]
     InUse(PathBuf),
     /// The device is smaller than the pool needs.
@@ -104,6 +104,8 @@ pub struct BackingFile {
     pub can_punch: bool,
     /// Whether this is a device, or a file that already existed with contents.
     pub had_contents: bool,
+    /// Whether this open created the file (exclusively: nobody else made it meanwhile).
+    created: bool,
     /// The size of the pages the memory is made of (4 KiB; a hugetlb page size).
     pub page_size: u64,
     /// Bytes the file or device held when opened (the memfd's size).
@@ -145,6 +147,7 @@ impl BackingFile {
             map_sync: false,
             can_punch: true,
             had_contents: false,
+            created: false,
             page_size: huge.map_or(4096, |h| 1 << h.0),
             len: size,
             device: false,
@@ -172,13 +175,20 @@ impl BackingFile {
             path: path.to_owned(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .truncate(false)
-            .open(path)
-            .map_err(err)?;
+        let open = |exclusive: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(exclusive)
+                .open(path)
+        };
+        // Created exclusively, or opened as it is: whoever made the file is the only one who
+        // may remove it (see `remove_if_created`).
+        let (file, created) = match create.then(|| open(true)) {
+            Some(Ok(file)) => (file, true),
+            Some(Err(e)) if e.kind() != io::ErrorKind::AlreadyExists => return Err(err(e)),
+            _ => (open(false).map_err(err)?, false),
+        };
         match if lock { file.try_lock() } else { Ok(()) } {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -202,6 +212,7 @@ impl BackingFile {
             map_sync,
             can_punch: !meta.file_type().is_char_device(),
             had_contents: device || len > 0,
+            created,
             len,
             device,
             _reservation: None,
@@ -231,6 +242,15 @@ impl BackingFile {
         self.len
     }
 
+    /// The file, if this open created it (see [`CreatedFile::remove`]).
+    pub fn created(&self) -> Option<CreatedFile> {
+        let meta = self.file.metadata().ok().filter(|_| self.created)?;
+        Some(CreatedFile {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
     /// The raw fd, for mmap and fallocate.
     pub fn raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
@@ -239,6 +259,25 @@ impl BackingFile {
     /// The file.
     pub fn as_file(&self) -> &File {
         &self.file
+    }
+}
+
+/// A file this process created (its device and inode): what a failed set-up may remove, and
+/// nothing else, e.g. not a file another process created at the same path meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedFile {
+    dev: u64,
+    ino: u64,
+}
+
+impl CreatedFile {
+    /// Removes the file from `path`, if `path` still names it.
+    pub fn remove(self, path: &Path) {
+        let same = fs::symlink_metadata(path)
+            .is_ok_and(|there| there.dev() == self.dev && there.ino() == self.ino);
+        if same {
+            let _ = fs::remove_file(path);
+        }
     }
 }
 

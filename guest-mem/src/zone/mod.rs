@@ -346,16 +346,6 @@ impl Zone {
     /// creation never finished). A file that holds a zone or anything else is refused
     /// untouched.
     pub fn create(path: &Path, config: &ZoneConfig) -> Result<(), ZoneError> {
-        let existed = path.exists();
-        let result = Self::create_in(path, config);
-        if result.is_err() && !existed {
-            // Leave nothing behind of a zone that was never made.
-            let _ = std::fs::remove_file(path);
-        }
-        result
-    }
-
-    fn create_in(path: &Path, config: &ZoneConfig) -> Result<(), ZoneError> {
         let frame = config.frame_size;
         if config.size == 0 || !config.size.is_multiple_of(frame.bytes()) {
             return Err(ZoneError::BadSize {
@@ -366,7 +356,20 @@ impl Zone {
         if config.max_vms == 0 || config.max_vms > layout::MAX_VMS {
             return Err(ZoneError::BadMaxVms(config.max_vms));
         }
+        // Created exclusively: a file another process made meanwhile is opened as it is (and
+        // refused if it holds a zone), and never removed.
         let file = BackingFile::open(path, true)?;
+        let created = file.created();
+        let result = Self::create_in(path, config, file);
+        if let (Err(_), Some(created)) = (&result, created) {
+            // Leave nothing behind of a zone that was never made.
+            created.remove(path);
+        }
+        result
+    }
+
+    fn create_in(path: &Path, config: &ZoneConfig, file: BackingFile) -> Result<(), ZoneError> {
+        let frame = config.frame_size;
         check_page_size(path, &file, frame)?;
         let io_err = |what| io_error(path, what);
         if file.had_contents {
