@@ -5,6 +5,7 @@ pub mod arch;
 pub mod boot;
 pub mod config;
 pub mod devices;
+pub mod host_file;
 pub mod layout;
 pub mod runner;
 pub mod size;

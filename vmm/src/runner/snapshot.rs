@@ -12,7 +12,6 @@
 //!          VM states -> started paused, or resumed (the seal breaks)
 //! ```
 
-use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -34,6 +33,7 @@ use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
 use crate::devices::i8042::I8042Snapshot;
 use crate::devices::serial::SerialSnapshot;
+use crate::host_file::{self, HostFileError};
 use crate::snapshot::file::{self, SnapshotFileError};
 use crate::snapshot::{
     DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, VmSnapshot,
@@ -86,6 +86,9 @@ pub enum SnapshotError {
         /// What does not match.
         why: String,
     },
+    /// A memory file path is empty, or names something that is not a regular file.
+    #[error(transparent)]
+    Path(#[from] HostFileError),
     /// The memory file could not be written or read.
     #[error("memory file {}: {what}: {source}", .path.display())]
     MemoryFile {
@@ -130,12 +133,13 @@ fn memory_file_error(path: &Path, what: &'static str) -> impl FnOnce(io::Error) 
 /// The first bytes of every file this VMM lays out: zones, pool files, snapshots.
 const OWN_FILE_MAGIC: &[u8] = b"LLF";
 
-/// Refuses to copy guest memory over a file that holds a zone, a pool or a snapshot.
+/// Refuses to copy guest memory anywhere but into a new or regular file, and over a file that
+/// holds a zone, a pool or a snapshot.
 fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
+    host_file::check_output("mem_file_path", path)?;
     let mut start = [0u8; 3];
-    let holds_ours = File::open(path)
-        .and_then(|mut file| file.read_exact(&mut start))
-        .is_ok()
+    let holds_ours = host_file::open_input("mem_file_path", path)
+        .is_ok_and(|mut file| file.read_exact(&mut start).is_ok())
         && start == OWN_FILE_MAGIC;
     if holds_ours {
         return Err(SnapshotError::WrongMemory {
@@ -152,7 +156,7 @@ fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
 /// other; chunks never touched stay holes. Returns the regions.
 fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<Vec<(u64, u64)>, SnapshotError> {
     check_copy_target(path)?;
-    let mut file = File::create(path).map_err(memory_file_error(path, "cannot create"))?;
+    let mut file = host_file::create_output("mem_file_path", path)?;
     let mut regions = Vec::new();
     let mut offset = 0;
     for region in memory.regions() {
@@ -183,7 +187,7 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<Vec<(u64, u64)>,
 
 /// Copies a memory file into fresh guest memory; chunks that read as zero stay untouched.
 fn copy_memory_in(memory: &GuestMemory, path: &Path) -> Result<(), SnapshotError> {
-    let mut file = File::open(path).map_err(memory_file_error(path, "cannot open"))?;
+    let mut file = host_file::open_input("mem_file_path", path)?;
     for region in memory.regions() {
         let chunk = region.chunk_size().bytes() as usize;
         let mut buffer = vec![0u8; chunk];
@@ -524,7 +528,8 @@ pub(super) fn prepare(
         }
         MemorySource::File { regions } => {
             let expected: u64 = regions.iter().map(|(_, size)| size).sum();
-            let found = std::fs::metadata(&memory_path)
+            let found = host_file::open_input("mem_file_path", &memory_path)?
+                .metadata()
                 .map_err(memory_file_error(&memory_path, "cannot open"))?
                 .len();
             if found != expected {

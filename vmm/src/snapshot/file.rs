@@ -20,6 +20,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::VmSnapshot;
+use crate::host_file::{self, HostFileError};
 
 /// The file's first bytes.
 pub const MAGIC: [u8; 8] = *b"LLFVSNAP";
@@ -33,6 +34,9 @@ pub const MAX_PAYLOAD: u64 = 64 << 20;
 /// Errors of writing or reading a snapshot file.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotFileError {
+    /// The path is empty, or names something that is not a regular file.
+    #[error(transparent)]
+    Path(#[from] HostFileError),
     /// The file could not be written, read or synced.
     #[error("{}: {what}: {source}", .path.display())]
     Io {
@@ -94,6 +98,8 @@ fn header(payload: &[u8]) -> [u8; HEADER_LEN] {
 /// Writes `snapshot` to `path`, replacing what is there only once the new file is complete and
 /// synced.
 pub fn write(path: &Path, snapshot: &VmSnapshot) -> Result<(), SnapshotFileError> {
+    // Only a regular file is replaced: never a device, FIFO, socket or symbolic link.
+    host_file::check_output("snapshot_path", path)?;
     let payload = postcard::to_stdvec(snapshot).map_err(|e| SnapshotFileError::Damaged {
         path: path.to_owned(),
         what: format!("cannot encode the snapshot: {e}"),
@@ -108,7 +114,11 @@ pub fn write(path: &Path, snapshot: &VmSnapshot) -> Result<(), SnapshotFileError
         std::process::id()
     ));
     let written = (|| {
-        let mut file = File::create(&temporary).map_err(io_error(path, "cannot create"))?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)
+            .map_err(io_error(path, "cannot create"))?;
         file.write_all(&header(&payload))
             .and_then(|()| file.write_all(&payload))
             .map_err(io_error(path, "cannot write"))?;
@@ -134,7 +144,7 @@ pub fn read(path: &Path) -> Result<VmSnapshot, SnapshotFileError> {
         path: path.to_owned(),
         what,
     };
-    let mut file = File::open(path).map_err(io_error(path, "cannot open"))?;
+    let mut file = host_file::open_input("snapshot_path", path)?;
     let mut header = Vec::with_capacity(HEADER_LEN);
     (&mut file)
         .take(HEADER_LEN as u64)
