@@ -17,14 +17,27 @@ use std::time::{Duration, Instant};
 use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{client, get, send, Scratch, VmmRun};
 
-/// The guest writes 200 MiB into tmpfs: more than the zone holds.
-const WRITER: &str = "llfree.test=rounds llfree.rounds=1 llfree.mib=200";
+/// The guest (192 MiB) writes 150 MiB into tmpfs: more than the zone has left.
+const WRITER: &str = "llfree.test=rounds llfree.rounds=1 llfree.mib=150";
+const WRITER_MEMORY: &str = "192M";
 
-/// A zone of 128 MiB in `scratch`.
+/// A zone of 192 MiB in `scratch`, half of it kept by a VM (of the test guest) that wrote all
+/// its memory and ended.
 fn small_zone(scratch: &Scratch) -> String {
     let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "128M"]);
+    let created = client(&["zone", "create", &zone, "--size", "192M"]);
     assert_eq!(created.code, Some(0), "{created:#?}");
+    VmmRun::run(&[
+        "--zone",
+        &zone,
+        "--vm",
+        "hog",
+        "--memory",
+        "96M",
+        "--workload",
+        "write:all",
+    ])
+    .assert_success();
     zone
 }
 
@@ -60,7 +73,7 @@ fn a_linux_vmm_whose_kernel_worker_waits_for_memory_ends_on_every_stop() {
             "--vm",
             &name,
             "--memory",
-            "256M",
+            WRITER_MEMORY,
             "--wait-for-memory",
             "--cmdline",
             &writer,
@@ -119,7 +132,7 @@ fn a_linux_vm_that_runs_its_zone_dry_without_waiting_ends_with_status_4() {
         "--vm",
         "dry",
         "--memory",
-        "256M",
+        WRITER_MEMORY,
         "--cmdline",
         &writer,
     ]));

@@ -115,6 +115,13 @@ impl VmmControl for Session {
 
     fn resume(&self) -> Result<(), ControlError> {
         let control = self.started_control()?;
+        // Not in the middle of a snapshot: it would save vCPU states from before the resume
+        // and memory from after it.
+        let _not_snapshotting = self.begin_snapshot().ok_or_else(|| {
+            ControlError::InvalidState(
+                "a snapshot of the VM is being taken; resume it once the snapshot is done".into(),
+            )
+        })?;
         // The guest is about to change its memory: a snapshot that left it in the zone no
         // longer matches it.
         self.break_seal()

@@ -84,6 +84,9 @@ pub(super) struct Session {
     on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     /// When this run last looked for dead VMMs in its zone.
     dead_check: Mutex<Option<std::time::Instant>>,
+    /// Held while a snapshot is taken: the VM must stay paused from its vCPUs' state to its
+    /// memory, so a resume (or another snapshot) is refused meanwhile.
+    snapshotting: Mutex<()>,
 }
 
 impl std::fmt::Debug for Session {
@@ -119,6 +122,7 @@ impl Session {
             fault: Mutex::new(None),
             on_start: Mutex::new(Vec::new()),
             dead_check: Mutex::new(None),
+            snapshotting: Mutex::new(()),
         }
     }
 
@@ -380,6 +384,15 @@ impl Session {
             format_size(stats.total_bytes),
             format_size(stats.free_bytes)
         )
+    }
+
+    /// Marks a snapshot as being taken until the guard goes; `None` while another one is.
+    pub fn begin_snapshot(&self) -> Option<MutexGuard<'_, ()>> {
+        match self.snapshotting.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Who asked for the first stop, if anybody did.

@@ -221,6 +221,11 @@ impl Session {
             ));
         }
         let started = Instant::now();
+        // Until the snapshot is complete, nothing resumes the VM: its memory must be what the
+        // vCPU states saved below belong to.
+        let _taking = self.begin_snapshot().ok_or_else(|| {
+            SnapshotError::State("another snapshot of this VM is being taken".into())
+        })?;
         let (Some(control), Some(vm_fd)) = (self.control(), self.vm_fd()) else {
             return Err(SnapshotError::State("the VM has not started".into()));
         };
