@@ -9,14 +9,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::sys;
 
-/// Why a vCPU's memory fault could not be resolved.
+/// Why a memory fault of the guest (a vCPU's, or a kernel worker's for one) could not be resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum FaultError {
-    /// The pool had no free frame for the chunk the vCPU touched.
-    #[error("guest memory pool exhausted: no free frame for the chunk the vCPU touched")]
+    /// The pool had no free frame for the chunk the guest touched.
+    #[error("guest memory pool exhausted: no free frame for the chunk the guest touched")]
     PoolExhausted,
     /// Mapping the frame failed (e.g. the host ran out of huge pages).
-    #[error("cannot map a pool frame for the chunk the vCPU touched")]
+    #[error("cannot map a pool frame for the chunk the guest touched")]
     MapFailed,
 }
 

@@ -31,6 +31,7 @@ mod args;
 mod commands;
 mod exit;
 pub mod host;
+mod log_limit;
 mod logger;
 pub mod run_config;
 mod workload;

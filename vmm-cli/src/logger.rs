@@ -1,15 +1,19 @@
 //! The logger of the `vmm` command: env_logger on stderr, `warning: ...` lines; a VMM started
 //! as `vmm --api-sock` lets the API move it to a file or named pipe (`PUT /logger`,
-//! [`ApiLogControl`]).
+//! [`ApiLogControl`]). Warnings and errors are rate-limited per place in the code, whatever
+//! crate logs them ([`crate::log_limit`]), with a summary of what was not shown.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Once, OnceLock, RwLock};
+use std::time::Instant;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use vmm::api::model::{LogLevel, Logger};
 use vmm::api::LogControl;
+
+use crate::log_limit::{LogLimiter, WINDOW};
 
 /// The level when neither `--log-level` nor `RUST_LOG` says otherwise.
 pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::Warn;
@@ -25,9 +29,34 @@ fn prefix(level: Level) -> &'static str {
     }
 }
 
-/// The installed logger: an env_logger that `PUT /logger` can replace.
+/// The installed logger: an env_logger that `PUT /logger` can replace, behind the rate limit.
 struct SwitchableLogger {
     inner: RwLock<env_logger::Logger>,
+    limiter: LogLimiter,
+    /// Starts the thread that writes the summaries of windows nothing else closes.
+    summaries: Once,
+}
+
+impl SwitchableLogger {
+    fn write(&self, record: &Record<'_>) {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .log(record);
+    }
+
+    /// Writes the summaries of the rate limit's windows that ended by `now`.
+    fn write_summaries(&self, now: Instant) {
+        for hidden in self.limiter.ended(now) {
+            self.write(
+                &Record::builder()
+                    .args(format_args!("{hidden}"))
+                    .level(Level::Warn)
+                    .target(&hidden.target)
+                    .build(),
+            );
+        }
+    }
 }
 
 impl Log for SwitchableLogger {
@@ -39,10 +68,26 @@ impl Log for SwitchableLogger {
     }
 
     fn log(&self, record: &Record<'_>) {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .log(record);
+        if record.level() <= Level::Warn && self.enabled(record.metadata()) {
+            let now = Instant::now();
+            self.write_summaries(now);
+            if !self.limiter.admit(record, now) {
+                // Once messages are held back, their summary must come even if no message
+                // follows to close the window.
+                self.summaries.call_once(|| {
+                    let _ = std::thread::Builder::new()
+                        .name("log-summaries".into())
+                        .spawn(|| loop {
+                            std::thread::sleep(WINDOW);
+                            if let Some(logger) = LOGGER.get() {
+                                logger.write_summaries(Instant::now());
+                            }
+                        });
+                });
+                return;
+            }
+        }
+        self.write(record);
     }
 
     fn flush(&self) {
@@ -80,6 +125,8 @@ pub fn init(level: Option<LevelFilter>) {
     LOGGER.get_or_init(|| {
         let logger: &'static SwitchableLogger = Box::leak(Box::new(SwitchableLogger {
             inner: RwLock::new(built),
+            limiter: LogLimiter::default(),
+            summaries: Once::new(),
         }));
         if log::set_logger(logger).is_ok() {
             log::set_max_level(max);
