@@ -331,13 +331,40 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_without_a_zone() 
     );
     create_snapshot(&api, &snapshot, &memory);
     vmm.kill();
-    assert_eq!(std::fs::metadata(&memory).unwrap().len(), 32 << 20);
+    // The memory, then a trailer of 4 KiB with the snapshot's identity.
+    assert_eq!(std::fs::metadata(&memory).unwrap().len(), (32 << 20) + 4096);
     assert_finished_after_the_checkpoint(&load_and_run(&snapshot, &memory), 3);
     // The copy can be loaded again: it is not the VM's live memory.
     assert_finished_after_the_checkpoint(&load_and_run(&snapshot, &memory), 3);
     let short = scratch.path("short.mem");
     std::fs::write(&short, vec![0u8; 1 << 20]).unwrap();
     load_and_run(&snapshot, &short).assert_fails(2, "memory file of 1048576 bytes");
+    // Another snapshot's memory file of the same size is refused: the guest would run on
+    // memory that is not its own.
+    let (other_snapshot, other_memory, other_socket) = (
+        scratch.path("other.snap"),
+        scratch.path("other.mem"),
+        scratch.path("other.sock"),
+    );
+    let (other, api) = VmmRun::start_paused(&args, &other_socket);
+    create_snapshot(&api, &other_snapshot, &other_memory);
+    other.kill();
+    load_and_run(&snapshot, &other_memory)
+        .assert_fails(2, "this memory file belongs to another snapshot");
+    // A memory file changed since is refused by its checksum, before the guest runs.
+    let mut bytes = std::fs::read(&memory).unwrap();
+    bytes[5 << 20] ^= 0x40;
+    std::fs::write(&memory, &bytes).unwrap();
+    let damaged = load_and_run(&snapshot, &memory);
+    assert_eq!(damaged.code, Some(2), "{damaged:#?}");
+    assert!(
+        damaged.stderr.contains("the memory's checksum is"),
+        "{damaged:#?}"
+    );
+    assert!(
+        !damaged.stdout.contains("step"),
+        "the guest ran: {damaged:#?}"
+    );
 }
 
 #[test]

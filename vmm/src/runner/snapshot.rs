@@ -12,7 +12,8 @@
 //!          VM states -> started paused, or resumed (the seal breaks)
 //! ```
 
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,7 @@ use crate::devices::i8042::I8042Snapshot;
 use crate::devices::serial::SerialSnapshot;
 use crate::host_file::{self, HostFileError};
 use crate::snapshot::file::{self, SnapshotFileError};
+use crate::snapshot::memory_file::{self, MemoryChecksum};
 use crate::snapshot::{
     DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, VmSnapshot,
 };
@@ -152,42 +154,62 @@ fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
     Ok(())
 }
 
+/// A copy of guest memory in a memory file.
+struct CopiedMemory {
+    regions: Vec<(u64, u64)>,
+    identity: u64,
+    checksum: u32,
+}
+
 /// Copies every populated chunk of `memory` into a new file at `path`, regions one after the
-/// other; chunks never touched stay holes. Returns the regions.
-fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<Vec<(u64, u64)>, SnapshotError> {
+/// other; chunks never touched stay holes. A trailer with a new identity follows
+/// ([`memory_file`]); the checksum covers the memory.
+fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<CopiedMemory, SnapshotError> {
     check_copy_target(path)?;
-    let mut file = host_file::create_output("mem_file_path", path)?;
+    let file = host_file::create_output("mem_file_path", path)?;
     let mut regions = Vec::new();
+    let mut checksum = MemoryChecksum::default();
     let mut offset = 0;
     for region in memory.regions() {
         let (start, size) = (region.start().0, region.size());
         let chunk = region.chunk_size().bytes();
+        let mut buffer = vec![0u8; chunk as usize];
         for at in (start..start + size).step_by(chunk as usize) {
             if memory.frame_at(GuestAddress(at)).is_none() {
+                checksum.add_zero_chunk(buffer.len());
                 continue;
             }
-            file.seek(SeekFrom::Start(offset + at - start))
-                .map_err(memory_file_error(path, "cannot seek"))?;
             memory
-                .write_all_volatile_to(GuestAddress(at), &mut file, chunk as usize)
+                .read_slice(&mut buffer, GuestAddress(at))
                 .map_err(|e| SnapshotError::MemoryFile {
                     path: path.to_owned(),
-                    what: "cannot copy guest memory",
+                    what: "cannot read guest memory",
                     source: io::Error::other(e.to_string()),
                 })?;
+            checksum.add(&buffer);
+            file.write_all_at(&buffer, offset + at - start)
+                .map_err(memory_file_error(path, "cannot write"))?;
         }
         offset += size;
         regions.push((start, size));
     }
-    file.set_len(offset)
+    let identity =
+        guest_mem::random_u64().map_err(memory_file_error(path, "cannot draw an identity"))?;
+    memory_file::write_trailer(&file, offset, identity)
         .and_then(|()| file.sync_all())
         .map_err(memory_file_error(path, "cannot write"))?;
-    Ok(regions)
+    Ok(CopiedMemory {
+        regions,
+        identity,
+        checksum: checksum.value(),
+    })
 }
 
-/// Copies a memory file into fresh guest memory; chunks that read as zero stay untouched.
-fn copy_memory_in(memory: &GuestMemory, path: &Path) -> Result<(), SnapshotError> {
+/// Copies a memory file into fresh guest memory (chunks that read as zero stay untouched) and
+/// checks its checksum against `expected`.
+fn copy_memory_in(memory: &GuestMemory, path: &Path, expected: u32) -> Result<(), SnapshotError> {
     let mut file = host_file::open_input("mem_file_path", path)?;
+    let mut checksum = MemoryChecksum::default();
     for region in memory.regions() {
         let chunk = region.chunk_size().bytes() as usize;
         let mut buffer = vec![0u8; chunk];
@@ -196,8 +218,10 @@ fn copy_memory_in(memory: &GuestMemory, path: &Path) -> Result<(), SnapshotError
             file.read_exact(&mut buffer)
                 .map_err(memory_file_error(path, "cannot read"))?;
             if buffer.iter().all(|&byte| byte == 0) {
+                checksum.add_zero_chunk(chunk);
                 continue;
             }
+            checksum.add(&buffer);
             memory.write_slice(&buffer, GuestAddress(at)).map_err(|e| {
                 SnapshotError::MemoryFile {
                     path: path.to_owned(),
@@ -206,6 +230,16 @@ fn copy_memory_in(memory: &GuestMemory, path: &Path) -> Result<(), SnapshotError
                 }
             })?;
         }
+    }
+    if checksum.value() != expected {
+        return Err(SnapshotError::WrongMemory {
+            path: path.to_owned(),
+            why: format!(
+                "the memory's checksum is {:08x}, the snapshot's {expected:08x}: the file was \
+                 changed or damaged since the snapshot was taken",
+                checksum.value()
+            ),
+        });
     }
     Ok(())
 }
@@ -275,9 +309,14 @@ impl Session {
                         .into(),
                 ))
             }
-            _ => MemorySource::File {
-                regions: copy_memory_out(self.memory(), &params.mem_file_path)?,
-            },
+            _ => {
+                let copied = copy_memory_out(self.memory(), &params.mem_file_path)?;
+                MemorySource::File {
+                    regions: copied.regions,
+                    identity: copied.identity,
+                    checksum: copied.checksum,
+                }
+            }
         };
         let memory_done = Instant::now();
         let kind = match memory {
@@ -392,8 +431,9 @@ pub(super) struct Resumption {
     states: ResumedStates,
     virtio: Vec<crate::devices::virtio::state::MmioSnapshot>,
     balloon_stats_interval_s: u32,
-    /// The memory file to fill guest memory from (a snapshot that copied it).
-    memory_file: Option<PathBuf>,
+    /// The memory file to fill guest memory from (a snapshot that copied it), and the
+    /// checksum its memory must have.
+    memory_file: Option<(PathBuf, u32)>,
     /// When the load's phases ended.
     timing: Arc<LoadTiming>,
 }
@@ -402,7 +442,9 @@ impl Resumption {
     /// Fills fresh guest memory from the memory file the snapshot copied it into, if it did.
     pub fn fill_memory(&self, memory: &GuestMemory) -> Result<(), RunError> {
         match &self.memory_file {
-            Some(path) => copy_memory_in(memory, path).map_err(RunError::Snapshot),
+            Some((path, checksum)) => {
+                copy_memory_in(memory, path, *checksum).map_err(RunError::Snapshot)
+            }
             None => Ok(()),
         }
     }
@@ -531,20 +573,37 @@ pub(super) fn prepare(
             }
             (Frames::Zone(attached), None)
         }
-        MemorySource::File { regions } => {
+        MemorySource::File {
+            regions,
+            identity,
+            checksum,
+        } => {
             let expected: u64 = regions.iter().map(|(_, size)| size).sum();
-            let found = host_file::open_input("mem_file_path", &memory_path)?
+            let file = host_file::open_input("mem_file_path", &memory_path)?;
+            let found = file
                 .metadata()
                 .map_err(memory_file_error(&memory_path, "cannot open"))?
                 .len();
-            if found != expected {
+            if found != expected + memory_file::TRAILER_LEN {
                 return Err(wrong(format!(
-                    "a memory file of {found} bytes; the snapshot's memory has {expected}"
+                    "a memory file of {found} bytes; the snapshot's has {} ({expected} of \
+                     memory and a trailer of {})",
+                    expected + memory_file::TRAILER_LEN,
+                    memory_file::TRAILER_LEN
                 )));
+            }
+            let found = memory_file::read_identity(&file, expected)
+                .map_err(memory_file_error(&memory_path, "cannot read"))?;
+            if found != Some(identity) {
+                return Err(wrong(
+                    "this memory file belongs to another snapshot (its identity differs from \
+                     the snapshot's)"
+                        .into(),
+                ));
             }
             let pool = memory::create_pool(&config)
                 .map_err(|e| SnapshotError::State(format!("cannot create the frame pool: {e}")))?;
-            (Frames::Pool(pool), Some(memory_path.clone()))
+            (Frames::Pool(pool), Some((memory_path.clone(), checksum)))
         }
     };
     let resumption = Resumption {

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "LLFVSNAP"
-//!      8     4  version (1), little endian
+//!      8     4  version (3), little endian
 //!     12     4  flags (0)
 //!     16     8  payload length
 //!     24     4  CRC32 of the payload
@@ -25,7 +25,7 @@ use crate::host_file::{self, HostFileError};
 /// The file's first bytes.
 pub const MAGIC: [u8; 8] = *b"LLFVSNAP";
 /// The format version this VMM writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// The largest payload accepted (a VM of 254 vCPUs needs a few MiB).

@@ -10,6 +10,7 @@
 //! The file format is in [`mod@file`]; `vmm::runner` takes and loads snapshots.
 
 pub mod file;
+pub mod memory_file;
 
 use serde::{Deserialize, Serialize};
 
@@ -71,10 +72,15 @@ pub enum MemorySource {
         seal: u64,
     },
     /// Copied into a memory file: the memory regions one after the other, each as large as
-    /// the region (chunks the guest never touched are holes).
+    /// the region (chunks the guest never touched are holes), then a trailer with `identity`
+    /// ([`memory_file`]).
     File {
         /// The regions as (guest address, bytes).
         regions: Vec<(u64, u64)>,
+        /// The identity the memory file's trailer carries: this snapshot's own.
+        identity: u64,
+        /// The CRC32 of the memory ([`memory_file::MemoryChecksum`]).
+        checksum: u32,
     },
 }
 
@@ -150,7 +156,7 @@ impl VmSnapshot {
         if self.devices.report.is_some() != test_guest || self.devices.keyboard.is_some() != linux {
             return bad("the devices do not fit the guest".into());
         }
-        if let MemorySource::File { regions } = &self.memory {
+        if let MemorySource::File { regions, .. } = &self.memory {
             if machine.pmem_size.is_some() {
                 return bad("a VM with virtio-pmem in a memory file".into());
             }

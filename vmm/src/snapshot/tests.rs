@@ -169,17 +169,19 @@ fn foreign_files_and_other_versions_are_named_as_such() {
         file::read(&path.0),
         Err(SnapshotFileError::NotASnapshot { .. })
     ));
-    bytes[8] = 3;
+    bytes[8] = 2;
     let crc = crc32fast::hash(&bytes[..28]);
     bytes[28..32].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&path.0, &bytes).unwrap();
     assert!(matches!(
         file::read(&path.0),
-        Err(SnapshotFileError::Version { found: 3, .. })
+        Err(SnapshotFileError::Version { found: 2, .. })
     ));
     assert!(matches!(
         file::read(&path.0.with_extension("missing")),
-        Err(SnapshotFileError::Io { .. })
+        Err(SnapshotFileError::Path(
+            crate::host_file::HostFileError::Io { .. }
+        ))
     ));
 }
 
@@ -196,12 +198,16 @@ fn inconsistent_contents_are_refused() {
     let mut bad_regions = snapshot();
     bad_regions.memory = MemorySource::File {
         regions: vec![(0, 1 << 20)],
+        identity: 1,
+        checksum: 0,
     };
     let mut copied_pmem = snapshot();
     copied_pmem.machine.pmem_size = Some(2 << 20);
     copied_pmem.machine.balloon = None;
     copied_pmem.memory = MemorySource::File {
         regions: vec![(0, 64 << 20)],
+        identity: 1,
+        checksum: 0,
     };
     for bad in [
         lost_vcpu,
