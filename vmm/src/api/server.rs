@@ -1,15 +1,20 @@
 //! The API server: a Unix socket, one request per connection.
 //!
-//! One thread accepts connections and hands each to a thread of its own, so that a slow,
-//! silent or malicious client holds up nobody else. At most [`MAX_CONNECTIONS`] are served at
-//! once; a connection beyond that is answered 503 at once and closed. A client gets
-//! [`REQUEST_TIMEOUT`] to send its whole request (a deadline, not a per-read timeout: one byte
-//! a second does not keep a connection open) and as long to take the response. The socket is
-//! made owner-only (0600) and removed when the server stops.
+//! One thread waits on every connection at once (epoll): it accepts them, reads what each
+//! sends without blocking, and keeps no thread and no buffer for a connection that sends
+//! nothing. A connection whose request is complete goes to a thread of its own, which answers
+//! it, so a slow request (a snapshot) holds up nobody else; at most [`MAX_REQUESTS`] are
+//! answered at once. A client gets [`REQUEST_TIMEOUT`] to send its whole request (a deadline,
+//! not a per-read timeout: one byte a second does not keep a connection open) and as long to
+//! take the response. At most [`MAX_CONNECTIONS`] are open at once; one beyond that is answered
+//! 503 without waiting and closed, so idle or slow clients cannot starve the others. The socket
+//! is made owner-only (0600) and removed when the server stops.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,20 +24,25 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use guest_mem::{wait_readable, Readiness};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::control::VmmControl;
-use super::http::{read_request, Response};
+use super::http::{Progress, Request, RequestError, RequestReader, Response, CONTINUE};
 use super::routes;
 use crate::config::MAX_SOCKET_PATH;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most connections served at once.
-pub const MAX_CONNECTIONS: usize = 256;
-/// Stack of a connection's thread: parsing and answering one small request.
-const CONNECTION_STACK: usize = 256 << 10;
+/// Most connections open at once (each costs a file descriptor and a few hundred bytes).
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Most requests answered at once (each on a thread of its own).
+pub const MAX_REQUESTS: usize = 64;
+/// Stack of a request's thread: answering one small request.
+const REQUEST_STACK: usize = 256 << 10;
+/// The epoll token of the listening socket, and of the stop event; connections count from 2.
+const LISTENER: u64 = 0;
+const STOP: u64 = 1;
 /// Time given to a client to stop sending after its response, before the connection closes.
 const LINGER: Duration = Duration::from_millis(100);
 
@@ -105,6 +115,25 @@ fn bind(path: &Path) -> Result<UnixListener, ServerError> {
     Ok(listener)
 }
 
+/// Raises the soft limit of open files to the hard one (often 1024 to 524288): each open
+/// connection holds a descriptor, and [`MAX_CONNECTIONS`] must fit beside the VM's own.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes a `struct rlimit`, which `limit` is.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads a `struct rlimit`, which `limit` is; raising the soft limit
+        // up to the hard one needs no privilege, and a failure leaves the old limit.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    }
+}
+
 /// A temporary name for the socket at `path` in its directory, unique in the process (several
 /// VMs may serve their APIs), unless that would exceed the Unix socket path limit.
 fn listening_name(path: &Path) -> Option<PathBuf> {
@@ -124,6 +153,7 @@ impl ApiServer {
         control: Arc<dyn VmmControl>,
     ) -> Result<Self, ServerError> {
         let path = path.as_ref().to_owned();
+        raise_open_file_limit();
         let listener = bind(&path)?;
         let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ServerError::Thread)?);
         let thread_stop = stop.clone();
@@ -163,71 +193,237 @@ impl Drop for ApiServer {
     }
 }
 
-/// Waits for connections until `stop` is signalled and serves each on a thread of its own.
+/// A connection whose request is still coming.
+struct Connection {
+    stream: UnixStream,
+    reader: RequestReader,
+    deadline: Instant,
+}
+
+/// The connections being read, by epoll token.
+struct Connections {
+    epoll: Epoll,
+    open: HashMap<u64, Connection>,
+    next_token: u64,
+    /// Requests being answered, on threads of their own.
+    answering: Arc<AtomicUsize>,
+}
+
+/// Waits for connections and their requests until `stop` is signalled; a complete request is
+/// answered on a thread of its own.
 fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let Ok(epoll) = Epoll::new() else {
+        log::error!("API server: cannot create an epoll instance");
+        return;
+    };
+    let watched = [(listener.as_raw_fd(), LISTENER), (stop.as_raw_fd(), STOP)]
+        .into_iter()
+        .try_for_each(|(fd, token)| {
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
+        });
+    if let Err(e) = watched {
+        log::error!("API server: cannot watch the socket: {e}");
+        return;
+    }
+    let mut connections = Connections {
+        epoll,
+        open: HashMap::new(),
+        next_token: STOP + 1,
+        answering: Arc::new(AtomicUsize::new(0)),
+    };
+    let mut events = vec![EpollEvent::default(); 64];
+    let mut chunk = [0u8; 4096];
     loop {
-        match wait_readable(&listener, stop, -1) {
-            Ok(Readiness::Readable | Readiness::TimedOut) => {}
-            Ok(Readiness::Stopped) => return,
-            Err(error) => {
-                log::error!("API server: poll failed, stopping: {error}");
+        let timeout = connections.next_deadline().map_or(-1, |deadline| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Rounded up: waking before the deadline would only wait again.
+            i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+        });
+        let ready = match connections.epoll.wait(timeout, &mut events) {
+            Ok(ready) => ready,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => {
+                log::error!("API server: epoll failed, stopping: {e}");
                 return;
             }
+        };
+        for event in &events[..ready] {
+            match event.data() {
+                STOP => return,
+                LISTENER => connections.accept(&listener),
+                token => connections.read(token, &mut chunk, &control),
+            }
         }
-        match listener.accept() {
-            Ok((stream, _)) => spawn_connection(stream, &active, &control),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                // E.g. out of file descriptors: back off instead of spinning.
-                log::warn!("API server: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+        connections.expire(Instant::now());
+    }
+}
+
+impl Connections {
+    /// The earliest deadline of an open connection.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.open.values().map(|c| c.deadline).min()
+    }
+
+    /// Accepts every pending connection; those beyond [`MAX_CONNECTIONS`] get a 503.
+    fn accept(&mut self, listener: &UnixListener) {
+        loop {
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // E.g. out of file descriptors: the connection waits in the backlog until
+                    // one closes (a deadline runs out within REQUEST_TIMEOUT).
+                    log::warn!("API server: accept failed: {e}");
+                    return;
+                }
+            };
+            if self.open.len() >= MAX_CONNECTIONS {
+                refuse_now(
+                    stream,
+                    503,
+                    &format!("the API has {MAX_CONNECTIONS} connections open; try again"),
+                );
+                continue;
+            }
+            let token = self.next_token;
+            self.next_token += 1;
+            let watched = stream.set_nonblocking(true).and_then(|()| {
+                self.epoll.ctl(
+                    ControlOperation::Add,
+                    stream.as_raw_fd(),
+                    EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token),
+                )
+            });
+            if let Err(e) = watched {
+                log::warn!("API server: cannot watch a connection: {e}");
+                continue;
+            }
+            let connection = Connection {
+                stream,
+                reader: RequestReader::default(),
+                deadline: Instant::now() + REQUEST_TIMEOUT,
+            };
+            self.open.insert(token, connection);
+        }
+    }
+
+    /// Reads what connection `token` sent; a complete request is answered on a thread of its
+    /// own, a bad one answered with its error.
+    fn read(&mut self, token: u64, chunk: &mut [u8], control: &Arc<dyn VmmControl>) {
+        let Some(connection) = self.open.get_mut(&token) else {
+            return;
+        };
+        let progress = loop {
+            match connection.stream.read(chunk) {
+                Ok(n) => match connection.reader.feed(&chunk[..n]) {
+                    Ok(Progress::NeedMore) if n == chunk.len() => {}
+                    Ok(Progress::SendContinue) => {
+                        // Its 25 bytes fit in any socket buffer; a peer that cannot take them
+                        // times out.
+                        let _ = connection.stream.write_all(CONTINUE);
+                    }
+                    other => break other,
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(Progress::NeedMore),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break Err(RequestError::Closed),
+            }
+        };
+        match progress {
+            Ok(Progress::NeedMore | Progress::SendContinue) => {}
+            Ok(Progress::Complete(request)) => {
+                let connection = self.close(token).expect("open");
+                self.answer(connection.stream, request, control);
+            }
+            Err(error) => {
+                let connection = self.close(token).expect("open");
+                if let Some(status) = error.status() {
+                    refuse_now(connection.stream, status, &error.to_string());
+                }
+            }
+        }
+    }
+
+    /// Stops watching connection `token` and hands it over.
+    fn close(&mut self, token: u64) -> Option<Connection> {
+        let connection = self.open.remove(&token)?;
+        let _ = self.epoll.ctl(
+            ControlOperation::Delete,
+            connection.stream.as_raw_fd(),
+            EpollEvent::default(),
+        );
+        Some(connection)
+    }
+
+    /// Answers `request` of `stream` on a thread of its own, or with 503 when
+    /// [`MAX_REQUESTS`] are being answered already.
+    fn answer(&self, stream: UnixStream, request: Request, control: &Arc<dyn VmmControl>) {
+        if self.answering.fetch_add(1, Ordering::AcqRel) >= MAX_REQUESTS {
+            self.answering.fetch_sub(1, Ordering::AcqRel);
+            refuse_now(
+                stream,
+                503,
+                &format!("the API answers {MAX_REQUESTS} requests at once; try again"),
+            );
+            return;
+        }
+        let slot = RequestSlot(self.answering.clone());
+        let control = control.clone();
+        let spawned = std::thread::Builder::new()
+            .name("api-request".into())
+            .stack_size(REQUEST_STACK)
+            .spawn(move || {
+                let _slot = slot;
+                answer_request(stream, &request, control.as_ref());
+            });
+        if let Err(e) = spawned {
+            // The closure, with the stream and the slot, was dropped: the client sees a close.
+            log::warn!("API server: cannot start a request thread: {e}");
+        }
+    }
+
+    /// Answers 408 to, and closes, every connection whose deadline passed by `now`.
+    fn expire(&mut self, now: Instant) {
+        let expired: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, c)| c.deadline <= now)
+            .map(|(&token, _)| token)
+            .collect();
+        for token in expired {
+            let connection = self.close(token).expect("open");
+            if !connection.reader.is_empty() {
+                let timeout = RequestError::Timeout;
+                refuse_now(connection.stream, 408, &timeout.to_string());
             }
         }
     }
 }
 
-/// Counts a connection as served until dropped.
-struct ConnectionSlot(Arc<AtomicUsize>);
+/// Counts a request as being answered until dropped.
+struct RequestSlot(Arc<AtomicUsize>);
 
-impl Drop for ConnectionSlot {
+impl Drop for RequestSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// Serves `stream` on a thread of its own, or answers 503 when [`MAX_CONNECTIONS`] are
-/// served already.
-fn spawn_connection(stream: UnixStream, active: &Arc<AtomicUsize>, control: &Arc<dyn VmmControl>) {
-    if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-        active.fetch_sub(1, Ordering::AcqRel);
-        refuse(stream);
-        return;
+/// Answers `status` with the fault `message` without waiting for the client: what the socket
+/// buffer takes now, then the close.
+fn refuse_now(mut stream: UnixStream, status: u16, message: &str) {
+    let response = Response::fault(status, message.to_owned());
+    let _ = stream.set_nonblocking(true);
+    let mut bytes = Vec::with_capacity(256);
+    if response.write_to(&mut bytes).is_ok() {
+        let _ = stream.write_all(&bytes);
     }
-    let slot = ConnectionSlot(active.clone());
-    let control = control.clone();
-    let spawned = std::thread::Builder::new()
-        .name("api-connection".into())
-        .stack_size(CONNECTION_STACK)
-        .spawn(move || {
-            let _slot = slot;
-            serve_connection(stream, control.as_ref());
-        });
-    if let Err(e) = spawned {
-        // The closure, with the stream and the slot, was dropped: the client sees a close.
-        log::warn!("API server: cannot start a connection thread: {e}");
-    }
-}
-
-/// Answers 503 without reading the request, giving the client a moment to take it.
-fn refuse(stream: UnixStream) {
-    if let Some(stream) = DeadlineStream::new(stream, LINGER) {
-        let response = Response::fault(
-            503,
-            format!("the API serves {MAX_CONNECTIONS} connections at once; try again"),
-        );
-        respond(stream, &response);
-    }
+    let _ = stream.shutdown(Shutdown::Write);
 }
 
 /// A stream whose reads and writes fail with `TimedOut` once `deadline` has passed.
@@ -275,25 +471,18 @@ impl Write for DeadlineStream {
     }
 }
 
-/// Reads one request, answers it and closes the connection.
-fn serve_connection(stream: UnixStream, control: &dyn VmmControl) {
-    let Some(mut stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) else {
+/// Answers `request` (read already) on `stream` and closes the connection.
+fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmControl) {
+    let Some(stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) else {
         return;
     };
-    let response = match read_request(&mut stream) {
-        Ok(request) => catch_unwind(AssertUnwindSafe(|| routes::handle(control, &request)))
-            .unwrap_or_else(|_| {
-                Response::fault(
-                    500,
-                    "internal error: the VMM failed while handling the request",
-                )
-            }),
-        Err(error) => match error.status() {
-            Some(status) => Response::fault(status, error.to_string()),
-            None => return,
-        },
-    };
-    stream.deadline = Instant::now() + REQUEST_TIMEOUT;
+    let response = catch_unwind(AssertUnwindSafe(|| routes::handle(control, request)))
+        .unwrap_or_else(|_| {
+            Response::fault(
+                500,
+                "internal error: the VMM failed while handling the request",
+            )
+        });
     respond(stream, &response);
 }
 

@@ -6,5 +6,8 @@ mod request;
 mod response;
 
 pub use request::is_token;
-pub use request::{read_request, Method, Request, RequestError, MAX_BODY_BYTES, MAX_HEAD_BYTES};
+pub use request::{
+    read_request, Method, Progress, Request, RequestError, RequestReader, CONTINUE, MAX_BODY_BYTES,
+    MAX_HEAD_BYTES,
+};
 pub use response::Response;

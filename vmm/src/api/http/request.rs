@@ -137,6 +137,7 @@ fn head_end(buf: &[u8], from: usize) -> Option<usize> {
 }
 
 /// What the head says about the body.
+#[derive(Debug)]
 struct Head {
     method: Method,
     target: String,
@@ -207,65 +208,112 @@ fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
     })
 }
 
-/// Reads one request from `stream`. Bytes after its body (pipelined requests) are ignored: the
-/// server answers one request per connection.
-pub fn read_request<S: Read + Write>(stream: &mut S) -> Result<Request, RequestError> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let mut scanned = 0;
-    let end = loop {
-        if let Some(end) = head_end(&buf, scanned) {
-            break end;
-        }
-        // A terminator may straddle the next read: rescan the last 3 bytes.
-        scanned = buf.len().saturating_sub(3);
-        if buf.len() >= MAX_HEAD_BYTES {
-            return Err(RequestError::HeadTooLarge);
-        }
-        let want = chunk.len().min(MAX_HEAD_BYTES + 4 - buf.len());
-        match stream.read(&mut chunk[..want]) {
-            Ok(0) if buf.is_empty() => return Err(RequestError::Closed),
-            Ok(0) => return Err(malformed("the connection closed mid-request")),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(map_read_error(e)),
-        }
-    };
-    if end > MAX_HEAD_BYTES {
-        return Err(RequestError::HeadTooLarge);
+/// What [`RequestReader::feed`] found.
+#[derive(Debug)]
+pub enum Progress {
+    /// The request is not complete yet.
+    NeedMore,
+    /// The head asks for `100 Continue` before the body: send it, then feed the body.
+    SendContinue,
+    /// The whole request.
+    Complete(Request),
+}
+
+/// A request read piece by piece, as its bytes arrive (an event-driven server feeds it what a
+/// non-blocking read gave). It holds no buffer until bytes come.
+#[derive(Debug, Default)]
+pub struct RequestReader {
+    buf: Vec<u8>,
+    /// How far the search for the head's end got.
+    scanned: usize,
+    /// The parsed head and the body's length, once the head is complete.
+    head: Option<(Head, usize)>,
+    continue_sent: bool,
+}
+
+impl RequestReader {
+    /// Whether no byte came yet.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
     }
-    let head = parse_head(&buf[..end])?;
-    let length = match (head.content_length, &head.method) {
-        (Some(length), _) => length,
-        (None, Method::Put | Method::Patch) => return Err(RequestError::LengthRequired),
-        (None, _) => 0,
-    };
-    let length = match usize::try_from(length) {
-        Ok(length) if length <= MAX_BODY_BYTES => length,
-        _ => return Err(RequestError::BodyTooLarge(length)),
-    };
-    let mut body = buf.split_off(end);
-    if body.len() < length && head.expect_continue {
-        stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
-    }
-    if body.len() < length {
-        let have = body.len();
-        body.resize(length, 0);
-        stream
-            .read_exact(&mut body[have..])
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::UnexpectedEof => {
-                    malformed("the body is shorter than Content-Length")
+
+    /// Takes `bytes`, the next ones of the request; an empty slice means the peer closed the
+    /// connection. Bytes after the body (pipelined requests) are ignored: the server answers one
+    /// request per connection.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Progress, RequestError> {
+        if bytes.is_empty() {
+            return Err(if self.buf.is_empty() {
+                RequestError::Closed
+            } else if self.head.is_some() {
+                malformed("the body is shorter than Content-Length")
+            } else {
+                malformed("the connection closed mid-request")
+            });
+        }
+        self.buf.extend_from_slice(bytes);
+        if self.head.is_none() {
+            let Some(end) = head_end(&self.buf, self.scanned) else {
+                // A terminator may straddle the next piece: rescan the last 3 bytes.
+                self.scanned = self.buf.len().saturating_sub(3);
+                if self.buf.len() >= MAX_HEAD_BYTES + 4 {
+                    return Err(RequestError::HeadTooLarge);
                 }
-                _ => map_read_error(e),
-            })?;
+                return Ok(Progress::NeedMore);
+            };
+            if end > MAX_HEAD_BYTES {
+                return Err(RequestError::HeadTooLarge);
+            }
+            let head = parse_head(&self.buf[..end])?;
+            let length = match (head.content_length, &head.method) {
+                (Some(length), _) => length,
+                (None, Method::Put | Method::Patch) => return Err(RequestError::LengthRequired),
+                (None, _) => 0,
+            };
+            let length = match usize::try_from(length) {
+                Ok(length) if length <= MAX_BODY_BYTES => length,
+                _ => return Err(RequestError::BodyTooLarge(length)),
+            };
+            self.buf.drain(..end);
+            self.head = Some((head, length));
+        }
+        let (head, length) = self.head.as_ref().expect("parsed above");
+        if self.buf.len() < *length {
+            if head.expect_continue && !self.continue_sent {
+                self.continue_sent = true;
+                return Ok(Progress::SendContinue);
+            }
+            return Ok(Progress::NeedMore);
+        }
+        let (head, length) = self.head.take().expect("parsed above");
+        let mut body = std::mem::take(&mut self.buf);
+        body.truncate(length);
+        Ok(Progress::Complete(Request {
+            method: head.method,
+            target: head.target,
+            body,
+        }))
     }
-    body.truncate(length);
-    Ok(Request {
-        method: head.method,
-        target: head.target,
-        body,
-    })
+}
+
+/// The interim response to `Expect: 100-continue`.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Reads one request from `stream`, blocking (see [`RequestReader`]).
+pub fn read_request<S: Read + Write>(stream: &mut S) -> Result<Request, RequestError> {
+    let mut reader = RequestReader::default();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(map_read_error(e)),
+        };
+        match reader.feed(&chunk[..n])? {
+            Progress::NeedMore => {}
+            Progress::SendContinue => stream.write_all(CONTINUE)?,
+            Progress::Complete(request) => return Ok(request),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -253,3 +253,26 @@ proptest! {
         prop_assert_eq!(request.body, body);
     }
 }
+
+#[test]
+fn a_reader_fed_one_byte_at_a_time_completes_at_the_last_byte() {
+    let bytes = b"PUT /vm HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}";
+    let mut reader = RequestReader::default();
+    assert!(reader.is_empty());
+    let mut continues = 0;
+    for (i, byte) in bytes.iter().enumerate() {
+        match reader.feed(std::slice::from_ref(byte)).unwrap() {
+            Progress::NeedMore => assert!(i + 1 < bytes.len()),
+            Progress::SendContinue => continues += 1,
+            Progress::Complete(request) => {
+                assert_eq!(i + 1, bytes.len());
+                assert_eq!(request.method, Method::Put);
+                assert_eq!(request.body, b"{}");
+            }
+        }
+    }
+    assert_eq!(continues, 1, "100 Continue once, before the body");
+    let mut closed = RequestReader::default();
+    closed.feed(b"GET / HTTP/1.1\r\n").unwrap();
+    assert!(matches!(closed.feed(b""), Err(RequestError::Malformed(_))));
+}
