@@ -1,7 +1,8 @@
 //! Several processes share one persistent allocator in a file: each maps it, claims per-core
 //! slots and allocates and frees from its threads at once. Afterwards no frame was handed to two
 //! of them, every frame they hold is allocated, and the counters agree with the lower level; a
-//! process SIGKILLed in the middle is recovered while the others go on.
+//! process SIGKILLed in the middle is recovered while the others go on, and one killed with
+//! frames in its core cache gets them back to the zone even after its reservation was drained.
 //!
 //! The children are this test binary again, run with `LLFREE_SHARED_CHILD` set.
 
@@ -112,7 +113,32 @@ fn shared_child() {
     let path = PathBuf::from(parts.next().unwrap());
     let owner: u64 = parts.next().unwrap().parse().unwrap();
     let seed: u64 = parts.next().unwrap().parse().unwrap();
-    child(&path, owner, seed);
+    match parts.next() {
+        Some("cache") => cache_holder(&path, owner),
+        _ => child(&path, owner, seed),
+    }
+}
+
+/// Frames the cache holder allocates through its core cache.
+const CACHED_GETS: usize = 1000;
+
+/// The cache holder's work: allocate through a core cache, print `core N`, then the frames as
+/// `frame 0` lines and `ready`, and wait to be killed with frames left in the cache.
+fn cache_holder(path: &Path, owner: u64) {
+    let alloc = map(path, Init::Attach);
+    let core = alloc.claim_slots(owner, 1).expect("a free slot");
+    let mut cache = alloc.core_cache(core);
+    println!("core {}", core.0);
+    for _ in 0..CACHED_GETS {
+        let frame = alloc.get_cached(&mut cache, Order(0)).expect("a frame");
+        println!("{} 0", frame.0);
+    }
+    assert!(cache.frames() > 0, "frames left in the cache");
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let mut never = String::new();
+    let _ = std::io::stdin().read_line(&mut never);
+    std::process::abort();
 }
 
 /// A zone file in the temp directory, removed when dropped.
@@ -156,6 +182,34 @@ fn spawn(path: &Path, owner: u64, seed: u64) -> std::process::Child {
         }
     }
     child
+}
+
+/// Starts the cache holder (owner `owner`) and reads its core and frames.
+fn spawn_cache_holder(path: &Path, owner: u64) -> (std::process::Child, CoreId, Vec<usize>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "shared_child", "--nocapture", "--quiet"])
+        .env(CHILD_ENV, format!("{},{owner},0,cache", path.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut core = None;
+    let mut frames = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("the holder's output");
+        if line == "ready" {
+            break;
+        }
+        // The test harness prints lines of its own.
+        if let Some(index) = line.strip_prefix("core ") {
+            core = Some(CoreId(index.parse().unwrap()));
+        } else if let Some(frame) = line.strip_suffix(" 0").and_then(|f| f.parse().ok()) {
+            frames.push(frame);
+        }
+    }
+    (child, core.expect("the holder's core"), frames)
 }
 
 /// Lets the children allocate and free.
@@ -261,4 +315,35 @@ fn a_process_killed_in_the_middle_is_recovered_while_the_others_go_on() {
     assert_eq!(recovered.recovery(), Recovery::Crash);
     recovered.validate().unwrap();
     check_held(&recovered, &held);
+}
+
+#[test]
+fn a_process_killed_with_frames_in_its_core_cache_gives_them_all_back() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let zone = ZoneFile::new("shared-cache-kill");
+    let parent = map(&zone.0, Init::Fresh);
+    let (mut victim, core, held) = spawn_cache_holder(&zone.0, 5);
+    assert_eq!(held.len(), CACHED_GETS);
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // Survivors drain the dead process's reservation before anybody recovers it: the frames its
+    // cache held are then in no counter but the slot's record of the cache.
+    parent.drain(core);
+    let report = parent.recover_slots(5);
+    eprintln!("recovered the killed process: {report:?}");
+    assert!(report.cached_frames > 0, "{report:?}");
+    assert_eq!(
+        parent.free_frames(),
+        FRAMES - held.len(),
+        "only what it handed out stays allocated"
+    );
+    parent.validate().unwrap();
+    for frame in held {
+        assert!(parent.is_allocated(FrameId(frame), Order(0)));
+        parent.put(CoreId(0), FrameId(frame), Order(0)).unwrap();
+    }
+    assert_eq!(parent.free_frames(), FRAMES);
+    parent.validate().unwrap();
 }

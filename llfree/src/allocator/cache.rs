@@ -11,6 +11,11 @@
 //! level still has them free. Once the core no longer reserves that tree (another core drained
 //! it, or the reservation moved on), the cache's next operation gives them back to the tree. A
 //! cache holds at most [`LIMIT`] frames that other cores cannot reserve meanwhile.
+//!
+//! A core has at most one cache at a time (its owner's thread keeps it). The core's slot records
+//! how many frames of which tree the cache holds, with a plain store after each operation, so
+//! that when the cache's process dies, [`LLFree::recover_slots`] gives them back to their tree
+//! even when survivors drained the dead core's reservation first.
 
 use super::{check_order, LLFree};
 use crate::upper::local::{after, Local};
@@ -27,10 +32,10 @@ const LIMIT: usize = 2 * BATCH;
 /// Its frames are counted neither in the tree nor in the core's local counter:
 /// [`LLFree::free_frames`] and [`LLFree::validate`] see them once [`LLFree::release_cache`] gave
 /// them back, which the owner must do before it drops the cache (debug builds check). A crash
-/// loses nothing: recovery counts free frames from the lower level (in a region shared by
-/// processes, [`LLFree::recover_slots`] recounts the trees a dead owner reserved; frames its
-/// caches held of other trees stay counted as allocated until the whole region is recovered).
-/// A giant frame needs 16 trees whose frames no cache holds.
+/// loses nothing: recovery counts free frames from the lower level, and in a region shared by
+/// processes [`LLFree::recover_slots`] gives a dead owner's cached frames back to their tree
+/// (the core's slot records them). One cache per core. A giant frame needs 16 trees whose
+/// frames no cache holds.
 #[derive(Debug)]
 pub struct CoreCache {
     /// The core whose reservation the frames come from.
@@ -59,8 +64,9 @@ impl Drop for CoreCache {
 }
 
 impl LLFree {
-    /// An empty cache of `core`'s frames for the calling thread. Any number of caches and
-    /// [`LLFree::get`] callers may share a core.
+    /// An empty cache of `core`'s frames for the calling thread. A core has one cache at a time
+    /// (its slot records what the cache holds); any number of [`LLFree::get`] callers may share
+    /// the core beside it.
     pub fn core_cache(&self, core: CoreId) -> CoreCache {
         CoreCache {
             core: core.0,
@@ -83,6 +89,7 @@ impl LLFree {
         let fragmented = if self.fill(cache, local, frames) {
             if let Some(frame) = self.lower.get(cache.hint, order) {
                 cache.frames -= frames;
+                local.set_cached(cache.tree, cache.frames);
                 cache.hint = if order < HUGE_ORDER {
                     frame
                 } else {
@@ -122,6 +129,7 @@ impl LLFree {
             cache.hint = state.hint();
         }
         cache.frames += taken;
+        local.set_cached(cache.tree, cache.frames);
         true
     }
 
@@ -158,6 +166,7 @@ impl LLFree {
             self.give_back(local, tree, cache.frames - BATCH);
             cache.frames = BATCH;
         }
+        local.set_cached(cache.tree, cache.frames);
         Ok(())
     }
 
@@ -165,7 +174,11 @@ impl LLFree {
     /// reserves it). The cache stays usable.
     pub fn release_cache(&self, cache: &mut CoreCache) {
         if cache.frames > 0 {
-            self.give_back(self.locals.get(cache.core), cache.tree, cache.frames);
+            let local = self.locals.get(cache.core);
+            // Recorded as gone first: a crash in between loses the frames until the region is
+            // recovered whole, instead of counting them twice.
+            local.set_cached(cache.tree, 0);
+            self.give_back(local, cache.tree, cache.frames);
             cache.frames = 0;
         }
     }

@@ -23,6 +23,8 @@ pub struct SlotRecovery {
     /// Free frames those trees counted before (in the owner's local counters and the trees'
     /// entries) minus what the lower level holds: the owner's operations that were in flight.
     pub counter_drift: isize,
+    /// Frames the owner's core caches held of trees it no longer reserved, given back to them.
+    pub cached_frames: usize,
 }
 
 impl LLFree {
@@ -102,7 +104,14 @@ impl LLFree {
         let mut report = SlotRecovery::default();
         let slots: Vec<usize> = self.owned_slots(owner).collect();
         for slot in slots {
+            let cached = self.locals.get(slot).cached();
             let old = self.locals.get(slot).uninstall();
+            // Frames of the reserved tree are counted again below from the lower level; those
+            // of another tree (survivors drained the reservation) go back to it now.
+            if let Some((tree, frames)) = cached.filter(|&(tree, _)| !old.owns(tree)) {
+                self.trees.add(tree, frames);
+                report.cached_frames += frames;
+            }
             if old.present() {
                 let tree = old.tree();
                 // The tree stays reserved (nobody else allocates from it) while it is counted:

@@ -506,7 +506,8 @@ fn a_dead_owner_s_reservations_are_recounted_while_others_allocate() {
         SlotRecovery {
             slots: 2,
             trees: 2,
-            counter_drift: -5
+            counter_drift: -5,
+            cached_frames: 0,
         }
     );
     assert_eq!(survivor.slot_owners()[gone.0], 0);
@@ -518,6 +519,52 @@ fn a_dead_owner_s_reservations_are_recounted_while_others_allocate() {
             "its frames stay with their users"
         );
     }
+}
+
+#[test]
+fn a_dead_owner_s_cached_frames_come_back_even_after_survivors_drained_its_reservation() {
+    let frames = 4 * TREE_FRAMES;
+    let file = temp_file(LLFree::metadata_size(frames) as u64);
+    let survivor = shared(&file, frames, Init::Fresh);
+    let dead = shared(&file, frames, Init::Attach);
+    let live = survivor.claim_slots(7, 1).unwrap();
+    let gone = dead.claim_slots(9, 1).unwrap();
+    let mut cache = dead.core_cache(gone);
+    let kept: Vec<_> = (0..100)
+        .map(|_| dead.get_cached(&mut cache, Order(0)).unwrap())
+        .collect();
+    let cached = cache.frames();
+    assert!(cached > 0);
+    // The process dies with frames in its cache; a survivor drains its reservation first.
+    std::mem::forget(cache);
+    drop(dead);
+    survivor.drain(gone);
+    assert_eq!(
+        survivor.free_frames(),
+        frames - kept.len() - cached,
+        "the cache's frames are out of every counter"
+    );
+    let report = survivor.recover_slots(9);
+    assert_eq!(
+        (report.slots, report.trees),
+        (1, 0),
+        "nothing left reserved"
+    );
+    assert_eq!(report.cached_frames, cached);
+    assert_eq!(survivor.free_frames(), frames - kept.len());
+    survivor.validate().unwrap();
+    // And they can be allocated again.
+    let all: Vec<_> = (0..frames - kept.len())
+        .map(|_| survivor.get_frames(live.0, 0).unwrap())
+        .collect();
+    assert!(matches!(
+        survivor.get_frames(live.0, 0),
+        Err(Error::Memory { .. })
+    ));
+    for frame in all.into_iter().chain(kept.into_iter().map(|f| f.0)) {
+        survivor.put_frames(live.0, frame, 0).unwrap();
+    }
+    survivor.validate().unwrap();
 }
 
 #[test]

@@ -75,8 +75,12 @@ pub struct Local {
     state: AtomicU64,
     /// Reserve-on-free history: tree << 16 | consecutive frees into it.
     frees: AtomicU64,
+    /// The frames this core's cache holds (tree << 32 | frames; see
+    /// [`crate::CoreCache`]): in a region shared by processes, what recovery gives back to
+    /// their tree when the cache's owner died. Zero in regions made before it existed.
+    cached: AtomicU64,
     /// Fills the pair of lines.
-    _padding: [u64; 14],
+    _padding: [u64; 13],
 }
 
 impl Local {
@@ -195,7 +199,26 @@ impl Local {
     /// Empties the slot: no reservation, no free history.
     pub fn reset(&self) {
         self.state.store(0, Ordering::Release);
+        self.cached.store(0, Ordering::Release);
         self.reset_frees();
+    }
+
+    /// Records that this core's cache holds `frames` frames of `tree` (a plain store: only the
+    /// cache's thread writes it).
+    #[inline]
+    pub fn set_cached(&self, tree: usize, frames: usize) {
+        let word = if frames == 0 {
+            0
+        } else {
+            (tree as u64) << 32 | frames as u64
+        };
+        self.cached.store(word, Ordering::Release);
+    }
+
+    /// The tree and the frames this core's cache holds, if any.
+    pub fn cached(&self) -> Option<(usize, usize)> {
+        let word = self.cached.load(Ordering::Acquire);
+        (word != 0).then(|| ((word >> 32) as usize, (word & u64::from(u32::MAX)) as usize))
     }
 
     /// Forgets the reserve-on-free history.
