@@ -198,6 +198,65 @@ impl LogControl for ApiLogControl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A pipe target that keeps what is written.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_guest_breaking_a_queue_20000_times_writes_a_few_lines_whatever_logs_them() {
+        let captured = Captured::default();
+        let mut builder = env_logger::Builder::new();
+        builder
+            .filter_level(LevelFilter::Warn)
+            .format(|out, record| writeln!(out, "{}: {}", prefix(record.level()), record.args()))
+            .target(env_logger::Target::Pipe(Box::new(captured.clone())));
+        let logger = SwitchableLogger {
+            inner: RwLock::new(builder.build()),
+            limiter: LogLimiter::default(),
+            summaries: Once::new(),
+        };
+        // What one broken-queue event logged: virtio-queue's error, the balloon's, the VMM's.
+        for event in 0..20_000 {
+            for (target, level, line) in [
+                ("virtio_queue::queue", Level::Error, 100),
+                ("virtio_balloon::device", Level::Error, 384),
+                ("vmm::devices::balloon::device", Level::Warn, 100),
+            ] {
+                logger.log(
+                    &Record::builder()
+                        .args(format_args!("broken queue, event {event}"))
+                        .level(level)
+                        .target(target)
+                        .file(Some("src.rs"))
+                        .line(Some(line))
+                        .build(),
+                );
+            }
+        }
+        logger.write_summaries(Instant::now() + WINDOW);
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3 * 10 + 3, "{text}");
+        assert!(
+            lines[30..]
+                .iter()
+                .all(|l| l.contains("19990 similar messages not shown")),
+            "{text}"
+        );
+    }
 
     #[test]
     fn messages_start_like_the_commands_own_lines() {
