@@ -339,13 +339,8 @@ fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_p
     assert_eq!(pool.stats().used_bytes, CHUNK, "the pool agrees");
 }
 
-/// A thread that is no vCPU (KVM's asynchronous page fault worker resolving a guest fault, or a
-/// VMM thread) and faults on an exhausted pool waits for a frame, as a vCPU does: it must not
-/// get the zero page, whose copy on its write would be anonymous memory outside the pool.
-#[test]
-fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_the_pool() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
+/// A pool of 8 MiB whose every frame the first 4 chunks of a 16 MiB guest memory hold.
+fn full_pool() -> (Arc<Pool>, GuestMemory) {
     let pool = pool(8 * MIB);
     let memory = memory(&pool, 16 * MIB, 1);
     for chunk in 0..4 {
@@ -353,6 +348,17 @@ fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_t
             .write_obj(1u8, GuestAddress(chunk * CHUNK))
             .expect("populate");
     }
+    (pool, memory)
+}
+
+/// A thread that is no vCPU (KVM's asynchronous page fault worker resolving a guest fault, or a
+/// VMM thread) and faults on an exhausted pool waits for a frame, as a vCPU does: it must not
+/// get the zero page, whose copy on its write would be anonymous memory outside the pool.
+#[test]
+fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_the_pool() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (pool, memory) = full_pool();
     assert_eq!(pool.stats().free_bytes, 0);
     let target = memory.regions()[0].host_addr() + 5 * CHUNK as usize;
     let done = AtomicBool::new(false);
@@ -390,13 +396,7 @@ fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_t
 fn a_waiting_thread_that_is_no_vcpu_is_reported_and_released_when_the_vm_stops() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let pool = pool(8 * MIB);
-    let memory = memory(&pool, 16 * MIB, 1);
-    for chunk in 0..4 {
-        memory
-            .write_obj(1u8, GuestAddress(chunk * CHUNK))
-            .expect("populate");
-    }
+    let (pool, memory) = full_pool();
     let host = |chunk: u64| memory.regions()[0].host_addr() + (chunk * CHUNK) as usize;
     let (first, second) = (host(5), host(6));
     let done = AtomicBool::new(false);

@@ -80,16 +80,11 @@ fn sigint_stops_a_guest_paused_at_a_checkpoint() {
     );
 }
 
-#[test]
-fn a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line() {
-    if !kvm_available("a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line") {
-        return;
-    }
-    let scratch = Scratch::new("exhausted");
-    let socket = scratch.path("api.sock");
+/// A pool file of 64 MiB in `scratch` (its `--backing`) with 16 of its 32 frames held by a VMM
+/// that was killed: the persistent pool keeps them allocated.
+fn half_held_pool(scratch: &Scratch) -> String {
+    let socket = scratch.path("holder.sock");
     let backing = format!("file:{}", scratch.path("pool"));
-    // A VMM killed while its guest holds 16 of the pool's 32 frames: the persistent pool keeps
-    // them allocated.
     let (killed, api) = VmmRun::start_paused(
         &[
             "--memory",
@@ -103,6 +98,16 @@ fn a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line() {
     );
     assert_eq!(get(&api, "/memory")["pool"]["used_bytes"], 32 << 20);
     killed.kill();
+    backing
+}
+
+#[test]
+fn a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line() {
+    if !kvm_available("a_fault_the_pool_cannot_serve_ends_the_run_with_one_error_line") {
+        return;
+    }
+    let scratch = Scratch::new("exhausted");
+    let backing = half_held_pool(&scratch);
     // The next guest on that pool runs out of frames when it touches its 17th chunk.
     let run = VmmRun::run(&["--memory", "64M", "--backing", &backing]);
     run.assert_fails(4, "guest memory pool exhausted");
@@ -155,22 +160,8 @@ fn every_stop_ends_a_vmm_whose_guest_waits_for_memory() {
         return;
     }
     let scratch = Scratch::new("waiting-stop");
-    let backing = format!("file:{}", scratch.path("pool"));
-    // A VMM killed while its guest holds 16 of the pool's 32 frames: the persistent pool keeps
-    // them allocated, so the next guest waits at its 17th chunk.
-    let holder_socket = scratch.path("holder.sock");
-    let (holder, _api) = VmmRun::start_paused(
-        &[
-            "--memory",
-            "64M",
-            "--backing",
-            &backing,
-            "--workload",
-            "write:2M+30M,checkpoint:1",
-        ],
-        &holder_socket,
-    );
-    holder.kill();
+    // The next guest on the pool waits at its 17th chunk.
+    let backing = half_held_pool(&scratch);
     for (stop, code, cause) in [
         ("Shutdown", 6, "an API shutdown request"),
         ("INT", 130, "SIGINT"),
