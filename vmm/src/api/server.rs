@@ -473,9 +473,6 @@ impl Write for DeadlineStream {
 
 /// Answers `request` (read already) on `stream` and closes the connection.
 fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmControl) {
-    let Some(stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) else {
-        return;
-    };
     let response = catch_unwind(AssertUnwindSafe(|| routes::handle(control, request)))
         .unwrap_or_else(|_| {
             Response::fault(
@@ -483,7 +480,10 @@ fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmContro
                 "internal error: the VMM failed while handling the request",
             )
         });
-    respond(stream, &response);
+    // The client's time to take the answer starts once it is ready (a snapshot takes seconds).
+    if let Some(stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) {
+        respond(stream, &response);
+    }
 }
 
 /// Sends `response` before the stream's deadline and closes the connection.
