@@ -181,7 +181,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     let shared = &inner.shared;
     let Some((region, chunk)) = inner.locate(fault.address) else {
         // Not guest memory (cannot happen: only regions are registered); do not leave it hanging.
-        let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+        answer_with_zero_page(shared, fault.address);
         return;
     };
     let vcpu = shared.vcpus.index_of(fault.tid);
@@ -207,7 +207,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
         let mut others = shared.lock_waiting_others();
         if shared.released() {
             drop(others);
-            let _ = shared.uffd.zero_page(fault.address & !(PAGE - 1));
+            answer_with_zero_page(shared, fault.address);
             return;
         }
         if !others.contains(&fault.address) {
@@ -246,10 +246,13 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
 
 /// Ends vCPU `index`'s wait on `addr` with the zero page, unless it no longer waits on it.
 fn release_vcpu(shared: &Shared, index: usize, addr: usize) -> bool {
-    if shared.vcpus.take_blocked_on(index, addr) {
-        return shared.uffd.zero_page(addr & !(PAGE - 1)).is_ok();
-    }
-    false
+    shared.vcpus.take_blocked_on(index, addr) && answer_with_zero_page(shared, addr)
+}
+
+/// Answers the fault at `addr` with the shared zero page (outside the pool); false if that
+/// failed (the memory is being torn down).
+fn answer_with_zero_page(shared: &Shared, addr: usize) -> bool {
+    shared.uffd.zero_page(addr & !(PAGE - 1)).is_ok()
 }
 
 /// Ends every wait for a frame, now and from now on, with the zero page; returns how many
@@ -263,7 +266,7 @@ pub(crate) fn release(shared: &Shared) -> usize {
     };
     let others = others
         .into_iter()
-        .filter(|addr| shared.uffd.zero_page(addr & !(PAGE - 1)).is_ok())
+        .filter(|&addr| answer_with_zero_page(shared, addr))
         .count();
     let vcpus = (0..shared.vcpus.len())
         .filter(|&index| {

@@ -104,8 +104,8 @@ pub struct BackingFile {
     pub can_punch: bool,
     /// Whether this is a device, or a file that already existed with contents.
     pub had_contents: bool,
-    /// Whether this open created the file (exclusively: nobody else made it meanwhile).
-    created: bool,
+    /// The file, if this open created it (exclusively: nobody else made it meanwhile).
+    created: Option<CreatedFile>,
     /// The size of the pages the memory is made of (4 KiB; a hugetlb page size).
     pub page_size: u64,
     /// Bytes the file or device held when opened (the memfd's size).
@@ -147,7 +147,7 @@ impl BackingFile {
             map_sync: false,
             can_punch: true,
             had_contents: false,
-            created: false,
+            created: None,
             page_size: huge.map_or(4096, |h| 1 << h.0),
             len: size,
             device: false,
@@ -183,7 +183,7 @@ impl BackingFile {
                 .open(path)
         };
         // Created exclusively, or opened as it is: whoever made the file is the only one who
-        // may remove it (see `remove_if_created`).
+        // may remove it (see `CreatedFile::remove`).
         let (file, created) = match create.then(|| open(true)) {
             Some(Ok(file)) => (file, true),
             Some(Err(e)) if e.kind() != io::ErrorKind::AlreadyExists => return Err(err(e)),
@@ -212,7 +212,10 @@ impl BackingFile {
             map_sync,
             can_punch: !meta.file_type().is_char_device(),
             had_contents: device || len > 0,
-            created,
+            created: created.then(|| CreatedFile {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            }),
             len,
             device,
             _reservation: None,
@@ -244,11 +247,7 @@ impl BackingFile {
 
     /// The file, if this open created it (see [`CreatedFile::remove`]).
     pub fn created(&self) -> Option<CreatedFile> {
-        let meta = self.file.metadata().ok().filter(|_| self.created)?;
-        Some(CreatedFile {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        })
+        self.created
     }
 
     /// The raw fd, for mmap and fallocate.

@@ -10,7 +10,7 @@
 //! 503 without waiting and closed, so idle or slow clients cannot starve the others. The socket
 //! is made owner-only (0600) and removed when the server stops.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -200,10 +200,11 @@ struct Connection {
     deadline: Instant,
 }
 
-/// The connections being read, by epoll token.
+/// The connections being read, by epoll token. Tokens grow with each accept and every
+/// connection gets the same time, so the first one has the earliest deadline.
 struct Connections {
     epoll: Epoll,
-    open: HashMap<u64, Connection>,
+    open: BTreeMap<u64, Connection>,
     next_token: u64,
     /// Requests being answered, on threads of their own.
     answering: Arc<AtomicUsize>,
@@ -231,7 +232,7 @@ fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
     }
     let mut connections = Connections {
         epoll,
-        open: HashMap::new(),
+        open: BTreeMap::new(),
         next_token: STOP + 1,
         answering: Arc::new(AtomicUsize::new(0)),
     };
@@ -265,7 +266,7 @@ fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
 impl Connections {
     /// The earliest deadline of an open connection.
     fn next_deadline(&self) -> Option<Instant> {
-        self.open.values().map(|c| c.deadline).min()
+        self.open.first_key_value().map(|(_, c)| c.deadline)
     }
 
     /// Accepts every pending connection; those beyond [`MAX_CONNECTIONS`] get a 503.
@@ -389,13 +390,11 @@ impl Connections {
 
     /// Answers 408 to, and closes, every connection whose deadline passed by `now`.
     fn expire(&mut self, now: Instant) {
-        let expired: Vec<u64> = self
+        while let Some((&token, _)) = self
             .open
-            .iter()
+            .first_key_value()
             .filter(|(_, c)| c.deadline <= now)
-            .map(|(&token, _)| token)
-            .collect();
-        for token in expired {
+        {
             let connection = self.close(token).expect("open");
             if !connection.reader.is_empty() {
                 let timeout = RequestError::Timeout;

@@ -154,17 +154,10 @@ fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// A copy of guest memory in a memory file.
-struct CopiedMemory {
-    regions: Vec<(u64, u64)>,
-    identity: u64,
-    checksum: u32,
-}
-
 /// Copies every populated chunk of `memory` into a new file at `path`, regions one after the
 /// other; chunks never touched stay holes. A trailer with a new identity follows
-/// ([`memory_file`]); the checksum covers the memory.
-fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<CopiedMemory, SnapshotError> {
+/// ([`memory_file`]); the checksum covers the memory. Returns where the snapshot's memory is.
+fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, SnapshotError> {
     check_copy_target(path)?;
     let file = host_file::create_output("mem_file_path", path)?;
     let mut regions = Vec::new();
@@ -198,7 +191,7 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<CopiedMemory, Sn
     memory_file::write_trailer(&file, offset, identity)
         .and_then(|()| file.sync_all())
         .map_err(memory_file_error(path, "cannot write"))?;
-    Ok(CopiedMemory {
+    Ok(MemorySource::File {
         regions,
         identity,
         checksum: checksum.value(),
@@ -309,14 +302,7 @@ impl Session {
                         .into(),
                 ))
             }
-            _ => {
-                let copied = copy_memory_out(self.memory(), &params.mem_file_path)?;
-                MemorySource::File {
-                    regions: copied.regions,
-                    identity: copied.identity,
-                    checksum: copied.checksum,
-                }
-            }
+            _ => copy_memory_out(self.memory(), &params.mem_file_path)?,
         };
         let memory_done = Instant::now();
         let kind = match memory {
