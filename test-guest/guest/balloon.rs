@@ -19,6 +19,7 @@ const ACKNOWLEDGE: u32 = 1;
 const DRIVER: u32 = 2;
 const DRIVER_OK: u32 = 4;
 const FEATURES_OK: u32 = 8;
+const DEVICE_NEEDS_RESET: u32 = 64;
 const FAILED: u32 = 128;
 const VERSION_1: u64 = 1 << 32;
 const F_STATS_VQ: u64 = 1 << 1;
@@ -45,6 +46,8 @@ struct Queue {
 struct Driver {
     base: u64,
     ready: bool,
+    /// The features the last probe asked for, and those negotiated.
+    wanted: u64,
     features: u64,
     queues: [Queue; 4],
     queue_count: usize,
@@ -56,6 +59,7 @@ struct Driver {
 static mut STATE: Driver = Driver {
     base: 0,
     ready: false,
+    wanted: 0,
     features: 0,
     queues: [Queue {
         size: 0,
@@ -125,6 +129,7 @@ impl Driver {
     fn probe(&mut self, base: u64, top: u64, wanted: u64) -> Outcome {
         self.base = base;
         self.ready = false;
+        self.wanted = wanted;
         for (offset, expected) in [
             (reg::MAGIC_VALUE, reg::MAGIC),
             (reg::VERSION, reg::MODERN_VERSION),
@@ -392,6 +397,21 @@ impl Driver {
         Ok(count)
     }
 
+    /// Breaks the inflate queue, waits for DEVICE_NEEDS_RESET and probes the device again.
+    fn break_queue(&mut self) -> Outcome {
+        let q = self.queues[INFLATE];
+        let avail = ring(INFLATE) + BALLOON_AVAIL_OFFSET;
+        write16(avail + 2, q.avail_idx.wrapping_add(q.size).wrapping_add(1));
+        self.write(reg::QUEUE_NOTIFY, INFLATE as u32);
+        for _ in 0..POLL_LIMIT {
+            if self.read(reg::STATUS) & DEVICE_NEEDS_RESET != 0 {
+                return self.probe(self.base, self.top, self.wanted).map(|_| 1);
+            }
+        }
+        self.ready = false;
+        Err(Failure(balloon_error::TIMEOUT, INFLATE as u64))
+    }
+
     fn run(&mut self, step: &Step) -> Outcome {
         if step.kind == step_kind::BALLOON_PROBE {
             return self.probe(step.addr, step.size, step.pattern);
@@ -413,6 +433,7 @@ impl Driver {
             step_kind::BALLOON_DEFLATE => self.deflate(step.size / PAGE_SIZE),
             step_kind::BALLOON_TO_TARGET => self.to_target(),
             step_kind::BALLOON_REPORT => self.report(step.addr, step.size),
+            step_kind::BALLOON_BREAK => self.break_queue(),
             _ => self.raw(step),
         }
     }
@@ -420,7 +441,7 @@ impl Driver {
 
 /// Whether `kind` is a balloon step.
 pub fn is_balloon_step(kind: u32) -> bool {
-    (step_kind::BALLOON_PROBE..=step_kind::BALLOON_RAW).contains(&kind)
+    (step_kind::BALLOON_PROBE..=step_kind::BALLOON_BREAK).contains(&kind)
 }
 
 /// Runs a balloon step; returns the pages handled, or the failure.

@@ -182,6 +182,10 @@ pub mod step_kind {
     /// A raw chain, unchecked by the guest, for hostile-driver tests; `pattern` is built by
     /// [`super::balloon_raw`].
     pub const BALLOON_RAW: u32 = 12;
+    /// Break the inflate queue (publish an available index more than the queue size ahead),
+    /// wait until the device asks for a reset (DEVICE_NEEDS_RESET), then reset and probe it
+    /// again as the last probe did: a hostile driver's loop.
+    pub const BALLOON_BREAK: u32 = 13;
 }
 
 /// Error codes of balloon steps (reported as FIRST_MISMATCH_ADDR).
@@ -303,7 +307,10 @@ pub const fn step_is_valid(step: &Step, vcpus: u32) -> bool {
     }
     let aligned = step.addr.is_multiple_of(PAGE_SIZE) && step.size.is_multiple_of(PAGE_SIZE);
     match step.kind {
-        step_kind::CHECKPOINT | step_kind::BALLOON_TO_TARGET | step_kind::BALLOON_STATS => true,
+        step_kind::CHECKPOINT
+        | step_kind::BALLOON_TO_TARGET
+        | step_kind::BALLOON_STATS
+        | step_kind::BALLOON_BREAK => true,
         step_kind::BALLOON_PROBE => aligned && step.size > WORKLOAD_MIN_ADDR,
         step_kind::BALLOON_INFLATE | step_kind::BALLOON_DEFLATE => aligned,
         step_kind::BALLOON_REPORT => {

@@ -378,10 +378,10 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
         result
     }
 
-    /// Stops processing after an error that leaves the rings in an unknown state.
+    /// Stops processing after an error that leaves the rings in an unknown state (the caller
+    /// gets the error and logs it).
     fn check_broken<T>(active: &mut Active<M>, result: &Result<T, BalloonError>) {
-        if let Err(e @ (BalloonError::Queue { .. } | BalloonError::UnreadableRing(_))) = result {
-            error!("virtio-balloon: {e}");
+        if let Err(BalloonError::Queue { .. } | BalloonError::UnreadableRing(_)) = result {
             active.needs_reset = true;
             if let Err(e) = active.notifier.needs_reset() {
                 error!("virtio-balloon: cannot tell the driver that the device needs a reset: {e}");

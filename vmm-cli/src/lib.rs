@@ -83,7 +83,7 @@ where
             return ExitStatus::Usage;
         }
     };
-    match command {
+    let status = match command {
         Command::Run(args) => commands::run_vm(args),
         Command::Api(args) => commands::api(
             &args.socket.socket,
@@ -123,7 +123,9 @@ where
             } => commands::create_snapshot(&socket.socket, &snapshot_path, &mem_file_path),
             SnapshotAction::Load(args) => commands::load_snapshot(args),
         },
-    }
+    };
+    logger::finish();
+    status
 }
 
 /// Prints help and version as clap does, and any other clap error as one line.

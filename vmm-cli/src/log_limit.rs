@@ -91,13 +91,13 @@ impl LogLimiter {
         false
     }
 
-    /// The summaries of the windows that ended by `now` with messages not shown; those places
-    /// start a new window.
-    pub fn ended(&self, now: Instant) -> Vec<Hidden> {
+    /// The summaries of the windows that ended by `now` (all of them when the process `ends`)
+    /// with messages not shown; those places start a new window.
+    pub fn ended(&self, now: Instant, ends: bool) -> Vec<Hidden> {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         let mut hidden = Vec::new();
         windows.retain(|callsite, window| {
-            let over = now.saturating_duration_since(window.started) >= WINDOW;
+            let over = ends || now.saturating_duration_since(window.started) >= WINDOW;
             if over && window.hidden > 0 {
                 hidden.push(Hidden {
                     target: callsite.target.clone(),
@@ -144,8 +144,11 @@ mod tests {
         assert_eq!(shown, SHOWN_PER_WINDOW as usize);
         // Another place has its own budget.
         assert!(admit(&limiter, "balloon", "virtio_balloon", 9, start));
-        assert!(limiter.ended(start + WINDOW / 2).is_empty(), "not over yet");
-        let ended = limiter.ended(start + WINDOW);
+        assert!(
+            limiter.ended(start + WINDOW / 2, false).is_empty(),
+            "not over yet"
+        );
+        let ended = limiter.ended(start + WINDOW, false);
         assert_eq!(
             ended.len(),
             1,

@@ -45,9 +45,10 @@ impl SwitchableLogger {
             .log(record);
     }
 
-    /// Writes the summaries of the rate limit's windows that ended by `now`.
-    fn write_summaries(&self, now: Instant) {
-        for hidden in self.limiter.ended(now) {
+    /// Writes the summaries of the rate limit's windows that ended by `now` (all of them when
+    /// the process `ends`).
+    fn write_summaries(&self, now: Instant, ends: bool) {
+        for hidden in self.limiter.ended(now, ends) {
             self.write(
                 &Record::builder()
                     .args(format_args!("{hidden}"))
@@ -70,7 +71,7 @@ impl Log for SwitchableLogger {
     fn log(&self, record: &Record<'_>) {
         if record.level() <= Level::Warn && self.enabled(record.metadata()) {
             let now = Instant::now();
-            self.write_summaries(now);
+            self.write_summaries(now, false);
             if !self.limiter.admit(record, now) {
                 // Once messages are held back, their summary must come even if no message
                 // follows to close the window.
@@ -80,7 +81,7 @@ impl Log for SwitchableLogger {
                         .spawn(|| loop {
                             std::thread::sleep(WINDOW);
                             if let Some(logger) = LOGGER.get() {
-                                logger.write_summaries(Instant::now());
+                                logger.write_summaries(Instant::now(), false);
                             }
                         });
                 });
@@ -96,6 +97,14 @@ impl Log for SwitchableLogger {
 }
 
 static LOGGER: OnceLock<&'static SwitchableLogger> = OnceLock::new();
+
+/// Writes the summaries of the messages that the rate limit held back and has not summarized
+/// yet: the process ends.
+pub fn finish() {
+    if let Some(logger) = LOGGER.get() {
+        logger.write_summaries(Instant::now(), true);
+    }
+}
 
 /// Installs the logger: `level` if given, else `RUST_LOG`, else [`DEFAULT_LEVEL`]. A second
 /// call (tests run the command many times in one process) keeps the first logger.
@@ -246,7 +255,7 @@ mod tests {
                 );
             }
         }
-        logger.write_summaries(Instant::now() + WINDOW);
+        logger.write_summaries(Instant::now() + WINDOW, false);
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3 * 10 + 3, "{text}");

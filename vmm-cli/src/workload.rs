@@ -7,7 +7,7 @@
 //! BASE     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON
 //! KIND     := write | verify | verify-zero | read
 //! BALLOON  := inflate[@VCPU]:SIZE | deflate[@VCPU]:SIZE | balloon-target[@VCPU]
-//!           | report[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT]
+//!           | report[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT] | break-balloon[@VCPU]
 //! RANGE    := all | START+SIZE      (sizes with K/M/G suffixes, 4 KiB aligned, START >= 2M)
 //! PATTERN  := a u64, decimal or 0x-hex (write and verify only)
 //! ```
@@ -49,7 +49,7 @@ pub enum WorkloadSpecError {
     /// A step's kind is unknown.
     #[error(
         "unknown workload step '{0}': expected write, verify, verify-zero, read, checkpoint, \
-         inflate, deflate, balloon-target, report or answer-stats"
+         inflate, deflate, balloon-target, report, answer-stats or break-balloon"
     )]
     UnknownKind(String),
     /// A step is missing its range (or checkpoint id) or has extra fields.
@@ -132,6 +132,7 @@ enum Action {
     BalloonTarget,
     Report(Range),
     AnswerStats(u64),
+    BreakBalloon,
 }
 
 /// One parsed step, kept with its text for messages.
@@ -227,13 +228,14 @@ fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
     let vcpu = vcpu
         .map(|v| u32::try_from(v).map_err(|_| malformed("the vCPU index is too large")))
         .transpose()?;
-    if kind == "balloon-target" || kind == "answer-stats" {
+    if matches!(kind, "balloon-target" | "answer-stats" | "break-balloon") {
         let argument = fields.next();
-        if fields.next().is_some() || (kind == "balloon-target" && argument.is_some()) {
+        if fields.next().is_some() || (kind != "answer-stats" && argument.is_some()) {
             return Err(malformed("too many ':'-separated fields"));
         }
         let action = match argument {
             None if kind == "balloon-target" => Action::BalloonTarget,
+            None if kind == "break-balloon" => Action::BreakBalloon,
             None => Action::AnswerStats(1),
             Some(count) => Action::AnswerStats(parse_number(text, count)?),
         };
@@ -432,6 +434,7 @@ fn resolve_step(
             workload.report(start, size)
         }
         Action::AnswerStats(count) => workload.balloon_stats(count),
+        Action::BreakBalloon => workload.balloon_break(),
     };
     if let Some(vcpu) = step.vcpu {
         if vcpu as usize >= vcpus {

@@ -1,7 +1,7 @@
 //! Shared by the `vmm` end-to-end tests: the `vmm` command as a process with its output
 //! captured, and its API (scratch directories and how a process ended are e2e_tests').
 
-#![allow(dead_code)] // Each test file uses its own part.
+#![allow(dead_code, unused_imports)] // Each test file uses its own part.
 
 use std::io::Read;
 use std::path::Path;

@@ -23,7 +23,9 @@ pub(super) enum Need {
 /// What `action` needs of the balloon.
 pub(super) fn need(action: Action) -> Need {
     match action {
-        Action::Inflate(_) | Action::Deflate(_) | Action::BalloonTarget => Need::Device,
+        Action::Inflate(_) | Action::Deflate(_) | Action::BalloonTarget | Action::BreakBalloon => {
+            Need::Device
+        }
         Action::Report(_) => Need::Reporting,
         Action::AnswerStats(_) => Need::Statistics,
         Action::Write(..)

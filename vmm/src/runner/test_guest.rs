@@ -145,7 +145,7 @@ fn verify_failure(report: &Report, workload: &Workload) -> String {
         None if kind == step_kind::BALLOON_PROBE => "the balloon probe".to_owned(),
         None => format!("step {}", step + 1),
     };
-    if (step_kind::BALLOON_PROBE..=step_kind::BALLOON_RAW).contains(&kind) {
+    if (step_kind::BALLOON_PROBE..=step_kind::BALLOON_BREAK).contains(&kind) {
         return format!(
             "{name}: the balloon driver failed: {}",
             first.map_or_else(|| "no reason given".into(), balloon_failure)

@@ -126,6 +126,7 @@ pub fn kind_name(kind: u32) -> &'static str {
         step_kind::BALLOON_REPORT => "report",
         step_kind::BALLOON_STATS => "balloon-stats",
         step_kind::BALLOON_RAW => "balloon-raw",
+        step_kind::BALLOON_BREAK => "break-balloon",
         _ => "unknown",
     }
 }
@@ -228,6 +229,12 @@ impl Workload {
         let pattern =
             balloon_raw::pattern(chain.queue, chain.count, chain.writable, chain.pfn_buffer);
         self.push(step_kind::BALLOON_RAW, chain.addr, chain.size, pattern)
+    }
+
+    /// Breaks the balloon's inflate queue, waits until the device asks for a reset, and resets
+    /// and probes it again (hostile-driver tests; with [`Self::repeat`], a loop).
+    pub fn balloon_break(self) -> Self {
+        self.push(step_kind::BALLOON_BREAK, 0, 0, 0)
     }
 
     /// Makes the last step run on vCPU `vcpu` alone instead of on all vCPUs.
