@@ -4,15 +4,15 @@
 //! (unpopulated), `BUSY` (one thread is mapping or unmapping the chunk) or `frame index + 1`
 //! (mapped onto that frame) in this process.
 //!
-//! The memory of a VM in a zone also has a **persistent** table in the zone file, one word per
-//! chunk, `EMPTY` or `frame index + 1`, changed only by the thread that holds the chunk `BUSY`
-//! here: a frame is published there right after it was allocated and before it is mapped, and
-//! unpublished after it was scrubbed and before it is freed. A new process maps the frames it
-//! records when their chunks are first touched.
+//! The memory of a VM in a zone also has a **persistent** table in the zone file (see
+//! `zone::vm_table`), changed only by the thread that holds the chunk `BUSY` here: a frame is
+//! published there right after it was allocated and before it is mapped, and unpublished after
+//! it was scrubbed and before it is freed. A new process maps the frames it records when their
+//! chunks are first touched.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::zone::ZoneWords;
+use crate::zone::VmTable;
 
 const EMPTY: u64 = 0;
 const BUSY: u64 = u64::MAX;
@@ -32,13 +32,13 @@ pub enum ChunkState {
 #[derive(Debug)]
 pub struct FrameTable {
     entries: Box<[AtomicU64]>,
-    persistent: Option<ZoneWords>,
+    persistent: Option<VmTable>,
 }
 
 impl FrameTable {
     /// A table of `chunks` unpopulated chunks, with the persistent table `persistent` (as many
-    /// words) of a VM in a zone.
-    pub fn new(chunks: usize, persistent: Option<ZoneWords>) -> Self {
+    /// chunks) of a VM in a zone.
+    pub fn new(chunks: usize, persistent: Option<VmTable>) -> Self {
         debug_assert!(persistent.as_ref().is_none_or(|p| p.len() == chunks));
         Self {
             entries: (0..chunks).map(|_| AtomicU64::new(EMPTY)).collect(),
@@ -54,24 +54,20 @@ impl FrameTable {
 
     /// The frame the persistent table records for `chunk` (held `BUSY` by the caller).
     pub fn persisted(&self, chunk: usize) -> Option<u64> {
-        let persistent = self.persistent.as_ref()?;
-        match persistent[chunk].load(Ordering::Acquire) {
-            EMPTY => None,
-            entry => Some(entry - 1),
-        }
+        self.persistent.as_ref()?.frame(chunk)
     }
 
     /// Publishes `frame` for `chunk` (held `BUSY` by the caller) in the persistent table.
     pub fn persist(&self, chunk: usize, frame: u64) {
         if let Some(persistent) = &self.persistent {
-            persistent[chunk].store(frame + 1, Ordering::Release);
+            persistent.publish(chunk, frame);
         }
     }
 
     /// Unpublishes the frame of `chunk` (held `BUSY` by the caller) in the persistent table.
     pub fn unpersist(&self, chunk: usize) {
         if let Some(persistent) = &self.persistent {
-            persistent[chunk].store(EMPTY, Ordering::Release);
+            persistent.unpublish(chunk);
         }
     }
 

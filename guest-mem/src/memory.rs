@@ -295,7 +295,7 @@ impl GuestMemory {
                 let persistent = shared
                     .zone_vm
                     .as_ref()
-                    .map(|vm| (vm.table_words(i), vm.piece_words(i)));
+                    .map(|vm| (vm.table(i), vm.piece_words(i)));
                 GuestRegion::new(start, size, chunk, Arc::clone(&shared), persistent)
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -15,7 +15,7 @@ use crate::pool::{Frame, FrameSize};
 use crate::shared::Shared;
 use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
-use crate::zone::ZoneWords;
+use crate::zone::{VmTable, ZoneWords};
 
 /// Errors of populating and discarding chunks.
 #[derive(Debug, Error)]
@@ -105,7 +105,7 @@ impl GuestRegion {
         len: u64,
         chunk: FrameSize,
         shared: Arc<Shared>,
-        persistent: Option<(ZoneWords, ZoneWords)>,
+        persistent: Option<(VmTable, ZoneWords)>,
     ) -> Result<Self, RegionError> {
         let reserve_err = |source| RegionError::Reserve { len, source };
         let host = Mapping::anonymous(len as usize, chunk.bytes() as usize).map_err(reserve_err)?;
@@ -393,9 +393,11 @@ impl GuestRegion {
         result.map_err(|source| RegionError::Punch { chunk, source })
     }
 
-    /// Writes `[offset, offset + len)` of the region (inside it) back to its backing (msync).
+    /// Makes the stores to `[offset, offset + len)` of the region (inside it) durable in its
+    /// backing (msync; on a device DAX, a flush of the CPU caches).
     pub(crate) fn sync(&self, offset: u64, len: u64) -> io::Result<()> {
-        mmap::sync(self.host.addr() + offset as usize, len as usize)
+        let how = self.shared.pool.backing_file().durability;
+        mmap::sync(self.host.addr() + offset as usize, len as usize, how)
     }
 
     /// Unmaps every chunk without freeing its frame and returns the frames (detach).

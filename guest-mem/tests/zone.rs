@@ -191,44 +191,176 @@ fn a_zone_whose_creation_was_cut_short_is_never_used_and_can_be_created_again() 
     assert!(err.to_string().contains("No such file"), "{err}");
 }
 
-/// The byte offset of the first frame-table word of slot 0 (the header's `tables_off`).
-fn tables_offset(path: &Path) -> u64 {
-    let file = std::fs::File::open(path).expect("open");
-    let mut word = [0u8; 8];
-    file.read_exact_at(&mut word, 9 * 8).expect("read");
-    u64::from_le_bytes(word)
+/// A zone file seen from outside, as a damaging tool sees it: the header's offsets of the frame
+/// tables (slot 0 first), the owner map and the frames, and words to read and write.
+struct ZoneFile {
+    file: std::fs::File,
+    tables: u64,
+    owners: u64,
+}
+
+impl ZoneFile {
+    fn open(path: &Path) -> Self {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .expect("open");
+        let mut zone = Self {
+            file,
+            tables: 0,
+            owners: 0,
+        };
+        (zone.tables, zone.owners) = (zone.word(9 * 8), zone.word(19 * 8));
+        zone
+    }
+
+    fn word(&self, offset: u64) -> u64 {
+        let mut word = [0u8; 8];
+        self.file.read_exact_at(&mut word, offset).expect("read");
+        u64::from_le_bytes(word)
+    }
+
+    fn set_word(&self, offset: u64, value: u64) {
+        self.file
+            .write_all_at(&value.to_le_bytes(), offset)
+            .expect("write");
+    }
+
+    /// The frame-table entry of chunk `chunk` of the VM in slot 0.
+    fn entry(&self, chunk: u64) -> u64 {
+        self.word(self.tables + chunk * 8)
+    }
+
+    fn set_entry(&self, chunk: u64, value: u64) {
+        self.set_word(self.tables + chunk * 8, value);
+    }
+
+    /// Sets the owner word of the 2 MiB frame that entry `entry` names.
+    fn set_owner(&self, entry: u64, value: u64) {
+        self.set_word(self.owners + (entry - 1) / 512 * 8, value);
+    }
+}
+
+/// A zone with VM "vm" (16 MiB) that wrote `texts` (at their addresses), closed.
+fn zone_with_texts(name: &str, texts: &[(u64, &[u8; 16])]) -> TempFile {
+    let path = TempFile::new(name);
+    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 1).expect("open");
+    let memory = open_memory(&zone, "vm", 16 * MIB);
+    for (addr, text) in texts {
+        memory
+            .write_slice(*text, GuestAddress(*addr))
+            .expect("write");
+    }
+    path
 }
 
 #[test]
-fn corrupted_frame_tables_are_refused_with_a_clear_error() {
-    let path = TempFile::new("zone-corrupt");
-    Zone::create(&path.0, &zone_config(32 * MIB)).expect("create");
+fn a_damaged_frame_table_entry_or_owner_is_repaired_from_the_other() {
+    let path = zone_with_texts(
+        "zone-repair",
+        &[
+            (6 * MIB + 100, b"chunk 3 precious"),
+            (10 * MIB, b"chunk 5 precious"),
+        ],
+    );
+    let file = ZoneFile::open(&path.0);
+    file.set_entry(3, 0);
+    file.set_owner(file.entry(5), 0);
     let zone = Zone::open(&path.0, 1).expect("open");
-    let memory = open_memory(&zone, "vm", 8 * MIB);
-    memory.write_obj(1u8, GuestAddress(0)).expect("write");
-    drop((memory, zone));
-    let table = tables_offset(&path.0);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path.0)
-        .expect("open");
-    let mut first = [0u8; 8];
-    file.read_exact_at(&mut first, table).expect("read");
-    for (entry, why) in [
-        (first, "is referenced twice"),
-        (4u64.to_le_bytes(), "invalid frame entry 0x4"),
-        ((1u64 << 40).to_le_bytes(), "invalid frame entry"),
-    ] {
-        file.write_all_at(&entry, table + 8).expect("write");
-        let err = Zone::open(&path.0, 1).unwrap_err().to_string();
-        assert!(err.contains("is corrupted") && err.contains(why), "{err}");
-    }
-    file.write_all_at(&[0; 8], table + 8).expect("write");
-    Zone::open(&path.0, 1).expect("repaired");
+    let recovery = zone.recovery();
+    assert_eq!(
+        (recovery.repaired_entries, recovery.damaged_chunks),
+        (2, 0),
+        "{recovery:?}"
+    );
+    assert_eq!(
+        (recovery.leaked_frames, recovery.orphaned_frames),
+        (0, 0),
+        "{recovery:?}"
+    );
+    let info = zone.info().expect("info");
+    assert!(info.vms[0].damaged.is_empty(), "{info:?}");
+    let memory = open_memory(&zone, "vm", 16 * MIB);
+    assert_eq!(&read_text(&memory, 6 * MIB + 100), b"chunk 3 precious");
+    assert_eq!(&read_text(&memory, 10 * MIB), b"chunk 5 precious");
+}
+
+#[test]
+fn an_owner_without_entry_over_zeroes_is_a_crash_and_its_frame_is_freed() {
+    let path = zone_with_texts(
+        "zone-crash-owner",
+        &[(0, b"chunk 0 is kept."), (6 * MIB, &[0; 16])],
+    );
+    let file = ZoneFile::open(&path.0);
+    file.set_entry(3, 0);
+    let zone = Zone::open(&path.0, 1).expect("open");
+    let recovery = zone.recovery();
+    assert_eq!(recovery.leaked_frames, 1, "{recovery:?}");
+    assert_eq!(
+        (
+            recovery.repaired_entries,
+            recovery.damaged_chunks,
+            recovery.orphaned_frames
+        ),
+        (0, 0, 0),
+        "{recovery:?}"
+    );
+    let info = zone.info().expect("info");
+    assert_eq!((info.free_frames, info.vms[0].frames), (info.frames - 1, 1));
+}
+
+#[test]
+fn memory_recovery_cannot_find_marks_the_vm_damaged_until_the_loss_is_accepted() {
+    let path = zone_with_texts(
+        "zone-damaged",
+        &[(0, b"chunk 0 is kept."), (6 * MIB, b"chunk 3 is lost.")],
+    );
+    let file = ZoneFile::open(&path.0);
+    let lost = file.entry(3);
+    file.set_owner(lost, 0);
+    file.set_entry(3, 4);
+    // Chunk 1 (never populated) names chunk 0's frame, whose owner is chunk 0.
+    file.set_entry(1, file.entry(0));
+    let zone = Zone::open(&path.0, 1).expect("open");
+    let recovery = zone.recovery();
+    assert_eq!(
+        (
+            recovery.damaged_chunks,
+            recovery.orphaned_frames,
+            recovery.leaked_frames
+        ),
+        (2, 1, 1),
+        "{recovery:?}"
+    );
+    let damaged = vec![(2 * MIB, 2 * MIB), (6 * MIB, 2 * MIB)];
+    assert_eq!(zone.info().expect("info").vms[0].damaged, damaged);
+    let refused = zone.attach("vm", &layout(16 * MIB)).unwrap_err();
+    assert!(matches!(refused, ZoneError::Damaged { .. }), "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("0x200000-0x400000 (2 MiB), 0x600000-0x800000 (2 MiB)")
+            && text.contains("--accept-damaged"),
+        "{text}"
+    );
+    // The mark outlives the process.
+    drop(zone);
+    let zone = Zone::open(&path.0, 1).expect("open");
+    assert_eq!(zone.recovery().damaged_chunks, 0);
+    assert!(zone.attach("vm", &layout(16 * MIB)).is_err());
+    assert_eq!(zone.accept_damage("vm").expect("accept"), damaged);
+    let memory = open_memory(&zone, "vm", 16 * MIB);
+    assert_eq!(&read_text(&memory, 0), b"chunk 0 is kept.");
+    assert_eq!(read_text(&memory, 6 * MIB), [0; 16]);
+    drop(memory);
+    let info = zone.info().expect("info");
+    assert!(info.vms[0].damaged.is_empty());
+    assert_eq!((info.leaked_frames, info.lost_frames), (0, 0));
     // A truncated file is refused before anything maps past its end.
-    let len = file.metadata().expect("metadata").len();
-    file.set_len(len - 4096).expect("truncate");
+    drop(zone);
+    let len = file.file.metadata().expect("metadata").len();
+    file.file.set_len(len - 4096).expect("truncate");
     let err = Zone::open(&path.0, 1).unwrap_err();
     assert!(matches!(err, ZoneError::Truncated { .. }), "{err}");
 }

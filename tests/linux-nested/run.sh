@@ -26,6 +26,9 @@
 #                          (boot time to init, free page reporting; l1-bench)
 #   LLFREE_VMM_DAX_DIR     directly on a host: a directory on a DAX file system for the MAP_SYNC
 #                          zone test (nested, L1 mounts one on QEMU's emulated NVDIMM)
+#   LLFREE_VMM_DEVDAX      directly on a host: a device DAX (/dev/daxX.Y) for the zone test on
+#                          one; its contents are overwritten (nested, L1 makes QEMU's second
+#                          emulated NVDIMM one)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -185,11 +188,13 @@ l1_initramfs() {
     cp "$HERE/l1-init" "$root/init"
     release=$(ls "$l1/lib/modules")
     modules=$l1/lib/modules/$release/kernel
-    # KVM; the emulated NVDIMM (ACPI NFIT, libnvdimm, pmem) and ext4 for a DAX file system.
+    # KVM; the emulated NVDIMMs (ACPI NFIT, libnvdimm, pmem), ext4 for a DAX file system, and
+    # device DAX.
     for module in virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko drivers/crypto/ccp/ccp.ko \
         arch/x86/kvm/kvm-amd.ko drivers/nvdimm/libnvdimm.ko drivers/nvdimm/nd_btt.ko \
         drivers/nvdimm/nd_pmem.ko drivers/acpi/nfit/nfit.ko lib/crc16.ko fs/mbcache.ko \
-        fs/jbd2/jbd2.ko crypto/crc32c_generic.ko fs/ext4/ext4.ko; do
+        fs/jbd2/jbd2.ko crypto/crc32c_generic.ko fs/ext4/ext4.ko drivers/dax/device_dax.ko \
+        drivers/dax/dax_pmem.ko; do
         cp "$modules/$module" "$root/modules/"
     done
     cp /sbin/mke2fs "$root/bin/mke2fs.real"
@@ -225,13 +230,17 @@ run_in_qemu() {
     # As many L1 CPUs as the largest L2 has vCPUs: with 2, a 4-vCPU L2 froze L1 once in 25
     # boots (an L1 CPU looping on a page fault at its own kvm_amd code, an emulation fault);
     # with 4, 60 boots in a row passed.
-    # An emulated NVDIMM, on which L1 mounts ext4 with -o dax: a zone there is mapped with
-    # MAP_SYNC (the DAX test of tests/tests/linux_pmem.rs).
-    rm -f "$WORK/nvdimm.img" && truncate -s 1G "$WORK/nvdimm.img"
+    # Two emulated NVDIMMs: on the first L1 mounts ext4 with -o dax (a zone there is mapped
+    # with MAP_SYNC), the second is a device DAX (/dev/dax1.0, a zone right on it): the DAX
+    # tests of tests/tests/linux_pmem.rs.
+    rm -f "$WORK/nvdimm.img" "$WORK/devdax.img"
+    truncate -s 1G "$WORK/nvdimm.img" "$WORK/devdax.img"
     timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
         -machine pc,nvdimm=on -smp 4 -m 6G,slots=2,maxmem=8G -nographic -no-reboot \
         -object memory-backend-file,id=nvmem,share=on,mem-path="$WORK/nvdimm.img",size=1G \
         -device nvdimm,id=nvdimm0,memdev=nvmem \
+        -object memory-backend-file,id=devdax,share=on,mem-path="$WORK/devdax.img",size=1G \
+        -device nvdimm,id=nvdimm1,memdev=devdax \
         -kernel "$l1"/boot/vmlinuz-* -initrd "$WORK/l1-initrd.gz" \
         -append "console=ttyS0 panic=-1 loglevel=4 hugepagesz=1G hugepages=1" \
         -monitor unix:"$WORK/monitor.sock",server,nowait </dev/null
@@ -244,8 +253,9 @@ run_directly() {
     export LLFREE_VMM_FC_SDK=$WORK/firecracker-sdk
     # The vmm that build_tests just built (its own build, whose features differ from the tests').
     export LLFREE_VMM_BIN=$ROOT/target/release/vmm
-    # A DAX file system for the MAP_SYNC zone test, if the host has one mounted here.
+    # A DAX file system for the MAP_SYNC zone test and a device DAX, if the host has them.
     if [ -n "${LLFREE_VMM_DAX_DIR:-}" ]; then export LLFREE_VMM_DAX_DIR; fi
+    if [ -n "${LLFREE_VMM_DEVDAX:-}" ]; then export LLFREE_VMM_DEVDAX; fi
     for binary in "$@"; do
         "$binary" --test-threads=1 --nocapture ${FILTER:+"$FILTER"} 2>&1 || status=1
     done
@@ -284,11 +294,14 @@ main() {
         grep -E '^(L1-BENCH|boot|reporting)' "$output" || status=1
         return $status
     fi
-    # Every test must run for real; directly on a host, the DAX test may lack a DAX file
-    # system (LLFREE_VMM_DAX_DIR), which only the nested run brings along.
+    # Every test must run for real; directly on a host, the DAX tests may lack a DAX file
+    # system (LLFREE_VMM_DAX_DIR) or device (LLFREE_VMM_DEVDAX), which only the nested run
+    # brings along.
     local skips
     skips=$(grep 'SKIP' "$output" || true)
-    if [ "$mode" = direct ]; then skips=$(grep -v 'no DAX file system' <<<"$skips" || true); fi
+    if [ "$mode" = direct ]; then
+        skips=$(grep -v -e 'no DAX file system' -e 'no device DAX' <<<"$skips" || true)
+    fi
     if [ -n "$skips" ]; then
         log "a real-Linux test printed SKIP: failed"
         status=1

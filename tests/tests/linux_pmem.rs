@@ -4,6 +4,9 @@
 //! zone, Linux boots, the file system mounts, e2fsck finds it clean and every file that was
 //! synced before the kill is intact. (See linux_common for the guest and where this runs.)
 //!
+//! The same with the zone right on a device DAX (`/dev/daxX.Y`: QEMU's second emulated NVDIMM
+//! in the nested run's L1, or `LLFREE_VMM_DEVDAX` on a host that has one).
+//!
 //! And a zone on a DAX file system (ext4 `-o dax` on QEMU's emulated NVDIMM in the nested run's
 //! L1, or `LLFREE_VMM_DAX_DIR` on a host that has one): mapped with MAP_SYNC, it keeps a test
 //! guest's RAM through a SIGKILL as a zone in a page-cache file does.
@@ -33,12 +36,57 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
     let zone = scratch.path("zone");
     let created = client(&["zone", "create", &zone, "--size", "512M"]);
     assert_eq!(created.code, Some(0), "{created:#?}");
+    pmem_survives_a_kill(&guest, &zone, &scratch);
+}
+
+/// The same with the zone right on a device DAX (`LLFREE_VMM_DEVDAX`, e.g. /dev/dax1.0; the
+/// nested run's L1 makes QEMU's second emulated NVDIMM one): its frames are scrubbed by writing
+/// zeroes (a device has no holes to punch), its metadata and frames are stores to the device.
+#[test]
+fn a_dax_file_system_on_pmem_in_a_zone_on_device_dax_survives_a_vmm_kill() {
+    let name = "a_dax_file_system_on_pmem_in_a_zone_on_device_dax_survives_a_vmm_kill";
+    let Some(device) = std::env::var_os("LLFREE_VMM_DEVDAX") else {
+        eprintln!(
+            "SKIP: {name}: no device DAX (LLFREE_VMM_DEVDAX); tests/linux-nested/run.sh makes \
+             one of QEMU's second emulated NVDIMM"
+        );
+        return;
+    };
+    let Some(guest) = LinuxGuest::find(name) else {
+        return;
+    };
+    let device = device.to_str().expect("UTF-8 path").to_owned();
+    let created = client(&["zone", "create", &device, "--size", "512M"]);
+    if created.stderr.contains("already holds a zone") {
+        // An earlier round's (LLFREE_NESTED_ROUNDS): its VM goes, the zone stays.
+        let _ = client(&["zone", "delete-vm", &device, "linux"]);
+    } else {
+        assert_eq!(created.code, Some(0), "{created:#?}");
+    }
+    let scratch = Scratch::new("linux-devdax");
+    pmem_survives_a_kill(&guest, &device, &scratch);
+    let deleted = client(&["zone", "delete-vm", &device, "linux"]);
+    assert_eq!(deleted.code, Some(0), "{deleted:#?}");
+    let info = inspect(&device);
+    assert_eq!(info["free_frames"], info["frames"], "{info:#}");
+}
+
+fn inspect(zone: &str) -> serde_json::Value {
+    let run = client(&["zone", "inspect", "--json", zone]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    serde_json::from_str(&run.stdout).expect("inspect JSON")
+}
+
+/// VM "linux" of `zone` (RAM and a virtio-pmem device there) writes and syncs files on ext4
+/// `-o dax` until its VMM is killed; after the zone's recovery (0 leaked, 0 lost) the VM starts
+/// again, e2fsck finds the file system clean and every synced file is intact.
+fn pmem_survives_a_kill(guest: &LinuxGuest, zone: &str, scratch: &Scratch) {
     let socket = scratch.path("api.sock");
     let vm = |extra: &str| {
         let line = cmdline(&format!("llfree.test=pmem {extra}"));
         let args = [
             "--zone",
-            &zone,
+            zone,
             "--vm",
             "linux",
             "--memory",
@@ -81,13 +129,13 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
         .expect("synced lines");
     eprintln!("killed the VMM after {synced} synced files ({flushes} pmem flushes by then)");
 
-    let inspect = client(&["zone", "inspect", "--json", &zone]);
-    let info: serde_json::Value = serde_json::from_str(&inspect.stdout).expect("inspect JSON");
+    let info = inspect(zone);
     assert_eq!(info["recovery"]["kind"], "crash", "{info:#}");
     assert_eq!(
         (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
         (Some(0), Some(0))
     );
+    assert_eq!(info["damaged_vms"], serde_json::json!([]), "{info:#}");
 
     let mut checker = vm(&format!("llfree.phase=check llfree.upto={synced}"));
     let checked = checker.wait_for_line("LLFREE-L2 checked", BOOT_TIMEOUT);

@@ -38,10 +38,19 @@ fn inspect(zone: &str) -> serde_json::Value {
     serde_json::from_str(&run.stdout).unwrap()
 }
 
-/// Checks the zone's accounting: nothing leaked or lost, every used frame is some VM's.
+/// Checks the zone's accounting: nothing leaked or lost, every used frame is some VM's, and no
+/// crash looked like damage to recovery (nothing repaired, marked lost or found orphaned).
 fn assert_consistent(info: &serde_json::Value, what: &str) {
     assert_eq!(info["leaked_frames"], 0, "{what}: {info:#}");
     assert_eq!(info["lost_frames"], 0, "{what}: {info:#}");
+    for damage in ["repaired_entries", "damaged_chunks", "orphaned_frames"] {
+        assert_eq!(info["recovery"][damage], 0, "{what}: {info:#}");
+    }
+    assert_eq!(
+        info["damaged_vms"],
+        serde_json::json!([]),
+        "{what}: {info:#}"
+    );
     let owned: u64 = info["vms"]
         .as_array()
         .unwrap()

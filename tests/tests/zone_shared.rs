@@ -156,13 +156,17 @@ fn one_of_three_vmms_killed_at_random_is_recovered_and_restarts_intact() {
                 "round {round}: a survivor failed: {run:#?}"
             );
         }
-        // Alone now: the whole zone is recovered and cross-checked.
+        // Alone now: the whole zone is recovered and cross-checked; the kill looked like no
+        // damage.
         let info = inspect(&zone);
         assert_eq!(
             (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
             (Some(0), Some(0)),
             "round {round}: {info:#}"
         );
+        for damage in ["repaired_entries", "damaged_chunks", "orphaned_frames"] {
+            assert_eq!(info["recovery"][damage], 0, "round {round}: {info:#}");
+        }
         counter_drift += info["recovery"]["freed_leaked_frames"]
             .as_i64()
             .unwrap_or(0);

@@ -157,6 +157,10 @@ pub struct SnapshotLoadArgs {
     /// Serve the control API on this Unix socket.
     #[arg(long, value_name = "PATH", required_unless_present = "resume")]
     pub api_socket: Option<PathBuf>,
+    /// Load a VM in a zone even though recovery found some of its memory lost (`vmm zone
+    /// inspect` lists the ranges): the guest reads zeroes there.
+    #[arg(long)]
+    pub accept_damaged: bool,
 }
 
 /// Options of `vmm zone`.
@@ -285,6 +289,11 @@ pub struct RunArgs {
     /// at once) instead of keeping its memory for the next run.
     #[arg(long, requires = "zone")]
     pub ephemeral: bool,
+
+    /// Attach the --vm even though the zone's recovery found some of its memory lost (`vmm
+    /// zone inspect` lists the ranges): the guest reads zeroes there.
+    #[arg(long, requires = "zone")]
+    pub accept_damaged: bool,
 
     /// Add a virtio-pmem device of SIZE (a multiple of the zone's frame size; needs --zone):
     /// persistent memory whose contents live in the zone beside the VM's RAM.

@@ -49,6 +49,7 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         track_dirty_pages: false,
         network_overrides: Vec::new(),
         clock_realtime: false,
+        accept_damaged: args.accept_damaged,
     };
     outcome_status(vmm::runner::load(&params, args.api_socket))
 }

@@ -32,6 +32,7 @@ impl TryFrom<RunArgs> for VmConfig {
                 path,
                 vm,
                 ephemeral: args.ephemeral,
+                accept_damaged: args.accept_damaged,
             }),
             _ => None,
         };

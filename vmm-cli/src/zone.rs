@@ -112,8 +112,17 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
             "freed_leaked_frames": info.recovery.leaked_frames,
             "took_back_lost_frames": info.recovery.lost_frames,
             "dead_processes": info.recovery.dead_processes,
+            "repaired_entries": info.recovery.repaired_entries,
+            "damaged_chunks": info.recovery.damaged_chunks,
+            "orphaned_frames": info.recovery.orphaned_frames,
             "micros": info.recovery.nanos / 1000,
         },
+        "damaged_vms": info.vms.iter().filter(|vm| !vm.damaged.is_empty()).map(|vm| json!({
+            "name": vm.name,
+            "lost": vm.damaged.iter()
+                .map(|(start, size)| json!({"start": start, "size": size}))
+                .collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "vms": info.vms.iter().map(|vm| json!({
             "name": vm.name,
             "id": format!("{:016x}", vm.id),
@@ -124,6 +133,7 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
             "frames": vm.frames,
             "given_away_pieces": vm.given_away_pieces,
             "owner_pid": vm.owner,
+            "damaged": !vm.damaged.is_empty(),
         })).collect::<Vec<_>>(),
     })
 }
@@ -156,6 +166,14 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         info.recovery.lost_frames,
         info.recovery.dead_processes
     );
+    let recovery = &info.recovery;
+    if recovery.repaired_entries + recovery.damaged_chunks + recovery.orphaned_frames > 0 {
+        println!(
+            "  its metadata was damaged: repaired {} frame-table entries or owners, marked {} \
+             chunks lost, found {} frames of data that nothing named",
+            recovery.repaired_entries, recovery.damaged_chunks, recovery.orphaned_frames
+        );
+    }
     let others: Vec<String> = info
         .processes
         .iter()
@@ -182,5 +200,12 @@ fn print_text(path: &Path, info: &ZoneInfo) {
             format_size(vm.frames * frame),
             vm.given_away_pieces * 4
         );
+        if !vm.damaged.is_empty() {
+            println!(
+                "      DAMAGED: its memory at guest physical {} is lost (attach it with \
+                 --accept-damaged to go on with zeroes there, or delete it)",
+                guest_mem::zone::format_ranges(&vm.damaged)
+            );
+        }
     }
 }

@@ -100,6 +100,8 @@ pub struct BackingFile {
     pub hugetlb: bool,
     /// Whether mappings may use MAP_SYNC (the file is on DAX).
     pub map_sync: bool,
+    /// How stores through its mappings are made durable.
+    pub durability: mmap::Durability,
     /// Whether holes can be punched (false for device DAX).
     pub can_punch: bool,
     /// Whether this is a device, or a file that already existed with contents.
@@ -145,6 +147,7 @@ impl BackingFile {
             file,
             hugetlb: huge.is_some(),
             map_sync: false,
+            durability: mmap::Durability::Msync,
             can_punch: true,
             had_contents: false,
             created: None,
@@ -204,12 +207,23 @@ impl BackingFile {
             meta.len()
         };
         let hugetlb_page = hugetlbfs_page_size(&file).map_err(err)?;
-        let map_sync = hugetlb_page.is_none() && mmap::supports_map_sync(file.as_raw_fd(), 0, 4096);
+        // A device DAX maps only whole pages of its alignment.
+        let dax_align = match meta.file_type().is_char_device() {
+            true => Some(dax_alignment(&meta).map_err(err)?),
+            false => None,
+        };
+        let page_size = hugetlb_page.or(dax_align).unwrap_or(4096);
+        let map_sync = hugetlb_page.is_none()
+            && mmap::supports_map_sync(file.as_raw_fd(), 0, page_size as usize);
         Ok(Self {
             file,
             hugetlb: hugetlb_page.is_some(),
-            page_size: hugetlb_page.unwrap_or(4096),
+            page_size,
             map_sync,
+            durability: match meta.file_type().is_char_device() {
+                true => mmap::Durability::FlushCaches,
+                false => mmap::Durability::Msync,
+            },
             can_punch: !meta.file_type().is_char_device(),
             had_contents: device || len > 0,
             created: created.then(|| CreatedFile {
@@ -329,6 +343,22 @@ fn check_huge_pages(size: &'static str, kb: u64, need: u64) -> Result<(), Backin
     match available_huge_pages(kb) {
         Some(free) if free >= need => Ok(()),
         _ => Err(not_enough(size, kb, need)),
+    }
+}
+
+/// The alignment of a DAX character device (from sysfs): every mapping of it starts and ends
+/// on a multiple of it.
+fn dax_alignment(meta: &fs::Metadata) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let text = fs::read_to_string(format!("/sys/dev/char/{major}:{minor}/align"))?;
+    match text.trim().parse::<u64>() {
+        Ok(align) if align.is_power_of_two() && align >= 4096 => Ok(align),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad DAX alignment in sysfs",
+        )),
     }
 }
 

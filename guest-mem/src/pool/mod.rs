@@ -385,6 +385,18 @@ impl Pool {
         }
     }
 
+    /// Whether every byte of `frame` is zero, read through a temporary mapping. The caller makes
+    /// sure that nobody writes the frame meanwhile.
+    pub(crate) fn holds_only_zeroes(&self, frame: Frame) -> io::Result<bool> {
+        let offset = self.data_offset + frame.index * FRAME_SIZE as u64;
+        let len = frame.size.bytes() as usize;
+        let view = mmap::Mapping::shared_file(self.file.raw_fd(), offset, len)?;
+        // SAFETY: `view` is a fresh mapping of `len` readable bytes, page-aligned; nobody writes
+        // the frame meanwhile (see above), and a `u64` is valid for any bits.
+        let words = unsafe { std::slice::from_raw_parts(view.addr() as *const u64, len / 8) };
+        Ok(words.iter().all(|&word| word == 0))
+    }
+
     /// Writes zeroes over 4 KiB frames `[first, first + count)` through a temporary mapping.
     /// Where the backing has 4 KiB pages, the mmap call populates the mapping: faulting it page
     /// by page took 6× the time of the zeroing itself. A hugetlb frame faults once.

@@ -225,9 +225,42 @@ unsafe fn touch_pages(addr: usize, len: usize) {
     }
 }
 
+/// How stores through a shared mapping of a file are made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// msync writes the mapped pages back (a file in the page cache or on a DAX file system).
+    Msync,
+    /// A device DAX: a store is on the device once it left the CPU caches, and msync is refused
+    /// (a character device has no fsync), so the cache lines are flushed.
+    FlushCaches,
+}
+
+/// Makes the stores to `[addr, addr + len)` (a shared mapping of a file) durable, `how` the
+/// file needs it.
+pub fn sync(addr: usize, len: usize, how: Durability) -> io::Result<()> {
+    match how {
+        Durability::Msync => msync(addr, len),
+        Durability::FlushCaches => {
+            flush_caches(addr, len);
+            Ok(())
+        }
+    }
+}
+
+/// Flushes the CPU cache lines of `[addr, addr + len)` to memory (clflush, then a store fence).
+fn flush_caches(addr: usize, len: usize) {
+    const LINE: usize = 64;
+    for line in (addr & !(LINE - 1)..addr + len).step_by(LINE) {
+        // SAFETY: clflush reads no data and changes none; the line lies in the caller's mapping.
+        unsafe { std::arch::x86_64::_mm_clflush(line as *const u8) };
+    }
+    // SAFETY: a store fence has no operands.
+    unsafe { std::arch::x86_64::_mm_sfence() };
+}
+
 /// Writes the pages of `[addr, addr + len)` (widened to whole 4 KiB pages) back to the file they
 /// map (msync with MS_SYNC); private pages have nothing to write.
-pub fn sync(addr: usize, len: usize) -> io::Result<()> {
+fn msync(addr: usize, len: usize) -> io::Result<()> {
     let start = addr & !(PAGE - 1);
     let end = (addr + len).next_multiple_of(PAGE);
     // SAFETY: msync changes no memory; a range that is not mapped fails with ENOMEM.

@@ -6,6 +6,7 @@
 //!              that have the zone open (see `processes`)
 //! 4 KiB        LLFree's persistent metadata (meta page, both levels, per-core slots)
 //! dir          the VM directory: one 4 KiB slot per VM (name, RAM layout, owner, state)
+//! owners       per frame, the VM chunk it backs (see `owners`): the frame tables' witness
 //! tables       per slot: its persistent frame table (one u64 per chunk), then its balloon
 //!              piece bitmaps (one bit per 4 KiB piece)
 //! data         the frames, aligned to the frame size and the file system's page size
@@ -27,8 +28,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE1");
 /// as such and never used.
 pub const CREATING_MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE~");
 /// The layout version (2: the allocator's upper level and a process table are in the zone, so
-/// that several VMM processes use it at once).
-pub const VERSION: u64 = 2;
+/// that several VMM processes use it at once; 3: every frame records the VM chunk it backs, so
+/// that recovery repairs a damaged frame-table entry or tells which memory it lost).
+pub const VERSION: u64 = 3;
 /// Size of the header and of one directory slot.
 pub const PAGE: u64 = 4096;
 /// The most VMs one zone can hold.
@@ -65,6 +67,13 @@ pub struct Header {
     pub last_nanos: AtomicU64,
     /// The zone's identity: random, set at creation (a snapshot names the zone it belongs to).
     pub id: [AtomicU64; 2],
+    pub owners_off: AtomicU64,
+    /// The last open's recovery, continued: table entries it repaired from their witness, VM
+    /// chunks whose memory it could not tell (marked damaged), and frames with data nobody
+    /// named.
+    pub last_repaired: AtomicU64,
+    pub last_damaged: AtomicU64,
+    pub last_orphaned: AtomicU64,
 }
 
 /// The offsets of a zone's parts, computed from its parameters.
@@ -78,6 +87,7 @@ pub struct Layout {
     pub meta_off: u64,
     pub meta_len: u64,
     pub dir_off: u64,
+    pub owners_off: u64,
     pub tables_off: u64,
     pub slot_tables: u64,
     pub data_off: u64,
@@ -90,8 +100,9 @@ impl Layout {
         let meta_off = PAGE;
         let meta_len = LLFree::metadata_size(frames as usize) as u64;
         let dir_off = (meta_off + meta_len).next_multiple_of(PAGE);
-        let tables_off = dir_off + max_vms * PAGE;
+        let owners_off = dir_off + max_vms * PAGE;
         let chunks = frames / frame_size.base_frames();
+        let tables_off = owners_off + (chunks * 8).next_multiple_of(PAGE);
         let pieces_bytes = chunks * frame_size.base_frames() / 8;
         let slot_tables = (chunks * 8 + pieces_bytes).next_multiple_of(PAGE);
         let align = frame_size.bytes().max(page_size).max(2 << 20);
@@ -104,6 +115,7 @@ impl Layout {
             meta_off,
             meta_len,
             dir_off,
+            owners_off,
             tables_off,
             slot_tables,
             data_off,
@@ -136,6 +148,7 @@ impl Layout {
         set(&header.meta_off, self.meta_off);
         set(&header.meta_len, self.meta_len);
         set(&header.dir_off, self.dir_off);
+        set(&header.owners_off, self.owners_off);
         set(&header.tables_off, self.tables_off);
         set(&header.slot_tables, self.slot_tables);
         set(&header.data_off, self.data_off);
@@ -145,6 +158,9 @@ impl Layout {
             &header.last_leaked,
             &header.last_lost,
             &header.last_nanos,
+            &header.last_repaired,
+            &header.last_damaged,
+            &header.last_orphaned,
         ] {
             set(field, 0);
         }
@@ -180,6 +196,7 @@ impl Layout {
             get(&header.meta_off),
             get(&header.meta_len),
             get(&header.dir_off),
+            get(&header.owners_off),
             get(&header.tables_off),
             get(&header.slot_tables),
             get(&header.data_off),
@@ -188,6 +205,7 @@ impl Layout {
             layout.meta_off,
             layout.meta_len,
             layout.dir_off,
+            layout.owners_off,
             layout.tables_off,
             layout.slot_tables,
             layout.data_off,
@@ -212,7 +230,8 @@ mod tests {
         ] {
             let l = Layout::new(size, frames, 16, page);
             assert!(l.meta_off + l.meta_len <= l.dir_off);
-            assert!(l.dir_off + 16 * PAGE <= l.tables_off);
+            assert!(l.dir_off + 16 * PAGE <= l.owners_off);
+            assert!(l.owners_off + l.vm_chunks() * 8 <= l.tables_off);
             assert!(l.tables_off + 16 * l.slot_tables <= l.data_off);
             assert!(l.data_off.is_multiple_of(size.bytes().max(page)));
             let chunks = frames / size.base_frames();

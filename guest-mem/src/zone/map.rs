@@ -16,18 +16,25 @@ use crate::sys::mmap::{self, Mapping};
 #[derive(Debug)]
 pub struct ZoneMap {
     map: Mapping,
+    durability: mmap::Durability,
 }
 
 impl ZoneMap {
     /// Maps the first `len` bytes (a multiple of the file's page size) of the file `fd`; with
-    /// `map_sync` (a file on DAX) with MAP_SYNC, so that metadata stores need no msync.
-    pub fn new(fd: RawFd, len: u64, map_sync: bool) -> io::Result<Self> {
+    /// `map_sync` (a file on DAX) with MAP_SYNC, so that metadata stores need no msync; its
+    /// stores are made durable `durability`'s way.
+    pub fn new(
+        fd: RawFd,
+        len: u64,
+        map_sync: bool,
+        durability: mmap::Durability,
+    ) -> io::Result<Self> {
         let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
         let map = match map_sync {
             true => Mapping::shared_file_sync(fd, 0, len)?,
             false => Mapping::shared_file(fd, 0, len)?,
         };
-        Ok(Self { map })
+        Ok(Self { map, durability })
     }
 
     /// The header at offset 0.
@@ -48,11 +55,13 @@ impl ZoneMap {
         unsafe { std::slice::from_raw_parts((self.map.addr() + offset as usize) as _, count as _) }
     }
 
-    /// Writes the range `[offset, offset + len)` back to the file (msync), so that it survives
-    /// a crash of the host, not only of the process.
+    /// Writes the range `[offset, offset + len)` back to the file (msync; on a device DAX, a
+    /// flush of the CPU caches), so that it survives a crash of the host, not only of the
+    /// process.
     pub fn sync(&self, offset: u64, len: u64) -> io::Result<()> {
         let end = (offset + len).min(self.map.len() as u64);
-        mmap::sync(self.map.addr() + offset as usize, (end - offset) as usize)
+        let (addr, len) = (self.map.addr() + offset as usize, (end - offset) as usize);
+        mmap::sync(addr, len, self.durability)
     }
 
     /// Zeroes the byte range `[offset, offset + len)` (8-byte aligned) through the mapping.

@@ -28,6 +28,7 @@ mod layout;
 mod map;
 mod processes;
 mod recovery;
+mod vm_table;
 
 pub use directory::{check_name, VmLayout, MAX_NAME, MAX_REGIONS};
 pub use recovery::{RecoveryKind, RecoveryReport};
@@ -48,6 +49,8 @@ use layout::{Layout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
 pub(crate) use map::ZoneWords;
 use map::{ZoneMap, ZoneMetaRegion};
 use processes::{Entry, OpenGuard, Table, MAX_PROCESSES, TABLE_OFFSET};
+pub(crate) use vm_table::VmTable;
+use vm_table::{Owner, DAMAGED, EMPTY};
 
 /// The default number of VM slots of a new zone.
 pub const DEFAULT_MAX_VMS: u64 = 16;
@@ -108,6 +111,21 @@ pub enum ZoneError {
         path: PathBuf,
         /// The version found.
         found: u64,
+    },
+    /// Recovery lost some of the VM's memory.
+    #[error(
+        "zone {path}: VM '{name}' is damaged: recovery could not find the memory of guest \
+         physical {ranges} (its frame-table entries and their frames' owners were both \
+         damaged); accept the loss with --accept-damaged (\"accept_damaged\": true in the \
+         API), where the guest then reads zeroes, or delete the VM"
+    )]
+    Damaged {
+        /// The VM.
+        name: String,
+        /// The zone file.
+        path: PathBuf,
+        /// The lost guest-physical ranges.
+        ranges: String,
     },
     /// The zone's metadata is inconsistent.
     #[error("zone {path} is corrupted: {what}")]
@@ -309,6 +327,9 @@ pub struct VmInfo {
     pub given_away_pieces: u64,
     /// The process attached to it, if any.
     pub owner: Option<u32>,
+    /// Guest-physical ranges (address, size) whose memory recovery lost (see
+    /// [`ZoneError::Damaged`]).
+    pub damaged: Vec<(u64, u64)>,
 }
 
 /// What `vmm zone inspect` shows.
@@ -373,7 +394,7 @@ impl Zone {
         check_page_size(path, &file, frame)?;
         let io_err = |what| io_error(path, what);
         if file.had_contents {
-            let first = ZoneMap::new(file.raw_fd(), file.page_size, false)
+            let first = ZoneMap::new(file.raw_fd(), file.page_size, false, file.durability)
                 .map_err(io_err("cannot map the header"))?;
             match first.header().magic.load(Ordering::Acquire) {
                 0 => {}
@@ -394,8 +415,13 @@ impl Zone {
         let layout = Layout::new(frame, frames, config.max_vms, file.page_size);
         file.ensure_len(path, layout.total_len(), true)?;
         let map = Arc::new(
-            ZoneMap::new(file.raw_fd(), layout.data_off, file.map_sync)
-                .map_err(io_err("cannot map the metadata"))?,
+            ZoneMap::new(
+                file.raw_fd(),
+                layout.data_off,
+                file.map_sync,
+                file.durability,
+            )
+            .map_err(io_err("cannot map the metadata"))?,
         );
         let header = map.header();
         header.magic.store(CREATING_MAGIC, Ordering::Release);
@@ -451,8 +477,13 @@ impl Zone {
             return Err(ZoneError::Empty(path.to_owned()));
         }
         let io_err = |what| io_error(path, what);
-        let first = ZoneMap::new(file.raw_fd(), file.page_size.max(PAGE), false)
-            .map_err(io_err("cannot map the header"))?;
+        let first = ZoneMap::new(
+            file.raw_fd(),
+            file.page_size.max(PAGE),
+            false,
+            file.durability,
+        )
+        .map_err(io_err("cannot map the header"))?;
         let layout = read_header(path, first.header())?;
         drop(first);
         check_page_size(path, &file, layout.frame_size)?;
@@ -471,8 +502,13 @@ impl Zone {
             });
         }
         let map = Arc::new(
-            ZoneMap::new(file.raw_fd(), layout.data_off, file.map_sync)
-                .map_err(io_err("cannot map the metadata"))?,
+            ZoneMap::new(
+                file.raw_fd(),
+                layout.data_off,
+                file.map_sync,
+                file.durability,
+            )
+            .map_err(io_err("cannot map the metadata"))?,
         );
         let guard = OpenGuard::lock(file.as_file()).map_err(io_err("cannot lock"))?;
         let alone = guard.alone().map_err(io_err("cannot lock"))?;
@@ -531,17 +567,20 @@ impl Zone {
             token,
             recovery: RecoveryReport::default(),
         };
-        let (leaked, lost) = match alone {
+        let recovered = match alone {
             true => zone.recover()?,
-            false => (0, 0),
+            false => recovery::Recovered::default(),
         };
         let dead = zone.recover_dead_locked()?;
         guard.share().map_err(io_err("cannot lock"))?;
         drop(guard);
         zone.recovery = RecoveryReport {
             kind,
-            leaked_frames: leaked,
-            lost_frames: lost,
+            leaked_frames: recovered.leaked,
+            lost_frames: recovered.lost,
+            repaired_entries: recovered.repair.repaired,
+            damaged_chunks: recovered.repair.damaged,
+            orphaned_frames: recovered.orphaned,
             dead_processes: dead,
             nanos: started.elapsed().as_nanos() as u64,
         };
@@ -680,6 +719,58 @@ impl Zone {
             .words(self.table_offset(index), self.layout.vm_chunks())
     }
 
+    /// The owner map: for every frame, the VM chunk it backs (see `vm_table`).
+    fn owners(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.map
+            .words(self.layout.owners_off, self.layout.vm_chunks())
+    }
+
+    /// The guest-physical ranges of the chunks of slot `index` (a VM of `layout`) that recovery
+    /// marked damaged, adjacent ones merged.
+    fn damaged_ranges(&self, index: u64, layout: &VmLayout) -> Vec<(u64, u64)> {
+        let chunk_bytes = layout.chunk_size.bytes();
+        let table = self.table(index);
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut chunk = 0;
+        for &(start, size) in &layout.regions {
+            for offset in (0..size).step_by(chunk_bytes as usize) {
+                if table[chunk].load(Ordering::Acquire) == DAMAGED {
+                    let address = start + offset;
+                    match ranges.last_mut() {
+                        Some((first, len)) if *first + *len == address => *len += chunk_bytes,
+                        _ => ranges.push((address, chunk_bytes)),
+                    }
+                }
+                chunk += 1;
+            }
+        }
+        ranges
+    }
+
+    /// Accepts the loss of the memory that recovery could not find for the VM called `name`
+    /// (see [`ZoneError::Damaged`]): its damaged chunks become unpopulated (the guest reads
+    /// zeroes there). Returns the guest-physical ranges as (address, size): none when the zone
+    /// has no VM of that name (yet).
+    pub fn accept_damage(&self, name: &str) -> Result<Vec<(u64, u64)>, ZoneError> {
+        let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
+            .map_err(self.io_err("cannot lock"))?;
+        let Some(index) = self.find(name) else {
+            return Ok(Vec::new());
+        };
+        let layout = self
+            .slot(index)
+            .layout(&self.layout)
+            .expect("checked when opened");
+        let ranges = self.damaged_ranges(index, &layout);
+        for entry in self.table(index) {
+            let _ = entry.compare_exchange(DAMAGED, EMPTY, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        self.map
+            .sync(self.table_offset(index), self.layout.vm_chunks() * 8)
+            .map_err(self.io_err("cannot sync the VM's frame table"))?;
+        Ok(ranges)
+    }
+
     /// The slot index of the VM called `name`.
     fn find(&self, name: &str) -> Option<u64> {
         (0..self.layout.max_vms).find(|&i| {
@@ -719,6 +810,14 @@ impl Zone {
                         recorded: recorded.bytes() >> 20,
                         requested: layout.bytes() >> 20,
                         chunk: self.layout.frame_size.name(),
+                    });
+                }
+                let damaged = self.damaged_ranges(index, &recorded);
+                if !damaged.is_empty() {
+                    return Err(ZoneError::Damaged {
+                        name: name.to_owned(),
+                        path: self.path.clone(),
+                        ranges: format_ranges(&damaged),
                     });
                 }
                 let owner = slot.owner();
@@ -794,24 +893,43 @@ impl Zone {
         Ok(self.finish_deletion(index, true))
     }
 
-    /// Clears the frame table of slot `index` (being deleted), freeing each frame with `free`
-    /// (after a crash the cross-check frees them instead), then frees the slot. Returns how
-    /// many entries referenced a frame.
+    /// Clears the frame table of slot `index` (being deleted), scrubbing each frame its owner
+    /// confirms and freeing it with `free` (after a crash the cross-check frees them instead),
+    /// then frees the slot. Returns how many entries referenced a frame.
     fn finish_deletion(&self, index: u64, free: bool) -> u64 {
         let mut frames = 0;
-        for entry in self.table(index) {
-            let value = entry.swap(0, Ordering::AcqRel);
-            if value == 0 {
+        let base = self.layout.frame_size.base_frames();
+        let owners = self.owners();
+        for (chunk, entry) in self.table(index).iter().enumerate() {
+            let value = entry.load(Ordering::Acquire);
+            let Some(frame) = vm_table::entry_frame(value, base, self.layout.frames) else {
+                entry.store(EMPTY, Ordering::Release);
                 continue;
-            }
+            };
             frames += 1;
-            if free {
-                let frame = Frame {
-                    index: value - 1,
-                    size: self.layout.frame_size,
-                };
-                // A frame that cannot be scrubbed stays allocated; the next open frees it.
-                let _ = self.pool.scrub_and_free(self.pool.own_core(), frame);
+            let frame = Frame {
+                index: frame,
+                size: self.layout.frame_size,
+            };
+            let owner = &owners[(frame.index / base) as usize];
+            let word = Owner {
+                slot: index,
+                chunk: chunk as u64,
+            }
+            .word();
+            // Scrubbed first: a frame that holds data and that nobody names is damage (see
+            // `recovery`). Only a frame whose owner confirms it: a damaged entry may name
+            // another VM's. A frame that cannot be scrubbed stays; the next open frees it.
+            let ours = owner.load(Ordering::Acquire) == word;
+            let scrubbed = ours && self.pool.scrub(frame).is_ok();
+            // The owner before the entry: a deletion cut short leaves no owner naming a freed
+            // slot (which a new VM may take).
+            if ours {
+                owner.store(0, Ordering::Release);
+            }
+            entry.store(EMPTY, Ordering::Release);
+            if scrubbed && free {
+                let _ = self.pool.free(self.pool.own_core(), frame);
             }
         }
         self.map
@@ -875,8 +993,9 @@ impl Zone {
                     id: slot.id(),
                     frames: table
                         .iter()
-                        .filter(|e| e.load(Ordering::Relaxed) != 0)
+                        .filter(|e| !matches!(e.load(Ordering::Relaxed), EMPTY | DAMAGED))
                         .count() as u64,
+                    damaged: self.damaged_ranges(i, &layout),
                     given_away_pieces: bitmap
                         .iter()
                         .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
@@ -981,13 +1100,27 @@ impl ZoneVm {
             .sum()
     }
 
-    /// The persistent frame-table entries of region `region`.
-    pub(crate) fn table_words(&self, region: usize) -> ZoneWords {
+    /// The persistent frame table of region `region`.
+    pub(crate) fn table(&self, region: usize) -> VmTable {
         let chunks = self.layout.regions[region].1 / self.layout.chunk_size.bytes();
-        ZoneWords::new(
-            Arc::clone(&self.zone.map),
-            self.zone.table_offset(self.index) + self.first_chunk(region) * 8,
-            chunks,
+        let first = self.first_chunk(region);
+        let zone = &self.zone;
+        VmTable::new(
+            ZoneWords::new(
+                Arc::clone(&zone.map),
+                zone.table_offset(self.index) + first * 8,
+                chunks,
+            ),
+            ZoneWords::new(
+                Arc::clone(&zone.map),
+                zone.layout.owners_off,
+                zone.layout.vm_chunks(),
+            ),
+            Owner {
+                slot: self.index,
+                chunk: first,
+            },
+            zone.layout.frame_size.base_frames(),
         )
     }
 
@@ -1039,6 +1172,15 @@ impl Drop for ZoneVm {
             Err(e) => log::warn!("zone: cannot delete ephemeral VM '{}' now: {e}", self.name),
         }
     }
+}
+
+/// Guest-physical ranges as "0x…–0x… (N MiB), …".
+pub fn format_ranges(ranges: &[(u64, u64)]) -> String {
+    ranges
+        .iter()
+        .map(|&(start, len)| format!("{start:#x}-{:#x} ({} MiB)", start + len, len >> 20))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Reads and checks the header of a zone.

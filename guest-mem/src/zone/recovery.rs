@@ -7,6 +7,7 @@ use llfree::{FrameId, FrameState, Recovery};
 
 use super::directory::SlotState;
 use super::layout::Header;
+use super::vm_table::{entry_frame, Owner, DAMAGED, EMPTY};
 use super::{corrupted, Zone, ZoneError};
 use crate::pool::Frame;
 
@@ -57,6 +58,16 @@ pub struct RecoveryReport {
     pub leaked_frames: u64,
     /// Frames a VM referenced that the allocator counted free: allocated again.
     pub lost_frames: u64,
+    /// Frame-table entries or owners that were damaged and were repaired from the other: the
+    /// VMs' memory is as it was.
+    pub repaired_entries: u64,
+    /// VM chunks whose memory recovery could not find (entry and owner both damaged): marked
+    /// damaged, the VM is refused until the loss is accepted.
+    pub damaged_chunks: u64,
+    /// Leaked frames that held data: no VM's entry nor any owner named them, yet only a VM's
+    /// memory holds data (every other frame is scrubbed before it is unpublished). Some VM lost
+    /// memory and nothing tells which.
+    pub orphaned_frames: u64,
     /// Processes that had died with the zone open: their part recovered.
     pub dead_processes: u64,
     /// Nanoseconds from opening the file to the end of the cross-check.
@@ -73,6 +84,15 @@ impl RecoveryReport {
             .store(self.leaked_frames, Ordering::Relaxed);
         header.last_lost.store(self.lost_frames, Ordering::Relaxed);
         header.last_nanos.store(self.nanos, Ordering::Relaxed);
+        header
+            .last_repaired
+            .store(self.repaired_entries, Ordering::Relaxed);
+        header
+            .last_damaged
+            .store(self.damaged_chunks, Ordering::Relaxed);
+        header
+            .last_orphaned
+            .store(self.orphaned_frames, Ordering::Relaxed);
     }
 }
 
@@ -84,49 +104,89 @@ pub(super) struct Check {
     pub lost: Vec<u64>,
 }
 
+/// What the repair of the frame tables did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Repair {
+    /// Entries and owners restored from the other.
+    pub repaired: u64,
+    /// Chunks marked damaged.
+    pub damaged: u64,
+}
+
+/// What recovery did to the frame tables and the allocator.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recovered {
+    pub leaked: u64,
+    pub lost: u64,
+    pub orphaned: u64,
+    pub repair: Repair,
+}
+
 impl Zone {
+    /// The chunk count of every slot: `Some` for an active VM (its name and layout checked),
+    /// `None` for a free slot or one being deleted.
+    fn active_slots(&self) -> Result<Vec<Option<u64>>, ZoneError> {
+        (0..self.layout.max_vms)
+            .map(|index| {
+                let slot = self.slot(index);
+                match slot.state() {
+                    SlotState::Free | SlotState::Deleting => Ok(None),
+                    SlotState::Corrupted(state) => Err(corrupted(
+                        &self.path,
+                        format!("VM slot {index} has the unknown state {state:#x}"),
+                    )),
+                    SlotState::Active => {
+                        let bad =
+                            |what: &str| corrupted(&self.path, format!("VM slot {index}: {what}"));
+                        slot.name().ok_or_else(|| bad("invalid name"))?;
+                        let layout = slot
+                            .layout(&self.layout)
+                            .ok_or_else(|| bad("invalid RAM layout"))?;
+                        Ok(Some(layout.chunks()))
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The frame-table entry of `owner` (a chunk of an active VM).
+    fn entry(&self, owner: Owner) -> &AtomicU64 {
+        &self.table(owner.slot)[owner.chunk as usize]
+    }
+
     /// Collects the frames the VMs reference, checking every slot and entry, and compares them
     /// with the allocator.
     pub(super) fn check(&self) -> Result<Check, ZoneError> {
         let size = self.layout.frame_size;
         let count = self.layout.vm_chunks();
         let mut referenced = vec![0u64; count.div_ceil(64) as usize];
-        for index in 0..self.layout.max_vms {
-            let slot = self.slot(index);
-            match slot.state() {
-                SlotState::Free | SlotState::Deleting => continue,
-                SlotState::Corrupted(state) => {
-                    return Err(corrupted(
-                        &self.path,
-                        format!("VM slot {index} has the unknown state {state:#x}"),
-                    ))
-                }
-                SlotState::Active => {}
-            }
-            let bad_slot = |what: &str| corrupted(&self.path, format!("VM slot {index}: {what}"));
-            let name = slot.name().ok_or_else(|| bad_slot("invalid name"))?;
-            let layout = slot
-                .layout(&self.layout)
-                .ok_or_else(|| bad_slot("invalid RAM layout"))?;
-            let table: &[AtomicU64] = &self.table(index)[..layout.chunks() as usize];
+        for (index, chunks) in self.active_slots()?.into_iter().enumerate() {
+            let Some(chunks) = chunks else { continue };
+            let table: &[AtomicU64] = &self.table(index as u64)[..chunks as usize];
             for (chunk, entry) in table.iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
-                if value == 0 {
+                if value == EMPTY || value == DAMAGED {
                     continue;
                 }
-                let frame = value - 1;
-                if !frame.is_multiple_of(size.base_frames()) || frame >= self.layout.frames {
+                let name = || self.slot(index as u64).name().unwrap_or_default();
+                let Some(frame) = entry_frame(value, size.base_frames(), self.layout.frames) else {
                     return Err(corrupted(
                         &self.path,
-                        format!("VM '{name}' chunk {chunk}: invalid frame entry {value:#x}"),
+                        format!(
+                            "VM '{}' chunk {chunk}: invalid frame entry {value:#x}",
+                            name()
+                        ),
                     ));
-                }
+                };
                 let bit = frame / size.base_frames();
                 let word = &mut referenced[bit as usize / 64];
                 if *word & (1 << (bit % 64)) != 0 {
                     return Err(corrupted(
                         &self.path,
-                        format!("VM '{name}' chunk {chunk}: frame {frame} is referenced twice"),
+                        format!(
+                            "VM '{}' chunk {chunk}: frame {frame} is referenced twice",
+                            name()
+                        ),
                     ));
                 }
                 *word |= 1 << (bit % 64);
@@ -152,10 +212,154 @@ impl Zone {
         Ok(Check { leaked, lost })
     }
 
+    /// Makes every VM's frame table and the owner map agree (see `vm_table`), alone with the
+    /// zone: a pair that agrees stands; an owner without entry whose frame holds only zeroes is
+    /// a crash's, and is dropped; otherwise the word that disagrees is restored from the other
+    /// (an owner whose frame holds data restores its entry; an entry whose frame no owner
+    /// claims restores its owner). An entry that neither way explains is marked damaged.
+    ///
+    /// One pass over the tables and one over the owners find the pairs that agree (all of them,
+    /// unless the zone was damaged); only the rest is looked at closer.
+    fn repair_tables(&self) -> Result<Repair, ZoneError> {
+        let base = self.layout.frame_size.base_frames();
+        let slots = self.active_slots()?;
+        let owners = self.owners();
+        let frame_of = |value: u64| entry_frame(value, base, self.layout.frames);
+        // Pairs that agree, and the entries that do not.
+        let mut settled = vec![false; owners.len()];
+        let mut odd_entries = Vec::new();
+        for (slot, chunks) in slots.iter().enumerate() {
+            let Some(chunks) = *chunks else { continue };
+            let table = &self.table(slot as u64)[..chunks as usize];
+            for (chunk, entry) in table.iter().enumerate() {
+                let value = entry.load(Ordering::Acquire);
+                if value == EMPTY || value == DAMAGED {
+                    continue;
+                }
+                let owner = Owner {
+                    slot: slot as u64,
+                    chunk: chunk as u64,
+                };
+                match frame_of(value).map(|frame| (frame / base) as usize) {
+                    Some(bit)
+                        if !settled[bit] && owners[bit].load(Ordering::Acquire) == owner.word() =>
+                    {
+                        settled[bit] = true;
+                    }
+                    _ => odd_entries.push(owner),
+                }
+            }
+        }
+        let odd_owners: Vec<usize> = (0..owners.len())
+            .filter(|&bit| !settled[bit] && owners[bit].load(Ordering::Acquire) != 0)
+            .collect();
+        if odd_entries.is_empty() && odd_owners.is_empty() {
+            return Ok(Repair::default());
+        }
+        self.repair_odd(&slots, &mut settled, &odd_entries, &odd_owners)
+    }
+
+    /// Repairs the entries and owners that [`Self::repair_tables`] found disagreeing.
+    fn repair_odd(
+        &self,
+        slots: &[Option<u64>],
+        settled: &mut [bool],
+        odd_entries: &[Owner],
+        odd_owners: &[usize],
+    ) -> Result<Repair, ZoneError> {
+        let base = self.layout.frame_size.base_frames();
+        let owners = self.owners();
+        let frame_of = |value: u64| entry_frame(value, base, self.layout.frames);
+        let names = |owner: Owner| self.slot(owner.slot).name().unwrap_or_default();
+        let mut repair = Repair::default();
+        // An owner that names a chunk of an active VM; any other word is cleared.
+        let claim = |bit: usize| {
+            let owner = Owner::from_word(owners[bit].load(Ordering::Acquire))?;
+            let chunks = (*slots.get(owner.slot as usize)?)?;
+            (owner.chunk < chunks).then_some(owner)
+        };
+        let agrees = |chunk: Owner, settled: &[bool]| {
+            let value = self.entry(chunk).load(Ordering::Acquire);
+            frame_of(value).is_some_and(|frame| {
+                let bit = (frame / base) as usize;
+                settled[bit] && claim(bit) == Some(chunk)
+            })
+        };
+        // Owners without an entry that agrees: a crash's (the frame holds only zeroes), a
+        // damaged entry, or a damaged owner.
+        for &bit in odd_owners {
+            let Some(chunk) = claim(bit) else {
+                owners[bit].store(0, Ordering::Release);
+                continue;
+            };
+            let frame = bit as u64 * base;
+            let entry = self.entry(chunk);
+            let zeroes = || {
+                self.pool
+                    .holds_only_zeroes(Frame {
+                        index: frame,
+                        size: self.layout.frame_size,
+                    })
+                    .map_err(self.io_err("cannot read a frame"))
+            };
+            if agrees(chunk, settled) || (entry.load(Ordering::Acquire) == EMPTY && zeroes()?) {
+                owners[bit].store(0, Ordering::Release);
+                continue;
+            }
+            log::warn!(
+                "zone {}: VM '{}' chunk {}: its frame-table entry was damaged ({:#x}); \
+                 restored it from the frame's owner (frame {frame})",
+                self.path.display(),
+                names(chunk),
+                chunk.chunk,
+                entry.load(Ordering::Acquire),
+            );
+            entry.store(frame + 1, Ordering::Release);
+            settled[bit] = true;
+            repair.repaired += 1;
+        }
+        // Entries without an owner that agrees: a damaged owner, or a damaged entry whose frame
+        // nobody can tell.
+        for &chunk in odd_entries {
+            let entry = self.entry(chunk);
+            let value = entry.load(Ordering::Acquire);
+            if agrees(chunk, settled) {
+                continue;
+            }
+            match frame_of(value).map(|frame| (frame / base) as usize) {
+                Some(bit) if !settled[bit] => {
+                    log::warn!(
+                        "zone {}: VM '{}' chunk {}: the owner of its frame {} was damaged; \
+                         restored it from the entry",
+                        self.path.display(),
+                        names(chunk),
+                        chunk.chunk,
+                        value - 1,
+                    );
+                    owners[bit].store(chunk.word(), Ordering::Release);
+                    settled[bit] = true;
+                    repair.repaired += 1;
+                }
+                _ => {
+                    log::warn!(
+                        "zone {}: VM '{}' chunk {}: its frame-table entry ({value:#x}) is \
+                         damaged and no frame's owner names the chunk: its memory is lost",
+                        self.path.display(),
+                        names(chunk),
+                        chunk.chunk,
+                    );
+                    entry.store(DAMAGED, Ordering::Release);
+                    repair.damaged += 1;
+                }
+            }
+        }
+        Ok(repair)
+    }
+
     /// Recovers the directory after an open: finishes deletions, clears stale owners (this
-    /// process holds the zone's lock, so none is alive), then makes the allocator agree with
-    /// the frame tables. Returns the frames freed (leaked) and allocated again (lost).
-    pub(super) fn recover(&self) -> Result<(u64, u64), ZoneError> {
+    /// process holds the zone's lock, so none is alive), repairs the frame tables, then makes
+    /// the allocator agree with them.
+    pub(super) fn recover(&self) -> Result<Recovered, ZoneError> {
         for index in 0..self.layout.max_vms {
             let slot = self.slot(index);
             match slot.state() {
@@ -174,6 +378,7 @@ impl Zone {
                 _ => {}
             }
         }
+        let repair = self.repair_tables()?;
         let Check { leaked, lost } = self.check()?;
         let size = self.layout.frame_size;
         for &index in &lost {
@@ -187,8 +392,19 @@ impl Zone {
                     )
                 })?;
         }
+        let mut orphaned = 0;
         for &index in &leaked {
             let frame = Frame { index, size };
+            let zeroes = self.pool.holds_only_zeroes(frame);
+            if !zeroes.map_err(self.io_err("cannot read a leaked frame"))? {
+                log::warn!(
+                    "zone {}: frame {index} held data but no VM's frame table nor its owner \
+                     names it (both damaged): some VM lost a chunk of memory, and nothing tells \
+                     which; scrubbed and freed",
+                    self.path.display()
+                );
+                orphaned += 1;
+            }
             self.pool
                 .scrub(frame)
                 .map_err(self.io_err("cannot scrub a leaked frame"))?;
@@ -204,6 +420,11 @@ impl Zone {
                 self.path.display()
             );
         }
-        Ok((leaked, lost))
+        Ok(Recovered {
+            leaked,
+            lost,
+            orphaned,
+            repair,
+        })
     }
 }

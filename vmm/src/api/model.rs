@@ -518,6 +518,10 @@ pub struct SnapshotLoadParams {
     /// Advance kvmclock by the time the snapshot lay (refused when true).
     #[serde(default)]
     pub clock_realtime: bool,
+    /// This VMM's: load a VM whose zone memory recovery found damaged, accepting that the lost
+    /// ranges read as zeroes.
+    #[serde(default)]
+    pub accept_damaged: bool,
 }
 
 impl SnapshotLoadParams {

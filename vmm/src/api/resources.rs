@@ -95,6 +95,7 @@ fn zone_target(zone: &ZoneAttachment) -> ZoneTarget {
         path: zone.path.clone(),
         vm: zone.vm.clone(),
         ephemeral: zone.ephemeral,
+        accept_damaged: zone.accept_damaged,
     }
 }
 
@@ -392,6 +393,7 @@ pub fn machine_configuration(config: &VmConfig) -> MachineConfiguration {
             path: zone.path.clone(),
             vm: zone.vm.clone(),
             ephemeral: zone.ephemeral,
+            accept_damaged: zone.accept_damaged,
         }),
         populate: Some(config.populate.into()),
         wait_for_memory: config.wait_for_memory,

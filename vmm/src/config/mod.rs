@@ -130,6 +130,9 @@ pub struct ZoneTarget {
     pub vm: String,
     /// Delete the VM (free its frames) when its VMM ends or dies, instead of keeping its memory.
     pub ephemeral: bool,
+    /// Attach the VM even though the zone's recovery lost some of its memory (which then reads
+    /// as zeroes).
+    pub accept_damaged: bool,
 }
 
 /// The validated configuration of one VM.

@@ -53,6 +53,27 @@ pub(super) fn attach_zone(
             recovery.lost_frames
         );
     }
+    if recovery.repaired_entries + recovery.damaged_chunks + recovery.orphaned_frames > 0 {
+        log::warn!(
+            "zone {}: its metadata was damaged: recovery repaired {} frame-table entries or \
+             owners, marked {} chunks of memory lost, and found {} frames of data nobody named",
+            target.path.display(),
+            recovery.repaired_entries,
+            recovery.damaged_chunks,
+            recovery.orphaned_frames
+        );
+    }
+    if target.accept_damaged {
+        let lost = zone.accept_damage(&target.vm)?;
+        if !lost.is_empty() {
+            log::warn!(
+                "zone {}: VM '{}' attached with its lost memory (now zeroes) accepted: {}",
+                target.path.display(),
+                target.vm,
+                guest_mem::zone::format_ranges(&lost)
+            );
+        }
+    }
     let frame = zone.frame_size();
     for (setting, size) in [
         ("memory", Some(config.memory_size)),

@@ -528,6 +528,7 @@ pub(super) fn prepare(
                 path: memory_path.clone(),
                 vm: vm.clone(),
                 ephemeral: false,
+                accept_damaged: params.accept_damaged,
             };
             config.zone = Some(target.clone());
             let zone =

@@ -42,6 +42,9 @@ pub struct ZoneAttachment {
     /// Delete the VM from the zone when this VMM ends or dies.
     #[serde(default)]
     pub ephemeral: bool,
+    /// Attach the VM even though the zone's recovery lost some of its memory.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub accept_damaged: bool,
 }
 
 fn is_false(value: &bool) -> bool {

@@ -264,6 +264,7 @@ fn pmem_lives_in_the_vms_zone() {
                 path: files.path("b.img"),
                 vm: "vm1".into(),
                 ephemeral: false,
+                accept_damaged: false,
             }),
             ..machine(1, 64)
         })
