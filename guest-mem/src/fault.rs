@@ -130,6 +130,10 @@ fn retry_blocked(inner: &Inner) {
             shared.vcpus.resolve(index, addr);
             continue;
         };
+        // The VM is paused: the vCPU keeps waiting (see `Shared::held`).
+        if !shared.begin_blocked_resolution() {
+            return;
+        }
         // Still no frame: the vCPU keeps waiting, and its error has been reported already.
         let _ = resolve(
             shared,
@@ -139,6 +143,7 @@ fn retry_blocked(inner: &Inner) {
             Some(index),
             addr,
         );
+        shared.end_blocked_resolution();
     }
 }
 
@@ -186,7 +191,17 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     };
     let vcpu = shared.vcpus.index_of(fault.tid);
     let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
-    let error = match resolve(shared, region, chunk, core, vcpu, fault.address) {
+    // A vCPU that waits already (the kernel delivers its fault anew when its wait is
+    // interrupted) waits on while the VM is paused (see `Shared::held`).
+    let waits = vcpu.is_some_and(|i| shared.vcpus.blocked_on(i).is_some());
+    if waits && !shared.begin_blocked_resolution() {
+        return;
+    }
+    let result = resolve(shared, region, chunk, core, vcpu, fault.address);
+    if waits {
+        shared.end_blocked_resolution();
+    }
+    let error = match result {
         Ok((woken, fresh)) => {
             if fresh {
                 shared.counters.fault_handling.record(woken - read_at);
@@ -229,9 +244,13 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     }
     // A frame freed, or the chunk populated by someone else, between the failed attempt and
     // the wait being recorded would otherwise be noticed only by the next retry, and the error
-    // would be reported for nothing.
-    if resolve(shared, region, chunk, core, vcpu, fault.address).is_ok() {
-        return;
+    // would be reported for nothing. Not while the VM is paused: the vCPU waits on.
+    if shared.begin_blocked_resolution() {
+        let resolved = resolve(shared, region, chunk, core, vcpu, fault.address).is_ok();
+        shared.end_blocked_resolution();
+        if resolved {
+            return;
+        }
     }
     // The VM stopped while this wait was being recorded (the release may not have seen it).
     if shared.released() {

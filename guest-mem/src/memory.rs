@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
@@ -284,6 +284,8 @@ impl GuestMemory {
             waiting_others: Mutex::new(Vec::new()),
             others_wait: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            held: AtomicBool::new(false),
+            resolving_held: AtomicUsize::new(0),
             counters: Counters::new(config.vcpus),
             zone_vm,
         });
@@ -392,6 +394,32 @@ impl GuestMemory {
     /// Returns how many waits it ended.
     pub fn release_faults(&self) -> usize {
         crate::fault::release(&self.inner.shared)
+    }
+
+    /// Holds the waits of vCPUs for a frame (the VM is being paused): a vCPU that waits keeps
+    /// waiting, even once a frame is free, until [`Self::release_held_vcpus`]. Such a vCPU is
+    /// blocked in the kernel, where no kick reaches it (KVM's fault path waits for userfaultfd
+    /// uninterruptibly on many kernels), and counts as paused ([`Self::vcpu_held`]). Returns
+    /// once no resolution of a waiting vCPU's fault is under way.
+    pub fn hold_waiting_vcpus(&self) {
+        let shared = &self.inner.shared;
+        shared.held.store(true, Ordering::SeqCst);
+        while shared.resolving_held.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Ends [`Self::hold_waiting_vcpus`]: waiting vCPUs get frames again as they come.
+    pub fn release_held_vcpus(&self) {
+        self.inner.shared.held.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether vCPU `index` waits for a frame while the waits are held (it is as paused).
+    pub fn vcpu_held(&self, index: usize) -> bool {
+        let shared = &self.inner.shared;
+        shared.held.load(Ordering::SeqCst)
+            && index < shared.vcpus.len()
+            && shared.vcpus.blocked_on(index).is_some()
     }
 
     /// Readable when some vCPU has a fault error pending.

@@ -2,7 +2,7 @@
 //! userfaultfd, the vCPU registry and the counters ([`Shared`]), and the regions themselves
 //! ([`Inner`]), which the memory and the handlers keep alive together.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::pool::Pool;
@@ -27,6 +27,11 @@ pub(crate) struct Shared {
     /// pool cannot serve gets the zero page at once instead of waiting. Changed only with
     /// `waiting_others` locked, so that no fault starts waiting after the release.
     pub released: AtomicBool,
+    /// Set while the VM is paused: a vCPU that waits for a frame keeps waiting even when one is
+    /// free (it counts as paused), until the resume ([`crate::GuestMemory::hold_waiting_vcpus`]).
+    pub held: AtomicBool,
+    /// Resolutions of a waiting vCPU's fault under way, which a hold waits out.
+    pub resolving_held: AtomicUsize,
     pub counters: Counters,
     pub core_base: usize,
     pub vmm_core: usize,
@@ -38,7 +43,23 @@ pub(crate) struct Shared {
 impl Shared {
     /// Whether the faults have been released (see `released`).
     pub fn released(&self) -> bool {
-        self.released.load(std::sync::atomic::Ordering::SeqCst)
+        self.released.load(Ordering::SeqCst)
+    }
+
+    /// Starts resolving the fault a vCPU waits on, unless the waits are held; the caller then
+    /// ends with [`Self::end_blocked_resolution`].
+    pub fn begin_blocked_resolution(&self) -> bool {
+        self.resolving_held.fetch_add(1, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) {
+            self.resolving_held.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Ends what [`Self::begin_blocked_resolution`] started.
+    pub fn end_blocked_resolution(&self) {
+        self.resolving_held.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// The addresses other threads wait on (see `waiting_others`).

@@ -205,3 +205,102 @@ fn every_stop_ends_a_vmm_whose_guest_waits_for_memory() {
         );
     }
 }
+
+/// A pause of a VM whose vCPU waits for a frame is answered at once: the waiting vCPU, blocked
+/// in the kernel where no kick reaches it, is held there and counts as paused. A frame that
+/// comes free while the VM is paused does not let it run; after the resume it gets one and the
+/// guest finishes. A snapshot meanwhile is refused at once with the reason.
+#[test]
+fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
+    let name = "a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait";
+    if !kvm_available(name) {
+        return;
+    }
+    let scratch = Scratch::new("waiting-pause");
+    let zone = scratch.path("zone");
+    let created = vmm_common::client(&["zone", "create", &zone, "--size", "64M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    // VM a holds 24 of the zone's 32 frames until it is shut down; it is ephemeral, so its
+    // frames go back to the zone then.
+    let holder_socket = scratch.path("holder.sock");
+    let (holder, holder_api) = VmmRun::start_paused(
+        &[
+            "--zone",
+            &zone,
+            "--vm",
+            "a",
+            "--ephemeral",
+            "--memory",
+            "48M",
+            "--workload",
+            "write:2M+46M,checkpoint:1",
+        ],
+        &holder_socket,
+    );
+    let socket = scratch.path("waiter.sock");
+    let mut waiter = VmmRun::start(&[
+        "--zone",
+        &zone,
+        "--vm",
+        "b",
+        "--memory",
+        "48M",
+        "--wait-for-memory",
+        "--workload",
+        "write:all:0xB,verify:all:0xB",
+        "--api-socket",
+        &socket,
+    ]);
+    let api = waiter.api(&socket);
+    let waiting = |api: &vmm_cli::ApiClient| get(api, "/memory")["guest"]["waiting_vcpus"] == 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !waiting(&api) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest never waited"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let asked = std::time::Instant::now();
+    vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    let paused_after = asked.elapsed();
+    wait_for_state(&api, "Paused");
+    let asked = std::time::Instant::now();
+    let snapshot = api
+        .request(
+            "PUT",
+            "/snapshot/create",
+            Some(&format!(
+                r#"{{"snapshot_path":"{0}/vm.snap","mem_file_path":"{0}/vm.mem"}}"#,
+                scratch.path("")
+            )),
+        )
+        .unwrap();
+    let refused_after = asked.elapsed();
+    assert_eq!(snapshot.status, 400, "{}", snapshot.body);
+    assert!(
+        snapshot.body.contains("vCPU 0 waits for guest memory"),
+        "{}",
+        snapshot.body
+    );
+    // The holder goes, its frames with it; the paused guest still waits.
+    vmm_common::send(
+        &holder_api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"Shutdown"}"#,
+    );
+    holder.wait(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(waiting(&api), "a paused guest got memory");
+    assert_eq!(get(&api, "/machine")["state"], "Paused");
+    vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = waiter.wait(Duration::from_secs(60));
+    eprintln!(
+        "paused {paused_after:?} after the request, snapshot refused after {refused_after:?}"
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
+    assert!(paused_after < Duration::from_secs(1), "{paused_after:?}");
+    assert!(refused_after < Duration::from_secs(1), "{refused_after:?}");
+}

@@ -22,6 +22,9 @@ fn api_error(error: control::ControlError) -> ControlError {
         control::ControlError::NotPaused => ControlError::InvalidState(
             "the VM is not paused (PATCH /vm {\"state\":\"Paused\"})".into(),
         ),
+        control::ControlError::WaitsForMemory { .. } => {
+            ControlError::InvalidState(error.to_string())
+        }
         control::ControlError::CalledFromVcpu | control::ControlError::SaveFailed { .. } => {
             ControlError::Internal(error.to_string())
         }
@@ -110,7 +113,15 @@ impl VmmControl for Session {
     }
 
     fn pause(&self) -> Result<(), ControlError> {
-        self.started_control()?.pause().map_err(api_error)
+        let control = self.started_control()?;
+        // A vCPU that waits for a frame is blocked in the kernel, where no kick reaches it on
+        // many kernels: it stays there, held, and counts as paused.
+        self.memory().hold_waiting_vcpus();
+        let paused = control.pause().map_err(api_error);
+        if paused.is_err() {
+            self.memory().release_held_vcpus();
+        }
+        paused
     }
 
     fn resume(&self) -> Result<(), ControlError> {
@@ -126,7 +137,9 @@ impl VmmControl for Session {
         // longer matches it.
         self.break_seal()
             .map_err(|e| ControlError::Internal(e.to_string()))?;
-        control.resume().map_err(api_error)
+        let resumed = control.resume().map_err(api_error);
+        self.memory().release_held_vcpus();
+        resumed
     }
 
     fn shutdown(&self) -> Result<(), ControlError> {

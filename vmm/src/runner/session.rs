@@ -219,10 +219,19 @@ impl Session {
         // page fault workers, which KVM waits for before it destroys the VM) must end: weak,
         // as the memory must not outlive the run through the control.
         let memory = Arc::downgrade(&self.memory);
-        control.on_stop(Arc::new(move || {
-            if let Some(memory) = memory.upgrade() {
-                memory.release_faults();
+        control.on_stop(Arc::new({
+            let memory = memory.clone();
+            move || {
+                if let Some(memory) = memory.upgrade() {
+                    memory.release_faults();
+                }
             }
+        }));
+        // A vCPU that waits for a frame while the VM is paused is held there (see `pause`).
+        control.on_pause_count(Arc::new(move |index| {
+            memory
+                .upgrade()
+                .is_some_and(|memory| memory.vcpu_held(index))
         }));
         let _ = self.vm_fd.set(vm.fd().clone());
         if !paused {

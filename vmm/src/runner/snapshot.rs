@@ -268,6 +268,9 @@ impl Session {
             .map_err(|e| match e {
                 control::ControlError::NotPaused => not_paused(),
                 control::ControlError::Stopped => SnapshotError::State("the VM has stopped".into()),
+                e @ control::ControlError::WaitsForMemory { .. } => {
+                    SnapshotError::State(e.to_string())
+                }
                 e => SnapshotError::Vcpus(e),
             })?;
         let vcpus_done = Instant::now();

@@ -24,6 +24,17 @@ pub enum ControlError {
     /// The vCPUs' state can only be read while the VM is paused.
     #[error("the VM is not paused")]
     NotPaused,
+    /// A vCPU of the paused VM waits for guest memory in the kernel, where its state cannot be
+    /// read.
+    #[error(
+        "vCPU {vcpu} waits for guest memory (its pool or zone is exhausted) and its state \
+         cannot be read until it gets a frame: give the VM memory (e.g. deflate its balloon or \
+         inflate another VM's) or stop it"
+    )]
+    WaitsForMemory {
+        /// The vCPU.
+        vcpu: usize,
+    },
     /// A vCPU could not read its state.
     #[error("vCPU {vcpu}: {message}")]
     SaveFailed {
@@ -95,6 +106,10 @@ struct State {
     requested: RunState,
     /// vCPUs waiting in `vcpu_checkpoint` while paused.
     parked: usize,
+    /// Per vCPU: whether it waits in `vcpu_checkpoint`.
+    parked_vcpus: Vec<bool>,
+    /// Tells whether a vCPU that is not parked is as paused (see [`VmControl::on_pause_count`]).
+    held: Option<HeldProbe>,
     /// Per vCPU: how its thread ended, once it has.
     exits: Vec<Option<VcpuExitReason>>,
     stop_reason: Option<StopReason>,
@@ -111,9 +126,21 @@ struct State {
 /// What [`VmControl::on_stop`] calls.
 pub type StopHook = Arc<dyn Fn() + Send + Sync>;
 
+/// What [`VmControl::on_pause_count`] asks: whether vCPU `index` is held where it waits.
+pub type HeldProbe = Arc<dyn Fn(usize) -> bool + Send + Sync>;
+
 impl State {
     fn exited(&self) -> usize {
         self.exits.iter().filter(|e| e.is_some()).count()
+    }
+
+    /// Whether every vCPU is parked, has ended, or (with `held`) is held where it waits.
+    fn all_paused(&self, held: bool) -> bool {
+        (0..self.exits.len()).all(|index| {
+            self.parked_vcpus[index]
+                || self.exits[index].is_some()
+                || (held && self.held.as_ref().is_some_and(|probe| probe(index)))
+        })
     }
 }
 
@@ -142,6 +169,8 @@ impl VmControl {
             state: Mutex::new(State {
                 requested: RunState::Paused,
                 parked: 0,
+                parked_vcpus: vec![false; vcpu_count],
+                held: None,
                 exits: vec![None; vcpu_count],
                 stop_reason: None,
                 threads: Vec::new(),
@@ -217,6 +246,14 @@ impl VmControl {
         }
     }
 
+    /// Has [`Self::pause`] count vCPU `index` as paused while `probe(index)` says it is held
+    /// where it waits: a vCPU waiting in the kernel for guest memory, where no kick reaches it,
+    /// whose fault is held until the resume (`GuestMemory::hold_waiting_vcpus`). Such a vCPU is
+    /// not parked: its state cannot be read (a snapshot needs every vCPU parked).
+    pub fn on_pause_count(&self, probe: HeldProbe) {
+        self.lock().held = Some(probe);
+    }
+
     /// Asks all vCPUs to pause and returns at once; each parks when it next leaves `KVM_RUN`.
     /// Safe to call from a vCPU thread (e.g. from a device); [`Self::pause`] also waits.
     pub fn request_pause(&self) -> Result<(), ControlError> {
@@ -233,17 +270,25 @@ impl VmControl {
         Ok(())
     }
 
-    /// Pauses all vCPUs and returns once every running vCPU waits outside `KVM_RUN`.
+    /// Pauses all vCPUs and returns once every running vCPU waits outside `KVM_RUN`, or is held
+    /// where it waits for memory (see [`Self::on_pause_count`]).
     pub fn pause(&self) -> Result<(), ControlError> {
         if vcpu::current_vcpu_index().is_some() {
             return Err(ControlError::CalledFromVcpu);
         }
         let mut state = self.lock();
         Self::request_pause_locked(&mut state, &self.pending)?;
-        while state.requested == RunState::Paused
-            && state.parked + state.exited() < state.exits.len()
-        {
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        while state.requested == RunState::Paused && !state.all_paused(true) {
+            state = match state.held {
+                // A held vCPU's wait changes without a notification: look again soon.
+                Some(_) => {
+                    self.changed
+                        .wait_timeout(state, Duration::from_millis(1))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+            };
         }
         match state.requested {
             RunState::Stopped => Err(ControlError::Stopped),
@@ -294,12 +339,27 @@ impl VmControl {
 
     /// Waits until every vCPU of a VM whose pause was asked for (e.g. by a checkpoint) has
     /// parked; fails if no pause is asked for, or the VM stops or resumes meanwhile.
+    /// A vCPU held where it waits for memory (see [`Self::on_pause_count`]) never parks: then
+    /// this fails at once.
     pub fn wait_parked(&self) -> Result<(), ControlError> {
         let mut state = self.lock();
-        while state.requested == RunState::Paused
-            && state.parked + state.exited() < state.exits.len()
-        {
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        while state.requested == RunState::Paused && !state.all_paused(false) {
+            if state.all_paused(true) {
+                let held = (0..state.exits.len())
+                    .find(|&index| !state.parked_vcpus[index] && state.exits[index].is_none());
+                return Err(ControlError::WaitsForMemory {
+                    vcpu: held.unwrap_or_default(),
+                });
+            }
+            state = match state.held {
+                Some(_) => {
+                    self.changed
+                        .wait_timeout(state, Duration::from_millis(1))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
+            };
         }
         match state.requested {
             RunState::Paused => Ok(()),
@@ -369,9 +429,11 @@ impl VmControl {
                 }
                 RunState::Paused => {
                     state.parked += 1;
+                    state.parked_vcpus[index] = true;
                     self.changed.notify_all();
                     state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
                     state.parked -= 1;
+                    state.parked_vcpus[index] = false;
                 }
             }
         }
