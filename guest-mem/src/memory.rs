@@ -414,6 +414,22 @@ impl GuestMemory {
         self.inner.shared.held.store(false, Ordering::SeqCst);
     }
 
+    /// Whether vCPU `index` waits for a frame (its fault found the pool exhausted).
+    pub fn vcpu_waits(&self, index: usize) -> bool {
+        self.vcpu_waited(index).is_some()
+    }
+
+    /// How long vCPU `index` has waited for a frame, if it does.
+    pub fn vcpu_waited(&self, index: usize) -> Option<std::time::Duration> {
+        let vcpus = &self.inner.shared.vcpus;
+        (index < vcpus.len()).then(|| vcpus.waited(index)).flatten()
+    }
+
+    /// Whether a fault of a thread that is no vCPU waits for a frame.
+    pub fn other_fault_waits(&self) -> bool {
+        self.inner.shared.others_wait.load(Ordering::Acquire)
+    }
+
     /// Whether vCPU `index` waits for a frame while the waits are held (it is as paused).
     pub fn vcpu_held(&self, index: usize) -> bool {
         let shared = &self.inner.shared;

@@ -2,7 +2,8 @@
 //! asynchronous page fault workers, VMM threads) could not be resolved with.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -33,6 +34,9 @@ pub(crate) struct VcpuRegistry {
     errors: Box<[AtomicU8]>,
     other_error: AtomicU8,
     blocked: Box<[AtomicUsize]>,
+    /// Per vCPU: when its current wait began, in nanoseconds from `epoch`.
+    blocked_since: Box<[AtomicU64]>,
+    epoch: Instant,
     event: EventFd,
     kick_signal: Option<i32>,
 }
@@ -44,6 +48,8 @@ impl VcpuRegistry {
             errors: (0..vcpus).map(|_| AtomicU8::new(NO_ERROR)).collect(),
             other_error: AtomicU8::new(NO_ERROR),
             blocked: (0..vcpus).map(|_| AtomicUsize::new(NOT_BLOCKED)).collect(),
+            blocked_since: (0..vcpus).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
             event: EventFd::new(EFD_NONBLOCK)?,
             kick_signal,
         })
@@ -104,7 +110,19 @@ impl VcpuRegistry {
     /// kernel delivers the same fault again whenever the wait is interrupted (a kick does that),
     /// and such a repeat must not be reported as another error.
     pub fn block(&self, index: usize, addr: usize) -> bool {
-        self.blocked[index].swap(addr, Ordering::AcqRel) != addr
+        let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let previous = self.blocked[index].swap(addr, Ordering::AcqRel);
+        if previous == NOT_BLOCKED {
+            self.blocked_since[index].store(nanos, Ordering::Release);
+        }
+        previous != addr
+    }
+
+    /// How long vCPU `index` has waited on an unresolved fault, if it does.
+    pub fn waited(&self, index: usize) -> Option<Duration> {
+        self.blocked_on(index)?;
+        let since = Duration::from_nanos(self.blocked_since[index].load(Ordering::Acquire));
+        Some(self.epoch.elapsed().saturating_sub(since))
     }
 
     /// The address vCPU `index` is blocked on, if any.

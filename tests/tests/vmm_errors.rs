@@ -225,8 +225,8 @@ fn a_pool_with_no_free_frame_at_start_says_so() {
         ..
     } = paused_on_pool_file("pool-full", "write:all,checkpoint:1");
     first.kill();
-    let full = "the guest memory pool is exhausted (pool of 16 MiB, 0 bytes free; a pool file \
-                keeps the frames of a VMM that was killed)";
+    let full = "the guest memory pool is exhausted (pool of 16 MiB, 0 bytes free, 2 MiB frames; \
+                a pool file keeps the frames of a VMM that was killed)";
     VmmRun::run(&["--memory", "16M", "--backing", &backing])
         .assert_fails(2, &format!("cannot load the test guest image: {full}"));
     let kernel = scratch.path("vmlinux");

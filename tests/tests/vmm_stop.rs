@@ -283,6 +283,11 @@ fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
         "{}",
         snapshot.body
     );
+    // Who waits, and since when: the held vCPU waits on.
+    let first = get(&api, "/memory")["vcpus"][0]["waiting_ms"].as_u64();
+    std::thread::sleep(Duration::from_millis(200));
+    let later = get(&api, "/memory")["vcpus"][0]["waiting_ms"].as_u64();
+    assert!(first.is_some_and(|first| later > Some(first)), "{first:?}, {later:?}");
     // The holder goes, its frames with it; the paused guest still waits.
     vmm_common::send(
         &holder_api,
@@ -296,6 +301,7 @@ fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
     assert_eq!(get(&api, "/machine")["state"], "Paused");
     vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     let run = waiter.wait(Duration::from_secs(60));
+    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
     eprintln!(
         "paused {paused_after:?} after the request, snapshot refused after {refused_after:?}"
     );
@@ -303,4 +309,60 @@ fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
     assert!(run.stdout.contains("test guest: done"), "{run:#?}");
     assert!(paused_after < Duration::from_secs(1), "{paused_after:?}");
     assert!(refused_after < Duration::from_secs(1), "{refused_after:?}");
+}
+
+/// `--wait-for-memory=DURATION` bounds the wait: past it the VM stops with status 8 and a
+/// message saying what it lacked, instead of hanging. The time the VM is paused does not count.
+#[test]
+fn a_wait_for_memory_past_its_limit_ends_the_run_with_status_8() {
+    let name = "a_wait_for_memory_past_its_limit_ends_the_run_with_status_8";
+    if !kvm_available(name) {
+        return;
+    }
+    let scratch = Scratch::new("waiting-limit");
+    let backing = half_held_pool(&scratch);
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--backing",
+        &backing,
+        "--wait-for-memory=2s",
+        "--api-socket",
+        &socket,
+    ]);
+    let api = vmm.api(&socket);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get(&api, "/memory")["guest"]["waiting_vcpus"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest never waited"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        get(&api, "/machine")["state"],
+        "Paused",
+        "paused time counted"
+    );
+    let resumed = std::time::Instant::now();
+    vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = vmm.wait(Duration::from_secs(30));
+    let took = resumed.elapsed();
+    eprintln!("stopped {took:?} after the resume");
+    assert_eq!(run.code, Some(8), "{run:#?}");
+    // The wait's warning, then the error.
+    let error = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        error.starts_with("error: vCPU 0: waited 2.")
+            && error.contains("longer than --wait-for-memory allows")
+            && error.contains("pool of 64 MiB, 0 bytes free, 2 MiB frames"),
+        "{run:#?}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
 }

@@ -5,6 +5,7 @@
 #![allow(rustdoc::broken_intra_doc_links)]
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -59,6 +60,29 @@ pub struct Cli {
     /// this flag overrides RUST_LOG. Warnings a guest can trigger are rate-limited.
     #[arg(long, global = true, value_name = "LEVEL")]
     pub log_level: Option<log::LevelFilter>,
+}
+
+/// A duration: a number with ms, s, m or h (a bare number is seconds), more than zero.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("expected a duration such as 30s, 5m or 500ms, not '{text}'"))?;
+    let millis = match unit {
+        "ms" => Some(number),
+        "" | "s" => number.checked_mul(1000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => return Err(format!("unknown unit '{unit}' in '{text}' (ms, s, m or h)")),
+    };
+    match millis {
+        Some(0) => Err("the duration must be more than zero".into()),
+        Some(millis) => Ok(Duration::from_millis(millis)),
+        None => Err(format!("'{text}' is too long")),
+    }
 }
 
 /// Checks an instance id: 1 to 64 ASCII letters, digits, '-' or '_' (a UUID fits).
@@ -315,8 +339,18 @@ pub struct RunArgs {
     /// When the pool has no free frame for a vCPU's fault, let the vCPU wait until one is free
     /// (another VM on the same pool gives memory back: memory overcommit) instead of the VM
     /// stopping with an error (exit status 4).
-    #[arg(long)]
-    pub wait_for_memory: bool,
+    ///
+    /// With =DURATION (e.g. 30s, 5m, 1h, 500ms; a bare number is seconds), a fault waits at
+    /// most that long (not counting while the VM is paused): then the VM stops with exit
+    /// status 8 and a message naming what it lacked, instead of waiting for ever.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        num_args = 0..=1,
+        require_equals = true,
+        value_parser = parse_duration
+    )]
+    pub wait_for_memory: Option<Option<Duration>>,
 
     /// When guest memory gets its host frames: all at start (eager) or on first touch (lazy).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
@@ -455,4 +489,29 @@ pub enum BalloonAction {
     Get,
     /// Show the guest's memory statistics from the balloon (GET /balloon/statistics).
     Stats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_a_unit_and_a_bare_number_is_seconds() {
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in [
+            "",
+            "0",
+            "0s",
+            "s",
+            "5d",
+            "-1s",
+            "1.5s",
+            "99999999999999999999h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

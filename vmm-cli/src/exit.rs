@@ -23,6 +23,8 @@ Exit status:
   6  `vmm run`: an API client stopped the VM (PUT /actions Shutdown) before the guest finished
   7  `vmm run`: the guest reset the VM (Linux: `reboot`, a panic with panic=N, a triple
      fault): a microVM does not restart, the VMM ends
+  8  `vmm run --wait-for-memory=DURATION`: a fault waited longer than DURATION for guest
+     memory (its pool or zone stayed exhausted); the VM was stopped
 130  `vmm run`: SIGINT (Ctrl-C) stopped the VM before the guest finished (128 + 2, as shells do)
 143  `vmm run`: SIGTERM stopped the VM before the guest finished (128 + 15)";
 
@@ -46,6 +48,8 @@ pub enum ExitStatus {
     StoppedByApi = 6,
     /// The guest reset the VM (reboot, a panic with panic=N, a triple fault).
     GuestReset = 7,
+    /// A fault waited longer for guest memory than `--wait-for-memory=` allows.
+    MemoryWaitExpired = 8,
     /// SIGINT stopped the VM before the guest finished.
     Interrupted = 130,
     /// SIGTERM stopped the VM before the guest finished.
@@ -91,6 +95,7 @@ pub fn run_error_status(error: &RunError) -> ExitStatus {
         ) => ExitStatus::Runtime,
         RunError::Snapshot(SnapshotError::Zone { source, .. }) => zone_error_status(source),
         RunError::Snapshot(_) => ExitStatus::Usage,
+        RunError::MemoryWaitExpired { .. } => ExitStatus::MemoryWaitExpired,
         _ => ExitStatus::Runtime,
     }
 }
@@ -146,6 +151,7 @@ mod tests {
             ExitStatus::ApiError,
             ExitStatus::StoppedByApi,
             ExitStatus::GuestReset,
+            ExitStatus::MemoryWaitExpired,
         ];
         for (expected, status) in all.into_iter().enumerate() {
             assert_eq!(status.code() as usize, expected);

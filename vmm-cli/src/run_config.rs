@@ -67,7 +67,8 @@ impl TryFrom<RunArgs> for VmConfig {
             zone,
             pmem_size: args.pmem,
             format_pool: args.format_pool,
-            wait_for_memory: args.wait_for_memory,
+            wait_for_memory: args.wait_for_memory.is_some(),
+            memory_wait_limit: args.wait_for_memory.flatten(),
             scrub,
             populate: match args.populate {
                 PopulateArg::Eager => guest_mem::Populate::Eager,

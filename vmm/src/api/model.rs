@@ -136,6 +136,10 @@ pub struct VcpuMemoryInfo {
     pub faults: u64,
     /// The tree its core's reservation slot holds, if any.
     pub reserved_tree: Option<usize>,
+    /// How long it has waited for a frame of guest memory (its pool or zone exhausted), in
+    /// milliseconds; absent when it does not wait. It waits for one chunk (`chunk_size_kib`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub waiting_ms: Option<u64>,
 }
 
 /// A per-core reservation of the pool's allocator.
@@ -284,6 +288,9 @@ impl MemoryInfo {
                             .iter()
                             .find(|r| r.core == core % pool.reservation_slots.max(1))
                             .map(|r| r.tree),
+                        waiting_ms: memory
+                            .vcpu_waited(vcpu)
+                            .map(|waited| u64::try_from(waited.as_millis()).unwrap_or(u64::MAX)),
                     }
                 })
                 .collect(),

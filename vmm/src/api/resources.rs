@@ -82,6 +82,15 @@ fn check_machine(
     if let Some(zone) = &machine.zone {
         check_zone(&zone_target(zone)).map_err(invalid)?;
     }
+    match machine.wait_for_memory_limit_s {
+        Some(0) => return Err(refuse("wait_for_memory_limit_s must be at least 1.")),
+        Some(_) if !machine.wait_for_memory => {
+            return Err(refuse(
+                "wait_for_memory_limit_s bounds wait_for_memory, which is off.",
+            ))
+        }
+        _ => {}
+    }
     if balloon.is_some_and(|b| b.amount_mib > machine.mem_size_mib) {
         return Err(refuse(
             "The memory size (MiB) is smaller than the previously set balloon device target size.",
@@ -349,6 +358,9 @@ impl VmResources {
                 .map(|mib| mib * MIB),
             format_pool: false,
             wait_for_memory: machine.wait_for_memory,
+            memory_wait_limit: machine
+                .wait_for_memory_limit_s
+                .map(std::time::Duration::from_secs),
             scrub: Scrub::PunchHole,
             populate: match machine.populate {
                 Some(PopulateMode::Eager) => Populate::Eager,
@@ -397,6 +409,7 @@ pub fn machine_configuration(config: &VmConfig) -> MachineConfiguration {
         }),
         populate: Some(config.populate.into()),
         wait_for_memory: config.wait_for_memory,
+        wait_for_memory_limit_s: config.memory_wait_limit.map(|limit| limit.as_secs()),
         ..MachineConfiguration::default()
     }
 }

@@ -150,6 +150,9 @@ pub struct VmConfig {
     pub format_pool: bool,
     /// A vCPU that finds the pool exhausted waits for a frame instead of the VM stopping.
     pub wait_for_memory: bool,
+    /// With `wait_for_memory`: how long a fault may wait before the VM is stopped (`None`:
+    /// for as long as it takes).
+    pub memory_wait_limit: Option<std::time::Duration>,
     /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
     /// punching otherwise.
     pub scrub: Scrub,
@@ -197,6 +200,7 @@ impl VmConfig {
             pmem_size: None,
             format_pool: false,
             wait_for_memory: false,
+            memory_wait_limit: None,
             scrub: Scrub::PunchHole,
             populate: Populate::Lazy,
             vcpus,

@@ -8,8 +8,9 @@ use std::thread::JoinHandle;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
 
-use super::session::Session;
+use super::session::{Session, MEMORY_WAIT_CHECK};
 use super::signals::{SignalFd, StopSignals};
 use super::StopCause;
 
@@ -56,6 +57,34 @@ impl MutEventSubscriber for GuestFaultSubscriber {
     }
 }
 
+/// Looks at the waits for memory every [`MEMORY_WAIT_CHECK`] (`--wait-for-memory=LIMIT`).
+struct MemoryWaitSubscriber {
+    timer: TimerFd,
+    session: Arc<Session>,
+}
+
+impl MutEventSubscriber for MemoryWaitSubscriber {
+    fn init(&mut self, ops: &mut EventOps) {
+        let armed = self
+            .timer
+            .reset(MEMORY_WAIT_CHECK, Some(MEMORY_WAIT_CHECK))
+            .map_err(io::Error::from)
+            .and_then(|()| {
+                ops.add(Events::new(&self.timer, EventSet::IN))
+                    .map_err(|e| io::Error::other(e.to_string()))
+            });
+        if let Err(e) = armed {
+            log::error!("cannot watch how long the guest waits for memory: {e}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        // Expirations only need reading; how many passed does not matter.
+        let _ = self.timer.wait();
+        self.session.check_memory_waits();
+    }
+}
+
 /// Ends the loop when its event is signalled.
 struct QuitSubscriber {
     event: Arc<EventFd>,
@@ -99,6 +128,12 @@ impl EventLoop {
         manager.add_subscriber(Box::new(GuestFaultSubscriber {
             session: session.clone(),
         }));
+        if session.config().memory_wait_limit.is_some() {
+            manager.add_subscriber(Box::new(MemoryWaitSubscriber {
+                timer: TimerFd::new()?,
+                session: session.clone(),
+            }));
+        }
         Ok(EventLoop {
             manager,
             quit_event,

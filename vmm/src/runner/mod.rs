@@ -184,7 +184,20 @@ pub enum RunError {
         thread: FaultingThread,
         /// What went wrong.
         error: FaultError,
-        /// The pool's state, e.g. "pool of 64 MiB, 0 bytes free".
+        /// The pool's state, e.g. "pool of 64 MiB, 0 bytes free, 2 MiB frames".
+        pool: String,
+    },
+    /// A fault waited for memory longer than `--wait-for-memory=` allows; the VM was stopped.
+    #[error(
+        "{thread}: waited {waited_s:.1} s for guest memory, longer than --wait-for-memory allows \
+         ({pool}); the VM was stopped"
+    )]
+    MemoryWaitExpired {
+        /// Whose fault it was.
+        thread: FaultingThread,
+        /// How long it waited, in seconds.
+        waited_s: f64,
+        /// The pool's state, as for [`RunError::GuestMemory`].
         pool: String,
     },
     /// The pool had no frame left to load the guest into.

@@ -2,7 +2,7 @@
 //! share about one VM run.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use guest_mem::{FaultError, GuestMemory};
 use kvm_ioctls::VmFd;
@@ -19,7 +19,7 @@ use crate::devices::virtio::mmio::StatefulTransport;
 use crate::devices::GuestWarnings;
 use crate::testguest::ReportDevice;
 use crate::testguest::TestGuestError;
-use crate::vm::control::{StopReason, VmControl};
+use crate::vm::control::{RunState, StopReason, VmControl};
 use crate::vm::RunningVm;
 
 /// How often a run whose zone ran out of frames looks for dead VMMs to recover.
@@ -45,7 +45,12 @@ struct GuestFault {
     thread: FaultingThread,
     error: FaultError,
     pool: String,
+    /// How long it waited, when it was stopped for waiting too long (`--wait-for-memory=`).
+    waited: Option<Duration>,
 }
+
+/// How often [`Session::check_memory_waits`] looks at the waits for memory.
+pub(super) const MEMORY_WAIT_CHECK: Duration = Duration::from_millis(100);
 
 /// One VM run's shared state.
 pub(super) struct Session {
@@ -80,6 +85,9 @@ pub(super) struct Session {
     memory_waits: GuestWarnings,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
+    /// Since when each vCPU (then the other threads) has waited for memory, as
+    /// [`Self::check_memory_waits`] saw it: the time paused is not counted.
+    waiting_since: Mutex<Vec<Option<Instant>>>,
     /// Called once the guest has started, in order.
     on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     /// When this run last looked for dead VMMs in its zone.
@@ -120,6 +128,7 @@ impl Session {
             stop_cause: Mutex::new(None),
             memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
+            waiting_since: Mutex::new(Vec::new()),
             on_start: Mutex::new(Vec::new()),
             dead_check: Mutex::new(None),
             snapshotting: Mutex::new(()),
@@ -347,6 +356,7 @@ impl Session {
                 thread,
                 error,
                 pool: self.pool_summary(),
+                waited: None,
             });
         }
         let Some(fault) = first else {
@@ -362,6 +372,57 @@ impl Session {
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(fault);
         control.request_stop(StopReason::VcpuFailed { vcpu, message });
+    }
+
+    /// With `--wait-for-memory=LIMIT`, called every [`MEMORY_WAIT_CHECK`]: a vCPU (or another
+    /// thread) that has waited for a frame longer than the limit, not counting while the VM is
+    /// paused, stops the VM with [`RunError::MemoryWaitExpired`].
+    pub fn check_memory_waits(&self) {
+        let (Some(limit), Some(control)) = (self.config.memory_wait_limit, self.control.get())
+        else {
+            return;
+        };
+        let mut since = self.waiting_since.lock().unwrap_or_else(|e| e.into_inner());
+        let threads = self.config.vcpus + 1;
+        since.resize(threads, None);
+        let now = Instant::now();
+        if control.state() != RunState::Running {
+            // Paused (or stopping): the wait starts over from the resume.
+            since.iter_mut().for_each(|s| *s = s.map(|_| now));
+            return;
+        }
+        for (index, started) in since.iter_mut().enumerate() {
+            let waits = match index < self.config.vcpus {
+                true => self.memory.vcpu_waits(index),
+                false => self.memory.other_fault_waits(),
+            };
+            let Some(at) = started.filter(|_| waits) else {
+                *started = waits.then_some(now);
+                continue;
+            };
+            let waited = now - at;
+            if waited < limit {
+                continue;
+            }
+            let thread = match index < self.config.vcpus {
+                true => FaultingThread::Vcpu(index),
+                false => FaultingThread::Worker,
+            };
+            self.fault
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(GuestFault {
+                    thread,
+                    error: FaultError::PoolExhausted,
+                    pool: self.pool_summary(),
+                    waited: Some(waited),
+                });
+            control.request_stop(StopReason::VcpuFailed {
+                vcpu: index.min(self.config.vcpus - 1),
+                message: format!("waited for guest memory for {waited:?}"),
+            });
+            return;
+        }
     }
 
     /// In a zone shared with other VMMs that ran out of frames: recovers VMMs that died with the
@@ -380,7 +441,8 @@ impl Session {
         }
     }
 
-    /// "pool of 64 MiB, 0 bytes free" (and a hint for persistent pools).
+    /// "pool of 64 MiB, 0 bytes free, 2 MiB frames" ("zone PATH of ..." for a zone; and a hint
+    /// for persistent pools).
     fn pool_summary(&self) -> String {
         let stats = self.memory.pool().stats();
         let hint = if matches!(self.config.backing, BackingKind::File(_)) {
@@ -388,10 +450,15 @@ impl Session {
         } else {
             ""
         };
+        let pool = match &self.config.zone {
+            Some(zone) => format!("zone {}", zone.path.display()),
+            None => "pool".to_owned(),
+        };
         format!(
-            "pool of {}, {} free{hint}",
+            "{pool} of {}, {} free, {} frames{hint}",
             format_size(stats.total_bytes),
-            format_size(stats.free_bytes)
+            format_size(stats.free_bytes),
+            self.memory.pool().frame_size().name()
         )
     }
 
@@ -418,12 +485,20 @@ impl Session {
             thread,
             error,
             pool,
+            waited,
         }) = fault
         {
-            return Err(RunError::GuestMemory {
-                thread,
-                error,
-                pool,
+            return Err(match waited {
+                Some(waited) => RunError::MemoryWaitExpired {
+                    thread,
+                    waited_s: waited.as_secs_f64(),
+                    pool,
+                },
+                None => RunError::GuestMemory {
+                    thread,
+                    error,
+                    pool,
+                },
             });
         }
         let loading = match &outcome {

@@ -346,6 +346,9 @@ impl Session {
                 .and_then(|b| b.stats_interval())
                 .map_or(0, |i| u32::try_from(i.as_secs()).unwrap_or(u32::MAX)),
             wait_for_memory: config.wait_for_memory,
+            memory_wait_limit_ms: config
+                .memory_wait_limit
+                .map(|limit| u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)),
             guest: match &config.guest {
                 GuestConfig::TestGuest(workload) => SavedGuest::TestGuest(workload.clone()),
                 GuestConfig::Linux(_) | GuestConfig::RestoredLinux => SavedGuest::Linux,
@@ -501,6 +504,9 @@ pub(super) fn prepare(
         pmem_size: machine.pmem_size,
         format_pool: false,
         wait_for_memory: machine.wait_for_memory,
+        memory_wait_limit: machine
+            .memory_wait_limit_ms
+            .map(std::time::Duration::from_millis),
         scrub: Scrub::PunchHole,
         populate: Populate::Lazy,
         vcpus: machine.vcpus,

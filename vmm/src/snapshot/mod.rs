@@ -51,6 +51,9 @@ pub struct Machine {
     pub balloon_stats_interval_s: u32,
     /// vCPUs wait for frames when the pool is exhausted.
     pub wait_for_memory: bool,
+    /// For at most this many milliseconds (none: as long as it takes).
+    #[serde(default)]
+    pub memory_wait_limit_ms: Option<u64>,
     /// What the VM runs.
     pub guest: SavedGuest,
     /// The virtio-blk drives, in their slots' order (their images stay where they are).

@@ -54,6 +54,7 @@ fn snapshot() -> VmSnapshot {
             balloon: Some(BalloonDeviceConfig::default()),
             balloon_stats_interval_s: 0,
             wait_for_memory: false,
+            memory_wait_limit_ms: None,
             guest: SavedGuest::TestGuest(Workload::new().write(2 << 20, 4 << 20, 7)),
             drives: Vec::new(),
         },

@@ -82,6 +82,10 @@ pub struct MachineConfiguration {
     /// stopping.
     #[serde(default, skip_serializing_if = "is_false")]
     pub wait_for_memory: bool,
+    /// Extension: with `wait_for_memory`, how many seconds a fault may wait before the VM is
+    /// stopped (absent: as long as it takes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_memory_limit_s: Option<u64>,
 }
 
 impl Default for MachineConfiguration {
@@ -96,6 +100,7 @@ impl Default for MachineConfiguration {
             zone: None,
             populate: None,
             wait_for_memory: false,
+            wait_for_memory_limit_s: None,
         }
     }
 }
@@ -131,6 +136,9 @@ pub struct MachineConfigurationUpdate {
     /// Extension: wait for memory.
     #[serde(default)]
     pub wait_for_memory: Option<bool>,
+    /// Extension: the longest wait for memory, in seconds.
+    #[serde(default)]
+    pub wait_for_memory_limit_s: Option<u64>,
 }
 
 impl MachineConfigurationUpdate {
@@ -151,6 +159,9 @@ impl MachineConfigurationUpdate {
             zone: self.zone.or_else(|| machine.zone.clone()),
             populate: self.populate.or(machine.populate),
             wait_for_memory: self.wait_for_memory.unwrap_or(machine.wait_for_memory),
+            wait_for_memory_limit_s: self
+                .wait_for_memory_limit_s
+                .or(machine.wait_for_memory_limit_s),
         }
     }
 }
