@@ -287,7 +287,10 @@ fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
     let first = get(&api, "/memory")["vcpus"][0]["waiting_ms"].as_u64();
     std::thread::sleep(Duration::from_millis(200));
     let later = get(&api, "/memory")["vcpus"][0]["waiting_ms"].as_u64();
-    assert!(first.is_some_and(|first| later > Some(first)), "{first:?}, {later:?}");
+    assert!(
+        first.is_some_and(|first| later > Some(first)),
+        "{first:?}, {later:?}"
+    );
     // The holder goes, its frames with it; the paused guest still waits.
     vmm_common::send(
         &holder_api,

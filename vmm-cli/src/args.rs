@@ -352,6 +352,14 @@ pub struct RunArgs {
     )]
     pub wait_for_memory: Option<Option<Duration>>,
 
+    /// With --zone and a --balloon that reports statistics (stats_polling_interval_s=N): when
+    /// less than PERCENT of the zone is free, inflate the balloon by this VM's share of the
+    /// deficit up to twice PERCENT (every VMM on the zone gives in proportion to what its guest
+    /// reports free), and deflate again once more than twice PERCENT is free. 0 opts out.
+    #[arg(long, value_name = "PERCENT", default_value_t = vmm::config::DEFAULT_RECLAIM_BELOW_PERCENT,
+          value_parser = clap::value_parser!(u8).range(0..=50))]
+    pub reclaim_below: u8,
+
     /// When guest memory gets its host frames: all at start (eager) or on first touch (lazy).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
     pub populate: PopulateArg,

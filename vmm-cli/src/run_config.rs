@@ -69,6 +69,7 @@ impl TryFrom<RunArgs> for VmConfig {
             format_pool: args.format_pool,
             wait_for_memory: args.wait_for_memory.is_some(),
             memory_wait_limit: args.wait_for_memory.flatten(),
+            reclaim_below_percent: args.reclaim_below,
             scrub,
             populate: match args.populate {
                 PopulateArg::Eager => guest_mem::Populate::Eager,

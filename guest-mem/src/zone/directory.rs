@@ -30,7 +30,8 @@ const REGIONS: usize = REGION_COUNT + 1;
 const ID: usize = REGIONS + 2 * MAX_REGIONS;
 const SEAL: usize = ID + 1;
 const FLAGS: usize = SEAL + 1;
-const SLOT_WORDS: usize = FLAGS + 1;
+const SPARE: usize = FLAGS + 1;
+const SLOT_WORDS: usize = SPARE + 1;
 
 /// Slot flag: the VM is deleted when its process leaves or dies.
 const EPHEMERAL: u64 = 1;
@@ -188,7 +189,19 @@ impl<'a> Slot<'a> {
         self.set(ID, id);
         self.set(SEAL, 0);
         self.set(FLAGS, 0);
+        self.set(SPARE, 0);
         self.set(OWNER, 0);
+    }
+
+    /// The bytes the VM's guest could give back, as its VMM last saw them (see
+    /// `ZoneVm::set_spare`).
+    pub fn spare(&self) -> u64 {
+        self.get(SPARE)
+    }
+
+    /// Records the bytes the VM's guest could give back.
+    pub fn set_spare(&self, bytes: u64) {
+        self.set(SPARE, bytes);
     }
 
     /// The seal of the VM's memory: set by a snapshot, cleared when the guest runs again; 0

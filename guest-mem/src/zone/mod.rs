@@ -976,6 +976,18 @@ impl Zone {
         Ok(released)
     }
 
+    /// The bytes that the guests of the VMs attached to a live VMM could give back, as their
+    /// VMMs last recorded them ([`ZoneVm::set_spare`]): what a reclaim policy shares a deficit
+    /// by.
+    pub fn spare_total(&self) -> u64 {
+        (0..self.layout.max_vms)
+            .map(|index| self.slot(index))
+            .filter(|slot| slot.state() == SlotState::Active)
+            .filter(|slot| self.live_pid(slot.owner()).is_some())
+            .map(|slot| slot.spare())
+            .fold(0, u64::saturating_add)
+    }
+
     /// The zone's size, VMs, and the state of its frames.
     pub fn info(&self) -> Result<ZoneInfo, ZoneError> {
         let check = self.check()?;
@@ -1137,6 +1149,12 @@ impl ZoneVm {
 }
 
 impl ZoneVm {
+    /// Records the bytes the VM's guest could give back (its free memory as its balloon
+    /// statistics tell, less a margin), for the reclaim policies of every VMM on the zone.
+    pub fn set_spare(&self, bytes: u64) {
+        self.zone.slot(self.index).set_spare(bytes);
+    }
+
     /// Makes the VM ephemeral: it is deleted (its frames freed) when this process detaches it,
     /// leaves or dies, instead of keeping its memory for a restart.
     pub fn make_ephemeral(&self) -> Result<(), ZoneError> {

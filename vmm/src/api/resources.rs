@@ -361,6 +361,7 @@ impl VmResources {
             memory_wait_limit: machine
                 .wait_for_memory_limit_s
                 .map(std::time::Duration::from_secs),
+            reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
             scrub: Scrub::PunchHole,
             populate: match machine.populate {
                 Some(PopulateMode::Eager) => Populate::Eager,

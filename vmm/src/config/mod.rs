@@ -135,6 +135,10 @@ pub struct ZoneTarget {
     pub accept_damaged: bool,
 }
 
+/// The zone's free memory, in percent of the zone, below which a VMM reclaims memory from its
+/// guest by default.
+pub const DEFAULT_RECLAIM_BELOW_PERCENT: u8 = 10;
+
 /// The validated configuration of one VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmConfig {
@@ -153,6 +157,9 @@ pub struct VmConfig {
     /// With `wait_for_memory`: how long a fault may wait before the VM is stopped (`None`:
     /// for as long as it takes).
     pub memory_wait_limit: Option<std::time::Duration>,
+    /// A VM in a zone with a balloon that reports statistics: below this percentage of the
+    /// zone free, its VMM inflates the balloon by its share (see `runner::reclaim`); 0: never.
+    pub reclaim_below_percent: u8,
     /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
     /// punching otherwise.
     pub scrub: Scrub,
@@ -201,6 +208,7 @@ impl VmConfig {
             format_pool: false,
             wait_for_memory: false,
             memory_wait_limit: None,
+            reclaim_below_percent: DEFAULT_RECLAIM_BELOW_PERCENT,
             scrub: Scrub::PunchHole,
             populate: Populate::Lazy,
             vcpus,

@@ -34,6 +34,7 @@ mod linux;
 mod memory;
 mod metrics;
 mod progress;
+mod reclaim;
 mod session;
 mod signals;
 mod snapshot;

@@ -8,6 +8,7 @@ use guest_mem::{FaultError, GuestMemory};
 use kvm_ioctls::VmFd;
 
 use super::devices::Devices;
+use super::reclaim::Reclaim;
 use super::{FaultingThread, RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
@@ -242,6 +243,7 @@ impl Session {
                 .upgrade()
                 .is_some_and(|memory| memory.vcpu_held(index))
         }));
+        self.start_reclaim(control);
         let _ = self.vm_fd.set(vm.fd().clone());
         if !paused {
             if let Err(e) = self.break_seal() {
@@ -372,6 +374,31 @@ impl Session {
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert(fault);
         control.request_stop(StopReason::VcpuFailed { vcpu, message });
+    }
+
+    /// Starts the zone's reclaim policy for this VM (see `reclaim`): a VM in a zone with a
+    /// balloon that reports statistics, unless it opted out.
+    fn start_reclaim(&self, control: &Arc<VmControl>) {
+        let stats = self
+            .balloon
+            .as_ref()
+            .filter(|balloon| balloon.stats_interval().is_some());
+        let (Some(balloon), Some(_)) = (stats, self.memory.zone_vm()) else {
+            return;
+        };
+        if self.config.reclaim_below_percent == 0 {
+            return;
+        }
+        let policy = Reclaim::new(
+            balloon.clone(),
+            &self.memory,
+            control,
+            self.config.reclaim_below_percent,
+            self.config.memory_size,
+        );
+        if let Err(e) = policy.spawn() {
+            log::warn!("cannot start the zone's reclaim policy: {e}");
+        }
     }
 
     /// With `--wait-for-memory=LIMIT`, called every [`MEMORY_WAIT_CHECK`]: a vCPU (or another

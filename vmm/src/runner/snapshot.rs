@@ -507,6 +507,7 @@ pub(super) fn prepare(
         memory_wait_limit: machine
             .memory_wait_limit_ms
             .map(std::time::Duration::from_millis),
+        reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
         scrub: Scrub::PunchHole,
         populate: Populate::Lazy,
         vcpus: machine.vcpus,

@@ -1,0 +1,175 @@
+//! The zone's reclaim policy: a VMM whose VM lives in a zone takes memory back from its guest,
+//! through the balloon, when the zone runs low, before any VM has to wait for a frame; and
+//! gives it back once the pressure is gone. No daemon: every VMM on the zone runs its own
+//! policy, and they share the deficit through the zone itself.
+//!
+//! Every [`TICK`], a VM with a balloon whose guest reports statistics:
+//! * records its *spare* in its zone slot: the guest's available (else free) memory as its
+//!   latest statistics tell, less a margin of a sixteenth of its RAM that it keeps;
+//! * when the zone's free memory is below the threshold (`low`, a percentage of the zone),
+//!   inflates its balloon by its share of the deficit up to twice the threshold, in proportion
+//!   to its spare against the spare of every VM on the zone (so every VM gives the same
+//!   fraction of what it can spare), and never by more than its spare;
+//! * when the zone's free memory is above twice the threshold, deflates what the policy
+//!   inflated, down to twice the threshold.
+//!
+//! After each change it waits until the guest has reached the target and reported statistics
+//! again, so that it never acts twice on one report. A target a person sets (API, `vmm
+//! balloon set`) replaces the policy's. A VM opts out with `--reclaim-below 0`.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use guest_mem::GuestMemory;
+
+use crate::devices::balloon::BalloonHandle;
+use crate::vm::control::{RunState, VmControl};
+
+/// How often the policy looks at the zone.
+pub const TICK: Duration = Duration::from_millis(250);
+const MIB: u64 = 1 << 20;
+/// Balloon pages (4 KiB) per MiB.
+const PAGES_PER_MIB: u64 = 256;
+
+/// One VM's policy.
+pub(super) struct Reclaim {
+    balloon: BalloonHandle,
+    memory: Weak<GuestMemory>,
+    control: Weak<VmControl>,
+    /// The threshold, in percent of the zone.
+    below_percent: u8,
+    ram_bytes: u64,
+    /// MiB the policy inflated on top of `base_mib`, the target a person set.
+    policy_mib: u64,
+    base_mib: u64,
+    /// The target the policy set last; another one was set by a person.
+    last_set_mib: Option<u64>,
+    /// After a change: the guest's statistics count once it had reached the target, `None`
+    /// until it has; the policy acts again after a newer report.
+    settled_at: Option<Option<u64>>,
+}
+
+impl Reclaim {
+    /// The policy of the VM whose guest memory is `memory` (in a zone) and whose balloon is
+    /// `balloon`, with the threshold `below_percent` of the zone.
+    pub fn new(
+        balloon: BalloonHandle,
+        memory: &Arc<GuestMemory>,
+        control: &Arc<VmControl>,
+        below_percent: u8,
+        ram_bytes: u64,
+    ) -> Self {
+        let base_mib = u64::from(balloon.info().target_pages) / PAGES_PER_MIB;
+        Self {
+            balloon,
+            memory: Arc::downgrade(memory),
+            control: Arc::downgrade(control),
+            below_percent,
+            ram_bytes,
+            policy_mib: 0,
+            base_mib,
+            last_set_mib: None,
+            settled_at: None,
+        }
+    }
+
+    /// Runs the policy on its own thread until the VM stops.
+    pub fn spawn(mut self) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("zone-reclaim".into())
+            .spawn(move || loop {
+                std::thread::sleep(TICK);
+                let Some(control) = self.control.upgrade() else {
+                    return;
+                };
+                match control.state() {
+                    RunState::Stopped => return,
+                    RunState::Paused => continue,
+                    RunState::Running => {}
+                }
+                let Some(memory) = self.memory.upgrade() else {
+                    return;
+                };
+                self.tick(&memory);
+            })
+            .map(drop)
+    }
+
+    /// One look at the zone and the guest.
+    fn tick(&mut self, memory: &GuestMemory) {
+        let Some(vm) = memory.zone_vm() else {
+            return;
+        };
+        let info = self.balloon.info();
+        let target_mib = u64::from(info.target_pages) / PAGES_PER_MIB;
+        if self.last_set_mib.is_some_and(|set| set != target_mib) {
+            // A person set a target: it replaces the policy's.
+            self.base_mib = target_mib;
+            self.policy_mib = 0;
+            self.last_set_mib = None;
+            self.settled_at = None;
+        }
+        let stats = info.stats;
+        let free = stats.available_memory.or(stats.free_memory).unwrap_or(0);
+        let spare = free.saturating_sub(self.ram_bytes / 16);
+        vm.set_spare(spare);
+        // Wait for the guest to reach the last target and to report after that.
+        if let Some(settled) = self.settled_at {
+            let updates = info.counters.stats_updates;
+            match settled {
+                None if info.actual_pages == info.target_pages => {
+                    self.settled_at = Some(Some(updates));
+                    return;
+                }
+                Some(at) if updates > at => self.settled_at = None,
+                _ => return,
+            }
+        }
+        let pool = memory.pool().stats();
+        let low = pool.total_bytes * u64::from(self.below_percent) / 100;
+        let high = 2 * low;
+        let ram_mib = self.ram_bytes / MIB;
+        let change = if pool.free_bytes < low {
+            let deficit = high - pool.free_bytes;
+            let total_spare = vm.zone().spare_total().max(spare);
+            if total_spare == 0 {
+                return;
+            }
+            let share = u128::from(deficit) * u128::from(spare) / u128::from(total_spare);
+            let mib = u64::try_from(share)
+                .unwrap_or(u64::MAX)
+                .div_ceil(MIB)
+                .min(spare / MIB)
+                .min(ram_mib.saturating_sub(self.base_mib + self.policy_mib));
+            if mib == 0 {
+                return;
+            }
+            self.policy_mib += mib;
+            format!("inflates the balloon by {mib} MiB")
+        } else if pool.free_bytes > high && self.policy_mib > 0 {
+            let mib = ((pool.free_bytes - high) / MIB).min(self.policy_mib);
+            if mib == 0 {
+                return;
+            }
+            self.policy_mib -= mib;
+            format!("deflates the balloon by {mib} MiB")
+        } else {
+            return;
+        };
+        let target = self.base_mib + self.policy_mib;
+        match self.balloon.set_target_mib(target) {
+            Ok(()) => {
+                log::info!(
+                    "zone reclaim: {} MiB of {} MiB free (threshold {} %): {change}, to {target} \
+                     MiB",
+                    pool.free_bytes / MIB,
+                    pool.total_bytes / MIB,
+                    self.below_percent
+                );
+                self.last_set_mib = Some(target);
+                self.settled_at = Some(None);
+            }
+            Err(e) => log::warn!("zone reclaim: cannot set the balloon's target: {e}"),
+        }
+    }
+}
