@@ -49,9 +49,8 @@ fn start_idle(zone: &str, socket: &str, reclaim: &str) -> (VmmRun, vmm_cli::ApiC
     (idle, api)
 }
 
-fn run_hungry(zone: &str) -> (vmm_common::Finished, Duration) {
-    let started = Instant::now();
-    let run = VmmRun::run(&[
+fn hungry_args(zone: &str) -> [&str; 9] {
+    [
         "--zone",
         zone,
         "--vm",
@@ -61,7 +60,12 @@ fn run_hungry(zone: &str) -> (vmm_common::Finished, Duration) {
         "--wait-for-memory=5s",
         "--workload",
         "write:all:0x4E,verify:all:0x4E",
-    ]);
+    ]
+}
+
+fn run_hungry(zone: &str) -> (vmm_common::Finished, Duration) {
+    let started = Instant::now();
+    let run = VmmRun::run(&hungry_args(zone));
     (run, started.elapsed())
 }
 
@@ -118,7 +122,29 @@ fn with_the_policy_off_a_vm_that_waits_too_long_ends_with_status_8() {
     assert_eq!(created.code, Some(0), "{created:#?}");
     let socket = scratch.path("idle.sock");
     let (idle, api) = start_idle(&zone, &socket, "0");
-    let (hungry, took) = run_hungry(&zone);
+    let started = Instant::now();
+    let hungry = VmmRun::start(&hungry_args(&zone));
+    // The zone tells who waits, since when and for how much.
+    let waiting = loop {
+        let run = client(&["zone", "inspect", "--json", &zone]);
+        let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        let vms = info["vms"].as_array().unwrap().clone();
+        if let Some(waiting) = vms
+            .iter()
+            .find(|vm| vm["name"] == "hungry" && !vm["waiting"].is_null())
+        {
+            break waiting["waiting"].clone();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{info:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(waiting["bytes"], 2 << 20, "{waiting:#}");
+    assert!(
+        waiting["for_seconds"].as_f64().unwrap() < 5.0,
+        "{waiting:#}"
+    );
+    let hungry = hungry.wait(Duration::from_secs(60));
+    let took = started.elapsed();
     assert_eq!(hungry.code, Some(8), "{hungry:#?}");
     assert!(
         hungry

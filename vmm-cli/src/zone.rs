@@ -133,9 +133,22 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
             "frames": vm.frames,
             "given_away_pieces": vm.given_away_pieces,
             "owner_pid": vm.owner,
+            "waiting": vm.waiting.map(|(since, bytes)| json!({
+                "since_unix_ms": since,
+                "for_seconds": waited_seconds(since),
+                "bytes": bytes,
+            })),
             "damaged": !vm.damaged.is_empty(),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// Seconds from `since` (milliseconds since the Unix epoch) to now.
+fn waited_seconds(since: u64) -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| u64::try_from(now.as_millis()).unwrap_or(u64::MAX));
+    now.saturating_sub(since) as f64 / 1000.0
 }
 
 fn print_text(path: &Path, info: &ZoneInfo) {
@@ -200,6 +213,13 @@ fn print_text(path: &Path, info: &ZoneInfo) {
             format_size(vm.frames * frame),
             vm.given_away_pieces * 4
         );
+        if let Some((since, bytes)) = vm.waiting {
+            println!(
+                "      WAITING for {} of memory for {:.1} s (the zone is exhausted)",
+                format_size(bytes),
+                waited_seconds(since)
+            );
+        }
         if !vm.damaged.is_empty() {
             println!(
                 "      DAMAGED: its memory at guest physical {} is lost (attach it with \

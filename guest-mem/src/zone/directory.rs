@@ -31,7 +31,9 @@ const ID: usize = REGIONS + 2 * MAX_REGIONS;
 const SEAL: usize = ID + 1;
 const FLAGS: usize = SEAL + 1;
 const SPARE: usize = FLAGS + 1;
-const SLOT_WORDS: usize = SPARE + 1;
+const WAITING_SINCE: usize = SPARE + 1;
+const WAITING_BYTES: usize = WAITING_SINCE + 1;
+const SLOT_WORDS: usize = WAITING_BYTES + 1;
 
 /// Slot flag: the VM is deleted when its process leaves or dies.
 const EPHEMERAL: u64 = 1;
@@ -190,7 +192,25 @@ impl<'a> Slot<'a> {
         self.set(SEAL, 0);
         self.set(FLAGS, 0);
         self.set(SPARE, 0);
+        self.set(WAITING_SINCE, 0);
+        self.set(WAITING_BYTES, 0);
         self.set(OWNER, 0);
+    }
+
+    /// Since when (milliseconds since the Unix epoch) the VM has waited for how many bytes of
+    /// memory, as its VMM last recorded; `None` when it does not wait.
+    pub fn waiting(&self) -> Option<(u64, u64)> {
+        match (self.get(WAITING_SINCE), self.get(WAITING_BYTES)) {
+            (0, _) => None,
+            (since, bytes) => Some((since, bytes)),
+        }
+    }
+
+    /// Records that the VM waits for memory (see [`Self::waiting`]), or no longer does.
+    pub fn set_waiting(&self, waiting: Option<(u64, u64)>) {
+        let (since, bytes) = waiting.unwrap_or((0, 0));
+        self.set(WAITING_BYTES, bytes);
+        self.set(WAITING_SINCE, since);
     }
 
     /// The bytes the VM's guest could give back, as its VMM last saw them (see

@@ -327,6 +327,9 @@ pub struct VmInfo {
     pub given_away_pieces: u64,
     /// The process attached to it, if any.
     pub owner: Option<u32>,
+    /// Since when (milliseconds since the Unix epoch) and for how many bytes the VM waits for
+    /// memory, as its live VMM recorded.
+    pub waiting: Option<(u64, u64)>,
     /// Guest-physical ranges (address, size) whose memory recovery lost (see
     /// [`ZoneError::Damaged`]).
     pub damaged: Vec<(u64, u64)>,
@@ -1013,6 +1016,9 @@ impl Zone {
                         .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
                         .sum(),
                     owner: self.live_pid(slot.owner()),
+                    waiting: slot
+                        .waiting()
+                        .filter(|_| self.live_pid(slot.owner()).is_some()),
                     layout,
                 }
             })
@@ -1149,6 +1155,12 @@ impl ZoneVm {
 }
 
 impl ZoneVm {
+    /// Records that the VM waits for memory, since when (milliseconds since the Unix epoch) and
+    /// for how many bytes, or (`None`) that it no longer does: `vmm zone inspect` shows it.
+    pub fn set_waiting(&self, waiting: Option<(u64, u64)>) {
+        self.zone.slot(self.index).set_waiting(waiting);
+    }
+
     /// Records the bytes the VM's guest could give back (its free memory as its balloon
     /// statistics tell, less a margin), for the reclaim policies of every VMM on the zone.
     pub fn set_spare(&self, bytes: u64) {

@@ -57,7 +57,7 @@ impl MutEventSubscriber for GuestFaultSubscriber {
     }
 }
 
-/// Looks at the waits for memory every [`MEMORY_WAIT_CHECK`] (`--wait-for-memory=LIMIT`).
+/// Looks at the waits for memory every [`MEMORY_WAIT_CHECK`] (`--wait-for-memory`).
 struct MemoryWaitSubscriber {
     timer: TimerFd,
     session: Arc<Session>,
@@ -81,7 +81,7 @@ impl MutEventSubscriber for MemoryWaitSubscriber {
     fn process(&mut self, _events: Events, _ops: &mut EventOps) {
         // Expirations only need reading; how many passed does not matter.
         let _ = self.timer.wait();
-        self.session.check_memory_waits();
+        self.session.watch_memory_waits();
     }
 }
 
@@ -128,7 +128,7 @@ impl EventLoop {
         manager.add_subscriber(Box::new(GuestFaultSubscriber {
             session: session.clone(),
         }));
-        if session.config().memory_wait_limit.is_some() {
+        if session.config().wait_for_memory {
             manager.add_subscriber(Box::new(MemoryWaitSubscriber {
                 timer: TimerFd::new()?,
                 session: session.clone(),

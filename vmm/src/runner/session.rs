@@ -50,7 +50,7 @@ struct GuestFault {
     waited: Option<Duration>,
 }
 
-/// How often [`Session::check_memory_waits`] looks at the waits for memory.
+/// How often [`Session::watch_memory_waits`] looks at the waits for memory.
 pub(super) const MEMORY_WAIT_CHECK: Duration = Duration::from_millis(100);
 
 /// One VM run's shared state.
@@ -87,7 +87,7 @@ pub(super) struct Session {
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
     /// Since when each vCPU (then the other threads) has waited for memory, as
-    /// [`Self::check_memory_waits`] saw it: the time paused is not counted.
+    /// [`Self::watch_memory_waits`] saw it: the time paused is not counted.
     waiting_since: Mutex<Vec<Option<Instant>>>,
     /// Called once the guest has started, in order.
     on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
@@ -401,30 +401,42 @@ impl Session {
         }
     }
 
-    /// With `--wait-for-memory=LIMIT`, called every [`MEMORY_WAIT_CHECK`]: a vCPU (or another
-    /// thread) that has waited for a frame longer than the limit, not counting while the VM is
-    /// paused, stops the VM with [`RunError::MemoryWaitExpired`].
-    pub fn check_memory_waits(&self) {
-        let (Some(limit), Some(control)) = (self.config.memory_wait_limit, self.control.get())
-        else {
+    /// With `--wait-for-memory`, called every [`MEMORY_WAIT_CHECK`]: records in the VM's zone
+    /// slot whether it waits for memory, since when and for how much (`vmm zone inspect`); and
+    /// with a limit (`--wait-for-memory=LIMIT`), a vCPU (or another thread) that has waited for
+    /// a frame longer than the limit, not counting while the VM is paused, stops the VM with
+    /// [`RunError::MemoryWaitExpired`].
+    pub fn watch_memory_waits(&self) {
+        let Some(control) = self.control.get() else {
             return;
         };
         let mut since = self.waiting_since.lock().unwrap_or_else(|e| e.into_inner());
         let threads = self.config.vcpus + 1;
         since.resize(threads, None);
         let now = Instant::now();
+        let waits: Vec<bool> = (0..threads)
+            .map(|index| match index < self.config.vcpus {
+                true => self.memory.vcpu_waits(index),
+                false => self.memory.other_fault_waits(),
+            })
+            .collect();
+        for (started, &waits) in since.iter_mut().zip(&waits) {
+            if !waits {
+                *started = None;
+            }
+        }
+        self.record_waiting(&waits, &since);
+        let Some(limit) = self.config.memory_wait_limit else {
+            return;
+        };
         if control.state() != RunState::Running {
             // Paused (or stopping): the wait starts over from the resume.
             since.iter_mut().for_each(|s| *s = s.map(|_| now));
             return;
         }
         for (index, started) in since.iter_mut().enumerate() {
-            let waits = match index < self.config.vcpus {
-                true => self.memory.vcpu_waits(index),
-                false => self.memory.other_fault_waits(),
-            };
-            let Some(at) = started.filter(|_| waits) else {
-                *started = waits.then_some(now);
+            let Some(at) = started.filter(|_| waits[index]) else {
+                *started = waits[index].then_some(now);
                 continue;
             };
             let waited = now - at;
@@ -450,6 +462,35 @@ impl Session {
             });
             return;
         }
+    }
+
+    /// Records in the VM's zone slot whether its threads (`waits`: the vCPUs', then the other
+    /// threads') wait for memory: since the earliest wait began, one chunk each.
+    fn record_waiting(&self, waits: &[bool], since: &[Option<Instant>]) {
+        let Some(vm) = self.memory.zone_vm() else {
+            return;
+        };
+        let count = waits.iter().filter(|&&w| w).count() as u64;
+        if count == 0 {
+            vm.set_waiting(None);
+            return;
+        }
+        let longest = (0..waits.len())
+            .filter(|&index| waits[index])
+            .filter_map(|index| match index < self.config.vcpus {
+                true => self.memory.vcpu_waited(index),
+                false => since[index].map(|at| at.elapsed()),
+            })
+            .max()
+            .unwrap_or_default();
+        let began = std::time::SystemTime::now()
+            .checked_sub(longest)
+            .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(1, |at| {
+                u64::try_from(at.as_millis()).unwrap_or(u64::MAX).max(1)
+            });
+        let chunk = self.memory.pool().frame_size().bytes();
+        vm.set_waiting(Some((began, count * chunk)));
     }
 
     /// In a zone shared with other VMMs that ran out of frames: recovers VMMs that died with the
