@@ -157,3 +157,109 @@ fn with_the_policy_off_a_vm_that_waits_too_long_ends_with_status_8() {
     vmm_common::send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
     idle.wait(Duration::from_secs(30));
 }
+
+/// Chunks of 2 MiB in a test VM's workload area (2 MiB to 64 MiB).
+const CHUNKS: u64 = 31;
+
+/// A random workload of phases that write and free (report) chunk ranges of a 64 MiB guest,
+/// ending with the verification of every chunk: its last pattern, or zeroes where it was
+/// reported free last (or never written).
+fn random_workload(rng: &mut e2e_tests::Rng, vm: u64) -> String {
+    let mut state = [None; CHUNKS as usize];
+    let mut steps = Vec::new();
+    for phase in 0..6 {
+        let first = rng.next_u64() % CHUNKS;
+        let count = 1 + rng.next_u64() % (CHUNKS - first);
+        let range = format!("{}M+{}M", 2 + 2 * first, 2 * count);
+        let chunks = first as usize..(first + count) as usize;
+        if rng.next_u64() % 3 == 0 {
+            steps.push(format!("report:{range}"));
+            state[chunks].iter_mut().for_each(|s| *s = None);
+        } else {
+            let pattern = 0x5EED_0000 + vm * 16 + phase;
+            steps.push(format!("write:{range}:{pattern:#x}"));
+            state[chunks].iter_mut().for_each(|s| *s = Some(pattern));
+        }
+    }
+    for (chunk, last) in state.iter().enumerate() {
+        let range = format!("{}M+2M", 2 + 2 * chunk);
+        steps.push(match last {
+            Some(pattern) => format!("verify:{range}:{pattern:#x}"),
+            None => format!("verify-zero:{range}"),
+        });
+    }
+    steps.join(",")
+}
+
+/// Four VMs of 64 MiB in a zone of 128 MiB, each in random phases of writing and freeing (free
+/// page reporting), all at once: every VM finishes with its memory verified, or ends cleanly
+/// with status 8 after waiting too long (its frames go back: it is ephemeral; the limits are
+/// staggered, so the last VM always fits), and the zone has lost and leaked nothing. `LLFREE_VMM_RECLAIM_SEED` repeats a run.
+#[test]
+fn vms_writing_and_freeing_at_random_on_an_undersized_zone_finish_or_fail_cleanly() {
+    if !kvm_available(
+        "vms_writing_and_freeing_at_random_on_an_undersized_zone_finish_or_fail_cleanly",
+    ) {
+        return;
+    }
+    let mut rng = e2e_tests::Rng::from_env("LLFREE_VMM_RECLAIM_SEED", "4 VMs on a 128 MiB zone");
+    let scratch = Scratch::new("zone-random");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "128M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let vms: Vec<(String, VmmRun)> = (0..4)
+        .map(|vm| {
+            let workload = random_workload(&mut rng, vm);
+            let name = format!("vm{vm}");
+            // Staggered: when all wait at once, the first to give up frees its frames for the
+            // others, and the last one always fits.
+            let limit = format!("--wait-for-memory={}s", 3 + 4 * vm);
+            let run = VmmRun::start(&[
+                "--zone",
+                &zone,
+                "--vm",
+                &name,
+                "--ephemeral",
+                "--memory",
+                "64M",
+                "--balloon",
+                "free_page_reporting=on",
+                &limit,
+                "--workload",
+                &workload,
+            ]);
+            (workload, run)
+        })
+        .collect();
+    let mut finished = 0;
+    for (workload, run) in vms {
+        let run = run.wait(Duration::from_secs(120));
+        match run.code {
+            Some(0) => {
+                assert!(
+                    run.stdout.contains("test guest: done"),
+                    "{workload}: {run:#?}"
+                );
+                finished += 1;
+            }
+            Some(8) => assert!(
+                run.stderr.contains("longer than --wait-for-memory allows"),
+                "{workload}: {run:#?}"
+            ),
+            _ => panic!("{workload}: {run:#?}"),
+        }
+    }
+    eprintln!("{finished} of 4 VMs finished, the others waited too long");
+    assert!(finished >= 1, "the last VM always fits");
+    let info: serde_json::Value =
+        serde_json::from_str(&client(&["zone", "inspect", "--json", &zone]).stdout).unwrap();
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    assert_eq!(
+        info["free_frames"], info["frames"],
+        "ephemeral VMs left frames: {info:#}"
+    );
+}
