@@ -17,7 +17,8 @@
 //! again, so that it never acts twice on one report. A target a person sets (API, `vmm
 //! balloon set`) replaces the policy's. A VM opts out with `--reclaim-below 0`.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use guest_mem::GuestMemory;
@@ -30,6 +31,23 @@ pub const TICK: Duration = Duration::from_millis(250);
 const MIB: u64 = 1 << 20;
 /// Balloon pages (4 KiB) per MiB.
 const PAGES_PER_MIB: u64 = 256;
+
+/// The thread running a VM's policy; stopped and joined when dropped.
+pub(super) struct ReclaimThread {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for ReclaimThread {
+    fn drop(&mut self) {
+        let (flag, changed) = &*self.stop;
+        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        changed.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
 
 /// One VM's policy.
 pub(super) struct Reclaim {
@@ -73,12 +91,24 @@ impl Reclaim {
         }
     }
 
-    /// Runs the policy on its own thread until the VM stops.
-    pub fn spawn(mut self) -> std::io::Result<()> {
-        std::thread::Builder::new()
+    /// Runs the policy on its own thread until the VM stops or the returned thread is dropped
+    /// (which waits for it: the policy holds the balloon, and through it guest memory, which
+    /// must go before the VMM leaves its zone).
+    pub fn spawn(mut self) -> std::io::Result<ReclaimThread> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
             .name("zone-reclaim".into())
             .spawn(move || loop {
-                std::thread::sleep(TICK);
+                let (flag, changed) = &*stopped;
+                let flag = flag.lock().unwrap_or_else(|e| e.into_inner());
+                let (flag, _) = changed
+                    .wait_timeout_while(flag, TICK, |stop| !*stop)
+                    .unwrap_or_else(|e| e.into_inner());
+                if *flag {
+                    return;
+                }
+                drop(flag);
                 let Some(control) = self.control.upgrade() else {
                     return;
                 };
@@ -91,8 +121,11 @@ impl Reclaim {
                     return;
                 };
                 self.tick(&memory);
-            })
-            .map(drop)
+            })?;
+        Ok(ReclaimThread {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// One look at the zone and the guest.

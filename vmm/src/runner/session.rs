@@ -8,7 +8,7 @@ use guest_mem::{FaultError, GuestMemory};
 use kvm_ioctls::VmFd;
 
 use super::devices::Devices;
-use super::reclaim::Reclaim;
+use super::reclaim::{Reclaim, ReclaimThread};
 use super::{FaultingThread, RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
@@ -86,6 +86,8 @@ pub(super) struct Session {
     memory_waits: GuestWarnings,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
+    /// The zone's reclaim policy, if it runs; stopped with the session.
+    reclaim: Mutex<Option<ReclaimThread>>,
     /// Since when each vCPU (then the other threads) has waited for memory, as
     /// [`Self::watch_memory_waits`] saw it: the time paused is not counted.
     waiting_since: Mutex<Vec<Option<Instant>>>,
@@ -130,6 +132,7 @@ impl Session {
             memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
             waiting_since: Mutex::new(Vec::new()),
+            reclaim: Mutex::new(None),
             on_start: Mutex::new(Vec::new()),
             dead_check: Mutex::new(None),
             snapshotting: Mutex::new(()),
@@ -396,8 +399,11 @@ impl Session {
             self.config.reclaim_below_percent,
             self.config.memory_size,
         );
-        if let Err(e) = policy.spawn() {
-            log::warn!("cannot start the zone's reclaim policy: {e}");
+        match policy.spawn() {
+            Ok(thread) => {
+                *self.reclaim.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+            }
+            Err(e) => log::warn!("cannot start the zone's reclaim policy: {e}"),
         }
     }
 
