@@ -159,35 +159,22 @@ impl Reclaim {
             }
         }
         let pool = memory.pool().stats();
-        let low = pool.total_bytes * u64::from(self.below_percent) / 100;
-        let high = 2 * low;
-        let ram_mib = self.ram_bytes / MIB;
-        let change = if pool.free_bytes < low {
-            let deficit = high - pool.free_bytes;
-            let total_spare = vm.zone().spare_total().max(spare);
-            if total_spare == 0 {
-                return;
+        let zone = ZoneMemory {
+            free: pool.free_bytes,
+            total: pool.total_bytes,
+            spare_total: vm.zone().spare_total().max(spare),
+        };
+        let room_mib = (self.ram_bytes / MIB).saturating_sub(self.base_mib + self.policy_mib);
+        let change = match decide(zone, self.below_percent, spare, self.policy_mib, room_mib) {
+            Step::Inflate(mib) => {
+                self.policy_mib += mib;
+                format!("inflates the balloon by {mib} MiB")
             }
-            let share = u128::from(deficit) * u128::from(spare) / u128::from(total_spare);
-            let mib = u64::try_from(share)
-                .unwrap_or(u64::MAX)
-                .div_ceil(MIB)
-                .min(spare / MIB)
-                .min(ram_mib.saturating_sub(self.base_mib + self.policy_mib));
-            if mib == 0 {
-                return;
+            Step::Deflate(mib) => {
+                self.policy_mib -= mib;
+                format!("deflates the balloon by {mib} MiB")
             }
-            self.policy_mib += mib;
-            format!("inflates the balloon by {mib} MiB")
-        } else if pool.free_bytes > high && self.policy_mib > 0 {
-            let mib = ((pool.free_bytes - high) / MIB).min(self.policy_mib);
-            if mib == 0 {
-                return;
-            }
-            self.policy_mib -= mib;
-            format!("deflates the balloon by {mib} MiB")
-        } else {
-            return;
+            Step::Nothing => return,
         };
         let target = self.base_mib + self.policy_mib;
         match self.balloon.set_target_mib(target) {
@@ -195,8 +182,8 @@ impl Reclaim {
                 log::info!(
                     "zone reclaim: {} MiB of {} MiB free (threshold {} %): {change}, to {target} \
                      MiB",
-                    pool.free_bytes / MIB,
-                    pool.total_bytes / MIB,
+                    zone.free / MIB,
+                    zone.total / MIB,
                     self.below_percent
                 );
                 self.last_set_mib = Some(target);
@@ -204,5 +191,109 @@ impl Reclaim {
             }
             Err(e) => log::warn!("zone reclaim: cannot set the balloon's target: {e}"),
         }
+    }
+}
+
+/// The zone's memory as one VM's policy sees it.
+#[derive(Debug, Clone, Copy)]
+struct ZoneMemory {
+    /// Free bytes.
+    free: u64,
+    /// Bytes.
+    total: u64,
+    /// What the guests of all VMs on the zone can spare, this one's included.
+    spare_total: u64,
+}
+
+/// What one look at the zone decides.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Inflate the balloon by this many MiB.
+    Inflate(u64),
+    /// Deflate what the policy inflated by this many MiB.
+    Deflate(u64),
+    /// Leave the balloon as it is.
+    Nothing,
+}
+
+/// The policy (see the module docs) for a VM whose guest can spare `spare` bytes, whose
+/// balloon the policy inflated by `inflated_mib` and can inflate by `room_mib` more.
+fn decide(
+    zone: ZoneMemory,
+    below_percent: u8,
+    spare: u64,
+    inflated_mib: u64,
+    room_mib: u64,
+) -> Step {
+    let low = zone.total * u64::from(below_percent) / 100;
+    let high = 2 * low;
+    if zone.free < low {
+        if zone.spare_total == 0 {
+            return Step::Nothing;
+        }
+        let deficit = high - zone.free;
+        let share = u128::from(deficit) * u128::from(spare) / u128::from(zone.spare_total);
+        let mib = u64::try_from(share)
+            .unwrap_or(u64::MAX)
+            .div_ceil(MIB)
+            .min(spare / MIB)
+            .min(room_mib);
+        return match mib {
+            0 => Step::Nothing,
+            mib => Step::Inflate(mib),
+        };
+    }
+    if zone.free > high && inflated_mib > 0 {
+        return match ((zone.free - high) / MIB).min(inflated_mib) {
+            0 => Step::Nothing,
+            mib => Step::Deflate(mib),
+        };
+    }
+    Step::Nothing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zone(free_mib: u64, spare_total_mib: u64) -> ZoneMemory {
+        ZoneMemory {
+            free: free_mib * MIB,
+            total: 1000 * MIB,
+            spare_total: spare_total_mib * MIB,
+        }
+    }
+
+    #[test]
+    fn below_the_threshold_each_vm_gives_its_share_of_the_deficit_up_to_twice_the_threshold() {
+        // 10 % of 1000 MiB: below 100 MiB free, inflate up to 200 MiB free.
+        assert_eq!(
+            decide(zone(40, 400), 10, 100 * MIB, 0, 1000),
+            Step::Inflate(40)
+        );
+        assert_eq!(
+            decide(zone(40, 400), 10, 300 * MIB, 0, 1000),
+            Step::Inflate(120)
+        );
+        // Never more than the guest can spare, nor than its RAM allows.
+        assert_eq!(
+            decide(zone(0, 50), 10, 50 * MIB, 0, 1000),
+            Step::Inflate(50)
+        );
+        assert_eq!(
+            decide(zone(0, 400), 10, 400 * MIB, 0, 30),
+            Step::Inflate(30)
+        );
+        // Nobody can spare anything: nothing to do.
+        assert_eq!(decide(zone(0, 0), 10, 0, 0, 1000), Step::Nothing);
+    }
+
+    #[test]
+    fn above_twice_the_threshold_the_policy_deflates_what_it_inflated() {
+        assert_eq!(decide(zone(260, 400), 10, 0, 100, 0), Step::Deflate(60));
+        assert_eq!(decide(zone(900, 400), 10, 0, 100, 0), Step::Deflate(100));
+        assert_eq!(decide(zone(900, 400), 10, 0, 0, 1000), Step::Nothing);
+        // Between the two: the balloon stays.
+        assert_eq!(decide(zone(150, 400), 10, 100 * MIB, 100, 0), Step::Nothing);
     }
 }
