@@ -462,7 +462,8 @@ pub struct ApiArgs {
     /// The API socket.
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// HTTP method: GET, PUT or PATCH (case-insensitive).
+    /// HTTP method: GET, PUT or PATCH, which the API serves; any other (e.g. DELETE) is sent as
+    /// it is and answered 400 (case-insensitive).
     #[arg(value_name = "METHOD")]
     pub method: String,
     /// Resource path, e.g. /machine.

@@ -143,6 +143,14 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
     })
 }
 
+/// "1 frame", "2 frames".
+fn count(n: u64, one: &str, many: &str) -> String {
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
 /// Seconds from `since` (milliseconds since the Unix epoch) to now.
 fn waited_seconds(since: u64) -> f64 {
     let now = std::time::SystemTime::now()
@@ -171,13 +179,18 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         RecoveryKind::Crash => "after a crash",
         RecoveryKind::Attached => "beside other processes",
     };
+    let dead = match info.recovery.dead_processes {
+        0 => String::new(),
+        dead => format!(
+            ", recovered {}",
+            count(dead, "dead VMM process", "dead VMM processes")
+        ),
+    };
     println!(
-        "  opened {after} in {} µs: freed {} leaked frames, took back {} lost ones, recovered {} \
-         dead processes",
+        "  opened {after} in {} µs: freed {}, took back {}{dead}",
         info.recovery.nanos / 1000,
-        info.recovery.leaked_frames,
-        info.recovery.lost_frames,
-        info.recovery.dead_processes
+        count(info.recovery.leaked_frames, "leaked frame", "leaked frames"),
+        count(info.recovery.lost_frames, "lost frame", "lost frames"),
     );
     let recovery = &info.recovery;
     if recovery.repaired_entries + recovery.damaged_chunks + recovery.orphaned_frames > 0 {
@@ -197,8 +210,9 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         println!("  open in processes {}", others.join(", "));
     }
     println!(
-        "  now: {} leaked frames, {} lost frames",
-        info.leaked_frames, info.lost_frames
+        "  now: {}, {}",
+        count(info.leaked_frames, "leaked frame", "leaked frames"),
+        count(info.lost_frames, "lost frame", "lost frames")
     );
     println!("  VMs: {} of {}", info.vms.len(), info.max_vms);
     for vm in &info.vms {
@@ -206,10 +220,10 @@ fn print_text(path: &Path, info: &ZoneInfo) {
             .owner
             .map_or(String::new(), |pid| format!(", in use by {pid}"));
         println!(
-            "    {}: {} of guest memory, {} frames ({}), {} KiB given to the balloon{owner}",
+            "    {}: {} of guest memory, {} ({}), {} KiB given to the balloon{owner}",
             vm.name,
             format_size(vm.layout.bytes()),
-            vm.frames,
+            count(vm.frames, "frame", "frames"),
             format_size(vm.frames * frame),
             vm.given_away_pieces * 4
         );

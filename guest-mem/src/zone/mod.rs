@@ -62,7 +62,10 @@ pub enum ZoneError {
     #[error(transparent)]
     Backing(#[from] BackingError),
     /// The zone size is zero or not a multiple of the frame size.
-    #[error("zone size {size:#x} must be a non-zero multiple of the frame size ({frame})")]
+    #[error(
+        "zone size {} must be a non-zero multiple of the frame size ({frame})",
+        size_text(*size)
+    )]
     BadSize {
         /// The size asked for.
         size: u64,
@@ -350,7 +353,7 @@ pub struct ZoneInfo {
     pub free_frames: u64,
     /// VM slots.
     pub max_vms: u64,
-    /// The VMs.
+    /// The VMs, by name.
     pub vms: Vec<VmInfo>,
     /// What opening the zone recovered.
     pub recovery: RecoveryReport,
@@ -1023,6 +1026,8 @@ impl Zone {
                 }
             })
             .collect();
+        let mut vms: Vec<VmInfo> = vms;
+        vms.sort_by(|a, b| a.name.cmp(&b.name));
         let llfree = self.pool.allocator();
         Ok(ZoneInfo {
             id: self.id(),
@@ -1201,6 +1206,16 @@ impl Drop for ZoneVm {
             // The next open deletes it (its owner is gone by then).
             Err(e) => log::warn!("zone: cannot delete ephemeral VM '{}' now: {e}", self.name),
         }
+    }
+}
+
+/// `bytes` as a person reads it: "3 MiB", "1 GiB", else "3145729 bytes".
+fn size_text(bytes: u64) -> String {
+    match bytes {
+        0 => "0".into(),
+        b if b.is_multiple_of(1 << 30) => format!("{} GiB", b >> 30),
+        b if b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
+        b => format!("{b} bytes"),
     }
 }
 
