@@ -304,22 +304,6 @@ impl VmResources {
         self.balloon.as_ref()
     }
 
-    /// `PATCH /balloon` and `PATCH /balloon/statistics` before the start.
-    pub fn patch_balloon(
-        &mut self,
-        amount_mib: Option<u64>,
-        stats_polling_interval_s: Option<u32>,
-    ) -> Result<(), ControlError> {
-        let mut balloon = self.balloon.ok_or(ControlError::BalloonNotConfigured)?;
-        if let Some(amount) = amount_mib {
-            balloon.amount_mib = amount;
-        }
-        if let Some(interval) = stats_polling_interval_s {
-            balloon.stats_polling_interval_s = interval;
-        }
-        self.put_balloon(balloon)
-    }
-
     /// `PUT /logger`, once checked and applied by the front end.
     pub fn set_logger(&mut self, logger: Logger) {
         self.logger = Some(logger);

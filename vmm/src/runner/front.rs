@@ -304,12 +304,9 @@ impl VmmControl for ApiFront {
         })
     }
 
+    /// As Firecracker's: only once the VM runs (before, `PUT /balloon` configures it).
     fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
-        if let Some(session) = self.session() {
-            return session.update_balloon(update);
-        }
-        self.check_not_started()?;
-        lock(&self.resources).patch_balloon(update.amount_mib, update.stats_polling_interval_s)
+        self.started()?.update_balloon(update)
     }
 
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
