@@ -214,12 +214,13 @@ impl Finished {
     }
 
     /// Stderr without the notes of `vmm run`: pausing at a checkpoint ("paused at checkpoint
-    /// ID; resume with ..."), progress ("progress: ...") and, for `--kernel` on a host without
+    /// ID; resume with ...") or after a snapshot load ("paused after the load; ..."), progress ("progress: ...") and, for `--kernel` on a host without
     /// hardware virtualization, the warning that a stock Linux kernel does not boot there.
     pub fn stderr_besides_notes(&self) -> String {
         self.stderr
             .lines()
             .filter(|line| !line.starts_with("paused at checkpoint "))
+            .filter(|line| !line.starts_with("paused after the load; "))
             .filter(|line| !line.starts_with("progress: "))
             .filter(|line| !line.starts_with(NO_HARDWARE_VIRTUALIZATION_WARNING))
             .map(|line| format!("{line}\n"))

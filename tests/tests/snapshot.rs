@@ -183,6 +183,13 @@ fn a_loaded_vm_waits_paused_for_its_resume_and_the_cli_takes_and_loads_snapshots
         &zone,
     ]);
     assert_eq!(created.code, Some(0), "{created:#?}");
+    // It says which kind of snapshot it made.
+    assert!(
+        created.stdout.contains(&format!(
+            "zero-copy: the guest memory stays in zone {zone} (sealed until the VM runs again)"
+        )),
+        "{created:#?}"
+    );
     drop(api);
     vmm.kill();
     let _ = std::fs::remove_file(&socket);
@@ -216,7 +223,11 @@ fn a_loaded_vm_waits_paused_for_its_resume_and_the_cli_takes_and_loads_snapshots
     assert_eq!(twice.status, 400, "{}", twice.body);
     let resumed = client(&["resume", "--socket", &socket]);
     assert_eq!(resumed.code, Some(0), "{resumed:#?}");
-    assert_finished_after_the_checkpoint(&loaded.wait(TIMEOUT), 3);
+    let run = loaded.wait(TIMEOUT);
+    // It said that the VM waits paused, and how to resume it.
+    let note = format!("paused after the load; resume with `vmm resume --socket {socket}`");
+    assert!(run.stderr.contains(&note), "{run:#?}");
+    assert_finished_after_the_checkpoint(&run, 3);
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! The subcommands' work: `run` boots a VM, the others talk to a running VMM's API.
 
 use std::fmt::Display;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use vmm::api::model::{FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams};
-use vmm::config::VmConfig;
+use vmm::config::{format_size, VmConfig};
 use vmm::runner::{RunError, RunOutcome, ServeOptions, StopCause};
 
 use crate::api_client::{ApiClient, ClientError};
@@ -51,10 +53,18 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         clock_realtime: false,
         accept_damaged: args.accept_damaged,
     };
+    if let (false, Some(socket)) = (args.resume, &args.api_socket) {
+        eprintln!(
+            "paused after the load; resume with `vmm resume --socket {}`",
+            socket.display()
+        );
+    }
     outcome_status(vmm::runner::load(&params, args.api_socket))
 }
 
-/// `vmm snapshot create`: PUT /snapshot/create on a running VMM.
+/// `vmm snapshot create`: PUT /snapshot/create on a running VMM. Says which kind of snapshot
+/// it made (zero-copy, the memory left in the VM's zone; or a copy of guest memory into the
+/// memory file), how much it wrote and how long it took.
 pub(super) fn create_snapshot(
     socket: &Path,
     snapshot_path: &Path,
@@ -66,11 +76,55 @@ pub(super) fn create_snapshot(
         "snapshot_type": "Full",
     })
     .to_string();
-    action(
-        socket,
-        ("PUT", "/snapshot/create", &body),
-        &format!("snapshot written to {}", snapshot_path.display()),
-    )
+    let zone = vm_zone(socket);
+    let started = Instant::now();
+    let status = api(socket, "PUT", "/snapshot/create", Some(&body));
+    if status != ExitStatus::Success {
+        return status;
+    }
+    let took = started.elapsed();
+    let kind = match zone.filter(|zone| same_file(zone, mem_file_path)) {
+        Some(zone) => format!(
+            "zero-copy: the guest memory stays in zone {} (sealed until the VM runs again)",
+            zone.display()
+        ),
+        None => {
+            let (size, data) = std::fs::metadata(mem_file_path)
+                .map(|m| (m.len(), m.blocks() * 512))
+                .unwrap_or_default();
+            format!(
+                "guest memory copied into {} ({}, {} of it data)",
+                mem_file_path.display(),
+                format_size(size),
+                format_size(data)
+            )
+        }
+    };
+    println!(
+        "snapshot written to {} in {:.2} s: {kind}",
+        snapshot_path.display(),
+        took.as_secs_f64()
+    );
+    ExitStatus::Success
+}
+
+/// The zone of the VM behind `socket`, if it has one (`GET /vm/config`).
+fn vm_zone(socket: &Path) -> Option<PathBuf> {
+    let response = ApiClient::new(socket)
+        .request("GET", "/vm/config", None)
+        .ok()?;
+    let config: serde_json::Value = serde_json::from_str(&response.body).ok()?;
+    config["machine-config"]["zone"]["path"]
+        .as_str()
+        .map(PathBuf::from)
+}
+
+/// Whether `a` and `b` name the same file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 /// `vmm --api-sock PATH [--config-file FILE]`: wait for the VM's configuration and start, or a
