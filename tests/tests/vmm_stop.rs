@@ -80,6 +80,18 @@ fn sigint_stops_a_guest_paused_at_a_checkpoint() {
     );
 }
 
+/// Waits (at most 60 s) until the guest behind `api` waits for memory.
+fn until_the_guest_waits(api: &vmm_cli::ApiClient) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get(api, "/memory")["guest"]["waiting_vcpus"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest never waited"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A pool file of 64 MiB in `scratch` (its `--backing`) with 16 of its 32 frames held by a VMM
 /// that was killed: the persistent pool keeps them allocated.
 fn half_held_pool(scratch: &Scratch) -> String {
@@ -178,14 +190,7 @@ fn every_stop_ends_a_vmm_whose_guest_waits_for_memory() {
             &socket,
         ]);
         let api = vmm.api(&socket);
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while get(&api, "/memory")["guest"]["waiting_vcpus"] != 1 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{stop}: the guest never waited"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        until_the_guest_waits(&api);
         let asked = std::time::Instant::now();
         if stop == "Shutdown" {
             vmm_common::send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
@@ -252,15 +257,7 @@ fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
         &socket,
     ]);
     let api = waiter.api(&socket);
-    let waiting = |api: &vmm_cli::ApiClient| get(api, "/memory")["guest"]["waiting_vcpus"] == 1;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !waiting(&api) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the guest never waited"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_the_guest_waits(&api);
     let asked = std::time::Instant::now();
     vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
     let paused_after = asked.elapsed();
@@ -300,7 +297,11 @@ fn a_vm_whose_guest_waits_for_memory_pauses_at_once_and_resumes_its_wait() {
     );
     holder.wait(Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(500));
-    assert!(waiting(&api), "a paused guest got memory");
+    assert_eq!(
+        get(&api, "/memory")["guest"]["waiting_vcpus"],
+        1,
+        "a paused guest got memory"
+    );
     assert_eq!(get(&api, "/machine")["state"], "Paused");
     vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     let run = waiter.wait(Duration::from_secs(60));
@@ -335,14 +336,7 @@ fn a_wait_for_memory_past_its_limit_ends_the_run_with_status_8() {
         &socket,
     ]);
     let api = vmm.api(&socket);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get(&api, "/memory")["guest"]["waiting_vcpus"] != 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the guest never waited"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_the_guest_waits(&api);
     vmm_common::send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(

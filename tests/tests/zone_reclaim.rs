@@ -49,6 +49,19 @@ fn start_idle(zone: &str, socket: &str, reclaim: &str) -> (VmmRun, vmm_cli::ApiC
     (idle, api)
 }
 
+/// A zone of 96 MiB in a new scratch directory `name`, with VM idle running there
+/// (`--reclaim-below reclaim`): the scratch (kept for as long as the test runs), the zone, idle's
+/// VMM and its API.
+fn zone_with_idle(name: &str, reclaim: &str) -> (Scratch, String, VmmRun, vmm_cli::ApiClient) {
+    let scratch = Scratch::new(name);
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "96M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let socket = scratch.path("idle.sock");
+    let (idle, api) = start_idle(&zone, &socket, reclaim);
+    (scratch, zone, idle, api)
+}
+
 fn hungry_args(zone: &str) -> [&str; 9] {
     [
         "--zone",
@@ -78,12 +91,7 @@ fn a_zone_running_low_inflates_the_balloons_of_vms_with_memory_to_spare() {
     if !kvm_available("a_zone_running_low_inflates_the_balloons_of_vms_with_memory_to_spare") {
         return;
     }
-    let scratch = Scratch::new("zone-reclaim");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "96M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
-    let socket = scratch.path("idle.sock");
-    let (idle, api) = start_idle(&zone, &socket, "10");
+    let (_scratch, zone, idle, api) = zone_with_idle("zone-reclaim", "10");
 
     let (hungry, took) = run_hungry(&zone);
     eprintln!("hungry (48 MiB into a zone with 32 MiB free) finished in {took:?}");
@@ -118,12 +126,7 @@ fn with_the_policy_off_a_vm_that_waits_too_long_ends_with_status_8() {
     if !kvm_available("with_the_policy_off_a_vm_that_waits_too_long_ends_with_status_8") {
         return;
     }
-    let scratch = Scratch::new("zone-no-reclaim");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "96M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
-    let socket = scratch.path("idle.sock");
-    let (idle, api) = start_idle(&zone, &socket, "0");
+    let (_scratch, zone, idle, api) = zone_with_idle("zone-no-reclaim", "0");
     let started = Instant::now();
     let hungry = VmmRun::start(&hungry_args(&zone));
     // The zone tells who waits, since when and for how much.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use llfree::MetaRegion;
 
 use super::layout::{Header, Layout};
+use crate::pool::BackingFile;
 use crate::sys::mmap::{self, Mapping};
 
 /// A `MAP_SHARED` mapping of the metadata part of a zone file.
@@ -35,6 +36,12 @@ impl ZoneMap {
             false => Mapping::shared_file(fd, 0, len)?,
         };
         Ok(Self { map, durability })
+    }
+
+    /// Maps the first `len` bytes of the zone file `file`, as [`Self::new`] does with its
+    /// MAP_SYNC support and durability.
+    pub fn of_file(file: &BackingFile, len: u64) -> io::Result<Self> {
+        Self::new(file.raw_fd(), len, file.map_sync, file.durability)
     }
 
     /// The header at offset 0.

@@ -421,13 +421,7 @@ impl Zone {
         let layout = Layout::new(frame, frames, config.max_vms, file.page_size);
         file.ensure_len(path, layout.total_len(), true)?;
         let map = Arc::new(
-            ZoneMap::new(
-                file.raw_fd(),
-                layout.data_off,
-                file.map_sync,
-                file.durability,
-            )
-            .map_err(io_err("cannot map the metadata"))?,
+            ZoneMap::of_file(&file, layout.data_off).map_err(io_err("cannot map the metadata"))?,
         );
         let header = map.header();
         header.magic.store(CREATING_MAGIC, Ordering::Release);
@@ -508,13 +502,7 @@ impl Zone {
             });
         }
         let map = Arc::new(
-            ZoneMap::new(
-                file.raw_fd(),
-                layout.data_off,
-                file.map_sync,
-                file.durability,
-            )
-            .map_err(io_err("cannot map the metadata"))?,
+            ZoneMap::of_file(&file, layout.data_off).map_err(io_err("cannot map the metadata"))?,
         );
         let guard = OpenGuard::lock(file.as_file()).map_err(io_err("cannot lock"))?;
         let alone = guard.alone().map_err(io_err("cannot lock"))?;

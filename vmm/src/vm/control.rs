@@ -279,20 +279,25 @@ impl VmControl {
         let mut state = self.lock();
         Self::request_pause_locked(&mut state, &self.pending)?;
         while state.requested == RunState::Paused && !state.all_paused(true) {
-            state = match state.held {
-                // A held vCPU's wait changes without a notification: look again soon.
-                Some(_) => {
-                    self.changed
-                        .wait_timeout(state, Duration::from_millis(1))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
-            };
+            state = self.wait_for_change(state);
         }
         match state.requested {
             RunState::Stopped => Err(ControlError::Stopped),
             _ => Ok(()),
+        }
+    }
+
+    /// Waits until the state changes; with vCPUs that may be held where they wait (see
+    /// [`Self::on_pause_count`]), whose waits change without a notification, at most 1 ms.
+    fn wait_for_change<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        match state.held {
+            Some(_) => {
+                self.changed
+                    .wait_timeout(state, Duration::from_millis(1))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
         }
     }
 
@@ -351,15 +356,7 @@ impl VmControl {
                     vcpu: held.unwrap_or_default(),
                 });
             }
-            state = match state.held {
-                Some(_) => {
-                    self.changed
-                        .wait_timeout(state, Duration::from_millis(1))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                None => self.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
-            };
+            state = self.wait_for_change(state);
         }
         match state.requested {
             RunState::Paused => Ok(()),
