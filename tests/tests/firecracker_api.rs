@@ -141,6 +141,20 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
         logged.contains("INFO") || logged.contains("DEBUG"),
         "{logged}"
     );
+    // Every line starts with a UTC timestamp and the instance id; API requests are logged.
+    let first = logged.lines().next().unwrap_or_default();
+    let (stamp, rest) = first.split_once(' ').unwrap_or_default();
+    assert!(
+        stamp.len() == 24 && stamp.as_bytes()[10] == b'T' && stamp.ends_with('Z'),
+        "{first}"
+    );
+    assert!(rest.starts_with("[guide_vm] "), "{first}");
+    assert!(
+        logged
+            .lines()
+            .any(|line| line.contains("API: PUT /boot-source: 204 in ")),
+        "{logged}"
+    );
 
     put("/actions", json!({"action_type": "SendCtrlAltDel"}));
     let run = vmm.wait(TIMEOUT);

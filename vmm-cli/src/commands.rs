@@ -147,7 +147,7 @@ pub(super) fn serve(
         api_socket,
         id: id.to_owned(),
         config,
-        logger: Some(Arc::new(ApiLogControl)),
+        logger: Some(Arc::new(ApiLogControl { id: id.to_owned() })),
     });
     // As Firecracker's: a guest that rebooted (Ctrl-Alt-Del, `reboot`) ends the VMM normally.
     if let Ok(RunOutcome::GuestReset(cause)) = &outcome {

@@ -144,9 +144,13 @@ pub fn init(level: Option<LevelFilter>) {
     });
 }
 
-/// `PUT /logger` for the installed logger.
+/// `PUT /logger` for the installed logger of the VMM instance `id`: its lines start with a
+/// UTC timestamp and the instance id, as Firecracker's do.
 #[derive(Debug, Default)]
-pub struct ApiLogControl;
+pub struct ApiLogControl {
+    /// The instance id (`--id`).
+    pub id: String,
+}
 
 impl LogControl for ApiLogControl {
     fn configure(&self, config: &Logger) -> Result<(), String> {
@@ -161,11 +165,9 @@ impl LogControl for ApiLogControl {
         };
         let show_level = config.show_level.unwrap_or(false);
         let show_origin = config.show_log_origin.unwrap_or(false);
+        let id = self.id.clone();
         builder.format(move |out, record| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            write!(out, "{}.{:03} ", now.as_secs(), now.subsec_millis())?;
+            write!(out, "{} [{id}] ", out.timestamp_millis())?;
             if show_level {
                 write!(out, "{} ", record.level())?;
             }

@@ -472,6 +472,7 @@ impl Write for DeadlineStream {
 
 /// Answers `request` (read already) on `stream` and closes the connection.
 fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmControl) {
+    let started = Instant::now();
     let response = catch_unwind(AssertUnwindSafe(|| routes::handle(control, request)))
         .unwrap_or_else(|_| {
             Response::fault(
@@ -479,6 +480,13 @@ fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmContro
                 "internal error: the VMM failed while handling the request",
             )
         });
+    log::info!(
+        "API: {} {}: {} in {:.1} ms",
+        request.method.as_str(),
+        request.target.escape_debug(),
+        response.status,
+        started.elapsed().as_secs_f64() * 1e3
+    );
     // The client's time to take the answer starts once it is ready (a snapshot takes seconds).
     if let Some(stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) {
         respond(stream, &response);
