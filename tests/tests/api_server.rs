@@ -318,8 +318,8 @@ fn malformed_and_oversized_requests_get_json_faults() {
         ),
         (
             b"PUT /actions HTTP/1.1\r\n\r\n",
-            411,
-            "Content-Length required",
+            400,
+            "the request has no body",
         ),
         (
             b"PUT /balloon HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n",

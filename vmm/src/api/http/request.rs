@@ -34,8 +34,9 @@ pub enum RequestError {
     /// The body is too long.
     #[error("body of {0} bytes exceeds {MAX_BODY_BYTES} bytes")]
     BodyTooLarge(u64),
-    /// A PUT or PATCH came without Content-Length.
-    #[error("Content-Length required")]
+    /// A PUT or PATCH came without Content-Length (answered 400, as Firecracker answers an
+    /// empty body).
+    #[error("the request has no body (PUT and PATCH need one, with Content-Length)")]
     LengthRequired,
     /// Not HTTP/1.0 or HTTP/1.1.
     #[error("HTTP version {0} not supported (use HTTP/1.1)")]
@@ -51,7 +52,7 @@ impl RequestError {
             RequestError::Malformed(_) => Some(400),
             RequestError::HeadTooLarge => Some(431),
             RequestError::BodyTooLarge(_) => Some(413),
-            RequestError::LengthRequired => Some(411),
+            RequestError::LengthRequired => Some(400),
             RequestError::Version(_) => Some(505),
         }
     }

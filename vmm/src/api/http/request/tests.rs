@@ -193,7 +193,7 @@ fn put_and_patch_need_a_content_length() {
     ] {
         let err = parse(bytes).unwrap_err();
         assert!(matches!(err, RequestError::LengthRequired));
-        assert_eq!(err.status(), Some(411));
+        assert_eq!(err.status(), Some(400));
     }
 }
 
