@@ -53,6 +53,21 @@ struct GuestFault {
 /// How often [`Session::watch_memory_waits`] looks at the waits for memory.
 pub(super) const MEMORY_WAIT_CHECK: Duration = Duration::from_millis(100);
 
+/// How often a wait for memory that goes on is summarised in a warning.
+const WAIT_SUMMARY: Duration = Duration::from_secs(60);
+
+/// Whether a summary of a wait is due at `now`, and the new time of the last one, given the
+/// last (`None`: nothing waited) and whether anything `waits` now: the first look at a wait
+/// only starts the clock (its start was warned of), then one every [`WAIT_SUMMARY`].
+fn summary_due(last: Option<Instant>, now: Instant, waits: bool) -> (Option<Instant>, bool) {
+    match (last, waits) {
+        (_, false) => (None, false),
+        (None, true) => (Some(now), false),
+        (Some(at), true) if now.duration_since(at) >= WAIT_SUMMARY => (Some(now), true),
+        (Some(at), true) => (Some(at), false),
+    }
+}
+
 /// One VM run's shared state.
 pub(super) struct Session {
     config: VmConfig,
@@ -86,6 +101,8 @@ pub(super) struct Session {
     memory_waits: GuestWarnings,
     /// The first fault a vCPU could not be served with.
     fault: Mutex<Option<GuestFault>>,
+    /// When the last summary of a wait for memory was given (or the wait began).
+    wait_summary: Mutex<Option<Instant>>,
     /// The zone's reclaim policy, if it runs; stopped with the session.
     reclaim: Mutex<Option<ReclaimThread>>,
     /// Since when each vCPU (then the other threads) has waited for memory, as
@@ -132,6 +149,7 @@ impl Session {
             memory_waits: GuestWarnings::default(),
             fault: Mutex::new(None),
             waiting_since: Mutex::new(Vec::new()),
+            wait_summary: Mutex::new(None),
             reclaim: Mutex::new(None),
             on_start: Mutex::new(Vec::new()),
             dead_check: Mutex::new(None),
@@ -431,7 +449,7 @@ impl Session {
                 *started = None;
             }
         }
-        self.record_waiting(&waits, &since);
+        self.report_waiting(&waits, &since);
         let Some(limit) = self.config.memory_wait_limit else {
             return;
         };
@@ -470,17 +488,12 @@ impl Session {
         }
     }
 
-    /// Records in the VM's zone slot whether its threads (`waits`: the vCPUs', then the other
-    /// threads') wait for memory: since the earliest wait began, one chunk each.
-    fn record_waiting(&self, waits: &[bool], since: &[Option<Instant>]) {
-        let Some(vm) = self.memory.zone_vm() else {
-            return;
-        };
+    /// Reports whether the VM's threads (`waits`: the vCPUs', then the other threads') wait
+    /// for memory: in the VM's zone slot (since the earliest wait began, one chunk each), and
+    /// in a warning every [`WAIT_SUMMARY`] while they wait (each wait's start is warned of as
+    /// it is reported).
+    fn report_waiting(&self, waits: &[bool], since: &[Option<Instant>]) {
         let count = waits.iter().filter(|&&w| w).count() as u64;
-        if count == 0 {
-            vm.set_waiting(None);
-            return;
-        }
         let longest = (0..waits.len())
             .filter(|&index| waits[index])
             .filter_map(|index| match index < self.config.vcpus {
@@ -489,6 +502,25 @@ impl Session {
             })
             .max()
             .unwrap_or_default();
+        let mut summary = self.wait_summary.lock().unwrap_or_else(|e| e.into_inner());
+        let due;
+        (*summary, due) = summary_due(*summary, Instant::now(), count > 0);
+        drop(summary);
+        if due {
+            log::warn!(
+                "still waiting for guest memory: {count} of the VM's faults, the longest for \
+                 {:.0} s ({})",
+                longest.as_secs_f64(),
+                self.pool_summary()
+            );
+        }
+        let Some(vm) = self.memory.zone_vm() else {
+            return;
+        };
+        if count == 0 {
+            vm.set_waiting(None);
+            return;
+        }
         let began = std::time::SystemTime::now()
             .checked_sub(longest)
             .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
@@ -588,5 +620,24 @@ impl Session {
             loading,
             pool: self.pool_summary(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_is_summarised_once_a_minute_while_it_lasts() {
+        let start = Instant::now();
+        let (last, due) = summary_due(None, start, true);
+        assert_eq!((last, due), (Some(start), false), "its start was warned of");
+        let minute = start + WAIT_SUMMARY;
+        assert_eq!(
+            summary_due(last, start + WAIT_SUMMARY / 2, true),
+            (last, false)
+        );
+        assert_eq!(summary_due(last, minute, true), (Some(minute), true));
+        assert_eq!(summary_due(Some(minute), minute, false), (None, false));
     }
 }
