@@ -112,6 +112,14 @@ fn missing_files_are_usage_errors() {
     vmm(&["run", "--backing", &pool]).assert_fails(2, "its directory does not exist");
     let socket = scratch.path("no/dir/api.sock");
     vmm(&["run", "--api-socket", &socket]).assert_fails(2, "--api-socket");
+    // A missing zone is said the same way wherever it is named.
+    let zone = scratch.path("zone");
+    let missing = format!("zone {zone} does not exist (create it with `vmm zone create`)");
+    vmm(&["run", "--zone", &zone, "--vm", "a"]).assert_fails(2, &missing);
+    for command in ["inspect", "gc"] {
+        vmm(&["zone", command, &zone]).assert_fails(2, &missing);
+    }
+    vmm(&["zone", "delete-vm", &zone, "a"]).assert_fails(2, &missing);
 }
 
 fn nr_hugepages(kib: u64) -> Option<u64> {

@@ -98,6 +98,9 @@ pub enum ZoneError {
         /// The first word found.
         magic: u64,
     },
+    /// There is no file (or device) at the path.
+    #[error("zone {0} does not exist (create it with `vmm zone create`)")]
+    Missing(PathBuf),
     /// The file is too short to hold even a zone's header.
     #[error("{0} holds no zone (it is empty or shorter than a zone's header)")]
     Empty(PathBuf),
@@ -471,7 +474,12 @@ impl Zone {
     /// anything that is not a complete zone of this version, or whose metadata is inconsistent.
     pub fn open(path: &Path, cores: usize) -> Result<Arc<Self>, ZoneError> {
         let started = Instant::now();
-        let file = BackingFile::open_shared(path)?;
+        let file = BackingFile::open_shared(path).map_err(|e| match e {
+            BackingError::File { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                ZoneError::Missing(path.to_owned())
+            }
+            e => e.into(),
+        })?;
         // Reading a header past the end of the file would fault (SIGBUS).
         if file.len() < PAGE {
             return Err(ZoneError::Empty(path.to_owned()));

@@ -63,6 +63,9 @@ pub enum ConfigError {
         /// What is wrong.
         why: String,
     },
+    /// The zone file does not exist.
+    #[error("zone {} does not exist (create it with `vmm zone create`)", .0.display())]
+    ZoneMissing(PathBuf),
     /// The kernel command line is too long or has bytes a kernel cannot take.
     #[error("cmdline: {0}")]
     Cmdline(String),
@@ -298,11 +301,9 @@ pub fn check_zone(zone: &ZoneTarget) -> Result<(), ConfigError> {
     match fs::metadata(&zone.path) {
         Ok(meta) if meta.is_dir() => Err(path_error("zone ", &zone.path, "is a directory")),
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(path_error(
-            "zone ",
-            &zone.path,
-            "does not exist (create it with `vmm zone create`)",
-        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(ConfigError::ZoneMissing(zone.path.clone()))
+        }
         Err(e) => Err(path_error("zone ", &zone.path, e.to_string())),
     }
 }
