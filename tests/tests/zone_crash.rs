@@ -115,7 +115,7 @@ fn crash_creation(rng: &mut Rng, scratch: &Scratch, tally: &mut Tally, window: D
         assert!(
             run.stderr.contains("creation never finished")
                 || run.stderr.contains("holds no zone")
-                || run.stderr.contains("No such file"),
+                || run.stderr.contains("does not exist"),
             "{run:#?}"
         );
         let again = vmm(&["zone", "create", &zone, "--size", "256M"]);
@@ -239,7 +239,7 @@ fn the_guest_finds_its_ram_as_it_was_at_the_kill() {
     // Nonsense is refused with one line and the usage status.
     let missing = scratch.path("missing");
     let run = vmm(&["zone", "inspect", &missing]);
-    run.assert_fails(2, "No such file");
+    run.assert_fails(2, "does not exist (create it with `vmm zone create`)");
     let run = vmm(&["zone", "create", &zone, "--size", "128M"]);
     run.assert_fails(2, "already holds a zone");
     let run = vmm(&["zone", "delete-vm", &zone, "nobody"]);
