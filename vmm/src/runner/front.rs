@@ -436,10 +436,12 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
                 match super::check_guest(&config).and_then(|()| super::frames_for(&config)) {
                     Ok(frames) => (config, frames, None),
                     Err(e) => {
+                        // Open again before the answer: the client's next request may follow
+                        // it at once.
+                        front.reopen(requests.clone());
                         let _ = pending
                             .answer
                             .send(Err(ControlError::InvalidArgument(e.to_string())));
-                        front.reopen(requests.clone());
                         continue;
                     }
                 }
@@ -449,8 +451,8 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
                 match prepared {
                     Ok((config, frames, resumption)) => (config, frames, Some(resumption)),
                     Err(e) => {
-                        let _ = pending.answer.send(Err(e.into()));
                         front.reopen(requests.clone());
+                        let _ = pending.answer.send(Err(e.into()));
                         continue;
                     }
                 }
