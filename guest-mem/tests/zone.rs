@@ -189,7 +189,10 @@ fn a_zone_whose_creation_was_cut_short_is_never_used_and_can_be_created_again() 
     let missing = TempFile::new("zone-missing");
     let err = Zone::open(&missing.0, 1).unwrap_err();
     assert!(matches!(err, ZoneError::Missing(_)), "{err}");
-    assert!(err.to_string().contains("does not exist (create it with"), "{err}");
+    assert!(
+        err.to_string().contains("does not exist (create it with"),
+        "{err}"
+    );
 }
 
 /// A zone file seen from outside, as a damaging tool sees it: the header's offsets of the frame
