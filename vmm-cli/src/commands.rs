@@ -83,7 +83,7 @@ pub(super) fn create_snapshot(
         return status;
     }
     let took = started.elapsed();
-    let kind = match zone.filter(|zone| same_file(zone, mem_file_path)) {
+    let kind = match zone.filter(|zone| vmm::host_file::same_file(zone, mem_file_path)) {
         Some(zone) => format!(
             "zero-copy: the guest memory stays in zone {} (sealed until the VM runs again)",
             zone.display()
@@ -117,14 +117,6 @@ fn vm_zone(socket: &Path) -> Option<PathBuf> {
     config["machine-config"]["zone"]["path"]
         .as_str()
         .map(PathBuf::from)
-}
-
-/// Whether `a` and `b` name the same file.
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => false,
-    }
 }
 
 /// `vmm --api-sock PATH [--config-file FILE]`: wait for the VM's configuration and start, or a

@@ -142,6 +142,15 @@ pub fn create_output(what: &'static str, path: &Path) -> Result<File, HostFileEr
     Ok(file)
 }
 
+/// Whether `a` and `b` name the same file (device and inode); false if either is missing.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,6 @@
 
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,14 +115,6 @@ impl From<SnapshotError> for ControlError {
             }
             _ => ControlError::InvalidArgument(error.to_string()),
         }
-    }
-}
-
-/// Whether `a` and `b` name the same file.
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
     }
 }
 
@@ -286,7 +277,7 @@ impl Session {
         };
         let devices_done = Instant::now();
         let memory = match (self.memory().zone_vm(), &self.config().zone) {
-            (Some(vm), Some(zone)) if same_file(&params.mem_file_path, &zone.path) => {
+            (Some(vm), Some(zone)) if host_file::same_file(&params.mem_file_path, &zone.path) => {
                 let seal = vm.seal_memory().map_err(|source| SnapshotError::Zone {
                     path: zone.path.clone(),
                     source,
