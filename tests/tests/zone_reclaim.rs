@@ -82,6 +82,18 @@ fn run_hungry(zone: &str) -> (vmm_common::Finished, Duration) {
     (run, started.elapsed())
 }
 
+/// `vmm zone inspect --json` of `zone`, which must show no frame leaked or lost.
+fn inspect_consistent(zone: &str) -> serde_json::Value {
+    let info: serde_json::Value =
+        serde_json::from_str(&client(&["zone", "inspect", "--json", zone]).stdout).unwrap();
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    info
+}
+
 fn balloon_mib(api: &vmm_cli::ApiClient) -> u64 {
     get(api, "/balloon")["actual_mib"].as_u64().unwrap()
 }
@@ -110,13 +122,7 @@ fn a_zone_running_low_inflates_the_balloons_of_vms_with_memory_to_spare() {
     }
     vmm_common::send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
     idle.wait(Duration::from_secs(30));
-    let info: serde_json::Value =
-        serde_json::from_str(&client(&["zone", "inspect", "--json", &zone]).stdout).unwrap();
-    assert_eq!(
-        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
-        (Some(0), Some(0)),
-        "{info:#}"
-    );
+    let info = inspect_consistent(&zone);
     // The policy's thread ended with the run: the VMM left the zone cleanly.
     assert_eq!(info["recovery"]["kind"], "clean", "{info:#}");
 }
@@ -256,13 +262,7 @@ fn vms_writing_and_freeing_at_random_on_an_undersized_zone_finish_or_fail_cleanl
     }
     eprintln!("{finished} of 4 VMs finished, the others waited too long");
     assert!(finished >= 1, "the last VM always fits");
-    let info: serde_json::Value =
-        serde_json::from_str(&client(&["zone", "inspect", "--json", &zone]).stdout).unwrap();
-    assert_eq!(
-        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
-        (Some(0), Some(0)),
-        "{info:#}"
-    );
+    let info = inspect_consistent(&zone);
     assert_eq!(
         info["free_frames"], info["frames"],
         "ephemeral VMs left frames: {info:#}"
