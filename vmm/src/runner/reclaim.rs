@@ -144,7 +144,9 @@ impl Reclaim {
         }
         let stats = info.stats;
         let free = stats.available_memory.or(stats.free_memory).unwrap_or(0);
-        let spare = free.saturating_sub(self.ram_bytes / 16);
+        // A guest's figures are its own word: never more than its RAM, so that one claiming
+        // more cannot shrink the other VMs' shares.
+        let spare = free.min(self.ram_bytes).saturating_sub(self.ram_bytes / 16);
         vm.set_spare(spare);
         // Wait for the guest to reach the last target and to report after that.
         if let Some(settled) = self.settled_at {
