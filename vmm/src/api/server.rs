@@ -45,6 +45,9 @@ const LISTENER: u64 = 0;
 const STOP: u64 = 1;
 /// Time given to a client to stop sending after its response, before the connection closes.
 const LINGER: Duration = Duration::from_millis(100);
+/// Time the requests being answered when the server stops get to finish (a `Shutdown` action
+/// ends the VMM while its 204 is on the way).
+const FINISH_GRACE: Duration = Duration::from_secs(1);
 
 /// Errors of starting the API server.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +78,8 @@ pub struct ApiServer {
     path: PathBuf,
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
+    /// Requests being answered, on threads of their own.
+    answering: Arc<AtomicUsize>,
 }
 
 /// Binds `path`, replacing a stale socket that nobody listens on.
@@ -157,14 +162,17 @@ impl ApiServer {
         let listener = bind(&path)?;
         let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ServerError::Thread)?);
         let thread_stop = stop.clone();
+        let answering = Arc::new(AtomicUsize::new(0));
+        let thread_answering = answering.clone();
         let thread = std::thread::Builder::new()
             .name("api".into())
-            .spawn(move || serve(listener, &thread_stop, control));
+            .spawn(move || serve(listener, &thread_stop, control, thread_answering));
         match thread {
             Ok(thread) => Ok(ApiServer {
                 path,
                 stop,
                 thread: Some(thread),
+                answering,
             }),
             Err(e) => {
                 let _ = fs::remove_file(&path);
@@ -190,6 +198,18 @@ impl Drop for ApiServer {
             }
         }
         let _ = fs::remove_file(&self.path);
+        // The answers on their way get a moment to reach their clients before the VMM ends.
+        let deadline = Instant::now() + FINISH_GRACE;
+        while self.answering.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                log::warn!(
+                    "API server: stopping with {} request(s) unanswered",
+                    self.answering.load(Ordering::Acquire)
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -212,7 +232,12 @@ struct Connections {
 
 /// Waits for connections and their requests until `stop` is signalled; a complete request is
 /// answered on a thread of its own.
-fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
+fn serve(
+    listener: UnixListener,
+    stop: &EventFd,
+    control: Arc<dyn VmmControl>,
+    answering: Arc<AtomicUsize>,
+) {
     let Ok(epoll) = Epoll::new() else {
         log::error!("API server: cannot create an epoll instance");
         return;
@@ -234,7 +259,7 @@ fn serve(listener: UnixListener, stop: &EventFd, control: Arc<dyn VmmControl>) {
         epoll,
         open: BTreeMap::new(),
         next_token: STOP + 1,
-        answering: Arc::new(AtomicUsize::new(0)),
+        answering,
     };
     let mut events = vec![EpollEvent::default(); 64];
     let mut chunk = [0u8; 4096];
