@@ -67,7 +67,7 @@ fn help_explains_every_flag_and_the_exit_statuses() {
 
 #[test]
 fn usage_errors_are_one_line_with_status_2() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&[], "requires a subcommand"),
         (&["run", "--memory", "lots"], "'lots' is not a size"),
         (&["run", "--memory", "5M"], "must be a multiple of 2 MiB"),
@@ -82,6 +82,10 @@ fn usage_errors_are_one_line_with_status_2() {
             "--vcpus 255: must be between 1 and 254",
         ),
         (&["run", "--vcpus", "65"], "at most 64 vCPUs"),
+        (
+            &["run", "--vcpus", "3", "--smt"],
+            "--vcpus 3: with --smt, the vCPU count must be 1 or even",
+        ),
         (&["run", "--initrd", "/boot/initrd"], "--kernel <PATH>"),
         (
             &["run", "--balloon", "size=64M,inflate=on"],

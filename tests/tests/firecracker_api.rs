@@ -232,8 +232,8 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         (
             "PUT",
             "/machine-config",
-            Some(r#"{"vcpu_count":2,"mem_size_mib":64,"smt":true}"#),
-            "smt",
+            Some(r#"{"vcpu_count":3,"mem_size_mib":64,"smt":true}"#),
+            "The vCPU number can only be 1 or an even number when hyperthreading is enabled.",
         ),
         (
             "PUT",

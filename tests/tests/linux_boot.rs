@@ -191,30 +191,31 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
         Ok(pages) => pages,
         Err(why) => return eprintln!("SKIP: {test}: {why}"),
     };
-    // Every vCPU count, backing and population, each at least once.
+    // Every vCPU count, backing and population, each at least once; SMT (two threads per
+    // core, as Firecracker's `smt`) once.
     let cases = [
-        ("1", "anon", "lazy"),
-        ("2", "hugetlb-2m", "eager"),
-        ("4", "anon", "eager"),
-        ("4", "hugetlb-2m", "lazy"),
+        ("1", "anon", "lazy", None),
+        ("2", "hugetlb-2m", "eager", None),
+        ("4", "anon", "eager", None),
+        ("4", "hugetlb-2m", "lazy", None),
+        ("4", "anon", "lazy", Some("--smt")),
     ];
-    for (vcpus, backing, populate) in cases {
+    for (vcpus, backing, populate, smt) in cases {
         let started = Instant::now();
         // The default command line: the init's default test reports and runs `reboot -f`,
         // which resets through the i8042 (reboot=k).
-        let (vmm, ready) = boot(
-            &guest,
-            &[
-                "--memory",
-                "256M",
-                "--vcpus",
-                vcpus,
-                "--backing",
-                backing,
-                "--populate",
-                populate,
-            ],
-        );
+        let mut args = vec![
+            "--memory",
+            "256M",
+            "--vcpus",
+            vcpus,
+            "--backing",
+            backing,
+            "--populate",
+            populate,
+        ];
+        args.extend(smt);
+        let (vmm, ready) = boot(&guest, &args);
         let to_init = started.elapsed();
         let last = vcpus.parse::<u32>().unwrap() - 1;
         let online = if last == 0 {
@@ -224,13 +225,17 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
         };
         assert_eq!(field(&ready, "cpus"), Some(vcpus), "{ready}");
         assert_eq!(field(&ready, "online"), Some(online.as_str()), "{ready}");
+        // CPU 0 shares its core with CPU 1 under SMT, with nobody otherwise.
+        let siblings = if smt.is_some() { "0-1" } else { "0" };
+        assert_eq!(field(&ready, "siblings"), Some(siblings), "{ready}");
         let run = vmm.wait(Duration::from_secs(60));
         let to_exit = started.elapsed();
         run.assert_guest_reset(THROUGH_THE_KEYBOARD);
         assert!(run.stdout.contains("smp: Brought up 1 node"), "{run:#?}");
         eprintln!(
-            "{test}: {vcpus} vCPUs, {backing}, {populate}: init after {to_init:.1?} (guest \
+            "{test}: {vcpus} vCPUs{}, {backing}, {populate}: init after {to_init:.1?} (guest \
              uptime {}), vmm ended {:.1?} after the reboot",
+            if smt.is_some() { " (SMT)" } else { "" },
             field(&ready, "uptime").unwrap_or("?"),
             to_exit - to_init
         );

@@ -148,6 +148,38 @@ fn shutdown_stops_a_paused_guest_and_requests_that_do_not_fit_are_refused() {
     assert!(!std::path::Path::new(&socket).exists(), "socket removed");
 }
 
+/// `--smt`: the vCPUs are the two threads of a core (Firecracker's `smt`); the guest runs on
+/// them and `GET /machine-config` says so.
+#[test]
+fn smt_vcpus_run_the_guest_and_the_machine_config_says_smt() {
+    if !kvm_available("smt_vcpus_run_the_guest_and_the_machine_config_says_smt") {
+        return;
+    }
+    let scratch = Scratch::new("smt");
+    let socket = scratch.path("api.sock");
+    let (vmm, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "64M",
+            "--vcpus",
+            "2",
+            "--smt",
+            "--workload",
+            "checkpoint:1,write:all,verify:all",
+        ],
+        &socket,
+    );
+    let machine = get(&api, "/machine-config");
+    assert_eq!(
+        (machine["vcpu_count"].as_u64(), machine["smt"].as_bool()),
+        (Some(2), Some(true))
+    );
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = vmm.wait(std::time::Duration::from_secs(60));
+    run.assert_success();
+    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
+}
+
 /// The VMM ends at once after a `Shutdown` action, but never before its 204 has reached the
 /// client: a hundred VMMs in a row, each stopped by a raw request, each answered in full (the
 /// VMM once ended with the answer half written on a loaded host).

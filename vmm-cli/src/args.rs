@@ -364,9 +364,14 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
     pub populate: PopulateArg,
 
-    /// Number of vCPUs, 1 to 254 (1 to 64 for the built-in test guest); one thread each.
+    /// Number of vCPUs, 1 to 254 (1 to 64 for the built-in test guest); a core each.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub vcpus: usize,
+
+    /// SMT: the vCPUs are the two threads of each core, as the guest's CPUID tells (Firecracker's
+    /// `smt`); --vcpus must then be 1 or even.
+    #[arg(long)]
+    pub smt: bool,
 
     /// Linux kernel to boot: a bzImage or an uncompressed ELF vmlinux.
     ///

@@ -1,8 +1,8 @@
 //! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
 
 use vmm::config::{
-    check_api_socket, check_backing, check_drives, check_memory, check_pmem, check_vcpus,
-    check_zone, ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
+    check_api_socket, check_backing, check_drives, check_memory, check_pmem, check_smt,
+    check_vcpus, check_zone, ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};
@@ -25,6 +25,7 @@ impl TryFrom<RunArgs> for VmConfig {
 
     fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
         check_vcpus(args.vcpus, args.kernel.is_none())?;
+        check_smt(args.vcpus, args.smt)?;
         check_memory(args.memory, &args.backing)?;
         let scrub = check_backing(&args.backing, args.format_pool)?;
         let zone = match (args.zone, args.vm) {
@@ -76,6 +77,7 @@ impl TryFrom<RunArgs> for VmConfig {
                 PopulateArg::Lazy => guest_mem::Populate::Lazy,
             },
             vcpus: args.vcpus,
+            smt: args.smt,
             guest,
             api_socket: args.api_socket,
             balloon: args.balloon,

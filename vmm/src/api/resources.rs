@@ -56,9 +56,10 @@ fn check_machine(
 ) -> Result<(), ControlError> {
     let vcpus = usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX);
     check_vcpus(vcpus, false).map_err(invalid)?;
-    if machine.smt {
+    if machine.smt && vcpus > 1 && !vcpus.is_multiple_of(2) {
         return Err(refuse(
-            "smt is not supported: every vCPU is a core of its own",
+            "The vCPU number is invalid! The vCPU number can only be 1 or an even number when \
+             hyperthreading is enabled.",
         ));
     }
     if machine.track_dirty_pages {
@@ -352,6 +353,7 @@ impl VmResources {
                 _ => Populate::Lazy,
             },
             vcpus: usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
+            smt: machine.smt,
             guest: GuestConfig::Linux(linux.clone()),
             api_socket: api_socket.map(Path::to_owned),
             balloon: self.balloon.map(|b| BalloonDeviceConfig {
@@ -384,6 +386,7 @@ impl VmResources {
 pub fn machine_configuration(config: &VmConfig) -> MachineConfiguration {
     MachineConfiguration {
         vcpu_count: config.vcpus as u64,
+        smt: config.smt,
         mem_size_mib: config.memory_size / MIB,
         huge_pages: huge_pages(&config.backing),
         zone: config.zone.as_ref().map(|zone| ZoneAttachment {

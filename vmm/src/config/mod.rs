@@ -37,6 +37,9 @@ pub enum ConfigError {
     /// The vCPU count is out of range.
     #[error("vcpus {0}: must be between 1 and {MAX_VCPUS}")]
     Vcpus(usize),
+    /// With SMT, vCPUs come in pairs (the two threads of a core).
+    #[error("vcpus {0}: with --smt, the vCPU count must be 1 or even (two threads per core)")]
+    SmtVcpus(usize),
     /// The test guest supports fewer vCPUs than KVM.
     #[error("vcpus {0}: the built-in test guest runs on at most {max} vCPUs", max = protocol::MAX_VCPUS)]
     TestGuestVcpus(usize),
@@ -170,6 +173,8 @@ pub struct VmConfig {
     pub populate: Populate,
     /// Number of vCPUs.
     pub vcpus: usize,
+    /// SMT: the vCPUs are the two threads of each core (Firecracker's `smt`), not a core each.
+    pub smt: bool,
     /// What the VM runs.
     pub guest: GuestConfig,
     /// Where to serve the control API.
@@ -215,6 +220,7 @@ impl VmConfig {
             scrub: Scrub::PunchHole,
             populate: Populate::Lazy,
             vcpus,
+            smt: false,
             guest: GuestConfig::TestGuest(Workload::new()),
             api_socket: None,
             balloon: None,
@@ -241,6 +247,23 @@ pub fn check_vcpus(vcpus: usize, test_guest: bool) -> Result<(), ConfigError> {
         return Err(ConfigError::TestGuestVcpus(vcpus));
     }
     Ok(())
+}
+
+/// Checks that with SMT the vCPUs make whole cores of two threads (or are a single one).
+pub fn check_smt(vcpus: usize, smt: bool) -> Result<(), ConfigError> {
+    if smt && vcpus > 1 && !vcpus.is_multiple_of(2) {
+        return Err(ConfigError::SmtVcpus(vcpus));
+    }
+    Ok(())
+}
+
+/// Threads per core of a VM: 2 with SMT.
+pub fn threads_per_core(smt: bool) -> u32 {
+    if smt {
+        2
+    } else {
+        1
+    }
 }
 
 /// Checks a guest RAM size: within [`MIN_MEMORY`, `MAX_MEMORY`] and a whole number of the

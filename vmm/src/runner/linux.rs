@@ -24,7 +24,7 @@ use crate::arch::x86_64::{
     host_has_hardware_virtualization, write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED,
 };
 use crate::boot::{add_kernel_arg, load_linux, LinuxBoot, LinuxBootConfig};
-use crate::config::LinuxConfig;
+use crate::config::{threads_per_core, LinuxConfig};
 use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use crate::devices::BusDevice;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
@@ -159,7 +159,7 @@ fn boot(
         kernel: linux.kernel.clone(),
         source,
     })?;
-    setup_vcpus(vm, &boot)
+    setup_vcpus(vm, &boot, threads_per_core(session.config().smt))
 }
 
 /// Puts `device` on the port I/O bus at `(base, size)`, its interrupt `irq` raised through
@@ -186,7 +186,11 @@ fn attach_pio(
 
 /// The MP table listing the vCPUs; CPUID, MSRs and LAPIC for every vCPU; long mode at the
 /// kernel's entry for vCPU 0.
-fn setup_vcpus(vm: &Vm<GuestMemory>, boot: &LinuxBoot) -> Result<(), RunError> {
+fn setup_vcpus(
+    vm: &Vm<GuestMemory>,
+    boot: &LinuxBoot,
+    threads_per_core: u32,
+) -> Result<(), RunError> {
     let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
     write_mptable(vm.memory().as_ref(), vm.vcpus().len()).map_err(|e| setup(&e))?;
     let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup(&e))?;
@@ -202,6 +206,7 @@ fn setup_vcpus(vm: &Vm<GuestMemory>, boot: &LinuxBoot) -> Result<(), RunError> {
         let topology = VcpuTopology {
             vcpu_id: vcpu.index() as u32,
             vcpu_count: count,
+            threads_per_core,
         };
         set_vcpu_cpuid(vcpu.fd(), &cpuid, topology).map_err(|e| setup(&e))?;
         setup_boot_msrs(vcpu.fd()).map_err(|e| setup(&e))?;

@@ -330,6 +330,7 @@ impl Session {
         Machine {
             memory_size: config.memory_size,
             vcpus: config.vcpus,
+            smt: config.smt,
             pmem_size: config.pmem_size,
             balloon: config.balloon,
             balloon_stats_interval_s: self
@@ -502,6 +503,7 @@ pub(super) fn prepare(
         scrub: Scrub::PunchHole,
         populate: Populate::Lazy,
         vcpus: machine.vcpus,
+        smt: machine.smt,
         guest: match machine.guest {
             SavedGuest::TestGuest(workload) => GuestConfig::TestGuest(workload),
             SavedGuest::Linux => GuestConfig::RestoredLinux,

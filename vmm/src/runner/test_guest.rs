@@ -83,6 +83,7 @@ pub(super) fn run(
             devices.attach(vm, buses).map_err(|e| e.to_string())
         })),
         start_paused: true,
+        smt: session.config().smt,
     };
     let vcpus = session.config().vcpus;
     let report = testguest::run_with(session.memory().clone(), vcpus, workload, options)?;

@@ -42,6 +42,9 @@ pub struct Machine {
     pub memory_size: u64,
     /// vCPUs.
     pub vcpus: usize,
+    /// SMT: the vCPUs are two threads per core (their CPUID, saved with them, says so).
+    #[serde(default)]
+    pub smt: bool,
     /// Bytes of the virtio-pmem device, if it has one.
     pub pmem_size: Option<u64>,
     /// The balloon's options, if it has one.

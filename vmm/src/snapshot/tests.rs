@@ -50,6 +50,7 @@ fn snapshot() -> VmSnapshot {
         machine: Machine {
             memory_size: 64 << 20,
             vcpus: 2,
+            smt: false,
             pmem_size: None,
             balloon: Some(BalloonDeviceConfig::default()),
             balloon_stats_interval_s: 0,

@@ -37,6 +37,7 @@ use crate::arch::x86_64::paging::{IdentityMap, PageSize};
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
+use crate::config::threads_per_core;
 use crate::devices::serial::{SerialDevice, SerialOutput, SerialSnapshot, SharedBuffer};
 use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
@@ -158,6 +159,8 @@ pub struct RunOptions {
     pub resumption: Option<Resumption>,
     /// The KVM VM to build on, made ahead of time; a new one otherwise.
     pub kvm_vm: Option<KvmVm>,
+    /// The vCPUs are the two threads of each core (SMT), not a core each.
+    pub smt: bool,
     /// Leave the vCPUs paused after `on_start`: the caller lets them run through the control it
     /// kept (a VMM whose API must be able to pause the guest from its first instruction on).
     pub start_paused: bool,
@@ -175,6 +178,7 @@ impl Default for RunOptions {
             on_devices: None,
             resumption: None,
             kvm_vm: None,
+            smt: false,
             start_paused: false,
         }
     }
@@ -222,7 +226,7 @@ where
         None => {
             let entry = load_image(memory.as_ref())?;
             workload.write_descriptor(memory.as_ref(), vcpus)?;
-            setup_vcpus(&vm, entry)?;
+            setup_vcpus(&vm, entry, threads_per_core(options.smt))?;
         }
         Some(resumption) => vm
             .restore(&resumption.vcpus, &resumption.vm)
@@ -374,7 +378,11 @@ fn load_image<M: GuestMemoryBackend>(memory: &M) -> Result<GuestAddress, TestGue
 }
 
 /// Writes GDT and page tables and puts every vCPU at `entry` in 64-bit mode.
-fn setup_vcpus<M>(vm: &Vm<M>, entry: GuestAddress) -> Result<(), TestGuestError>
+fn setup_vcpus<M>(
+    vm: &Vm<M>,
+    entry: GuestAddress,
+    threads_per_core: u32,
+) -> Result<(), TestGuestError>
 where
     M: GuestMemoryBackend + Send + Sync + 'static,
 {
@@ -394,6 +402,7 @@ where
         let topology = VcpuTopology {
             vcpu_id: vcpu.index() as u32,
             vcpu_count: vm.vcpus().len() as u32,
+            threads_per_core,
         };
         set_vcpu_cpuid(vcpu.fd(), &cpuid, topology).map_err(|e| setup_err(&e))?;
         let index = vcpu.index() as u64;

@@ -61,6 +61,16 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
     assert_eq!(resources.machine(), &machine(1, 128));
     resources.put_machine(machine(2, 256)).unwrap();
     assert_eq!(resources.machine(), &machine(2, 256));
+    // SMT as Firecracker has it: pairs of threads, or a single vCPU.
+    for vcpus in [1, 2, 4] {
+        let smt = MachineConfiguration {
+            smt: true,
+            ..machine(vcpus, 256)
+        };
+        resources.put_machine(smt.clone()).unwrap();
+        assert_eq!(resources.machine(), &smt);
+    }
+    resources.put_machine(machine(2, 256)).unwrap();
     for (bad, expected) in [
         (machine(0, 128), "vcpus 0"),
         (machine(255, 128), "vcpus 255"),
@@ -69,9 +79,9 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
         (
             MachineConfiguration {
                 smt: true,
-                ..machine(2, 128)
+                ..machine(3, 128)
             },
-            "smt",
+            "can only be 1 or an even number when hyperthreading is enabled",
         ),
         (
             MachineConfiguration {

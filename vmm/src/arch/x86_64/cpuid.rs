@@ -1,7 +1,8 @@
 //! Guest CPUID: what KVM supports, filtered per vCPU as Firecracker does.
 //!
 //! Starting from `KVM_GET_SUPPORTED_CPUID` (host vendor, features KVM can virtualize), each vCPU
-//! gets its APIC ID and a flat topology (one thread per core, all cores in one package), the
+//! gets its APIC ID and a topology of one package of cores with one thread each, or two with
+//! SMT (Firecracker's `smt`, vCPUs 2n and 2n+1 the threads of core n), the
 //! hypervisor bit, no PMU, and no features a VM cannot offer (MONITOR, VMX, thermal/power
 //! management, debug store). An empty brand string is filled with the host's.
 
@@ -22,13 +23,19 @@ pub enum CpuidError {
     /// Rewriting the topology leaves overflowed the CPUID table.
     #[error("too many CPUID entries")]
     TooManyEntries,
-    /// The vCPU ID or count cannot be expressed in 8-bit APIC IDs.
-    #[error("vCPU {vcpu_id} of {vcpu_count}: need 1..=254 vCPUs and id < count")]
+    /// The vCPU ID or count cannot be expressed in 8-bit APIC IDs, or the vCPUs do not make
+    /// whole cores.
+    #[error(
+        "vCPU {vcpu_id} of {vcpu_count} with {threads_per_core} thread(s) per core: need \
+         1..=254 vCPUs, id < count, 1 or 2 threads per core and a count of 1 or a multiple of them"
+    )]
     InvalidTopology {
         /// vCPU index.
         vcpu_id: u32,
         /// Number of vCPUs.
         vcpu_count: u32,
+        /// Threads per core.
+        threads_per_core: u32,
     },
 }
 
@@ -39,6 +46,19 @@ pub struct VcpuTopology {
     pub vcpu_id: u32,
     /// Number of vCPUs in the VM.
     pub vcpu_count: u32,
+    /// Threads per core: 1, or 2 with SMT (a VM of one vCPU has one thread whatever this says).
+    pub threads_per_core: u32,
+}
+
+impl VcpuTopology {
+    /// Threads per core as the guest sees them.
+    fn threads(self) -> u32 {
+        if self.vcpu_count == 1 {
+            1
+        } else {
+            self.threads_per_core
+        }
+    }
 }
 
 /// Bits in CPUID.1:ECX.
@@ -85,11 +105,18 @@ pub fn vcpu_cpuid(supported: &CpuId, topology: VcpuTopology) -> Result<CpuId, Cp
     let VcpuTopology {
         vcpu_id,
         vcpu_count,
+        threads_per_core,
     } = topology;
-    if vcpu_count == 0 || vcpu_count > 254 || vcpu_id >= vcpu_count {
+    if vcpu_count == 0
+        || vcpu_count > 254
+        || vcpu_id >= vcpu_count
+        || !(1..=2).contains(&threads_per_core)
+        || (vcpu_count > 1 && !vcpu_count.is_multiple_of(threads_per_core))
+    {
         return Err(CpuidError::InvalidTopology {
             vcpu_id,
             vcpu_count,
+            threads_per_core,
         });
     }
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
@@ -100,7 +127,9 @@ pub fn vcpu_cpuid(supported: &CpuId, topology: VcpuTopology) -> Result<CpuId, Cp
     for entry in &mut entries {
         match entry.function {
             0x1 => filter_leaf_1(entry, topology),
-            0x4 => filter_cache_leaf(entry, vcpu_count),
+            0x4 => filter_cache_leaf(entry, topology),
+            0x8000_0008 => filter_core_count_leaf(entry, topology),
+            0x8000_001e => filter_amd_topology_leaf(entry, topology),
             0x6 => entry.ecx &= !(1 << 3), // no energy-performance bias MSR
             0xa => clear(entry),           // no PMU
             _ => {}
@@ -149,20 +178,48 @@ fn filter_leaf_1(entry: &mut kvm_cpuid_entry2, topology: VcpuTopology) {
     entry.edx &= !(DS | ACPI | TM | PBE);
 }
 
-/// Deterministic cache parameters (CPUID.4): L1/L2 per core, L3 shared by all vCPUs.
-fn filter_cache_leaf(entry: &mut kvm_cpuid_entry2, vcpu_count: u32) {
+/// Deterministic cache parameters (CPUID.4): L1/L2 per core (shared by its threads), L3
+/// shared by all vCPUs.
+fn filter_cache_leaf(entry: &mut kvm_cpuid_entry2, topology: VcpuTopology) {
     if entry.eax & 0x1f == 0 {
         return; // no more caches
     }
     let level = (entry.eax >> 5) & 0x7;
-    let sharing = if level >= 3 { vcpu_count - 1 } else { 0 };
-    let cores = (vcpu_count - 1).min(63);
+    let sharing = match level {
+        3.. => topology.vcpu_count - 1,
+        _ => topology.threads() - 1,
+    };
+    let cores = (topology.vcpu_count / topology.threads() - 1).min(63);
     entry.eax = (entry.eax & 0x3fff) | (sharing.min(0xfff) << 14) | (cores << 26);
 }
 
-/// Extended topology (CPUID.0BH / 1FH): SMT level of 1 thread, core level of all vCPUs.
+/// Bits of an APIC ID that number `count` things.
+fn id_bits(count: u32) -> u32 {
+    u32::BITS - (count - 1).leading_zeros()
+}
+
+/// AMD's processor capacity (CPUID.8000_0008H:ECX): the vCPUs of the package and the bits of
+/// their APIC IDs.
+fn filter_core_count_leaf(entry: &mut kvm_cpuid_entry2, topology: VcpuTopology) {
+    entry.ecx = (id_bits(topology.vcpu_count) << 12) | (topology.vcpu_count - 1);
+}
+
+/// AMD's extended topology (CPUID.8000_001EH): the extended APIC ID, the core and its threads,
+/// one node.
+fn filter_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, topology: VcpuTopology) {
+    let threads = topology.threads();
+    entry.eax = topology.vcpu_id;
+    entry.ebx = ((threads - 1) << 8) | (topology.vcpu_id / threads);
+    entry.ecx = 0;
+    entry.edx = 0;
+}
+
+/// Extended topology (CPUID.0BH / 1FH): SMT level of the threads of a core, core level of all
+/// vCPUs.
 fn topology_leaf(function: u32, topology: VcpuTopology) -> [kvm_cpuid_entry2; 3] {
-    let core_shift = u32::BITS - (topology.vcpu_count - 1).leading_zeros();
+    let threads = topology.threads();
+    let thread_shift = id_bits(threads);
+    let core_shift = id_bits(topology.vcpu_count);
     let entry = |index: u32, eax: u32, ebx: u32, level_type: u32| kvm_cpuid_entry2 {
         function,
         index,
@@ -174,7 +231,7 @@ fn topology_leaf(function: u32, topology: VcpuTopology) -> [kvm_cpuid_entry2; 3]
         ..Default::default()
     };
     [
-        entry(0, 0, 1, LEVEL_TYPE_SMT),
+        entry(0, thread_shift, threads, LEVEL_TYPE_SMT),
         entry(1, core_shift, topology.vcpu_count, LEVEL_TYPE_CORE),
         entry(2, 0, 0, 0),
     ]

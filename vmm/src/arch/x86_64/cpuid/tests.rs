@@ -60,6 +60,7 @@ fn leaf_1_carries_apic_id_count_and_hypervisor_bit() {
     let topology = VcpuTopology {
         vcpu_id: 3,
         vcpu_count: 4,
+        threads_per_core: 1,
     };
     let cpuid = vcpu_cpuid(&supported(), topology).unwrap();
     let leaf = find(&cpuid, 1, 0);
@@ -80,6 +81,7 @@ fn leaf_1_carries_apic_id_count_and_hypervisor_bit() {
         VcpuTopology {
             vcpu_id: 0,
             vcpu_count: 1,
+            threads_per_core: 1,
         },
     )
     .unwrap();
@@ -93,6 +95,7 @@ fn topology_leaf_describes_one_thread_per_core() {
         VcpuTopology {
             vcpu_id: 2,
             vcpu_count: 3,
+            threads_per_core: 1,
         },
     )
     .unwrap();
@@ -110,12 +113,61 @@ fn topology_leaf_describes_one_thread_per_core() {
 }
 
 #[test]
+fn with_smt_each_core_has_two_threads_that_share_its_caches() {
+    let mut supported = supported().as_slice().to_vec();
+    supported.push(entry(0x8000_0008, 0, [0x3030, 0, 0, 0]));
+    supported.push(entry(0x8000_001e, 0, [0, 0, 0, 0]));
+    let supported = CpuId::from_entries(&supported).unwrap();
+    let cpuid = vcpu_cpuid(
+        &supported,
+        VcpuTopology {
+            vcpu_id: 3,
+            vcpu_count: 4,
+            threads_per_core: 2,
+        },
+    )
+    .unwrap();
+    let smt = find(&cpuid, 0xb, 0);
+    let core = find(&cpuid, 0xb, 1);
+    // One bit of the APIC ID numbers the thread, two the vCPUs of the package.
+    assert_eq!((smt.eax, smt.ebx, smt.ecx, smt.edx), (1, 2, 0x100, 3));
+    assert_eq!((core.eax, core.ebx, core.ecx, core.edx), (2, 4, 0x201, 3));
+    let l1 = find(&cpuid, 4, 0);
+    let l3 = find(&cpuid, 4, 3);
+    // L1 shared by the 2 threads of a core, L3 by all 4; 2 cores in the package.
+    assert_eq!(((l1.eax >> 14) & 0xfff, l1.eax >> 26), (1, 1));
+    assert_eq!(((l3.eax >> 14) & 0xfff, l3.eax >> 26), (3, 1));
+    let amd = find(&cpuid, 0x8000_001e, 0);
+    assert_eq!(
+        (amd.eax, amd.ebx, amd.ecx),
+        (3, 0x101, 0),
+        "vCPU 3: thread 1 of core 1"
+    );
+    assert_eq!(find(&cpuid, 0x8000_0008, 0).ecx, 0x2003);
+
+    // One vCPU is one thread, SMT or not.
+    let single = vcpu_cpuid(
+        &supported,
+        VcpuTopology {
+            vcpu_id: 0,
+            vcpu_count: 1,
+            threads_per_core: 2,
+        },
+    )
+    .unwrap();
+    let smt = find(&single, 0xb, 0);
+    assert_eq!((smt.eax, smt.ebx), (0, 1));
+    assert_eq!(find(&single, 0x8000_001e, 0).ebx, 0);
+}
+
+#[test]
 fn caches_pmu_and_brand_string() {
     let cpuid = vcpu_cpuid(
         &supported(),
         VcpuTopology {
             vcpu_id: 0,
             vcpu_count: 2,
+            threads_per_core: 1,
         },
     )
     .unwrap();
@@ -139,13 +191,21 @@ fn caches_pmu_and_brand_string() {
 
 #[test]
 fn invalid_topologies_are_rejected() {
-    for (vcpu_id, vcpu_count) in [(0, 0), (2, 2), (0, 255)] {
+    for (vcpu_id, vcpu_count, threads_per_core) in [
+        (0, 0, 1),
+        (2, 2, 1),
+        (0, 255, 1),
+        (0, 3, 2),
+        (0, 4, 3),
+        (0, 4, 0),
+    ] {
         assert!(matches!(
             vcpu_cpuid(
                 &supported(),
                 VcpuTopology {
                     vcpu_id,
-                    vcpu_count
+                    vcpu_count,
+                    threads_per_core,
                 }
             ),
             Err(CpuidError::InvalidTopology { .. })
@@ -166,6 +226,7 @@ fn kvm_accepts_the_filtered_cpuid() {
         let topology = VcpuTopology {
             vcpu_id,
             vcpu_count: 2,
+            threads_per_core: 1,
         };
         set_vcpu_cpuid(&vcpu, &supported, topology).unwrap();
         let back = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES).unwrap();

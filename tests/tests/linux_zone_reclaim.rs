@@ -1,0 +1,282 @@
+//! End-to-end: three real Linux guests in three `vmm run` processes on a zone too small for
+//! what they touch, and the zone's reclaim policy (see linux_common for the guest and where
+//! this runs).
+//!
+//! Each guest (192 MiB, ephemeral: its frames go back when its VMM ends; a balloon with
+//! statistics, no free page reporting) first writes and
+//! deletes 96 MiB in tmpfs ("warm": memory it touched and now holds free, as a guest that ran a
+//! job does), one after the other; then, on one signal, all three write 32 MiB at the same
+//! moment. The zone has 288 MiB: the third guest's warm-up needs memory that the first two hold
+//! free. With the policy (the default) their VMMs inflate their balloons when the zone runs
+//! low, and all three finish; with the policy off the third VMM waits until its bounded wait
+//! ends it with status 8, and the other two finish. Never a hang, nothing lost or leaked.
+//!
+//! Three guests holding all they write at once cannot fit a zone smaller than that, whatever
+//! a policy does (only guest memory that is touched and free can be taken back): the bursts
+//! here fit the zone once what the guests hold free is back.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod linux_common;
+mod vmm_common;
+
+use std::time::{Duration, Instant};
+
+use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{client, get, send, Scratch, VmmRun};
+
+const VMS: [&str; 3] = ["a", "b", "c"];
+const GUEST: &str = "llfree.test=burst llfree.warm=96 llfree.mib=32";
+
+/// One guest of the three and its API.
+struct Vm {
+    name: &'static str,
+    run: VmmRun,
+    api: vmm_cli::ApiClient,
+}
+
+/// `vmm zone inspect --json` of `zone`, which must show no frame leaked or lost.
+fn inspect_consistent(zone: &str) -> serde_json::Value {
+    let run = client(&["zone", "inspect", "--json", zone]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    info
+}
+
+fn free_mib(zone: &str) -> u64 {
+    inspect_consistent(zone)["free_frames"].as_u64().unwrap() * 2
+}
+
+/// Starts VM `name` of the guest on `zone` with `extra` arguments.
+fn start(
+    guest: &LinuxGuest,
+    scratch: &Scratch,
+    zone: &str,
+    name: &'static str,
+    extra: &[&str],
+) -> Vm {
+    let socket = scratch.path(&format!("{name}.sock"));
+    let guest_cmdline = cmdline(GUEST);
+    let mut args = vec![
+        "--zone",
+        zone,
+        "--vm",
+        name,
+        // Its frames go back to the zone when its VMM ends.
+        "--ephemeral",
+        "--memory",
+        "192M",
+        "--balloon",
+        "stats_polling_interval_s=1",
+        "--cmdline",
+        &guest_cmdline,
+        "--api-socket",
+        &socket,
+    ];
+    args.extend_from_slice(extra);
+    let mut run = VmmRun::start(&guest.args(&args));
+    let api = run.api(&socket);
+    Vm { name, run, api }
+}
+
+/// Waits until `vm`'s guest has warmed up, or its VMM ended; meanwhile the largest balloon of
+/// `others` (MiB) is recorded in `peak`.
+fn wait_warmed(vm: &mut Vm, others: &[Vm], peak: &mut u64) -> bool {
+    let deadline = Instant::now() + 2 * BOOT_TIMEOUT;
+    loop {
+        if vm.run.stdout_so_far().contains("LLFREE-L2 warmed") {
+            return true;
+        }
+        if !vm.run.running() {
+            return false;
+        }
+        for other in others {
+            *peak = (*peak).max(get(&other.api, "/balloon")["actual_mib"].as_u64().unwrap());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never warmed up: {}",
+            vm.name,
+            vm.run.stdout_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Sends every VM its go (Ctrl-Alt-Del) and waits until each has written its burst and
+/// rebooted (status 7).
+fn burst(zone: &str, vms: Vec<Vm>) {
+    for vm in &vms {
+        send(
+            &vm.api,
+            "PUT",
+            "/actions",
+            r#"{"action_type":"SendCtrlAltDel"}"#,
+        );
+    }
+    // What each VM does meanwhile, every 15 s: a slow host shows as progress, a hang as none.
+    let deadline = Instant::now() + 4 * BOOT_TIMEOUT;
+    let mut vms = vms;
+    let mut shown = Instant::now();
+    while vms.iter_mut().any(|vm| vm.run.running()) {
+        assert!(Instant::now() < deadline, "the bursts never ended");
+        if shown.elapsed() >= Duration::from_secs(15) {
+            shown = Instant::now();
+            let info = inspect_consistent(zone);
+            eprintln!(
+                "  zone: {} MiB free",
+                info["free_frames"].as_u64().unwrap() * 2
+            );
+            for vm in &mut vms {
+                let last = vm.run.stdout_so_far();
+                let last = last
+                    .lines()
+                    .rfind(|l| l.contains("LLFREE-L2"))
+                    .unwrap_or("");
+                let balloon = match vm.run.running() {
+                    true => get(&vm.api, "/balloon")["actual_mib"].to_string(),
+                    false => "-".into(),
+                };
+                let waiting = info["vms"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == vm.name)
+                    .map(|v| v["waiting"].to_string())
+                    .unwrap_or_default();
+                eprintln!(
+                    "  {}: balloon {balloon} MiB, waiting {waiting}, {last}",
+                    vm.name
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for vm in vms {
+        let done = vm.run.wait(Duration::from_secs(10));
+        assert!(done.stdout.contains("LLFREE-L2 burst-done"), "{done:#?}");
+        assert!(!done.stdout.contains("fill-failed"), "{done:#?}");
+        assert_eq!(
+            done.code,
+            Some(7),
+            "{} rebooted when done: {done:#?}",
+            vm.name
+        );
+    }
+}
+
+fn new_zone(scratch: &Scratch) -> String {
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "288M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    zone
+}
+
+#[test]
+fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_time() {
+    let test = "three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_time";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-zone-reclaim");
+    let zone = new_zone(&scratch);
+    let started = Instant::now();
+    let mut vms: Vec<Vm> = Vec::new();
+    let mut peak_balloon = 0;
+    let mut warm_times = Vec::new();
+    for name in VMS {
+        let vm_started = Instant::now();
+        // A generous bound: the property is that nobody waits for ever, not how fast.
+        let mut vm = start(&guest, &scratch, &zone, name, &["--wait-for-memory=300s"]);
+        assert!(
+            wait_warmed(&mut vm, &vms, &mut peak_balloon),
+            "{name} ended: {}",
+            vm.run.stderr_so_far()
+        );
+        warm_times.push(vm_started.elapsed());
+        eprintln!(
+            "{test}: {name} warmed up after {:.1?}; zone {} MiB free",
+            vm_started.elapsed(),
+            free_mib(&zone)
+        );
+        vms.push(vm);
+    }
+    assert!(
+        peak_balloon > 0,
+        "the policy inflated no balloon, yet c found memory"
+    );
+    let go = Instant::now();
+    burst(&zone, vms);
+    let together = started.elapsed();
+    eprintln!(
+        "{test}: policy on: warm-ups {warm_times:.1?} (the balloons of the others peaked at \
+         {peak_balloon} MiB), the bursts at the same moment took {:.1?}, all of it {together:.1?}",
+        go.elapsed()
+    );
+    inspect_consistent(&zone);
+
+    // The same three one after another, each alone on the zone, for comparison.
+    let started = Instant::now();
+    for name in VMS {
+        let mut vm = start(&guest, &scratch, &zone, name, &["--wait-for-memory=300s"]);
+        assert!(wait_warmed(&mut vm, &[], &mut 0), "{name} ended");
+        burst(&zone, vec![vm]);
+    }
+    eprintln!(
+        "{test}: one after another: {:.1?} (on the zone together with the policy: {together:.1?})",
+        started.elapsed()
+    );
+    inspect_consistent(&zone);
+}
+
+#[test]
+fn with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8() {
+    let test = "with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-zone-no-reclaim");
+    let zone = new_zone(&scratch);
+    let mut vms: Vec<Vm> = Vec::new();
+    for name in ["a", "b"] {
+        let mut vm = start(&guest, &scratch, &zone, name, &["--reclaim-below", "0"]);
+        assert!(wait_warmed(&mut vm, &[], &mut 0), "{name} ended");
+        vms.push(vm);
+    }
+    let started = Instant::now();
+    let mut c = start(
+        &guest,
+        &scratch,
+        &zone,
+        "c",
+        &["--reclaim-below", "0", "--wait-for-memory=20s"],
+    );
+    assert!(
+        !wait_warmed(&mut c, &vms, &mut 0),
+        "c warmed up: nothing was short"
+    );
+    let ended = c.run.wait(Duration::from_secs(60));
+    assert_eq!(ended.code, Some(8), "{ended:#?}");
+    assert!(
+        ended
+            .stderr
+            .contains(&format!("zone {zone} of 288 MiB, 0 bytes free")),
+        "{ended:#?}"
+    );
+    eprintln!(
+        "{test}: c ended with status 8 after {:.1?}: {}",
+        started.elapsed(),
+        ended.stderr.lines().last().unwrap_or_default()
+    );
+    for vm in &vms {
+        assert_eq!(get(&vm.api, "/balloon")["actual_mib"], 0, "left alone");
+    }
+    burst(&zone, vms);
+    inspect_consistent(&zone);
+}
