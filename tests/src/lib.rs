@@ -179,7 +179,7 @@ impl Finished {
         assert_eq!(self.code, Some(code), "{self:#?}");
         assert_eq!(self.stderr.lines().count(), 1, "one line: {self:#?}");
         assert!(
-            self.stderr.starts_with("error: ") && self.stderr.contains(text),
+            without_name(&self.stderr).starts_with("error: ") && self.stderr.contains(text),
             "{self:#?}"
         );
     }
@@ -213,12 +213,13 @@ impl Finished {
         assert!(self.stderr_besides_notes().is_empty(), "{self:#?}");
     }
 
-    /// Stderr without the notes of `vmm run`: pausing at a checkpoint ("paused at checkpoint
+    /// Stderr without the VMM's name (`[NAME] ` with `--vm`) and the notes of `vmm run`: pausing at a checkpoint ("paused at checkpoint
     /// ID; resume with ...") or after a snapshot load ("paused after the load; ..."), progress ("progress: ...") and, for `--kernel` on a host without
     /// hardware virtualization, the warning that a stock Linux kernel does not boot there.
     pub fn stderr_besides_notes(&self) -> String {
         self.stderr
             .lines()
+            .map(without_name)
             .filter(|line| !line.starts_with("paused at checkpoint "))
             .filter(|line| !line.starts_with("paused after the load; "))
             .filter(|line| !line.starts_with("progress: "))
@@ -226,6 +227,13 @@ impl Finished {
             .map(|line| format!("{line}\n"))
             .collect()
     }
+}
+
+/// `line` without the `[NAME] ` a VMM named by `--vm` or `--id` starts its lines with.
+pub fn without_name(line: &str) -> &str {
+    line.strip_prefix('[')
+        .and_then(|rest| rest.split_once("] "))
+        .map_or(line, |(_, text)| text)
 }
 
 /// How a guest resets its VM, as `vmm run` says: through the i8042 (reboot=k, the default).

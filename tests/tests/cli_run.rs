@@ -303,3 +303,54 @@ fn long_population_and_long_steps_show_progress() {
     assert!(population.count() >= 1, "{run:#?}");
     assert!(steps.count() >= 1, "{run:#?}");
 }
+
+/// Three VMMs named by `--vm` writing to one pipe (stdout and stderr, as on one terminal):
+/// every line is whole and starts with its VMM's name, the console's, the log's and the final
+/// status alike.
+#[test]
+fn named_vmms_on_one_output_write_whole_lines_each_with_its_name() {
+    if !kvm_available("named_vmms_on_one_output_write_whole_lines_each_with_its_name") {
+        return;
+    }
+    let scratch = Scratch::new("named-lines");
+    let zone = scratch.path("zone");
+    vmm(&["zone", "create", &zone, "--size", "256M"]).assert_success();
+    // Each guest writes and checks its memory four times, breaking its balloon's queue once
+    // (a warning in the log); VM c's last check fails on purpose (its error line).
+    let script = r#"
+        for vm in a b c; do
+            steps=write:all,verify:all,break-balloon,write:all,verify:all
+            [ "$vm" = c ] && steps=$steps,verify:all:0x77
+            "$0" run --zone "$1" --vm "$vm" --ephemeral --memory 64M --balloon size=0 \
+                --workload "$steps" &
+        done
+        wait
+    "#;
+    let output: Finished = Command::new("sh")
+        .args(["-c", &format!("({script}) 2>&1"), vmm_binary(), &zone])
+        .output()
+        .expect("run sh")
+        .into();
+    let lines: Vec<&str> = output.stdout.lines().collect();
+    for name in ["a", "b", "c"] {
+        let own = |text: &str| {
+            lines
+                .iter()
+                .any(|line| line.starts_with(&format!("[{name}] ")) && line.contains(text))
+        };
+        assert!(own("test guest: 1 vCPU"), "{name}: {output:#?}");
+        assert!(own("step 5: ok"), "{name}: {output:#?}");
+        assert!(own("warning: "), "{name}'s log: {output:#?}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.starts_with("[c] error: ") && line.contains("verif")),
+        "{output:#?}"
+    );
+    let foreign: Vec<&&str> = lines
+        .iter()
+        .filter(|line| !["[a] ", "[b] ", "[c] "].iter().any(|p| line.starts_with(p)))
+        .collect();
+    assert!(foreign.is_empty(), "lines without a name: {foreign:#?}");
+}

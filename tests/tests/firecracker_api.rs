@@ -105,12 +105,13 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
     put("/metrics", json!({"metrics_path": metrics}));
     put("/actions", json!({"action_type": "InstanceStart"}));
 
-    // The kernel got its command line (with its root drive and virtio-blk device) and initrd.
+    // The kernel got its command line (with its root drive and virtio-blk device) and initrd;
+    // every console line says whose it is (`--id`).
     vmm.wait_for_line(INITRD.trim(), TIMEOUT);
     let console = vmm.stdout_so_far();
     assert!(
         console.starts_with(
-            "console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda rw \
+            "[guide_vm] console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda rw \
              virtio_mmio.device=4K@0xc0000000:5\n"
         ),
         "{console}"

@@ -132,8 +132,8 @@ fn damaged_zone_metadata_is_repaired_or_the_loss_is_reported_and_must_be_accepte
     assert_eq!(
         accepted.stderr.trim(),
         format!(
-            "warning: zone {zone}: VM 'precious' attached with its lost memory (now zeroes) \
-             accepted: 0x800000-0xa00000 (2 MiB)"
+            "[precious] warning: zone {zone}: VM 'precious' attached with its lost memory \
+             (now zeroes) accepted: 0x800000-0xa00000 (2 MiB)"
         ),
         "{accepted:#?}"
     );

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use vmm::api::model::{FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams};
 use vmm::config::{format_size, VmConfig};
-use vmm::runner::{RunError, RunOutcome, ServeOptions, StopCause};
+use vmm::runner::{say, RunError, RunOutcome, ServeOptions, StopCause};
 
 use crate::api_client::{ApiClient, ClientError};
 use crate::args::{BalloonAction, RunArgs, SnapshotLoadArgs};
@@ -18,7 +18,7 @@ use crate::logger::ApiLogControl;
 
 /// Prints `error: {message}` and returns `status`.
 fn fail(status: ExitStatus, message: impl Display) -> ExitStatus {
-    eprintln!("error: {message}");
+    say(format!("error: {message}"));
     status
 }
 
@@ -54,10 +54,10 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         accept_damaged: args.accept_damaged,
     };
     if let (false, Some(socket)) = (args.resume, &args.api_socket) {
-        eprintln!(
+        say(format!(
             "paused after the load; resume with `vmm resume --socket {}`",
             socket.display()
-        );
+        ));
     }
     outcome_status(vmm::runner::load(&params, args.api_socket))
 }
@@ -161,17 +161,19 @@ fn outcome_status(outcome: Result<RunOutcome, RunError>) -> ExitStatus {
     match outcome {
         Ok(RunOutcome::Success) => ExitStatus::Success,
         Ok(RunOutcome::GuestReset(cause)) => {
-            eprintln!(
+            say(format!(
                 "the guest reset the VM {cause} (reboot, a panic with panic=N, or a crash); a \
                  microVM does not restart"
-            );
+            ));
             ExitStatus::GuestReset
         }
         Ok(RunOutcome::GuestFailure(why)) => {
             fail(ExitStatus::GuestFailure, format!("the guest failed: {why}"))
         }
         Ok(RunOutcome::Stopped(cause)) => {
-            eprintln!("stopped: {cause} ended the VM before the guest finished");
+            say(format!(
+                "stopped: {cause} ended the VM before the guest finished"
+            ));
             match cause {
                 StopCause::Signal(libc::SIGINT) => ExitStatus::Interrupted,
                 StopCause::Signal(_) => ExitStatus::Terminated,

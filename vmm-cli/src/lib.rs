@@ -62,6 +62,17 @@ where
         Ok(cli) => cli,
         Err(err) => return clap_error(err),
     };
+    // With a name (the VM's in its zone, else an instance id given), every line the VMM
+    // prints says whose it is.
+    let vm_name = match &cli.command {
+        Some(Command::Run(args)) => args.vm.clone(),
+        _ => None,
+    };
+    if let Some(name) =
+        vm_name.or_else(|| (cli.id != vmm::api::model::DEFAULT_INSTANCE_ID).then(|| cli.id.clone()))
+    {
+        vmm::runner::name_lines(&name);
+    }
     logger::init(cli.log_level);
     let command = match (cli.command, cli.api_sock, cli.config_file) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {

@@ -117,12 +117,14 @@ pub fn init(level: Option<LevelFilter>) {
     }
     builder.format(|out, record| {
         let level = record.level();
+        // The VMM's name first where it has one; env_logger writes each line whole.
+        let name = vmm::runner::line_prefix().unwrap_or_default();
         if level <= Level::Warn {
-            writeln!(out, "{}: {}", prefix(level), record.args())
+            writeln!(out, "{name}{}: {}", prefix(level), record.args())
         } else {
             writeln!(
                 out,
-                "{}: {}: {}",
+                "{name}{}: {}: {}",
                 prefix(level),
                 record.target(),
                 record.args()

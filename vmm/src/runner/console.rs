@@ -3,7 +3,8 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -11,13 +12,132 @@ use super::events::Subscriber;
 use crate::devices::event_loop::SerialInput;
 use crate::devices::serial::{SerialDevice, SerialError, SerialOutput};
 
+/// The name every line a VMM prints starts with (`[NAME] `), set once by the front end from
+/// `--vm` or `--id`: several VMMs on one terminal then write whole lines, each saying whose.
+static LINE_NAME: OnceLock<String> = OnceLock::new();
+
+/// A partial line is written after this long without its end (a shell's prompt).
+const PARTIAL_LINE_DELAY: Duration = Duration::from_millis(100);
+/// How often the partial-line writer looks whether the console is gone, with nothing pending.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
+/// A line longer than this is written in pieces of this size, each a line of its own.
+const MAX_LINE: usize = 4096;
+
+/// Makes every line the VMM prints start with `[name] ` and be written whole (the console's
+/// and the log's); the first call counts.
+pub fn name_lines(name: &str) {
+    let _ = LINE_NAME.set(format!("[{name}] "));
+}
+
+/// The prefix of every line the VMM prints, if [`name_lines`] gave one.
+pub fn line_prefix() -> Option<&'static str> {
+    LINE_NAME.get().map(String::as_str)
+}
+
+/// Prints `line` on stderr as one write, after the [`line_prefix`] if there is one: the VMM's
+/// own messages (progress, notes, its final status).
+pub fn say(line: impl std::fmt::Display) {
+    let text = format!("{}{line}\n", line_prefix().unwrap_or_default());
+    let _ = io::stderr().lock().write_all(text.as_bytes());
+}
+
 /// The VMM's stdout, written through at once: what the guest prints appears as it prints it
-/// (and a reader sees the guest's first byte when it is written).
+/// (and a reader sees the guest's first byte when it is written). With a [`line_prefix`] it is
+/// written a whole line at a time, each starting with the prefix; a partial line (a prompt)
+/// after [`PARTIAL_LINE_DELAY`] without its end.
 #[derive(Debug, Default)]
-pub(super) struct Stdout;
+pub(super) struct Stdout {
+    /// The line being printed, with a thread that writes it once it waited long enough.
+    pending: Option<Arc<PendingLine>>,
+}
+
+/// A partial line and its writer's wake-up.
+#[derive(Debug, Default)]
+struct PendingLine {
+    /// The bytes of the line so far, and when the last of them came (`None`: nothing pending).
+    line: Mutex<(Vec<u8>, Option<Instant>)>,
+    changed: Condvar,
+}
+
+impl PendingLine {
+    /// Writes the partial line once nothing came for [`PARTIAL_LINE_DELAY`]; runs until the
+    /// console is dropped (its last reference is this thread's).
+    fn write_late(self: &Arc<Self>, prefix: &'static str) {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        while Arc::strong_count(self) > 1 {
+            let wait = match line.1 {
+                Some(at) => PARTIAL_LINE_DELAY.saturating_sub(at.elapsed()),
+                // Nothing pending: a write wakes it (and a look now and then sees the end).
+                None => IDLE_LOOK,
+            };
+            if line.1.is_some() && wait.is_zero() {
+                // Written without its end; what follows starts a line of its own.
+                let _ = write_line(prefix, &line.0, false);
+                line.0.clear();
+                line.1 = None;
+                continue;
+            }
+            line = self
+                .changed
+                .wait_timeout(line, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Writes `prefix` and `text` to stdout in one write, with a newline if it `ends`.
+fn write_line(prefix: &str, text: &[u8], ends: bool) -> io::Result<()> {
+    let mut line = Vec::with_capacity(prefix.len() + text.len() + 1);
+    line.extend_from_slice(prefix.as_bytes());
+    line.extend_from_slice(text);
+    if ends {
+        line.push(b'\n');
+    }
+    let mut out = io::stdout().lock();
+    out.write_all(&line)?;
+    out.flush()
+}
+
+impl Stdout {
+    fn write_named(&mut self, prefix: &'static str, buf: &[u8]) -> io::Result<()> {
+        let pending = self.pending.get_or_insert_with(|| {
+            let pending = Arc::new(PendingLine::default());
+            let writer = pending.clone();
+            let spawned = std::thread::Builder::new()
+                .name("console-lines".into())
+                .spawn(move || writer.write_late(prefix));
+            if let Err(e) = spawned {
+                log::warn!("console: partial lines wait for their end: {e}");
+            }
+            pending
+        });
+        let mut line = pending.line.lock().unwrap_or_else(|e| e.into_inner());
+        for piece in buf.split_inclusive(|&b| b == b'\n') {
+            let (text, ends) = match piece.strip_suffix(b"\n") {
+                Some(text) => (text, true),
+                None => (piece, false),
+            };
+            line.0.extend_from_slice(text);
+            if ends || line.0.len() >= MAX_LINE {
+                write_line(prefix, &line.0, true)?;
+                line.0.clear();
+                line.1 = None;
+            } else {
+                line.1 = Some(Instant::now());
+            }
+        }
+        pending.changed.notify_one();
+        Ok(())
+    }
+}
 
 impl Write for Stdout {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(prefix) = line_prefix() {
+            self.write_named(prefix, buf)?;
+            return Ok(buf.len());
+        }
         let mut out = io::stdout().lock();
         out.write_all(buf)?;
         out.flush()?;
@@ -29,9 +149,26 @@ impl Write for Stdout {
     }
 }
 
+impl Drop for Stdout {
+    fn drop(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        let mut line = pending.line.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(prefix), false) = (line_prefix(), line.0.is_empty()) {
+            let _ = write_line(prefix, &line.0, true);
+        }
+        line.0.clear();
+        line.1 = None;
+        drop(line);
+        // The writer thread sees it is the last owner and ends.
+        pending.changed.notify_one();
+    }
+}
+
 /// The VMM's stdout as the guest's console output.
 pub(super) fn serial_output() -> SerialOutput {
-    Box::new(Stdout)
+    Box::new(Stdout::default())
 }
 
 /// A serial port writing to the console output, its input coming from stdin.

@@ -59,6 +59,7 @@ use memory::Frames;
 use session::Session;
 use snapshot::Resumption;
 
+pub use console::{line_prefix, name_lines, say};
 pub use front::{serve, ServeOptions};
 pub use snapshot::{load, SnapshotError};
 

@@ -160,7 +160,7 @@ impl StopSignals {
                 }
                 let populated = population.populated_bytes();
                 if populated > 0 && populated < total {
-                    eprintln!("{}", population_line(populated, total));
+                    super::say(population_line(populated, total));
                 }
             })?;
         Ok(SignalWatch {

@@ -62,10 +62,10 @@ pub(super) fn run(
                 if let Some(control) = checkpoint_session.control() {
                     // Fails only when the VM is stopping already.
                     if control.request_pause().is_ok() {
-                        eprintln!(
+                        super::say(format!(
                             "paused at checkpoint {id}; resume with `vmm resume --socket {}`",
                             socket.display()
-                        );
+                        ));
                     }
                 }
             }
@@ -74,7 +74,7 @@ pub(super) fn run(
             let mut progress = StepProgress::new(workload);
             Box::new(move |now| {
                 for line in progress.update(now) {
-                    eprintln!("{line}");
+                    super::say(line);
                 }
             })
         }),

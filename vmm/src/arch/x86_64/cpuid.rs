@@ -120,6 +120,9 @@ pub fn vcpu_cpuid(supported: &CpuId, topology: VcpuTopology) -> Result<CpuId, Cp
         });
     }
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
+    if topology.threads() > 1 && is_amd(&entries) {
+        announce_amd_topology(&mut entries);
+    }
     let max_basic = entries
         .iter()
         .find(|e| e.function == 0)
@@ -129,7 +132,7 @@ pub fn vcpu_cpuid(supported: &CpuId, topology: VcpuTopology) -> Result<CpuId, Cp
             0x1 => filter_leaf_1(entry, topology),
             0x4 => filter_cache_leaf(entry, topology),
             0x8000_0008 => filter_core_count_leaf(entry, topology),
-            0x8000_001e => filter_amd_topology_leaf(entry, topology),
+            AMD_TOPOLOGY_LEAF => filter_amd_topology_leaf(entry, topology),
             0x6 => entry.ecx &= !(1 << 3), // no energy-performance bias MSR
             0xa => clear(entry),           // no PMU
             _ => {}
@@ -143,6 +146,37 @@ pub fn vcpu_cpuid(supported: &CpuId, topology: VcpuTopology) -> Result<CpuId, Cp
     }
     fill_brand_string(&mut entries, &host_brand_string());
     CpuId::from_entries(&entries).map_err(|_| CpuidError::TooManyEntries)
+}
+
+/// "Auth" of "AuthenticAMD" in CPUID.0:EBX.
+const AMD_VENDOR_EBX: u32 = u32::from_le_bytes(*b"Auth");
+/// CPUID.8000_0001H:ECX: the topology extensions (leaves 8000_001DH and 8000_001EH).
+const TOPOEXT: u32 = 1 << 22;
+const AMD_TOPOLOGY_LEAF: u32 = 0x8000_001e;
+
+fn is_amd(entries: &[kvm_cpuid_entry2]) -> bool {
+    entries
+        .iter()
+        .any(|e| e.function == 0 && e.ebx == AMD_VENDOR_EBX)
+}
+
+/// On AMD, Linux counts the threads of a core from leaf 8000_001EH only, and reads it only
+/// with TOPOEXT: set the bit, and have the leaf (filled in by [`filter_amd_topology_leaf`])
+/// within the extended range, as Firecracker does.
+fn announce_amd_topology(entries: &mut Vec<kvm_cpuid_entry2>) {
+    for entry in entries.iter_mut() {
+        match entry.function {
+            0x8000_0000 => entry.eax = entry.eax.max(AMD_TOPOLOGY_LEAF),
+            0x8000_0001 => entry.ecx |= TOPOEXT,
+            _ => {}
+        }
+    }
+    if !entries.iter().any(|e| e.function == AMD_TOPOLOGY_LEAF) {
+        entries.push(kvm_cpuid_entry2 {
+            function: AMD_TOPOLOGY_LEAF,
+            ..Default::default()
+        });
+    }
 }
 
 /// Filters and sets the CPUID of `vcpu`.

@@ -114,12 +114,12 @@ fn topology_leaf_describes_one_thread_per_core() {
 
 #[test]
 fn with_smt_each_core_has_two_threads_that_share_its_caches() {
-    let mut supported = supported().as_slice().to_vec();
-    supported.push(entry(0x8000_0008, 0, [0x3030, 0, 0, 0]));
-    supported.push(entry(0x8000_001e, 0, [0, 0, 0, 0]));
-    let supported = CpuId::from_entries(&supported).unwrap();
+    let mut leaves = supported().as_slice().to_vec();
+    leaves.push(entry(0x8000_0008, 0, [0x3030, 0, 0, 0]));
+    leaves.push(entry(0x8000_001e, 0, [0, 0, 0, 0]));
+    let with_amd_leaves = CpuId::from_entries(&leaves).unwrap();
     let cpuid = vcpu_cpuid(
-        &supported,
+        &with_amd_leaves,
         VcpuTopology {
             vcpu_id: 3,
             vcpu_count: 4,
@@ -145,9 +145,44 @@ fn with_smt_each_core_has_two_threads_that_share_its_caches() {
     );
     assert_eq!(find(&cpuid, 0x8000_0008, 0).ecx, 0x2003);
 
+    // On AMD, Linux reads the threads of a core from leaf 8000_001EH, with TOPOEXT only: SMT
+    // announces both even where KVM offered neither.
+    let mut amd = supported().as_slice().to_vec();
+    amd[0].ebx = u32::from_le_bytes(*b"Auth");
+    amd.push(entry(0x8000_0001, 0, [0, 0, 0, 0]));
+    amd.iter_mut()
+        .filter(|e| e.function == 0x8000_0000)
+        .for_each(|e| e.eax = 0x8000_0008);
+    let amd = CpuId::from_entries(&amd).unwrap();
+    let topology = VcpuTopology {
+        vcpu_id: 1,
+        vcpu_count: 2,
+        threads_per_core: 2,
+    };
+    let cpuid = vcpu_cpuid(&amd, topology).unwrap();
+    assert_ne!(find(&cpuid, 0x8000_0001, 0).ecx & (1 << 22), 0, "TOPOEXT");
+    assert!(find(&cpuid, 0x8000_0000, 0).eax >= 0x8000_001e);
+    assert_eq!(
+        find(&cpuid, 0x8000_001e, 0).ebx,
+        0x100,
+        "thread 1 of core 0"
+    );
+    // Without SMT, or on Intel, the table stays as KVM offered it.
+    let cores = vcpu_cpuid(
+        &amd,
+        VcpuTopology {
+            threads_per_core: 1,
+            ..topology
+        },
+    )
+    .unwrap();
+    assert_eq!(find(&cores, 0x8000_0001, 0).ecx & (1 << 22), 0);
+    let intel = vcpu_cpuid(&supported(), topology).unwrap();
+    assert!(!intel.as_slice().iter().any(|e| e.function == 0x8000_001e));
+
     // One vCPU is one thread, SMT or not.
     let single = vcpu_cpuid(
-        &supported,
+        &with_amd_leaves,
         VcpuTopology {
             vcpu_id: 0,
             vcpu_count: 1,
