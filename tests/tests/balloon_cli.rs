@@ -157,6 +157,13 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
     );
     let shown = balloon_command(&socket, &["get"]);
     assert_eq!(shown.code, Some(0), "{shown:#?}");
+    assert!(
+        shown
+            .stdout
+            .starts_with("target      100 MiB, the guest gave 100 MiB\n"),
+        "{shown:#?}"
+    );
+    let shown = balloon_command(&socket, &["get", "--json"]);
     let shown: Value = serde_json::from_str(&shown.stdout).unwrap();
     assert_eq!(shown["actual_mib"], 100);
     let (free_after, huge_after) = pool_free(&api);
@@ -187,9 +194,16 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
         (&stats["actual_pages"], &stats["target_mib"]),
         (&Value::from(100 * 256), &Value::from(100))
     );
-    let shown = balloon_command(&socket, &["stats"]);
+    let shown = balloon_command(&socket, &["stats", "--json"]);
     assert_eq!(shown.code, Some(0), "{shown:#?}");
     assert!(shown.stdout.contains("\"free_memory\""), "{shown:#?}");
+    let shown = balloon_command(&socket, &["stats"]);
+    assert!(
+        shown
+            .stdout
+            .contains("target 100 MiB, the guest gave 100 MiB\n"),
+        "{shown:#?}"
+    );
     // The interval changes; statistics are not turned off after the start (Firecracker's rule).
     let message = refused(
         &socket,

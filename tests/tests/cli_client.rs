@@ -35,14 +35,19 @@ fn stdout_json(output: &Finished) -> Value {
 }
 
 #[test]
-fn info_and_memory_print_json() {
+fn info_and_memory_print_short_views_or_json() {
     let (server, _vmm) = serve("cli-info", TestVmm::new());
     let info = with_socket(&["info"], server.path());
     assert_eq!(info.code, Some(0), "{}", info.stderr);
+    assert!(info.stdout.starts_with("state "), "{info:#?}");
+    assert!(info.stdout.contains("\nvcpus    2\n"), "{info:#?}");
+    let info = with_socket(&["info", "--json"], server.path());
     assert_eq!(stdout_json(&info)["vcpu_count"], 2);
-    let memory = with_socket(&["memory"], server.path());
+    let memory = with_socket(&["memory", "--json"], server.path());
     assert_eq!(memory.code, Some(0));
     assert_eq!(stdout_json(&memory)["pool"]["used_4k_frames"], 1536);
+    let memory = with_socket(&["memory"], server.path());
+    assert!(memory.stdout.contains("\npool "), "{memory:#?}");
 }
 
 #[test]
@@ -92,18 +97,18 @@ fn balloon_commands() {
     let set = with_socket(&["balloon", "set", "128"], server.path());
     assert_eq!(set.code, Some(0), "{}", set.stderr);
     assert_eq!(set.stdout, "balloon target set to 128 MiB\n");
-    let get = with_socket(&["balloon", "get"], server.path());
+    let get = with_socket(&["balloon", "get", "--json"], server.path());
     assert_eq!(stdout_json(&get)["amount_mib"], 128);
     // One size syntax everywhere: suffixes as for --memory.
     for (size, mib) in [("200M", 200), ("0G", 0), ("64MB", 64), ("128MiB", 128)] {
         let set = with_socket(&["balloon", "set", size], server.path());
         assert_eq!(set.code, Some(0), "{size}: {}", set.stderr);
-        let get = with_socket(&["balloon", "get"], server.path());
+        let get = with_socket(&["balloon", "get", "--json"], server.path());
         assert_eq!(stdout_json(&get)["amount_mib"], mib, "{size}");
     }
     with_socket(&["balloon", "set", "4K"], server.path())
         .assert_fails(2, "'4K' is not a whole number of MiB");
-    let stats = with_socket(&["balloon", "stats"], server.path());
+    let stats = with_socket(&["balloon", "stats", "--json"], server.path());
     assert_eq!(stdout_json(&stats)["target_pages"], 128 << 8);
     with_socket(&["balloon", "set", "-5"], server.path()).assert_fails(2, "-5");
 

@@ -99,13 +99,24 @@ fn the_client_subcommands_drive_a_running_guest() {
         ],
         &socket,
     );
-    let info = client(&["info", "--socket", &socket]);
+    // Short views by default, a line each; the API's whole JSON with --json.
+    let short = client(&["info", "--socket", &socket]);
+    assert!(short.stdout.starts_with("state    Paused\n"), "{short:#?}");
+    let short = client(&["memory", "--socket", &socket]);
+    assert!(
+        short
+            .stdout
+            .contains("guest    128 MiB in 64 chunks of 2 MiB: 64 populated (128 MiB)"),
+        "{short:#?}"
+    );
+    assert!(short.stdout.lines().count() < 20, "{short:#?}");
+    let info = client(&["info", "--socket", &socket, "--json"]);
     assert_eq!(info.code, Some(0), "{info:#?}");
     let info: Value = serde_json::from_str(&info.stdout).unwrap();
     assert_eq!(info["state"], "Paused");
     assert_eq!(info["populate"], "eager");
     assert_eq!(info["mem_size_mib"], 128);
-    let memory = client(&["memory", "--socket", &socket]);
+    let memory = client(&["memory", "--socket", &socket, "--json"]);
     let memory: Value = serde_json::from_str(&memory.stdout).unwrap();
     assert_eq!(memory["guest"]["populated_chunks"], 64, "eager: all of it");
     assert_eq!(memory["guest"]["faults"], 0);

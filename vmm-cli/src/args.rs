@@ -113,10 +113,10 @@ pub enum Command {
     /// VMM's: GET /machine (machine info), GET /memory (guest memory and pool),
     /// PUT /actions {"action_type":"Shutdown"}.
     Api(ApiArgs),
-    /// Show the machine: vCPUs, memory, backing, population and run state (GET /machine).
-    Info(SocketArgs),
-    /// Show guest memory, pool and per-vCPU fault statistics (GET /memory).
-    Memory(SocketArgs),
+    /// Show the machine: run state, vCPUs, memory, backing and population (GET /machine).
+    Info(ShowArgs),
+    /// Show guest memory, pool and per-vCPU fault statistics, a line each (GET /memory).
+    Memory(ShowArgs),
     /// Pause all vCPUs (PATCH /vm {"state":"Paused"}).
     Pause(SocketArgs),
     /// Resume paused vCPUs (PATCH /vm {"state":"Resumed"}).
@@ -461,6 +461,17 @@ pub struct SocketArgs {
     pub socket: PathBuf,
 }
 
+/// Options of `vmm info` and `vmm memory`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The API socket.
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Print the API's whole JSON object instead of the short view.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Options of `vmm api`.
 #[derive(Debug, Args)]
 pub struct ApiArgs {
@@ -499,10 +510,18 @@ pub enum BalloonAction {
         #[arg(value_name = "SIZE", value_parser = parse_mib, allow_hyphen_values = true)]
         amount_mib: u64,
     },
-    /// Show the balloon's configuration, target and actual size (GET /balloon).
-    Get,
+    /// Show the balloon's target and actual size, options and driver violations (GET /balloon).
+    Get {
+        /// Print the API's whole JSON object instead of the short view.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the guest's memory statistics from the balloon (GET /balloon/statistics).
-    Stats,
+    Stats {
+        /// Print the API's whole JSON object instead of the short view.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use vmm::api::model::{FullVmConfiguration, MemoryBackend, MemoryBackendType, Sna
 use vmm::config::{format_size, VmConfig};
 use vmm::runner::{say, RunError, RunOutcome, ServeOptions, StopCause};
 
-use crate::api_client::{ApiClient, ClientError};
+use crate::api_client::{ApiClient, ApiResponse, ClientError};
 use crate::args::{BalloonAction, RunArgs, SnapshotLoadArgs};
 use crate::exit::{run_error_status, ExitStatus};
 use crate::host::check_host;
@@ -184,22 +184,57 @@ fn outcome_status(outcome: Result<RunOutcome, RunError>) -> ExitStatus {
     }
 }
 
-/// Sends one request and prints the response body (pretty JSON) on stdout.
-pub(super) fn api(socket: &Path, method: &str, path: &str, body: Option<&str>) -> ExitStatus {
+/// Sends one request; a failure is said on stderr and becomes the exit status.
+fn request(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<ApiResponse, ExitStatus> {
     let response = match ApiClient::new(socket).request(method, path, body) {
         Ok(response) => response,
-        Err(e @ ClientError::InvalidRequest(_)) => return fail(ExitStatus::Usage, e),
-        Err(e) => return fail(ExitStatus::Runtime, e),
+        Err(e @ ClientError::InvalidRequest(_)) => return Err(fail(ExitStatus::Usage, e)),
+        Err(e) => return Err(fail(ExitStatus::Runtime, e)),
     };
     if !response.is_success() {
         let message = response
             .fault_message()
             .unwrap_or_else(|| response.body.trim().to_owned());
-        return fail(
+        return Err(fail(
             ExitStatus::ApiError,
             format!("{method} {path}: {} {message}", response.status),
-        );
+        ));
     }
+    Ok(response)
+}
+
+/// `GET path`, shown short by `view`, or as the whole JSON with `json`.
+pub(super) fn show(
+    socket: &Path,
+    path: &str,
+    json: bool,
+    view: fn(&serde_json::Value) -> String,
+) -> ExitStatus {
+    if json {
+        return api(socket, "GET", path, None);
+    }
+    let response = match request(socket, "GET", path, None) {
+        Ok(response) => response,
+        Err(status) => return status,
+    };
+    match serde_json::from_str::<serde_json::Value>(&response.body) {
+        Ok(value) => print!("{}", view(&value)),
+        Err(e) => return fail(ExitStatus::Runtime, format!("GET {path}: not JSON: {e}")),
+    }
+    ExitStatus::Success
+}
+
+/// Sends one request and prints the response body (pretty JSON) on stdout.
+pub(super) fn api(socket: &Path, method: &str, path: &str, body: Option<&str>) -> ExitStatus {
+    let response = match request(socket, method, path, body) {
+        Ok(response) => response,
+        Err(status) => return status,
+    };
     if !response.body.is_empty() {
         match serde_json::from_str::<serde_json::Value>(&response.body) {
             Ok(json) => println!(
@@ -233,7 +268,12 @@ pub(super) fn balloon(socket: &Path, balloon_action: BalloonAction) -> ExitStatu
             let done = format!("balloon target set to {amount_mib} MiB");
             action(socket, ("PATCH", "/balloon", &body), &done)
         }
-        BalloonAction::Get => api(socket, "GET", "/balloon", None),
-        BalloonAction::Stats => api(socket, "GET", "/balloon/statistics", None),
+        BalloonAction::Get { json } => show(socket, "/balloon", json, crate::show::balloon),
+        BalloonAction::Stats { json } => show(
+            socket,
+            "/balloon/statistics",
+            json,
+            crate::show::balloon_stats,
+        ),
     }
 }

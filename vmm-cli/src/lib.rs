@@ -34,6 +34,7 @@ pub mod host;
 mod log_limit;
 mod logger;
 pub mod run_config;
+mod show;
 mod workload;
 mod zone;
 
@@ -102,8 +103,12 @@ where
             &args.path,
             args.body.as_deref(),
         ),
-        Command::Info(socket) => commands::api(&socket.socket, "GET", "/machine", None),
-        Command::Memory(socket) => commands::api(&socket.socket, "GET", "/memory", None),
+        Command::Info(args) => {
+            commands::show(&args.socket.socket, "/machine", args.json, show::machine)
+        }
+        Command::Memory(args) => {
+            commands::show(&args.socket.socket, "/memory", args.json, show::memory)
+        }
         Command::Pause(socket) => commands::action(
             &socket.socket,
             ("PATCH", "/vm", r#"{"state":"Paused"}"#),
