@@ -106,10 +106,15 @@ fn balloon_commands() {
         let get = with_socket(&["balloon", "get", "--json"], server.path());
         assert_eq!(stdout_json(&get)["amount_mib"], mib, "{size}");
     }
+    // --socket after the action too, as every other subcommand takes it.
+    let path = server.path().to_str().unwrap();
+    let set = vmm(&["balloon", "set", "32M", "--socket", path]);
+    assert_eq!(set.stdout, "balloon target set to 32 MiB\n", "{set:#?}");
+    vmm(&["balloon", "get"]).assert_fails(2, "--socket <PATH>");
     with_socket(&["balloon", "set", "4K"], server.path())
         .assert_fails(2, "'4K' is not a whole number of MiB");
     let stats = with_socket(&["balloon", "stats", "--json"], server.path());
-    assert_eq!(stdout_json(&stats)["target_pages"], 128 << 8);
+    assert_eq!(stdout_json(&stats)["target_pages"], 32 << 8);
     with_socket(&["balloon", "set", "-5"], server.path()).assert_fails(2, "-5");
 
     let (plain, _vmm) = serve("cli-no-balloon", TestVmm::new());

@@ -493,9 +493,10 @@ pub struct ApiArgs {
 /// Options of `vmm balloon`.
 #[derive(Debug, Args)]
 pub struct BalloonArgs {
-    /// The API socket.
-    #[command(flatten)]
-    pub socket: SocketArgs,
+    /// The running VMM's API socket (its `vmm run --api-socket`); before or after the action,
+    /// as with every other subcommand.
+    #[arg(long, short = 's', value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
     /// What to do with the balloon.
     #[command(subcommand)]
     pub action: BalloonAction,
