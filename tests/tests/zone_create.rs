@@ -69,3 +69,48 @@ fn a_failed_zone_create_leaves_a_zone_another_process_created_meanwhile() {
     ])
     .assert_success();
 }
+
+/// What `vmm zone` says of a healthy zone names what it found, nothing when there was nothing:
+/// no "freed 0 leaked frames", and counts in the singular where they are one.
+#[test]
+fn a_healthy_zone_has_nothing_to_repair_and_counts_read_as_words() {
+    if !kvm_available("a_healthy_zone_has_nothing_to_repair_and_counts_read_as_words") {
+        return;
+    }
+    let scratch = Scratch::new("zone-words");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "64M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let gc = client(&["zone", "gc", &zone]);
+    assert_eq!(
+        gc.stdout,
+        format!(
+            "{zone}: clean recovery: nothing to repair; released the memory of 32 free frames\n"
+        ),
+        "{gc:#?}"
+    );
+    let inspect = client(&["zone", "inspect", &zone]);
+    assert!(
+        inspect.stdout.contains("opened after a clean shutdown in ")
+            && inspect.stdout.contains(" µs: nothing to repair\n"),
+        "{inspect:#?}"
+    );
+    // A VM of 4 MiB whose guest touched only its first chunk holds one frame.
+    VmmRun::run(&[
+        "--zone",
+        &zone,
+        "--vm",
+        "small",
+        "--memory",
+        "4M",
+        "--workload",
+        "checkpoint:1",
+    ])
+    .assert_success();
+    let deleted = client(&["zone", "delete-vm", &zone, "small"]);
+    assert_eq!(
+        deleted.stdout,
+        format!("deleted VM 'small' from {zone}: 1 frame freed\n"),
+        "{deleted:#?}"
+    );
+}

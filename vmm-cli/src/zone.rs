@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use guest_mem::zone::{RecoveryKind, Zone, ZoneConfig, ZoneError, ZoneInfo};
+use guest_mem::zone::{RecoveryKind, RecoveryReport, Zone, ZoneConfig, ZoneError, ZoneInfo};
 use guest_mem::FrameSize;
 use serde_json::json;
 use vmm::config::format_size;
@@ -27,21 +27,20 @@ pub(super) fn run(action: ZoneAction) -> ExitStatus {
             .and_then(|zone| zone.delete_vm(&name))
             .map(|frames| {
                 println!(
-                    "deleted VM '{name}' from {}: {frames} frames freed",
-                    path.display()
+                    "deleted VM '{name}' from {}: {} freed",
+                    path.display(),
+                    count(frames, "frame", "frames")
                 )
             }),
         ZoneAction::Gc { path } => Zone::open(&path, CORES).and_then(|zone| {
             let released = zone.release_free_frames()?;
             let recovery = zone.recovery();
             println!(
-                "{}: {} recovery freed {} leaked frames, took back {} lost ones and recovered {} \
-                 dead processes; released the memory of {released} free frames",
+                "{}: {} recovery: {}; released the memory of {}",
                 path.display(),
                 recovery.kind.name(),
-                recovery.leaked_frames,
-                recovery.lost_frames,
-                recovery.dead_processes,
+                repairs(&recovery),
+                count(released, "free frame", "free frames"),
             );
             Ok(())
         }),
@@ -144,6 +143,39 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
 }
 
 /// "1 frame", "2 frames".
+/// What a recovery repaired, naming only what it found ("nothing to repair" on a healthy zone).
+fn repairs(recovery: &RecoveryReport) -> String {
+    let found: Vec<String> = [
+        (
+            recovery.leaked_frames,
+            "freed",
+            "leaked frame",
+            "leaked frames",
+        ),
+        (
+            recovery.lost_frames,
+            "took back",
+            "lost frame",
+            "lost frames",
+        ),
+        (
+            recovery.dead_processes,
+            "recovered",
+            "dead VMM process",
+            "dead VMM processes",
+        ),
+    ]
+    .into_iter()
+    .filter(|(n, ..)| *n > 0)
+    .map(|(n, verb, one, many)| format!("{verb} {}", count(n, one, many)))
+    .collect();
+    if found.is_empty() {
+        "nothing to repair".into()
+    } else {
+        found.join(", ")
+    }
+}
+
 fn count(n: u64, one: &str, many: &str) -> String {
     match n {
         1 => format!("1 {one}"),
@@ -179,18 +211,10 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         RecoveryKind::Crash => "after a crash",
         RecoveryKind::Attached => "beside other processes",
     };
-    let dead = match info.recovery.dead_processes {
-        0 => String::new(),
-        dead => format!(
-            ", recovered {}",
-            count(dead, "dead VMM process", "dead VMM processes")
-        ),
-    };
     println!(
-        "  opened {after} in {} µs: freed {}, took back {}{dead}",
+        "  opened {after} in {} µs: {}",
         info.recovery.nanos / 1000,
-        count(info.recovery.leaked_frames, "leaked frame", "leaked frames"),
-        count(info.recovery.lost_frames, "lost frame", "lost frames"),
+        repairs(&info.recovery)
     );
     let recovery = &info.recovery;
     if recovery.repaired_entries + recovery.damaged_chunks + recovery.orphaned_frames > 0 {
