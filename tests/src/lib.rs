@@ -118,6 +118,14 @@ pub fn kvm_available(test: &str) -> bool {
     available
 }
 
+/// Says how far a long test got, at once: written to the process's stderr directly, past the
+/// test harness's capture (which shows a test's output only once it ended), so that a run of
+/// minutes is never silent. `test` is the test's name.
+pub fn progress(test: &str, text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "  {test}: {text}");
+}
+
 /// Whether the host has hardware virtualization (`vmx` or `svm` in /proc/cpuinfo), which a
 /// stock Linux guest needs; otherwise why not (e.g. PVM, which only runs our own guest code).
 pub fn hardware_virtualization() -> Result<(), String> {

@@ -13,7 +13,7 @@ mod vmm_common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::{env_value, kvm_available, Rng};
+use e2e_tests::{env_value, kvm_available, progress, Rng};
 use vmm_common::{client, vmm_binary, Scratch, VmmRun};
 
 /// Guest RAM of the crashing VM.
@@ -182,6 +182,12 @@ fn sigkill_at_random_moments_loses_and_leaks_no_frame() {
         tally.lost_frames += took_back;
         assert_consistent(&info, &format!("kill {kill}"));
         VmmRun::run(&verify).assert_success();
+        if kill % 10 == 8 {
+            progress(
+                "sigkill_at_random_moments_loses_and_leaks_no_frame",
+                format_args!("{} of {crashes} kills, nothing lost so far", kill + 1),
+            );
+        }
     }
     eprintln!("crash injection: {tally:?}");
     assert_consistent(&inspect(&zone), "at the end");

@@ -14,7 +14,7 @@ mod vmm_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::{env_value, kvm_available, Rng};
+use e2e_tests::{env_value, kvm_available, progress, Rng};
 use vmm_common::{client, Finished, Scratch, VmmRun};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -190,6 +190,15 @@ fn one_of_three_vmms_killed_at_random_is_recovered_and_restarts_intact() {
             Some(0),
             "round {round}: the killed VM (killed: {killed:?}) lost its memory: {restarted:#?}"
         );
+        if round % 5 == 4 {
+            progress(
+                "one_of_three_vmms_killed_at_random_is_recovered_and_restarts_intact",
+                format_args!(
+                    "{} of {kills} rounds, every killed VM restarted intact",
+                    round + 1
+                ),
+            );
+        }
     }
     eprintln!(
         "{kills} kills in {:?}: the killed VMM was recovered beside the survivors {recovered_beside} \

@@ -13,6 +13,9 @@ use vmm::api::model::{
 };
 use vmm::api::{ApiServer, ControlError, VmmControl};
 
+/// What `memory_info` panics with when told to.
+pub const PANIC_ON_PURPOSE: &str = "memory_info failed on purpose";
+
 /// A VMM stand-in that behaves like the real run control: pause/resume/shutdown change the
 /// state, requests that do not fit the state are refused.
 pub struct TestVmm {
@@ -78,7 +81,7 @@ impl VmmControl for TestVmm {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, ControlError> {
-        assert!(!self.panic_on_memory, "memory_info failed on purpose");
+        assert!(!self.panic_on_memory, "{PANIC_ON_PURPOSE}");
         Ok(MemoryInfo {
             pmem: None,
             guest: GuestMemoryInfo {
