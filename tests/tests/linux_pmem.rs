@@ -123,7 +123,7 @@ fn pmem_survives_a_kill(guest: &LinuxGuest, zone: &str, scratch: &Scratch) {
     let synced = killed
         .stdout
         .lines()
-        .filter_map(|line| line.strip_prefix("LLFREE-L2 synced "))
+        .filter_map(|line| e2e_tests::without_name(line).strip_prefix("LLFREE-L2 synced "))
         .filter_map(|n| n.trim().parse::<u64>().ok())
         .max()
         .expect("synced lines");
