@@ -354,3 +354,47 @@ fn named_vmms_on_one_output_write_whole_lines_each_with_its_name() {
         .collect();
     assert!(foreign.is_empty(), "lines without a name: {foreign:#?}");
 }
+
+/// `--log-level debug` says what the VMM does: the zone's recovery and attachment, guest
+/// memory, device activation and the vCPUs; the default level says none of it.
+#[test]
+fn debug_logging_says_what_the_vmm_does() {
+    if !kvm_available("debug_logging_says_what_the_vmm_does") {
+        return;
+    }
+    let scratch = Scratch::new("debug-log");
+    let zone = scratch.path("zone");
+    vmm(&["zone", "create", &zone, "--size", "64M"]).assert_success();
+    let run = |level: &str| {
+        vmm(&[
+            "run",
+            "--zone",
+            &zone,
+            "--vm",
+            "dbg",
+            "--memory",
+            "32M",
+            "--balloon",
+            "size=0",
+            "--log-level",
+            level,
+            "--workload",
+            "write:all,inflate:2M",
+        ])
+    };
+    let quiet = run("warn");
+    quiet.assert_success();
+    let debug = run("debug");
+    assert_eq!(debug.code, Some(0), "{debug:#?}");
+    for said in [
+        "debug: vmm::runner::memory: zone ",
+        "recovery in ",
+        "attached to VM 'dbg' (32 MiB in frames of 2 MiB)",
+        "guest memory: 32 MiB in 1 region(s), populated lazily",
+        "activated by its driver (features ",
+        "vCPU 0: running",
+        "vCPU 0: ended",
+    ] {
+        assert!(debug.stderr.contains(said), "no {said:?}: {debug:#?}");
+    }
+}

@@ -133,7 +133,9 @@ impl Vcpu {
         // Locals drop before parameters: the pointer is cleared before `self.fd` unmaps
         // `kvm_run`, even when unwinding.
         let _clear = ClearKvmRun;
+        log::debug!("vCPU {}: running", self.index);
         let reason = self.run_loop(buses, control);
+        log::debug!("vCPU {}: ended: {reason:?}", self.index);
         match &reason {
             VcpuExitReason::Shutdown => {
                 control.request_stop(StopReason::GuestShutdown { vcpu: self.index })

@@ -498,6 +498,13 @@ impl Write for DeadlineStream {
 /// Answers `request` (read already) on `stream` and closes the connection.
 fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmControl) {
     let started = Instant::now();
+    log::trace!(
+        "API: {} {} with {} body bytes: {}",
+        request.method.as_str(),
+        request.target.escape_debug(),
+        request.body.len(),
+        String::from_utf8_lossy(&request.body).escape_debug()
+    );
     let response = catch_unwind(AssertUnwindSafe(|| routes::handle(control, request)))
         .unwrap_or_else(|_| {
             Response::fault(

@@ -167,6 +167,16 @@ pub fn load_linux<M: GuestMemoryBackend>(
         e820: &e820,
     })?;
     let zero_page = zero_page::write_zero_page(memory, &params)?;
+    log::debug!(
+        "kernel {} loaded: entry {:#x}, initrd {}, command line {:?}",
+        config.kernel.display(),
+        kernel.entry.0,
+        initrd.as_ref().map_or("none".to_owned(), |i| format!(
+            "{} bytes at {:#x}",
+            i.size, i.address
+        )),
+        config.cmdline.unwrap_or_default()
+    );
     Ok(LinuxBoot {
         entry: kernel.entry,
         zero_page,

@@ -45,6 +45,18 @@ pub(super) fn attach_zone(
 ) -> Result<ZoneVm, ZoneSetupError> {
     let zone = Zone::open(&target.path, config.vcpus + SPARE_CORES)?;
     let recovery = zone.recovery();
+    log::debug!(
+        "zone {}: opened ({} recovery in {} µs: {} leaked and {} lost frames, {} dead processes, \
+         {} repaired entries, {} damaged chunks)",
+        target.path.display(),
+        recovery.kind.name(),
+        recovery.nanos / 1000,
+        recovery.leaked_frames,
+        recovery.lost_frames,
+        recovery.dead_processes,
+        recovery.repaired_entries,
+        recovery.damaged_chunks
+    );
     if recovery.leaked_frames + recovery.lost_frames > 0 {
         log::warn!(
             "zone {}: recovered after a crash: freed {} leaked frames, took back {} lost ones",
@@ -99,6 +111,14 @@ pub(super) fn attach_zone(
     if target.ephemeral {
         vm.make_ephemeral()?;
     }
+    log::debug!(
+        "zone {}: attached to VM '{}' ({} in frames of {}{})",
+        target.path.display(),
+        target.vm,
+        format_size(config.memory_size),
+        frame.name(),
+        if target.ephemeral { ", ephemeral" } else { "" }
+    );
     Ok(vm)
 }
 
@@ -111,12 +131,20 @@ const MAX_FAULT_THREADS: usize = 4;
 /// Creates the pool: guest RAM's size of the configured backing, one core per vCPU plus
 /// [`SPARE_CORES`].
 pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
-    Pool::new(PoolConfig {
+    let pool = Pool::new(PoolConfig {
         backing: config.backing.pool_backing(config.format_pool),
         size: config.memory_size,
         cores: config.vcpus + SPARE_CORES,
         scrub: config.scrub,
-    })
+    })?;
+    log::debug!(
+        "pool: {} of {} backing in frames of {}, {} allocator cores",
+        format_size(config.memory_size),
+        config.backing,
+        config.backing.frame_size().name(),
+        config.vcpus + SPARE_CORES
+    );
+    Ok(pool)
 }
 
 /// Creates guest memory over the RAM regions of the layout, in chunks of the pool's frame size,
@@ -135,6 +163,16 @@ pub(super) fn create_memory(
         .iter()
         .map(|region| (GuestAddress(region.start), region.size))
         .collect();
+    log::debug!(
+        "guest memory: {} in {} region(s), populated {}, {} fault thread(s)",
+        format_size(config.memory_regions().iter().map(|r| r.size).sum()),
+        config.memory_regions().len(),
+        match config.populate {
+            guest_mem::Populate::Eager => "eagerly",
+            guest_mem::Populate::Lazy => "lazily",
+        },
+        config.vcpus.clamp(1, MAX_FAULT_THREADS)
+    );
     let memory_config = |chunk_size| MemoryConfig {
         ranges,
         chunk_size: Some(chunk_size),

@@ -344,8 +344,17 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
             queues,
             interrupt: self.interrupt.clone(),
         };
-        match lock(&self.device).activate(activation) {
-            Ok(()) => state.activated = true,
+        let features = state.driver_features;
+        let mut device = lock(&self.device);
+        let device_type = device.device_type();
+        match device.activate(activation) {
+            Ok(()) => {
+                state.activated = true;
+                log::debug!(
+                    "virtio-mmio@{base:#x}: device type {device_type} activated by its driver \
+                     (features {features:#x})"
+                );
+            }
             Err(e) => {
                 self.warnings.warn(format_args!(
                     "virtio-mmio@{base:#x}: activation failed: {e}"
