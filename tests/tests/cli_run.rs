@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_tests::kvm_available;
+use e2e_tests::{kvm_available, tool_available};
 use vmm_common::{get, send, vmm_binary, Finished, Scratch, VmmRun};
 
 /// Runs `vmm ARGS` to its end.
@@ -302,6 +302,92 @@ fn long_population_and_long_steps_show_progress() {
         .filter(|line| line.ends_with(" of 3.0 GiB"));
     assert!(population.count() >= 1, "{run:#?}");
     assert!(steps.count() >= 1, "{run:#?}");
+}
+
+/// On a terminal the same progress is a bar updated in place, with its percentage, rate and
+/// time left, and the console's lines still come whole (the bar lifted for each).
+#[test]
+fn on_a_terminal_progress_is_a_bar_updated_in_place() {
+    let test = "on_a_terminal_progress_is_a_bar_updated_in_place";
+    if !kvm_available(test) || !tool_available(test, "script", "--version") {
+        return;
+    }
+    // `script` gives the VMM a pseudo-terminal and copies what it shows to its own stdout.
+    let command = format!(
+        "{} run --memory 2G --workload 'write:2M+1G*3'",
+        vmm_binary()
+    );
+    let shown: Finished = Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .output()
+        .expect("run script")
+        .into();
+    assert_eq!(shown.code, Some(0), "{shown:#?}");
+    let screen = shown.stdout.replace('\r', "\n");
+    assert!(screen.contains("step 1 (write): ["), "{screen}");
+    assert!(screen.contains("% of 3.00 GiB, "), "no rate: {screen}");
+    assert!(screen.contains(" s left"), "no time left: {screen}");
+    assert!(
+        !screen.contains("progress: "),
+        "plain lines on a terminal: {screen}"
+    );
+    for line in ["step 1: ok", "test guest: done"] {
+        assert!(
+            screen.lines().any(|l| l.ends_with(line)),
+            "{line}: {screen}"
+        );
+    }
+}
+
+/// A snapshot that copies guest memory shows the copy's progress once it takes more than a
+/// second.
+#[test]
+fn a_long_memory_copy_shows_its_progress() {
+    if !kvm_available("a_long_memory_copy_shows_its_progress") {
+        return;
+    }
+    let scratch = Scratch::new("copy-progress");
+    let socket = scratch.path("api.sock");
+    let mut run = VmmRun::start(&[
+        "--memory",
+        "1G",
+        "--workload",
+        "write:all,checkpoint:1",
+        "--api-socket",
+        &socket,
+    ]);
+    let api = run.api(&socket);
+    vmm_common::wait_for_state(&api, "Paused");
+    let started = std::time::Instant::now();
+    let snapshot = scratch.path("snap");
+    let memory = scratch.path("mem");
+    let created = vmm(&[
+        "snapshot",
+        "create",
+        "--socket",
+        &socket,
+        "--snapshot-path",
+        &snapshot,
+        "--mem-file-path",
+        &memory,
+    ]);
+    let took = started.elapsed();
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    let ended = run.wait(Duration::from_secs(30));
+    let copying = ended
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("progress: copying guest memory into "))
+        .count();
+    if took >= Duration::from_secs(2) {
+        assert!(
+            copying >= 1,
+            "a copy of {took:?} without progress: {ended:#?}"
+        );
+    } else {
+        eprintln!("the copy took {took:?}: too fast here to show progress");
+    }
 }
 
 /// Three VMMs named by `--vm` writing to one pipe (stdout and stderr, as on one terminal):

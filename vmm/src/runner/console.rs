@@ -94,9 +94,11 @@ fn write_line(prefix: &str, text: &[u8], ends: bool) -> io::Result<()> {
     if ends {
         line.push(b'\n');
     }
-    let mut out = io::stdout().lock();
-    out.write_all(&line)?;
-    out.flush()
+    super::progress::around_bars(|| {
+        let mut out = io::stdout().lock();
+        out.write_all(&line)?;
+        out.flush()
+    })
 }
 
 impl Stdout {
@@ -134,7 +136,15 @@ impl Stdout {
 
 impl Write for Stdout {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if let Some(prefix) = line_prefix() {
+        // Whole lines with a name, or while progress bars are on the terminal (a line at a time
+        // with the bars lifted; not a byte at a time).
+        let mid_line = self.pending.as_ref().is_some_and(|pending| {
+            let line = pending.line.lock().unwrap_or_else(|e| e.into_inner());
+            !line.0.is_empty()
+        });
+        let lines = super::progress::bars_shown() || mid_line;
+        let prefix = line_prefix().or(lines.then_some(""));
+        if let Some(prefix) = prefix {
             self.write_named(prefix, buf)?;
             return Ok(buf.len());
         }
@@ -155,8 +165,8 @@ impl Drop for Stdout {
             return;
         };
         let mut line = pending.line.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(prefix), false) = (line_prefix(), line.0.is_empty()) {
-            let _ = write_line(prefix, &line.0, true);
+        if !line.0.is_empty() {
+            let _ = write_line(line_prefix().unwrap_or_default(), &line.0, true);
         }
         line.0.clear();
         line.1 = None;

@@ -1,18 +1,210 @@
-//! Progress lines on stderr for work that takes longer than about a second: eager population of
-//! guest memory and the test guest's memory steps. Each line starts with `progress: `.
+//! Progress of work that takes longer than about a second: eager population of guest memory
+//! and the test guest's memory steps. On a terminal (and a VMM without a name, whose lines
+//! would interleave with others') each piece of work is a bar updated in place with its
+//! percentage, rate and time left (indicatif); elsewhere a plain line starting with
+//! `progress: `, about every second.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::format_size_approx;
 use crate::testguest::protocol::{step_kind, PAGE_SIZE};
 use crate::testguest::workload::kind_name;
-use crate::testguest::{Progress, Workload};
+use crate::testguest::{Progress, Workload, PROGRESS_INTERVAL};
 
-/// The line for eager population that has populated `done` of `total` bytes.
-pub(super) fn population_line(done: u64, total: u64) -> String {
-    format!(
-        "progress: populating guest memory: {} of {}",
-        format_size_approx(done),
-        format_size_approx(total)
-    )
+/// How far a piece of work got: `done` of `total` bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Advance {
+    /// What is under way, e.g. "step 2 (write)".
+    pub what: String,
+    /// Bytes done.
+    pub done: u64,
+    /// Bytes in all.
+    pub total: u64,
+}
+
+impl Advance {
+    /// The plain line: "progress: step 2 (write): 1.0 GiB of 2.0 GiB".
+    pub fn line(&self) -> String {
+        format!(
+            "progress: {}: {} of {}",
+            self.what,
+            format_size_approx(self.done),
+            format_size_approx(self.total)
+        )
+    }
+}
+
+/// Eager population that has populated `done` of `total` bytes.
+pub(super) fn population_advance(done: u64, total: u64) -> Advance {
+    Advance {
+        what: "populating guest memory".into(),
+        done,
+        total,
+    }
+}
+
+/// Every bar on the terminal, drawn together on stderr.
+static BARS: OnceLock<MultiProgress> = OnceLock::new();
+/// Bars on the terminal now.
+static SHOWN: AtomicUsize = AtomicUsize::new(0);
+
+fn all_bars() -> &'static MultiProgress {
+    BARS.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()))
+}
+
+/// Whether bars are on the terminal: the console then writes whole lines, each with the bars
+/// lifted ([`around_bars`]), so that its lines and the bars do not run into each other.
+pub(super) fn bars_shown() -> bool {
+    SHOWN.load(Ordering::Acquire) > 0
+}
+
+/// Runs `write` with the bars lifted off the terminal, and draws them again after it.
+pub(super) fn around_bars<T>(write: impl FnOnce() -> T) -> T {
+    match BARS.get() {
+        Some(bars) if bars_shown() => bars.suspend(write),
+        _ => write(),
+    }
+}
+
+/// The progress of a loop over `total` bytes: shown once it has run for
+/// [`PROGRESS_INTERVAL`], then at that interval (a snapshot's copy of guest memory).
+#[derive(Debug)]
+pub(super) struct LoopProgress {
+    what: String,
+    total: u64,
+    display: ProgressDisplay,
+    next: Instant,
+}
+
+impl LoopProgress {
+    /// Progress of `what` over `total` bytes, starting now.
+    pub fn new(what: String, total: u64) -> Self {
+        LoopProgress {
+            what,
+            total,
+            display: ProgressDisplay::new(),
+            next: Instant::now() + PROGRESS_INTERVAL,
+        }
+    }
+
+    /// `done` bytes are done.
+    pub fn at(&mut self, done: u64) {
+        if Instant::now() < self.next {
+            return;
+        }
+        self.next = Instant::now() + PROGRESS_INTERVAL;
+        self.display.show(&[Advance {
+            what: self.what.clone(),
+            done,
+            total: self.total,
+        }]);
+    }
+}
+
+/// A bar on the terminal.
+#[derive(Debug)]
+struct Shown {
+    /// The work it shows.
+    what: String,
+    bar: ProgressBar,
+    /// Its position at its last update, and when that was: its rate counts from there.
+    last: (u64, Instant),
+}
+
+/// Shows advances: bars in place on a terminal, plain lines elsewhere.
+#[derive(Debug)]
+pub(super) struct ProgressDisplay {
+    /// On a terminal: a bar per piece of work under way.
+    bars: Option<Mutex<Vec<Shown>>>,
+}
+
+impl ProgressDisplay {
+    /// Bars when stderr is a terminal and the VMM's lines carry no name, else plain lines.
+    pub fn new() -> Self {
+        let in_place = std::io::stderr().is_terminal() && super::line_prefix().is_none();
+        ProgressDisplay {
+            bars: in_place.then(|| Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Shows `advances`, the work under way now; a bar of work that is not among them is done.
+    pub fn show(&self, advances: &[Advance]) {
+        let Some(bars) = &self.bars else {
+            for advance in advances {
+                super::say(advance.line());
+            }
+            return;
+        };
+        let mut bars = bars.lock().unwrap_or_else(|e| e.into_inner());
+        bars.retain(|shown| {
+            let going = advances.iter().any(|a| a.what == shown.what);
+            if !going {
+                remove(&shown.bar);
+            }
+            going
+        });
+        for advance in advances {
+            let position = advance.done.min(advance.total);
+            match bars.iter_mut().find(|shown| shown.what == advance.what) {
+                Some(shown) => {
+                    let (before, at) = shown.last;
+                    let seconds = at.elapsed().as_secs_f64();
+                    if position > before && seconds > 0.0 {
+                        let rate = (position - before) as f64 / seconds;
+                        let left = (advance.total - position) as f64 / rate;
+                        shown.bar.set_prefix(format!(
+                            ", {}/s, {left:.0} s left",
+                            format_size_approx(rate as u64)
+                        ));
+                    }
+                    shown.last = (position, Instant::now());
+                    shown.bar.set_position(position);
+                }
+                None => {
+                    SHOWN.fetch_add(1, Ordering::AcqRel);
+                    let bar = ProgressBar::new(advance.total).with_position(position);
+                    bar.set_style(style());
+                    bar.set_message(advance.what.clone());
+                    bars.push(Shown {
+                        what: advance.what.clone(),
+                        bar: all_bars().add(bar),
+                        last: (position, Instant::now()),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Takes `bar` off the terminal.
+fn remove(bar: &ProgressBar) {
+    bar.finish_and_clear();
+    all_bars().remove(bar);
+    SHOWN.fetch_sub(1, Ordering::AcqRel);
+}
+
+impl Drop for ProgressDisplay {
+    fn drop(&mut self) {
+        if let Some(bars) = &self.bars {
+            let bars = bars.lock().unwrap_or_else(|e| e.into_inner());
+            bars.iter().for_each(|shown| remove(&shown.bar));
+        }
+    }
+}
+
+/// A bar's look; its prefix is its rate and time left, once it has moved between updates
+/// (the rate of the last update: the guest's speed changes as it faults, populates, waits).
+const LOOK: &str = "{msg}: [{bar:20}] {percent:>3}% of {binary_total_bytes}{prefix}";
+
+fn style() -> ProgressStyle {
+    ProgressStyle::with_template(LOOK)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
 }
 
 /// One memory step, as progress shows it.
@@ -23,7 +215,7 @@ struct StepInfo {
     pages: u64,
 }
 
-/// Prints the progress of the test guest's long memory steps, once per call of
+/// The progress of the test guest's long memory steps, once per call of
 /// [`StepProgress::update`] (about every second).
 pub(super) struct StepProgress {
     /// Per workload step; `None` for steps without progress (balloon steps, checkpoints).
@@ -57,9 +249,9 @@ impl StepProgress {
         }
     }
 
-    /// The lines for `progress`: one per memory step that was running at the previous update
+    /// The advances of `progress`: one per memory step that was running at the previous update
     /// too (so it has run for about a second) and has advanced since.
-    pub fn update(&mut self, progress: &Progress) -> Vec<String> {
+    pub fn update(&mut self, progress: &Progress) -> Vec<Advance> {
         let now: Vec<(usize, u64)> = progress
             .running
             .iter()
@@ -76,12 +268,11 @@ impl StepProgress {
                 let info = self.steps.get(index)?.as_ref()?;
                 // A hostile guest may report more pages than the step has.
                 let done = pages.min(info.pages);
-                Some(format!(
-                    "progress: {}: {} of {}",
-                    info.name,
-                    format_size_approx(done.saturating_mul(PAGE_SIZE)),
-                    format_size_approx(info.pages.saturating_mul(PAGE_SIZE))
-                ))
+                Some(Advance {
+                    what: info.name.clone(),
+                    done: done.saturating_mul(PAGE_SIZE),
+                    total: info.pages.saturating_mul(PAGE_SIZE),
+                })
             })
             .collect();
         self.last = now;
@@ -102,29 +293,24 @@ mod tests {
             .repeat(2)
             .checkpoint(1)
             .verify(2 * MIB, 1024 * MIB, 1);
-        let mut progress = StepProgress::new(&workload);
+        let mut steps = StepProgress::new(&workload);
+        let mut progress = |now: &Progress| -> Vec<String> {
+            steps.update(now).iter().map(Advance::line).collect()
+        };
         let at = |running: Vec<usize>, pages: Vec<u64>| Progress { pages, running };
-        assert!(progress.update(&at(vec![0], vec![1000, 0, 0])).is_empty());
+        assert!(progress(&at(vec![0], vec![1000, 0, 0])).is_empty());
         assert_eq!(
-            progress.update(&at(vec![0], vec![262_144, 0, 0])),
+            progress(&at(vec![0], vec![262_144, 0, 0])),
             ["progress: step 1 (write): 1.0 GiB of 2.0 GiB"]
         );
         // Paused (no advance), then a checkpoint, which has no progress.
-        assert!(progress
-            .update(&at(vec![0], vec![262_144, 0, 0]))
-            .is_empty());
-        assert!(progress
-            .update(&at(vec![1], vec![524_288, 0, 0]))
-            .is_empty());
-        assert!(progress
-            .update(&at(vec![1], vec![524_288, 0, 0]))
-            .is_empty());
-        assert!(progress
-            .update(&at(vec![2], vec![524_288, 0, 1]))
-            .is_empty());
+        assert!(progress(&at(vec![0], vec![262_144, 0, 0])).is_empty());
+        assert!(progress(&at(vec![1], vec![524_288, 0, 0])).is_empty());
+        assert!(progress(&at(vec![1], vec![524_288, 0, 0])).is_empty());
+        assert!(progress(&at(vec![2], vec![524_288, 0, 1])).is_empty());
         // More pages than the step has are shown as the whole step.
         assert_eq!(
-            progress.update(&at(vec![2], vec![524_288, 0, u64::MAX])),
+            progress(&at(vec![2], vec![524_288, 0, u64::MAX])),
             ["progress: step 3 (verify): 1.0 GiB of 1.0 GiB"]
         );
     }
@@ -132,7 +318,7 @@ mod tests {
     #[test]
     fn population_shows_done_and_total() {
         assert_eq!(
-            population_line(3 << 29, 6 << 30),
+            population_advance(3 << 29, 6 << 30).line(),
             "progress: populating guest memory: 1.5 GiB of 6.0 GiB"
         );
     }

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use guest_mem::Population;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::progress::population_line;
+use super::progress::{population_advance, ProgressDisplay};
 use crate::testguest::PROGRESS_INTERVAL;
 
 /// The signals that stop the VM.
@@ -149,18 +149,22 @@ impl StopSignals {
         let interval_ms = PROGRESS_INTERVAL.as_millis() as i32;
         let thread = std::thread::Builder::new()
             .name("vmm-setup-signals".into())
-            .spawn(move || loop {
-                wait_readable(&fd, &thread_done, interval_ms);
-                if let Some(signal) = fd.take() {
-                    population.cancel();
-                    return Some(signal);
-                }
-                if thread_done.read().is_ok() {
-                    return None;
-                }
-                let populated = population.populated_bytes();
-                if populated > 0 && populated < total {
-                    super::say(population_line(populated, total));
+            .spawn(move || {
+                let display = ProgressDisplay::new();
+                loop {
+                    wait_readable(&fd, &thread_done, interval_ms);
+                    if let Some(signal) = fd.take() {
+                        population.cancel();
+                        return Some(signal);
+                    }
+                    if thread_done.read().is_ok() {
+                        return None;
+                    }
+                    let populated = population.populated_bytes();
+                    match populated > 0 && populated < total {
+                        true => display.show(&[population_advance(populated, total)]),
+                        false => display.show(&[]),
+                    }
                 }
             })?;
         Ok(SignalWatch {

@@ -25,6 +25,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::devices::{DeviceError, Devices};
 use super::early_vm::EarlyKvmVm;
 use super::memory::{self, Frames, ZoneSetupError};
+use super::progress::LoopProgress;
 use super::session::Session;
 use super::{RunError, RunOutcome};
 use crate::api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
@@ -154,6 +155,11 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, Sn
     let mut regions = Vec::new();
     let mut checksum = MemoryChecksum::default();
     let mut offset = 0;
+    let total = memory.regions().iter().map(|r| r.size()).sum();
+    let mut progress = LoopProgress::new(
+        format!("copying guest memory into {}", path.display()),
+        total,
+    );
     for region in memory.regions() {
         let (start, size) = (region.start().0, region.size());
         let chunk = region.chunk_size().bytes();
@@ -173,6 +179,7 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, Sn
             checksum.add(&buffer);
             file.write_all_at(&buffer, offset + at - start)
                 .map_err(memory_file_error(path, "cannot write"))?;
+            progress.at(offset + at - start);
         }
         offset += size;
         regions.push((start, size));
@@ -194,6 +201,12 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, Sn
 fn copy_memory_in(memory: &GuestMemory, path: &Path, expected: u32) -> Result<(), SnapshotError> {
     let mut file = host_file::open_input("mem_file_path", path)?;
     let mut checksum = MemoryChecksum::default();
+    let total = memory.regions().iter().map(|r| r.size()).sum();
+    let mut progress = LoopProgress::new(
+        format!("copying guest memory from {}", path.display()),
+        total,
+    );
+    let mut done = 0;
     for region in memory.regions() {
         let chunk = region.chunk_size().bytes() as usize;
         let mut buffer = vec![0u8; chunk];
@@ -201,6 +214,8 @@ fn copy_memory_in(memory: &GuestMemory, path: &Path, expected: u32) -> Result<()
         for at in (start..start + size).step_by(chunk) {
             file.read_exact(&mut buffer)
                 .map_err(memory_file_error(path, "cannot read"))?;
+            done += chunk as u64;
+            progress.at(done);
             if buffer.iter().all(|&byte| byte == 0) {
                 checksum.add_zero_chunk(chunk);
                 continue;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::devices::VirtioMmioDevices;
-use super::progress::StepProgress;
+use super::progress::{ProgressDisplay, StepProgress};
 use super::session::Session;
 use super::snapshot::ResumedStates;
 use super::{RunError, RunOutcome, StopCause};
@@ -72,11 +72,8 @@ pub(super) fn run(
         })),
         on_progress: Some({
             let mut progress = StepProgress::new(workload);
-            Box::new(move |now| {
-                for line in progress.update(now) {
-                    super::say(line);
-                }
-            })
+            let display = ProgressDisplay::new();
+            Box::new(move |now| display.show(&progress.update(now)))
         }),
         serial_output: Some(console),
         add_devices: Some(Box::new(move |vm, buses| {
