@@ -16,7 +16,7 @@
 # Usage (as root on Debian 12): tests/linux-nested/run.sh [TEST-NAME-FILTER]
 # Environment:
 #   LLFREE_NESTED_CACHE    cache of kernels (default /var/cache/llfree-vmm-nested)
-#   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 1500)
+#   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 2400)
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
@@ -35,7 +35,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${LLFREE_NESTED_CACHE:-/var/cache/llfree-vmm-nested}
 WORK=$ROOT/target/linux-nested
-TIMEOUT=${LLFREE_NESTED_TIMEOUT:-1500}
+TIMEOUT=${LLFREE_NESTED_TIMEOUT:-2400}
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
