@@ -20,6 +20,14 @@ fn tree(memory: &Value, index: &Value) -> Value {
     trees.iter().find(|t| t["index"] == *index).unwrap().clone()
 }
 
+/// Resumes the paused guest of `vmm` and waits until it has done its workload.
+fn resume_to_the_end(api: &vmm_cli::ApiClient, vmm: VmmRun) {
+    send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = vmm.wait(std::time::Duration::from_secs(60));
+    run.assert_success();
+    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
+}
+
 #[test]
 fn two_vcpus_fault_into_their_own_reservations() {
     if !kvm_available("two_vcpus_fault_into_their_own_reservations") {
@@ -73,10 +81,7 @@ fn two_vcpus_fault_into_their_own_reservations() {
             "{memory:#}"
         );
     }
-    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-    let run = vmm.wait(std::time::Duration::from_secs(60));
-    run.assert_success();
-    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
+    resume_to_the_end(&api, vmm);
 }
 
 #[test]
@@ -185,10 +190,7 @@ fn smt_vcpus_run_the_guest_and_the_machine_config_says_smt() {
         (machine["vcpu_count"].as_u64(), machine["smt"].as_bool()),
         (Some(2), Some(true))
     );
-    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-    let run = vmm.wait(std::time::Duration::from_secs(60));
-    run.assert_success();
-    assert!(run.stdout.contains("test guest: done"), "{run:#?}");
+    resume_to_the_end(&api, vmm);
 }
 
 /// The VMM ends at once after a `Shutdown` action, but never before its 204 has reached the
@@ -269,7 +271,5 @@ fn a_guest_writing_memory_while_it_reports_it_free_never_gets_memory_outside_the
         0,
         "no anonymous memory behind unpopulated chunks ({discarded} discards)"
     );
-    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-    let run = vmm.wait(std::time::Duration::from_secs(60));
-    run.assert_success();
+    resume_to_the_end(&api, vmm);
 }
