@@ -5,7 +5,7 @@
 //! Each guest (192 MiB, ephemeral: its frames go back when its VMM ends; a balloon with
 //! statistics, no free page reporting) first writes and
 //! deletes 96 MiB in tmpfs ("warm": memory it touched and now holds free, as a guest that ran a
-//! job does), one after the other; then, on one signal, all three write 32 MiB at the same
+//! job does), one after the other; then, on one signal, all three write 16 MiB at the same
 //! moment. The zone has 288 MiB: the third guest's warm-up needs memory that the first two hold
 //! free. With the policy (the default) their VMMs inflate their balloons when the zone runs
 //! low, and all three finish; with the policy off the third VMM waits until its bounded wait
@@ -27,7 +27,7 @@ use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{client, get, send, Scratch, VmmRun};
 
 const VMS: [&str; 3] = ["a", "b", "c"];
-const GUEST: &str = "llfree.test=burst llfree.warm=96 llfree.mib=32";
+const GUEST: &str = "llfree.test=burst llfree.warm=96 llfree.mib=16";
 
 /// One guest of the three and its API.
 struct Vm {
@@ -109,8 +109,10 @@ fn wait_warmed(vm: &mut Vm, others: &[Vm], peak: &mut u64) -> bool {
     }
 }
 
-/// Sends every VM its go (Ctrl-Alt-Del) and waits until each has written its burst and
-/// rebooted (status 7).
+/// Sends every VM its go (Ctrl-Alt-Del) and waits until each has written its burst; then
+/// tells them all to end (Ctrl-Alt-Del again) and waits until each rebooted (status 7). None
+/// ends while another writes: an ending VM gives its frames back at once, a surplus the others'
+/// policies would begin to deflate into.
 fn burst(zone: &str, vms: Vec<Vm>) {
     for vm in &vms {
         send(
@@ -124,7 +126,23 @@ fn burst(zone: &str, vms: Vec<Vm>) {
     let deadline = Instant::now() + 4 * BOOT_TIMEOUT;
     let mut vms = vms;
     let mut shown = Instant::now();
+    let mut ending = false;
     while vms.iter_mut().any(|vm| vm.run.running()) {
+        if !ending
+            && vms
+                .iter()
+                .all(|vm| vm.run.stdout_so_far().contains("LLFREE-L2 burst-done"))
+        {
+            ending = true;
+            for vm in &vms {
+                send(
+                    &vm.api,
+                    "PUT",
+                    "/actions",
+                    r#"{"action_type":"SendCtrlAltDel"}"#,
+                );
+            }
+        }
         assert!(Instant::now() < deadline, "the bursts never ended");
         if shown.elapsed() >= Duration::from_secs(15) {
             shown = Instant::now();

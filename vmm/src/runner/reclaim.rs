@@ -11,7 +11,8 @@
 //!   to its spare against the spare of every VM on the zone (so every VM gives the same
 //!   fraction of what it can spare), and never by more than its spare;
 //! * when the zone's free memory is above twice the threshold, deflates what the policy
-//!   inflated, down to twice the threshold.
+//!   inflated by a quarter of the surplus at a time (every VMM sees the same surplus, and each
+//!   deflated page the guest touches again may cost a whole frame).
 //!
 //! After each change it waits until the guest has reached the target and reported statistics
 //! again, so that it never acts twice on one report. A target a person sets (API, `vmm
@@ -246,7 +247,11 @@ fn decide(
         };
     }
     if zone.free > high && inflated_mib > 0 {
-        return match ((zone.free - high) / MIB).min(inflated_mib) {
+        // A quarter of the surplus at a time: every VMM on the zone sees the same surplus, and
+        // a deflated page the guest touches again costs a whole frame (a balloon gives back
+        // scattered 4 KiB pages of frames that were freed whole), so giving all of it back at
+        // once could run the zone dry again.
+        return match ((zone.free - high) / 4 / MIB).min(inflated_mib) {
             0 => Step::Nothing,
             mib => Step::Deflate(mib),
         };
@@ -292,8 +297,10 @@ mod tests {
 
     #[test]
     fn above_twice_the_threshold_the_policy_deflates_what_it_inflated() {
-        assert_eq!(decide(zone(260, 400), 10, 0, 100, 0), Step::Deflate(60));
+        // A quarter of the surplus over twice the threshold (200 MiB) at a time.
+        assert_eq!(decide(zone(260, 400), 10, 0, 100, 0), Step::Deflate(15));
         assert_eq!(decide(zone(900, 400), 10, 0, 100, 0), Step::Deflate(100));
+        assert_eq!(decide(zone(500, 400), 10, 0, 100, 0), Step::Deflate(75));
         assert_eq!(decide(zone(900, 400), 10, 0, 0, 1000), Step::Nothing);
         // Between the two: the balloon stays.
         assert_eq!(decide(zone(150, 400), 10, 100 * MIB, 100, 0), Step::Nothing);
