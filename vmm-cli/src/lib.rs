@@ -129,15 +129,16 @@ where
             ("PUT", "/actions", r#"{"action_type":"SendCtrlAltDel"}"#),
             "Ctrl-Alt-Del sent to the guest's keyboard",
         ),
-        Command::Balloon(balloon) => {
-            match balloon.socket {
-                Some(socket) => commands::balloon(&socket, balloon.action),
-                None => {
-                    eprintln!("error: the following required arguments were not provided: --socket <PATH>");
-                    ExitStatus::Usage
-                }
+        Command::Balloon(balloon) => match balloon.socket {
+            Some(socket) => commands::balloon(&socket, balloon.action),
+            None => {
+                eprintln!(
+                    "error: the following required arguments were not provided: \
+                         --socket <PATH>"
+                );
+                ExitStatus::Usage
             }
-        }
+        },
         Command::Zone(zone) => zone::run(zone.action),
         Command::Snapshot(snapshot) => match snapshot.action {
             SnapshotAction::Create {

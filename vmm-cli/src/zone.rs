@@ -142,7 +142,6 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
     })
 }
 
-/// "1 frame", "2 frames".
 /// What a recovery repaired, naming only what it found ("nothing to repair" on a healthy zone).
 fn repairs(recovery: &RecoveryReport) -> String {
     let found: Vec<String> = [
@@ -176,6 +175,7 @@ fn repairs(recovery: &RecoveryReport) -> String {
     }
 }
 
+/// "1 frame", "2 frames".
 fn count(n: u64, one: &str, many: &str) -> String {
     match n {
         1 => format!("1 {one}"),

@@ -12,7 +12,7 @@ use super::model::{
     MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode, ZoneAttachment,
 };
 use crate::config::{
-    check_memory, check_pmem, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
+    check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
     ConfigError, DriveConfig, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 
@@ -56,12 +56,12 @@ fn check_machine(
 ) -> Result<(), ControlError> {
     let vcpus = usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX);
     check_vcpus(vcpus, false).map_err(invalid)?;
-    if machine.smt && vcpus > 1 && !vcpus.is_multiple_of(2) {
-        return Err(refuse(
+    check_smt(vcpus, machine.smt).map_err(|_| {
+        refuse(
             "The vCPU number is invalid! The vCPU number can only be 1 or an even number when \
              hyperthreading is enabled.",
-        ));
-    }
+        )
+    })?;
     if machine.track_dirty_pages {
         return Err(refuse(
             "track_dirty_pages is not supported: diff snapshots are not needed, a VM in a zone \

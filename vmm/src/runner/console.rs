@@ -54,9 +54,24 @@ pub(super) struct Stdout {
 /// A partial line and its writer's wake-up.
 #[derive(Debug, Default)]
 struct PendingLine {
-    /// The bytes of the line so far, and when the last of them came (`None`: nothing pending).
-    line: Mutex<(Vec<u8>, Option<Instant>)>,
+    line: Mutex<Partial>,
     changed: Condvar,
+}
+
+/// The bytes of a line so far (none: nothing pending), and when the last of them came.
+#[derive(Debug)]
+struct Partial {
+    text: Vec<u8>,
+    last: Instant,
+}
+
+impl Default for Partial {
+    fn default() -> Self {
+        Partial {
+            text: Vec::new(),
+            last: Instant::now(),
+        }
+    }
 }
 
 impl PendingLine {
@@ -65,16 +80,16 @@ impl PendingLine {
     fn write_late(self: &Arc<Self>, prefix: &'static str) {
         let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
         while Arc::strong_count(self) > 1 {
-            let wait = match line.1 {
-                Some(at) => PARTIAL_LINE_DELAY.saturating_sub(at.elapsed()),
-                // Nothing pending: a write wakes it (and a look now and then sees the end).
-                None => IDLE_LOOK,
+            // Nothing pending: a write wakes it (and a look now and then sees the end).
+            let wait = if line.text.is_empty() {
+                IDLE_LOOK
+            } else {
+                PARTIAL_LINE_DELAY.saturating_sub(line.last.elapsed())
             };
-            if line.1.is_some() && wait.is_zero() {
+            if !line.text.is_empty() && wait.is_zero() {
                 // Written without its end; what follows starts a line of its own.
-                let _ = write_line(prefix, &line.0, false);
-                line.0.clear();
-                line.1 = None;
+                let _ = write_line(prefix, &line.text, false);
+                line.text.clear();
                 continue;
             }
             line = self
@@ -120,13 +135,12 @@ impl Stdout {
                 Some(text) => (text, true),
                 None => (piece, false),
             };
-            line.0.extend_from_slice(text);
-            if ends || line.0.len() >= MAX_LINE {
-                write_line(prefix, &line.0, true)?;
-                line.0.clear();
-                line.1 = None;
+            line.text.extend_from_slice(text);
+            if ends || line.text.len() >= MAX_LINE {
+                write_line(prefix, &line.text, true)?;
+                line.text.clear();
             } else {
-                line.1 = Some(Instant::now());
+                line.last = Instant::now();
             }
         }
         pending.changed.notify_one();
@@ -140,7 +154,7 @@ impl Write for Stdout {
         // with the bars lifted; not a byte at a time).
         let mid_line = self.pending.as_ref().is_some_and(|pending| {
             let line = pending.line.lock().unwrap_or_else(|e| e.into_inner());
-            !line.0.is_empty()
+            !line.text.is_empty()
         });
         let lines = super::progress::bars_shown() || mid_line;
         let prefix = line_prefix().or(lines.then_some(""));
@@ -165,11 +179,10 @@ impl Drop for Stdout {
             return;
         };
         let mut line = pending.line.lock().unwrap_or_else(|e| e.into_inner());
-        if !line.0.is_empty() {
-            let _ = write_line(line_prefix().unwrap_or_default(), &line.0, true);
+        if !line.text.is_empty() {
+            let _ = write_line(line_prefix().unwrap_or_default(), &line.text, true);
         }
-        line.0.clear();
-        line.1 = None;
+        line.text.clear();
         drop(line);
         // The writer thread sees it is the last owner and ends.
         pending.changed.notify_one();

@@ -158,27 +158,27 @@ pub(super) fn create_memory(
     population: &Population,
     boot: bool,
 ) -> Result<GuestMemory, MemoryError> {
-    let ranges = config
-        .memory_regions()
-        .iter()
-        .map(|region| (GuestAddress(region.start), region.size))
-        .collect();
+    let regions = config.memory_regions();
+    let fault_threads = config.vcpus.clamp(1, MAX_FAULT_THREADS);
     log::debug!(
-        "guest memory: {} in {} region(s), populated {}, {} fault thread(s)",
-        format_size(config.memory_regions().iter().map(|r| r.size).sum()),
-        config.memory_regions().len(),
+        "guest memory: {} in {} region(s), populated {}, {fault_threads} fault thread(s)",
+        format_size(regions.iter().map(|r| r.size).sum()),
+        regions.len(),
         match config.populate {
             guest_mem::Populate::Eager => "eagerly",
             guest_mem::Populate::Lazy => "lazily",
         },
-        config.vcpus.clamp(1, MAX_FAULT_THREADS)
     );
+    let ranges = regions
+        .iter()
+        .map(|region| (GuestAddress(region.start), region.size))
+        .collect();
     let memory_config = |chunk_size| MemoryConfig {
         ranges,
         chunk_size: Some(chunk_size),
         populate: config.populate,
         vcpus: config.vcpus,
-        fault_threads: config.vcpus.clamp(1, MAX_FAULT_THREADS),
+        fault_threads,
         kick_signal: Some(kick_signal()),
     };
     match frames {

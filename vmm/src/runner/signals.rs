@@ -161,9 +161,10 @@ impl StopSignals {
                         return None;
                     }
                     let populated = population.populated_bytes();
-                    match populated > 0 && populated < total {
-                        true => display.show(&[population_advance(populated, total)]),
-                        false => display.show(&[]),
+                    if populated > 0 && populated < total {
+                        display.show(&[population_advance(populated, total)]);
+                    } else {
+                        display.show(&[]);
                     }
                 }
             })?;

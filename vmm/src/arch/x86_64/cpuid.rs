@@ -152,6 +152,7 @@ pub fn vcpu_cpuid(supported: &CpuId, topology: VcpuTopology) -> Result<CpuId, Cp
 const AMD_VENDOR_EBX: u32 = u32::from_le_bytes(*b"Auth");
 /// CPUID.8000_0001H:ECX: the topology extensions (leaves 8000_001DH and 8000_001EH).
 const TOPOEXT: u32 = 1 << 22;
+/// AMD's extended topology leaf: the extended APIC ID, the core and its threads.
 const AMD_TOPOLOGY_LEAF: u32 = 0x8000_001e;
 
 fn is_amd(entries: &[kvm_cpuid_entry2]) -> bool {
