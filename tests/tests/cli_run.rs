@@ -325,8 +325,17 @@ fn on_a_terminal_progress_is_a_bar_updated_in_place() {
     assert_eq!(shown.code, Some(0), "{shown:#?}");
     let screen = shown.stdout.replace('\r', "\n");
     assert!(screen.contains("step 1 (write): ["), "{screen}");
-    assert!(screen.contains("% of 3.00 GiB, "), "no rate: {screen}");
-    assert!(screen.contains(" s left"), "no time left: {screen}");
+    // Its rate and time left count from its second position on: on a host fast enough to
+    // write the 3 GiB in about two updates there is none to show.
+    let positions: std::collections::HashSet<&str> = screen
+        .lines()
+        .filter_map(|line| line.split("step 1 (write): [").nth(1))
+        .filter_map(|bar| bar.split("% of").next())
+        .collect();
+    if positions.len() >= 2 {
+        assert!(screen.contains("% of 3.00 GiB, "), "no rate: {screen}");
+        assert!(screen.contains(" s left"), "no time left: {screen}");
+    }
     assert!(
         !screen.contains("progress: "),
         "plain lines on a terminal: {screen}"
