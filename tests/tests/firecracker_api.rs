@@ -129,13 +129,59 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
     assert_eq!(config["logger"]["level"], "Debug");
     assert_eq!(config["metrics"]["metrics_path"], json!(metrics));
     assert_eq!(get(&api, "/machine-config")["mem_size_mib"], 64);
-    // FlushMetrics writes a line with the drive's counters.
+    // FlushMetrics writes a line in Firecracker's schema: what happened since the last line
+    // (here: since the start), with the drive's counters, ours under "llfree".
     put("/actions", json!({"action_type": "FlushMetrics"}));
-    let lines = std::fs::read_to_string(&metrics).unwrap();
-    let line: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
-    assert_eq!(line["vmm"]["state"], "Running");
-    assert_eq!(line["block"]["rootfs"]["failed"], 0);
+    let last_line = || -> Value {
+        let lines = std::fs::read_to_string(&metrics).unwrap();
+        serde_json::from_str(lines.lines().last().unwrap()).unwrap()
+    };
+    let line = last_line();
+    assert_eq!(line["llfree"]["state"], "Running");
     assert!(line["utc_timestamp_ms"].as_u64().unwrap() > 0);
+    let put_requests = &line["put_api_requests"];
+    for (field, count) in [
+        ("boot_source_count", 1),
+        ("drive_count", 1),
+        ("machine_cfg_count", 1),
+        ("metrics_count", 1),
+        ("logger_count", 1),
+        // InstanceStart; the FlushMetrics that writes the line is counted in the next.
+        ("actions_count", 1),
+        ("drive_fails", 0),
+    ] {
+        assert_eq!(put_requests[field], count, "{field}: {line:#}");
+    }
+    // GET / twice (before and after the start), GET /machine-config twice.
+    assert_eq!(line["get_api_requests"]["instance_info_count"], 2);
+    assert_eq!(line["get_api_requests"]["machine_cfg_count"], 2);
+    assert_eq!(line["block_rootfs"]["execute_fails"], 0);
+    assert_eq!(
+        line["block_rootfs"]["read_count"], 0,
+        "this guest reads no drive"
+    );
+    assert_eq!(
+        line["block"]["read_count"],
+        line["block_rootfs"]["read_count"]
+    );
+    assert!(
+        line["vcpu"]["exit_io_out"].as_u64().unwrap() > 0,
+        "the serial console"
+    );
+    assert!(line["uart"]["write_count"].as_u64().unwrap() > 0);
+    assert!(
+        line["api_server"]["process_startup_time_us"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    put("/actions", json!({"action_type": "FlushMetrics"}));
+    let line = last_line();
+    assert_eq!(line["put_api_requests"]["boot_source_count"], 0, "{line:#}");
+    assert_eq!(
+        line["put_api_requests"]["actions_count"], 1,
+        "the first flush"
+    );
     // The log went to the file, with levels.
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -297,6 +343,12 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
             "/metrics",
             Some(r#"{"metrics_path":"/no/such/dir/m"}"#),
             "Metrics error",
+        ),
+        (
+            "PUT",
+            "/metrics",
+            Some(r#"{"metrics_path":"/dev/null"}"#),
+            "metrics_path /dev/null: a character device, not a regular file",
         ),
         (
             "PUT",
@@ -472,7 +524,9 @@ fn a_config_file_boots_at_once() {
     let scratch = Scratch::new("fc-config-file");
     let (kernel, initrd, rootfs) = guest_files(&scratch);
     let (socket, file) = (scratch.path("api.sock"), scratch.path("vm.json"));
+    let metrics = scratch.path("metrics.json");
     let config = json!({
+        "metrics": {"metrics_path": metrics},
         "boot-source": {"kernel_image_path": kernel, "initrd_path": initrd,
                         "boot_args": "console=ttyS0 -- init"},
         "drives": [{"drive_id": "data", "path_on_host": rootfs, "is_root_device": false,
@@ -498,6 +552,13 @@ fn a_config_file_boots_at_once() {
     assert_eq!(shown["balloon"]["amount_mib"], 4);
     assert_eq!(shown["drives"][0]["is_read_only"], true);
     assert_eq!(get(&api, "/balloon/statistics")["target_mib"], 4);
+    // The metrics have the balloon's and the drive's sections.
+    send(&api, "PUT", "/actions", r#"{"action_type":"FlushMetrics"}"#);
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let line: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert!(line["balloon"]["inflate_count"].is_u64(), "{line:#}");
+    assert_eq!(line["block_data"]["execute_fails"], 0, "{line:#}");
+    assert_eq!(line["llfree"]["balloon"]["target_mib"], 4, "{line:#}");
     send(
         &api,
         "PUT",
@@ -514,4 +575,64 @@ fn a_config_file_boots_at_once() {
     std::fs::write(&file, "{").unwrap();
     let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
     run.assert_fails(2, "--config-file");
+}
+
+#[test]
+fn metrics_go_to_a_pipe_without_waiting_and_are_written_every_minute() {
+    let test = "metrics_go_to_a_pipe_without_waiting_and_are_written_every_minute";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-metrics");
+    let (socket, fifo) = (scratch.path("api.sock"), scratch.path("metrics.fifo"));
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    // Nobody reads the pipe yet: configuring and flushing neither wait nor fail.
+    send(
+        &api,
+        "PUT",
+        "/metrics",
+        &json!({ "metrics_path": fifo }).to_string(),
+    );
+    let started = std::time::Instant::now();
+    send(&api, "PUT", "/actions", r#"{"action_type":"FlushMetrics"}"#);
+    let mut pipe = std::io::BufReader::new(std::fs::File::open(&fifo).unwrap());
+    let mut read_line = || {
+        let mut text = String::new();
+        std::io::BufRead::read_line(&mut pipe, &mut text).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let first = read_line();
+    assert_eq!(first["llfree"]["state"], "Not started");
+    assert_eq!(first["put_api_requests"]["metrics_count"], 1, "{first:#}");
+    // The next line comes by itself, a minute after the VMM started.
+    let second = read_line();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(50) && waited < Duration::from_secs(180),
+        "the periodic line came after {waited:?}"
+    );
+    assert_eq!(second["put_api_requests"]["metrics_count"], 0, "{second:#}");
+    assert_eq!(second["put_api_requests"]["actions_count"], 1, "the flush");
+    eprintln!("{test}: the periodic line came {waited:.1?} after the first");
+    // Metrics are configured once.
+    let again = api
+        .request(
+            "PUT",
+            "/metrics",
+            Some(&json!({ "metrics_path": fifo }).to_string()),
+        )
+        .unwrap();
+    assert_eq!(again.status, 400);
+    assert!(
+        again
+            .body
+            .contains("Reinitialization of metrics not allowed"),
+        "{}",
+        again.body
+    );
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    vmm.wait(TIMEOUT);
 }

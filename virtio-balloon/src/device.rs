@@ -81,6 +81,12 @@ pub enum BalloonError {
 /// What the device did, as the host sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct BalloonCounters {
+    /// Buffers of page frame numbers the guest gave on the inflate queue.
+    pub inflate_buffers: u64,
+    /// Buffers of page frame numbers the guest gave on the deflate queue.
+    pub deflate_buffers: u64,
+    /// Buffers of free ranges the guest gave on the reporting queue.
+    pub report_buffers: u64,
     /// 4 KiB pages the guest has given away and not taken back.
     pub inflated_pages: u64,
     /// 4 KiB pages taken back by deflation.

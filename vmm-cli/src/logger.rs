@@ -3,9 +3,7 @@
 //! [`ApiLogControl`]). Warnings and errors are rate-limited per place in the code, whatever
 //! crate logs them ([`crate::log_limit`]), with a summary of what was not shown.
 
-use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::sync::{Once, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -184,20 +182,8 @@ impl LogControl for ApiLogControl {
             writeln!(out, "{}", record.args())
         });
         if let Some(path) = &config.log_path {
-            let fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
-            let mut options = OpenOptions::new();
-            if fifo {
-                // Read and write: opening a pipe without a reader neither blocks nor fails.
-                options
-                    .read(true)
-                    .write(true)
-                    .custom_flags(libc::O_NONBLOCK);
-            } else {
-                options.create(true).append(true);
-            }
-            let file = options
-                .open(path)
-                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let file = vmm::host_file::open_appending("log_path", path)
+                .map_err(|e| format!("cannot open the log: {e}"))?;
             builder.target(env_logger::Target::Pipe(Box::new(file)));
         }
         let built = builder.build();

@@ -142,6 +142,45 @@ pub fn create_output(what: &'static str, path: &Path) -> Result<File, HostFileEr
     Ok(file)
 }
 
+/// Opens the log or metrics output at `path` (`what` it is for, in errors), as Firecracker
+/// takes them: a named pipe, opened without waiting for a reader (writes to a full pipe fail
+/// with `WouldBlock` instead of blocking), or a regular file, created if missing and appended
+/// to. Anything else (a device, a socket, a directory, a final symbolic link) is refused.
+pub fn open_appending(what: &'static str, path: &Path) -> Result<File, HostFileError> {
+    check_named(what, path)?;
+    let io_error = |source| HostFileError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    let fifo = match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_fifo() => true,
+        Ok(meta) => {
+            check_regular(what, path, meta.file_type())?;
+            false
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(source) => return Err(io_error(source)),
+    };
+    let mut options = OpenOptions::new();
+    if fifo {
+        // Read and write: opening a pipe without a reader neither blocks nor fails.
+        options.read(true).write(true);
+    } else {
+        options.create(true).append(true);
+    }
+    let file = options
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_error)?;
+    // What was opened, which may have been put there since the look.
+    let file_type = file.metadata().map_err(io_error)?.file_type();
+    if !file_type.is_fifo() {
+        check_regular(what, path, file_type)?;
+    }
+    Ok(file)
+}
+
 /// Whether `a` and `b` name the same file (device and inode); false if either is missing.
 pub fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -222,5 +261,37 @@ mod tests {
         assert_eq!(file.metadata().unwrap().len(), 0, "emptied");
         let err = create_output("mem_file_path", Path::new("")).unwrap_err();
         assert_eq!(err.to_string(), "mem_file_path: the path is empty");
+    }
+
+    #[test]
+    fn log_and_metrics_outputs_are_pipes_or_regular_files_appended_to() {
+        use std::io::Write;
+        let scratch = Scratch::new("appending");
+        let fifo = scratch.0.join("fifo");
+        mkfifo(&fifo);
+        // No reader: neither waits nor fails.
+        let mut pipe = open_appending("metrics_path", &fifo).unwrap();
+        pipe.write_all(b"line\n").unwrap();
+        let file = scratch.0.join("file");
+        std::fs::write(&file, b"kept\n").unwrap();
+        open_appending("log_path", &file)
+            .unwrap()
+            .write_all(b"added\n")
+            .unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"kept\nadded\n");
+        let created = scratch.0.join("created");
+        open_appending("log_path", &created).unwrap();
+        assert!(created.is_file());
+        for (path, kind) in [
+            (Path::new("/dev/null"), "a character device"),
+            (scratch.0.as_path(), "a directory"),
+        ] {
+            let err = open_appending("log_path", path).unwrap_err();
+            assert!(err.to_string().contains(kind), "{err}");
+        }
+        let link = scratch.0.join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let err = open_appending("metrics_path", &link).unwrap_err();
+        assert!(err.to_string().contains("a symbolic link"), "{err}");
     }
 }

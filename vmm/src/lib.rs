@@ -7,6 +7,7 @@ pub mod config;
 pub mod devices;
 pub mod host_file;
 pub mod layout;
+pub mod metrics;
 pub mod runner;
 pub mod size;
 pub mod snapshot;

@@ -9,12 +9,14 @@
 use std::cell::Cell;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Once;
+use std::time::Instant;
 
 use kvm_bindings::kvm_run;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::arch::x86_64::state::VcpuState;
 use crate::devices::Bus;
+use crate::metrics::METRICS;
 use crate::vm::control::{Checkpoint, StopReason, VmControl};
 
 /// The device buses vCPUs dispatch exits to.
@@ -140,10 +142,13 @@ impl Vcpu {
             VcpuExitReason::Shutdown => {
                 control.request_stop(StopReason::GuestShutdown { vcpu: self.index })
             }
-            VcpuExitReason::Failed(message) => control.request_stop(StopReason::VcpuFailed {
-                vcpu: self.index,
-                message: message.clone(),
-            }),
+            VcpuExitReason::Failed(message) => {
+                METRICS.vcpu.failures.inc();
+                control.request_stop(StopReason::VcpuFailed {
+                    vcpu: self.index,
+                    message: message.clone(),
+                })
+            }
             VcpuExitReason::Stopped | VcpuExitReason::Halted => {}
         }
         reason
@@ -233,28 +238,41 @@ impl Vcpu {
 
     /// Handles one exit; `Some` ends the run loop.
     fn handle_exit(index: usize, exit: VcpuExit<'_>, buses: &Buses) -> Option<VcpuExitReason> {
+        let metrics = &METRICS.vcpu;
         match exit {
             VcpuExit::IoIn(port, data) => {
+                let started = Instant::now();
                 if let Err(e) = buses.pio.read(u64::from(port), data) {
                     log::trace!("vCPU {index}: port read: {e}");
                     data.fill(0xff);
                 }
+                metrics.exit_io_in.inc();
+                metrics.exit_io_in_agg.record(started.elapsed());
             }
             VcpuExit::IoOut(port, data) => {
+                let started = Instant::now();
                 if let Err(e) = buses.pio.write(u64::from(port), data) {
                     log::trace!("vCPU {index}: port write: {e}");
                 }
+                metrics.exit_io_out.inc();
+                metrics.exit_io_out_agg.record(started.elapsed());
             }
             VcpuExit::MmioRead(addr, data) => {
+                let started = Instant::now();
                 if let Err(e) = buses.mmio.read(addr, data) {
                     log::debug!("vCPU {index}: MMIO read: {e}");
                     data.fill(0xff);
                 }
+                metrics.exit_mmio_read.inc();
+                metrics.exit_mmio_read_agg.record(started.elapsed());
             }
             VcpuExit::MmioWrite(addr, data) => {
+                let started = Instant::now();
                 if let Err(e) = buses.mmio.write(addr, data) {
                     log::debug!("vCPU {index}: MMIO write: {e}");
                 }
+                metrics.exit_mmio_write.inc();
+                metrics.exit_mmio_write_agg.record(started.elapsed());
             }
             VcpuExit::Hlt => return Some(VcpuExitReason::Halted),
             VcpuExit::Shutdown | VcpuExit::SystemEvent(..) => {

@@ -40,14 +40,17 @@ impl<B: BalloonBackend> Handler<'_, B> {
         let mut refused = 0;
         let used = match role {
             QueueRole::Inflate => drain(queue, mem, index, &mut refused, |chain| {
+                self.record.counters.inflate_buffers += 1;
                 self.apply_pfn_runs(mem, chain, inflate_range)
             }),
             QueueRole::Deflate => drain(queue, mem, index, &mut refused, |chain| {
+                self.record.counters.deflate_buffers += 1;
                 self.apply_pfn_runs(mem, chain, deflate_range)
             }),
-            QueueRole::Reporting => {
-                drain(queue, mem, index, &mut refused, |chain| self.report(chain))
-            }
+            QueueRole::Reporting => drain(queue, mem, index, &mut refused, |chain| {
+                self.record.counters.report_buffers += 1;
+                self.report(chain)
+            }),
             QueueRole::Stats => {
                 self.take_stats(queue, mem, index, &mut refused, &mut active.held_stats)
             }

@@ -452,6 +452,16 @@ pub enum SnapshotType {
     Diff,
 }
 
+impl SnapshotType {
+    /// The operation whose duration Firecracker's metrics report for a snapshot of this type.
+    pub fn operation(self) -> crate::metrics::Operation {
+        match self {
+            SnapshotType::Full => crate::metrics::Operation::FullCreateSnapshot,
+            SnapshotType::Diff => crate::metrics::Operation::DiffCreateSnapshot,
+        }
+    }
+}
+
 /// `PUT /snapshot/create` (Firecracker's `SnapshotCreateParams`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -58,6 +58,7 @@ use super::model::{
     ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, RequestedState,
     SnapshotCreateParams, SnapshotLoadParams, VersionInfo, VmStateRequest,
 };
+use crate::metrics::{Level, Operation, METRICS};
 
 fn fault(error: ControlError) -> Response {
     Response::fault(error.status(), error.to_string())
@@ -65,6 +66,14 @@ fn fault(error: ControlError) -> Response {
 
 fn reply<T: Serialize>(result: Result<T, ControlError>) -> Response {
     result.map_or_else(fault, |value| Response::json(&value))
+}
+
+/// Runs `work`, recording how long it took as the API's latest `operation` where it succeeds.
+fn timed(
+    operation: Operation,
+    work: impl FnOnce() -> Result<(), ControlError>,
+) -> Result<(), ControlError> {
+    METRICS.latencies.time(Level::Api, operation, work)
 }
 
 fn done(result: Result<(), ControlError>) -> Response {
@@ -142,8 +151,8 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         }
         (Method::Patch, "vm", None, _) => body::<VmStateRequest>(request).map(|r| {
             done(match r.state {
-                RequestedState::Paused => control.pause(),
-                RequestedState::Resumed => control.resume(),
+                RequestedState::Paused => timed(Operation::PauseVm, || control.pause()),
+                RequestedState::Resumed => timed(Operation::ResumeVm, || control.resume()),
             })
         }),
         (Method::Get, "vm", Some("config"), _) => Ok(reply(control.vm_config())),
@@ -167,10 +176,19 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
                     stats_polling_interval_s: Some(u.stats_polling_interval_s),
                 }))
             }),
-        (Method::Put, "snapshot", Some("create"), _) => body::<SnapshotCreateParams>(request)
-            .map(|params| done(control.create_snapshot(&params))),
+        (Method::Put, "snapshot", Some("create"), _) => {
+            body::<SnapshotCreateParams>(request).map(|params| {
+                done(timed(params.snapshot_type.operation(), || {
+                    control.create_snapshot(&params)
+                }))
+            })
+        }
         (Method::Put, "snapshot", Some("load"), _) => {
-            body::<SnapshotLoadParams>(request).map(|params| done(control.load_snapshot(&params)))
+            body::<SnapshotLoadParams>(request).map(|params| {
+                done(timed(Operation::LoadSnapshot, || {
+                    control.load_snapshot(&params)
+                }))
+            })
         }
         _ => Err(invalid_path(method, path)),
     };

@@ -31,6 +31,7 @@ use super::control::VmmControl;
 use super::http::{Progress, Request, RequestError, RequestReader, Response, CONTINUE};
 use super::routes;
 use crate::config::MAX_SOCKET_PATH;
+use crate::metrics::METRICS;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -168,12 +169,15 @@ impl ApiServer {
             .name("api".into())
             .spawn(move || serve(listener, &thread_stop, control, thread_answering));
         match thread {
-            Ok(thread) => Ok(ApiServer {
-                path,
-                stop,
-                thread: Some(thread),
-                answering,
-            }),
+            Ok(thread) => {
+                METRICS.api_ready();
+                Ok(ApiServer {
+                    path,
+                    stop,
+                    thread: Some(thread),
+                    answering,
+                })
+            }
             Err(e) => {
                 let _ = fs::remove_file(&path);
                 Err(ServerError::Thread(e))
@@ -507,11 +511,16 @@ fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmContro
     );
     let response = catch_unwind(AssertUnwindSafe(|| routes::handle(control, request)))
         .unwrap_or_else(|_| {
+            METRICS.panic_count.inc();
             Response::fault(
                 500,
                 "internal error: the VMM failed while handling the request",
             )
         });
+    // Counted before the answer goes out: a client may ask for the metrics right after it.
+    METRICS
+        .api
+        .count(request.method.as_str(), &request.target, response.status);
     log::info!(
         "API: {} {}: {} in {:.1} ms",
         request.method.as_str(),

@@ -46,6 +46,10 @@ pub struct BlockCounters {
     pub reads: AtomicU64,
     /// Write requests served.
     pub writes: AtomicU64,
+    /// Bytes read for the guest.
+    pub read_bytes: AtomicU64,
+    /// Bytes written for the guest.
+    pub written_bytes: AtomicU64,
     /// Flush requests served.
     pub flushes: AtomicU64,
     /// Requests answered with an error status or left unanswered.
@@ -253,12 +257,13 @@ impl BlockDevice {
                         _ => RequestError::Malformed("a data buffer is not in guest memory"),
                     })?;
                 }
-                let counter = if writing {
-                    &self.counters.writes
+                let (requests, bytes) = if writing {
+                    (&self.counters.writes, &self.counters.written_bytes)
                 } else {
-                    &self.counters.reads
+                    (&self.counters.reads, &self.counters.read_bytes)
                 };
-                counter.fetch_add(1, Ordering::Relaxed);
+                requests.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(total, Ordering::Relaxed);
                 Ok(if writing {
                     0
                 } else {

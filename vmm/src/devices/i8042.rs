@@ -16,6 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::bus::BusDevice;
 use super::GuestWarnings;
 use super::ResetLine;
+use crate::metrics::METRICS;
 
 /// First port of the controller (the data port).
 pub const I8042_PORT_BASE: u64 = 0x60;
@@ -244,6 +245,7 @@ impl I8042Device {
             CMD_WRITE_KBD_OUTPUT => state.target = DataTarget::KeyboardOutput,
             CMD_WRITE_AUX_OUTPUT | CMD_WRITE_AUX => state.target = DataTarget::Aux,
             CMD_RESET_CPU => {
+                METRICS.i8042.reset_count.inc();
                 if let Some(line) = self.reset.get() {
                     line.reset();
                 }
@@ -266,6 +268,7 @@ impl I8042Device {
             DataTarget::OutputPort => {
                 // Bit 0 low holds the CPU in reset: the way some guests reboot.
                 if byte & 1 == 0 {
+                    METRICS.i8042.reset_count.inc();
                     if let Some(line) = self.reset.get() {
                         line.reset();
                     }
@@ -305,6 +308,7 @@ impl I8042Device {
 
 impl BusDevice for I8042Device {
     fn read(&self, _base: u64, offset: u64, data: &mut [u8]) {
+        METRICS.i8042.read_count.inc();
         let mut state = self.lock();
         let value = match offset {
             DATA_OFFSET => self.read_data(&mut state),
@@ -319,6 +323,7 @@ impl BusDevice for I8042Device {
 
     fn write(&self, _base: u64, offset: u64, data: &[u8]) {
         let [byte] = data else {
+            METRICS.i8042.missed_write_count.inc();
             self.warnings.warn(format_args!(
                 "i8042: {}-byte write at port {:#x} ignored",
                 data.len(),
@@ -326,6 +331,7 @@ impl BusDevice for I8042Device {
             ));
             return;
         };
+        METRICS.i8042.write_count.inc();
         let mut state = self.lock();
         match offset {
             DATA_OFFSET => self.data(&mut state, *byte),

@@ -15,6 +15,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::BusDevice;
 use super::GuestWarnings;
+use crate::metrics::METRICS;
 
 /// Errors of the serial device.
 #[derive(Debug, thiserror::Error)]
@@ -225,8 +226,12 @@ impl BusDevice for SerialDevice {
     fn read(&self, base: u64, offset: u64, data: &mut [u8]) {
         data.fill(0);
         match (data, u8::try_from(offset)) {
-            ([byte], Ok(offset)) => *byte = self.uart().read(offset),
+            ([byte], Ok(offset)) => {
+                *byte = self.uart().read(offset);
+                METRICS.uart.read_count.inc();
+            }
             (data, _) => {
+                METRICS.uart.missed_read_count.inc();
                 self.warnings.warn(format_args!(
                     "serial@{base:#x}: {}-byte read at offset {offset:#x} ignored",
                     data.len()
@@ -238,11 +243,14 @@ impl BusDevice for SerialDevice {
     fn write(&self, base: u64, offset: u64, data: &[u8]) {
         match (data, u8::try_from(offset)) {
             ([byte], Ok(offset)) => {
+                METRICS.uart.write_count.inc();
                 if let Err(e) = self.uart().write(offset, *byte) {
+                    METRICS.uart.error_count.inc();
                     self.warnings.warn(format_args!("serial@{base:#x}: {e}"));
                 }
             }
             (data, _) => {
+                METRICS.uart.missed_write_count.inc();
                 self.warnings.warn(format_args!(
                     "serial@{base:#x}: {}-byte write at offset {offset:#x} ignored",
                     data.len()

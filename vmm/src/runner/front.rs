@@ -11,11 +11,11 @@
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::early_vm::EarlyKvmVm;
-use super::metrics::MetricsSink;
+use super::metrics::{MetricsSink, FLUSH_INTERVAL};
 use super::session::Session;
 use super::signals::StopSignals;
 use super::snapshot::{prepare, SnapshotError};
@@ -29,6 +29,7 @@ use crate::api::model::{
 use crate::api::resources::VmResources;
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use crate::config::VmConfig;
+use crate::metrics::{Level, Operation, METRICS};
 
 /// What the API thread asks the main thread to do.
 enum Request {
@@ -110,6 +111,13 @@ impl ApiFront {
         }
     }
 
+    /// Writes the metrics a last time as the VMM ends (what happened since the last line).
+    fn flush_metrics_at_exit(&self) {
+        if let Err(e) = self.flush_metrics() {
+            log::warn!("{e}");
+        }
+    }
+
     fn session(&self) -> Option<Arc<Session>> {
         lock(&self.session).clone()
     }
@@ -185,12 +193,8 @@ impl ApiFront {
                         "Metrics error: Reinitialization of metrics not allowed.".into(),
                     ));
                 }
-                let opened = MetricsSink::open(&metrics, &self.id).map_err(|e| {
-                    ControlError::InvalidArgument(format!(
-                        "Metrics error: cannot open {}: {e}",
-                        metrics.metrics_path.display()
-                    ))
-                })?;
+                let opened = MetricsSink::open(&metrics, &self.id)
+                    .map_err(|e| ControlError::InvalidArgument(format!("Metrics error: {e}")))?;
                 *sink = Some(opened);
                 resources.set_metrics(metrics);
                 Ok(())
@@ -262,11 +266,17 @@ impl VmmControl for ApiFront {
     }
 
     fn pause(&self) -> Result<(), ControlError> {
-        self.started()?.pause()
+        let session = self.started()?;
+        METRICS
+            .latencies
+            .time(Level::Vmm, Operation::PauseVm, || session.pause())
     }
 
     fn resume(&self) -> Result<(), ControlError> {
-        self.started()?.resume()
+        let session = self.started()?;
+        METRICS
+            .latencies
+            .time(Level::Vmm, Operation::ResumeVm, || session.resume())
     }
 
     fn shutdown(&self) -> Result<(), ControlError> {
@@ -314,7 +324,11 @@ impl VmmControl for ApiFront {
     }
 
     fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
-        VmmControl::create_snapshot(self.started()?.as_ref(), params)
+        let session = self.started()?;
+        let operation = params.snapshot_type.operation();
+        METRICS.latencies.time(Level::Vmm, operation, || {
+            VmmControl::create_snapshot(session.as_ref(), params)
+        })
     }
 
     fn load_snapshot(&self, params: &SnapshotLoadParams) -> Result<(), ControlError> {
@@ -329,7 +343,11 @@ impl VmmControl for ApiFront {
         params
             .check_supported()
             .map_err(ControlError::InvalidArgument)?;
-        self.submit(Request::Load(params.clone()))
+        METRICS
+            .latencies
+            .time(Level::Vmm, Operation::LoadSnapshot, || {
+                self.submit(Request::Load(params.clone()))
+            })
     }
 }
 
@@ -382,6 +400,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     let signals = StopSignals::block().map_err(RunError::Signals)?;
     let (requests, incoming): (Sender<Pending>, Receiver<Pending>) = mpsc::channel();
     let front = Arc::new(ApiFront::new(&options, requests.clone()));
+    spawn_metrics_flusher(Arc::downgrade(&front));
     // The KVM VM is made while the VMM waits (its first memory slot takes milliseconds): a
     // start or load then only fills it.
     let mut kvm_vm = EarlyKvmVm::start();
@@ -414,7 +433,8 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         super::check_guest(&config)?;
         let frames = super::frames_for(&config)?;
         drop(signals);
-        let outcome = super::run_front(config, frames, None, front, kvm_vm);
+        let outcome = super::run_front(config, frames, None, front.clone(), kvm_vm);
+        front.flush_metrics_at_exit();
         drop(server);
         return outcome;
     }
@@ -467,7 +487,27 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
                 .answer
                 .send(Err(ControlError::InvalidArgument(e.to_string())));
         }
+        front.flush_metrics_at_exit();
         drop(server);
         return outcome;
+    }
+}
+
+/// Writes the metrics every [`FLUSH_INTERVAL`] once they are configured, as Firecracker does,
+/// for as long as the front lives.
+fn spawn_metrics_flusher(front: Weak<ApiFront>) {
+    let spawned = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || loop {
+            std::thread::sleep(FLUSH_INTERVAL);
+            let Some(front) = front.upgrade() else {
+                return;
+            };
+            if let Err(e) = front.flush_metrics() {
+                log::warn!("{e}");
+            }
+        });
+    if let Err(e) = spawned {
+        log::warn!("cannot start writing the metrics every minute: {e}");
     }
 }

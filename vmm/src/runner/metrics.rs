@@ -1,92 +1,307 @@
-//! Firecracker-style metrics (`PUT /metrics`, `PUT /actions` FlushMetrics): one JSON line per
-//! flush, appended to a file or named pipe, with the VM's state, guest memory and pool
-//! counters, the balloon's sizes and the drives' requests.
+//! Firecracker's metrics (`PUT /metrics`, `PUT /actions` FlushMetrics, and every
+//! [`FLUSH_INTERVAL`]): one JSON object per line, appended to a file or named pipe, with
+//! Firecracker's sections and names (`api_server`, `balloon`, `block` and `block_ID`,
+//! `get_api_requests`, `put_api_requests`, `patch_api_requests`, `i8042`, `uart`,
+//! `latencies_us`, `logger`, `vcpu`, `vmm`, ...) and their meanings: counters say what happened
+//! since the previous line, stored values (latencies, startup times, shortest and longest exit
+//! handling) are the latest. What is ours (the VM's state, guest memory, the frame pool, the
+//! balloon's sizes) is under `llfree`.
 
-use std::fs::{File, OpenOptions};
+use std::collections::HashMap;
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
 use super::session::Session;
 use crate::api::model::{InstanceState, Metrics};
 use crate::api::VmmControl;
+use crate::devices::block::BlockCounters;
+use crate::host_file::{self, HostFileError};
+use crate::metrics::{
+    Durations, LegacyDeviceMetrics, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS,
+};
 
-/// Where metrics go, and what each line carries besides them.
+/// How often the metrics are written without being asked (Firecracker's interval).
+pub(super) const FLUSH_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Where metrics go, and what the previous line counted.
 #[derive(Debug)]
 pub(super) struct MetricsSink {
     file: Mutex<File>,
     id: Option<String>,
     properties: Option<Value>,
+    /// The counters' totals at the previous line, by their place in it.
+    previous: Mutex<HashMap<String, u64>>,
+}
+
+/// One line being written: counters become what happened since the previous line.
+struct Line<'a> {
+    previous: &'a mut HashMap<String, u64>,
+    object: Map<String, Value>,
+}
+
+/// One section of a [`Line`].
+struct Section<'l, 'a> {
+    line: &'l mut Line<'a>,
+    name: String,
+    fields: Map<String, Value>,
+}
+
+impl<'a> Line<'a> {
+    fn section(&mut self, name: &str) -> Section<'_, 'a> {
+        Section {
+            line: self,
+            name: name.to_owned(),
+            fields: Map::new(),
+        }
+    }
+}
+
+impl Section<'_, '_> {
+    /// A counter whose total so far is `total`: it says how much it grew since the last line.
+    fn count(&mut self, field: &str, total: u64) -> &mut Self {
+        let key = format!("{}.{field}", self.name);
+        let before = self.line.previous.insert(key, total).unwrap_or(0);
+        self.fields
+            .insert(field.into(), json!(total.saturating_sub(before)));
+        self
+    }
+
+    /// A value as it is now.
+    fn value(&mut self, field: &str, value: impl Into<Value>) -> &mut Self {
+        self.fields.insert(field.into(), value.into());
+        self
+    }
+
+    /// Firecracker's `LatencyAggregateMetrics` of `durations`.
+    fn durations(&mut self, field: &str, durations: &Durations) -> &mut Self {
+        let (min, max, sum) = durations.get();
+        let key = format!("{}.{field}.sum_us", self.name);
+        let before = self.line.previous.insert(key, sum).unwrap_or(0);
+        self.fields.insert(
+            field.into(),
+            json!({ "min_us": min, "max_us": max, "sum_us": sum.saturating_sub(before) }),
+        );
+        self
+    }
+
+    fn done(&mut self) {
+        let fields = std::mem::take(&mut self.fields);
+        self.line
+            .object
+            .insert(self.name.clone(), Value::Object(fields));
+    }
 }
 
 impl MetricsSink {
     /// Opens the file (created if missing, appended to) or named pipe (without waiting for a
     /// reader) of `metrics`; lines name instance `id` if `emit_id` asks.
-    pub fn open(metrics: &Metrics, id: &str) -> io::Result<Self> {
-        let fifo =
-            std::fs::metadata(&metrics.metrics_path).is_ok_and(|meta| meta.file_type().is_fifo());
-        let file = if fifo {
-            // Read and write: opening a pipe without a reader neither blocks nor fails.
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&metrics.metrics_path)?
-        } else {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&metrics.metrics_path)?
-        };
+    pub fn open(metrics: &Metrics, id: &str) -> Result<Self, HostFileError> {
         Ok(MetricsSink {
-            file: Mutex::new(file),
+            file: Mutex::new(host_file::open_appending(
+                "metrics_path",
+                &metrics.metrics_path,
+            )?),
             id: metrics.emit_id.then(|| id.to_owned()),
             properties: metrics.properties.as_ref().map(|p| json!(p)),
+            previous: Mutex::new(HashMap::new()),
         })
     }
 
     /// Appends one line: the VM of `session` (if it has started) or a VM that has not.
     pub fn flush(&self, session: Option<&Session>) -> io::Result<()> {
-        let mut line = Map::new();
+        let mut previous = self.previous.lock().unwrap_or_else(|e| e.into_inner());
+        let mut line = Line {
+            previous: &mut previous,
+            object: Map::new(),
+        };
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
-        line.insert("utc_timestamp_ms".into(), json!(now));
+        line.object.insert("utc_timestamp_ms".into(), json!(now));
         if let Some(id) = &self.id {
-            line.insert("id".into(), json!(id));
+            line.object.insert("id".into(), json!(id));
         }
         if let Some(properties) = &self.properties {
-            line.insert("properties".into(), properties.clone());
+            line.object.insert("properties".into(), properties.clone());
         }
-        match session {
-            Some(session) => add_session(&mut line, session),
-            None => {
-                line.insert("vmm".into(), json!({ "state": InstanceState::NotStarted }));
-            }
-        }
-        let mut text = Value::Object(line).to_string();
+        add_process(&mut line);
+        add_devices(&mut line, session);
+        line.object.insert("llfree".into(), ours(session));
+        let mut text = Value::Object(line.object).to_string();
         text.push('\n');
-        self.file
+        let written = self
+            .file
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .write_all(text.as_bytes())
+            .write_all(text.as_bytes());
+        match &written {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                METRICS.writer.missed_metrics_count.inc()
+            }
+            Err(_) => METRICS.writer.metrics_fails.inc(),
+            Ok(()) => {}
+        }
+        written
     }
 }
 
-/// The counters of a VM that exists.
-fn add_session(line: &mut Map<String, Value>, session: &Session) {
+/// The process's own counters: the API, the vCPUs, the legacy devices, latencies.
+fn add_process(line: &mut Line<'_>) {
+    let (startup_us, startup_cpu_us) = METRICS.startup_us();
+    line.section("api_server")
+        .value("process_startup_time_us", startup_us)
+        .value("process_startup_time_cpu_us", startup_cpu_us)
+        .done();
+    let api = &METRICS.api;
+    let mut get = line.section("get_api_requests");
+    for ((_, name), counter) in GET_REQUESTS.iter().zip(&api.get) {
+        get.count(name, counter.get());
+    }
+    get.done();
+    for (section, table, requests) in [
+        ("put_api_requests", &PUT_REQUESTS[..], &api.put[..]),
+        ("patch_api_requests", &PATCH_REQUESTS[..], &api.patch[..]),
+    ] {
+        let mut section = line.section(section);
+        for ((_, name), requests) in table.iter().zip(requests) {
+            section
+                .count(&format!("{name}_count"), requests.count.get())
+                .count(&format!("{name}_fails"), requests.fails.get());
+        }
+        section.done();
+    }
+    line.section("deprecated_api")
+        .count("deprecated_http_api_calls", 0)
+        .done();
+    let mut latencies = line.section("latencies_us");
+    for operation in Operation::ALL {
+        let (api, vmm) = METRICS.latencies.get(operation);
+        latencies
+            .value(operation.name(), api)
+            .value(&format!("vmm_{}", operation.name()), vmm);
+    }
+    latencies.done();
+    line.section("logger")
+        .count(
+            "missed_metrics_count",
+            METRICS.writer.missed_metrics_count.get(),
+        )
+        .count("metrics_fails", METRICS.writer.metrics_fails.get())
+        .done();
+    let vcpu = &METRICS.vcpu;
+    line.section("vcpu")
+        .count("exit_io_in", vcpu.exit_io_in.get())
+        .count("exit_io_out", vcpu.exit_io_out.get())
+        .count("exit_mmio_read", vcpu.exit_mmio_read.get())
+        .count("exit_mmio_write", vcpu.exit_mmio_write.get())
+        .count("failures", vcpu.failures.get())
+        .durations("exit_io_in_agg", &vcpu.exit_io_in_agg)
+        .durations("exit_io_out_agg", &vcpu.exit_io_out_agg)
+        .durations("exit_mmio_read_agg", &vcpu.exit_mmio_read_agg)
+        .durations("exit_mmio_write_agg", &vcpu.exit_mmio_write_agg)
+        .done();
+    line.section("vmm")
+        .value("panic_count", METRICS.panic_count.get())
+        .done();
+    legacy(line, "i8042", &METRICS.i8042)
+        .count("reset_count", METRICS.i8042.reset_count.get())
+        .done();
+    legacy(line, "uart", &METRICS.uart).done();
+}
+
+/// The counters of a legacy device, in a section the caller may add to and then ends.
+fn legacy<'l, 'a>(
+    line: &'l mut Line<'a>,
+    name: &str,
+    metrics: &LegacyDeviceMetrics,
+) -> Section<'l, 'a> {
+    let mut section = line.section(name);
+    section
+        .count("read_count", metrics.read_count.get())
+        .count("write_count", metrics.write_count.get())
+        .count("missed_read_count", metrics.missed_read_count.get())
+        .count("missed_write_count", metrics.missed_write_count.get())
+        .count("error_count", metrics.error_count.get());
+    section
+}
+
+/// The VM's devices: its balloon and drives.
+fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
+    if let Some(balloon) = session.and_then(Session::balloon_handle) {
+        let info = balloon.info();
+        let counters = info.counters;
+        let violations = info.violations.total();
+        line.section("balloon")
+            .count("inflate_count", counters.inflate_buffers)
+            .count("deflate_count", counters.deflate_buffers)
+            .count("stats_updates_count", counters.stats_updates)
+            .count("free_page_report_count", counters.report_buffers)
+            .count("free_page_report_freed", counters.reported_bytes)
+            .count("free_page_report_fails", counters.backend_errors)
+            .count("event_fails", violations)
+            .done();
+    }
+    let drives = session.map_or(&[][..], Session::drive_counters);
+    let mut totals: [u64; 6] = [0; 6];
+    for (id, counters) in drives {
+        let values = drive_values(counters);
+        for (total, value) in totals.iter_mut().zip(values) {
+            *total += value;
+        }
+        add_drive(line, &format!("block_{id}"), values);
+    }
+    if !drives.is_empty() {
+        add_drive(line, "block", totals);
+    }
+}
+
+/// A drive's totals, in the order of [`DRIVE_FIELDS`].
+fn drive_values(counters: &BlockCounters) -> [u64; 6] {
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    [
+        load(&counters.reads),
+        load(&counters.writes),
+        load(&counters.flushes),
+        load(&counters.read_bytes),
+        load(&counters.written_bytes),
+        load(&counters.failed),
+    ]
+}
+
+/// Firecracker's names of a drive's counters.
+const DRIVE_FIELDS: [&str; 6] = [
+    "read_count",
+    "write_count",
+    "flush_count",
+    "read_bytes",
+    "write_bytes",
+    "execute_fails",
+];
+
+fn add_drive(line: &mut Line<'_>, name: &str, values: [u64; 6]) {
+    let mut section = line.section(name);
+    for (field, value) in DRIVE_FIELDS.iter().zip(values) {
+        section.count(field, value);
+    }
+    section.done();
+}
+
+/// What is ours: the VM's state, guest memory and its pool, the balloon's sizes.
+fn ours(session: Option<&Session>) -> Value {
+    let Some(session) = session else {
+        return json!({ "state": InstanceState::NotStarted });
+    };
+    let mut ours = Map::new();
     if let Ok(info) = session.machine_info() {
-        line.insert(
-            "vmm".into(),
-            json!({ "state": InstanceState::from(info.state) }),
-        );
+        ours.insert("state".into(), json!(InstanceState::from(info.state)));
     }
     if let Ok(memory) = session.memory_info() {
-        line.insert(
+        ours.insert(
             "memory".into(),
             json!({
                 "populated_bytes": memory.guest.populated_bytes,
@@ -101,7 +316,7 @@ fn add_session(line: &mut Map<String, Value>, session: &Session) {
         );
     }
     if let Ok(balloon) = session.balloon() {
-        line.insert(
+        ours.insert(
             "balloon".into(),
             json!({
                 "target_mib": balloon.amount_mib,
@@ -110,23 +325,8 @@ fn add_session(line: &mut Map<String, Value>, session: &Session) {
             }),
         );
     }
-    let drives: Map<String, Value> = session
-        .drive_counters()
-        .iter()
-        .map(|(id, counters)| {
-            let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-            (
-                id.clone(),
-                json!({
-                    "reads": count(&counters.reads),
-                    "writes": count(&counters.writes),
-                    "flushes": count(&counters.flushes),
-                    "failed": count(&counters.failed),
-                }),
-            )
-        })
-        .collect();
-    if !drives.is_empty() {
-        line.insert("block".into(), Value::Object(drives));
-    }
+    Value::Object(ours)
 }
+
+#[cfg(test)]
+mod tests;

@@ -110,7 +110,7 @@ impl VirtioDevice<Memory> for BalloonDevice {
     }
 
     fn save_state(&self) -> DeviceState {
-        DeviceState::Balloon(self.balloon.save_state())
+        DeviceState::Balloon(Box::new(self.balloon.save_state()))
     }
 
     fn restore_state(

@@ -65,7 +65,7 @@ pub enum DeviceState {
     /// A device whose queues are all it has.
     Plain,
     /// The virtio-balloon.
-    Balloon(virtio_balloon::BalloonState),
+    Balloon(Box<virtio_balloon::BalloonState>),
     /// The virtio-pmem device.
     Pmem {
         /// Flush requests answered so far.
