@@ -29,10 +29,12 @@ fn json(response: &ApiResponse) -> Value {
     serde_json::from_str(&response.body).expect("JSON body")
 }
 
-/// Sends `bytes` as they are and returns the whole raw response.
+/// Sends `bytes` as they are, then ends what it sends (a kept connection then closes after
+/// the answer), and returns the whole raw response.
 fn raw(socket: &Path, bytes: &[u8]) -> String {
     let mut stream = UnixStream::connect(socket).unwrap();
     stream.write_all(bytes).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
@@ -440,4 +442,98 @@ fn socket_lifecycle_stale_live_and_foreign_paths() {
     assert!(matches!(err, ServerError::NotASocket(_)), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), b"data");
     std::fs::remove_file(&path).unwrap();
+}
+
+/// Reads one response from a kept connection: its head and its Content-Length bytes of body.
+fn read_response(stream: &mut UnixStream) -> (String, String) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stream.read(&mut byte).unwrap(),
+            1,
+            "closed mid-head: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    (head, String::from_utf8(body).unwrap())
+}
+
+#[test]
+fn a_client_sends_request_after_request_on_one_connection_until_it_closes_it() {
+    let (server, _vmm) = serve("keep-alive", TestVmm::new());
+    let mut stream = UnixStream::connect(server.path()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    for (request, status) in [
+        (&b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"[..], "200"),
+        (b"GET /version HTTP/1.1\r\n\r\n", "200"),
+        (b"PATCH /vm HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", "400"),
+        (
+            b"PATCH /vm HTTP/1.1\r\nContent-Length: 18\r\n\r\n{\"state\":\"Paused\"}",
+            "204",
+        ),
+    ] {
+        stream.write_all(request).unwrap();
+        let (head, body) = read_response(&mut stream);
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{head}{body}"
+        );
+        assert!(!head.contains("Connection: close"), "{head}");
+    }
+    // The last request says it closes: the answer says so and the connection ends.
+    stream
+        .write_all(b"GET /machine-config HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (head, _) = read_response(&mut stream);
+    assert!(head.contains("Connection: close"), "{head}");
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    // HTTP/1.0 closes after one answer unless it asks to keep the connection.
+    let mut old = UnixStream::connect(server.path()).unwrap();
+    old.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut whole = String::new();
+    old.read_to_string(&mut whole).unwrap();
+    assert!(whole.starts_with("HTTP/1.1 200 "), "{whole}");
+}
+
+#[test]
+fn an_idle_kept_connection_makes_room_for_a_new_one_at_the_limit() {
+    let (server, _vmm) = serve("keep-alive-limit", TestVmm::new());
+    let socket = server.path();
+    let mut kept = UnixStream::connect(socket).unwrap();
+    kept.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    read_response(&mut kept);
+    // Fill the server up with new connections that send nothing yet.
+    let fresh: Vec<UnixStream> = (1..vmm::api::server::MAX_CONNECTIONS)
+        .map(|_| UnixStream::connect(socket).unwrap())
+        .collect();
+    // One more: the idle kept connection closes for it, and it is served.
+    let mut newcomer = UnixStream::connect(socket).unwrap();
+    newcomer
+        .write_all(b"GET /version HTTP/1.1\r\n\r\n")
+        .unwrap();
+    newcomer
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (head, _) = read_response(&mut newcomer);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut rest = Vec::new();
+    kept.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "the kept connection was closed");
+    drop(fresh);
 }

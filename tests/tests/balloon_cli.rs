@@ -29,7 +29,7 @@ fn refused(socket: &str, method: &str, path: &str, body: &str) -> String {
     let mut stream = UnixStream::connect(socket).unwrap();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).unwrap();

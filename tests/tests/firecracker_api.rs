@@ -80,6 +80,27 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
         (&json!(1), &json!(128))
     );
     assert_eq!(get(&api, "/")["state"], "Not started");
+    // curl asking for two resources sends both on one connection, which the API keeps.
+    let both = Command::new("curl")
+        .args(["-sv", "--unix-socket", &socket])
+        .args([
+            "http://localhost/version",
+            "http://localhost/machine-config",
+        ])
+        .output()
+        .expect("run curl");
+    let (out, err) = (
+        String::from_utf8_lossy(&both.stdout),
+        String::from_utf8_lossy(&both.stderr),
+    );
+    assert!(
+        out.contains("firecracker_version") && out.contains("vcpu_count"),
+        "{out}"
+    );
+    assert!(
+        err.contains("Re-using existing connection") && !err.contains("Connection: close"),
+        "{err}"
+    );
     let put = |path: &str, body: Value| {
         let (status, answer) = curl(&socket, "PUT", path, Some(&body));
         assert_eq!(status, 204, "PUT {path}: {answer}");
@@ -152,9 +173,10 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
     ] {
         assert_eq!(put_requests[field], count, "{field}: {line:#}");
     }
-    // GET / twice (before and after the start), GET /machine-config twice.
+    // GET / twice (before and after the start), GET /machine-config three times.
     assert_eq!(line["get_api_requests"]["instance_info_count"], 2);
-    assert_eq!(line["get_api_requests"]["machine_cfg_count"], 2);
+    assert_eq!(line["get_api_requests"]["machine_cfg_count"], 3);
+    assert_eq!(line["get_api_requests"]["vmm_version_count"], 1);
     assert_eq!(line["block_rootfs"]["execute_fails"], 0);
     assert_eq!(
         line["block_rootfs"]["read_count"], 0,

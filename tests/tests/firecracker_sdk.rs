@@ -59,4 +59,6 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
     // The first VMM logged to its file at the SDK's level.
     let log = std::fs::read_to_string(Path::new(&dir).join("first.log")).unwrap();
     assert!(log.contains("DEBUG") || log.contains("INFO"), "{log}");
+    // The SDK's HTTP client sent request after request on a connection the API kept.
+    assert!(log.contains("(request 2 on its connection)"), "{log}");
 }

@@ -1,16 +1,20 @@
-//! The API server: a Unix socket, one request per connection.
+//! The API server: a Unix socket; a client may send request after request on one connection
+//! (HTTP/1.1 keep-alive, as Firecracker's API allows and its clients do).
 //!
 //! One thread waits on every connection at once (epoll): it accepts them, reads what each
 //! sends without blocking, and keeps no thread and no buffer for a connection that sends
 //! nothing. A connection whose request is complete goes to a thread of its own, which answers
 //! it, so a slow request (a snapshot) holds up nobody else; at most [`MAX_REQUESTS`] are
-//! answered at once. A client gets [`REQUEST_TIMEOUT`] to send its whole request (a deadline,
-//! not a per-read timeout: one byte a second does not keep a connection open) and as long to
-//! take the response. At most [`MAX_CONNECTIONS`] are open at once; one beyond that is answered
-//! 503 without waiting and closed, so idle or slow clients cannot starve the others. The socket
-//! is made owner-only (0600) and removed when the server stops.
-
-use std::collections::BTreeMap;
+//! answered at once; then the connection comes back to wait for the client's next request,
+//! unless the client closes it (`Connection: close`, HTTP/1.0). A client gets
+//! [`REQUEST_TIMEOUT`] to send a whole request, from its connection or from the first byte of a
+//! later request (a deadline, not a per-read timeout: one byte a second does not keep a
+//! connection open), and as long to take the response. A kept connection may wait idle for its
+//! next request; at most [`MAX_CONNECTIONS`] are open at once: a new one beyond that makes the
+//! longest idle kept connection close, or is answered 503 without waiting where none is idle,
+//! so idle or slow clients cannot starve the others. The socket is made owner-only (0600) and
+//! removed when the server stops.
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -20,7 +24,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,9 +45,11 @@ pub const MAX_CONNECTIONS: usize = 4096;
 pub const MAX_REQUESTS: usize = 64;
 /// Stack of a request's thread: answering one small request.
 const REQUEST_STACK: usize = 256 << 10;
-/// The epoll token of the listening socket, and of the stop event; connections count from 2.
+/// The epoll tokens of the listening socket, the stop event and the event of kept connections
+/// coming back; connections count from 3.
 const LISTENER: u64 = 0;
 const STOP: u64 = 1;
+const KEPT: u64 = 2;
 /// Time given to a client to stop sending after its response, before the connection closes.
 const LINGER: Duration = Duration::from_millis(100);
 /// Time the requests being answered when the server stops get to finish (a `Shutdown` action
@@ -165,9 +171,13 @@ impl ApiServer {
         let thread_stop = stop.clone();
         let answering = Arc::new(AtomicUsize::new(0));
         let thread_answering = answering.clone();
+        let kept = Arc::new(KeptConnections {
+            streams: Mutex::new(Vec::new()),
+            event: EventFd::new(libc::EFD_NONBLOCK).map_err(ServerError::Thread)?,
+        });
         let thread = std::thread::Builder::new()
             .name("api".into())
-            .spawn(move || serve(listener, &thread_stop, control, thread_answering));
+            .spawn(move || serve(listener, &thread_stop, control, thread_answering, kept));
         match thread {
             Ok(thread) => {
                 METRICS.api_ready();
@@ -217,21 +227,56 @@ impl Drop for ApiServer {
     }
 }
 
-/// A connection whose request is still coming.
+/// A connection whose next request is awaited or coming.
 struct Connection {
     stream: UnixStream,
     reader: RequestReader,
-    deadline: Instant,
+    /// When its request must be complete: set when it is accepted (a new connection must send
+    /// its request) and when the first byte of a later request comes; none while a kept
+    /// connection waits for its client's next request.
+    deadline: Option<Instant>,
+    /// Requests answered on it before.
+    answered: u32,
 }
 
-/// The connections being read, by epoll token. Tokens grow with each accept and every
-/// connection gets the same time, so the first one has the earliest deadline.
+/// Connections whose answer went out and that their clients keep, handed back to the server
+/// thread by the request threads, and the event that tells it.
+struct KeptConnections {
+    /// Each with the requests answered on it so far.
+    streams: Mutex<Vec<(UnixStream, u32)>>,
+    event: EventFd,
+}
+
+impl KeptConnections {
+    fn hand_back(&self, stream: UnixStream, answered: u32) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((stream, answered));
+        if let Err(e) = self.event.write(1) {
+            log::warn!("API server: cannot hand back a kept connection: {e}");
+        }
+    }
+
+    fn take(&self) -> Vec<(UnixStream, u32)> {
+        // How many came does not matter: all are taken.
+        let _ = self.event.read();
+        std::mem::take(&mut *self.streams.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// The open connections, by epoll token (tokens grow with each accept or return).
 struct Connections {
     epoll: Epoll,
     open: BTreeMap<u64, Connection>,
     next_token: u64,
+    /// The deadlines of the connections that have one, earliest first.
+    deadlines: BTreeSet<(Instant, u64)>,
+    /// Kept connections waiting for their next request, the longest waiting first.
+    idle: BTreeSet<u64>,
     /// Requests being answered, on threads of their own.
     answering: Arc<AtomicUsize>,
+    kept: Arc<KeptConnections>,
 }
 
 /// Waits for connections and their requests until `stop` is signalled; a complete request is
@@ -241,20 +286,25 @@ fn serve(
     stop: &EventFd,
     control: Arc<dyn VmmControl>,
     answering: Arc<AtomicUsize>,
+    kept: Arc<KeptConnections>,
 ) {
     let Ok(epoll) = Epoll::new() else {
         log::error!("API server: cannot create an epoll instance");
         return;
     };
-    let watched = [(listener.as_raw_fd(), LISTENER), (stop.as_raw_fd(), STOP)]
-        .into_iter()
-        .try_for_each(|(fd, token)| {
-            epoll.ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, token),
-            )
-        });
+    let watched = [
+        (listener.as_raw_fd(), LISTENER),
+        (stop.as_raw_fd(), STOP),
+        (kept.event.as_raw_fd(), KEPT),
+    ]
+    .into_iter()
+    .try_for_each(|(fd, token)| {
+        epoll.ctl(
+            ControlOperation::Add,
+            fd,
+            EpollEvent::new(EventSet::IN, token),
+        )
+    });
     if let Err(e) = watched {
         log::error!("API server: cannot watch the socket: {e}");
         return;
@@ -262,8 +312,11 @@ fn serve(
     let mut connections = Connections {
         epoll,
         open: BTreeMap::new(),
-        next_token: STOP + 1,
+        next_token: KEPT + 1,
+        deadlines: BTreeSet::new(),
+        idle: BTreeSet::new(),
         answering,
+        kept,
     };
     let mut events = vec![EpollEvent::default(); 64];
     let mut chunk = [0u8; 4096];
@@ -285,6 +338,7 @@ fn serve(
             match event.data() {
                 STOP => return,
                 LISTENER => connections.accept(&listener),
+                KEPT => connections.take_back(),
                 token => connections.read(token, &mut chunk, &control),
             }
         }
@@ -295,10 +349,59 @@ fn serve(
 impl Connections {
     /// The earliest deadline of an open connection.
     fn next_deadline(&self) -> Option<Instant> {
-        self.open.first_key_value().map(|(_, c)| c.deadline)
+        self.deadlines.first().map(|(deadline, _)| *deadline)
     }
 
-    /// Accepts every pending connection; those beyond [`MAX_CONNECTIONS`] get a 503.
+    /// Whether there is room for one more connection, made by closing the longest idle kept
+    /// connection if need be.
+    fn make_room(&mut self) -> bool {
+        if self.open.len() < MAX_CONNECTIONS {
+            return true;
+        }
+        match self.idle.first().copied() {
+            Some(token) => {
+                log::debug!(
+                    "API server: {MAX_CONNECTIONS} connections open: the longest idle one closes"
+                );
+                self.close(token);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Watches `stream`, with `answered` requests answered on it, as a connection that must
+    /// send its request by `deadline` (none: a kept connection, idle until its next request
+    /// starts).
+    fn watch(&mut self, stream: UnixStream, answered: u32, deadline: Option<Instant>) {
+        let token = self.next_token;
+        self.next_token += 1;
+        let watched = stream.set_nonblocking(true).and_then(|()| {
+            self.epoll.ctl(
+                ControlOperation::Add,
+                stream.as_raw_fd(),
+                EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token),
+            )
+        });
+        if let Err(e) = watched {
+            log::warn!("API server: cannot watch a connection: {e}");
+            return;
+        }
+        match deadline {
+            Some(deadline) => self.deadlines.insert((deadline, token)),
+            None => self.idle.insert(token),
+        };
+        let connection = Connection {
+            stream,
+            reader: RequestReader::default(),
+            deadline,
+            answered,
+        };
+        self.open.insert(token, connection);
+    }
+
+    /// Accepts every pending connection; one beyond [`MAX_CONNECTIONS`] gets a 503 unless an
+    /// idle kept connection makes room.
     fn accept(&mut self, listener: &UnixListener) {
         loop {
             let stream = match listener.accept() {
@@ -312,7 +415,7 @@ impl Connections {
                     return;
                 }
             };
-            if self.open.len() >= MAX_CONNECTIONS {
+            if !self.make_room() {
                 refuse_now(
                     stream,
                     503,
@@ -320,25 +423,17 @@ impl Connections {
                 );
                 continue;
             }
-            let token = self.next_token;
-            self.next_token += 1;
-            let watched = stream.set_nonblocking(true).and_then(|()| {
-                self.epoll.ctl(
-                    ControlOperation::Add,
-                    stream.as_raw_fd(),
-                    EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token),
-                )
-            });
-            if let Err(e) = watched {
-                log::warn!("API server: cannot watch a connection: {e}");
-                continue;
+            self.watch(stream, 0, Some(Instant::now() + REQUEST_TIMEOUT));
+        }
+    }
+
+    /// Watches again the connections whose answers went out and whose clients keep them.
+    fn take_back(&mut self) {
+        for (stream, answered) in self.kept.take() {
+            // Where there is no room, the connection closes: its client connects again.
+            if self.make_room() {
+                self.watch(stream, answered, None);
             }
-            let connection = Connection {
-                stream,
-                reader: RequestReader::default(),
-                deadline: Instant::now() + REQUEST_TIMEOUT,
-            };
-            self.open.insert(token, connection);
         }
     }
 
@@ -348,27 +443,40 @@ impl Connections {
         let Some(connection) = self.open.get_mut(&token) else {
             return;
         };
+        let mut started = false;
         let progress = loop {
             match connection.stream.read(chunk) {
-                Ok(n) => match connection.reader.feed(&chunk[..n]) {
-                    Ok(Progress::NeedMore) if n == chunk.len() => {}
-                    Ok(Progress::SendContinue) => {
-                        // Its 25 bytes fit in any socket buffer; a peer that cannot take them
-                        // times out.
-                        let _ = connection.stream.write_all(CONTINUE);
+                Ok(n) => {
+                    // The first byte of a kept connection's next request starts its clock.
+                    if n > 0 && connection.deadline.is_none() {
+                        let deadline = Instant::now() + REQUEST_TIMEOUT;
+                        connection.deadline = Some(deadline);
+                        self.deadlines.insert((deadline, token));
+                        started = true;
                     }
-                    other => break other,
-                },
+                    match connection.reader.feed(&chunk[..n]) {
+                        Ok(Progress::NeedMore) if n == chunk.len() => {}
+                        Ok(Progress::SendContinue) => {
+                            // Its 25 bytes fit in any socket buffer; a peer that cannot take
+                            // them times out.
+                            let _ = connection.stream.write_all(CONTINUE);
+                        }
+                        other => break other,
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(Progress::NeedMore),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break Err(RequestError::Closed),
             }
         };
+        if started {
+            self.idle.remove(&token);
+        }
         match progress {
             Ok(Progress::NeedMore | Progress::SendContinue) => {}
             Ok(Progress::Complete(request)) => {
                 let connection = self.close(token).expect("open");
-                self.answer(connection.stream, request, control);
+                self.answer(connection, request, control);
             }
             Err(error) => {
                 let connection = self.close(token).expect("open");
@@ -382,6 +490,10 @@ impl Connections {
     /// Stops watching connection `token` and hands it over.
     fn close(&mut self, token: u64) -> Option<Connection> {
         let connection = self.open.remove(&token)?;
+        if let Some(deadline) = connection.deadline {
+            self.deadlines.remove(&(deadline, token));
+        }
+        self.idle.remove(&token);
         let _ = self.epoll.ctl(
             ControlOperation::Delete,
             connection.stream.as_raw_fd(),
@@ -392,11 +504,11 @@ impl Connections {
 
     /// Answers `request` of `stream` on a thread of its own, or with 503 when
     /// [`MAX_REQUESTS`] are being answered already.
-    fn answer(&self, stream: UnixStream, request: Request, control: &Arc<dyn VmmControl>) {
+    fn answer(&self, connection: Connection, request: Request, control: &Arc<dyn VmmControl>) {
         if self.answering.fetch_add(1, Ordering::AcqRel) >= MAX_REQUESTS {
             self.answering.fetch_sub(1, Ordering::AcqRel);
             refuse_now(
-                stream,
+                connection.stream,
                 503,
                 &format!("the API answers {MAX_REQUESTS} requests at once; try again"),
             );
@@ -404,12 +516,18 @@ impl Connections {
         }
         let slot = RequestSlot(self.answering.clone());
         let control = control.clone();
+        let kept = self.kept.clone();
         let spawned = std::thread::Builder::new()
             .name("api-request".into())
             .stack_size(REQUEST_STACK)
             .spawn(move || {
                 let _slot = slot;
-                answer_request(stream, &request, control.as_ref());
+                let answered = connection.answered + 1;
+                let kept_stream =
+                    answer_request(connection.stream, answered, &request, control.as_ref());
+                if let Some(stream) = kept_stream {
+                    kept.hand_back(stream, answered);
+                }
             });
         if let Err(e) = spawned {
             // The closure, with the stream and the slot, was dropped: the client sees a close.
@@ -417,13 +535,10 @@ impl Connections {
         }
     }
 
-    /// Answers 408 to, and closes, every connection whose deadline passed by `now`.
+    /// Answers 408 to, and closes, every connection whose deadline passed by `now` (one that
+    /// sent nothing closes without an answer).
     fn expire(&mut self, now: Instant) {
-        while let Some((&token, _)) = self
-            .open
-            .first_key_value()
-            .filter(|(_, c)| c.deadline <= now)
-        {
+        while let Some(&(_, token)) = self.deadlines.first().filter(|(d, _)| *d <= now) {
             let connection = self.close(token).expect("open");
             if !connection.reader.is_empty() {
                 let timeout = RequestError::Timeout;
@@ -448,7 +563,7 @@ fn refuse_now(mut stream: UnixStream, status: u16, message: &str) {
     let response = Response::fault(status, message.to_owned());
     let _ = stream.set_nonblocking(true);
     let mut bytes = Vec::with_capacity(256);
-    if response.write_to(&mut bytes).is_ok() {
+    if response.write_to(&mut bytes, false).is_ok() {
         let _ = stream.write_all(&bytes);
     }
     let _ = stream.shutdown(Shutdown::Write);
@@ -499,8 +614,14 @@ impl Write for DeadlineStream {
     }
 }
 
-/// Answers `request` (read already) on `stream` and closes the connection.
-fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmControl) {
+/// Answers `request` (read already, the `nth` on its connection) on `stream`; returns the
+/// connection where its client keeps it for its next request, and closes it otherwise.
+fn answer_request(
+    stream: UnixStream,
+    nth: u32,
+    request: &Request,
+    control: &dyn VmmControl,
+) -> Option<UnixStream> {
     let started = Instant::now();
     log::trace!(
         "API: {} {} with {} body bytes: {}",
@@ -522,25 +643,37 @@ fn answer_request(stream: UnixStream, request: &Request, control: &dyn VmmContro
         .api
         .count(request.method.as_str(), &request.target, response.status);
     log::info!(
-        "API: {} {}: {} in {:.1} ms",
+        "API: {} {}: {} in {:.1} ms{}",
         request.method.as_str(),
         request.target.escape_debug(),
         response.status,
-        started.elapsed().as_secs_f64() * 1e3
+        started.elapsed().as_secs_f64() * 1e3,
+        match nth {
+            1 => String::new(),
+            nth => format!(" (request {nth} on its connection)"),
+        }
     );
     // The client's time to take the answer starts once it is ready (a snapshot takes seconds).
-    if let Some(stream) = DeadlineStream::new(stream, REQUEST_TIMEOUT) {
-        respond(stream, &response);
-    }
+    let stream = DeadlineStream::new(stream, REQUEST_TIMEOUT)?;
+    respond(stream, &response, request.keep_alive)
 }
 
-/// Sends `response` before the stream's deadline and closes the connection.
-fn respond(mut stream: DeadlineStream, response: &Response) {
-    if let Err(e) = response.write_to(&mut stream) {
+/// Sends `response` before the stream's deadline; returns the connection if `keep_alive`, and
+/// closes it otherwise.
+fn respond(
+    mut stream: DeadlineStream,
+    response: &Response,
+    keep_alive: bool,
+) -> Option<UnixStream> {
+    if let Err(e) = response.write_to(&mut stream, keep_alive) {
         log::debug!("API server: cannot send the response: {e}");
-        return;
+        return None;
+    }
+    if keep_alive {
+        return Some(stream.stream);
     }
     linger(stream.stream);
+    None
 }
 
 /// Closes our side, then reads what the client still sends for a moment, so that unread input

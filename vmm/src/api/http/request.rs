@@ -102,6 +102,10 @@ pub struct Request {
     pub target: String,
     /// The body (empty without Content-Length).
     pub body: Vec<u8>,
+    /// Whether the client keeps the connection for its next request: HTTP/1.1 unless it sends
+    /// `Connection: close`, HTTP/1.0 only with `Connection: keep-alive`, and never when more
+    /// bytes followed the request (requests are not pipelined).
+    pub keep_alive: bool,
 }
 
 fn malformed(why: impl Into<String>) -> RequestError {
@@ -144,6 +148,7 @@ struct Head {
     target: String,
     content_length: Option<u64>,
     expect_continue: bool,
+    keep_alive: bool,
 }
 
 fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
@@ -162,11 +167,12 @@ fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
             "the request target must be a path starting with '/'",
         ));
     }
-    match version {
-        "HTTP/1.1" | "HTTP/1.0" => {}
+    let mut keep_alive = match version {
+        "HTTP/1.1" => true,
+        "HTTP/1.0" => false,
         v if v.starts_with("HTTP/") => return Err(RequestError::Version(v.to_owned())),
         _ => return Err(malformed("bad HTTP version")),
-    }
+    };
     let mut content_length = None;
     let mut expect_continue = false;
     for line in lines.take_while(|l| !l.is_empty()) {
@@ -199,6 +205,14 @@ fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
                 return Err(malformed(format!("unsupported Expect: {value}")));
             }
             expect_continue = true;
+        } else if name.eq_ignore_ascii_case("connection") {
+            // A list of options; "close" wins over "keep-alive".
+            let options = || value.split(',').map(|o| o.trim_matches([' ', '\t']));
+            if options().any(|o| o.eq_ignore_ascii_case("close")) {
+                keep_alive = false;
+            } else if options().any(|o| o.eq_ignore_ascii_case("keep-alive")) {
+                keep_alive = true;
+            }
         }
     }
     Ok(Head {
@@ -206,6 +220,7 @@ fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
         target: target.to_owned(),
         content_length,
         expect_continue,
+        keep_alive,
     })
 }
 
@@ -239,8 +254,8 @@ impl RequestReader {
     }
 
     /// Takes `bytes`, the next ones of the request; an empty slice means the peer closed the
-    /// connection. Bytes after the body (pipelined requests) are ignored: the server answers one
-    /// request per connection.
+    /// connection. Bytes after the body (a pipelined request) are dropped, and the request
+    /// then does not keep the connection: it is answered, and the connection closed.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Progress, RequestError> {
         if bytes.is_empty() {
             return Err(if self.buf.is_empty() {
@@ -287,11 +302,14 @@ impl RequestReader {
         }
         let (head, length) = self.head.take().expect("parsed above");
         let mut body = std::mem::take(&mut self.buf);
+        let pipelined = body.len() > length;
         body.truncate(length);
+        *self = RequestReader::default();
         Ok(Progress::Complete(Request {
             method: head.method,
             target: head.target,
             body,
+            keep_alive: head.keep_alive && !pipelined,
         }))
     }
 }

@@ -65,17 +65,19 @@ impl Response {
         }
     }
 
-    /// Writes the response, with `Connection: close`.
-    pub fn write_to<W: Write>(&self, out: &mut W) -> io::Result<()> {
+    /// Writes the response, saying `Connection: close` unless the connection is kept for the
+    /// client's next request.
+    pub fn write_to<W: Write>(&self, out: &mut W, keep_alive: bool) -> io::Result<()> {
         let mut head = format!("HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
         let body = self.body.as_deref().unwrap_or_default();
         if self.body.is_some() {
             head.push_str("Content-Type: application/json\r\n");
         }
-        head.push_str(&format!(
-            "Content-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        ));
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        if !keep_alive {
+            head.push_str("Connection: close\r\n");
+        }
+        head.push_str("\r\n");
         out.write_all(head.as_bytes())?;
         out.write_all(body.as_bytes())?;
         out.flush()
@@ -88,7 +90,7 @@ mod tests {
 
     fn written(response: &Response) -> String {
         let mut out = Vec::new();
-        response.write_to(&mut out).unwrap();
+        response.write_to(&mut out, false).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -100,6 +102,13 @@ mod tests {
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\
              Connection: close\r\n\r\n{\"a\":1}"
         );
+    }
+
+    #[test]
+    fn a_kept_connection_is_not_said_to_close() {
+        let mut out = Vec::new();
+        Response::no_content().write_to(&mut out, true).unwrap();
+        assert_eq!(out, b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
     }
 
     #[test]

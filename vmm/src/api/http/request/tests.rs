@@ -30,7 +30,8 @@ fn parses_a_get_and_a_put_with_body() {
         Request {
             method: Method::Get,
             target: "/machine".into(),
-            body: Vec::new()
+            body: Vec::new(),
+            keep_alive: true,
         }
     );
     let put = parse(
@@ -49,9 +50,27 @@ fn tolerates_bare_line_feeds_and_ignores_bytes_after_the_body() {
         (request.method, request.body),
         (Method::Patch, b"{}".to_vec())
     );
+    assert!(!request.keep_alive, "bytes followed: the connection closes");
     let other = parse(b"DELETE /vm HTTP/1.1\r\n\r\n").unwrap();
     assert_eq!(other.method, Method::Other("DELETE".into()));
     assert_eq!(other.method.as_str(), "DELETE");
+}
+
+#[test]
+fn http_1_1_keeps_the_connection_unless_the_client_closes_it() {
+    for (head, keep_alive) in [
+        ("GET / HTTP/1.1\r\n\r\n", true),
+        ("GET / HTTP/1.1\r\nConnection: close\r\n\r\n", false),
+        (
+            "GET / HTTP/1.1\r\nconnection: Keep-Alive, Close\r\n\r\n",
+            false,
+        ),
+        ("GET / HTTP/1.0\r\n\r\n", false),
+        ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", true),
+    ] {
+        let request = parse(head.as_bytes()).unwrap();
+        assert_eq!(request.keep_alive, keep_alive, "{head:?}");
+    }
 }
 
 #[test]
