@@ -14,6 +14,11 @@
 # failed, printed SKIP, or QEMU did not finish within its time limit.
 #
 # Usage (as root on Debian 12): tests/linux-nested/run.sh [TEST-NAME-FILTER]
+#   or: tests/linux-nested/run.sh --guest-files DIR
+#     only builds a Linux guest for a host with hardware virtualisation and leaves it in DIR:
+#     bzImage (the L2 kernel) and rootfs.ext4 (busybox; its init, guest-init, says which Linux
+#     booted and gives a shell on the console; Ctrl-Alt-Del reboots), as README's "Linux
+#     guests" boots them. The nested tests boot the same files.
 # Environment:
 #   LLFREE_NESTED_CACHE    cache of kernels (default /var/cache/llfree-vmm-nested)
 #   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 2400)
@@ -36,6 +41,11 @@ ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${LLFREE_NESTED_CACHE:-/var/cache/llfree-vmm-nested}
 WORK=$ROOT/target/linux-nested
 TIMEOUT=${LLFREE_NESTED_TIMEOUT:-2400}
+GUEST_FILES=
+if [ "${1:-}" = --guest-files ]; then
+    GUEST_FILES=${2:?--guest-files needs a directory}
+    set --
+fi
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
@@ -149,6 +159,23 @@ l2_initramfs() {
     pack "$root" "$WORK/l2-initrd.gz"
 }
 
+# The documented Linux guest in directory $2, with the L2 kernel $1: bzImage, and rootfs.ext4
+# (busybox, guest-init as /sbin/init).
+guest_files() {
+    local kernel=$1 dir=$2 tree=$WORK/guest-root applet
+    mkdir -p "$dir"
+    rm -rf "$tree" && mkdir -p "$tree"/{bin,sbin,proc,sys,dev,tmp,root}
+    cp /bin/busybox "$tree/bin/busybox"
+    for applet in sh mount sed grep uname setsid cttyhack sleep reboot; do
+        ln -s busybox "$tree/bin/$applet"
+    done
+    cp "$HERE/guest-init" "$tree/sbin/init"
+    cp "$kernel" "$dir/bzImage"
+    rm -f "$dir/rootfs.ext4"
+    truncate -s 64M "$dir/rootfs.ext4"
+    mke2fs -q -F -t ext4 -d "$tree" "$dir/rootfs.ext4"
+}
+
 # The Firecracker Go SDK program of tests/firecracker-sdk, static (it runs in L1 too).
 build_sdk_program() {
     (cd "$ROOT/tests/firecracker-sdk" &&
@@ -210,6 +237,7 @@ l1_initramfs() {
     cp "$WORK/firecracker-sdk" "$root/bin/firecracker-sdk"
     cp "$kernel" "$root/l2/bzImage"
     cp "$WORK/l2-initrd.gz" "$root/l2/initrd.gz"
+    cp -r "$WORK/guest" "$root/guest"
     echo "$FILTER" >"$root/tests/filter"
     echo "$ROUNDS" >"$root/tests/rounds"
     if [ "${LLFREE_NESTED_BENCH:-0}" = 1 ]; then
@@ -250,7 +278,7 @@ run_directly() {
     local kernel=$1 binary status=0
     shift
     export LLFREE_VMM_TEST_KERNEL=$kernel LLFREE_VMM_TEST_INITRD=$WORK/l2-initrd.gz
-    export LLFREE_VMM_FC_SDK=$WORK/firecracker-sdk
+    export LLFREE_VMM_FC_SDK=$WORK/firecracker-sdk LLFREE_VMM_GUEST_FILES=$WORK/guest
     # The vmm that build_tests just built (its own build, whose features differ from the tests').
     export LLFREE_VMM_BIN=$ROOT/target/release/vmm
     # A DAX file system for the MAP_SYNC zone test and a device DAX, if the host has them.
@@ -272,6 +300,12 @@ main() {
     mkdir -p "$CACHE" "$WORK"
     local kernel l1 binaries output status=0
     kernel=$(l2_kernel)
+    if [ -n "$GUEST_FILES" ]; then
+        guest_files "$kernel" "$GUEST_FILES"
+        log "a Linux guest in $GUEST_FILES: bzImage and rootfs.ext4"
+        return
+    fi
+    guest_files "$kernel" "$WORK/guest"
     l2_initramfs
     build_sdk_program
     mapfile -t binaries < <(build_tests)

@@ -56,7 +56,15 @@ fn help_explains_every_flag_and_the_exit_statuses() {
     }
     let top = vmm(&["--help"]).stdout;
     for command in [
-        "run", "api", "info", "memory", "pause", "resume", "shutdown", "balloon",
+        "run",
+        "api",
+        "info",
+        "memory",
+        "pause",
+        "resume",
+        "shutdown",
+        "balloon",
+        "guest-image",
     ] {
         assert!(
             top.contains(&format!("\n  {command} ")),

@@ -4,6 +4,8 @@
 //!   online, on plain memory and 2 MiB and 1 GiB huge pages, populated lazily and eagerly;
 //!   `reboot` (through the i8042, the default command line's reboot=k), a panic with panic=1
 //!   and Ctrl-Alt-Del from the API end `vmm run` with status 7.
+//! * The guest README documents (`tests/linux-nested/run.sh --guest-files DIR`: its kernel and
+//!   ext4 root file system) boots from its root drive to its shell, and reboots on Ctrl-Alt-Del.
 //! * A minimal 64-bit ELF "kernel" (hand-assembled below) runs everywhere KVM does: it takes
 //!   the command line from the zero page the VMM wrote (with `virtio_mmio.device=` for a
 //!   `--balloon`), prints it on COM1 and triple-faults, which a Linux guest's run treats as a
@@ -306,6 +308,49 @@ fn linux_boots_on_1g_frames() {
     let (vmm, ready) = boot(&guest, &["--memory", "1G", "--backing", "hugetlb-1g"]);
     let total: u64 = field(&ready, "memtotal_kib").unwrap().parse().unwrap();
     assert!(total > 900 * 1024, "{ready}");
+    vmm.wait(Duration::from_secs(60))
+        .assert_guest_reset(THROUGH_THE_KEYBOARD);
+}
+
+#[test]
+fn the_documented_guest_files_boot_linux_from_its_root_drive_to_a_shell() {
+    let test = "the_documented_guest_files_boot_linux_from_its_root_drive_to_a_shell";
+    // Where Linux can boot at all.
+    if LinuxGuest::find(test).is_none() {
+        return;
+    }
+    // `tests/linux-nested/run.sh --guest-files DIR`, as README gives it; run.sh passes its DIR.
+    let Some(dir) = std::env::var("LLFREE_VMM_GUEST_FILES").ok() else {
+        return eprintln!(
+            "SKIP: {test}: LLFREE_VMM_GUEST_FILES names no directory; tests/linux-nested/run.sh \
+             makes one"
+        );
+    };
+    let scratch = Scratch::new("guest-files");
+    let socket = scratch.path("api.sock");
+    let (kernel, rootfs) = (format!("{dir}/bzImage"), format!("{dir}/rootfs.ext4"));
+    let drive = format!("id=rootfs,path={rootfs},root=on,ro=on");
+    let mut vmm = VmmRun::start(&[
+        "--kernel",
+        &kernel,
+        "--drive",
+        &drive,
+        "--memory",
+        "128M",
+        "--vcpus",
+        "2",
+        "--api-socket",
+        &socket,
+    ]);
+    vmm.wait_for_line("llfree-vmm guest: Linux 6.1", BOOT_TIMEOUT);
+    let greeting = vmm.stdout_so_far();
+    assert!(greeting.contains("with 2 CPUs"), "{greeting}");
+    let sent = client(&["ctrl-alt-del", "--socket", &socket]);
+    assert_eq!(sent.code, Some(0), "{sent:#?}");
+    vmm.wait_for_line(
+        "llfree-vmm guest: Ctrl-Alt-Del: rebooting",
+        Duration::from_secs(60),
+    );
     vmm.wait(Duration::from_secs(60))
         .assert_guest_reset(THROUGH_THE_KEYBOARD);
 }

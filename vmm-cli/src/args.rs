@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use vmm::config::{parse_mib, parse_size, BackingKind, BalloonDeviceConfig, DriveConfig};
 
 use crate::exit::EXIT_STATUS_HELP;
-use crate::workload::WorkloadSpec;
+use vmm::testguest::WorkloadSpec;
 
 /// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
 ///
@@ -134,6 +134,19 @@ pub enum Command {
     Zone(ZoneArgs),
     /// Take a snapshot of a paused VM, or load one into a new VMM process.
     Snapshot(SnapshotArgs),
+    /// Write the built-in test guest as a kernel image file. `PUT /boot-source` (and so the
+    /// Firecracker SDK) and `vmm run --kernel` boot it where no Linux can (a host without
+    /// hardware virtualisation); `workload=` on its command line (`boot_args`) says what it
+    /// does, as `vmm run --workload` does (default: write:all,verify:all).
+    GuestImage(GuestImageArgs),
+}
+
+/// Options of `vmm guest-image`.
+#[derive(Debug, Args)]
+pub struct GuestImageArgs {
+    /// The file to write: a new one, or a regular file it replaces.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
 }
 
 /// Options of `vmm snapshot`.
@@ -427,7 +440,7 @@ pub struct RunArgs {
         long,
         value_name = "STEPS",
         conflicts_with = "kernel",
-        default_value = super::workload::DEFAULT_WORKLOAD,
+        default_value = vmm::testguest::DEFAULT_WORKLOAD,
         verbatim_doc_comment
     )]
     pub workload: WorkloadSpec,

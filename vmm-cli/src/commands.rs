@@ -1,6 +1,7 @@
 //! The subcommands' work: `run` boots a VM, the others talk to a running VMM's API.
 
 use std::fmt::Display;
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -276,4 +277,26 @@ pub(super) fn balloon(socket: &Path, balloon_action: BalloonAction) -> ExitStatu
             crate::show::balloon_stats,
         ),
     }
+}
+
+/// `vmm guest-image --out FILE`: the test guest's image, written where nothing is or a
+/// regular file is (nothing else is replaced).
+pub(super) fn guest_image(out: &Path) -> ExitStatus {
+    let written = vmm::host_file::create_output("--out", out)
+        .map_err(|e| e.to_string())
+        .and_then(|mut file| {
+            file.write_all(vmm::testguest::IMAGE)
+                .map_err(|e| format!("--out {}: {e}", out.display()))
+        });
+    if let Err(e) = written {
+        return fail(ExitStatus::Usage, e);
+    }
+    println!(
+        "wrote the test guest image to {} ({} KiB); boot it with `vmm run --kernel {0}` or \
+         PUT /boot-source {{\"kernel_image_path\": \"{0}\", \"boot_args\": \
+         \"workload=write:all,verify:all\"}}",
+        out.display(),
+        vmm::testguest::IMAGE.len().div_ceil(1024)
+    );
+    ExitStatus::Success
 }

@@ -35,7 +35,6 @@ mod log_limit;
 mod logger;
 pub mod run_config;
 mod show;
-mod workload;
 mod zone;
 
 use std::ffi::OsString;
@@ -50,7 +49,7 @@ pub use args::{
 };
 pub use exit::{run_error_status, zone_error_status, ExitStatus, EXIT_STATUS_HELP};
 pub use run_config::RunConfigError;
-pub use workload::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
+pub use vmm::testguest::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 
 /// Runs the `vmm` command with `args` (the first is the program name) and returns its exit
 /// status.
@@ -148,6 +147,7 @@ where
             } => commands::create_snapshot(&socket.socket, &snapshot_path, &mem_file_path),
             SnapshotAction::Load(args) => commands::load_snapshot(args),
         },
+        Command::GuestImage(args) => commands::guest_image(&args.out),
     };
     logger::finish();
     status

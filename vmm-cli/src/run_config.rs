@@ -6,7 +6,8 @@ use vmm::config::{
 };
 
 use crate::args::{PopulateArg, RunArgs};
-use crate::workload::WorkloadSpecError;
+use vmm::testguest::image::{guest_for_kernel, ImageError};
+use vmm::testguest::WorkloadSpecError;
 
 /// Errors of `vmm run`'s flags.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +19,9 @@ pub enum RunConfigError {
     /// The workload does not fit the VM.
     #[error("--workload: {0}")]
     Workload(#[from] WorkloadSpecError),
+    /// The kernel is the test guest's image, which cannot run as asked.
+    #[error("--kernel: {0}")]
+    TestGuestImage(#[from] ImageError),
 }
 
 impl TryFrom<RunArgs> for VmConfig {
@@ -44,9 +48,14 @@ impl TryFrom<RunArgs> for VmConfig {
             check_pmem(size, zone.as_ref())?;
         }
         let guest = match args.kernel {
-            Some(kernel) => {
-                GuestConfig::Linux(LinuxConfig::new(kernel, args.initrd, args.cmdline)?)
-            }
+            // The test guest's image (`vmm guest-image`) runs as the test guest.
+            Some(kernel) => guest_for_kernel(
+                LinuxConfig::new(kernel, args.initrd, args.cmdline)?,
+                args.memory,
+                args.vcpus,
+                args.balloon.as_ref(),
+                &args.workload,
+            )?,
             None => {
                 args.workload.check_balloon(args.balloon.as_ref())?;
                 GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)

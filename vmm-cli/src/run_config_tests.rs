@@ -10,7 +10,7 @@ use vmm::layout::CMDLINE_MAX_SIZE;
 
 use super::*;
 use crate::args::{Cli, Command};
-use crate::workload::DEFAULT_PATTERN;
+use vmm::testguest::DEFAULT_PATTERN;
 
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);

@@ -15,6 +15,8 @@ use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
     ConfigError, DriveConfig, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
+use crate::testguest::image::guest_for_kernel;
+use crate::testguest::WorkloadSpec;
 
 /// MiB in bytes.
 const MIB: u64 = 1 << 20;
@@ -332,6 +334,12 @@ impl VmResources {
         let mut drives: Vec<DriveConfig> = self.drives.iter().map(|(_, d)| d.clone()).collect();
         // The root drive comes first: it is /dev/vda.
         drives.sort_by_key(|drive| !drive.root);
+        let balloon = self.balloon.map(|b| BalloonDeviceConfig {
+            size: b.amount_mib * MIB,
+            deflate_on_oom: b.deflate_on_oom,
+            free_page_reporting: b.free_page_reporting,
+            stats_polling_interval_s: b.stats_polling_interval_s,
+        });
         Ok(VmConfig {
             memory_size: machine.mem_size_mib * MIB,
             backing: backing(machine.huge_pages)?,
@@ -354,14 +362,17 @@ impl VmResources {
             },
             vcpus: usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
             smt: machine.smt,
-            guest: GuestConfig::Linux(linux.clone()),
+            // The test guest's image (`vmm guest-image`) runs as the test guest.
+            guest: guest_for_kernel(
+                linux.clone(),
+                machine.mem_size_mib * MIB,
+                usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
+                balloon.as_ref(),
+                &WorkloadSpec::default(),
+            )
+            .map_err(|e| ControlError::InvalidArgument(e.to_string()))?,
             api_socket: api_socket.map(Path::to_owned),
-            balloon: self.balloon.map(|b| BalloonDeviceConfig {
-                size: b.amount_mib * MIB,
-                deflate_on_oom: b.deflate_on_oom,
-                free_page_reporting: b.free_page_reporting,
-                stats_polling_interval_s: b.stats_polling_interval_s,
-            }),
+            balloon,
             drives,
         })
     }

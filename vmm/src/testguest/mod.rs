@@ -13,7 +13,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod image;
 pub mod report;
+pub mod spec;
 pub mod workload;
 
 pub use test_guest::{protocol, IMAGE};
@@ -21,6 +23,7 @@ pub use test_guest::{protocol, IMAGE};
 pub use report::{
     exit_code, CheckpointHook, Mismatch, Progress, Report, ReportSnapshot, StepReport, VcpuReport,
 };
+pub use spec::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 pub use workload::{Workload, WorkloadError};
 
 use std::io::Cursor;

@@ -2,10 +2,10 @@
 //! that precedes the first of them.
 
 use super::{Action, WorkloadSpecError};
-use vmm::config::{parse_size as parse_bytes, BalloonDeviceConfig};
-use vmm::layout::{virtio_mmio_base, BALLOON_SLOT};
-use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, PAGE_SIZE};
-use vmm::testguest::Workload;
+use crate::config::{parse_size as parse_bytes, BalloonDeviceConfig};
+use crate::layout::{virtio_mmio_base, BALLOON_SLOT};
+use crate::testguest::protocol::{BALLOON_DRIVER_FEATURES, PAGE_SIZE};
+use crate::testguest::Workload;
 
 /// What a step needs of the balloon device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

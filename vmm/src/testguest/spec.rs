@@ -1,4 +1,5 @@
-//! The `--workload` option: the memory workload of the built-in test guest.
+//! The built-in test guest's memory workload written as text: `vmm run --workload`, and
+//! `workload=` on the command line of the test guest's image (`vmm guest-image`).
 //!
 //! ```text
 //! WORKLOAD := GROUP[,GROUP...]
@@ -19,18 +20,18 @@
 //!
 //! Balloon steps drive the `--balloon` device through the test guest's virtio-mmio driver, on
 //! vCPU 0 unless `@VCPU` says otherwise. The first one is preceded by a probe of the device in
-//! [`BALLOON_SLOT`](vmm::layout::BALLOON_SLOT), which negotiates the features of
-//! [`BALLOON_DRIVER_FEATURES`](vmm::testguest::protocol::BALLOON_DRIVER_FEATURES) that it
+//! [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT), which negotiates the features of
+//! [`BALLOON_DRIVER_FEATURES`](crate::testguest::protocol::BALLOON_DRIVER_FEATURES) that it
 //! offers. The balloon takes its pages from the top of the workload area downwards.
 
 use std::str::FromStr;
 
 mod balloon;
 
-use vmm::config::{format_size, parse_size, BalloonDeviceConfig, SizeError};
-use vmm::layout::ram_regions;
-use vmm::testguest::protocol::{MAX_STEPS, PAGE_SIZE, WORKLOAD_MIN_ADDR};
-use vmm::testguest::Workload;
+use crate::config::{format_size, parse_size, BalloonDeviceConfig, SizeError};
+use crate::layout::ram_regions;
+use crate::testguest::protocol::{MAX_STEPS, PAGE_SIZE, WORKLOAD_MIN_ADDR};
+use crate::testguest::Workload;
 
 /// The pattern of `write` and `verify` steps that give none.
 pub const DEFAULT_PATTERN: u64 = 0x5a5a_5a5a_5a5a_5a5a;
@@ -461,7 +462,7 @@ fn check_range(start: u64, size: u64, memory_size: u64) -> Result<(), String> {
     if start < WORKLOAD_MIN_ADDR {
         return Err("the range must start at or above 2M (the guest's own memory)".into());
     }
-    let inside = |r: &vmm::layout::RamRegion| {
+    let inside = |r: &crate::layout::RamRegion| {
         start >= r.start && start.checked_add(size).is_some_and(|end| end <= r.end())
     };
     if !ram_regions(memory_size).iter().any(inside) {

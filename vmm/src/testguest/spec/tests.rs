@@ -1,5 +1,5 @@
 use super::*;
-use vmm::testguest::protocol::{step_kind, ALL_VCPUS};
+use crate::testguest::protocol::{step_kind, ALL_VCPUS};
 
 const MIB: u64 = 1 << 20;
 
@@ -220,11 +220,11 @@ fn balloon_steps_are_preceded_by_one_probe_of_the_balloon_slot() {
     );
     let steps = workload.steps();
     let probe = steps[1];
-    assert_eq!(probe.addr, vmm::layout::virtio_mmio_base(0).unwrap());
+    assert_eq!(probe.addr, crate::layout::virtio_mmio_base(0).unwrap());
     assert_eq!(probe.size, 128 * MIB, "pages from the top of low RAM down");
     assert_eq!(
         probe.pattern,
-        vmm::testguest::protocol::BALLOON_DRIVER_FEATURES
+        crate::testguest::protocol::BALLOON_DRIVER_FEATURES
     );
     assert_eq!((steps[2].size, steps[2].vcpu), (64 * MIB, ALL_VCPUS));
     assert_eq!(steps[4].vcpu, 1);
@@ -339,7 +339,7 @@ fn balloon_steps_need_the_device_and_its_features() {
 
 #[test]
 fn repeated_and_joined_steps() {
-    use vmm::testguest::protocol::step_flags::JOINED_WITH_NEXT;
+    use crate::testguest::protocol::step_flags::JOINED_WITH_NEXT;
     let workload = resolve(
         "write@1:2M+2M*1000&report@0:2M+2M*50,verify:all",
         64 * MIB,

@@ -1,0 +1,153 @@
+//! End-to-end: `vmm guest-image --out FILE`, the test guest as a kernel image, booted by
+//! `vmm run --kernel` and by Firecracker's API (`PUT /boot-source`, then `InstanceStart`) with
+//! its workload from `workload=` on the command line: what a user of Firecracker's tools runs
+//! on a host where no Linux boots.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod vmm_common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use e2e_tests::kvm_available;
+use serde_json::json;
+use vmm_common::{client, send, Scratch, VmmRun};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `vmm guest-image --out PATH` into `scratch`; returns the path.
+fn guest_image(scratch: &Scratch, name: &str) -> String {
+    let path = scratch.path(name);
+    let written = client(&["guest-image", "--out", &path]);
+    assert_eq!(written.code, Some(0), "{written:#?}");
+    assert!(written
+        .stdout
+        .starts_with(&format!("wrote the test guest image to {path}")));
+    assert_eq!(std::fs::read(&path).unwrap(), vmm::testguest::IMAGE);
+    path
+}
+
+#[test]
+fn vmm_run_boots_the_image_with_the_workload_of_its_command_line() {
+    let test = "vmm_run_boots_the_image_with_the_workload_of_its_command_line";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("guest-image-run");
+    let image = guest_image(&scratch, "guest.elf");
+    let run = VmmRun::run(&[
+        "--kernel",
+        &image,
+        "--memory",
+        "64M",
+        "--vcpus",
+        "2",
+        "--cmdline",
+        "console=ttyS0 workload=write:all,checkpoint:1,read:all,verify:all",
+    ]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(run.stdout.contains("2 vCPUs, 4 steps"), "{run:#?}");
+    // A workload that must fail does: the command line's workload is the one that runs.
+    let run = VmmRun::run(&[
+        "--kernel",
+        &image,
+        "--memory",
+        "64M",
+        "--cmdline",
+        "workload=write:all,verify:all:0x1",
+    ]);
+    assert_eq!(run.code, Some(1), "{run:#?}");
+    // A bad workload, and an initrd, are usage errors.
+    let run = VmmRun::run(&["--kernel", &image, "--cmdline", "workload=fly:all"]);
+    run.assert_fails(
+        2,
+        "--kernel: the test guest image's workload= on the command line",
+    );
+    let run = VmmRun::run(&["--kernel", &image, "--initrd", &image]);
+    run.assert_fails(2, "the test guest image takes no initrd");
+}
+
+#[test]
+fn firecrackers_api_boots_the_image_and_the_vmm_ends_with_the_guests_result() {
+    let test = "firecrackers_api_boots_the_image_and_the_vmm_ends_with_the_guests_result";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("guest-image-api");
+    let image = guest_image(&scratch, "guest.elf");
+    let socket = scratch.path("fc.sock");
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket, "--id", "guide"]);
+    let api = vmm.api(&socket);
+    let boot_source = json!({"kernel_image_path": image,
+                             "boot_args": "console=ttyS0 workload=write:all,verify:all"});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    let machine = json!({"vcpu_count": 2, "mem_size_mib": 128});
+    send(&api, "PUT", "/machine-config", &machine.to_string());
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    let done = vmm.wait(TIMEOUT);
+    assert_eq!(done.code, Some(0), "{done:#?}");
+    assert!(
+        done.stdout.contains("[guide] test guest: done"),
+        "{done:#?}"
+    );
+
+    // An image of another vmm version is refused at the start, with what to do.
+    let mut old = vmm::testguest::IMAGE.to_vec();
+    *old.last_mut().unwrap() ^= 0xff;
+    let old_image = scratch.path("old.elf");
+    std::fs::write(&old_image, old).unwrap();
+    let socket = scratch.path("fc2.sock");
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    let boot_source = json!({"kernel_image_path": old_image});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    let answer = api
+        .request(
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"InstanceStart"}"#),
+        )
+        .unwrap();
+    assert_eq!(answer.status, 400);
+    assert!(
+        answer
+            .body
+            .contains("another vmm version; write it again with `vmm guest-image"),
+        "{}",
+        answer.body
+    );
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    vmm.wait(TIMEOUT);
+}
+
+#[test]
+fn the_image_replaces_only_a_regular_file() {
+    let scratch = Scratch::new("guest-image-out");
+    let fifo = scratch.path("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let refused = client(&["guest-image", "--out", &fifo]);
+    refused.assert_fails(2, "--out");
+    assert!(
+        refused.stderr.contains("a FIFO, not a regular file"),
+        "{refused:#?}"
+    );
+    let dir = scratch.path("dir");
+    std::fs::create_dir(&dir).unwrap();
+    client(&["guest-image", "--out", &dir]).assert_fails(2, "a directory");
+    // A regular file is replaced whole.
+    let file = scratch.path("old");
+    std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
+    assert_eq!(client(&["guest-image", "--out", &file]).code, Some(0));
+    assert_eq!(std::fs::read(&file).unwrap(), vmm::testguest::IMAGE);
+}
