@@ -28,7 +28,6 @@ mod backend;
 mod device;
 mod handle;
 mod stats_timer;
-#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]
 mod tests;
