@@ -9,6 +9,7 @@
 //! (and warned about, rate-limited), and the output queue is bounded.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vmm_sys_util::eventfd::EventFd;
@@ -125,6 +126,8 @@ pub struct I8042Device {
     state: Mutex<State>,
     irq: EventFd,
     reset: OnceLock<Arc<dyn ResetLine>>,
+    /// The guest's accesses so far (see [`Self::raise_stalled_interrupt`]).
+    accesses: AtomicU64,
     warnings: GuestWarnings,
 }
 
@@ -141,8 +144,25 @@ impl I8042Device {
             }),
             irq,
             reset: OnceLock::new(),
+            accesses: AtomicU64::new(0),
             warnings: GuestWarnings::default(),
         }
+    }
+
+    /// Raises IRQ 1 again when output waits and the guest has not touched the controller since
+    /// `seen` (what the previous call returned): keys whose interrupt got lost on its way into
+    /// the guest (seen under nested virtualisation) would otherwise wait for good. Returns the
+    /// accesses so far, for the next call; called a few times a second.
+    pub fn raise_stalled_interrupt(&self, seen: u64) -> u64 {
+        let accesses = self.accesses.load(Ordering::Acquire);
+        if accesses == seen {
+            let state = self.lock();
+            if !state.output.is_empty() && state.command_byte & CTR_KBD_INTERRUPT != 0 {
+                log::debug!("i8042: the guest has not read its pending output: IRQ 1 again");
+                self.interrupt(&state);
+            }
+        }
+        accesses
     }
 
     /// The state, for a snapshot.
@@ -309,6 +329,7 @@ impl I8042Device {
 impl BusDevice for I8042Device {
     fn read(&self, _base: u64, offset: u64, data: &mut [u8]) {
         METRICS.i8042.read_count.inc();
+        self.accesses.fetch_add(1, Ordering::Release);
         let mut state = self.lock();
         let value = match offset {
             DATA_OFFSET => self.read_data(&mut state),
@@ -332,6 +353,7 @@ impl BusDevice for I8042Device {
             return;
         };
         METRICS.i8042.write_count.inc();
+        self.accesses.fetch_add(1, Ordering::Release);
         let mut state = self.lock();
         match offset {
             DATA_OFFSET => self.data(&mut state, *byte),

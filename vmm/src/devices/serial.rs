@@ -6,6 +6,7 @@
 //! Interrupts are raised through an event fd, registered as the KVM irqfd of IRQ 4.
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::warn;
@@ -127,6 +128,8 @@ pub struct SerialDevice {
     uart: Mutex<Serial<EventFdTrigger, RxReadyEvents, SerialOutput>>,
     irq: EventFd,
     rx_ready: EventFd,
+    /// The guest's accesses so far (see [`Self::raise_stalled_interrupt`]).
+    accesses: AtomicU64,
     /// Invalid accesses by the guest, rate-limited in the log.
     warnings: GuestWarnings,
 }
@@ -152,8 +155,26 @@ impl SerialDevice {
             uart: Mutex::new(Serial::with_events(trigger, events, out)),
             irq,
             rx_ready,
+            accesses: AtomicU64::new(0),
             warnings: GuestWarnings::default(),
         })
+    }
+
+    /// Raises the interrupt again when the UART has one pending and the guest has not touched
+    /// the port since `seen` (what the previous call returned): an edge lost on its way into
+    /// the guest (seen under nested virtualisation) would otherwise stall its console for good,
+    /// the driver waiting for an interrupt that already came. Returns the accesses so far, for
+    /// the next call; called a few times a second.
+    pub fn raise_stalled_interrupt(&self, seen: u64) -> u64 {
+        let accesses = self.accesses.load(Ordering::Acquire);
+        // Bit 0 of IIR clear: an interrupt is pending.
+        if accesses == seen && self.uart().state().interrupt_identification & 1 == 0 {
+            log::debug!("serial: the guest has not taken its pending interrupt: raised again");
+            if let Err(e) = self.irq.write(1) {
+                log::error!("serial: cannot raise its interrupt: {e}");
+            }
+        }
+        accesses
     }
 
     /// The interrupt event fd (register it as the irqfd of [`crate::layout::SERIAL_IRQ`]).
@@ -224,6 +245,7 @@ impl SerialDevice {
 
 impl BusDevice for SerialDevice {
     fn read(&self, base: u64, offset: u64, data: &mut [u8]) {
+        self.accesses.fetch_add(1, Ordering::Release);
         data.fill(0);
         match (data, u8::try_from(offset)) {
             ([byte], Ok(offset)) => {
@@ -241,6 +263,7 @@ impl BusDevice for SerialDevice {
     }
 
     fn write(&self, base: u64, offset: u64, data: &[u8]) {
+        self.accesses.fetch_add(1, Ordering::Release);
         match (data, u8::try_from(offset)) {
             ([byte], Ok(offset)) => {
                 METRICS.uart.write_count.inc();
@@ -309,6 +332,29 @@ mod tests {
         let serial =
             SerialDevice::new(EventFd::new(EFD_NONBLOCK).unwrap(), Box::new(out.clone())).unwrap();
         (serial, out)
+    }
+
+    #[test]
+    fn a_pending_interrupt_the_guest_does_not_take_is_raised_again() {
+        const IIR: u64 = 2;
+        const IER_THRE: u8 = 2;
+        let (serial, _) = device();
+        // Enabling the transmitter-empty interrupt makes one pending; its edge is "lost".
+        serial.write(0x3f8, IER, &[IER_THRE]);
+        let _ = serial.irq_evt().read();
+        let seen = serial.raise_stalled_interrupt(u64::MAX);
+        assert!(
+            serial.irq_evt().read().is_err(),
+            "the guest just touched the port"
+        );
+        let seen = serial.raise_stalled_interrupt(seen);
+        assert_eq!(serial.irq_evt().read().unwrap(), 1, "raised again");
+        // The guest takes it (reading IIR clears it): nothing more is raised.
+        let mut iir = [0u8];
+        serial.read(0x3f8, IIR, &mut iir);
+        let seen = serial.raise_stalled_interrupt(seen);
+        serial.raise_stalled_interrupt(seen);
+        assert!(serial.irq_evt().read().is_err());
     }
 
     #[test]

@@ -85,6 +85,45 @@ impl MutEventSubscriber for MemoryWaitSubscriber {
     }
 }
 
+/// How often the legacy devices' interrupts are looked at (see [`LegacyInterruptWatch`]).
+const LEGACY_INTERRUPT_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Raises the serial port's and the i8042's interrupt again where one is pending and the guest
+/// has not come for it for a whole [`LEGACY_INTERRUPT_CHECK`]: their edge-triggered interrupts,
+/// once lost, would stall the guest's console or keyboard for good.
+struct LegacyInterruptWatch {
+    timer: TimerFd,
+    session: Arc<Session>,
+    serial_seen: u64,
+    keyboard_seen: u64,
+}
+
+impl MutEventSubscriber for LegacyInterruptWatch {
+    fn init(&mut self, ops: &mut EventOps) {
+        let armed = self
+            .timer
+            .reset(LEGACY_INTERRUPT_CHECK, Some(LEGACY_INTERRUPT_CHECK))
+            .map_err(io::Error::from)
+            .and_then(|()| {
+                ops.add(Events::new(&self.timer, EventSet::IN))
+                    .map_err(|e| io::Error::other(e.to_string()))
+            });
+        if let Err(e) = armed {
+            log::error!("cannot watch the serial port's and keyboard's interrupts: {e}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.timer.wait();
+        if let Some(serial) = self.session.serial() {
+            self.serial_seen = serial.raise_stalled_interrupt(self.serial_seen);
+        }
+        if let Some(keyboard) = self.session.keyboard() {
+            self.keyboard_seen = keyboard.raise_stalled_interrupt(self.keyboard_seen);
+        }
+    }
+}
+
 /// Ends the loop when its event is signalled.
 struct QuitSubscriber {
     event: Arc<EventFd>,
@@ -127,6 +166,12 @@ impl EventLoop {
         }));
         manager.add_subscriber(Box::new(GuestFaultSubscriber {
             session: session.clone(),
+        }));
+        manager.add_subscriber(Box::new(LegacyInterruptWatch {
+            timer: TimerFd::new()?,
+            session: session.clone(),
+            serial_seen: u64::MAX,
+            keyboard_seen: u64::MAX,
         }));
         if session.config().wait_for_memory {
             manager.add_subscriber(Box::new(MemoryWaitSubscriber {

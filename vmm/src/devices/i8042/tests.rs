@@ -80,6 +80,23 @@ fn ctrl_alt_del_arrives_as_key_presses_with_interrupts() {
 }
 
 #[test]
+fn keys_whose_interrupt_the_guest_never_took_raise_it_again() {
+    let device = device();
+    let seen = device.raise_stalled_interrupt(u64::MAX);
+    assert!(device.send_ctrl_alt_del());
+    // The edge is "lost": the guest never comes.
+    let _ = device.irq_evt().read();
+    let seen = device.raise_stalled_interrupt(seen);
+    assert_eq!(device.irq_evt().read().unwrap(), 1, "raised again");
+    // Once the guest reads everything, nothing more is raised.
+    drain(&device);
+    let _ = device.irq_evt().read();
+    let seen = device.raise_stalled_interrupt(seen);
+    device.raise_stalled_interrupt(seen);
+    assert!(device.irq_evt().read().is_err());
+}
+
+#[test]
 fn a_guest_that_never_reads_cannot_grow_the_queue() {
     let device = device();
     for _ in 0..10_000 {
