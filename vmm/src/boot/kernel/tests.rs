@@ -222,7 +222,10 @@ fn loads_a_real_kernel_if_available() {
                 })
         });
     let Some(path) = candidate else {
-        eprintln!("SKIP: no kernel image (set LLFREE_VMM_TEST_KERNEL or install one in /boot)");
+        eprintln!(
+            "SKIP: loads_a_real_kernel_if_available: no kernel image (set LLFREE_VMM_TEST_KERNEL \
+             or install one in /boot)"
+        );
         return;
     };
     let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 256 << 20)]).unwrap();
