@@ -2,7 +2,8 @@
 //! VMM itself uses, measured from the outside on the real `vmm` command.
 //!
 //! ```text
-//! vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead]
+//! vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead] [restart]
+//!           [snapshot] [api]
 //! ```
 //!
 //! * startup: per backing and population, `--runs` runs of the test guest with a trivial
@@ -24,6 +25,9 @@
 //! * snapshot: see [`snapshot`]: create and load times of a VM in a zone (/dev/shm, hugetlbfs)
 //!   for `--snapshot-sizes` GiB of touched RAM.
 //!
+//! * api: see [`api_requests`]: `--runs` rounds of API requests on one kept connection and
+//!   with a connection each.
+//!
 //! hugetlb-2m cases need free 2 MiB huge pages (memory / 2 MiB of them), e.g.
 //! `echo 512 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`; they are skipped with
 //! a note otherwise.
@@ -35,11 +39,12 @@ use std::time::{Duration, Instant};
 
 use vmm_cli::ApiClient;
 
+mod api_requests;
 mod snapshot;
 
 const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] \
                      [--restart-sizes GIB,...] [--snapshot-sizes GIB,...] [startup] [overhead] \
-                     [restart] [snapshot]";
+                     [restart] [snapshot] [api]";
 
 /// The command line.
 struct Args {
@@ -63,6 +68,8 @@ struct Args {
     snapshot: bool,
     /// Guest RAM of the snapshot cases, GiB.
     snapshot_sizes: Vec<u64>,
+    /// Measure API requests on kept and new connections.
+    api: bool,
 }
 
 /// Parses the command line; with neither `startup` nor `overhead`, both are measured.
@@ -79,6 +86,7 @@ fn parse_args() -> Result<Args, String> {
         restart_sizes: vec![1, 4, 8, 16],
         snapshot: false,
         snapshot_sizes: vec![1, 4, 8, 16],
+        api: false,
     };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
@@ -94,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
             "overhead" => args.overhead = true,
             "restart" => args.restart = true,
             "snapshot" => args.snapshot = true,
+            "api" => args.api = true,
             "--restart-sizes" => args.restart_sizes = gib_list(&arg, &value()?)?,
             "--snapshot-sizes" => args.snapshot_sizes = gib_list(&arg, &value()?)?,
             _ => return Err(format!("unknown argument {arg}")),
@@ -102,7 +111,7 @@ fn parse_args() -> Result<Args, String> {
     if args.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
-    if !args.startup && !args.overhead && !args.restart && !args.snapshot {
+    if !args.startup && !args.overhead && !args.restart && !args.snapshot && !args.api {
         (args.startup, args.overhead) = (true, true);
     }
     Ok(args)
@@ -578,6 +587,9 @@ fn main() {
         }
         if args.snapshot {
             snapshot::snapshot(&args)?;
+        }
+        if args.api {
+            api_requests::api_requests(&args)?;
         }
         Ok(())
     });
