@@ -5,6 +5,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -57,6 +58,13 @@ impl MutEventSubscriber for GuestFaultSubscriber {
     }
 }
 
+/// Arms `timer` to expire every `period` and watches it.
+fn watch_timer(timer: &mut TimerFd, period: Duration, ops: &mut EventOps) -> io::Result<()> {
+    timer.reset(period, Some(period)).map_err(io::Error::from)?;
+    ops.add(Events::new(timer, EventSet::IN))
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
 /// Looks at the waits for memory every [`MEMORY_WAIT_CHECK`] (`--wait-for-memory`).
 struct MemoryWaitSubscriber {
     timer: TimerFd,
@@ -65,15 +73,7 @@ struct MemoryWaitSubscriber {
 
 impl MutEventSubscriber for MemoryWaitSubscriber {
     fn init(&mut self, ops: &mut EventOps) {
-        let armed = self
-            .timer
-            .reset(MEMORY_WAIT_CHECK, Some(MEMORY_WAIT_CHECK))
-            .map_err(io::Error::from)
-            .and_then(|()| {
-                ops.add(Events::new(&self.timer, EventSet::IN))
-                    .map_err(|e| io::Error::other(e.to_string()))
-            });
-        if let Err(e) = armed {
+        if let Err(e) = watch_timer(&mut self.timer, MEMORY_WAIT_CHECK, ops) {
             log::error!("cannot watch how long the guest waits for memory: {e}");
         }
     }
@@ -86,7 +86,7 @@ impl MutEventSubscriber for MemoryWaitSubscriber {
 }
 
 /// How often the legacy devices' interrupts are looked at (see [`LegacyInterruptWatch`]).
-const LEGACY_INTERRUPT_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+const LEGACY_INTERRUPT_CHECK: Duration = Duration::from_millis(250);
 
 /// Raises the serial port's and the i8042's interrupt again where one is pending and the guest
 /// has not come for it for a whole [`LEGACY_INTERRUPT_CHECK`]: their edge-triggered interrupts,
@@ -100,15 +100,7 @@ struct LegacyInterruptWatch {
 
 impl MutEventSubscriber for LegacyInterruptWatch {
     fn init(&mut self, ops: &mut EventOps) {
-        let armed = self
-            .timer
-            .reset(LEGACY_INTERRUPT_CHECK, Some(LEGACY_INTERRUPT_CHECK))
-            .map_err(io::Error::from)
-            .and_then(|()| {
-                ops.add(Events::new(&self.timer, EventSet::IN))
-                    .map_err(|e| io::Error::other(e.to_string()))
-            });
-        if let Err(e) = armed {
+        if let Err(e) = watch_timer(&mut self.timer, LEGACY_INTERRUPT_CHECK, ops) {
             log::error!("cannot watch the serial port's and keyboard's interrupts: {e}");
         }
     }
