@@ -504,3 +504,27 @@ fn debug_logging_says_what_the_vmm_does() {
         assert!(debug.stderr.contains(said), "no {said:?}: {debug:#?}");
     }
 }
+
+#[test]
+fn a_vm_with_an_entropy_device_runs_and_its_config_shows_it() {
+    let test = "a_vm_with_an_entropy_device_runs_and_its_config_shows_it";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("entropy-run");
+    let socket = scratch.path("api.sock");
+    let mut run = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--entropy",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "write:all,checkpoint:1,verify:all",
+    ]);
+    let api = run.api(&socket);
+    vmm_common::wait_for_state(&api, "Paused");
+    assert_eq!(get(&api, "/vm/config")["entropy"], serde_json::json!({}));
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    assert_eq!(run.wait(Duration::from_secs(120)).code, Some(0));
+}

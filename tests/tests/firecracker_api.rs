@@ -658,3 +658,57 @@ fn metrics_go_to_a_pipe_without_waiting_and_are_written_every_minute() {
     send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
     vmm.wait(TIMEOUT);
 }
+
+#[test]
+fn an_entropy_device_is_configured_as_firecracker_configures_one() {
+    let test = "an_entropy_device_is_configured_as_firecracker_configures_one";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-entropy");
+    let (kernel, initrd, _) = guest_files(&scratch);
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    // A rate limiter is refused (not yet supported); none is Firecracker's default.
+    let limited = api
+        .request(
+            "PUT",
+            "/entropy",
+            Some(r#"{"rate_limiter":{"bandwidth":{"size":1000,"refill_time":100}}}"#),
+        )
+        .unwrap();
+    assert_eq!(limited.status, 400);
+    assert!(
+        limited.body.contains("rate_limiter is not supported"),
+        "{}",
+        limited.body
+    );
+    send(&api, "PUT", "/entropy", "{}");
+    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
+                             "boot_args": "console=ttyS0"});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    assert_eq!(get(&api, "/vm/config")["entropy"], json!({}));
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    // The guest is told of the device as of every virtio-mmio one.
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    let console = vmm.stdout_so_far();
+    assert!(
+        console.starts_with("console=ttyS0 virtio_mmio.device=4K@0xc0000000:5\n"),
+        "{console}"
+    );
+    let flushed = api
+        .request(
+            "PUT",
+            "/actions",
+            Some(r#"{"action_type":"SendCtrlAltDel"}"#),
+        )
+        .unwrap();
+    assert_eq!(flushed.status, 204);
+    assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+}

@@ -354,3 +354,30 @@ fn the_documented_guest_files_boot_linux_from_its_root_drive_to_a_shell() {
     vmm.wait(Duration::from_secs(60))
         .assert_guest_reset(THROUGH_THE_KEYBOARD);
 }
+
+#[test]
+fn linux_reads_a_mebibyte_of_random_bytes_from_the_entropy_device() {
+    let test = "linux_reads_a_mebibyte_of_random_bytes_from_the_entropy_device";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let cmdline = cmdline("llfree.test=entropy llfree.mib=1");
+    let (vmm, _) = boot(
+        &guest,
+        &["--memory", "128M", "--entropy", "--cmdline", &cmdline],
+    );
+    let done = vmm.wait(BOOT_TIMEOUT);
+    let line = done
+        .stdout
+        .lines()
+        .find(|l| l.contains("LLFREE-L2 entropy"))
+        .unwrap_or_else(|| panic!("no entropy line: {done:#?}"));
+    eprintln!("{test}: {line}");
+    // Linux's virtio-rng driver is /dev/hwrng's source, it read the whole MiB, and the bytes
+    // are not one value repeated.
+    assert!(line.contains("rng=virtio_rng"), "{line}");
+    assert_eq!(field(line, "read_kib"), Some("1024"), "{line}");
+    let distinct: u32 = field(line, "distinct").unwrap().parse().unwrap();
+    assert!(distinct > 200, "{line}");
+    done.assert_guest_reset(THROUGH_THE_KEYBOARD);
+}

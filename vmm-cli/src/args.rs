@@ -341,6 +341,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "zone")]
     pub pmem: Option<u64>,
 
+    /// Add a virtio-rng entropy device (Firecracker's PUT /entropy): the guest's random bytes
+    /// come from the host's getrandom (Linux: CONFIG_HW_RANDOM_VIRTIO, /dev/hwrng).
+    #[arg(long)]
+    pub entropy: bool,
+
     /// Lay out a new, empty pool in the file or device of --backing file:/dax:, overwriting
     /// what it holds (an all-zero file, a fresh DAX device, an old pool and its frames).
     ///

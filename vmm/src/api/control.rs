@@ -2,9 +2,10 @@
 //! only parses requests, calls it and serialises the answers.
 
 use super::model::{
-    Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, FullVmConfiguration,
-    InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate, MachineInfo,
-    MemoryInfo, Metrics, Pmem, SnapshotCreateParams, SnapshotLoadParams, DEFAULT_INSTANCE_ID,
+    Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
+    FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
+    MachineInfo, MemoryInfo, Metrics, Pmem, SnapshotCreateParams, SnapshotLoadParams,
+    DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -27,6 +28,8 @@ pub enum PreBoot {
     Drive(String, Drive),
     /// `PUT /pmem/{id}`: the id in the path and the device.
     Pmem(String, Pmem),
+    /// `PUT /entropy`.
+    Entropy(EntropyDevice),
     /// `PUT /balloon`.
     Balloon(Balloon),
     /// `PUT /logger`.

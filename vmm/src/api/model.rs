@@ -10,9 +10,9 @@ use crate::devices::pmem::PmemHandle;
 mod preboot;
 
 pub use preboot::{
-    Balloon, BootSource, CacheType, Drive, FullVmConfiguration, HugePages, IoEngine, LogLevel,
-    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, ZoneAttachment,
-    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+    Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
+    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem,
+    ZoneAttachment, DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
 };
 
 /// Run state of the VM.

@@ -8,8 +8,9 @@ use guest_mem::{Populate, Scrub};
 
 use super::control::ControlError;
 use super::model::{
-    Balloon, BootSource, CacheType, Drive, FullVmConfiguration, HugePages, IoEngine, Logger,
-    MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode, ZoneAttachment,
+    Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
+    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode,
+    ZoneAttachment,
 };
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
@@ -160,6 +161,7 @@ pub struct VmResources {
     balloon: Option<Balloon>,
     drives: Vec<(Drive, DriveConfig)>,
     pmem: Option<Pmem>,
+    entropy: Option<EntropyDevice>,
     logger: Option<Logger>,
     metrics: Option<Metrics>,
     /// Whether anything that only a boot uses was configured (a snapshot is then refused).
@@ -261,6 +263,16 @@ impl VmResources {
             .size_mib
             .ok_or_else(|| refuse("pmem size_mib is required (the device's size in the zone)"))?;
         check_pmem(size_mib.saturating_mul(MIB), Some(&zone_target(zone))).map_err(invalid)
+    }
+
+    /// `PUT /entropy`: a virtio-rng device (again: the same device with the new settings).
+    pub fn put_entropy(&mut self, entropy: EntropyDevice) -> Result<(), ControlError> {
+        if entropy.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
+            return Err(refuse("rate_limiter is not supported"));
+        }
+        self.entropy = Some(entropy);
+        self.boot_specific = true;
+        Ok(())
     }
 
     /// `PUT /pmem/{id}`: the VM's one virtio-pmem device, in its zone.
@@ -374,6 +386,7 @@ impl VmResources {
             api_socket: api_socket.map(Path::to_owned),
             balloon,
             drives,
+            entropy: self.entropy.is_some(),
         })
     }
 
@@ -387,6 +400,7 @@ impl VmResources {
             machine_config: Some(self.machine.clone()),
             metrics: self.metrics.clone(),
             pmem: self.pmem.iter().cloned().collect(),
+            entropy: self.entropy.clone(),
             ..FullVmConfiguration::default()
         }
     }
@@ -447,6 +461,7 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             _ => None,
         },
         machine_config: Some(machine_configuration(config)),
+        entropy: config.entropy.then(EntropyDevice::default),
         pmem: match (&config.zone, config.pmem_size) {
             (Some(zone), Some(size)) => vec![Pmem {
                 id: "pmem0".into(),

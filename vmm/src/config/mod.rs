@@ -183,6 +183,8 @@ pub struct VmConfig {
     pub balloon: Option<BalloonDeviceConfig>,
     /// virtio-blk drives, the root drive first.
     pub drives: Vec<DriveConfig>,
+    /// A virtio-rng entropy device (Firecracker's `PUT /entropy`).
+    pub entropy: bool,
 }
 
 impl VmConfig {
@@ -225,6 +227,7 @@ impl VmConfig {
             api_socket: None,
             balloon: None,
             drives: Vec::new(),
+            entropy: false,
         }
     }
 

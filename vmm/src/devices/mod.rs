@@ -1,5 +1,5 @@
 //! Emulated devices: the I/O and MMIO bus, the 16550 serial console, the i8042 keyboard
-//! controller, virtio over MMIO, the virtio-balloon, virtio-blk and virtio-pmem.
+//! controller, virtio over MMIO, the virtio-balloon, virtio-blk, virtio-pmem and virtio-rng.
 
 // Devices take values from a hostile guest: no silent truncation or sign change (the tests
 // build their inputs with casts on purpose).
@@ -16,6 +16,7 @@
 pub mod balloon;
 pub mod block;
 pub mod bus;
+pub mod entropy;
 pub mod event_loop;
 pub mod guest_warnings;
 pub mod i8042;

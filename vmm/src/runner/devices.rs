@@ -20,6 +20,7 @@ use crate::boot::VirtioMmioEntry;
 use crate::config::{DriveConfig, VmConfig};
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::block::{BlockCounters, BlockDevice};
+use crate::devices::entropy::{EntropyDevice, EntropyHandle};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
@@ -224,6 +225,8 @@ pub(super) struct Devices {
     pub pmem: Option<PmemHandle>,
     /// The drives' request counters, by drive id, for metrics.
     pub drives: Vec<(String, Arc<BlockCounters>)>,
+    /// The virtio-rng device, for metrics.
+    pub entropy: Option<EntropyHandle>,
 }
 
 /// Opens a drive's image as it asks and makes its virtio-blk device.
@@ -281,11 +284,22 @@ pub(super) fn create_devices(
         drives.push((drive.id.clone(), device.counters()));
         mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
     }
+    // After the drives: a snapshot's devices come back in this order.
+    let entropy = match config.entropy {
+        true => {
+            let device = EntropyDevice::new(memory.clone());
+            let handle = device.handle();
+            mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
+            Some(handle)
+        }
+        false => None,
+    };
     Ok(Devices {
         mmio,
         balloon,
         pmem,
         drives,
+        entropy,
     })
 }
 

@@ -175,6 +175,7 @@ impl ApiFront {
             PreBoot::BootSource(boot) => resources.put_boot_source(boot),
             PreBoot::Drive(id, drive) => resources.put_drive(&id, drive),
             PreBoot::Pmem(id, pmem) => resources.put_pmem(&id, pmem),
+            PreBoot::Entropy(entropy) => resources.put_entropy(entropy),
             PreBoot::Balloon(balloon) => resources.put_balloon(balloon),
             PreBoot::Logger(logger) => {
                 let control = self.logger.as_ref().ok_or_else(|| {
@@ -368,7 +369,6 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
         (config.vsock.is_some(), "vsock"),
         (config.mmds_config.is_some(), "mmds-config"),
         (config.cpu_config.is_some(), "cpu-config"),
-        (config.entropy.is_some(), "entropy"),
     ] {
         if present {
             return unsupported(what);
@@ -386,6 +386,7 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
     for pmem in config.pmem {
         requests.push(PreBoot::Pmem(pmem.id.clone(), pmem));
     }
+    requests.extend(config.entropy.map(PreBoot::Entropy));
     for request in requests {
         front.apply(request)?;
     }

@@ -230,7 +230,7 @@ fn legacy<'l, 'a>(
     section
 }
 
-/// The VM's devices: its balloon and drives.
+/// The VM's devices: its balloon, entropy device and drives.
 fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
     if let Some(balloon) = session.and_then(Session::balloon_handle) {
         let info = balloon.info();
@@ -244,6 +244,13 @@ fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
             .count("free_page_report_freed", counters.reported_bytes)
             .count("free_page_report_fails", counters.backend_errors)
             .count("event_fails", violations)
+            .done();
+    }
+    if let Some(entropy) = session.and_then(Session::entropy) {
+        line.section("entropy")
+            .count("entropy_event_count", entropy.requests())
+            .count("entropy_bytes", entropy.bytes())
+            .count("host_rng_fails", entropy.host_failures())
             .done();
     }
     let drives = session.map_or(&[][..], Session::drive_counters);

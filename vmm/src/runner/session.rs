@@ -13,6 +13,7 @@ use super::{FaultingThread, RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
 use crate::devices::block::BlockCounters;
+use crate::devices::entropy::EntropyHandle;
 use crate::devices::i8042::I8042Device;
 use crate::devices::pmem::PmemHandle;
 use crate::devices::serial::SerialDevice;
@@ -78,6 +79,8 @@ pub(super) struct Session {
     pmem: Option<PmemHandle>,
     /// The drives' request counters, by drive id.
     drives: Vec<(String, Arc<BlockCounters>)>,
+    /// The virtio-rng device's counters, if the VM has one.
+    entropy: Option<EntropyHandle>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
@@ -137,6 +140,7 @@ impl Session {
             balloon: devices.balloon.clone(),
             pmem: devices.pmem.clone(),
             drives: devices.drives.clone(),
+            entropy: devices.entropy.clone(),
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
             vm_fd: OnceLock::new(),
@@ -175,6 +179,11 @@ impl Session {
     /// The drives' request counters, by drive id.
     pub fn drive_counters(&self) -> &[(String, Arc<BlockCounters>)] {
         &self.drives
+    }
+
+    /// The virtio-rng device's counters, if the VM has one.
+    pub fn entropy(&self) -> Option<&EntropyHandle> {
+        self.entropy.as_ref()
     }
 
     /// The virtio-pmem device, if the VM has one.

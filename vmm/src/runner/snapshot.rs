@@ -361,6 +361,7 @@ impl Session {
                 GuestConfig::Linux(_) | GuestConfig::RestoredLinux => SavedGuest::Linux,
             },
             drives: config.drives.clone(),
+            entropy: config.entropy,
         }
     }
 }
@@ -526,6 +527,7 @@ pub(super) fn prepare(
         api_socket,
         balloon: machine.balloon,
         drives: machine.drives,
+        entropy: machine.entropy,
     };
     // The images stay where they were: each must still be there, as the snapshot's VM saw it.
     crate::config::check_drives(&config.drives).map_err(|e| {

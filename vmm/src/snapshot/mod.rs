@@ -61,6 +61,8 @@ pub struct Machine {
     pub guest: SavedGuest,
     /// The virtio-blk drives, in their slots' order (their images stay where they are).
     pub drives: Vec<DriveConfig>,
+    /// A virtio-rng entropy device, after the drives.
+    pub entropy: bool,
 }
 
 /// Where the VM's memory is.
@@ -148,7 +150,8 @@ impl VmSnapshot {
         }
         let virtio = usize::from(machine.balloon.is_some())
             + usize::from(machine.pmem_size.is_some())
-            + machine.drives.len();
+            + machine.drives.len()
+            + usize::from(machine.entropy);
         if self.devices.virtio.len() != virtio {
             return bad(format!(
                 "{} virtio devices saved, the configuration has {virtio}",

@@ -252,6 +252,15 @@ pub struct Pmem {
     pub rate_limiter: Option<serde_json::Value>,
 }
 
+/// `PUT /entropy`: Firecracker's `EntropyDevice`, a virtio-rng device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntropyDevice {
+    /// A rate limiter (refused unless null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<serde_json::Value>,
+}
+
 /// `PUT /balloon` before the start: Firecracker's `Balloon`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -429,7 +438,7 @@ pub struct FullVmConfiguration {
         skip_serializing_if = "Option::is_none"
     )]
     pub cpu_config: Option<serde_json::Value>,
-    /// The entropy device (refused).
+    /// The entropy device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entropy: Option<serde_json::Value>,
+    pub entropy: Option<EntropyDevice>,
 }
