@@ -670,25 +670,31 @@ fn an_entropy_device_is_configured_as_firecracker_configures_one() {
     let socket = scratch.path("api.sock");
     let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
     let api = vmm.api(&socket);
-    // A rate limiter is refused (not yet supported); none is Firecracker's default.
-    let limited = api
+    // A malformed rate limiter is refused; a good one is kept, as the configuration shows.
+    let malformed = api
         .request(
             "PUT",
             "/entropy",
-            Some(r#"{"rate_limiter":{"bandwidth":{"size":1000,"refill_time":100}}}"#),
+            Some(r#"{"rate_limiter":{"bandwidth":{"size":1000}}}"#),
         )
         .unwrap();
-    assert_eq!(limited.status, 400);
-    assert!(
-        limited.body.contains("rate_limiter is not supported"),
-        "{}",
-        limited.body
+    assert_eq!(malformed.status, 400);
+    assert!(malformed.body.contains("refill_time"), "{}", malformed.body);
+    let limiter = json!({"bandwidth": {"size": 1000, "one_time_burst": null, "refill_time": 100},
+                         "ops": null});
+    send(
+        &api,
+        "PUT",
+        "/entropy",
+        &json!({ "rate_limiter": limiter }).to_string(),
     );
-    send(&api, "PUT", "/entropy", "{}");
     let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
                              "boot_args": "console=ttyS0"});
     send(&api, "PUT", "/boot-source", &boot_source.to_string());
-    assert_eq!(get(&api, "/vm/config")["entropy"], json!({}));
+    assert_eq!(
+        get(&api, "/vm/config")["entropy"],
+        json!({ "rate_limiter": limiter })
+    );
     send(
         &api,
         "PUT",

@@ -76,7 +76,7 @@ impl TryFrom<RunArgs> for VmConfig {
             backing: args.backing,
             zone,
             pmem_size: args.pmem,
-            entropy: args.entropy,
+            entropy: args.entropy.then(Default::default),
             format_pool: args.format_pool,
             wait_for_memory: args.wait_for_memory.is_some(),
             memory_wait_limit: args.wait_for_memory.flatten(),

@@ -16,6 +16,7 @@ use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
     ConfigError, DriveConfig, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
+use crate::devices::rate_limiter::RateLimiterConfig;
 use crate::testguest::image::guest_for_kernel;
 use crate::testguest::WorkloadSpec;
 
@@ -267,9 +268,6 @@ impl VmResources {
 
     /// `PUT /entropy`: a virtio-rng device (again: the same device with the new settings).
     pub fn put_entropy(&mut self, entropy: EntropyDevice) -> Result<(), ControlError> {
-        if entropy.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
-            return Err(refuse("rate_limiter is not supported"));
-        }
         self.entropy = Some(entropy);
         self.boot_specific = true;
         Ok(())
@@ -386,7 +384,10 @@ impl VmResources {
             api_socket: api_socket.map(Path::to_owned),
             balloon,
             drives,
-            entropy: self.entropy.is_some(),
+            entropy: self
+                .entropy
+                .as_ref()
+                .map(|e| e.rate_limiter.unwrap_or_default()),
         })
     }
 
@@ -461,7 +462,9 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             _ => None,
         },
         machine_config: Some(machine_configuration(config)),
-        entropy: config.entropy.then(EntropyDevice::default),
+        entropy: config.entropy.map(|limiter| EntropyDevice {
+            rate_limiter: (limiter != RateLimiterConfig::default()).then_some(limiter),
+        }),
         pmem: match (&config.zone, config.pmem_size) {
             (Some(zone), Some(size)) => vec![Pmem {
                 id: "pmem0".into(),

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use guest_mem::{Populate, Scrub};
 
 use crate::boot::cmdline::DEFAULT_CMDLINE;
+use crate::devices::rate_limiter::RateLimiterConfig;
 use crate::layout::{ram_regions, RamRegion, CMDLINE_MAX_SIZE};
 use crate::testguest::{protocol, Workload};
 
@@ -183,8 +184,8 @@ pub struct VmConfig {
     pub balloon: Option<BalloonDeviceConfig>,
     /// virtio-blk drives, the root drive first.
     pub drives: Vec<DriveConfig>,
-    /// A virtio-rng entropy device (Firecracker's `PUT /entropy`).
-    pub entropy: bool,
+    /// A virtio-rng entropy device (Firecracker's `PUT /entropy`) and its rate limiter.
+    pub entropy: Option<RateLimiterConfig>,
 }
 
 impl VmConfig {
@@ -227,7 +228,7 @@ impl VmConfig {
             api_socket: None,
             balloon: None,
             drives: Vec::new(),
-            entropy: false,
+            entropy: None,
         }
     }
 

@@ -2,19 +2,27 @@
 //! makes buffers available on its one queue, and the device fills them with random bytes from
 //! the host's `getrandom(2)` (Linux: `/dev/hwrng`, and the kernel's entropy pool).
 //!
+//! A rate limiter (Firecracker's, see [`crate::devices::rate_limiter`]) may cap the bytes and
+//! requests: a request the buckets cannot pay for stays in the queue, and the device takes it
+//! up again when its timer says they can.
+//!
 //! Everything the guest writes is checked: only device-writable buffers are filled, at most
 //! [`MAX_BYTES_PER_REQUEST`] per request (a hostile 4 GiB chain costs no more than that), and a
 //! buffer outside guest memory or a device-readable one ends the request there; such requests
 //! are counted as warnings (rate-limited).
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddressSpace};
+use vmm_sys_util::timerfd::TimerFd;
 
+use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::devices::virtio::request_queue::RequestQueue;
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
 use crate::devices::GuestWarnings;
@@ -35,9 +43,15 @@ pub struct EntropyHandle {
     bytes: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
     host_failures: Arc<AtomicU64>,
+    throttled: Arc<AtomicU64>,
 }
 
 impl EntropyHandle {
+    /// Times the rate limiter made a request wait.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
+    }
+
     /// Random bytes given to the guest so far.
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
@@ -61,6 +75,9 @@ pub struct EntropyDevice {
     active: Option<RequestQueue>,
     warnings: GuestWarnings,
     handle: EntropyHandle,
+    limiter: RateLimiter,
+    /// Expires when the rate limiter can pay for the request that waits.
+    wake_timer: TimerFd,
 }
 
 /// Fills `buffer` from the host's `getrandom`.
@@ -85,14 +102,47 @@ fn host_random(buffer: &mut [u8]) -> std::io::Result<()> {
 }
 
 impl EntropyDevice {
-    /// A device whose queue lives in `memory`.
-    pub fn new(memory: Memory) -> Self {
-        Self {
+    /// A device whose queue lives in `memory`, its bytes and requests capped by `limiter`.
+    pub fn new(memory: Memory, limiter: RateLimiterConfig) -> std::io::Result<Self> {
+        Ok(Self {
             memory,
             active: None,
             warnings: GuestWarnings::default(),
             handle: EntropyHandle::default(),
+            limiter: RateLimiter::new(limiter, Instant::now()),
+            wake_timer: TimerFd::new().map_err(std::io::Error::from)?,
+        })
+    }
+
+    /// The bytes `chain` asks for: its writable buffers, at most [`MAX_BYTES_PER_REQUEST`].
+    fn asked(chain: &DescriptorChain<&GuestMemory>) -> u32 {
+        chain
+            .clone()
+            .take_while(|desc| desc.is_write_only())
+            .fold(0u32, |sum, desc| sum.saturating_add(desc.len()))
+            .min(MAX_BYTES_PER_REQUEST)
+    }
+
+    /// Answers `chain` if the rate limiter lets it through; else arms the wake timer and
+    /// leaves it for later.
+    fn answer_limited(
+        &mut self,
+        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemory>,
+    ) -> Option<u32> {
+        if self.limiter.is_limiting() {
+            let asked = u64::from(Self::asked(&chain));
+            if let Err(wait) = self.limiter.consume(asked, Instant::now()) {
+                self.handle.throttled.fetch_add(1, Ordering::Relaxed);
+                // At least a millisecond: a zero would disarm the timer.
+                let wait = wait.max(std::time::Duration::from_millis(1));
+                if let Err(e) = self.wake_timer.reset(wait, None) {
+                    log::error!("virtio-rng: cannot arm the rate limiter's timer: {e}");
+                }
+                return None;
+            }
         }
+        Some(self.answer(mem, chain))
     }
 
     /// The device's handle, for the control API and the metrics.
@@ -178,7 +228,9 @@ impl VirtioDevice<Memory> for EntropyDevice {
         if index == 0 {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
-            if let Err(e) = active.drain(&mem, "virtio-rng", |chain| self.answer(&mem, chain)) {
+            let drained =
+                active.drain_until(&mem, "virtio-rng", |chain| self.answer_limited(&mem, chain));
+            if let Err(e) = drained {
                 self.warnings.warn(format_args!("virtio-rng: {e}"));
             }
         }
@@ -198,6 +250,16 @@ impl VirtioDevice<Memory> for EntropyDevice {
 
     fn save_state(&self) -> DeviceState {
         DeviceState::Plain
+    }
+
+    fn wake_fd(&self) -> Option<RawFd> {
+        Some(self.wake_timer.as_raw_fd())
+    }
+
+    fn wake(&mut self) {
+        // How often it expired does not matter.
+        let _ = self.wake_timer.wait();
+        self.process_queue(0);
     }
 
     fn restore_state(

@@ -21,6 +21,7 @@ pub mod event_loop;
 pub mod guest_warnings;
 pub mod i8042;
 pub mod pmem;
+pub mod rate_limiter;
 pub mod serial;
 pub mod virtio;
 

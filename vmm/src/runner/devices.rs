@@ -34,6 +34,9 @@ use crate::vcpu::Buses;
 /// Errors of creating and wiring devices.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
+    /// The entropy device's timer could not be made.
+    #[error("virtio-rng: {0}")]
+    Entropy(#[source] std::io::Error),
     /// Every virtio-mmio slot is taken.
     #[error("no free virtio-mmio slot (there are {VIRTIO_MMIO_SLOTS})")]
     NoSlot,
@@ -286,13 +289,14 @@ pub(super) fn create_devices(
     }
     // After the drives: a snapshot's devices come back in this order.
     let entropy = match config.entropy {
-        true => {
-            let device = EntropyDevice::new(memory.clone());
+        Some(limiter) => {
+            let device =
+                EntropyDevice::new(memory.clone(), limiter).map_err(DeviceError::Entropy)?;
             let handle = device.handle();
             mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
             Some(handle)
         }
-        false => None,
+        None => None,
     };
     Ok(Devices {
         mmio,

@@ -34,7 +34,7 @@ use crate::metrics::{Level, Operation, METRICS};
 /// What the API thread asks the main thread to do.
 enum Request {
     /// Boot this VM.
-    Start(VmConfig),
+    Start(Box<VmConfig>),
     /// Load this snapshot.
     Load(SnapshotLoadParams),
 }
@@ -250,7 +250,7 @@ impl VmmControl for ApiFront {
     fn start_instance(&self) -> Result<(), ControlError> {
         self.check_not_started()?;
         let config = lock(&self.resources).vm_config(self.api_socket.as_deref())?;
-        self.submit(Request::Start(config))
+        self.submit(Request::Start(Box::new(config)))
     }
 
     fn flush_metrics(&self) -> Result<(), ControlError> {
@@ -455,7 +455,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         let (config, frames, resumption) = match pending.request {
             Request::Start(config) => {
                 match super::check_guest(&config).and_then(|()| super::frames_for(&config)) {
-                    Ok(frames) => (config, frames, None),
+                    Ok(frames) => (*config, frames, None),
                     Err(e) => {
                         // Open again before the answer: the client's next request may follow
                         // it at once.

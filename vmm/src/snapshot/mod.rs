@@ -12,6 +12,7 @@
 pub mod file;
 pub mod memory_file;
 
+use crate::devices::rate_limiter::RateLimiterConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::state::{VcpuState, VmState};
@@ -61,8 +62,8 @@ pub struct Machine {
     pub guest: SavedGuest,
     /// The virtio-blk drives, in their slots' order (their images stay where they are).
     pub drives: Vec<DriveConfig>,
-    /// A virtio-rng entropy device, after the drives.
-    pub entropy: bool,
+    /// A virtio-rng entropy device, after the drives, and its rate limiter.
+    pub entropy: Option<RateLimiterConfig>,
 }
 
 /// Where the VM's memory is.
@@ -151,7 +152,7 @@ impl VmSnapshot {
         let virtio = usize::from(machine.balloon.is_some())
             + usize::from(machine.pmem_size.is_some())
             + machine.drives.len()
-            + usize::from(machine.entropy);
+            + usize::from(machine.entropy.is_some());
         if self.devices.virtio.len() != virtio {
             return bad(format!(
                 "{} virtio devices saved, the configuration has {virtio}",

@@ -58,7 +58,7 @@ fn snapshot() -> VmSnapshot {
             memory_wait_limit_ms: None,
             guest: SavedGuest::TestGuest(Workload::new().write(2 << 20, 4 << 20, 7)),
             drives: Vec::new(),
-            entropy: false,
+            entropy: None,
         },
         memory: MemorySource::Zone {
             zone_id: 0x1234,

@@ -256,9 +256,9 @@ pub struct Pmem {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EntropyDevice {
-    /// A rate limiter (refused unless null).
+    /// Caps the random bytes and requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PUT /balloon` before the start: Firecracker's `Balloon`.

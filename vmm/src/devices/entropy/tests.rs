@@ -4,6 +4,7 @@ use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
+use crate::devices::rate_limiter::TokenBucketConfig;
 use crate::devices::virtio::request_queue::testing::{activation, add_chain};
 
 const MIB: u64 = 1 << 20;
@@ -19,12 +20,22 @@ fn memory() -> Memory {
     Arc::new(GuestMemory::new(pool, config).unwrap())
 }
 
-/// A device activated with the queue of `mock`; returns it and its interrupt's eventfd.
-fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (EntropyDevice, EventFd) {
-    let mut device = EntropyDevice::new(memory.clone());
+/// A device limited by `limiter`, activated with the queue of `mock`; returns it and its
+/// interrupt's eventfd.
+fn limited(
+    memory: &Memory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+    limiter: RateLimiterConfig,
+) -> (EntropyDevice, EventFd) {
+    let mut device = EntropyDevice::new(memory.clone(), limiter).unwrap();
     let (activation, irq) = activation(memory, mock);
     device.activate(activation).unwrap();
     (device, irq)
+}
+
+/// An unlimited device activated with the queue of `mock`.
+fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (EntropyDevice, EventFd) {
+    limited(memory, mock, RateLimiterConfig::default())
 }
 
 fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
@@ -93,4 +104,45 @@ fn hostile_requests_get_at_most_the_cap_and_no_panic() {
     device.reset();
     device.process_queue(0);
     assert!(device.queue_states().is_empty());
+}
+
+#[test]
+fn a_rate_limited_device_leaves_what_it_cannot_pay_for_until_its_timer_says_so() {
+    let memory = memory();
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    // 4 KiB per 100 ms.
+    let limiter = RateLimiterConfig {
+        bandwidth: Some(TokenBucketConfig {
+            size: 4096,
+            one_time_burst: None,
+            refill_time: 100,
+        }),
+        ops: None,
+    };
+    let (mut device, _irq) = limited(&memory, &mock, limiter);
+    for request in 0..3 {
+        add_chain(&mock, request, request, &[(BUFFER, 4096, true)]);
+    }
+    device.process_queue(0);
+    // One request paid for; the second waits in the queue, the timer armed.
+    assert_eq!(mock.used().idx().load(), 1);
+    assert_eq!(device.handle().throttled(), 1);
+    let started = Instant::now();
+    let fd = device.wake_fd().unwrap();
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for at most a second.
+    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
+    device.wake();
+    let waited = started.elapsed();
+    assert_eq!(
+        mock.used().idx().load(),
+        2,
+        "the second came after {waited:?}"
+    );
+    assert!(waited >= std::time::Duration::from_millis(80), "{waited:?}");
+    assert_eq!(device.handle().bytes(), 8192);
 }

@@ -152,6 +152,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> QueueSubscriber<M, D> {
     }
 }
 
+/// Data tag of a device's [`VirtioDevice::wake_fd`] (queue tags are a u16).
+const WAKE: u32 = u32::MAX;
+
 impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubscriber<M, D> {
     fn init(&mut self, ops: &mut EventOps) {
         // At most a u16 of queues: see `QueueSubscriber::new`.
@@ -160,10 +163,20 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubsc
                 warn!("virtio: cannot watch queue {index}: {e}");
             }
         }
+        let wake = self.lock().wake_fd();
+        if let Some(fd) = wake {
+            if let Err(e) = ops.add(Events::with_data_raw(fd, WAKE, EventSet::IN)) {
+                warn!("virtio: cannot watch a device's timer: {e}");
+            }
+        }
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         let index = events.data();
+        if index == WAKE {
+            self.lock().wake();
+            return;
+        }
         let Some((queue, notifier)) = u16::try_from(index)
             .ok()
             .and_then(|queue| Some((queue, self.notifiers.get(usize::from(queue))?)))
@@ -173,11 +186,16 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubsc
         };
         // The counter value does not matter; an empty read is a spurious wakeup.
         if notifier.read().is_ok() {
-            self.device
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .process_queue(queue);
+            self.lock().process_queue(queue);
         }
+    }
+}
+
+impl<M, D> QueueSubscriber<M, D> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, D> {
+        self.device
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

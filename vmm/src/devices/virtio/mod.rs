@@ -94,6 +94,13 @@ pub trait VirtioDevice<M: GuestAddressSpace>: Send {
     fn queue_states(&self) -> Vec<(u16, QueueState)>;
     /// The device's own state, for a snapshot.
     fn save_state(&self) -> DeviceState;
+    /// A file descriptor the device wants the event loop to watch besides its queues (a rate
+    /// limiter's timer); [`Self::wake`] is called when it is readable.
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Its [`Self::wake_fd`] is readable.
+    fn wake(&mut self) {}
     /// Restores a saved state into a device fresh from its constructor; a device that was
     /// active gets its queues in `activation`. Unlike [`Self::activate`] it processes nothing
     /// (buffers made available wait for the next notification). The state comes from a file:

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
-use virtio_queue::{DescriptorChain, Queue, QueueState, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
 
 use super::{ActivateError, Activation, Interrupt};
 
@@ -50,11 +50,25 @@ impl RequestQueue {
         device: &str,
         mut answer: impl FnMut(DescriptorChain<&GuestMemory>) -> u32,
     ) -> Result<(), UsedRingError> {
+        self.drain_until(mem, device, |chain| Some(answer(chain)))
+    }
+
+    /// As [`Self::drain`], but `answer` may leave a chain for later (`None`, e.g. a rate limiter
+    /// said to wait): it goes back to the queue, and draining stops there.
+    pub fn drain_until(
+        &mut self,
+        mem: &GuestMemory,
+        device: &str,
+        mut answer: impl FnMut(DescriptorChain<&GuestMemory>) -> Option<u32>,
+    ) -> Result<(), UsedRingError> {
         let mut used = false;
         let mut result = Ok(());
         while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();
-            let written = answer(chain);
+            let Some(written) = answer(chain) else {
+                self.queue.go_to_previous_position();
+                break;
+            };
             if self.queue.add_used(mem, head, written).is_err() {
                 result = Err(UsedRingError);
                 break;
