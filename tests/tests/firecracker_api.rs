@@ -718,3 +718,104 @@ fn an_entropy_device_is_configured_as_firecracker_configures_one() {
     assert_eq!(flushed.status, 204);
     assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
 }
+
+/// Boots the Ctrl-Alt-Del guest of `scratch` through `socket` after `configure` (more pre-boot
+/// requests), and ends it; returns what the VMM printed on stdout.
+fn boot_and_end(scratch: &Scratch, name: &str, configure: impl FnOnce(&ApiClient)) -> String {
+    let (kernel, initrd, _) = guest_files(scratch);
+    let socket = scratch.path(&format!("{name}.sock"));
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
+                             "boot_args": "console=ttyS0"});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    configure(&api);
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    // The guest prints, then waits for Ctrl-Alt-Del; its output may be elsewhere.
+    std::thread::sleep(Duration::from_millis(500));
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    let done = vmm.wait(TIMEOUT);
+    assert_eq!(done.code, Some(0), "{done:#?}");
+    done.stdout
+}
+
+#[test]
+fn the_serial_console_goes_to_a_file_or_a_pipe_and_a_rate_limiter_caps_it() {
+    let test = "the_serial_console_goes_to_a_file_or_a_pipe_and_a_rate_limiter_caps_it";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-serial");
+    // A file: the guest's output is there, not on stdout.
+    let file = scratch.path("console.log");
+    let stdout = boot_and_end(&scratch, "file", |api| {
+        send(
+            api,
+            "PUT",
+            "/serial",
+            &json!({ "serial_out_path": file }).to_string(),
+        );
+    });
+    let console = std::fs::read_to_string(&file).unwrap();
+    assert!(console.contains(INITRD.trim()), "{console:?}");
+    assert!(!stdout.contains(INITRD.trim()), "{stdout}");
+    // A pipe nobody reads: the guest runs and ends as ever.
+    let fifo = scratch.path("console.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    boot_and_end(&scratch, "fifo", |api| {
+        send(
+            api,
+            "PUT",
+            "/serial",
+            &json!({ "serial_out_path": fifo }).to_string(),
+        );
+    });
+    // 8 bytes a minute: the rest is dropped and counted.
+    let limited = scratch.path("limited.log");
+    let metrics = scratch.path("metrics.json");
+    boot_and_end(&scratch, "limited", |api| {
+        let serial = json!({ "serial_out_path": limited,
+                             "rate_limiter": {"size": 8, "refill_time": 60000} });
+        send(api, "PUT", "/serial", &serial.to_string());
+        send(
+            api,
+            "PUT",
+            "/metrics",
+            &json!({ "metrics_path": metrics }).to_string(),
+        );
+    });
+    assert_eq!(std::fs::metadata(&limited).unwrap().len(), 8);
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let last: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    let dropped = last["uart"]["rate_limiter_dropped_bytes"].as_u64().unwrap();
+    assert!(dropped > 20, "{last:#}");
+    // Only a pipe or a regular file.
+    let socket = scratch.path("refuse.sock");
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    let refused = api
+        .request("PUT", "/serial", Some(r#"{"serial_out_path":"/dev/null"}"#))
+        .unwrap();
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.body.contains("a character device"),
+        "{}",
+        refused.body
+    );
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    vmm.wait(TIMEOUT);
+}

@@ -211,6 +211,8 @@ pub struct LegacyDeviceMetrics {
     pub reset_count: Counter,
     /// Errors (e.g. the serial port's output could not be written).
     pub error_count: Counter,
+    /// Output bytes a rate limiter dropped (the serial port's, `PUT /serial`).
+    pub rate_limiter_dropped_bytes: Counter,
 }
 
 impl LegacyDeviceMetrics {
@@ -222,6 +224,7 @@ impl LegacyDeviceMetrics {
             missed_write_count: Counter::new(),
             reset_count: Counter::new(),
             error_count: Counter::new(),
+            rate_limiter_dropped_bytes: Counter::new(),
         }
     }
 }

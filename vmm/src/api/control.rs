@@ -4,7 +4,7 @@
 use super::model::{
     Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
     FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
-    MachineInfo, MemoryInfo, Metrics, Pmem, SnapshotCreateParams, SnapshotLoadParams,
+    MachineInfo, MemoryInfo, Metrics, Pmem, SerialConfig, SnapshotCreateParams, SnapshotLoadParams,
     DEFAULT_INSTANCE_ID,
 };
 
@@ -30,6 +30,8 @@ pub enum PreBoot {
     Pmem(String, Pmem),
     /// `PUT /entropy`.
     Entropy(EntropyDevice),
+    /// `PUT /serial`.
+    Serial(SerialConfig),
     /// `PUT /balloon`.
     Balloon(Balloon),
     /// `PUT /logger`.

@@ -12,7 +12,7 @@ mod preboot;
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem,
-    ZoneAttachment, DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+    SerialConfig, ZoneAttachment, DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
 };
 
 /// Run state of the VM.

@@ -142,6 +142,7 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
         (Method::Put, "entropy", None, _) => configure(body(request).map(PreBoot::Entropy)),
+        (Method::Put, "serial", None, _) => configure(body(request).map(PreBoot::Serial)),
         (Method::Put, "actions", None, _) => {
             body::<ActionRequest>(request).map(|r| match r.action_type {
                 ActionType::InstanceStart => done(control.start_instance()),

@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::events::Subscriber;
+use crate::api::model::SerialConfig;
 use crate::devices::event_loop::SerialInput;
+use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::devices::serial::{SerialDevice, SerialError, SerialOutput};
+use crate::host_file::{self, HostFileError};
+use crate::metrics::METRICS;
 
 /// The name every line a VMM prints starts with (`[NAME] `), set once by the front end from
 /// `--vm` or `--id`: several VMMs on one terminal then write whole lines, each saying whose.
@@ -192,6 +196,56 @@ impl Drop for Stdout {
 /// The VMM's stdout as the guest's console output.
 pub(super) fn serial_output() -> SerialOutput {
     Box::new(Stdout::default())
+}
+
+/// The guest's console output to a file or named pipe (`PUT /serial`): output a full pipe (or
+/// one nobody reads) cannot take is dropped rather than stalling the guest, and counted as a
+/// missed write; with a rate limiter, output beyond its rate is dropped and counted in
+/// `uart.rate_limiter_dropped_bytes`, as in Firecracker.
+pub(super) struct SerialFile {
+    file: File,
+    limiter: RateLimiter,
+}
+
+impl SerialFile {
+    /// Opens `config`'s path: a pipe (without waiting for a reader) or a regular file
+    /// (appended to); anything else is refused.
+    pub fn open(config: &SerialConfig) -> Result<Self, HostFileError> {
+        Ok(SerialFile {
+            file: host_file::open_appending("serial_out_path", &config.serial_out_path)?,
+            limiter: RateLimiter::new(
+                RateLimiterConfig {
+                    bandwidth: config.rate_limiter,
+                    ops: None,
+                },
+                Instant::now(),
+            ),
+        })
+    }
+}
+
+impl Write for SerialFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let bytes = u64::try_from(buf.len()).unwrap_or(u64::MAX);
+        if self.limiter.consume(bytes, Instant::now()).is_err() {
+            METRICS.uart.rate_limiter_dropped_bytes.add(bytes);
+            return Ok(buf.len());
+        }
+        match self.file.write(buf) {
+            Ok(n) if n < buf.len() => METRICS.uart.missed_write_count.inc(),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                METRICS.uart.missed_write_count.inc();
+            }
+            Err(_) => METRICS.uart.error_count.inc(),
+        }
+        // The guest's output is taken either way: a UART does not wait for its cable.
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A serial port writing to the console output, its input coming from stdin.

@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use super::console::SerialFile;
 use super::early_vm::EarlyKvmVm;
 use super::metrics::{MetricsSink, FLUSH_INTERVAL};
 use super::session::Session;
@@ -29,6 +30,7 @@ use crate::api::model::{
 use crate::api::resources::VmResources;
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use crate::config::VmConfig;
+use crate::devices::serial::SerialOutput;
 use crate::metrics::{Level, Operation, METRICS};
 
 /// What the API thread asks the main thread to do.
@@ -79,6 +81,8 @@ pub(super) struct ApiFront {
     resources: Mutex<VmResources>,
     logger: Option<Arc<dyn LogControl>>,
     metrics: Mutex<Option<MetricsSink>>,
+    /// Where the guest's console goes (`PUT /serial`); stdout without it.
+    console: Mutex<Option<SerialFile>>,
 }
 
 impl std::fmt::Debug for ApiFront {
@@ -108,6 +112,15 @@ impl ApiFront {
             resources: Mutex::new(VmResources::default()),
             logger: options.logger.clone(),
             metrics: Mutex::new(None),
+            console: Mutex::new(None),
+        }
+    }
+
+    /// The guest's console output: the file or pipe of `PUT /serial`, or stdout.
+    pub fn console_output(&self) -> SerialOutput {
+        match lock(&self.console).take() {
+            Some(file) => Box::new(file),
+            None => super::console::serial_output(),
         }
     }
 
@@ -185,6 +198,12 @@ impl ApiFront {
                     .configure(&logger)
                     .map_err(|e| ControlError::InvalidArgument(format!("Logger error: {e}")))?;
                 resources.set_logger(logger);
+                Ok(())
+            }
+            PreBoot::Serial(serial) => {
+                let opened = SerialFile::open(&serial)
+                    .map_err(|e| ControlError::InvalidArgument(format!("Serial error: {e}")))?;
+                *lock(&self.console) = Some(opened);
                 Ok(())
             }
             PreBoot::Metrics(metrics) => {

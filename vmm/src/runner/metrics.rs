@@ -211,7 +211,12 @@ fn add_process(line: &mut Line<'_>) {
     legacy(line, "i8042", &METRICS.i8042)
         .count("reset_count", METRICS.i8042.reset_count.get())
         .done();
-    legacy(line, "uart", &METRICS.uart).done();
+    legacy(line, "uart", &METRICS.uart)
+        .count(
+            "rate_limiter_dropped_bytes",
+            METRICS.uart.rate_limiter_dropped_bytes.get(),
+        )
+        .done();
 }
 
 /// The counters of a legacy device, in a section the caller may add to and then ends.

@@ -282,14 +282,8 @@ fn run_front(
     front: Arc<front::ApiFront>,
     kvm_vm: Option<EarlyKvmVm>,
 ) -> Result<RunOutcome, RunError> {
-    run_checked(
-        config,
-        frames,
-        console::serial_output(),
-        resumption,
-        Some(front),
-        kvm_vm,
-    )
+    let console = front.console_output();
+    run_checked(config, frames, console, resumption, Some(front), kvm_vm)
 }
 
 /// What the configuration alone cannot tell: whether the test guest's page tables fit its RAM.

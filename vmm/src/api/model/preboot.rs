@@ -252,6 +252,17 @@ pub struct Pmem {
     pub rate_limiter: Option<serde_json::Value>,
 }
 
+/// `PUT /serial`: Firecracker's `SerialDevice`, where the guest's console output goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialConfig {
+    /// A regular file (appended to) or a named pipe on the host.
+    pub serial_out_path: PathBuf,
+    /// Caps the bytes per second; output beyond it is dropped and counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<crate::devices::rate_limiter::TokenBucketConfig>,
+}
+
 /// `PUT /entropy`: Firecracker's `EntropyDevice`, a virtio-rng device.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
