@@ -784,12 +784,12 @@ fn the_serial_console_goes_to_a_file_or_a_pipe_and_a_rate_limiter_caps_it() {
             &json!({ "serial_out_path": fifo }).to_string(),
         );
     });
-    // 8 bytes a minute: the rest is dropped and counted.
+    // 8 bytes an hour: the rest is dropped and counted.
     let limited = scratch.path("limited.log");
     let metrics = scratch.path("metrics.json");
     boot_and_end(&scratch, "limited", |api| {
         let serial = json!({ "serial_out_path": limited,
-                             "rate_limiter": {"size": 8, "refill_time": 60000} });
+                             "rate_limiter": {"size": 8, "refill_time": 3_600_000} });
         send(api, "PUT", "/serial", &serial.to_string());
         send(
             api,

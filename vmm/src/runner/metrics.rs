@@ -64,11 +64,16 @@ impl<'a> Line<'a> {
 impl Section<'_, '_> {
     /// A counter whose total so far is `total`: it says how much it grew since the last line.
     fn count(&mut self, field: &str, total: u64) -> &mut Self {
-        let key = format!("{}.{field}", self.name);
-        let before = self.line.previous.insert(key, total).unwrap_or(0);
-        self.fields
-            .insert(field.into(), json!(total.saturating_sub(before)));
+        let since = self.since_previous(field, total);
+        self.fields.insert(field.into(), json!(since));
         self
+    }
+
+    /// How much the counter at `path` (in this section) grew to `total` since the last line.
+    fn since_previous(&mut self, path: &str, total: u64) -> u64 {
+        let key = format!("{}.{path}", self.name);
+        let before = self.line.previous.insert(key, total).unwrap_or(0);
+        total.saturating_sub(before)
     }
 
     /// A value as it is now.
@@ -80,11 +85,10 @@ impl Section<'_, '_> {
     /// Firecracker's `LatencyAggregateMetrics` of `durations`.
     fn durations(&mut self, field: &str, durations: &Durations) -> &mut Self {
         let (min, max, sum) = durations.get();
-        let key = format!("{}.{field}.sum_us", self.name);
-        let before = self.line.previous.insert(key, sum).unwrap_or(0);
+        let sum = self.since_previous(&format!("{field}.sum_us"), sum);
         self.fields.insert(
             field.into(),
-            json!({ "min_us": min, "max_us": max, "sum_us": sum.saturating_sub(before) }),
+            json!({ "min_us": min, "max_us": max, "sum_us": sum }),
         );
         self
     }

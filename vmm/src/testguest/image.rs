@@ -3,13 +3,14 @@
 //! boot this file instead. A kernel file that is this image runs as the test guest, with the
 //! workload that `workload=` on its command line gives (the default without it).
 
+use std::fs::OpenOptions;
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::spec::{WorkloadSpec, WorkloadSpecError};
 use super::IMAGE;
 use crate::config::{check_vcpus, BalloonDeviceConfig, ConfigError, GuestConfig, LinuxConfig};
-use crate::host_file::{self, HostFileError};
 
 /// Words that only the test guest's image holds (its console messages).
 const MARKER: &[u8] = b"llfree-vmm test guest";
@@ -19,10 +20,7 @@ const LARGEST_IMAGE: u64 = 1 << 20;
 /// Why a kernel file that is the test guest's image cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    /// The kernel file cannot be read.
-    #[error(transparent)]
-    File(#[from] HostFileError),
-    /// It cannot be read whole.
+    /// It cannot be opened or read whole.
     #[error("kernel {}: {source}", .path.display())]
     Read {
         /// The kernel file.
@@ -48,15 +46,22 @@ pub enum ImageError {
     Config(#[from] ConfigError),
 }
 
-/// Whether the kernel at `path` is this VMM's test guest image.
+/// Whether the kernel at `path` is this VMM's test guest image. The path is a kernel as
+/// [`LinuxConfig::new`] accepts it (a regular file, perhaps through a symbolic link, as
+/// `/boot/vmlinuz` often is); it is opened without blocking, and whatever is not a regular
+/// file by then is no image.
 pub fn is_image(path: &Path) -> Result<bool, ImageError> {
-    let mut file = host_file::open_input("kernel", path)?;
     let read_error = |source| ImageError::Read {
         path: path.to_owned(),
         source,
     };
-    let size = file.metadata().map_err(read_error)?.len();
-    if size > LARGEST_IMAGE {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read_error)?;
+    let meta = file.metadata().map_err(read_error)?;
+    if !meta.is_file() || meta.len() > LARGEST_IMAGE {
         return Ok(false);
     }
     let mut bytes = Vec::new();

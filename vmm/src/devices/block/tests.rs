@@ -1,12 +1,11 @@
 use std::io::{Read, Write};
 
-use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
 use virtio_queue::mock::MockSplitQueue;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempfile::TempFile;
 
 use super::*;
-use crate::devices::virtio::request_queue::testing::{activation, add_chain};
+use crate::devices::virtio::request_queue::testing::{self, activation, add_chain, used_len};
 
 const MIB: u64 = 1 << 20;
 const RING: u64 = MIB;
@@ -15,15 +14,6 @@ const DATA: u64 = 3 * MIB;
 const STATUS: u64 = 4 * MIB;
 /// The disk: 64 sectors.
 const DISK_SIZE: u64 = 64 * SECTOR_SIZE;
-
-fn memory() -> Memory {
-    let pool = Pool::new(PoolConfig::new(Backing::Anonymous, 16 * MIB)).unwrap();
-    let config = MemoryConfig {
-        populate: Populate::Eager,
-        ..MemoryConfig::new(vec![(GuestAddress(0), 16 * MIB)], 1)
-    };
-    Arc::new(GuestMemory::new(pool, config).unwrap())
-}
 
 /// An image of [`DISK_SIZE`] bytes (plus a partial sector), sector `n` filled with byte `n`.
 fn image() -> TempFile {
@@ -66,18 +56,9 @@ fn status(memory: &Memory) -> u8 {
     memory.read_obj(GuestAddress(STATUS)).unwrap()
 }
 
-fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
-    mock.used()
-        .ring()
-        .ref_at(usize::from(slot))
-        .unwrap()
-        .load()
-        .len()
-}
-
 #[test]
 fn capacity_is_whole_sectors_and_features_follow_the_mode() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
     let image = image();
     let (device, _) = activated(&memory, &mock, &image, true);
@@ -96,7 +77,7 @@ fn capacity_is_whole_sectors_and_features_follow_the_mode() {
 
 #[test]
 fn reads_writes_flushes_and_the_id_reach_the_image_and_the_guest() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 32);
     let image = image();
     let (mut device, irq) = activated(&memory, &mock, &image, false);
@@ -164,7 +145,7 @@ fn reads_writes_flushes_and_the_id_reach_the_image_and_the_guest() {
 
 #[test]
 fn a_read_only_drive_refuses_writes() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
     let image = image();
     let (mut device, _) = activated(&memory, &mock, &image, true);
@@ -187,7 +168,7 @@ fn a_read_only_drive_refuses_writes() {
 
 #[test]
 fn hostile_requests_get_an_error_status_or_are_dropped_and_never_panic() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 64);
     let image = image();
     let (mut device, _) = activated(&memory, &mock, &image, false);

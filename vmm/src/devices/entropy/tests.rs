@@ -1,24 +1,14 @@
-use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 use crate::devices::rate_limiter::TokenBucketConfig;
-use crate::devices::virtio::request_queue::testing::{activation, add_chain};
+use crate::devices::virtio::request_queue::testing::{self, activation, add_chain, used_len};
 
 const MIB: u64 = 1 << 20;
 const RING: u64 = MIB;
 const BUFFER: u64 = 2 * MIB;
-
-fn memory() -> Memory {
-    let pool = Pool::new(PoolConfig::new(Backing::Anonymous, 32 * MIB)).unwrap();
-    let config = MemoryConfig {
-        populate: Populate::Eager,
-        ..MemoryConfig::new(vec![(GuestAddress(0), 16 * MIB)], 1)
-    };
-    Arc::new(GuestMemory::new(pool, config).unwrap())
-}
 
 /// A device limited by `limiter`, activated with the queue of `mock`; returns it and its
 /// interrupt's eventfd.
@@ -38,18 +28,9 @@ fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (Entrop
     limited(memory, mock, RateLimiterConfig::default())
 }
 
-fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
-    mock.used()
-        .ring()
-        .ref_at(usize::from(slot))
-        .unwrap()
-        .load()
-        .len()
-}
-
 #[test]
 fn writable_buffers_are_filled_with_random_bytes() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
     let (mut device, irq) = activated(&memory, &mock);
     assert_eq!(device.device_type(), 4);
@@ -78,7 +59,7 @@ fn writable_buffers_are_filled_with_random_bytes() {
 
 #[test]
 fn hostile_requests_get_at_most_the_cap_and_no_panic() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
     let (mut device, _irq) = activated(&memory, &mock);
     // A 4 GiB buffer gets the cap (and the rest of guest memory is not written).
@@ -108,7 +89,7 @@ fn hostile_requests_get_at_most_the_cap_and_no_panic() {
 
 #[test]
 fn a_rate_limited_device_leaves_what_it_cannot_pay_for_until_its_timer_says_so() {
-    let memory = memory();
+    let memory = testing::memory(16 * MIB);
     let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
     // 4 KiB per 100 ms.
     let limiter = RateLimiterConfig {

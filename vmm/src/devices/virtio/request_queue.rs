@@ -99,13 +99,34 @@ pub fn read_config(config: &[u8], offset: u64, data: &mut [u8]) {
 pub mod testing {
     use std::sync::Arc;
 
-    use guest_mem::GuestMemory;
+    use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate};
     use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::GuestAddress;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     use crate::devices::virtio::{Activation, ActiveQueue, Interrupt};
+
+    /// `ram` bytes of guest RAM at address 0 on a pool of their own, populated up front.
+    pub fn memory(ram: u64) -> Arc<GuestMemory> {
+        let pool = Pool::new(PoolConfig::new(Backing::Anonymous, ram)).unwrap();
+        let config = MemoryConfig {
+            populate: Populate::Eager,
+            ..MemoryConfig::new(vec![(GuestAddress(0), ram)], 1)
+        };
+        Arc::new(GuestMemory::new(pool, config).unwrap())
+    }
+
+    /// The length the device put in used ring entry `slot` of `mock`.
+    pub fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
+        mock.used()
+            .ring()
+            .ref_at(usize::from(slot))
+            .unwrap()
+            .load()
+            .len()
+    }
 
     /// An activation with the queue of `mock` as queue 0, and its interrupt's eventfd.
     pub fn activation(

@@ -31,6 +31,12 @@ fn guest_of(linux: LinuxConfig) -> Result<GuestConfig, ImageError> {
 fn the_image_runs_as_the_test_guest_with_the_workload_of_its_command_line() {
     let image = ScratchFile::new("same", IMAGE);
     assert!(is_image(&image.0).unwrap());
+    // Through a symbolic link, as kernels often are.
+    let link = image.0.with_extension("link");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&image.0, &link).unwrap();
+    assert!(is_image(&link).unwrap());
+    std::fs::remove_file(&link).unwrap();
     let guest = guest_of(linux(&image.0, "console=ttyS0 workload=read:all reboot=k")).unwrap();
     let GuestConfig::TestGuest(workload) = guest else {
         panic!("{guest:?}");
