@@ -32,7 +32,7 @@ fn config(args: &[&str]) -> VmConfig {
     let Some(Command::Run(args)) = cli.command else {
         panic!("not run")
     };
-    VmConfig::try_from(args).unwrap()
+    VmConfig::try_from(*args).unwrap()
 }
 
 /// A VM running on its own thread over `pool`, its console in a buffer.

@@ -103,7 +103,7 @@ fn parse_instance_id(text: &str) -> Result<String, String> {
 pub enum Command {
     /// Boot a VM and run it until the guest finishes.
     #[command(after_help = EXIT_STATUS_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Send one HTTP request to a running VMM's API and print the JSON response.
     ///
     /// Resources: Firecracker's (GET /, /version, /machine-config, /vm/config; before the
@@ -340,6 +340,13 @@ pub struct RunArgs {
     /// lies above RAM at a 1 GiB boundary.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "zone")]
     pub pmem: Option<u64>,
+
+    /// Add a virtio-net interface over the host's tap NAME (Firecracker's PUT
+    /// /network-interfaces): tap=NAME[,mac=MAC][,id=ID][,mtu=N]; repeat for more. The tap must
+    /// exist (`ip tuntap add NAME mode tap`) unless the VMM may make it; its address and link
+    /// state are the host's business. The id defaults to eth0, eth1, ...
+    #[arg(long = "net", value_name = "tap=NAME[,...]")]
+    pub net: Vec<String>,
 
     /// Add a virtio-rng entropy device (Firecracker's PUT /entropy): the guest's random bytes
     /// come from the host's getrandom (Linux: CONFIG_HW_RANDOM_VIRTIO, /dev/hwrng).

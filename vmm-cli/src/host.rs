@@ -103,7 +103,7 @@ mod tests {
         let Some(Command::Run(args)) = cli.command else {
             panic!("not run")
         };
-        VmConfig::try_from(args).unwrap()
+        VmConfig::try_from(*args).unwrap()
     }
 
     #[test]

@@ -95,7 +95,7 @@ where
         }
     };
     let status = match command {
-        Command::Run(args) => commands::run_vm(args),
+        Command::Run(args) => commands::run_vm(*args),
         Command::Api(args) => commands::api(
             &args.socket.socket,
             &args.method.to_ascii_uppercase(),

@@ -1,8 +1,9 @@
 //! `vmm run`'s flags into the library's [`VmConfig`], checked with its checks.
 
 use vmm::config::{
-    check_api_socket, check_backing, check_drives, check_memory, check_pmem, check_smt,
-    check_vcpus, check_zone, ConfigError, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
+    check_api_socket, check_backing, check_drives, check_memory, check_network_interfaces,
+    check_pmem, check_smt, check_vcpus, check_zone, ConfigError, GuestConfig, LinuxConfig,
+    NetConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};
@@ -67,6 +68,13 @@ impl TryFrom<RunArgs> for VmConfig {
         if let Some(balloon) = &args.balloon {
             balloon.check_fits(args.memory)?;
         }
+        let network_interfaces = args
+            .net
+            .iter()
+            .enumerate()
+            .map(|(index, text)| NetConfig::parse(text, index))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_network_interfaces(&network_interfaces)?;
         let mut drives = args.drives;
         check_drives(&drives)?;
         // The root drive comes first: it is /dev/vda.
@@ -92,6 +100,7 @@ impl TryFrom<RunArgs> for VmConfig {
             api_socket: args.api_socket,
             balloon: args.balloon,
             drives,
+            network_interfaces,
         })
     }
 }

@@ -39,7 +39,7 @@ impl Drop for TempDir {
 fn run_args(flags: &[&str]) -> Result<RunArgs, clap::Error> {
     let cli = Cli::try_parse_from(["vmm", "run"].iter().chain(flags))?;
     match cli.command {
-        Some(Command::Run(args)) => Ok(args),
+        Some(Command::Run(args)) => Ok(*args),
         other => panic!("not run: {other:?}"),
     }
 }

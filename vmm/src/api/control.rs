@@ -4,8 +4,8 @@
 use super::model::{
     Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
     FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
-    MachineInfo, MemoryInfo, Metrics, Pmem, SerialConfig, SnapshotCreateParams, SnapshotLoadParams,
-    DEFAULT_INSTANCE_ID,
+    MachineInfo, MemoryInfo, Metrics, NetworkInterface, PartialNetworkInterface, Pmem,
+    SerialConfig, SnapshotCreateParams, SnapshotLoadParams, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -30,6 +30,8 @@ pub enum PreBoot {
     Pmem(String, Pmem),
     /// `PUT /entropy`.
     Entropy(EntropyDevice),
+    /// `PUT /network-interfaces/{iface_id}`: the id in the path and the interface.
+    NetworkInterface(String, NetworkInterface),
     /// `PUT /serial`.
     Serial(SerialConfig),
     /// `PUT /balloon`.
@@ -161,6 +163,17 @@ pub trait VmmControl: Send + Sync {
     fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
         let _ = update;
         Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// New rate limiters for a running VM's interface (`PATCH /network-interfaces/{iface_id}`);
+    /// `id` is the one in the path.
+    fn update_network_interface(
+        &self,
+        id: &str,
+        update: &PartialNetworkInterface,
+    ) -> Result<(), ControlError> {
+        let _ = (id, update);
+        Err(ControlError::InvalidState(NOT_BEFORE_START.into()))
     }
 
     /// The guest's memory statistics from the balloon (`GET /balloon/statistics`).

@@ -11,8 +11,9 @@ mod preboot;
 
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem,
-    SerialConfig, ZoneAttachment, DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, NetworkInterface,
+    PartialNetworkInterface, Pmem, SerialConfig, ZoneAttachment, DEFAULT_MEM_SIZE_MIB,
+    DEFAULT_VCPUS,
 };
 
 /// Run state of the VM.
@@ -498,7 +499,7 @@ pub struct MemoryBackend {
     pub backend_path: std::path::PathBuf,
 }
 
-/// Firecracker's `NetworkOverride` (a VM here has no network: only an empty list is accepted).
+/// Firecracker's `NetworkOverride`: the tap a loaded VM's interface uses instead of its old one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkOverride {
@@ -529,7 +530,7 @@ pub struct SnapshotLoadParams {
     /// Dirty page tracking for diff snapshots (refused when true).
     #[serde(default)]
     pub track_dirty_pages: bool,
-    /// New tap devices (refused unless empty).
+    /// New taps for the VM's interfaces, by id.
     #[serde(default)]
     pub network_overrides: Vec<NetworkOverride>,
     /// Advance kvmclock by the time the snapshot lay (refused when true).
@@ -565,9 +566,6 @@ impl SnapshotLoadParams {
     pub fn check_supported(&self) -> Result<(), String> {
         if self.enable_diff_snapshots || self.track_dirty_pages {
             return Err("dirty page tracking (diff snapshots) is not supported".into());
-        }
-        if !self.network_overrides.is_empty() {
-            return Err("network_overrides: the VM has no network interface".into());
         }
         if self.clock_realtime {
             return Err("clock_realtime is not supported: kvmclock resumes where it stood".into());

@@ -9,8 +9,8 @@ use guest_mem::{Populate, Scrub};
 use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, Pmem, PopulateMode,
-    ZoneAttachment,
+    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, NetworkInterface, Pmem,
+    PopulateMode, ZoneAttachment,
 };
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
@@ -163,6 +163,7 @@ pub struct VmResources {
     drives: Vec<(Drive, DriveConfig)>,
     pmem: Option<Pmem>,
     entropy: Option<EntropyDevice>,
+    network_interfaces: Vec<NetworkInterface>,
     logger: Option<Logger>,
     metrics: Option<Metrics>,
     /// Whether anything that only a boot uses was configured (a snapshot is then refused).
@@ -269,6 +270,35 @@ impl VmResources {
     /// `PUT /entropy`: a virtio-rng device (again: the same device with the new settings).
     pub fn put_entropy(&mut self, entropy: EntropyDevice) -> Result<(), ControlError> {
         self.entropy = Some(entropy);
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// `PUT /network-interfaces/{id}`: a new interface, or a new configuration for interface
+    /// `id`. Its tap is opened once here, so that a tap the VMM cannot use is refused now.
+    pub fn put_network_interface(
+        &mut self,
+        id: &str,
+        interface: NetworkInterface,
+    ) -> Result<(), ControlError> {
+        check_path_id(id, &interface.iface_id)?;
+        let mut interfaces = self.network_interfaces.clone();
+        match interfaces.iter_mut().find(|i| i.iface_id == id) {
+            Some(slot) => *slot = interface,
+            None => interfaces.push(interface),
+        }
+        let configs: Vec<_> = interfaces.iter().map(NetworkInterface::config).collect();
+        crate::config::check_network_interfaces(&configs).map_err(invalid)?;
+        let config = configs
+            .iter()
+            .find(|c| c.id == id)
+            .ok_or_else(|| refuse("the interface vanished"))?;
+        crate::devices::net::tap::Tap::open(
+            &config.host_dev_name,
+            crate::devices::net::HEADER_SIZE,
+        )
+        .map_err(|e| refuse(format!("Could not create the network device: {e}")))?;
+        self.network_interfaces = interfaces;
         self.boot_specific = true;
         Ok(())
     }
@@ -388,6 +418,11 @@ impl VmResources {
                 .entropy
                 .as_ref()
                 .map(|e| e.rate_limiter.unwrap_or_default()),
+            network_interfaces: self
+                .network_interfaces
+                .iter()
+                .map(NetworkInterface::config)
+                .collect(),
         })
     }
 
@@ -402,6 +437,7 @@ impl VmResources {
             metrics: self.metrics.clone(),
             pmem: self.pmem.iter().cloned().collect(),
             entropy: self.entropy.clone(),
+            network_interfaces: self.network_interfaces.clone(),
             ..FullVmConfiguration::default()
         }
     }
@@ -462,6 +498,11 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             _ => None,
         },
         machine_config: Some(machine_configuration(config)),
+        network_interfaces: config
+            .network_interfaces
+            .iter()
+            .map(NetworkInterface::from_config)
+            .collect(),
         entropy: config.entropy.map(|limiter| EntropyDevice {
             rate_limiter: (limiter != RateLimiterConfig::default()).then_some(limiter),
         }),

@@ -11,6 +11,8 @@
 //! | `/boot-source`        | PUT    | [`BootSource`]                              | pre-boot |
 //! | `/drives/{id}`        | PUT    | [`Drive`]                                   | pre-boot |
 //! | `/pmem/{id}`          | PUT    | [`Pmem`]                                    | pre-boot |
+//! | `/network-interfaces/{id}` | PUT | [`NetworkInterface`]                     | pre-boot |
+//! | `/network-interfaces/{id}` | PATCH | [`PartialNetworkInterface`]            | running  |
 //! | `/logger`             | PUT    | [`Logger`]                                  | pre-boot |
 //! | `/metrics`            | PUT    | [`Metrics`]                                 | pre-boot |
 //! | `/actions`            | PUT    | `{"action_type": "InstanceStart" \| "SendCtrlAltDel" \| "FlushMetrics" \| "Shutdown"}` | |
@@ -40,6 +42,8 @@
 //! [`BootSource`]: super::model::BootSource
 //! [`Drive`]: super::model::Drive
 //! [`Pmem`]: super::model::Pmem
+//! [`NetworkInterface`]: super::model::NetworkInterface
+//! [`PartialNetworkInterface`]: super::model::PartialNetworkInterface
 //! [`Logger`]: super::model::Logger
 //! [`Metrics`]: super::model::Metrics
 //! [`FullVmConfiguration`]: super::model::FullVmConfiguration
@@ -55,8 +59,8 @@ use serde::Serialize;
 use super::control::{ControlError, PreBoot, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
-    ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, RequestedState,
-    SnapshotCreateParams, SnapshotLoadParams, VersionInfo, VmStateRequest,
+    ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, PartialNetworkInterface,
+    RequestedState, SnapshotCreateParams, SnapshotLoadParams, VersionInfo, VmStateRequest,
 };
 use crate::metrics::{Level, Operation, METRICS};
 
@@ -139,6 +143,13 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Method::Put, "pmem", id, _) => {
             configure(path_id(id).and_then(|id| Ok(PreBoot::Pmem(id.to_owned(), body(request)?))))
         }
+        (Method::Put, "network-interfaces", id, _) => configure(
+            path_id(id).and_then(|id| Ok(PreBoot::NetworkInterface(id.to_owned(), body(request)?))),
+        ),
+        (Method::Patch, "network-interfaces", id, _) => path_id(id).and_then(|id| {
+            let update: PartialNetworkInterface = body(request)?;
+            Ok(done(control.update_network_interface(id, &update)))
+        }),
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
         (Method::Put, "entropy", None, _) => configure(body(request).map(PreBoot::Entropy)),

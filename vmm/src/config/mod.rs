@@ -9,12 +9,14 @@
 mod backing;
 mod balloon;
 mod drive;
+mod net;
 
 pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
 pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 pub use backing::{BackingError, BackingKind};
 pub use balloon::{BalloonDeviceConfig, BalloonError};
 pub use drive::{check_drive_id, check_drives, DriveConfig, MAX_DRIVE_ID};
+pub use net::{check_network_interfaces, MacAddr, NetConfig, MAX_IFACE_ID, MIN_MTU};
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -96,6 +98,9 @@ pub enum ConfigError {
     /// A drive does not fit the others, or its options do not fit together.
     #[error("drive: {0}")]
     Drive(String),
+    /// A network interface's settings are invalid or clash with another's.
+    #[error("network interface: {0}")]
+    Net(String),
     /// The balloon is larger than guest RAM.
     #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
@@ -186,6 +191,8 @@ pub struct VmConfig {
     pub drives: Vec<DriveConfig>,
     /// A virtio-rng entropy device (Firecracker's `PUT /entropy`) and its rate limiter.
     pub entropy: Option<RateLimiterConfig>,
+    /// virtio-net interfaces over host taps.
+    pub network_interfaces: Vec<NetConfig>,
 }
 
 impl VmConfig {
@@ -229,6 +236,7 @@ impl VmConfig {
             balloon: None,
             drives: Vec::new(),
             entropy: None,
+            network_interfaces: Vec::new(),
         }
     }
 

@@ -11,7 +11,7 @@
 //! buffer outside guest memory or a device-readable one ends the request there; such requests
 //! are counted as warnings (rate-limited).
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,7 +24,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::devices::virtio::request_queue::RequestQueue;
-use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
 
 /// Most random bytes one request gets (Linux asks for at most a few dozen at a time).
@@ -252,11 +252,11 @@ impl VirtioDevice<Memory> for EntropyDevice {
         DeviceState::Plain
     }
 
-    fn wake_fd(&self) -> Option<RawFd> {
-        Some(self.wake_timer.as_raw_fd())
+    fn wake_sources(&self) -> Vec<WakeSource> {
+        vec![WakeSource::level(self.wake_timer.as_raw_fd())]
     }
 
-    fn wake(&mut self) {
+    fn wake(&mut self, _source: usize) {
         // How often it expired does not matter.
         let _ = self.wake_timer.wait();
         self.process_queue(0);

@@ -1,5 +1,6 @@
 //! Emulated devices: the I/O and MMIO bus, the 16550 serial console, the i8042 keyboard
-//! controller, virtio over MMIO, the virtio-balloon, virtio-blk, virtio-pmem and virtio-rng.
+//! controller, virtio over MMIO, the virtio-balloon, virtio-blk, virtio-net, virtio-pmem and
+//! virtio-rng.
 
 // Devices take values from a hostile guest: no silent truncation or sign change (the tests
 // build their inputs with casts on purpose).
@@ -20,6 +21,7 @@ pub mod entropy;
 pub mod event_loop;
 pub mod guest_warnings;
 pub mod i8042;
+pub mod net;
 pub mod pmem;
 pub mod rate_limiter;
 pub mod serial;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::api::model::{
     BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, MachineConfiguration,
-    MachineInfo, MemoryInfo, SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
+    MachineInfo, MemoryInfo, PartialNetworkInterface, SnapshotCreateParams, VmState,
+    DEFAULT_INSTANCE_ID,
 };
 use crate::api::resources::{full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
@@ -188,6 +189,27 @@ impl VmmControl for Session {
         balloon
             .update(update.amount_mib, interval)
             .map_err(balloon_error)
+    }
+
+    fn update_network_interface(
+        &self,
+        id: &str,
+        update: &PartialNetworkInterface,
+    ) -> Result<(), ControlError> {
+        if update.iface_id != id {
+            return Err(ControlError::InvalidArgument(
+                "The id from the path does not match the id from the body!".into(),
+            ));
+        }
+        let interface = self
+            .network_interfaces()
+            .iter()
+            .find(|net| net.id == id)
+            .ok_or_else(|| {
+                ControlError::InvalidArgument(format!("Invalid interface ID - not found: {id}"))
+            })?;
+        interface.update_rate_limiters(update.rx_rate_limiter, update.tx_rate_limiter);
+        Ok(())
     }
 
     fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {

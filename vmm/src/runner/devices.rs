@@ -22,6 +22,7 @@ use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::block::{BlockCounters, BlockDevice};
 use crate::devices::entropy::{EntropyDevice, EntropyHandle};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
+use crate::devices::net::{NetDevice, NetError, NetHandle};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
@@ -37,6 +38,14 @@ pub enum DeviceError {
     /// The entropy device's timer could not be made.
     #[error("virtio-rng: {0}")]
     Entropy(#[source] std::io::Error),
+    /// A network interface could not be made.
+    #[error("network interface {id}: {source}")]
+    Net {
+        /// The interface's id.
+        id: String,
+        /// The error.
+        source: NetError,
+    },
     /// Every virtio-mmio slot is taken.
     #[error("no free virtio-mmio slot (there are {VIRTIO_MMIO_SLOTS})")]
     NoSlot,
@@ -230,6 +239,8 @@ pub(super) struct Devices {
     pub drives: Vec<(String, Arc<BlockCounters>)>,
     /// The virtio-rng device, for metrics.
     pub entropy: Option<EntropyHandle>,
+    /// The network interfaces, for the control API and metrics.
+    pub network_interfaces: Vec<NetHandle>,
 }
 
 /// Opens a drive's image as it asks and makes its virtio-blk device.
@@ -287,7 +298,8 @@ pub(super) fn create_devices(
         drives.push((drive.id.clone(), device.counters()));
         mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
     }
-    // After the drives: a snapshot's devices come back in this order.
+    // After the drives, then the network interfaces: a snapshot's devices come back in this
+    // order.
     let entropy = match config.entropy {
         Some(limiter) => {
             let device =
@@ -298,12 +310,23 @@ pub(super) fn create_devices(
         }
         None => None,
     };
+    let mut network_interfaces = Vec::with_capacity(config.network_interfaces.len());
+    for net in &config.network_interfaces {
+        let device = NetDevice::new(memory.clone(), net).map_err(|source| DeviceError::Net {
+            id: net.id.clone(),
+            source,
+        })?;
+        let (device, handle) = device.into_shared();
+        mmio.add(memory.clone(), device)?;
+        network_interfaces.push(handle);
+    }
     Ok(Devices {
         mmio,
         balloon,
         pmem,
         drives,
         entropy,
+        network_interfaces,
     })
 }
 

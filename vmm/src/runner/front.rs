@@ -24,8 +24,8 @@ use super::{RunError, RunOutcome, StopCause};
 use crate::api::control::{NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::model::{
     BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, InstanceInfo,
-    MachineConfiguration, MachineInfo, MemoryInfo, SnapshotCreateParams, SnapshotLoadParams,
-    VmState,
+    MachineConfiguration, MachineInfo, MemoryInfo, PartialNetworkInterface, SnapshotCreateParams,
+    SnapshotLoadParams, VmState,
 };
 use crate::api::resources::VmResources;
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
@@ -189,6 +189,9 @@ impl ApiFront {
             PreBoot::Drive(id, drive) => resources.put_drive(&id, drive),
             PreBoot::Pmem(id, pmem) => resources.put_pmem(&id, pmem),
             PreBoot::Entropy(entropy) => resources.put_entropy(entropy),
+            PreBoot::NetworkInterface(id, interface) => {
+                resources.put_network_interface(&id, interface)
+            }
             PreBoot::Balloon(balloon) => resources.put_balloon(balloon),
             PreBoot::Logger(logger) => {
                 let control = self.logger.as_ref().ok_or_else(|| {
@@ -339,6 +342,14 @@ impl VmmControl for ApiFront {
         self.started()?.update_balloon(update)
     }
 
+    fn update_network_interface(
+        &self,
+        id: &str,
+        update: &PartialNetworkInterface,
+    ) -> Result<(), ControlError> {
+        self.started()?.update_network_interface(id, update)
+    }
+
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
         self.started()?.balloon_statistics()
     }
@@ -381,9 +392,6 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
             "{what} is not supported by this VMM"
         )))
     };
-    if !config.network_interfaces.is_empty() {
-        return unsupported("network-interfaces");
-    }
     for (present, what) in [
         (config.vsock.is_some(), "vsock"),
         (config.mmds_config.is_some(), "mmds-config"),
@@ -406,6 +414,12 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
         requests.push(PreBoot::Pmem(pmem.id.clone(), pmem));
     }
     requests.extend(config.entropy.map(PreBoot::Entropy));
+    for interface in config.network_interfaces {
+        requests.push(PreBoot::NetworkInterface(
+            interface.iface_id.clone(),
+            interface,
+        ));
+    }
     for request in requests {
         front.apply(request)?;
     }

@@ -20,6 +20,7 @@ use super::session::Session;
 use crate::api::model::{InstanceState, Metrics};
 use crate::api::VmmControl;
 use crate::devices::block::BlockCounters;
+use crate::devices::net::NetCounters;
 use crate::host_file::{self, HostFileError};
 use crate::metrics::{
     Durations, LegacyDeviceMetrics, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS,
@@ -239,7 +240,7 @@ fn legacy<'l, 'a>(
     section
 }
 
-/// The VM's devices: its balloon, entropy device and drives.
+/// The VM's devices: its balloon, entropy device, drives and network interfaces.
 fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
     if let Some(balloon) = session.and_then(Session::balloon_handle) {
         let info = balloon.info();
@@ -269,11 +270,54 @@ fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
         for (total, value) in totals.iter_mut().zip(values) {
             *total += value;
         }
-        add_drive(line, &format!("block_{id}"), values);
+        add_counters(line, &format!("block_{id}"), &DRIVE_FIELDS, values);
     }
     if !drives.is_empty() {
-        add_drive(line, "block", totals);
+        add_counters(line, "block", &DRIVE_FIELDS, totals);
     }
+    let interfaces = session.map_or(&[][..], Session::network_interfaces);
+    let mut totals = [0u64; NET_FIELDS.len()];
+    for interface in interfaces {
+        let values = net_values(&interface.counters);
+        for (total, value) in totals.iter_mut().zip(values) {
+            *total += value;
+        }
+        add_counters(line, &format!("net_{}", interface.id), &NET_FIELDS, values);
+    }
+    if !interfaces.is_empty() {
+        add_counters(line, "net", &NET_FIELDS, totals);
+    }
+}
+
+/// Firecracker's names of an interface's counters.
+const NET_FIELDS: [&str; 10] = [
+    "rx_bytes_count",
+    "rx_packets_count",
+    "rx_fails",
+    "rx_rate_limiter_throttled",
+    "tx_bytes_count",
+    "tx_packets_count",
+    "tx_fails",
+    "tx_malformed_frames",
+    "tx_rate_limiter_throttled",
+    "rx_malformed_buffers",
+];
+
+/// An interface's totals, in the order of [`NET_FIELDS`].
+fn net_values(counters: &NetCounters) -> [u64; NET_FIELDS.len()] {
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    [
+        load(&counters.rx_bytes),
+        load(&counters.rx_packets),
+        load(&counters.rx_fails),
+        load(&counters.rx_rate_limiter_throttled),
+        load(&counters.tx_bytes),
+        load(&counters.tx_packets),
+        load(&counters.tx_fails),
+        load(&counters.tx_malformed_frames),
+        load(&counters.tx_rate_limiter_throttled),
+        load(&counters.rx_malformed_buffers),
+    ]
 }
 
 /// A drive's totals, in the order of [`DRIVE_FIELDS`].
@@ -299,9 +343,15 @@ const DRIVE_FIELDS: [&str; 6] = [
     "execute_fails",
 ];
 
-fn add_drive(line: &mut Line<'_>, name: &str, values: [u64; 6]) {
+/// A section of counters named `fields`.
+fn add_counters<const N: usize>(
+    line: &mut Line<'_>,
+    name: &str,
+    fields: &[&str; N],
+    values: [u64; N],
+) {
     let mut section = line.section(name);
-    for (field, value) in DRIVE_FIELDS.iter().zip(values) {
+    for (field, value) in fields.iter().zip(values) {
         section.count(field, value);
     }
     section.done();

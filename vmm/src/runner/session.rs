@@ -15,6 +15,7 @@ use crate::devices::balloon::BalloonHandle;
 use crate::devices::block::BlockCounters;
 use crate::devices::entropy::EntropyHandle;
 use crate::devices::i8042::I8042Device;
+use crate::devices::net::NetHandle;
 use crate::devices::pmem::PmemHandle;
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::StatefulTransport;
@@ -81,6 +82,8 @@ pub(super) struct Session {
     drives: Vec<(String, Arc<BlockCounters>)>,
     /// The virtio-rng device's counters, if the VM has one.
     entropy: Option<EntropyHandle>,
+    /// The network interfaces.
+    network_interfaces: Vec<NetHandle>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
@@ -141,6 +144,7 @@ impl Session {
             pmem: devices.pmem.clone(),
             drives: devices.drives.clone(),
             entropy: devices.entropy.clone(),
+            network_interfaces: devices.network_interfaces.clone(),
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
             vm_fd: OnceLock::new(),
@@ -184,6 +188,11 @@ impl Session {
     /// The virtio-rng device's counters, if the VM has one.
     pub fn entropy(&self) -> Option<&EntropyHandle> {
         self.entropy.as_ref()
+    }
+
+    /// The network interfaces.
+    pub fn network_interfaces(&self) -> &[NetHandle] {
+        &self.network_interfaces
     }
 
     /// The virtio-pmem device, if the VM has one.

@@ -362,6 +362,7 @@ impl Session {
             },
             drives: config.drives.clone(),
             entropy: config.entropy,
+            network_interfaces: config.network_interfaces.clone(),
         }
     }
 }
@@ -528,7 +529,23 @@ pub(super) fn prepare(
         balloon: machine.balloon,
         drives: machine.drives,
         entropy: machine.entropy,
+        network_interfaces: machine.network_interfaces,
     };
+    for taps in &params.network_overrides {
+        let interface = config
+            .network_interfaces
+            .iter_mut()
+            .find(|net| net.id == taps.iface_id)
+            .ok_or_else(|| {
+                SnapshotError::Unsupported(format!(
+                    "network_overrides: the snapshot's VM has no interface {}",
+                    taps.iface_id
+                ))
+            })?;
+        interface.host_dev_name.clone_from(&taps.host_dev_name);
+    }
+    crate::config::check_network_interfaces(&config.network_interfaces)
+        .map_err(|e| SnapshotError::Unsupported(e.to_string()))?;
     // The images stay where they were: each must still be there, as the snapshot's VM saw it.
     crate::config::check_drives(&config.drives).map_err(|e| {
         SnapshotError::Unsupported(format!("the snapshot's drives cannot be opened: {e}"))

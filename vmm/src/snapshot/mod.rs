@@ -64,6 +64,8 @@ pub struct Machine {
     pub drives: Vec<DriveConfig>,
     /// A virtio-rng entropy device, after the drives, and its rate limiter.
     pub entropy: Option<RateLimiterConfig>,
+    /// The network interfaces, after the entropy device.
+    pub network_interfaces: Vec<crate::config::NetConfig>,
 }
 
 /// Where the VM's memory is.
@@ -152,7 +154,8 @@ impl VmSnapshot {
         let virtio = usize::from(machine.balloon.is_some())
             + usize::from(machine.pmem_size.is_some())
             + machine.drives.len()
-            + usize::from(machine.entropy.is_some());
+            + usize::from(machine.entropy.is_some())
+            + machine.network_interfaces.len();
         if self.devices.virtio.len() != virtio {
             return bad(format!(
                 "{} virtio devices saved, the configuration has {virtio}",

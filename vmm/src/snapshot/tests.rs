@@ -59,6 +59,7 @@ fn snapshot() -> VmSnapshot {
             guest: SavedGuest::TestGuest(Workload::new().write(2 << 20, 4 << 20, 7)),
             drives: Vec::new(),
             entropy: None,
+            network_interfaces: Vec::new(),
         },
         memory: MemorySource::Zone {
             zone_id: 0x1234,

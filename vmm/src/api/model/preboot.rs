@@ -272,6 +272,73 @@ pub struct EntropyDevice {
     pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
 }
 
+/// `PUT /network-interfaces/{iface_id}`: Firecracker's `NetworkInterface`, a virtio-net device
+/// over a host tap.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInterface {
+    /// The interface's id (the same as in the path).
+    pub iface_id: String,
+    /// The host's tap.
+    pub host_dev_name: String,
+    /// The guest's Ethernet address; none: the guest picks one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mac: Option<crate::config::MacAddr>,
+    /// The MTU the guest is told (VIRTIO_NET_F_MTU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+    /// Caps what the guest receives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    /// Caps what the guest sends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+}
+
+impl NetworkInterface {
+    /// The device's configuration.
+    pub fn config(&self) -> crate::config::NetConfig {
+        crate::config::NetConfig {
+            id: self.iface_id.clone(),
+            host_dev_name: self.host_dev_name.clone(),
+            guest_mac: self.guest_mac,
+            mtu: self.mtu,
+            rx_rate_limiter: self.rx_rate_limiter.unwrap_or_default(),
+            tx_rate_limiter: self.tx_rate_limiter.unwrap_or_default(),
+        }
+    }
+
+    /// The API's view of a device's configuration.
+    pub fn from_config(config: &crate::config::NetConfig) -> Self {
+        let limiter = |l: crate::devices::rate_limiter::RateLimiterConfig| {
+            (l != Default::default()).then_some(l)
+        };
+        NetworkInterface {
+            iface_id: config.id.clone(),
+            host_dev_name: config.host_dev_name.clone(),
+            guest_mac: config.guest_mac,
+            mtu: config.mtu,
+            rx_rate_limiter: limiter(config.rx_rate_limiter),
+            tx_rate_limiter: limiter(config.tx_rate_limiter),
+        }
+    }
+}
+
+/// `PATCH /network-interfaces/{iface_id}` after the start: Firecracker's
+/// `PartialNetworkInterface`, new rate limiters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialNetworkInterface {
+    /// The interface's id (the same as in the path).
+    pub iface_id: String,
+    /// Replaces the receive limiter.
+    #[serde(default)]
+    pub rx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    /// Replaces the transmit limiter.
+    #[serde(default)]
+    pub tx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+}
+
 /// `PUT /balloon` before the start: Firecracker's `Balloon`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -396,7 +463,7 @@ pub struct Metrics {
 }
 
 /// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`. Devices this VMM
-/// does not have (network interfaces, vsock, MMDS, entropy) are refused unless absent or empty.
+/// does not have (vsock, MMDS, CPU templates) are refused unless absent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FullVmConfiguration {
@@ -429,9 +496,9 @@ pub struct FullVmConfiguration {
     /// virtio-pmem devices (at most one, in the VM's zone).
     #[serde(default)]
     pub pmem: Vec<Pmem>,
-    /// Network interfaces (none here).
+    /// Network interfaces.
     #[serde(rename = "network-interfaces", default)]
-    pub network_interfaces: Vec<serde_json::Value>,
+    pub network_interfaces: Vec<NetworkInterface>,
     /// vsock (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<serde_json::Value>,

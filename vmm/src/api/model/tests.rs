@@ -111,11 +111,6 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
             r#"{"snapshot_path":"/s","mem_file_path":"/z","clock_realtime":true}"#,
             "clock_realtime",
         ),
-        (
-            r#"{"snapshot_path":"/s","mem_file_path":"/z",
-                "network_overrides":[{"iface_id":"eth0","host_dev_name":"tap0"}]}"#,
-            "network",
-        ),
     ] {
         let refused = load(body).check_supported().unwrap_err();
         assert!(refused.contains(why), "{body}: {refused}");

@@ -109,7 +109,7 @@ fn a_rate_limited_device_leaves_what_it_cannot_pay_for_until_its_timer_says_so()
     assert_eq!(mock.used().idx().load(), 1);
     assert_eq!(device.handle().throttled(), 1);
     let started = Instant::now();
-    let fd = device.wake_fd().unwrap();
+    let fd = device.wake_sources()[0].fd;
     let mut poll = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -117,7 +117,7 @@ fn a_rate_limited_device_leaves_what_it_cannot_pay_for_until_its_timer_says_so()
     };
     // SAFETY: one valid pollfd, for at most a second.
     assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
-    device.wake();
+    device.wake(0);
     let waited = started.elapsed();
     assert_eq!(
         mock.used().idx().load(),

@@ -152,8 +152,9 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> QueueSubscriber<M, D> {
     }
 }
 
-/// Data tag of a device's [`VirtioDevice::wake_fd`] (queue tags are a u16).
-const WAKE: u32 = u32::MAX;
+/// Data tag of a device's first [`VirtioDevice::wake_sources`] (queue tags are a u16); the
+/// others follow it.
+const FIRST_WAKE: u32 = 1 << 16;
 
 impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubscriber<M, D> {
     fn init(&mut self, ops: &mut EventOps) {
@@ -163,18 +164,22 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MutEventSubscriber for QueueSubsc
                 warn!("virtio: cannot watch queue {index}: {e}");
             }
         }
-        let wake = self.lock().wake_fd();
-        if let Some(fd) = wake {
-            if let Err(e) = ops.add(Events::with_data_raw(fd, WAKE, EventSet::IN)) {
-                warn!("virtio: cannot watch a device's timer: {e}");
+        let sources = self.lock().wake_sources();
+        for (tag, source) in (FIRST_WAKE..).zip(sources) {
+            let mut set = EventSet::IN;
+            if source.edge_triggered {
+                set |= EventSet::EDGE_TRIGGERED;
+            }
+            if let Err(e) = ops.add(Events::with_data_raw(source.fd, tag, set)) {
+                warn!("virtio: cannot watch a device's file descriptor: {e}");
             }
         }
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         let index = events.data();
-        if index == WAKE {
-            self.lock().wake();
+        if let Some(source) = index.checked_sub(FIRST_WAKE) {
+            self.lock().wake(source as usize);
             return;
         }
         let Some((queue, notifier)) = u16::try_from(index)

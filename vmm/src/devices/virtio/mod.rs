@@ -70,6 +70,26 @@ pub struct Activation<M> {
     pub interrupt: Arc<Interrupt>,
 }
 
+/// A file descriptor a device has the event loop watch for input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WakeSource {
+    /// The descriptor.
+    pub fd: std::os::fd::RawFd,
+    /// Reported once per arrival of input (epoll's EPOLLET), not for as long as input is
+    /// there: the device reads until it would block, or remembers that it stopped early.
+    pub edge_triggered: bool,
+}
+
+impl WakeSource {
+    /// A level-triggered source (a timer the device reads when it fires).
+    pub fn level(fd: std::os::fd::RawFd) -> Self {
+        WakeSource {
+            fd,
+            edge_triggered: false,
+        }
+    }
+}
+
 /// A virtio device, independent of the transport it sits behind.
 pub trait VirtioDevice<M: GuestAddressSpace>: Send {
     /// Virtio device ID (virtio 1.2 §5; e.g. 5 for the balloon).
@@ -94,13 +114,13 @@ pub trait VirtioDevice<M: GuestAddressSpace>: Send {
     fn queue_states(&self) -> Vec<(u16, QueueState)>;
     /// The device's own state, for a snapshot.
     fn save_state(&self) -> DeviceState;
-    /// A file descriptor the device wants the event loop to watch besides its queues (a rate
-    /// limiter's timer); [`Self::wake`] is called when it is readable.
-    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+    /// File descriptors the device wants the event loop to watch besides its queues (a rate
+    /// limiter's timer, a tap); [`Self::wake`] is called with the index of one that is ready.
+    fn wake_sources(&self) -> Vec<WakeSource> {
+        Vec::new()
     }
-    /// Its [`Self::wake_fd`] is readable.
-    fn wake(&mut self) {}
+    /// Its [`Self::wake_sources`]`[source]` is ready.
+    fn wake(&mut self, _source: usize) {}
     /// Restores a saved state into a device fresh from its constructor; a device that was
     /// active gets its queues in `activation`. Unlike [`Self::activate`] it processes nothing
     /// (buffers made available wait for the next notification). The state comes from a file:

@@ -66,6 +66,12 @@ pub enum DeviceState {
     Plain,
     /// The virtio-balloon.
     Balloon(Box<virtio_balloon::BalloonState>),
+    /// The virtio-net device.
+    Net {
+        /// A frame the guest's receive buffer (this head) holds, which waits for the rate
+        /// limiter: its head and length.
+        deferred_rx: Option<(u16, u32)>,
+    },
     /// The virtio-pmem device.
     Pmem {
         /// Flush requests answered so far.
