@@ -403,7 +403,7 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("/balloon/statistics", "PUT"),
         ("/snapshot/create", "PATCH"),
         ("/snapshot/load", "GET"),
-        ("/network-interfaces/eth0", "PUT"),
+        ("/network-interfaces/eth0", "GET"),
         ("/vsock", "PUT"),
         ("/mmds", "GET"),
     ] {
@@ -426,6 +426,8 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("PATCH", "/balloon/statistics"),
         ("PUT", "/snapshot/create"),
         ("PUT", "/snapshot/load"),
+        ("PUT", "/network-interfaces/eth0"),
+        ("PATCH", "/network-interfaces/eth0"),
     ] {
         refused(
             &api,
@@ -716,6 +718,141 @@ fn an_entropy_device_is_configured_as_firecracker_configures_one() {
         )
         .unwrap();
     assert_eq!(flushed.status, 204);
+    assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+}
+
+/// Moves the calling test thread into a network namespace of its own (nothing the VMM it starts
+/// does with taps reaches the host's) with a tap `tap0`; false (and SKIP) where it may not.
+fn private_tap(test: &str) -> bool {
+    // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        eprintln!(
+            "SKIP: {test}: no network namespace of its own: {}",
+            std::io::Error::last_os_error()
+        );
+        return false;
+    }
+    let made = Command::new("ip")
+        .args(["tuntap", "add", "dev", "tap0", "mode", "tap"])
+        .status()
+        .is_ok_and(|status| status.success());
+    if !made {
+        eprintln!("SKIP: {test}: `ip tuntap add` failed (iproute2 missing?)");
+    }
+    made
+}
+
+#[test]
+fn a_network_interface_is_configured_patched_and_counted_as_firecracker_s() {
+    let test = "a_network_interface_is_configured_patched_and_counted_as_firecracker_s";
+    if !kvm_available(test) || !private_tap(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-net");
+    let (kernel, initrd, _) = guest_files(&scratch);
+    let (socket, metrics) = (scratch.path("api.sock"), scratch.path("metrics.json"));
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    let interface = json!({"iface_id": "eth0", "host_dev_name": "tap0",
+                           "guest_mac": "06:00:ac:10:00:02",
+                           "rx_rate_limiter": {"bandwidth": {"size": 1048576, "refill_time": 100}}});
+    for (path, body, message) in [
+        (
+            "/network-interfaces/eth1",
+            interface.to_string(),
+            "does not match",
+        ),
+        (
+            "/network-interfaces/eth0",
+            json!({"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac"})
+                .to_string(),
+            "MAC address",
+        ),
+        (
+            "/network-interfaces/eth0",
+            json!({"iface_id": "eth0", "host_dev_name": "../tap0"}).to_string(),
+            "not an interface name",
+        ),
+        (
+            "/network-interfaces/eth0",
+            json!({"iface_id": "eth0", "host_dev_name": "tap0", "mtu": 40}).to_string(),
+            "mtu 40",
+        ),
+    ] {
+        refused(&api, "PUT", path, Some(&body), message);
+    }
+    refused(
+        &api,
+        "PATCH",
+        "/network-interfaces/eth0",
+        Some(r#"{"iface_id":"eth0"}"#),
+        NOT_BEFORE_START,
+    );
+    send(
+        &api,
+        "PUT",
+        "/network-interfaces/eth0",
+        &interface.to_string(),
+    );
+    send(
+        &api,
+        "PUT",
+        "/metrics",
+        &json!({ "metrics_path": metrics }).to_string(),
+    );
+    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
+                             "boot_args": "console=ttyS0"});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    let console = vmm.stdout_so_far();
+    assert!(
+        console.starts_with("console=ttyS0 virtio_mmio.device=4K@0xc0000000:5\n"),
+        "{console}"
+    );
+    let shown = get(&api, "/vm/config");
+    let mut expected = interface.clone();
+    expected["rx_rate_limiter"]["bandwidth"]["one_time_burst"] = Value::Null;
+    expected["rx_rate_limiter"]["ops"] = Value::Null;
+    assert_eq!(shown["network-interfaces"], json!([expected]));
+    // After the start: new limiters, for an interface the VM has.
+    send(
+        &api,
+        "PATCH",
+        "/network-interfaces/eth0",
+        r#"{"iface_id":"eth0","tx_rate_limiter":{"ops":{"size":100,"refill_time":1000}}}"#,
+    );
+    refused(
+        &api,
+        "PATCH",
+        "/network-interfaces/eth1",
+        Some(r#"{"iface_id":"eth1"}"#),
+        "not found: eth1",
+    );
+    refused(
+        &api,
+        "PUT",
+        "/network-interfaces/eth0",
+        Some(&interface.to_string()),
+        NOT_AFTER_START,
+    );
+    send(&api, "PUT", "/actions", r#"{"action_type":"FlushMetrics"}"#);
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let line: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    for section in ["net", "net_eth0"] {
+        assert_eq!(line[section]["tx_malformed_frames"], 0, "{line}");
+    }
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
     assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
 }
 

@@ -1,0 +1,204 @@
+//! End-to-end, real Linux (nested, see `linux_common`): the guest's virtio-net interface over a
+//! tap, in a network namespace the test makes for itself (every packet stays there).
+//!
+//! Linux's virtio-net driver brings eth0 up; the guest pings the host side of the tap, fetches
+//! a blob over HTTP from a server in this test (host to guest, checked by MD5), fetches it
+//! again after `PATCH /network-interfaces/eth0` gave it a receive rate limiter (the transfer
+//! takes as long as the limiter says), and serves random bytes the test fetches (guest to
+//! host, checked by MD5). Each loop is bounded: the server answers two requests, every wait has
+//! a deadline.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod linux_common;
+mod vmm_common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e_tests::THROUGH_THE_KEYBOARD;
+use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{send, Scratch, VmmRun};
+
+const TAP: &str = "tap0";
+const HOST: &str = "10.0.2.1";
+const GUEST: &str = "10.0.2.2";
+const PORT: u16 = 8000;
+/// The blob the guest fetches.
+const BLOB_MIB: usize = 2;
+/// The receive rate limiter of the second fetch: 512 KiB a second.
+const LIMIT_BYTES_PER_S: usize = 512 << 10;
+/// How long a transfer may take under QEMU/TCG.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs a busybox applet (L1's /bin) with `args` in the calling thread's network namespace.
+fn run(program: &str, args: &str) {
+    let status = Command::new(program)
+        .args(args.split(' '))
+        .status()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(status.success(), "{program} {args}");
+}
+
+/// Moves the calling test thread into a network namespace of its own with a tap at
+/// 10.0.2.1/24, up.
+fn private_tap() {
+    // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
+    let done = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(done, 0, "unshare: {}", std::io::Error::last_os_error());
+    run("tunctl", &format!("-t {TAP}"));
+    run("ip", &format!("link set {TAP} up"));
+    run("ip", &format!("addr add {HOST}/24 dev {TAP}"));
+}
+
+/// `len` pseudo-random bytes, the same each run (xorshift).
+fn blob(len: usize) -> Vec<u8> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// The MD5 of `bytes`, by busybox's md5sum (the guest's own tool).
+fn md5(scratch: &Scratch, bytes: &[u8]) -> String {
+    let path = scratch.path("md5-input");
+    std::fs::write(&path, bytes).unwrap();
+    let output = Command::new("md5sum").arg(&path).output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// Answers `requests` HTTP GETs on `listener` with `body`, on a thread of its own.
+fn serve(listener: TcpListener, body: Vec<u8>, requests: usize) {
+    std::thread::spawn(move || {
+        for _ in 0..requests {
+            let Ok((mut stream, _)) = listener.accept() else {
+                return;
+            };
+            stream.set_read_timeout(Some(TRANSFER_TIMEOUT)).unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 512];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+                match stream.read(&mut buf) {
+                    Ok(n @ 1..) => request.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            let header = format!(
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(header.as_bytes());
+            let _ = stream.write_all(&body);
+        }
+    });
+}
+
+/// `GET /path` from the guest's httpd; the body.
+fn fetch_from_guest(path: &str) -> Vec<u8> {
+    let address: SocketAddr = format!("{GUEST}:8080").parse().unwrap();
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(60)).unwrap();
+    stream.set_read_timeout(Some(TRANSFER_TIMEOUT)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let at = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP response");
+    assert!(
+        response.starts_with(b"HTTP/1.0 200"),
+        "{:?}",
+        &response[..at]
+    );
+    response.split_off(at + 4)
+}
+
+#[test]
+fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_limiter() {
+    let test =
+        "linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_limiter";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new(test);
+    private_tap();
+    let data = blob(BLOB_MIB << 20);
+    let data_md5 = md5(&scratch, &data);
+    serve(TcpListener::bind((HOST, PORT)).unwrap(), data, 2);
+    let socket = scratch.path("api.sock");
+    let net = format!("tap={TAP},mac=06:00:0a:00:02:02");
+    let cmdline = cmdline(&format!(
+        "llfree.test=net llfree.ip={GUEST} llfree.host={HOST} llfree.port={PORT} llfree.mib=2"
+    ));
+    let mut vmm = VmmRun::start(&guest.args(&[
+        "--memory",
+        "128M",
+        "--net",
+        &net,
+        "--api-socket",
+        &socket,
+        "--cmdline",
+        &cmdline,
+    ]));
+    let api = vmm.api(&socket);
+    vmm.wait_for_line("LLFREE-L2 ready", BOOT_TIMEOUT);
+    let ping = vmm.wait_for_line("LLFREE-L2 ping", TRANSFER_TIMEOUT);
+    assert!(ping.contains("ping ok"), "{}", vmm.stdout_so_far());
+
+    // Host to guest, at full speed.
+    let first = vmm.wait_for_line("LLFREE-L2 received round=1", TRANSFER_TIMEOUT);
+    eprintln!("{test}: {first}");
+    assert_eq!(field(&first, "md5"), Some(data_md5.as_str()), "{first}");
+    assert_eq!(field(&first, "kib"), Some("2048"), "{first}");
+
+    // Again, under a receive limiter of 512 KiB/s: the first 512 KiB pass at once (the bucket
+    // starts full), the other 1.5 MiB take at least three seconds.
+    vmm.wait_for_line("LLFREE-L2 wait-go", TRANSFER_TIMEOUT);
+    let limiter = format!(
+        r#"{{"iface_id":"eth0","rx_rate_limiter":{{"bandwidth":{{"size":{LIMIT_BYTES_PER_S},"refill_time":1000}}}}}}"#
+    );
+    send(&api, "PATCH", "/network-interfaces/eth0", &limiter);
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    let second = vmm.wait_for_line("LLFREE-L2 received round=2", TRANSFER_TIMEOUT);
+    eprintln!("{test}: {second}");
+    assert_eq!(field(&second, "md5"), Some(data_md5.as_str()), "{second}");
+    let limited: f64 = field(&second, "seconds").unwrap().parse().unwrap();
+    let floor = ((BLOB_MIB << 20) - LIMIT_BYTES_PER_S) as f64 / LIMIT_BYTES_PER_S as f64;
+    assert!(
+        limited >= floor * 0.9,
+        "{second}: the limiter lets 512 KiB/s through, so at least {floor} s"
+    );
+
+    // Guest to host.
+    let serving = vmm.wait_for_line("LLFREE-L2 serving", TRANSFER_TIMEOUT);
+    eprintln!("{test}: {serving}");
+    let out = fetch_from_guest("/out");
+    assert_eq!(out.len(), 2 << 20);
+    assert_eq!(Some(md5(&scratch, &out).as_str()), field(&serving, "md5"));
+
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    vmm.wait(Duration::from_secs(120))
+        .assert_guest_reset(THROUGH_THE_KEYBOARD);
+}
