@@ -328,6 +328,31 @@ pub fn tool_available(test: &str, tool: &str, version_arg: &str) -> bool {
     found
 }
 
+/// Moves the calling test thread into a network namespace of its own, where it makes the taps
+/// `taps` (`ip tuntap add`): a VMM the thread starts opens them there, and nothing reaches the
+/// host's network. False (and SKIP for `test`) without the right to; CI must have `ip`.
+pub fn private_network(test: &str, taps: &[&str]) -> bool {
+    // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        eprintln!(
+            "SKIP: {test}: no network namespace of its own: {}",
+            std::io::Error::last_os_error()
+        );
+        return false;
+    }
+    if !tool_available(test, "ip", "-V") {
+        return false;
+    }
+    for tap in taps {
+        let status = std::process::Command::new("ip")
+            .args(["tuntap", "add", "dev", tap, "mode", "tap"])
+            .status()
+            .expect("run ip");
+        assert!(status.success(), "{test}: ip tuntap add dev {tap} mode tap");
+    }
+    true
+}
+
 /// Runs the Firecracker Go SDK program of `tests/firecracker-sdk` (built at `program`) with
 /// `args` and `env`, and checks that every step passed; returns its output.
 pub fn run_sdk_program(program: &str, args: &[&str], env: &[(&str, &str)]) -> String {

@@ -13,7 +13,7 @@ mod vmm_common;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_tests::{ctrl_alt_del_guest_files, kvm_available, tool_available};
+use e2e_tests::{ctrl_alt_del_guest_files, kvm_available, private_network, tool_available};
 use serde_json::{json, Value};
 use vmm_cli::ApiClient;
 use vmm_common::{get, send, Scratch, VmmRun};
@@ -721,31 +721,10 @@ fn an_entropy_device_is_configured_as_firecracker_configures_one() {
     assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
 }
 
-/// Moves the calling test thread into a network namespace of its own (nothing the VMM it starts
-/// does with taps reaches the host's) with a tap `tap0`; false (and SKIP) where it may not.
-fn private_tap(test: &str) -> bool {
-    // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        eprintln!(
-            "SKIP: {test}: no network namespace of its own: {}",
-            std::io::Error::last_os_error()
-        );
-        return false;
-    }
-    let made = Command::new("ip")
-        .args(["tuntap", "add", "dev", "tap0", "mode", "tap"])
-        .status()
-        .is_ok_and(|status| status.success());
-    if !made {
-        eprintln!("SKIP: {test}: `ip tuntap add` failed (iproute2 missing?)");
-    }
-    made
-}
-
 #[test]
 fn a_network_interface_is_configured_patched_and_counted_as_firecracker_s() {
     let test = "a_network_interface_is_configured_patched_and_counted_as_firecracker_s";
-    if !kvm_available(test) || !private_tap(test) {
+    if !kvm_available(test) || !private_network(test, &["tap0"]) {
         return;
     }
     let scratch = Scratch::new("fc-net");

@@ -12,7 +12,7 @@ mod vmm_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::kvm_available;
+use e2e_tests::{kvm_available, private_network};
 use vmm_cli::ApiClient;
 use vmm_common::{client, get, send, wait_for_state, Finished, Scratch, VmmRun};
 
@@ -376,6 +376,63 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_without_a_zone() 
         !damaged.stdout.contains("step"),
         "the guest ran: {damaged:#?}"
     );
+}
+
+#[test]
+fn a_network_interface_comes_back_on_the_tap_network_overrides_name() {
+    let test = "a_network_interface_comes_back_on_the_tap_network_overrides_name";
+    if !kvm_available(test) || !private_network(test, &["tap0", "tap1"]) {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-net");
+    let zone = zone(&scratch, "zone", "128M");
+    let (snapshot, socket) = (scratch.path("vm.snap"), scratch.path("api.sock"));
+    let args = [
+        "--memory",
+        "32M",
+        "--workload",
+        WORKLOAD,
+        "--net",
+        "tap=tap0,mac=06:00:00:00:00:09",
+    ];
+    let (vmm, api) = paused_in_zone(&zone, "net", &socket, &args);
+    create_snapshot(&api, &snapshot, &zone);
+    vmm.kill();
+    let _ = std::fs::remove_file(&socket);
+    let (waiting, api) = waiting_vmm(&socket);
+    let load = |overrides: &str| {
+        format!(
+            r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}","network_overrides":{overrides}}}"#
+        )
+    };
+    // An interface the VM does not have is refused, and the snapshot stays loadable.
+    let unknown = api
+        .request(
+            "PUT",
+            "/snapshot/load",
+            Some(&load(r#"[{"iface_id":"eth9","host_dev_name":"tap1"}]"#)),
+        )
+        .unwrap();
+    assert_eq!(unknown.status, 400, "{}", unknown.body);
+    assert!(
+        unknown.body.contains("no interface eth9"),
+        "{}",
+        unknown.body
+    );
+    send(
+        &api,
+        "PUT",
+        "/snapshot/load",
+        &load(r#"[{"iface_id":"eth0","host_dev_name":"tap1"}]"#),
+    );
+    let interfaces = get(&api, "/vm/config")["network-interfaces"].clone();
+    assert_eq!(
+        interfaces,
+        serde_json::json!([{"iface_id": "eth0", "host_dev_name": "tap1",
+                            "guest_mac": "06:00:00:00:00:09"}])
+    );
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    assert_finished_after_the_checkpoint(&waiting.wait(TIMEOUT), 3);
 }
 
 #[test]
