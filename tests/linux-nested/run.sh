@@ -216,12 +216,14 @@ l1_initramfs() {
     release=$(ls "$l1/lib/modules")
     modules=$l1/lib/modules/$release/kernel
     # KVM; the emulated NVDIMMs (ACPI NFIT, libnvdimm, pmem), ext4 for a DAX file system,
-    # device DAX, and tun for the taps of the virtio-net tests.
+    # device DAX, tun for the taps of the virtio-net tests, and vhost-net for QEMU's in the
+    # benchmarks.
     for module in virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko drivers/crypto/ccp/ccp.ko \
         arch/x86/kvm/kvm-amd.ko drivers/nvdimm/libnvdimm.ko drivers/nvdimm/nd_btt.ko \
         drivers/nvdimm/nd_pmem.ko drivers/acpi/nfit/nfit.ko lib/crc16.ko fs/mbcache.ko \
         fs/jbd2/jbd2.ko crypto/crc32c_generic.ko fs/ext4/ext4.ko drivers/dax/device_dax.ko \
-        drivers/dax/dax_pmem.ko drivers/net/tun.ko; do
+        drivers/dax/dax_pmem.ko drivers/net/tun.ko drivers/vhost/vhost_iotlb.ko \
+        drivers/vhost/vhost.ko drivers/vhost/vhost_net.ko; do
         cp "$modules/$module" "$root/modules/"
     done
     cp /sbin/mke2fs "$root/bin/mke2fs.real"

@@ -140,7 +140,8 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
     let socket = scratch.path("api.sock");
     let net = format!("tap={TAP},mac=06:00:0a:00:02:02");
     let cmdline = cmdline(&format!(
-        "llfree.test=net llfree.ip={GUEST} llfree.host={HOST} llfree.port={PORT} llfree.mib=2"
+        "llfree.test=net llfree.go=cad llfree.ip={GUEST} llfree.host={HOST} llfree.port={PORT} \
+         llfree.mib=2"
     ));
     let mut vmm = VmmRun::start(&guest.args(&[
         "--memory",
