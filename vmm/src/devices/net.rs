@@ -18,7 +18,8 @@
 //! buckets can pay for it; a timer the event loop watches takes it up again.
 //!
 //! Everything the guest writes is checked: a frame to send is device-readable buffers of at
-//! least a header and at most [`MAX_FRAME`] bytes in at most [`MAX_BUFFERS`] pieces inside
+//! least a header and at most [`MAX_FRAME`] bytes in at most
+//! [`MAX_BUFFERS`](crate::devices::virtio::buffers::MAX_BUFFERS) pieces inside
 //! guest memory; a receive buffer is device-writable and long enough for a header. Anything
 //! else is returned unused and counted as a warning (rate-limited).
 
@@ -38,11 +39,12 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU,
 };
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryBackend};
+use vm_memory::GuestAddressSpace;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::config::{MacAddr, NetConfig};
 use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::devices::virtio::buffers::{BufferError, Buffers};
 use crate::devices::virtio::request_queue::read_config;
 use crate::devices::virtio::{
     ActivateError, Activation, DeviceState, Interrupt, VirtioDevice, WakeSource,
@@ -55,8 +57,6 @@ pub const HEADER_SIZE: usize = 12;
 /// Longest frame the guest may send, header included: a 64 KiB TSO segment with its Ethernet
 /// and VLAN headers (Firecracker's limit).
 pub const MAX_FRAME: usize = HEADER_SIZE + 65550;
-/// Most buffers one frame may be gathered from or scattered into (Linux uses at most 19).
-pub const MAX_BUFFERS: usize = 64;
 /// Size of each queue.
 const QUEUE_SIZES: [u16; 2] = [256, 256];
 /// The receive queue.
@@ -150,9 +150,6 @@ struct Deferred {
     len: u32,
 }
 
-/// The host side of a guest buffer: where, how long.
-type Iovec = libc::iovec;
-
 /// A virtio-net device.
 #[derive(Debug)]
 pub struct NetDevice {
@@ -176,80 +173,23 @@ pub struct NetDevice {
     warnings: GuestWarnings,
 }
 
-/// The outcome of gathering a chain's buffers.
-enum Gathered {
-    /// The host side of the buffers and their total length.
-    Buffers { count: usize, len: usize },
-    /// The chain breaks the rules.
-    Malformed(&'static str),
-}
-
-/// Puts the host side of `chain`'s buffers into `iovecs`: all device-writable (`writable`) or
-/// all device-readable, inside guest memory, at most [`MAX_BUFFERS`] pieces and `max_len`
-/// bytes (a longer receive buffer is cut, a longer frame to send refused).
-fn gather(
+/// The buffers of a frame's chain (`writable`: to receive into), at least a header long.
+fn frame_buffers(
     mem: &GuestMemory,
     chain: DescriptorChain<&GuestMemory>,
     writable: bool,
-    max_len: usize,
-    iovecs: &mut [Iovec; MAX_BUFFERS],
-) -> Gathered {
-    let mut count = 0;
-    let mut len = 0usize;
-    for desc in chain {
-        if desc.is_write_only() != writable {
-            return Gathered::Malformed(if writable {
-                "a receive buffer is device-readable"
-            } else {
-                "a frame to send has a device-writable buffer"
-            });
-        }
-        let mut want = desc.len() as usize;
-        if len + want > max_len {
-            if !writable {
-                return Gathered::Malformed("a frame to send is longer than 64 KiB");
-            }
-            want = max_len - len;
-        }
-        for slice in mem.get_slices(desc.addr(), want) {
-            let Ok(slice) = slice else {
-                return Gathered::Malformed("a buffer is not in guest memory");
-            };
-            let Some(iovec) = iovecs.get_mut(count) else {
-                return Gathered::Malformed("a frame is in more than 64 pieces");
-            };
-            *iovec = Iovec {
-                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
-                iov_len: slice.len(),
-            };
-            count += 1;
-        }
-        len += want;
-        if len == max_len {
-            break;
-        }
+) -> Result<Buffers, &'static str> {
+    let buffers = Buffers::gather(mem, chain, writable, MAX_FRAME).map_err(|e| match e {
+        BufferError::WrongDirection if writable => "a device-readable buffer",
+        BufferError::WrongDirection => "a device-writable buffer",
+        BufferError::NotInMemory => "a buffer outside guest memory",
+        BufferError::TooManyPieces => "more than 64 pieces",
+        BufferError::TooLong => "longer than 64 KiB",
+    })?;
+    if buffers.len() < HEADER_SIZE {
+        return Err("shorter than the 12-byte header");
     }
-    if len < HEADER_SIZE {
-        return Gathered::Malformed("a buffer chain is shorter than the 12-byte header");
-    }
-    Gathered::Buffers { count, len }
-}
-
-/// Writes `value` at byte `at` of the buffers `iovecs` (which hold it).
-fn write_at(iovecs: &[Iovec], mut at: usize, value: &[u8]) {
-    let mut value = value.iter();
-    for iovec in iovecs {
-        while at < iovec.iov_len {
-            let Some(&byte) = value.next() else {
-                return;
-            };
-            // SAFETY: the iovec is the host side of a guest buffer that `gather` checked is in
-            // guest memory, which the caller's guard keeps mapped; `at` is inside it.
-            unsafe { iovec.iov_base.cast::<u8>().add(at).write_volatile(byte) };
-            at += 1;
-        }
-        at -= iovec.iov_len;
-    }
+    Ok(buffers)
 }
 
 /// Arms `timer` to fire after `wait` (at least a millisecond: zero would disarm it).
@@ -322,22 +262,21 @@ impl NetDevice {
         }
         let memory = Arc::clone(&self.memory);
         let mem = memory.memory();
-        let mut iovecs = [Iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_BUFFERS];
         let mut used = false;
         while let Some(chain) = queues.tx.pop_descriptor_chain(&*mem) {
             let head = chain.head_index();
-            match gather(&mem, chain, false, MAX_FRAME, &mut iovecs) {
-                Gathered::Malformed(why) => {
+            match frame_buffers(&mem, chain, false) {
+                Err(why) => {
                     self.counters
                         .tx_malformed_frames
                         .fetch_add(1, Ordering::Relaxed);
-                    self.warnings
-                        .warn(format_args!("virtio-net {}: {why}", self.id));
+                    self.warnings.warn(format_args!(
+                        "virtio-net {}: a frame to send: {why}",
+                        self.id
+                    ));
                 }
-                Gathered::Buffers { count, len } => {
+                Ok(buffers) => {
+                    let len = buffers.len();
                     if self.tx_limiter.is_limiting() {
                         if let Err(wait) = self.tx_limiter.consume(len as u64, Instant::now()) {
                             queues.tx.go_to_previous_position();
@@ -351,7 +290,7 @@ impl NetDevice {
                     }
                     // SAFETY: `gather` made the iovecs from buffers inside guest memory, which
                     // `mem` keeps mapped for the call.
-                    match unsafe { self.tap.write_frame(&iovecs[..count]) } {
+                    match unsafe { self.tap.write_frame(buffers.iovecs()) } {
                         Ok(_) => {
                             self.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
                             self.counters
@@ -397,10 +336,6 @@ impl NetDevice {
         }
         let memory = Arc::clone(&self.memory);
         let mem = memory.memory();
-        let mut iovecs = [Iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_BUFFERS];
         let mut used = false;
         loop {
             let Deferred { head, len } = match self.deferred.take() {
@@ -411,22 +346,25 @@ impl NetDevice {
                         break;
                     };
                     let head = chain.head_index();
-                    match gather(&mem, chain, true, MAX_FRAME, &mut iovecs) {
-                        Gathered::Malformed(why) => {
+                    match frame_buffers(&mem, chain, true) {
+                        Err(why) => {
                             self.counters
                                 .rx_malformed_buffers
                                 .fetch_add(1, Ordering::Relaxed);
-                            self.warnings
-                                .warn(format_args!("virtio-net {}: {why}", self.id));
+                            self.warnings.warn(format_args!(
+                                "virtio-net {}: a receive buffer: {why}",
+                                self.id
+                            ));
                             Deferred { head, len: 0 }
                         }
-                        Gathered::Buffers { count, len: room } => {
+                        Ok(buffers) => {
+                            let room = buffers.len();
                             // SAFETY: `gather` made the iovecs from device-writable buffers
                             // inside guest memory, which `mem` keeps mapped for the call.
-                            match unsafe { self.tap.read_frame(&iovecs[..count]) } {
+                            match unsafe { self.tap.read_frame(buffers.iovecs()) } {
                                 Ok(read) => {
                                     // Without MRG_RXBUF each frame is one buffer chain.
-                                    write_at(&iovecs[..count], NUM_BUFFERS_AT, &1u16.to_le_bytes());
+                                    buffers.write_at(NUM_BUFFERS_AT, &1u16.to_le_bytes());
                                     if read > room {
                                         self.counters.rx_fails.fetch_add(1, Ordering::Relaxed);
                                     }

@@ -5,6 +5,7 @@
 //! The transport ([`mmio::MmioTransport`]) owns all guest-visible registers, validates every
 //! value the driver writes and drives the device through activation and reset.
 
+pub mod buffers;
 pub mod interrupt;
 pub mod mmio;
 pub mod request_queue;
