@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use vmm::config::{parse_mib, parse_size, BackingKind, BalloonDeviceConfig, DriveConfig};
+use vmm::config::{
+    parse_mib, parse_size, BackingKind, BalloonDeviceConfig, DriveConfig, VsockConfig,
+};
 
 use crate::exit::EXIT_STATUS_HELP;
+use vmm::api::model::NetworkOverride;
 use vmm::testguest::WorkloadSpec;
 
 /// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
@@ -96,6 +99,17 @@ fn parse_instance_id(text: &str) -> Result<String, String> {
     } else {
         Err("expected 1 to 64 letters, digits, '-' or '_'".into())
     }
+}
+
+/// `ID=TAP` of `--network-override`.
+fn parse_network_override(text: &str) -> Result<NetworkOverride, String> {
+    let (iface_id, host_dev_name) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected ID=TAP"))?;
+    Ok(NetworkOverride {
+        iface_id: iface_id.to_owned(),
+        host_dev_name: host_dev_name.to_owned(),
+    })
 }
 
 /// The subcommands.
@@ -198,6 +212,15 @@ pub struct SnapshotLoadArgs {
     /// inspect` lists the ranges): the guest reads zeroes there.
     #[arg(long)]
     pub accept_damaged: bool,
+
+    /// Give the loaded VM's network interface ID the host's tap TAP instead of the one it had
+    /// (Firecracker's network_overrides; repeatable).
+    #[arg(long = "network-override", value_name = "ID=TAP", value_parser = parse_network_override)]
+    pub network_overrides: Vec<NetworkOverride>,
+
+    /// Let the loaded VM's vsock device listen on PATH instead (Firecracker's vsock_override).
+    #[arg(long, value_name = "PATH")]
+    pub vsock_override: Option<std::path::PathBuf>,
 }
 
 /// Options of `vmm zone`.
@@ -347,6 +370,12 @@ pub struct RunArgs {
     /// state are the host's business. The id defaults to eth0, eth1, ...
     #[arg(long = "net", value_name = "tap=NAME[,...]")]
     pub net: Vec<String>,
+
+    /// Add a virtio-vsock device (Firecracker's PUT /vsock): cid=N,uds=PATH. Host programs
+    /// connect to the Unix socket PATH and write `CONNECT <port>\n` to reach the guest's port;
+    /// the guest's connections to CID 2 port P go to the Unix socket PATH_P.
+    #[arg(long, value_name = "cid=N,uds=PATH", value_parser = VsockConfig::parse)]
+    pub vsock: Option<VsockConfig>,
 
     /// Add a virtio-rng entropy device (Firecracker's PUT /entropy): the guest's random bytes
     /// come from the host's getrandom (Linux: CONFIG_HW_RANDOM_VIRTIO, /dev/hwrng).

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmm::api::model::{FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams};
+use vmm::api::model::{
+    FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams, VsockOverride,
+};
 use vmm::config::{format_size, VmConfig};
 use vmm::runner::{say, RunError, RunOutcome, ServeOptions, StopCause};
 
@@ -50,7 +52,10 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         resume_vm: args.resume,
         enable_diff_snapshots: false,
         track_dirty_pages: false,
-        network_overrides: Vec::new(),
+        network_overrides: args.network_overrides,
+        vsock_override: args
+            .vsock_override
+            .map(|uds_path| VsockOverride { uds_path }),
         clock_realtime: false,
         accept_damaged: args.accept_damaged,
     };

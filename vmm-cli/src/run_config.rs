@@ -101,6 +101,7 @@ impl TryFrom<RunArgs> for VmConfig {
             balloon: args.balloon,
             drives,
             network_interfaces,
+            vsock: args.vsock,
         })
     }
 }

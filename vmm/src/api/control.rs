@@ -5,7 +5,7 @@ use super::model::{
     Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
     FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
     MachineInfo, MemoryInfo, Metrics, NetworkInterface, PartialNetworkInterface, Pmem,
-    SerialConfig, SnapshotCreateParams, SnapshotLoadParams, DEFAULT_INSTANCE_ID,
+    SerialConfig, SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -32,6 +32,8 @@ pub enum PreBoot {
     Entropy(EntropyDevice),
     /// `PUT /network-interfaces/{iface_id}`: the id in the path and the interface.
     NetworkInterface(String, NetworkInterface),
+    /// `PUT /vsock`.
+    Vsock(Vsock),
     /// `PUT /serial`.
     Serial(SerialConfig),
     /// `PUT /balloon`.

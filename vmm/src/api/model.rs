@@ -12,7 +12,7 @@ mod preboot;
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, NetworkInterface,
-    PartialNetworkInterface, Pmem, SerialConfig, ZoneAttachment, DEFAULT_MEM_SIZE_MIB,
+    PartialNetworkInterface, Pmem, SerialConfig, Vsock, ZoneAttachment, DEFAULT_MEM_SIZE_MIB,
     DEFAULT_VCPUS,
 };
 
@@ -509,6 +509,14 @@ pub struct NetworkOverride {
     pub host_dev_name: String,
 }
 
+/// Firecracker's `VsockOverride`: the socket a loaded VM's vsock device listens on instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockOverride {
+    /// The new socket path.
+    pub uds_path: std::path::PathBuf,
+}
+
 /// `PUT /snapshot/load` (Firecracker's `SnapshotLoadParams`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -533,6 +541,9 @@ pub struct SnapshotLoadParams {
     /// New taps for the VM's interfaces, by id.
     #[serde(default)]
     pub network_overrides: Vec<NetworkOverride>,
+    /// A new socket path for the VM's vsock device.
+    #[serde(default)]
+    pub vsock_override: Option<VsockOverride>,
     /// Advance kvmclock by the time the snapshot lay (refused when true).
     #[serde(default)]
     pub clock_realtime: bool,

@@ -10,7 +10,7 @@ use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, NetworkInterface, Pmem,
-    PopulateMode, ZoneAttachment,
+    PopulateMode, Vsock, ZoneAttachment,
 };
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
@@ -164,6 +164,7 @@ pub struct VmResources {
     pmem: Option<Pmem>,
     entropy: Option<EntropyDevice>,
     network_interfaces: Vec<NetworkInterface>,
+    vsock: Option<Vsock>,
     logger: Option<Logger>,
     metrics: Option<Metrics>,
     /// Whether anything that only a boot uses was configured (a snapshot is then refused).
@@ -303,6 +304,14 @@ impl VmResources {
         Ok(())
     }
 
+    /// `PUT /vsock`: the VM's vsock device (again: the device with the new settings).
+    pub fn put_vsock(&mut self, vsock: Vsock) -> Result<(), ControlError> {
+        vsock.config().check().map_err(invalid)?;
+        self.vsock = Some(vsock);
+        self.boot_specific = true;
+        Ok(())
+    }
+
     /// `PUT /pmem/{id}`: the VM's one virtio-pmem device, in its zone.
     pub fn put_pmem(&mut self, id: &str, pmem: Pmem) -> Result<(), ControlError> {
         check_path_id(id, &pmem.id)?;
@@ -423,6 +432,7 @@ impl VmResources {
                 .iter()
                 .map(NetworkInterface::config)
                 .collect(),
+            vsock: self.vsock.as_ref().map(Vsock::config),
         })
     }
 
@@ -438,6 +448,7 @@ impl VmResources {
             pmem: self.pmem.iter().cloned().collect(),
             entropy: self.entropy.clone(),
             network_interfaces: self.network_interfaces.clone(),
+            vsock: self.vsock.clone(),
             ..FullVmConfiguration::default()
         }
     }
@@ -503,6 +514,11 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             .iter()
             .map(NetworkInterface::from_config)
             .collect(),
+        vsock: config.vsock.as_ref().map(|v| Vsock {
+            guest_cid: v.guest_cid,
+            uds_path: v.uds_path.clone(),
+            vsock_id: None,
+        }),
         entropy: config.entropy.map(|limiter| EntropyDevice {
             rate_limiter: (limiter != RateLimiterConfig::default()).then_some(limiter),
         }),

@@ -13,6 +13,7 @@
 //! | `/pmem/{id}`          | PUT    | [`Pmem`]                                    | pre-boot |
 //! | `/network-interfaces/{id}` | PUT | [`NetworkInterface`]                     | pre-boot |
 //! | `/network-interfaces/{id}` | PATCH | [`PartialNetworkInterface`]            | running  |
+//! | `/vsock`              | PUT    | [`Vsock`]                                   | pre-boot |
 //! | `/logger`             | PUT    | [`Logger`]                                  | pre-boot |
 //! | `/metrics`            | PUT    | [`Metrics`]                                 | pre-boot |
 //! | `/actions`            | PUT    | `{"action_type": "InstanceStart" \| "SendCtrlAltDel" \| "FlushMetrics" \| "Shutdown"}` | |
@@ -45,6 +46,7 @@
 //! [`NetworkInterface`]: super::model::NetworkInterface
 //! [`PartialNetworkInterface`]: super::model::PartialNetworkInterface
 //! [`Logger`]: super::model::Logger
+//! [`Vsock`]: super::model::Vsock
 //! [`Metrics`]: super::model::Metrics
 //! [`FullVmConfiguration`]: super::model::FullVmConfiguration
 //! [`Balloon`]: super::model::Balloon
@@ -150,6 +152,7 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
             let update: PartialNetworkInterface = body(request)?;
             Ok(done(control.update_network_interface(id, &update)))
         }),
+        (Method::Put, "vsock", None, _) => configure(body(request).map(PreBoot::Vsock)),
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
         (Method::Put, "entropy", None, _) => configure(body(request).map(PreBoot::Entropy)),

@@ -10,6 +10,7 @@ mod backing;
 mod balloon;
 mod drive;
 mod net;
+mod vsock;
 
 pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
 pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
@@ -17,6 +18,7 @@ pub use backing::{BackingError, BackingKind};
 pub use balloon::{BalloonDeviceConfig, BalloonError};
 pub use drive::{check_drive_id, check_drives, DriveConfig, MAX_DRIVE_ID};
 pub use net::{check_network_interfaces, MacAddr, NetConfig, MAX_IFACE_ID, MIN_MTU};
+pub use vsock::{VsockConfig, MIN_GUEST_CID};
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -101,6 +103,9 @@ pub enum ConfigError {
     /// A network interface's settings are invalid or clash with another's.
     #[error("network interface: {0}")]
     Net(String),
+    /// The vsock device's settings are invalid.
+    #[error("vsock: {0}")]
+    Vsock(String),
     /// The balloon is larger than guest RAM.
     #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
@@ -193,6 +198,8 @@ pub struct VmConfig {
     pub entropy: Option<RateLimiterConfig>,
     /// virtio-net interfaces over host taps.
     pub network_interfaces: Vec<NetConfig>,
+    /// A virtio-vsock device.
+    pub vsock: Option<VsockConfig>,
 }
 
 impl VmConfig {
@@ -237,6 +244,7 @@ impl VmConfig {
             drives: Vec::new(),
             entropy: None,
             network_interfaces: Vec::new(),
+            vsock: None,
         }
     }
 

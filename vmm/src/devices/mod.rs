@@ -1,6 +1,6 @@
 //! Emulated devices: the I/O and MMIO bus, the 16550 serial console, the i8042 keyboard
-//! controller, virtio over MMIO, the virtio-balloon, virtio-blk, virtio-net, virtio-pmem and
-//! virtio-rng.
+//! controller, virtio over MMIO, the virtio-balloon, virtio-blk, virtio-net, virtio-pmem,
+//! virtio-rng and virtio-vsock.
 
 // Devices take values from a hostile guest: no silent truncation or sign change (the tests
 // build their inputs with casts on purpose).
@@ -26,6 +26,7 @@ pub mod pmem;
 pub mod rate_limiter;
 pub mod serial;
 pub mod virtio;
+pub mod vsock;
 
 pub use bus::{Bus, BusDevice, BusError, BusRange};
 

@@ -28,6 +28,7 @@ use crate::devices::serial::SerialError;
 use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
 use crate::devices::virtio::state::MmioSnapshot;
 use crate::devices::virtio::VirtioDevice;
+use crate::devices::vsock::{VsockCounters, VsockDevice, VsockError};
 use crate::devices::{BusDevice, BusError};
 use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
 use crate::vcpu::Buses;
@@ -46,6 +47,9 @@ pub enum DeviceError {
         /// The error.
         source: NetError,
     },
+    /// The vsock device could not be made.
+    #[error("vsock: {0}")]
+    Vsock(#[from] VsockError),
     /// Every virtio-mmio slot is taken.
     #[error("no free virtio-mmio slot (there are {VIRTIO_MMIO_SLOTS})")]
     NoSlot,
@@ -241,6 +245,8 @@ pub(super) struct Devices {
     pub entropy: Option<EntropyHandle>,
     /// The network interfaces, for the control API and metrics.
     pub network_interfaces: Vec<NetHandle>,
+    /// The vsock device's counters, for metrics.
+    pub vsock: Option<Arc<VsockCounters>>,
 }
 
 /// Opens a drive's image as it asks and makes its virtio-blk device.
@@ -298,8 +304,8 @@ pub(super) fn create_devices(
         drives.push((drive.id.clone(), device.counters()));
         mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
     }
-    // After the drives, then the network interfaces: a snapshot's devices come back in this
-    // order.
+    // After the drives, then the network interfaces, then vsock: a snapshot's devices come
+    // back in this order.
     let entropy = match config.entropy {
         Some(limiter) => {
             let device =
@@ -320,6 +326,15 @@ pub(super) fn create_devices(
         mmio.add(memory.clone(), device)?;
         network_interfaces.push(handle);
     }
+    let vsock = match &config.vsock {
+        Some(vsock) => {
+            let device = VsockDevice::new(memory.clone(), vsock)?;
+            let counters = device.counters();
+            mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
+            Some(counters)
+        }
+        None => None,
+    };
     Ok(Devices {
         mmio,
         balloon,
@@ -327,6 +342,7 @@ pub(super) fn create_devices(
         drives,
         entropy,
         network_interfaces,
+        vsock,
     })
 }
 

@@ -192,6 +192,7 @@ impl ApiFront {
             PreBoot::NetworkInterface(id, interface) => {
                 resources.put_network_interface(&id, interface)
             }
+            PreBoot::Vsock(vsock) => resources.put_vsock(vsock),
             PreBoot::Balloon(balloon) => resources.put_balloon(balloon),
             PreBoot::Logger(logger) => {
                 let control = self.logger.as_ref().ok_or_else(|| {
@@ -393,7 +394,6 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
         )))
     };
     for (present, what) in [
-        (config.vsock.is_some(), "vsock"),
         (config.mmds_config.is_some(), "mmds-config"),
         (config.cpu_config.is_some(), "cpu-config"),
     ] {
@@ -414,6 +414,7 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
         requests.push(PreBoot::Pmem(pmem.id.clone(), pmem));
     }
     requests.extend(config.entropy.map(PreBoot::Entropy));
+    requests.extend(config.vsock.map(PreBoot::Vsock));
     for interface in config.network_interfaces {
         requests.push(PreBoot::NetworkInterface(
             interface.iface_id.clone(),

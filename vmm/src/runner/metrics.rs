@@ -275,6 +275,19 @@ fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
     if !drives.is_empty() {
         add_counters(line, "block", &DRIVE_FIELDS, totals);
     }
+    if let Some(vsock) = session.and_then(Session::vsock) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        line.section("vsock")
+            .count("rx_packets_count", load(&vsock.rx_packets))
+            .count("rx_bytes_count", load(&vsock.rx_bytes))
+            .count("tx_packets_count", load(&vsock.tx_packets))
+            .count("tx_bytes_count", load(&vsock.tx_bytes))
+            .count("conns_added", load(&vsock.conns_added))
+            .count("conns_killed", load(&vsock.conns_killed))
+            .count("conns_removed", load(&vsock.conns_removed))
+            .count("malformed_packets", load(&vsock.malformed))
+            .done();
+    }
     let interfaces = session.map_or(&[][..], Session::network_interfaces);
     let mut totals = [0u64; NET_FIELDS.len()];
     for interface in interfaces {

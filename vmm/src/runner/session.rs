@@ -19,6 +19,7 @@ use crate::devices::net::NetHandle;
 use crate::devices::pmem::PmemHandle;
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::StatefulTransport;
+use crate::devices::vsock::VsockCounters;
 use crate::devices::GuestWarnings;
 use crate::testguest::ReportDevice;
 use crate::testguest::TestGuestError;
@@ -84,6 +85,8 @@ pub(super) struct Session {
     entropy: Option<EntropyHandle>,
     /// The network interfaces.
     network_interfaces: Vec<NetHandle>,
+    /// The vsock device's counters, if the VM has one.
+    vsock: Option<Arc<VsockCounters>>,
     /// The VM's run control, once its vCPU threads exist.
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
@@ -145,6 +148,7 @@ impl Session {
             drives: devices.drives.clone(),
             entropy: devices.entropy.clone(),
             network_interfaces: devices.network_interfaces.clone(),
+            vsock: devices.vsock.clone(),
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
             vm_fd: OnceLock::new(),
@@ -193,6 +197,11 @@ impl Session {
     /// The network interfaces.
     pub fn network_interfaces(&self) -> &[NetHandle] {
         &self.network_interfaces
+    }
+
+    /// The vsock device's counters, if the VM has one.
+    pub fn vsock(&self) -> Option<&VsockCounters> {
+        self.vsock.as_deref()
     }
 
     /// The virtio-pmem device, if the VM has one.

@@ -363,6 +363,7 @@ impl Session {
             drives: config.drives.clone(),
             entropy: config.entropy,
             network_interfaces: config.network_interfaces.clone(),
+            vsock: config.vsock.clone(),
         }
     }
 }
@@ -530,7 +531,22 @@ pub(super) fn prepare(
         drives: machine.drives,
         entropy: machine.entropy,
         network_interfaces: machine.network_interfaces,
+        vsock: machine.vsock,
     };
+    match (&mut config.vsock, &params.vsock_override) {
+        (Some(vsock), Some(socket)) => vsock.uds_path.clone_from(&socket.uds_path),
+        (None, Some(_)) => {
+            return Err(SnapshotError::Unsupported(
+                "vsock_override: the snapshot's VM has no vsock device".into(),
+            ))
+        }
+        _ => {}
+    }
+    if let Some(vsock) = &config.vsock {
+        vsock
+            .check()
+            .map_err(|e| SnapshotError::Unsupported(e.to_string()))?;
+    }
     for taps in &params.network_overrides {
         let interface = config
             .network_interfaces

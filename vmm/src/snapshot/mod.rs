@@ -66,6 +66,8 @@ pub struct Machine {
     pub entropy: Option<RateLimiterConfig>,
     /// The network interfaces, after the entropy device.
     pub network_interfaces: Vec<crate::config::NetConfig>,
+    /// The vsock device, last.
+    pub vsock: Option<crate::config::VsockConfig>,
 }
 
 /// Where the VM's memory is.
@@ -155,7 +157,8 @@ impl VmSnapshot {
             + usize::from(machine.pmem_size.is_some())
             + machine.drives.len()
             + usize::from(machine.entropy.is_some())
-            + machine.network_interfaces.len();
+            + machine.network_interfaces.len()
+            + usize::from(machine.vsock.is_some());
         if self.devices.virtio.len() != virtio {
             return bad(format!(
                 "{} virtio devices saved, the configuration has {virtio}",

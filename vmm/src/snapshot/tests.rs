@@ -60,6 +60,7 @@ fn snapshot() -> VmSnapshot {
             drives: Vec::new(),
             entropy: None,
             network_interfaces: Vec::new(),
+            vsock: None,
         },
         memory: MemorySource::Zone {
             zone_id: 0x1234,

@@ -339,6 +339,29 @@ pub struct PartialNetworkInterface {
     pub tx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
 }
 
+/// `PUT /vsock`: Firecracker's `Vsock`, a virtio-vsock device whose host side is Unix sockets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vsock {
+    /// The guest's CID (at least 3).
+    pub guest_cid: u32,
+    /// The Unix socket host programs connect to.
+    pub uds_path: PathBuf,
+    /// Deprecated in Firecracker; ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_id: Option<String>,
+}
+
+impl Vsock {
+    /// The device's configuration.
+    pub fn config(&self) -> crate::config::VsockConfig {
+        crate::config::VsockConfig {
+            guest_cid: self.guest_cid,
+            uds_path: self.uds_path.clone(),
+        }
+    }
+}
+
 /// `PUT /balloon` before the start: Firecracker's `Balloon`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -463,7 +486,7 @@ pub struct Metrics {
 }
 
 /// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`. Devices this VMM
-/// does not have (vsock, MMDS, CPU templates) are refused unless absent.
+/// does not have (MMDS, CPU templates) are refused unless absent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FullVmConfiguration {
@@ -499,9 +522,9 @@ pub struct FullVmConfiguration {
     /// Network interfaces.
     #[serde(rename = "network-interfaces", default)]
     pub network_interfaces: Vec<NetworkInterface>,
-    /// vsock (refused).
+    /// The vsock device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vsock: Option<serde_json::Value>,
+    pub vsock: Option<Vsock>,
     /// MMDS (refused).
     #[serde(
         rename = "mmds-config",

@@ -130,6 +130,24 @@ impl Buffers {
         rest
     }
 
+    /// The first `len` bytes of the buffers (all of them if they are shorter).
+    pub fn first(&self, len: usize) -> Buffers {
+        let mut first = Buffers::default();
+        for iovec in self.iovecs() {
+            let take = iovec.iov_len.min(len - first.len);
+            if take == 0 {
+                break;
+            }
+            first.iovecs[first.count] = Iovec {
+                iov_base: iovec.iov_base,
+                iov_len: take,
+            };
+            first.count += 1;
+            first.len += take;
+        }
+        first
+    }
+
     /// Writes `value` at byte `at` (as much of it as the buffers hold).
     pub fn write_at(&self, at: usize, value: &[u8]) {
         let mut value = value.iter();
@@ -197,6 +215,9 @@ mod tests {
         assert_eq!(buffers.read_at(2, &mut back), 5);
         assert_eq!(&back[..5], b"bcdef");
         assert_eq!(buffers.from(5).len(), 2);
+        assert_eq!(buffers.from(1).first(4).len(), 4);
+        assert_eq!(buffers.from(1).first(4).iovecs().len(), 2);
+        assert_eq!(buffers.first(100).len(), 7);
         assert!(buffers.from(9).is_empty());
         let mut chains = queue.iter(mem).unwrap();
         assert_eq!(

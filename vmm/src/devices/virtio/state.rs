@@ -72,6 +72,9 @@ pub enum DeviceState {
         /// limiter: its head and length.
         deferred_rx: Option<(u16, u32)>,
     },
+    /// The virtio-vsock device: its connections are not kept (the guest hears of a transport
+    /// reset after the restore).
+    Vsock,
     /// The virtio-pmem device.
     Pmem {
         /// Flush requests answered so far.
