@@ -50,7 +50,7 @@ FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
-    linux_firecracker linux_exhaustion linux_zone_reclaim linux_net)
+    linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock)
 if [ -n "${LLFREE_NESTED_BINARIES:-}" ]; then read -ra TESTS <<<"$LLFREE_NESTED_BINARIES"; fi
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
     xz-utils seabios e2fsprogs ndctl)
@@ -145,14 +145,15 @@ pack() {
     (cd "$1" && find . | cpio -o -H newc --quiet | gzip -1) >"$2"
 }
 
-# The L2 initramfs: busybox, l2-init, and mke2fs and e2fsck for the pmem test.
+# The L2 initramfs: busybox, l2-init, mke2fs and e2fsck for the pmem test, and vsock-tool
+# (built by build_tests) for the vsock test.
 l2_initramfs() {
     local root=$WORK/l2-root tool
     rm -rf "$root" && mkdir -p "$root"/{bin,dev,proc,sys,tmp,usr/sbin}
     cp /bin/busybox "$root/bin/busybox"
     cp "$HERE/l2-init" "$root/init"
     # Outside /bin, where busybox installs its own (smaller) mke2fs.
-    for tool in /sbin/mke2fs /sbin/e2fsck; do
+    for tool in /sbin/mke2fs /sbin/e2fsck "$ROOT/target/release/vsock-tool"; do
         cp "$tool" "$root/usr/sbin/"
         copy_libraries "$tool" "$root"
     done
@@ -266,7 +267,7 @@ run_in_qemu() {
     rm -f "$WORK/nvdimm.img" "$WORK/devdax.img"
     truncate -s 1G "$WORK/nvdimm.img" "$WORK/devdax.img"
     timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max \
-        -machine pc,nvdimm=on -smp 4 -m 6G,slots=2,maxmem=8G -nographic -no-reboot \
+        -machine pc,nvdimm=on -smp 4 -m 6G,slots=2,maxmem=8G -nographic -no-reboot -nic none \
         -object memory-backend-file,id=nvmem,share=on,mem-path="$WORK/nvdimm.img",size=1G \
         -device nvdimm,id=nvdimm0,memdev=nvmem \
         -object memory-backend-file,id=devdax,share=on,mem-path="$WORK/devdax.img",size=1G \
@@ -308,9 +309,9 @@ main() {
         return
     fi
     guest_files "$kernel" "$WORK/guest"
-    l2_initramfs
     build_sdk_program
     mapfile -t binaries < <(build_tests)
+    l2_initramfs
     [ ${#binaries[@]} -eq ${#TESTS[@]} ] || die "expected ${#TESTS[@]} test binaries: ${binaries[*]}"
     output=$WORK/output.log
     local mode=nested

@@ -353,6 +353,16 @@ pub fn private_network(test: &str, taps: &[&str]) -> bool {
     true
 }
 
+/// Fills `out` with the pseudo-random bytes at position `at` of the sequence both ends of the
+/// vsock tests send (`vsock-tool`), so that each can check what the other got.
+pub fn vsock_pattern(at: u64, out: &mut [u8]) {
+    for (i, byte) in (at..).zip(out.iter_mut()) {
+        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        x ^= x >> 29;
+        *byte = x.to_le_bytes()[1];
+    }
+}
+
 /// Runs the Firecracker Go SDK program of `tests/firecracker-sdk` (built at `program`) with
 /// `args` and `env`, and checks that every step passed; returns its output.
 pub fn run_sdk_program(program: &str, args: &[&str], env: &[(&str, &str)]) -> String {

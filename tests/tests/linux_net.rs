@@ -155,6 +155,8 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
     ]));
     let api = vmm.api(&socket);
     vmm.wait_for_line("LLFREE-L2 ready", BOOT_TIMEOUT);
+    let up = vmm.wait_for_line("LLFREE-L2 net-up", TRANSFER_TIMEOUT);
+    eprintln!("{test}: {up}");
     let ping = vmm.wait_for_line("LLFREE-L2 ping", TRANSFER_TIMEOUT);
     assert!(ping.contains("ping ok"), "{}", vmm.stdout_so_far());
 
