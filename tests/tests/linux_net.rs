@@ -5,7 +5,8 @@
 //! a blob over HTTP from a server in this test (host to guest, checked by MD5), fetches it
 //! again after `PATCH /network-interfaces/eth0` gave it a receive rate limiter (the transfer
 //! takes as long as the limiter says), and serves random bytes the test fetches (guest to
-//! host, checked by MD5). Each loop is bounded: the server answers two requests, every wait has
+//! host, checked by MD5); it reads its MMDS V2 document with a session token (and V1's without,
+//! in a second VM). Each loop is bounded: the server answers two requests, every wait has
 //! a deadline.
 
 // An integration test crate: its tests are the crate.
@@ -19,8 +20,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_tests::THROUGH_THE_KEYBOARD;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use serde_json::json;
+use vmm_cli::ApiClient;
 use vmm_common::{send, Scratch, VmmRun};
 
 const TAP: &str = "tap0";
@@ -125,6 +127,81 @@ fn fetch_from_guest(path: &str) -> Vec<u8> {
     response.split_off(at + 4)
 }
 
+/// The MMDS document's instance id.
+const INSTANCE_ID: &str = "i-0llfree";
+
+/// Configures the VM of `guest` with `cmdline` through `api` as Firecracker's users do: the
+/// machine, the boot source, eth0 on the tap, MMDS `version` on eth0 and its document; then
+/// starts it.
+fn configure(api: &ApiClient, guest: &LinuxGuest, cmdline: &str, version: &str) {
+    let requests = [
+        (
+            "/machine-config",
+            json!({"vcpu_count": 1, "mem_size_mib": 128}),
+        ),
+        (
+            "/boot-source",
+            json!({"kernel_image_path": guest.kernel, "initrd_path": guest.initrd,
+                   "boot_args": cmdline}),
+        ),
+        (
+            "/network-interfaces/eth0",
+            json!({"iface_id": "eth0", "host_dev_name": TAP, "guest_mac": "06:00:0a:00:02:02"}),
+        ),
+        (
+            "/mmds/config",
+            json!({"version": version, "network_interfaces": ["eth0"]}),
+        ),
+        (
+            "/mmds",
+            json!({"latest": {"meta-data": {"instance-id": INSTANCE_ID}}}),
+        ),
+        ("/actions", json!({"action_type": "InstanceStart"})),
+    ];
+    for (path, body) in requests {
+        send(api, "PUT", path, &body.to_string());
+    }
+}
+
+#[test]
+fn linux_reads_its_mmds_v1_document_without_a_token() {
+    let test = "linux_reads_its_mmds_v1_document_without_a_token";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new(test);
+    private_tap();
+    let socket = scratch.path("api.sock");
+    let cmdline = cmdline(&format!(
+        "llfree.test=mmds llfree.mmds=v1 llfree.ip={GUEST}"
+    ));
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    configure(&api, &guest, &cmdline, "V1");
+    let mmds = vmm.wait_for_line("LLFREE-L2 mmds", BOOT_TIMEOUT);
+    eprintln!("{test}: {mmds}");
+    assert_eq!(field(&mmds, "instance-id"), Some(INSTANCE_ID), "{mmds}");
+    // The document changes while the VM runs, as the API's GET shows.
+    send(
+        &api,
+        "PATCH",
+        "/mmds",
+        r#"{"latest":{"meta-data":{"ami-id":"ami-1"}}}"#,
+    );
+    let document = vmm_common::get(&api, "/mmds");
+    assert_eq!(document["latest"]["meta-data"]["ami-id"], "ami-1");
+    assert_eq!(document["latest"]["meta-data"]["instance-id"], INSTANCE_ID);
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    // A Firecracker-style VMM ends with 0 when its guest resets.
+    let done = vmm.wait(Duration::from_secs(120));
+    assert_eq!(done.code, Some(0), "{done:#?}");
+}
+
 #[test]
 fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_limiter() {
     let test =
@@ -138,25 +215,23 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
     let data_md5 = md5(&scratch, &data);
     serve(TcpListener::bind((HOST, PORT)).unwrap(), data, 2);
     let socket = scratch.path("api.sock");
-    let net = format!("tap={TAP},mac=06:00:0a:00:02:02");
     let cmdline = cmdline(&format!(
-        "llfree.test=net llfree.go=cad llfree.ip={GUEST} llfree.host={HOST} llfree.port={PORT} \
-         llfree.mib=2"
+        "llfree.test=net llfree.go=cad llfree.mmds=v2 llfree.ip={GUEST} llfree.host={HOST} \
+         llfree.port={PORT} llfree.mib=2"
     ));
-    let mut vmm = VmmRun::start(&guest.args(&[
-        "--memory",
-        "128M",
-        "--net",
-        &net,
-        "--api-socket",
-        &socket,
-        "--cmdline",
-        &cmdline,
-    ]));
+    // Firecracker's way: the API configures the VM, MMDS V2 on its interface, and the
+    // document, then starts it.
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
     let api = vmm.api(&socket);
+    configure(&api, &guest, &cmdline, "V2");
     vmm.wait_for_line("LLFREE-L2 ready", BOOT_TIMEOUT);
     let up = vmm.wait_for_line("LLFREE-L2 net-up", TRANSFER_TIMEOUT);
     eprintln!("{test}: {up}");
+    // MMDS V2: the document with a token; without one, refused.
+    let mmds = vmm.wait_for_line("LLFREE-L2 mmds", TRANSFER_TIMEOUT);
+    eprintln!("{test}: {mmds}");
+    assert_eq!(field(&mmds, "instance-id"), Some(INSTANCE_ID), "{mmds}");
+    assert_ne!(field(&mmds, "without-token"), Some(INSTANCE_ID), "{mmds}");
     let ping = vmm.wait_for_line("LLFREE-L2 ping", TRANSFER_TIMEOUT);
     assert!(ping.contains("ping ok"), "{}", vmm.stdout_so_far());
 
@@ -202,6 +277,7 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
         "/actions",
         r#"{"action_type":"SendCtrlAltDel"}"#,
     );
-    vmm.wait(Duration::from_secs(120))
-        .assert_guest_reset(THROUGH_THE_KEYBOARD);
+    // A Firecracker-style VMM ends with 0 when its guest resets.
+    let done = vmm.wait(Duration::from_secs(120));
+    assert_eq!(done.code, Some(0), "{done:#?}");
 }

@@ -17,7 +17,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
-use e2e_tests::{vsock_pattern, THROUGH_THE_KEYBOARD};
+use e2e_tests::vsock_pattern;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{send, wait_for_state, Scratch, VmmRun};
 
@@ -184,7 +184,7 @@ fn linux_talks_to_host_programs_over_vsock_both_ways_before_and_after_a_snapshot
         "/actions",
         r#"{"action_type":"SendCtrlAltDel"}"#,
     );
-    loaded
-        .wait(Duration::from_secs(120))
-        .assert_guest_reset(THROUGH_THE_KEYBOARD);
+    // A Firecracker-style VMM ends with 0 when its guest resets.
+    let done = loaded.wait(Duration::from_secs(120));
+    assert_eq!(done.code, Some(0), "{done:#?}");
 }

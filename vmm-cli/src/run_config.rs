@@ -102,6 +102,7 @@ impl TryFrom<RunArgs> for VmConfig {
             drives,
             network_interfaces,
             vsock: args.vsock,
+            mmds: None,
         })
     }
 }

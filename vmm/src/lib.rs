@@ -8,6 +8,7 @@ pub mod devices;
 pub mod host_file;
 pub mod layout;
 pub mod metrics;
+pub mod mmds;
 pub mod runner;
 pub mod size;
 pub mod snapshot;

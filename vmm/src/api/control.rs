@@ -4,8 +4,8 @@
 use super::model::{
     Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
     FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
-    MachineInfo, MemoryInfo, Metrics, NetworkInterface, PartialNetworkInterface, Pmem,
-    SerialConfig, SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
+    MachineInfo, MemoryInfo, Metrics, MmdsConfigRequest, NetworkInterface, PartialNetworkInterface,
+    Pmem, SerialConfig, SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -14,6 +14,10 @@ pub const NOT_AFTER_START: &str =
 /// Firecracker's answer to a request that needs a running VM before it started.
 pub const NOT_BEFORE_START: &str =
     "The requested operation is not supported before starting the microVM.";
+
+/// The answer to an MMDS request of a VM that has none.
+pub const MMDS_NOT_CONFIGURED: &str =
+    "MMDS is not configured for this VM (PUT /mmds/config before the start)";
 
 /// A pre-boot configuration request (Firecracker's pre-boot `PUT`s and `PATCH`es).
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +38,8 @@ pub enum PreBoot {
     NetworkInterface(String, NetworkInterface),
     /// `PUT /vsock`.
     Vsock(Vsock),
+    /// `PUT /mmds/config`.
+    MmdsConfig(MmdsConfigRequest),
     /// `PUT /serial`.
     Serial(SerialConfig),
     /// `PUT /balloon`.
@@ -176,6 +182,17 @@ pub trait VmmControl: Send + Sync {
     ) -> Result<(), ControlError> {
         let _ = (id, update);
         Err(ControlError::InvalidState(NOT_BEFORE_START.into()))
+    }
+
+    /// Replaces the MMDS document (`PUT /mmds`), or merges a patch into it (`PATCH /mmds`).
+    fn update_mmds(&self, data: serde_json::Value, patch: bool) -> Result<(), ControlError> {
+        let _ = (data, patch);
+        Err(ControlError::InvalidArgument(MMDS_NOT_CONFIGURED.into()))
+    }
+
+    /// The MMDS document (`GET /mmds`).
+    fn mmds(&self) -> Result<serde_json::Value, ControlError> {
+        Err(ControlError::InvalidArgument(MMDS_NOT_CONFIGURED.into()))
     }
 
     /// The guest's memory statistics from the balloon (`GET /balloon/statistics`).

@@ -11,9 +11,9 @@ mod preboot;
 
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, NetworkInterface,
-    PartialNetworkInterface, Pmem, SerialConfig, Vsock, ZoneAttachment, DEFAULT_MEM_SIZE_MIB,
-    DEFAULT_VCPUS,
+    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, MmdsConfigRequest,
+    NetworkInterface, PartialNetworkInterface, Pmem, SerialConfig, Vsock, ZoneAttachment,
+    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
 };
 
 /// Run state of the VM.

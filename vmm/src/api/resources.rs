@@ -9,8 +9,8 @@ use guest_mem::{Populate, Scrub};
 use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, NetworkInterface, Pmem,
-    PopulateMode, Vsock, ZoneAttachment,
+    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, MmdsConfigRequest,
+    NetworkInterface, Pmem, PopulateMode, Vsock, ZoneAttachment,
 };
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
@@ -165,6 +165,9 @@ pub struct VmResources {
     entropy: Option<EntropyDevice>,
     network_interfaces: Vec<NetworkInterface>,
     vsock: Option<Vsock>,
+    mmds_config: Option<MmdsConfigRequest>,
+    /// The MMDS document: set before the start or after, served once the VM runs.
+    mmds_store: std::sync::Arc<std::sync::Mutex<crate::mmds::Store>>,
     logger: Option<Logger>,
     metrics: Option<Metrics>,
     /// Whether anything that only a boot uses was configured (a snapshot is then refused).
@@ -312,6 +315,41 @@ impl VmResources {
         Ok(())
     }
 
+    /// `PUT /mmds/config`: the interfaces (configured already) MMDS answers on, its version
+    /// and link-local address.
+    pub fn put_mmds_config(&mut self, request: MmdsConfigRequest) -> Result<(), ControlError> {
+        if request.network_interfaces.is_empty() {
+            return Err(refuse(
+                "network_interfaces: MMDS needs at least one interface to answer on",
+            ));
+        }
+        if let Some(missing) = request.network_interfaces.iter().find(|id| {
+            !self
+                .network_interfaces
+                .iter()
+                .any(|interface| &interface.iface_id == *id)
+        }) {
+            return Err(refuse(format!(
+                "The list of network interface IDs provided contains at least one ID that does \
+                 not correspond to any existing network interface: {missing}"
+            )));
+        }
+        let address = request.config().ipv4_address;
+        if !address.is_link_local() {
+            return Err(refuse(format!(
+                "ipv4_address {address}: MMDS's address must be link-local (169.254.0.0/16)"
+            )));
+        }
+        self.mmds_config = Some(request);
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// The MMDS document, which `PUT`/`PATCH /mmds` change before the start.
+    pub fn mmds_store(&self) -> &std::sync::Arc<std::sync::Mutex<crate::mmds::Store>> {
+        &self.mmds_store
+    }
+
     /// `PUT /pmem/{id}`: the VM's one virtio-pmem device, in its zone.
     pub fn put_pmem(&mut self, id: &str, pmem: Pmem) -> Result<(), ControlError> {
         check_path_id(id, &pmem.id)?;
@@ -433,6 +471,10 @@ impl VmResources {
                 .map(NetworkInterface::config)
                 .collect(),
             vsock: self.vsock.as_ref().map(Vsock::config),
+            mmds: self.mmds_config.as_ref().map(|request| crate::mmds::Mmds {
+                config: request.config(),
+                store: self.mmds_store.clone(),
+            }),
         })
     }
 
@@ -449,6 +491,7 @@ impl VmResources {
             entropy: self.entropy.clone(),
             network_interfaces: self.network_interfaces.clone(),
             vsock: self.vsock.clone(),
+            mmds_config: self.mmds_config.clone(),
             ..FullVmConfiguration::default()
         }
     }
@@ -514,6 +557,10 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             .iter()
             .map(NetworkInterface::from_config)
             .collect(),
+        mmds_config: config
+            .mmds
+            .as_ref()
+            .map(|mmds| MmdsConfigRequest::from_config(&mmds.config)),
         vsock: config.vsock.as_ref().map(|v| Vsock {
             guest_cid: v.guest_cid,
             uds_path: v.uds_path.clone(),

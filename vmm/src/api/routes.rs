@@ -14,6 +14,8 @@
 //! | `/network-interfaces/{id}` | PUT | [`NetworkInterface`]                     | pre-boot |
 //! | `/network-interfaces/{id}` | PATCH | [`PartialNetworkInterface`]            | running  |
 //! | `/vsock`              | PUT    | [`Vsock`]                                   | pre-boot |
+//! | `/mmds/config`        | PUT    | [`MmdsConfigRequest`]                       | pre-boot |
+//! | `/mmds`               | PUT, PATCH, GET | the metadata document (JSON)       | always   |
 //! | `/logger`             | PUT    | [`Logger`]                                  | pre-boot |
 //! | `/metrics`            | PUT    | [`Metrics`]                                 | pre-boot |
 //! | `/actions`            | PUT    | `{"action_type": "InstanceStart" \| "SendCtrlAltDel" \| "FlushMetrics" \| "Shutdown"}` | |
@@ -47,6 +49,7 @@
 //! [`PartialNetworkInterface`]: super::model::PartialNetworkInterface
 //! [`Logger`]: super::model::Logger
 //! [`Vsock`]: super::model::Vsock
+//! [`MmdsConfigRequest`]: super::model::MmdsConfigRequest
 //! [`Metrics`]: super::model::Metrics
 //! [`FullVmConfiguration`]: super::model::FullVmConfiguration
 //! [`Balloon`]: super::model::Balloon
@@ -152,6 +155,16 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
             let update: PartialNetworkInterface = body(request)?;
             Ok(done(control.update_network_interface(id, &update)))
         }),
+        (Method::Put, "mmds", Some("config"), _) => {
+            configure(body(request).map(PreBoot::MmdsConfig))
+        }
+        (Method::Put, "mmds", None, _) => {
+            body(request).map(|data| done(control.update_mmds(data, false)))
+        }
+        (Method::Patch, "mmds", None, _) => {
+            body(request).map(|data| done(control.update_mmds(data, true)))
+        }
+        (Method::Get, "mmds", None, _) => Ok(reply(control.mmds())),
         (Method::Put, "vsock", None, _) => configure(body(request).map(PreBoot::Vsock)),
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),

@@ -200,6 +200,8 @@ pub struct VmConfig {
     pub network_interfaces: Vec<NetConfig>,
     /// A virtio-vsock device.
     pub vsock: Option<VsockConfig>,
+    /// The metadata service and the interfaces it answers on.
+    pub mmds: Option<crate::mmds::Mmds>,
 }
 
 impl VmConfig {
@@ -245,6 +247,7 @@ impl VmConfig {
             entropy: None,
             network_interfaces: Vec::new(),
             vsock: None,
+            mmds: None,
         }
     }
 

@@ -81,7 +81,7 @@ pub struct EntropyDevice {
 }
 
 /// Fills `buffer` from the host's `getrandom`.
-fn host_random(buffer: &mut [u8]) -> std::io::Result<()> {
+pub fn host_random(buffer: &mut [u8]) -> std::io::Result<()> {
     let mut filled = 0;
     while filled < buffer.len() {
         let rest = &mut buffer[filled..];

@@ -50,6 +50,8 @@ use crate::devices::virtio::{
     ActivateError, Activation, DeviceState, Interrupt, VirtioDevice, WakeSource,
 };
 use crate::devices::GuestWarnings;
+use crate::mmds::stack::Stack;
+use crate::mmds::Mmds;
 use tap::{Tap, TapError};
 
 /// The virtio 1.x header before each frame (`struct virtio_net_hdr_v1`).
@@ -171,6 +173,9 @@ pub struct NetDevice {
     deferred: Option<Deferred>,
     counters: Arc<NetCounters>,
     warnings: GuestWarnings,
+    /// MMDS, if it answers on this interface: the guest's frames to it go there, not to the
+    /// tap.
+    mmds: Option<Stack>,
 }
 
 /// The buffers of a frame's chain (`writable`: to receive into), at least a header long.
@@ -192,6 +197,13 @@ fn frame_buffers(
     Ok(buffers)
 }
 
+/// Whether the frame in `buffers` (after its virtio header) is for MMDS.
+fn for_mmds(buffers: &Buffers, mmds: &Option<Stack>) -> bool {
+    let mut head = [0u8; 42];
+    let got = buffers.read_at(HEADER_SIZE, &mut head);
+    mmds.as_ref().is_some_and(|stack| stack.wants(&head[..got]))
+}
+
 /// Arms `timer` to fire after `wait` (at least a millisecond: zero would disarm it).
 fn arm(timer: &mut TimerFd, wait: Duration, id: &str) {
     if let Err(e) = timer.reset(wait.max(Duration::from_millis(1)), None) {
@@ -201,10 +213,12 @@ fn arm(timer: &mut TimerFd, wait: Duration, id: &str) {
 
 impl NetDevice {
     /// The interface `config` over its tap, its queues in `memory`.
-    pub fn new(memory: Memory, config: &NetConfig) -> Result<Self, NetError> {
+    /// MMDS answers the guest on it if `mmds` names it.
+    pub fn new(memory: Memory, config: &NetConfig, mmds: Option<&Mmds>) -> Result<Self, NetError> {
         let tap = Tap::open(&config.host_dev_name, HEADER_SIZE)?;
         let now = Instant::now();
         Ok(NetDevice {
+            mmds: mmds.and_then(|mmds| mmds.stack_for(&config.id)),
             memory,
             id: config.id.clone(),
             tap,
@@ -275,6 +289,13 @@ impl NetDevice {
                         self.id
                     ));
                 }
+                Ok(buffers) if self.mmds.is_some() && for_mmds(&buffers, &self.mmds) => {
+                    let mut frame = vec![0u8; buffers.len() - HEADER_SIZE];
+                    buffers.read_at(HEADER_SIZE, &mut frame);
+                    if let Some(stack) = self.mmds.as_mut() {
+                        stack.take(frame);
+                    }
+                }
                 Ok(buffers) => {
                     let len = buffers.len();
                     if self.tx_limiter.is_limiting() {
@@ -338,6 +359,32 @@ impl NetDevice {
         let mem = memory.memory();
         let mut used = false;
         loop {
+            if self.deferred.is_none() && self.mmds.as_ref().is_some_and(Stack::has_frames) {
+                let Some(chain) = queues.rx.pop_descriptor_chain(&*mem) else {
+                    break;
+                };
+                let head = chain.head_index();
+                let len = match (frame_buffers(&mem, chain, true), self.mmds.as_mut()) {
+                    (Ok(buffers), Some(stack)) => {
+                        let frame = stack.next_frame().unwrap_or_default();
+                        let mut header = [0u8; HEADER_SIZE];
+                        header[NUM_BUFFERS_AT..].copy_from_slice(&1u16.to_le_bytes());
+                        buffers.write_at(0, &header);
+                        buffers.write_at(HEADER_SIZE, &frame);
+                        (HEADER_SIZE + frame.len()).min(buffers.len())
+                    }
+                    _ => 0,
+                };
+                if queues
+                    .rx
+                    .add_used(&*mem, head, u32::try_from(len).unwrap_or(0))
+                    .is_err()
+                {
+                    break;
+                }
+                used = true;
+                continue;
+            }
             let Deferred { head, len } = match self.deferred.take() {
                 Some(deferred) => deferred,
                 None => {

@@ -32,6 +32,23 @@ fn api_error(error: control::ControlError) -> ControlError {
     }
 }
 
+/// `PUT /mmds` (`patch`: `PATCH /mmds`) on `store`.
+pub(super) fn update_store(
+    store: &std::sync::Mutex<crate::mmds::Store>,
+    data: serde_json::Value,
+    patch: bool,
+) -> Result<(), ControlError> {
+    let mut store = store
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let result = if patch {
+        store.patch(&data)
+    } else {
+        store.put(data)
+    };
+    result.map_err(|e| ControlError::InvalidArgument(e.to_string()))
+}
+
 /// Firecracker's answer to turning statistics on or off after the start.
 const STATS_STATE_CHANGE: &str = "Statistics cannot be enabled/disabled after activation.";
 /// Firecracker's answer to a statistics request when they are off.
@@ -210,6 +227,25 @@ impl VmmControl for Session {
             })?;
         interface.update_rate_limiters(update.rx_rate_limiter, update.tx_rate_limiter);
         Ok(())
+    }
+
+    fn update_mmds(&self, data: serde_json::Value, patch: bool) -> Result<(), ControlError> {
+        let mmds = self.config().mmds.as_ref().ok_or_else(|| {
+            ControlError::InvalidArgument(crate::api::control::MMDS_NOT_CONFIGURED.into())
+        })?;
+        update_store(&mmds.store, data, patch)
+    }
+
+    fn mmds(&self) -> Result<serde_json::Value, ControlError> {
+        let mmds = self.config().mmds.as_ref().ok_or_else(|| {
+            ControlError::InvalidArgument(crate::api::control::MMDS_NOT_CONFIGURED.into())
+        })?;
+        let value = mmds
+            .store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get();
+        Ok(value)
     }
 
     fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {

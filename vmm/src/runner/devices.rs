@@ -318,10 +318,13 @@ pub(super) fn create_devices(
     };
     let mut network_interfaces = Vec::with_capacity(config.network_interfaces.len());
     for net in &config.network_interfaces {
-        let device = NetDevice::new(memory.clone(), net).map_err(|source| DeviceError::Net {
-            id: net.id.clone(),
-            source,
-        })?;
+        let device =
+            NetDevice::new(memory.clone(), net, config.mmds.as_ref()).map_err(|source| {
+                DeviceError::Net {
+                    id: net.id.clone(),
+                    source,
+                }
+            })?;
         let (device, handle) = device.into_shared();
         mmio.add(memory.clone(), device)?;
         network_interfaces.push(handle);

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::console::SerialFile;
+use super::control::update_store;
 use super::early_vm::EarlyKvmVm;
 use super::metrics::{MetricsSink, FLUSH_INTERVAL};
 use super::session::Session;
@@ -193,6 +194,7 @@ impl ApiFront {
                 resources.put_network_interface(&id, interface)
             }
             PreBoot::Vsock(vsock) => resources.put_vsock(vsock),
+            PreBoot::MmdsConfig(request) => resources.put_mmds_config(request),
             PreBoot::Balloon(balloon) => resources.put_balloon(balloon),
             PreBoot::Logger(logger) => {
                 let control = self.logger.as_ref().ok_or_else(|| {
@@ -351,6 +353,24 @@ impl VmmControl for ApiFront {
         self.started()?.update_network_interface(id, update)
     }
 
+    /// Before the start into the document the VM will serve; after it, the VM's.
+    fn update_mmds(&self, data: serde_json::Value, patch: bool) -> Result<(), ControlError> {
+        if let Some(session) = self.session() {
+            return session.update_mmds(data, patch);
+        }
+        let store = lock(&self.resources).mmds_store().clone();
+        update_store(&store, data, patch)
+    }
+
+    fn mmds(&self) -> Result<serde_json::Value, ControlError> {
+        if let Some(session) = self.session() {
+            return session.mmds();
+        }
+        let store = lock(&self.resources).mmds_store().clone();
+        let value = lock(&store).get();
+        Ok(value)
+    }
+
     fn balloon_statistics(&self) -> Result<BalloonStatistics, ControlError> {
         self.started()?.balloon_statistics()
     }
@@ -393,13 +413,8 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
             "{what} is not supported by this VMM"
         )))
     };
-    for (present, what) in [
-        (config.mmds_config.is_some(), "mmds-config"),
-        (config.cpu_config.is_some(), "cpu-config"),
-    ] {
-        if present {
-            return unsupported(what);
-        }
+    if config.cpu_config.is_some() {
+        return unsupported("cpu-config");
     }
     let mut requests: Vec<PreBoot> = Vec::new();
     requests.extend(config.logger.map(PreBoot::Logger));
@@ -421,6 +436,8 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
             interface,
         ));
     }
+    // After the interfaces it names.
+    requests.extend(config.mmds_config.map(PreBoot::MmdsConfig));
     for request in requests {
         front.apply(request)?;
     }

@@ -364,6 +364,7 @@ impl Session {
             entropy: config.entropy,
             network_interfaces: config.network_interfaces.clone(),
             vsock: config.vsock.clone(),
+            mmds: config.mmds.as_ref().map(|mmds| mmds.config.clone()),
         }
     }
 }
@@ -532,6 +533,10 @@ pub(super) fn prepare(
         entropy: machine.entropy,
         network_interfaces: machine.network_interfaces,
         vsock: machine.vsock,
+        mmds: machine.mmds.map(|config| crate::mmds::Mmds {
+            config,
+            store: Default::default(),
+        }),
     };
     match (&mut config.vsock, &params.vsock_override) {
         (Some(vsock), Some(socket)) => vsock.uds_path.clone_from(&socket.uds_path),

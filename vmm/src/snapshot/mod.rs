@@ -68,6 +68,8 @@ pub struct Machine {
     pub network_interfaces: Vec<crate::config::NetConfig>,
     /// The vsock device, last.
     pub vsock: Option<crate::config::VsockConfig>,
+    /// How the guest reaches MMDS (its document is not kept, as in Firecracker).
+    pub mmds: Option<crate::mmds::MmdsConfig>,
 }
 
 /// Where the VM's memory is.

@@ -61,6 +61,7 @@ fn snapshot() -> VmSnapshot {
             entropy: None,
             network_interfaces: Vec::new(),
             vsock: None,
+            mmds: None,
         },
         memory: MemorySource::Zone {
             zone_id: 0x1234,

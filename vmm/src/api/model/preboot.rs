@@ -362,6 +362,45 @@ impl Vsock {
     }
 }
 
+/// `PUT /mmds/config`: Firecracker's `MmdsConfig`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmdsConfigRequest {
+    /// V1 (default) or V2.
+    #[serde(default)]
+    pub version: crate::mmds::Version,
+    /// The interfaces MMDS answers on (they must exist).
+    pub network_interfaces: Vec<String>,
+    /// Its address (default 169.254.169.254; link-local).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4_address: Option<std::net::Ipv4Addr>,
+    /// IMDS's text form always.
+    #[serde(default)]
+    pub imds_compat: bool,
+}
+
+impl MmdsConfigRequest {
+    /// The configuration it asks for.
+    pub fn config(&self) -> crate::mmds::MmdsConfig {
+        crate::mmds::MmdsConfig {
+            version: self.version,
+            ipv4_address: self.ipv4_address.unwrap_or(crate::mmds::DEFAULT_IPV4),
+            network_interfaces: self.network_interfaces.clone(),
+            imds_compat: self.imds_compat,
+        }
+    }
+
+    /// The API's view of a configuration.
+    pub fn from_config(config: &crate::mmds::MmdsConfig) -> Self {
+        MmdsConfigRequest {
+            version: config.version,
+            network_interfaces: config.network_interfaces.clone(),
+            ipv4_address: Some(config.ipv4_address),
+            imds_compat: config.imds_compat,
+        }
+    }
+}
+
 /// `PUT /balloon` before the start: Firecracker's `Balloon`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -486,7 +525,7 @@ pub struct Metrics {
 }
 
 /// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`. Devices this VMM
-/// does not have (MMDS, CPU templates) are refused unless absent.
+/// does not have (CPU templates) are refused unless absent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FullVmConfiguration {
@@ -525,13 +564,13 @@ pub struct FullVmConfiguration {
     /// The vsock device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<Vsock>,
-    /// MMDS (refused).
+    /// MMDS.
     #[serde(
         rename = "mmds-config",
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    pub mmds_config: Option<serde_json::Value>,
+    pub mmds_config: Option<MmdsConfigRequest>,
     /// CPU templates (refused).
     #[serde(
         rename = "cpu-config",

@@ -63,7 +63,7 @@ fn activated(
     features: u64,
     config: NetConfig,
 ) -> (NetDevice, EventFd) {
-    let mut device = NetDevice::new(memory.clone(), &config).unwrap();
+    let mut device = NetDevice::new(memory.clone(), &config, None).unwrap();
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
     let queue = |index, mock: &MockSplitQueue<'_, GuestMemory>| ActiveQueue {
         index,
