@@ -404,8 +404,9 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("/snapshot/create", "PATCH"),
         ("/snapshot/load", "GET"),
         ("/network-interfaces/eth0", "GET"),
-        ("/vsock", "PUT"),
-        ("/mmds", "GET"),
+        ("/vsock", "GET"),
+        ("/mmds", "DELETE"),
+        ("/mmds/config", "GET"),
     ] {
         let body = (wrong_method != "GET").then_some("{}");
         let expected = format!("Invalid request method and/or path: {wrong_method} {path}.");
@@ -428,6 +429,8 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("PUT", "/snapshot/load"),
         ("PUT", "/network-interfaces/eth0"),
         ("PATCH", "/network-interfaces/eth0"),
+        ("PUT", "/vsock"),
+        ("PUT", "/mmds/config"),
     ] {
         refused(
             &api,
@@ -592,9 +595,9 @@ fn a_config_file_boots_at_once() {
     assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
 
     // A file with a device this VMM lacks, or bad JSON, is refused with status 2 or 1.
-    std::fs::write(&file, r#"{"vsock": {"guest_cid": 3, "uds_path": "/v"}}"#).unwrap();
+    std::fs::write(&file, r#"{"cpu-config": {"cpuid_modifiers": []}}"#).unwrap();
     let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
-    assert!(run.stderr.contains("vsock is not supported"), "{run:#?}");
+    assert!(run.stderr.contains("cpu-config is not supported"), "{run:#?}");
     assert_ne!(run.code, Some(0));
     std::fs::write(&file, "{").unwrap();
     let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
@@ -833,6 +836,124 @@ fn a_network_interface_is_configured_patched_and_counted_as_firecracker_s() {
         r#"{"action_type":"SendCtrlAltDel"}"#,
     );
     assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+}
+
+#[test]
+fn vsock_and_mmds_are_configured_as_firecracker_configures_them() {
+    let test = "vsock_and_mmds_are_configured_as_firecracker_configures_them";
+    if !kvm_available(test) || !private_network(test, &["tap0"]) {
+        return;
+    }
+    let scratch = Scratch::new("fc-vsock-mmds");
+    let (kernel, initrd, _) = guest_files(&scratch);
+    let (socket, uds) = (scratch.path("api.sock"), scratch.path("v.sock"));
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    // vsock: the CID and a path nothing is at.
+    let taken = scratch.path("taken");
+    std::fs::write(&taken, b"keep").unwrap();
+    for (body, message) in [
+        (json!({"guest_cid": 2, "uds_path": uds}), "guest_cid 2"),
+        (json!({"guest_cid": 3, "uds_path": taken}), "already"),
+    ] {
+        refused(&api, "PUT", "/vsock", Some(&body.to_string()), message);
+    }
+    assert_eq!(std::fs::read(&taken).unwrap(), b"keep", "left alone");
+    send(
+        &api,
+        "PUT",
+        "/vsock",
+        &json!({"guest_cid": 3, "uds_path": uds, "vsock_id": "vsock0"}).to_string(),
+    );
+    // MMDS: the document before the start; its configuration names an interface that exists.
+    assert_eq!(get(&api, "/mmds"), json!({}));
+    refused(
+        &api,
+        "PATCH",
+        "/mmds",
+        Some(r#"{"a":1}"#),
+        "not initialized",
+    );
+    send(
+        &api,
+        "PUT",
+        "/mmds",
+        r#"{"latest":{"meta-data":{"ami-id":"ami-1"}}}"#,
+    );
+    send(
+        &api,
+        "PATCH",
+        "/mmds",
+        r#"{"latest":{"meta-data":{"n":"2"}}}"#,
+    );
+    assert_eq!(
+        get(&api, "/mmds"),
+        json!({"latest": {"meta-data": {"ami-id": "ami-1", "n": "2"}}})
+    );
+    let big = json!({ "big": "x".repeat(60000) }).to_string();
+    refused(&api, "PUT", "/mmds", Some(&big), "limit");
+    refused(
+        &api,
+        "PUT",
+        "/mmds/config",
+        Some(r#"{"network_interfaces":["eth0"]}"#),
+        "does not correspond",
+    );
+    send(
+        &api,
+        "PUT",
+        "/network-interfaces/eth0",
+        r#"{"iface_id":"eth0","host_dev_name":"tap0"}"#,
+    );
+    refused(
+        &api,
+        "PUT",
+        "/mmds/config",
+        Some(r#"{"network_interfaces":["eth0"],"ipv4_address":"10.0.0.1"}"#),
+        "link-local",
+    );
+    send(
+        &api,
+        "PUT",
+        "/mmds/config",
+        r#"{"version":"V2","network_interfaces":["eth0"]}"#,
+    );
+    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
+                             "boot_args": "console=ttyS0"});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    let shown = get(&api, "/vm/config");
+    assert_eq!(shown["vsock"]["guest_cid"], 3);
+    assert_eq!(shown["mmds-config"]["version"], "V2");
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    // The device's socket is there, and the document is the VM's now.
+    assert!(std::path::Path::new(&uds).exists());
+    send(
+        &api,
+        "PATCH",
+        "/mmds",
+        r#"{"latest":{"meta-data":{"n":null}}}"#,
+    );
+    assert_eq!(
+        get(&api, "/mmds"),
+        json!({"latest": {"meta-data": {"ami-id": "ami-1"}}})
+    );
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+    assert!(
+        !std::path::Path::new(&uds).exists(),
+        "the VMM removes its socket"
+    );
 }
 
 /// Boots the Ctrl-Alt-Del guest of `scratch` through `socket` after `configure` (more pre-boot
