@@ -25,6 +25,8 @@
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
+#   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only this part of l1-bench (boot,
+#                          reporting, net, vsock)
 #   LLFREE_NESTED_PACKAGES_ONLY  1: install the packages (QEMU from backports) and stop; how
 #                          check-install.sh proves the install on a fresh Debian
 #   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
@@ -217,14 +219,15 @@ l1_initramfs() {
     release=$(ls "$l1/lib/modules")
     modules=$l1/lib/modules/$release/kernel
     # KVM; the emulated NVDIMMs (ACPI NFIT, libnvdimm, pmem), ext4 for a DAX file system,
-    # device DAX, tun for the taps of the virtio-net tests, and vhost-net for QEMU's in the
-    # benchmarks.
+    # device DAX, tun for the taps of the virtio-net tests, and vhost-net and vhost-vsock for
+    # QEMU's in the benchmarks.
     for module in virt/lib/irqbypass.ko arch/x86/kvm/kvm.ko drivers/crypto/ccp/ccp.ko \
         arch/x86/kvm/kvm-amd.ko drivers/nvdimm/libnvdimm.ko drivers/nvdimm/nd_btt.ko \
         drivers/nvdimm/nd_pmem.ko drivers/acpi/nfit/nfit.ko lib/crc16.ko fs/mbcache.ko \
         fs/jbd2/jbd2.ko crypto/crc32c_generic.ko fs/ext4/ext4.ko drivers/dax/device_dax.ko \
         drivers/dax/dax_pmem.ko drivers/net/tun.ko drivers/vhost/vhost_iotlb.ko \
-        drivers/vhost/vhost.ko drivers/vhost/vhost_net.ko; do
+        drivers/vhost/vhost.ko drivers/vhost/vhost_net.ko drivers/vhost/vhost_vsock.ko \
+        net/vmw_vsock/vsock.ko net/vmw_vsock/vmw_vsock_virtio_transport_common.ko; do
         cp "$modules/$module" "$root/modules/"
     done
     cp /sbin/mke2fs "$root/bin/mke2fs.real"
@@ -246,7 +249,9 @@ l1_initramfs() {
     if [ "${LLFREE_NESTED_BENCH:-0}" = 1 ]; then
         mkdir -p "$root/bench" "$root/qemu"
         cp "$HERE/l1-bench" "$root/bench/run"
-        cp "$ROOT/target/release/linux-guest-bench" "$root/bench/"
+        cp "$ROOT/target/release/linux-guest-bench" "$ROOT/target/release/vsock-tool" \
+            "$root/bench/"
+        echo "${LLFREE_NESTED_BENCH_ONLY:-}" >"$root/bench/only"
         cp /usr/bin/qemu-system-x86_64 /usr/share/seabios/bios-microvm.bin \
             /usr/share/qemu/qboot.rom "$root/qemu/"
         copy_libraries /usr/bin/qemu-system-x86_64 "$root"

@@ -96,7 +96,8 @@ fn linux_talks_to_host_programs_over_vsock_both_ways_before_and_after_a_snapshot
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
-    let scratch = Scratch::new(test);
+    // A short directory: a Unix socket's path is at most 107 bytes.
+    let scratch = Scratch::new("l-vsock");
     let (uds, socket) = (scratch.path("v.sock"), scratch.path("api.sock"));
     sink(UnixListener::bind(format!("{uds}_{HOST_PORT}")).unwrap(), 1);
     let vsock = format!("cid=3,uds={uds}");

@@ -121,9 +121,11 @@ pub enum Command {
     /// Send one HTTP request to a running VMM's API and print the JSON response.
     ///
     /// Resources: Firecracker's (GET /, /version, /machine-config, /vm/config; before the
-    /// start PUT /machine-config, /boot-source, /drives/ID, /balloon, /logger, /metrics and
-    /// PUT /actions {"action_type":"InstanceStart"}; PATCH /vm {"state":"Paused"|"Resumed"},
-    /// GET|PATCH /balloon, GET|PATCH /balloon/statistics, PUT /snapshot/create|load) and this
+    /// start PUT /machine-config, /boot-source, /drives/ID, /balloon, /logger, /metrics,
+    /// /network-interfaces/ID, /vsock, /mmds/config, /entropy, /serial and PUT /actions
+    /// {"action_type":"InstanceStart"}; PATCH /vm {"state":"Paused"|"Resumed"}, GET|PATCH
+    /// /balloon, GET|PATCH /balloon/statistics, PATCH /network-interfaces/ID, PUT|PATCH|GET
+    /// /mmds, PUT /snapshot/create|load) and this
     /// VMM's: GET /machine (machine info), GET /memory (guest memory and pool),
     /// PUT /actions {"action_type":"Shutdown"}.
     Api(ApiArgs),
