@@ -597,7 +597,10 @@ fn a_config_file_boots_at_once() {
     // A file with a device this VMM lacks, or bad JSON, is refused with status 2 or 1.
     std::fs::write(&file, r#"{"cpu-config": {"cpuid_modifiers": []}}"#).unwrap();
     let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
-    assert!(run.stderr.contains("cpu-config is not supported"), "{run:#?}");
+    assert!(
+        run.stderr.contains("cpu-config is not supported"),
+        "{run:#?}"
+    );
     assert_ne!(run.code, Some(0));
     std::fs::write(&file, "{").unwrap();
     let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
@@ -839,8 +842,8 @@ fn a_network_interface_is_configured_patched_and_counted_as_firecracker_s() {
 }
 
 #[test]
-fn vsock_and_mmds_are_configured_as_firecracker_configures_them() {
-    let test = "vsock_and_mmds_are_configured_as_firecracker_configures_them";
+fn vsock_mmds_and_cpu_templates_are_configured_as_firecracker_configures_them() {
+    let test = "vsock_mmds_and_cpu_templates_are_configured_as_firecracker_configures_them";
     if !kvm_available(test) || !private_network(test, &["tap0"]) {
         return;
     }
@@ -865,6 +868,44 @@ fn vsock_and_mmds_are_configured_as_firecracker_configures_them() {
         "/vsock",
         &json!({"guest_cid": 3, "uds_path": uds, "vsock_id": "vsock0"}).to_string(),
     );
+    // A custom CPU template is checked when it comes; static templates as Firecracker answers
+    // them on an AMD host.
+    for (body, message) in [
+        (
+            json!({"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0", "flags": 0,
+                "modifiers": [{"register": "ecx", "bitmap": "0b2"}]}]}),
+            "bitmap",
+        ),
+        (
+            json!({"msr_modifiers": [{"addr": "zz", "bitmap": "0b1"}]}),
+            "not a number",
+        ),
+        (
+            json!({"vcpu_features": [{"index": 0, "bitmap": "0b1"}]}),
+            "aarch64",
+        ),
+    ] {
+        refused(&api, "PUT", "/cpu-config", Some(&body.to_string()), message);
+    }
+    refused(
+        &api,
+        "PATCH",
+        "/machine-config",
+        Some(r#"{"cpu_template":"T2"}"#),
+        "not supported on this CPU vendor",
+    );
+    refused(
+        &api,
+        "PATCH",
+        "/machine-config",
+        Some(r#"{"cpu_template":"T2A"}"#),
+        "PUT /cpu-config",
+    );
+    let template = json!({"kvm_capabilities": ["!56"],
+        "cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "flags": 0,
+            "modifiers": [{"register": "ecx", "bitmap": "0bxxxxxx0xxxxxxxxxxxxxxxxxxxxxxxxx"}]}],
+        "msr_modifiers": [{"addr": "0xc0000103", "bitmap": "0b101"}]});
+    send(&api, "PUT", "/cpu-config", &template.to_string());
     // MMDS: the document before the start; its configuration names an interface that exists.
     assert_eq!(get(&api, "/mmds"), json!({}));
     refused(
@@ -924,6 +965,7 @@ fn vsock_and_mmds_are_configured_as_firecracker_configures_them() {
     let shown = get(&api, "/vm/config");
     assert_eq!(shown["vsock"]["guest_cid"], 3);
     assert_eq!(shown["mmds-config"]["version"], "V2");
+    assert_eq!(shown["cpu-config"], template);
     send(
         &api,
         "PUT",

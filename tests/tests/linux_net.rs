@@ -120,7 +120,7 @@ fn fetch_from_guest(path: &str) -> Vec<u8> {
         .position(|w| w == b"\r\n\r\n")
         .expect("an HTTP response");
     assert!(
-        response.starts_with(b"HTTP/1.0 200"),
+        response.starts_with(b"HTTP/1.") && response.get(8..13) == Some(b" 200 "),
         "{:?}",
         &response[..at]
     );
@@ -164,8 +164,8 @@ fn configure(api: &ApiClient, guest: &LinuxGuest, cmdline: &str, version: &str) 
 }
 
 #[test]
-fn linux_reads_its_mmds_v1_document_without_a_token() {
-    let test = "linux_reads_its_mmds_v1_document_without_a_token";
+fn linux_reads_its_mmds_v1_document_without_a_token_on_vcpus_a_cpu_template_changed() {
+    let test = "linux_reads_its_mmds_v1_document_without_a_token_on_vcpus_a_cpu_template_changed";
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
@@ -177,10 +177,19 @@ fn linux_reads_its_mmds_v1_document_without_a_token() {
     ));
     let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
     let api = vmm.api(&socket);
+    // A custom CPU template clears CPUID.1:ECX.AES[bit 25] on every vCPU.
+    let template = json!({"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "flags": 0,
+        "modifiers": [{"register": "ecx", "bitmap": "0bxxxxxx0xxxxxxxxxxxxxxxxxxxxxxxxx"}]}]});
+    send(&api, "PUT", "/cpu-config", &template.to_string());
     configure(&api, &guest, &cmdline, "V1");
     let mmds = vmm.wait_for_line("LLFREE-L2 mmds", BOOT_TIMEOUT);
     eprintln!("{test}: {mmds}");
     assert_eq!(field(&mmds, "instance-id"), Some(INSTANCE_ID), "{mmds}");
+    assert_eq!(
+        field(&mmds, "aes"),
+        Some("0"),
+        "the template's change: {mmds}"
+    );
     // The document changes while the VM runs, as the API's GET shows.
     send(
         &api,
@@ -232,6 +241,8 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
     eprintln!("{test}: {mmds}");
     assert_eq!(field(&mmds, "instance-id"), Some(INSTANCE_ID), "{mmds}");
     assert_ne!(field(&mmds, "without-token"), Some(INSTANCE_ID), "{mmds}");
+    // Without a CPU template the guest has AES (the other test's template takes it away).
+    assert_eq!(field(&mmds, "aes"), Some("1"), "{mmds}");
     let ping = vmm.wait_for_line("LLFREE-L2 ping", TRANSFER_TIMEOUT);
     assert!(ping.contains("ping ok"), "{}", vmm.stdout_so_far());
 

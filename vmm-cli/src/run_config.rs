@@ -103,6 +103,7 @@ impl TryFrom<RunArgs> for VmConfig {
             network_interfaces,
             vsock: args.vsock,
             mmds: None,
+            cpu_template: None,
         })
     }
 }

@@ -40,6 +40,8 @@ pub enum PreBoot {
     Vsock(Vsock),
     /// `PUT /mmds/config`.
     MmdsConfig(MmdsConfigRequest),
+    /// `PUT /cpu-config`.
+    CpuConfig(crate::arch::x86_64::cpu_template::CustomCpuTemplate),
     /// `PUT /serial`.
     Serial(SerialConfig),
     /// `PUT /balloon`.

@@ -12,6 +12,7 @@ use super::model::{
     Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, MmdsConfigRequest,
     NetworkInterface, Pmem, PopulateMode, Vsock, ZoneAttachment,
 };
+use crate::arch::x86_64::cpu_template::{CpuTemplate, CustomCpuTemplate};
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
     ConfigError, DriveConfig, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
@@ -73,10 +74,27 @@ fn check_machine(
         ));
     }
     if let Some(template) = machine.cpu_template.as_deref() {
-        if template != "None" {
-            return Err(refuse(format!(
-                "cpu_template {template} is not supported (only None)"
-            )));
+        match template {
+            "None" => {}
+            // Firecracker's answer on an AMD host to its Intel and Arm templates.
+            "C3" | "T2" | "T2S" | "T2CL" | "V1N1" => {
+                return Err(refuse(format!(
+                    "cpu_template {template}: the CPU template is not supported on this CPU \
+                     vendor (AMD)"
+                )))
+            }
+            "T2A" => {
+                return Err(refuse(
+                    "cpu_template T2A: static CPU templates (deprecated in Firecracker) are not \
+                     supported; give the CPUID and MSR changes as a custom template with \
+                     PUT /cpu-config",
+                ))
+            }
+            other => {
+                return Err(refuse(format!(
+                    "cpu_template {other}: expected C3, T2, T2S, T2CL, T2A, V1N1 or None"
+                )))
+            }
         }
     }
     let size = machine
@@ -166,6 +184,7 @@ pub struct VmResources {
     network_interfaces: Vec<NetworkInterface>,
     vsock: Option<Vsock>,
     mmds_config: Option<MmdsConfigRequest>,
+    cpu_config: Option<CustomCpuTemplate>,
     /// The MMDS document: set before the start or after, served once the VM runs.
     mmds_store: std::sync::Arc<std::sync::Mutex<crate::mmds::Store>>,
     logger: Option<Logger>,
@@ -345,6 +364,15 @@ impl VmResources {
         Ok(())
     }
 
+    /// `PUT /cpu-config`: Firecracker's custom CPU template (again: the new one), checked now
+    /// and applied to every vCPU at the start.
+    pub fn put_cpu_config(&mut self, template: CustomCpuTemplate) -> Result<(), ControlError> {
+        CpuTemplate::try_from(&template).map_err(|e| refuse(e.to_string()))?;
+        self.cpu_config = Some(template);
+        self.boot_specific = true;
+        Ok(())
+    }
+
     /// The MMDS document, which `PUT`/`PATCH /mmds` change before the start.
     pub fn mmds_store(&self) -> &std::sync::Arc<std::sync::Mutex<crate::mmds::Store>> {
         &self.mmds_store
@@ -471,6 +499,7 @@ impl VmResources {
                 .map(NetworkInterface::config)
                 .collect(),
             vsock: self.vsock.as_ref().map(Vsock::config),
+            cpu_template: self.cpu_config.clone(),
             mmds: self.mmds_config.as_ref().map(|request| crate::mmds::Mmds {
                 config: request.config(),
                 store: self.mmds_store.clone(),
@@ -492,7 +521,7 @@ impl VmResources {
             network_interfaces: self.network_interfaces.clone(),
             vsock: self.vsock.clone(),
             mmds_config: self.mmds_config.clone(),
-            ..FullVmConfiguration::default()
+            cpu_config: self.cpu_config.clone(),
         }
     }
 }
@@ -557,6 +586,7 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             .iter()
             .map(NetworkInterface::from_config)
             .collect(),
+        cpu_config: config.cpu_template.clone(),
         mmds_config: config
             .mmds
             .as_ref()

@@ -14,6 +14,7 @@
 //! | `/network-interfaces/{id}` | PUT | [`NetworkInterface`]                     | pre-boot |
 //! | `/network-interfaces/{id}` | PATCH | [`PartialNetworkInterface`]            | running  |
 //! | `/vsock`              | PUT    | [`Vsock`]                                   | pre-boot |
+//! | `/cpu-config`         | PUT    | a custom CPU template                       | pre-boot |
 //! | `/mmds/config`        | PUT    | [`MmdsConfigRequest`]                       | pre-boot |
 //! | `/mmds`               | PUT, PATCH, GET | the metadata document (JSON)       | always   |
 //! | `/logger`             | PUT    | [`Logger`]                                  | pre-boot |
@@ -165,6 +166,7 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
             body(request).map(|data| done(control.update_mmds(data, true)))
         }
         (Method::Get, "mmds", None, _) => Ok(reply(control.mmds())),
+        (Method::Put, "cpu-config", None, _) => configure(body(request).map(PreBoot::CpuConfig)),
         (Method::Put, "vsock", None, _) => configure(body(request).map(PreBoot::Vsock)),
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),

@@ -202,6 +202,8 @@ pub struct VmConfig {
     pub vsock: Option<VsockConfig>,
     /// The metadata service and the interfaces it answers on.
     pub mmds: Option<crate::mmds::Mmds>,
+    /// Firecracker's custom CPU template, applied to every vCPU.
+    pub cpu_template: Option<crate::arch::x86_64::cpu_template::CustomCpuTemplate>,
 }
 
 impl VmConfig {
@@ -248,6 +250,7 @@ impl VmConfig {
             network_interfaces: Vec::new(),
             vsock: None,
             mmds: None,
+            cpu_template: None,
         }
     }
 

@@ -195,6 +195,7 @@ impl ApiFront {
             }
             PreBoot::Vsock(vsock) => resources.put_vsock(vsock),
             PreBoot::MmdsConfig(request) => resources.put_mmds_config(request),
+            PreBoot::CpuConfig(template) => resources.put_cpu_config(template),
             PreBoot::Balloon(balloon) => resources.put_balloon(balloon),
             PreBoot::Logger(logger) => {
                 let control = self.logger.as_ref().ok_or_else(|| {
@@ -408,14 +409,6 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// Applies `config` (`--config-file`) to `front`, as the API's requests would.
 fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<(), ControlError> {
-    let unsupported = |what: &str| {
-        Err(ControlError::InvalidArgument(format!(
-            "{what} is not supported by this VMM"
-        )))
-    };
-    if config.cpu_config.is_some() {
-        return unsupported("cpu-config");
-    }
     let mut requests: Vec<PreBoot> = Vec::new();
     requests.extend(config.logger.map(PreBoot::Logger));
     requests.extend(config.metrics.map(PreBoot::Metrics));
@@ -430,6 +423,7 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
     }
     requests.extend(config.entropy.map(PreBoot::Entropy));
     requests.extend(config.vsock.map(PreBoot::Vsock));
+    requests.extend(config.cpu_config.map(PreBoot::CpuConfig));
     for interface in config.network_interfaces {
         requests.push(PreBoot::NetworkInterface(
             interface.iface_id.clone(),

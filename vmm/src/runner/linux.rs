@@ -15,6 +15,7 @@ use super::devices::VirtioMmioDevices;
 use super::session::Session;
 use super::snapshot::ResumedStates;
 use super::{DeviceError, ResetCause, RunError, RunOutcome, StopCause};
+use crate::arch::x86_64::cpu_template::CpuTemplate;
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
 use crate::arch::x86_64::mptable::write_mptable;
@@ -159,7 +160,24 @@ fn boot(
         kernel: linux.kernel.clone(),
         source,
     })?;
-    setup_vcpus(vm, &boot, threads_per_core(session.config().smt))
+    let template = session
+        .config()
+        .cpu_template
+        .as_ref()
+        .map(CpuTemplate::try_from)
+        .transpose()
+        .map_err(|e| RunError::VcpuSetup(e.to_string()))?;
+    if let Some(template) = &template {
+        template
+            .check_capabilities(vm.kvm())
+            .map_err(|e| RunError::VcpuSetup(e.to_string()))?;
+    }
+    setup_vcpus(
+        vm,
+        &boot,
+        threads_per_core(session.config().smt),
+        template.as_ref(),
+    )
 }
 
 /// Puts `device` on the port I/O bus at `(base, size)`, its interrupt `irq` raised through
@@ -190,6 +208,7 @@ fn setup_vcpus(
     vm: &Vm<GuestMemory>,
     boot: &LinuxBoot,
     threads_per_core: u32,
+    template: Option<&CpuTemplate>,
 ) -> Result<(), RunError> {
     let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
     write_mptable(vm.memory().as_ref(), vm.vcpus().len()).map_err(|e| setup(&e))?;
@@ -208,8 +227,11 @@ fn setup_vcpus(
             vcpu_count: count,
             threads_per_core,
         };
-        set_vcpu_cpuid(vcpu.fd(), &cpuid, topology).map_err(|e| setup(&e))?;
+        set_vcpu_cpuid(vcpu.fd(), &cpuid, topology, template).map_err(|e| setup(&e))?;
         setup_boot_msrs(vcpu.fd()).map_err(|e| setup(&e))?;
+        if let Some(template) = template {
+            template.apply_msrs(vcpu.fd()).map_err(|e| setup(&e))?;
+        }
         setup_lint_pins(vcpu.fd()).map_err(|e| setup(&e))?;
         if vcpu.index() == 0 {
             let entry = EntryPoint {

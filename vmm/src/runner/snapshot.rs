@@ -533,6 +533,8 @@ pub(super) fn prepare(
         entropy: machine.entropy,
         network_interfaces: machine.network_interfaces,
         vsock: machine.vsock,
+        // The vCPUs' saved CPUID and MSRs have the template's changes.
+        cpu_template: None,
         mmds: machine.mmds.map(|config| crate::mmds::Mmds {
             config,
             store: Default::default(),

@@ -9,6 +9,7 @@ use super::progress::{ProgressDisplay, StepProgress};
 use super::session::Session;
 use super::snapshot::ResumedStates;
 use super::{RunError, RunOutcome, StopCause};
+use crate::arch::x86_64::cpu_template::CpuTemplate;
 use crate::devices::serial::SerialOutput;
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
@@ -81,6 +82,13 @@ pub(super) fn run(
         })),
         start_paused: true,
         smt: session.config().smt,
+        cpu_template: session
+            .config()
+            .cpu_template
+            .as_ref()
+            .map(CpuTemplate::try_from)
+            .transpose()
+            .map_err(|e| RunError::VcpuSetup(e.to_string()))?,
     };
     let vcpus = session.config().vcpus;
     let report = testguest::run_with(session.memory().clone(), vcpus, workload, options)?;

@@ -35,6 +35,7 @@ use linux_loader::loader::{Elf, KernelLoader};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::arch::x86_64::cpu_template::CpuTemplate;
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::paging::{IdentityMap, PageSize};
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
@@ -164,6 +165,8 @@ pub struct RunOptions {
     pub kvm_vm: Option<KvmVm>,
     /// The vCPUs are the two threads of each core (SMT), not a core each.
     pub smt: bool,
+    /// Changes to every vCPU's CPUID and MSRs (Firecracker's custom CPU template).
+    pub cpu_template: Option<CpuTemplate>,
     /// Leave the vCPUs paused after `on_start`: the caller lets them run through the control it
     /// kept (a VMM whose API must be able to pause the guest from its first instruction on).
     pub start_paused: bool,
@@ -182,6 +185,7 @@ impl Default for RunOptions {
             resumption: None,
             kvm_vm: None,
             smt: false,
+            cpu_template: None,
             start_paused: false,
         }
     }
@@ -229,7 +233,17 @@ where
         None => {
             let entry = load_image(memory.as_ref())?;
             workload.write_descriptor(memory.as_ref(), vcpus)?;
-            setup_vcpus(&vm, entry, threads_per_core(options.smt))?;
+            if let Some(template) = &options.cpu_template {
+                template
+                    .check_capabilities(vm.kvm())
+                    .map_err(|e| TestGuestError::Setup(e.to_string()))?;
+            }
+            setup_vcpus(
+                &vm,
+                entry,
+                threads_per_core(options.smt),
+                options.cpu_template.as_ref(),
+            )?;
         }
         Some(resumption) => vm
             .restore(&resumption.vcpus, &resumption.vm)
@@ -385,6 +399,7 @@ fn setup_vcpus<M>(
     vm: &Vm<M>,
     entry: GuestAddress,
     threads_per_core: u32,
+    template: Option<&CpuTemplate>,
 ) -> Result<(), TestGuestError>
 where
     M: GuestMemoryBackend + Send + Sync + 'static,
@@ -407,7 +422,10 @@ where
             vcpu_count: vm.vcpus().len() as u32,
             threads_per_core,
         };
-        set_vcpu_cpuid(vcpu.fd(), &cpuid, topology).map_err(|e| setup_err(&e))?;
+        set_vcpu_cpuid(vcpu.fd(), &cpuid, topology, template).map_err(|e| setup_err(&e))?;
+        if let Some(template) = template {
+            template.apply_msrs(vcpu.fd()).map_err(|e| setup_err(&e))?;
+        }
         let index = vcpu.index() as u64;
         let entry = EntryPoint {
             rip: entry.raw_value(),

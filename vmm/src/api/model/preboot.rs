@@ -524,8 +524,7 @@ pub struct Metrics {
     pub properties: Option<BTreeMap<String, String>>,
 }
 
-/// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`. Devices this VMM
-/// does not have (CPU templates) are refused unless absent.
+/// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FullVmConfiguration {
@@ -571,13 +570,13 @@ pub struct FullVmConfiguration {
         skip_serializing_if = "Option::is_none"
     )]
     pub mmds_config: Option<MmdsConfigRequest>,
-    /// CPU templates (refused).
+    /// The custom CPU template.
     #[serde(
         rename = "cpu-config",
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    pub cpu_config: Option<serde_json::Value>,
+    pub cpu_config: Option<crate::arch::x86_64::cpu_template::CustomCpuTemplate>,
     /// The entropy device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyDevice>,

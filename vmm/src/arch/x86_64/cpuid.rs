@@ -11,6 +11,8 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{Kvm, VcpuFd};
 
+use super::cpu_template::CpuTemplate;
+
 /// Errors of CPUID set-up.
 #[derive(Debug, thiserror::Error)]
 pub enum CpuidError {
@@ -20,6 +22,9 @@ pub enum CpuidError {
     /// `KVM_SET_CPUID2` failed.
     #[error("KVM_SET_CPUID2: {0}")]
     Set(#[source] kvm_ioctls::Error),
+    /// The CPU template could not be applied.
+    #[error(transparent)]
+    Template(#[from] super::cpu_template::TemplateError),
     /// Rewriting the topology leaves overflowed the CPUID table.
     #[error("too many CPUID entries")]
     TooManyEntries,
@@ -180,13 +185,19 @@ fn announce_amd_topology(entries: &mut Vec<kvm_cpuid_entry2>) {
     }
 }
 
-/// Filters and sets the CPUID of `vcpu`.
+/// Filters and sets the CPUID of `vcpu`, changed by `template` if given.
 pub fn set_vcpu_cpuid(
     vcpu: &VcpuFd,
     supported: &CpuId,
     topology: VcpuTopology,
+    template: Option<&CpuTemplate>,
 ) -> Result<(), CpuidError> {
-    let cpuid = vcpu_cpuid(supported, topology)?;
+    let mut cpuid = vcpu_cpuid(supported, topology)?;
+    if let Some(template) = template {
+        template
+            .apply_cpuid(&mut cpuid)
+            .map_err(CpuidError::Template)?;
+    }
     vcpu.set_cpuid2(&cpuid).map_err(CpuidError::Set)
 }
 

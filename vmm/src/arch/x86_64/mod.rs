@@ -10,6 +10,7 @@
 //! runs emulated (about 2 M instructions/s). Hence the identity map uses 2 MiB pages unless the
 //! vCPU's CPUID offers 1 GiB pages.
 
+pub mod cpu_template;
 pub mod cpuid;
 pub mod gdt;
 pub mod lapic;

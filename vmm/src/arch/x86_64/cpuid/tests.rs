@@ -263,7 +263,7 @@ fn kvm_accepts_the_filtered_cpuid() {
             vcpu_count: 2,
             threads_per_core: 1,
         };
-        set_vcpu_cpuid(&vcpu, &supported, topology).unwrap();
+        set_vcpu_cpuid(&vcpu, &supported, topology, None).unwrap();
         let back = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES).unwrap();
         let leaf = find(&back, 1, 0);
         assert_eq!(leaf.ebx >> 24, vcpu_id);
