@@ -70,6 +70,8 @@ const TRANSPORT_RESET: u32 = 0;
 const LISTENER: u64 = 0;
 const KICK: u64 = 1;
 const FIRST_CONNECTION: u64 = 2;
+/// Rounds of the device's epoll taken per wake.
+const MAX_EVENT_ROUNDS: usize = 8;
 /// Where host-initiated connections' host ports start (below: ports guests connect to).
 const FIRST_LOCAL_PORT: u32 = 1 << 30;
 
@@ -698,10 +700,12 @@ impl VsockDevice {
         }
     }
 
-    /// Takes what the device's epoll reports.
+    /// Takes what the device's epoll reports: at most [`MAX_EVENT_ROUNDS`] rounds of events, so
+    /// that sockets that keep signalling cannot hold the event loop (what is left wakes it
+    /// again).
     fn host_events(&mut self) {
         let mut events = [EpollEvent::default(); 32];
-        loop {
+        for _ in 0..MAX_EVENT_ROUNDS {
             let count = match self.epoll.wait(0, &mut events) {
                 Ok(count) => count,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

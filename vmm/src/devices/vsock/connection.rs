@@ -67,6 +67,8 @@ pub struct Connection {
     pub queued: bool,
     /// The guest sends no more: the stream's write side closes once `pending` is out.
     pub guest_done_sending: bool,
+    /// The stream's write side is closed (once: closing it wakes the socket's watchers).
+    write_closed: bool,
     /// What the guest sent that the stream has not taken yet (at most [`BUF_ALLOC`]), after
     /// `own` bytes of the VMM's own (the `OK` line).
     pending: VecDeque<u8>,
@@ -111,6 +113,7 @@ impl Connection {
             readable: false,
             queued: false,
             guest_done_sending: false,
+            write_closed: false,
             pending: VecDeque::new(),
             own: 0,
             fwd_cnt: 0,
@@ -224,7 +227,8 @@ impl Connection {
                 Err(e) => return Err(Broken::Host(e.kind())),
             }
         }
-        if self.guest_done_sending {
+        if self.guest_done_sending && !self.write_closed {
+            self.write_closed = true;
             let _ = self.stream.shutdown(std::net::Shutdown::Write);
         }
         Ok(())
