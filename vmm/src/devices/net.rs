@@ -197,6 +197,24 @@ fn frame_buffers(
     Ok(buffers)
 }
 
+/// Puts `used` (head, bytes written) into `queue`'s used ring; false (and a warning for
+/// interface `id`) when the ring is not in guest memory.
+fn give_back(
+    queue: &mut Queue,
+    mem: &GuestMemory,
+    (head, len): (u16, u32),
+    warnings: &GuestWarnings,
+    id: &str,
+) -> bool {
+    let done = queue.add_used(mem, head, len).is_ok();
+    if !done {
+        warnings.warn(format_args!(
+            "virtio-net {id}: a used ring is not in guest memory"
+        ));
+    }
+    done
+}
+
 /// Whether the frame in `buffers` (after its virtio header) is for MMDS.
 fn for_mmds(buffers: &Buffers, mmds: &Option<Stack>) -> bool {
     let mut head = [0u8; 42];
@@ -329,16 +347,18 @@ impl NetDevice {
                     }
                 }
             }
-            if queues.tx.add_used(&*mem, head, 0).is_err() {
-                self.warnings.warn(format_args!(
-                    "virtio-net {}: the transmit used ring is not in guest memory",
-                    self.id
-                ));
+            if !give_back(&mut queues.tx, &mem, (head, 0), &self.warnings, &self.id) {
                 break;
             }
             used = true;
         }
-        if used && queues.interrupt.signal_used_queue().is_err() {
+        self.notify(used);
+    }
+
+    /// Raises the used-buffer interrupt if `used`.
+    fn notify(&self, used: bool) {
+        let interrupt = self.active.as_ref().map(|queues| &queues.interrupt);
+        if used && interrupt.is_some_and(|i| i.signal_used_queue().is_err()) {
             log::error!(
                 "virtio-net {}: cannot raise the used-buffer interrupt",
                 self.id
@@ -452,21 +472,12 @@ impl NetDevice {
                     break;
                 }
             }
-            if queues.rx.add_used(&*mem, head, len).is_err() {
-                self.warnings.warn(format_args!(
-                    "virtio-net {}: the receive used ring is not in guest memory",
-                    self.id
-                ));
+            if !give_back(&mut queues.rx, &mem, (head, len), &self.warnings, &self.id) {
                 break;
             }
             used = true;
         }
-        if used && queues.interrupt.signal_used_queue().is_err() {
-            log::error!(
-                "virtio-net {}: cannot raise the used-buffer interrupt",
-                self.id
-            );
-        }
+        self.notify(used);
     }
 
     /// The offloads the tap may hand a driver that took `features`.

@@ -417,7 +417,7 @@ impl VsockDevice {
                 let line = format!("OK {}\n", conn.local_port);
                 conn.say(line.as_bytes())
             }
-            packet::OP_RW if conn.state == State::Established || conn.state == State::Closing => {
+            packet::OP_RW if conn.state == State::Established => {
                 let len = header.len as usize;
                 let scratch = &mut self.scratch[..len];
                 payload.read_at(0, scratch);
@@ -531,14 +531,7 @@ impl VsockDevice {
         } else if conn.owed.response {
             conn.owed.response = false;
             (packet::OP_RESPONSE, 0)
-        } else if conn.owed.shutdown {
-            conn.owed.shutdown = false;
-            conn.state = State::Closing;
-            (
-                packet::OP_SHUTDOWN,
-                packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND,
-            )
-        } else if conn.state == State::Established && conn.readable && conn.peer_credit() > 0 {
+        } else if conn.can_send_data() {
             let room = (buffers.len() - HEADER_SIZE)
                 .min(MAX_PAYLOAD)
                 .min(conn.peer_credit() as usize);
@@ -550,13 +543,11 @@ impl VsockDevice {
                 unsafe { libc::readv(conn.stream.as_raw_fd(), payload.iovecs().as_ptr(), count) };
             match usize::try_from(read) {
                 Ok(0) => {
-                    // The host side ended: the guest hears it, and its RST ends the rest.
+                    // The host side sends no more: the guest hears it and may still answer
+                    // (its SHUTDOWN or RST ends the connection).
                     conn.readable = false;
-                    conn.state = State::Closing;
-                    (
-                        packet::OP_SHUTDOWN,
-                        packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND,
-                    )
+                    conn.host_done_sending = true;
+                    (packet::OP_SHUTDOWN, packet::SHUTDOWN_SEND)
                 }
                 Ok(read) => {
                     let len = u32::try_from(read).unwrap_or(u32::MAX);

@@ -26,10 +26,8 @@ pub enum State {
     AwaitingConnect,
     /// The guest was asked to accept (a REQUEST is owed or sent).
     Requested,
-    /// Data flows.
+    /// Data flows (each way until its sender shuts it down).
     Established,
-    /// The host side ended (SHUTDOWN owed or sent); the guest's RST ends it.
-    Closing,
 }
 
 /// Control packets the connection owes the guest, sent before any data.
@@ -39,8 +37,6 @@ pub struct Owed {
     pub request: bool,
     /// OP_RESPONSE (the guest's request accepted).
     pub response: bool,
-    /// OP_SHUTDOWN with both flags (the host side ended).
-    pub shutdown: bool,
     /// OP_CREDIT_UPDATE.
     pub credit_update: bool,
     /// OP_RST: the connection is over once it is sent.
@@ -67,6 +63,8 @@ pub struct Connection {
     pub queued: bool,
     /// The guest sends no more: the stream's write side closes once `pending` is out.
     pub guest_done_sending: bool,
+    /// The host side sends no more (its stream read to the end; the guest was told).
+    pub host_done_sending: bool,
     /// The stream's write side is closed (once: closing it wakes the socket's watchers).
     write_closed: bool,
     /// What the guest sent that the stream has not taken yet (at most [`BUF_ALLOC`]), after
@@ -113,6 +111,7 @@ impl Connection {
             readable: false,
             queued: false,
             guest_done_sending: false,
+            host_done_sending: false,
             write_closed: false,
             pending: VecDeque::new(),
             own: 0,
@@ -168,12 +167,16 @@ impl Connection {
     /// Whether it has anything for the guest: a control packet, or data it may send.
     pub fn has_work(&self) -> bool {
         let owed = self.owed;
-        owed.request
-            || owed.response
-            || owed.shutdown
-            || owed.credit_update
-            || owed.rst
-            || (self.state == State::Established && self.readable && self.peer_credit() > 0)
+        owed.request || owed.response || owed.credit_update || owed.rst || self.can_send_data()
+    }
+
+    /// Whether data from the stream may go to the guest now: established, the stream not read
+    /// to its end nor known empty, and credit left.
+    pub fn can_send_data(&self) -> bool {
+        self.state == State::Established
+            && self.readable
+            && !self.host_done_sending
+            && self.peer_credit() > 0
     }
 
     /// Takes `data` the guest sent: writes what the stream takes and keeps the rest.

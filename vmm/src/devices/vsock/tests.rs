@@ -193,15 +193,25 @@ fn a_guest_connection_reaches_the_listener_at_the_port_s_socket_and_carries_data
     assert_eq!(packets[0].0.op, OP_RW);
     assert_eq!(packets[0].1, b"hello guest");
 
-    // The host closes: the guest hears SHUTDOWN, answers RST, and the connection is gone.
-    drop(host);
+    // The host sends no more: the guest hears SHUTDOWN (send), may still answer, and its
+    // RST ends the connection.
+    host.shutdown(std::net::Shutdown::Write).unwrap();
     guest.host_side();
     let packets = guest.received();
-    assert_eq!(packets.last().unwrap().0.op, OP_SHUTDOWN, "{packets:?}");
+    let (shutdown, _) = packets.last().unwrap();
+    assert_eq!(
+        (shutdown.op, shutdown.flags),
+        (OP_SHUTDOWN, SHUTDOWN_SEND),
+        "{packets:?}"
+    );
+    guest.send(from_guest(1234, 52, OP_RW, 1 << 16), b"late");
+    let mut late = [0u8; 4];
+    host.read_exact(&mut late).unwrap();
+    assert_eq!(&late, b"late");
     guest.send(from_guest(1234, 52, OP_RST, 1 << 16), &[]);
     assert!(guest.device.conns.is_empty());
     let counters = guest.device.counters();
-    assert_eq!(counters.tx_bytes.load(Ordering::Relaxed), 10);
+    assert_eq!(counters.tx_bytes.load(Ordering::Relaxed), 14);
     assert_eq!(counters.rx_bytes.load(Ordering::Relaxed), 11);
 }
 
