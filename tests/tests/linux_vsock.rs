@@ -71,14 +71,19 @@ fn connect(uds: &str, port: u32) -> (UnixStream, String) {
     (stream, line)
 }
 
-/// Echoes `text` through the guest's echo and returns what came back.
-fn echo(uds: &str, text: &[u8]) -> Vec<u8> {
+/// Echoes `text` through the guest's echo; what came back, or what went wrong (with the
+/// console of `vmm`).
+fn echo(uds: &str, text: &[u8], vmm: &VmmRun) -> Vec<u8> {
     let (mut stream, ok) = connect(uds, GUEST_PORT);
     assert!(ok.starts_with("OK "), "{ok:?}");
-    stream.write_all(b"echo\n").unwrap();
-    stream.write_all(text).unwrap();
     let mut back = vec![0u8; text.len()];
-    stream.read_exact(&mut back).unwrap();
+    let result = stream
+        .write_all(b"echo\n")
+        .and_then(|()| stream.write_all(text))
+        .and_then(|()| stream.read_exact(&mut back));
+    if let Err(e) = result {
+        panic!("echo: {e}; the console: {}", vmm.stdout_so_far());
+    }
     back
 }
 
@@ -138,7 +143,10 @@ fn linux_talks_to_host_programs_over_vsock_both_ways_before_and_after_a_snapshot
         reply.trim(),
         format!("len={} crc={}", 4 << 20, pattern_crc(4))
     );
-    assert_eq!(echo(&uds, b"before the snapshot"), b"before the snapshot");
+    assert_eq!(
+        echo(&uds, b"before the snapshot", &vmm),
+        b"before the snapshot"
+    );
 
     // A snapshot into a memory file; the VMM dies; a new one loads it on another socket.
     vmm.wait_for_line("LLFREE-L2 vsock-wait-go", TIMEOUT);
@@ -169,7 +177,10 @@ fn linux_talks_to_host_programs_over_vsock_both_ways_before_and_after_a_snapshot
         ),
     );
     wait_for_state(&api, "Running");
-    assert_eq!(echo(&uds2, b"after the restore"), b"after the restore");
+    assert_eq!(
+        echo(&uds2, b"after the restore", &loaded),
+        b"after the restore"
+    );
     send(
         &api,
         "PUT",
