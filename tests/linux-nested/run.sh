@@ -25,8 +25,8 @@
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
-#   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only this part of l1-bench (boot,
-#                          reporting, net, vsock)
+#   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only these parts of l1-bench, e.g.
+#                          "net vsock" (of boot, reporting, net, vsock)
 #   LLFREE_NESTED_PACKAGES_ONLY  1: install the packages (QEMU from backports) and stop; how
 #                          check-install.sh proves the install on a fresh Debian
 #   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
