@@ -225,7 +225,7 @@ l1_initramfs() {
         arch/x86/kvm/kvm-amd.ko drivers/nvdimm/libnvdimm.ko drivers/nvdimm/nd_btt.ko \
         drivers/nvdimm/nd_pmem.ko drivers/acpi/nfit/nfit.ko lib/crc16.ko fs/mbcache.ko \
         fs/jbd2/jbd2.ko crypto/crc32c_generic.ko fs/ext4/ext4.ko drivers/dax/device_dax.ko \
-        drivers/dax/dax_pmem.ko drivers/net/tun.ko drivers/vhost/vhost_iotlb.ko \
+        drivers/dax/dax_pmem.ko drivers/net/tun.ko drivers/net/tap.ko drivers/vhost/vhost_iotlb.ko \
         drivers/vhost/vhost.ko drivers/vhost/vhost_net.ko drivers/vhost/vhost_vsock.ko \
         net/vmw_vsock/vsock.ko net/vmw_vsock/vmw_vsock_virtio_transport_common.ko; do
         cp "$modules/$module" "$root/modules/"
