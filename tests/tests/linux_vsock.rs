@@ -82,7 +82,11 @@ fn echo(uds: &str, text: &[u8], vmm: &VmmRun) -> Vec<u8> {
         .and_then(|()| stream.write_all(text))
         .and_then(|()| stream.read_exact(&mut back));
     if let Err(e) = result {
-        panic!("echo: {e}; the console: {}", vmm.stdout_so_far());
+        panic!(
+            "echo: {e}; the VMM's log: {}; the console: {}",
+            vmm.stderr_so_far(),
+            vmm.stdout_so_far()
+        );
     }
     back
 }
