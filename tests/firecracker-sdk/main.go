@@ -7,10 +7,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,9 +57,9 @@ func (c *console) waitFor(text string, timeout time.Duration) error {
 }
 
 type options struct {
-	vmm, kernel, initrd, rootfs, dir, ready, bootArgs string
-	memMib                                            int64
-	guestStats                                        bool
+	vmm, kernel, initrd, rootfs, dir, ready, bootArgs, tap string
+	memMib                                                 int64
+	guestStats                                             bool
 }
 
 // started are the machines whose VMM process may still run: a failure stops them.
@@ -109,7 +113,12 @@ func main() {
 	flag.StringVar(&o.dir, "dir", "", "a scratch directory")
 	flag.Int64Var(&o.memMib, "mem-mib", 64, "guest memory in MiB")
 	flag.BoolVar(&o.guestStats, "guest-stats", false, "wait for the guest's balloon driver to report its memory statistics")
+	flag.StringVar(&o.tap, "tap", "", "instead: boot with a network interface on this tap (its host side 10.0.2.1/24), vsock and MMDS V2, and reach the guest through each")
 	flag.Parse()
+	if o.tap != "" {
+		devices(o)
+		return
+	}
 	// A real Linux boots for minutes where it runs nested under emulation.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -226,5 +235,91 @@ func main() {
 		startTime.Round(time.Microsecond*100), readyTime.Round(time.Microsecond*100), o.memMib,
 		snapshotTime.Round(time.Microsecond*100), restoreTime.Round(time.Microsecond*100),
 		shutdownTime.Round(time.Microsecond*100))
+	fmt.Println("ok: all steps passed")
+}
+
+// devices boots the guest (its init in llfree.test=sdk-net) with a network interface on o.tap
+// (static IP configuration, MMDS allowed), a vsock device and MMDS V2 with a document, as the
+// SDK configures them, and reaches the guest through each: HTTP to its httpd, an echo over
+// vsock through Firecracker's CONNECT, and its console line saying what MMDS told it.
+func devices(o options) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bootTimeout := 10 * time.Minute
+	uds := filepath.Join(o.dir, "v.sock")
+	cfg := firecracker.Config{
+		SocketPath:      filepath.Join(o.dir, "devices.sock"),
+		VMID:            "sdk_devices",
+		KernelImagePath: o.kernel,
+		InitrdPath:      o.initrd,
+		KernelArgs:      o.bootArgs,
+		MachineCfg: models.MachineConfiguration{
+			VcpuCount:  firecracker.Int64(1),
+			MemSizeMib: firecracker.Int64(o.memMib),
+		},
+		NetworkInterfaces: firecracker.NetworkInterfaces{{
+			StaticConfiguration: &firecracker.StaticNetworkConfiguration{
+				MacAddress:  "06:00:0a:00:02:02",
+				HostDevName: o.tap,
+				IPConfiguration: &firecracker.IPConfiguration{
+					IPAddr:  net.IPNet{IP: net.IPv4(10, 0, 2, 2), Mask: net.CIDRMask(24, 32)},
+					Gateway: net.IPv4(10, 0, 2, 1),
+					IfName:  "eth0",
+				},
+			},
+			AllowMMDS: true,
+		}},
+		VsockDevices: []firecracker.VsockDevice{{ID: "vsock0", Path: uds, CID: 3}},
+		MmdsVersion:  firecracker.MMDSv2,
+	}
+	out := &console{}
+	m, err := machine(ctx, o, cfg, out)
+	check(err, "NewMachine with a network interface, vsock and MMDS V2")
+	document := map[string]interface{}{
+		"latest": map[string]interface{}{"meta-data": map[string]interface{}{"instance-id": "i-sdk"}},
+	}
+	m.Handlers.FcInit = m.Handlers.FcInit.AppendAfter(firecracker.CreateMachineHandlerName,
+		firecracker.NewSetMetadataHandler(document))
+	check(m.Start(ctx), "Start (network-interfaces, vsock, mmds/config, mmds, InstanceStart)")
+	check(out.waitFor("LLFREE-L2 sdk-ready", bootTimeout), "the guest is up")
+	expect(strings.Contains(out.String(), "LLFREE-L2 mmds instance-id=i-sdk"),
+		"the guest read its MMDS V2 document", "console: %q", out.String())
+
+	// The network: the guest's httpd through the tap.
+	client := http.Client{Timeout: 2 * time.Minute}
+	response, err := client.Get("http://10.0.2.2:8080/hello")
+	check(err, "GET http://10.0.2.2:8080/hello")
+	body, err := io.ReadAll(response.Body)
+	response.Body.Close()
+	check(err, "the answer's body")
+	expect(strings.TrimSpace(string(body)) == "llfree-sdk", "the guest answered over the network", "body %q", body)
+
+	// vsock: Firecracker's handshake on the device's socket, then the guest's echo.
+	conn, err := net.Dial("unix", uds)
+	check(err, "connect to the vsock socket")
+	_, err = fmt.Fprintf(conn, "CONNECT 5000\n")
+	check(err, "CONNECT 5000")
+	reader := bufio.NewReader(conn)
+	line, err := reader.ReadString('\n')
+	check(err, "the handshake's answer")
+	expect(strings.HasPrefix(line, "OK "), "OK from the guest's port", "line %q", line)
+	_, err = fmt.Fprintf(conn, "echo\nhello over vsock")
+	check(err, "write to the guest over vsock")
+	echoed := make([]byte, len("hello over vsock"))
+	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	_, err = io.ReadFull(reader, echoed)
+	check(err, "read the guest's echo")
+	expect(string(echoed) == "hello over vsock", "the guest echoed over vsock", "%q", echoed)
+	conn.Close()
+
+	// MMDS through the API, as the SDK reads it.
+	var got map[string]interface{}
+	check(m.GetMetadata(ctx, &got), "GetMetadata")
+	expect(fmt.Sprint(got) == fmt.Sprint(document), "the document as put", "%v", got)
+
+	check(m.Shutdown(ctx), "Shutdown (SendCtrlAltDel)")
+	waitCtx, waitCancel := context.WithTimeout(ctx, bootTimeout)
+	defer waitCancel()
+	check(m.Wait(waitCtx), "the VMM ended with status 0")
 	fmt.Println("ok: all steps passed")
 }

@@ -6,7 +6,9 @@
 //! again after `PATCH /network-interfaces/eth0` gave it a receive rate limiter (the transfer
 //! takes as long as the limiter says), and serves random bytes the test fetches (guest to
 //! host, checked by MD5); it reads its MMDS V2 document with a session token (and V1's without,
-//! in a second VM). Each loop is bounded: the server answers two requests, every wait has
+//! in a second VM, whose vCPUs a custom CPU template changed); and the Firecracker Go SDK boots
+//! it with a network interface, vsock and MMDS V2 and reaches it through each. Each loop is
+//! bounded: the server answers two requests, every wait has
 //! a deadline.
 
 // An integration test crate: its tests are the crate.
@@ -209,6 +211,51 @@ fn linux_reads_its_mmds_v1_document_without_a_token_on_vcpus_a_cpu_template_chan
     // A Firecracker-style VMM ends with 0 when its guest resets.
     let done = vmm.wait(Duration::from_secs(120));
     assert_eq!(done.code, Some(0), "{done:#?}");
+}
+
+#[test]
+fn the_firecracker_go_sdk_boots_linux_with_a_network_interface_vsock_and_mmds_and_reaches_it() {
+    let test = "the_firecracker_go_sdk_boots_linux_with_a_network_interface_vsock_and_mmds";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let Some(sdk) = std::env::var("LLFREE_VMM_FC_SDK")
+        .ok()
+        .filter(|p| std::path::Path::new(p).is_file())
+    else {
+        eprintln!(
+            "SKIP: {test}: LLFREE_VMM_FC_SDK names no program; tests/linux-nested/run.sh builds it"
+        );
+        return;
+    };
+    // A short directory: the vsock socket's path is at most 107 bytes.
+    let scratch = Scratch::new("l-sdk-net");
+    private_tap();
+    let dir = scratch.path("run");
+    std::fs::create_dir(&dir).unwrap();
+    let boot_args = cmdline("llfree.test=sdk-net llfree.mmds=v2");
+    let args = [
+        "-vmm",
+        e2e_tests::vmm_binary(),
+        "-kernel",
+        &guest.kernel,
+        "-initrd",
+        &guest.initrd,
+        "-dir",
+        &dir,
+        "-mem-mib",
+        "128",
+        "-boot-args",
+        &boot_args,
+        "-tap",
+        TAP,
+    ];
+    // Under emulation a request takes longer than the SDK's 500 ms.
+    let timeouts = [
+        ("FIRECRACKER_GO_SDK_REQUEST_TIMEOUT_MILLISECONDS", "120000"),
+        ("FIRECRACKER_GO_SDK_INIT_TIMEOUT_SECONDS", "120"),
+    ];
+    e2e_tests::run_sdk_program(&sdk, &args, &timeouts);
 }
 
 #[test]

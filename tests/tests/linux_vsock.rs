@@ -71,24 +71,33 @@ fn connect(uds: &str, port: u32) -> (UnixStream, String) {
     (stream, line)
 }
 
-/// Echoes `text` through the guest's echo; what came back, or what went wrong (with the
-/// console of `vmm`).
-fn echo(uds: &str, text: &[u8], vmm: &VmmRun) -> Vec<u8> {
+/// Echoes `text` through the guest's echo: what came back.
+fn try_echo(uds: &str, text: &[u8]) -> std::io::Result<Vec<u8>> {
     let (mut stream, ok) = connect(uds, GUEST_PORT);
-    assert!(ok.starts_with("OK "), "{ok:?}");
+    if !ok.starts_with("OK ") {
+        return Err(std::io::Error::other(format!(
+            "the handshake answered {ok:?}"
+        )));
+    }
     let mut back = vec![0u8; text.len()];
-    let result = stream
-        .write_all(b"echo\n")
-        .and_then(|()| stream.write_all(text))
-        .and_then(|()| stream.read_exact(&mut back));
-    if let Err(e) = result {
+    stream.write_all(b"echo\n")?;
+    stream.write_all(text)?;
+    stream.read_exact(&mut back)?;
+    Ok(back)
+}
+
+/// Echoes `text` through the guest's echo; what came back, or a panic with the VMM's log and
+/// console.
+fn echo(uds: &str, text: &[u8], vmm: &VmmRun) -> Vec<u8> {
+    let result = try_echo(uds, text);
+    if let Err(e) = &result {
         panic!(
             "echo: {e}; the VMM's log: {}; the console: {}",
             vmm.stderr_so_far(),
             vmm.stdout_so_far()
         );
     }
-    back
+    result.unwrap_or_default()
 }
 
 /// Asserts that a "vsock-sent" line reports `mib` MiB with the right CRC, as the host saw it.
@@ -181,10 +190,15 @@ fn linux_talks_to_host_programs_over_vsock_both_ways_before_and_after_a_snapshot
         ),
     );
     wait_for_state(&api, "Running");
-    assert_eq!(
-        echo(&uds2, b"after the restore", &loaded),
-        b"after the restore"
-    );
+    // The guest handles the transport-reset event in a work item of its own: a connection it
+    // accepted just before that is reset too (as under Firecracker). A later one stays.
+    let echoed = (0..3)
+        .find_map(|attempt| {
+            std::thread::sleep(Duration::from_secs(attempt));
+            try_echo(&uds2, b"after the restore").ok()
+        })
+        .unwrap_or_else(|| echo(&uds2, b"after the restore", &loaded));
+    assert_eq!(echoed, b"after the restore");
     send(
         &api,
         "PUT",
