@@ -118,19 +118,19 @@ fn usage() -> ! {
 }
 
 /// Reads `stream` to its end; its length and CRC.
-fn drain(stream: &mut impl Read) -> (u64, u32) {
+fn drain(stream: &mut impl Read) -> std::io::Result<(u64, u32)> {
     let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 64 << 10];
     let mut len = 0u64;
     loop {
         match stream.read(&mut buf) {
-            Ok(0) => return (len, hasher.finalize()),
+            Ok(0) => return Ok((len, hasher.finalize())),
             Ok(n) => {
                 hasher.update(&buf[..n]);
                 len += n as u64;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => panic!("read: {e}"),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -181,27 +181,35 @@ fn serve(port: u32, connections: u32) {
         assert!(fd >= 0, "accept: {}", std::io::Error::last_os_error());
         // SAFETY: a new descriptor nothing else owns.
         let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut mode = String::new();
-        reader.read_line(&mut mode).unwrap();
-        let mut stream = stream;
-        match mode.trim() {
-            "echo" => {
-                let mut buf = [0u8; 4096];
-                loop {
-                    let n = reader.read(&mut buf).unwrap_or(0);
-                    if n == 0 {
-                        break;
-                    }
-                    stream.write_all(&buf[..n]).unwrap();
-                }
-            }
-            "sink" => {
-                let (len, crc) = drain(&mut reader);
-                writeln!(stream, "len={len} crc={crc:08x}").unwrap();
-            }
-            other => eprintln!("vsock-tool: unknown mode {other:?}"),
+        // A connection that fails (a transport reset after a restore) ends alone.
+        if let Err(e) = answer(stream) {
+            eprintln!("vsock-tool: a connection ended: {e}");
         }
+    }
+}
+
+/// Answers one connection: "echo" or "sink".
+fn answer(stream: UnixStream) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut mode = String::new();
+    reader.read_line(&mut mode)?;
+    let mut stream = stream;
+    match mode.trim() {
+        "echo" => {
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = reader.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                stream.write_all(&buf[..n])?;
+            }
+        }
+        "sink" => {
+            let (len, crc) = drain(&mut reader)?;
+            writeln!(stream, "len={len} crc={crc:08x}")
+        }
+        other => Err(std::io::Error::other(format!("unknown mode {other:?}"))),
     }
 }
 
