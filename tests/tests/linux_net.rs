@@ -202,6 +202,7 @@ fn linux_reads_its_mmds_v1_document_without_a_token_on_vcpus_a_cpu_template_chan
     let document = vmm_common::get(&api, "/mmds");
     assert_eq!(document["latest"]["meta-data"]["ami-id"], "ami-1");
     assert_eq!(document["latest"]["meta-data"]["instance-id"], INSTANCE_ID);
+    vmm.wait_for_line("LLFREE-L2 idle", BOOT_TIMEOUT);
     send(
         &api,
         "PUT",
@@ -329,6 +330,7 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
     assert_eq!(out.len(), 2 << 20);
     assert_eq!(Some(md5(&scratch, &out).as_str()), field(&serving, "md5"));
 
+    vmm.wait_for_line("LLFREE-L2 idle", TRANSFER_TIMEOUT);
     send(
         &api,
         "PUT",

@@ -208,6 +208,7 @@ fn linux_talks_to_host_programs_over_vsock_both_ways_before_and_after_a_snapshot
     let again = loaded.wait_for_line("LLFREE-L2 vsock-sent", TIMEOUT);
     eprintln!("{test}: {again}");
     assert_sent(&again, 1);
+    loaded.wait_for_line("LLFREE-L2 idle", TIMEOUT);
     send(
         &api,
         "PUT",
