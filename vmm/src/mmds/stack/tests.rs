@@ -139,3 +139,20 @@ fn only_arp_for_its_address_and_ipv4_to_it_are_mmds_s() {
     assert!(stack.wants(&ipv4));
     assert!(!stack.wants(&ipv4[..20]), "too short to tell");
 }
+
+#[test]
+fn a_request_longer_than_mmds_reads_is_answered_from_what_it_read() {
+    let mut stack = stack(Version::V1);
+    // Headers without end: MMDS answers once it has read its 4 KiB, not later.
+    let mut request = b"GET /latest/meta-data/instance-id HTTP/1.1\r\nX-Pad: ".to_vec();
+    request.extend(std::iter::repeat_n(b'x', 3000));
+    let answer = fetch(&mut stack, &request[..3500.min(request.len())]);
+    assert!(
+        answer.is_empty(),
+        "incomplete and short: no answer yet ({answer:?})"
+    );
+    request.extend(std::iter::repeat_n(b'x', 3000));
+    let answer = fetch(&mut stack, &request);
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer:?}");
+    assert!(answer.ends_with("i-0123"), "{answer:?}");
+}
