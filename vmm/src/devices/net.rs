@@ -61,6 +61,17 @@ pub const HEADER_SIZE: usize = 12;
 pub const MAX_FRAME: usize = HEADER_SIZE + 65550;
 /// Size of each queue.
 const QUEUE_SIZES: [u16; 2] = [256, 256];
+/// The offloads offered, as Firecracker's.
+const OFFLOADS: [u32; 8] = [
+    VIRTIO_NET_F_CSUM,
+    VIRTIO_NET_F_GUEST_CSUM,
+    VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_GUEST_UFO,
+    VIRTIO_NET_F_HOST_TSO4,
+    VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_F_HOST_UFO,
+];
 /// The receive queue.
 const RX: u16 = 0;
 /// The transmit queue.
@@ -541,23 +552,14 @@ impl VirtioDevice<Memory> for NetDevice {
     }
 
     fn device_features(&self) -> u64 {
-        let mut bits = vec![
-            VIRTIO_NET_F_CSUM,
-            VIRTIO_NET_F_GUEST_CSUM,
-            VIRTIO_NET_F_GUEST_TSO4,
-            VIRTIO_NET_F_GUEST_TSO6,
-            VIRTIO_NET_F_GUEST_UFO,
-            VIRTIO_NET_F_HOST_TSO4,
-            VIRTIO_NET_F_HOST_TSO6,
-            VIRTIO_NET_F_HOST_UFO,
+        let optional = [
+            (self.mac.is_some(), VIRTIO_NET_F_MAC),
+            (self.mtu.is_some(), VIRTIO_NET_F_MTU),
         ];
-        if self.mac.is_some() {
-            bits.push(VIRTIO_NET_F_MAC);
-        }
-        if self.mtu.is_some() {
-            bits.push(VIRTIO_NET_F_MTU);
-        }
-        bits.into_iter()
+        OFFLOADS
+            .iter()
+            .copied()
+            .chain(optional.iter().filter(|(on, _)| *on).map(|&(_, bit)| bit))
             .fold(0, |features, bit| features | 1 << bit)
     }
 

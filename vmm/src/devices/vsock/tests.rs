@@ -459,35 +459,14 @@ fn post(
 
 #[test]
 fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
+    // Guest's rings: 64 entries.
     const SIZE: u16 = 64;
     let memory = testing::memory(32 * MIB);
-    let dir = std::env::temp_dir().join(format!("vsock-bulk-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let _cleanup = Scratch(dir.clone());
-    let config = VsockConfig {
-        guest_cid: GUEST_CID as u32,
-        uds_path: dir.join("v.sock"),
-    };
-    let mut device = VsockDevice::new(memory.clone(), &config).unwrap();
-    let rx = MockSplitQueue::create(&*memory, GuestAddress(MIB), SIZE);
-    let tx = MockSplitQueue::create(&*memory, GuestAddress(2 * MIB), SIZE);
-    let event = MockSplitQueue::create(&*memory, GuestAddress(3 * MIB), 16);
-    let queue = |index, mock: &MockSplitQueue<'_, GuestMemory>| ActiveQueue {
-        index,
-        queue: mock.create_queue().unwrap(),
-        notifier: EventFd::new(EFD_NONBLOCK).unwrap(),
-    };
-    device
-        .activate(Activation {
-            memory: memory.clone(),
-            acked_features: 0,
-            queues: vec![queue(RX, &rx), queue(TX, &tx), queue(EVENT, &event)],
-            interrupt: Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap())),
-        })
-        .unwrap();
+    let mut guest = Guest::new(&memory, "bulk");
+    let (rx, tx) = (&guest.rx, &guest.tx);
+    let device = &mut guest.device;
     // The host side: reads everything, answers with the count, closes.
-    let mut port_path = config.uds_path.clone().into_os_string();
+    let mut port_path = device.uds_path.clone().into_os_string();
     port_path.push("_9");
     let listener = UnixListener::bind(&port_path).unwrap();
     let host = std::thread::spawn(move || {
@@ -519,13 +498,13 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
         if !payload.is_empty() {
             chain.push((addr + 0x1000, payload.len() as u32, false));
         }
-        post(&tx, SIZE, (*tx_count % (SIZE / 2)) * 2, *tx_count, &chain);
+        post(tx, SIZE, (*tx_count % (SIZE / 2)) * 2, *tx_count, &chain);
         *tx_count += 1;
         device.process_queue(TX);
     };
     let chunk = vec![0x5au8; CHUNK];
     send(
-        &mut device,
+        &mut *device,
         from_guest(1000, 9, OP_REQUEST, 1 << 18),
         &[],
         &mut tx_count,
@@ -536,7 +515,7 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
         while rx_posted.wrapping_sub(rx_read) < 4 {
             let slot = u64::from(rx_posted % SIZE);
             post(
-                &rx,
+                rx,
                 SIZE,
                 (rx_posted % (SIZE / 2)) * 2,
                 rx_posted,
@@ -548,7 +527,7 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
         // Read what the device sent.
         while rx_read != rx.used().idx().load() {
             let slot = rx_read % SIZE;
-            let len = used_len(&rx, slot) as usize;
+            let len = used_len(rx, slot) as usize;
             assert!(len >= HEADER_SIZE, "a used buffer of {len} bytes");
             let mut bytes = vec![0u8; len];
             memory
@@ -574,7 +553,7 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
         let in_flight = (sent as u32).wrapping_sub(peer_fwd);
         if sent < TOTAL && peer_alloc.saturating_sub(in_flight) as usize >= CHUNK {
             send(
-                &mut device,
+                &mut *device,
                 from_guest(1000, 9, OP_RW, 1 << 18),
                 &chunk,
                 &mut tx_count,
@@ -585,7 +564,7 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
         if sent == TOTAL && !shut {
             let mut shutdown = from_guest(1000, 9, OP_SHUTDOWN, 1 << 18);
             shutdown.flags = SHUTDOWN_SEND;
-            send(&mut device, shutdown, &[], &mut tx_count);
+            send(&mut *device, shutdown, &[], &mut tx_count);
             shut = true;
         }
         std::thread::sleep(Duration::from_millis(1));
