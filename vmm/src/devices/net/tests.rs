@@ -35,7 +35,7 @@ fn ip(args: &str) {
 }
 
 /// Moves the calling test thread into a network namespace of its own with a tap `tap0`
-/// (10.0.0.1/24, up, the guest's address known); false (and SKIP) where it may not.
+/// (10.0.0.1/24, IPv4 only, up, the guest's address known); false (and SKIP) where it may not.
 fn private_tap() -> bool {
     // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -46,6 +46,12 @@ fn private_tap() -> bool {
         return false;
     }
     ip(&format!("tuntap add dev {TAP} mode tap"));
+    // No IPv6 on the tap: the kernel's router solicitations and MLD reports, sent soon after
+    // the device opens it, would otherwise race the test's own frames to the guest.
+    let ipv6 = format!("/proc/sys/net/ipv6/conf/{TAP}/disable_ipv6");
+    if std::path::Path::new(&ipv6).exists() {
+        std::fs::write(&ipv6, "1").expect("disable IPv6 on the tap");
+    }
     ip(&format!("link set {TAP} address 02:00:00:00:00:01 up"));
     ip(&format!("addr add 10.0.0.1/24 dev {TAP}"));
     ip(&format!(
@@ -78,7 +84,24 @@ fn activated(
             interrupt: Arc::new(Interrupt::new(irq.try_clone().unwrap())),
         })
         .unwrap();
+    wait_for_carrier();
     (device, irq)
+}
+
+/// Waits until the kernel has the tap up now that the device opened it (its carrier is
+/// taken up later, by the kernel's link watch, and until then frames to it are dropped).
+fn wait_for_carrier() {
+    for _ in 0..500 {
+        let link = Command::new("ip")
+            .args(["-o", "link", "show", "dev", TAP])
+            .output()
+            .expect("ip");
+        if String::from_utf8_lossy(&link.stdout).contains("state UP") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{TAP} never came up");
 }
 
 fn config() -> NetConfig {
@@ -423,7 +446,7 @@ fn the_receive_rate_limiter_holds_a_frame_in_the_guest_buffer_until_its_timer() 
     let socket = host_socket();
     socket.send_to(b"one", "10.0.0.2:5000").unwrap();
     socket.send_to(b"two", "10.0.0.2:5000").unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    wait_for_frame(&device);
     device.wake(WAKE_TAP);
     assert_eq!(rx.used().idx().load(), 1, "the second waits");
     assert_eq!(
