@@ -384,6 +384,18 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
             None,
             "Invalid request method and/or path: DELETE /drives/rootfs.",
         ),
+        (
+            "PATCH",
+            "/drives/rootfs",
+            Some(r#"{"drive_id":"rootfs","path_on_host":"/tmp"}"#),
+            NOT_BEFORE_START,
+        ),
+        (
+            "PATCH",
+            "/pmem/pmem0",
+            Some(r#"{"id":"pmem0"}"#),
+            NOT_BEFORE_START,
+        ),
     ] {
         refused(&api, method, path, body, message);
     }
@@ -417,7 +429,9 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("PATCH", "/machine-config"),
         ("PUT", "/boot-source"),
         ("PUT", "/drives/rootfs"),
+        ("PATCH", "/drives/rootfs"),
         ("PUT", "/pmem/pmem0"),
+        ("PATCH", "/pmem/pmem0"),
         ("PUT", "/logger"),
         ("PUT", "/metrics"),
         ("PUT", "/actions"),
@@ -557,7 +571,8 @@ fn a_config_file_boots_at_once() {
         "boot-source": {"kernel_image_path": kernel, "initrd_path": initrd,
                         "boot_args": "console=ttyS0 -- init"},
         "drives": [{"drive_id": "data", "path_on_host": rootfs, "is_root_device": false,
-                    "is_read_only": true}],
+                    "is_read_only": true,
+                    "rate_limiter": {"ops": {"size": 1000, "refill_time": 1000}}}],
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 32, "huge_pages": "None"},
         "balloon": {"amount_mib": 4, "deflate_on_oom": false, "stats_polling_interval_s": 1},
         "network-interfaces": []
@@ -578,13 +593,76 @@ fn a_config_file_boots_at_once() {
     let shown = get(&api, "/vm/config");
     assert_eq!(shown["balloon"]["amount_mib"], 4);
     assert_eq!(shown["drives"][0]["is_read_only"], true);
+    assert_eq!(
+        shown["drives"][0]["rate_limiter"]["ops"]["size"], 1000,
+        "{shown:#}"
+    );
     assert_eq!(get(&api, "/balloon/statistics")["target_mib"], 4);
+    // Another image for the drive (a media change), and another limiter; what cannot be an
+    // image (a named pipe, a directory), or a drive the VM does not have, is refused.
+    let media = scratch.path("media.img");
+    std::fs::write(&media, vec![0x5a; 1 << 20]).unwrap();
+    let fifo = scratch.path("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for (path, body, message) in [
+        (
+            "/drives/data",
+            json!({"drive_id": "data", "path_on_host": fifo}),
+            "neither a regular file nor a block device",
+        ),
+        (
+            "/drives/data",
+            json!({"drive_id": "data", "path_on_host": scratch.path("")}),
+            "neither a regular file nor a block device",
+        ),
+        (
+            "/drives/other",
+            json!({"drive_id": "other", "path_on_host": media}),
+            "Invalid block ID: other",
+        ),
+        (
+            "/drives/data",
+            json!({"drive_id": "other"}),
+            "does not match",
+        ),
+        (
+            "/pmem/pmem0",
+            json!({"id": "pmem0", "rate_limiter": {}}),
+            "Invalid pmem ID: pmem0",
+        ),
+    ] {
+        refused(&api, "PATCH", path, Some(&body.to_string()), message);
+    }
+    send(
+        &api,
+        "PATCH",
+        "/drives/data",
+        &json!({"drive_id": "data", "path_on_host": media,
+                "rate_limiter": {"bandwidth": {"size": 1048576, "refill_time": 100}}})
+        .to_string(),
+    );
+    let shown = get(&api, "/vm/config");
+    assert_eq!(shown["drives"][0]["path_on_host"], json!(media), "{shown:#}");
+    assert_eq!(
+        shown["drives"][0]["rate_limiter"],
+        json!({"bandwidth": {"size": 1048576, "one_time_burst": null, "refill_time": 100},
+               "ops": null}),
+        "{shown:#}"
+    );
     // The metrics have the balloon's and the drive's sections.
     send(&api, "PUT", "/actions", r#"{"action_type":"FlushMetrics"}"#);
     let lines = std::fs::read_to_string(&metrics).unwrap();
     let line: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
     assert!(line["balloon"]["inflate_count"].is_u64(), "{line:#}");
     assert_eq!(line["block_data"]["execute_fails"], 0, "{line:#}");
+    assert_eq!(
+        line["block_data"]["rate_limiter_throttled_events"], 0,
+        "{line:#}"
+    );
     assert_eq!(line["llfree"]["balloon"]["target_mib"], 4, "{line:#}");
     send(
         &api,

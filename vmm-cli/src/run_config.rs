@@ -7,6 +7,7 @@ use vmm::config::{
 };
 
 use crate::args::{PopulateArg, RunArgs};
+use vmm::devices::rate_limiter::RateLimiterConfig;
 use vmm::testguest::image::{guest_for_kernel, ImageError};
 use vmm::testguest::WorkloadSpecError;
 
@@ -85,6 +86,7 @@ impl TryFrom<RunArgs> for VmConfig {
             zone,
             pmem_size: args.pmem,
             entropy: args.entropy.then(Default::default),
+            pmem_rate_limiter: RateLimiterConfig::default(),
             format_pool: args.format_pool,
             wait_for_memory: args.wait_for_memory.is_some(),
             memory_wait_limit: args.wait_for_memory.flatten(),

@@ -4,8 +4,9 @@
 use super::model::{
     Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
     FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
-    MachineInfo, MemoryInfo, Metrics, MmdsConfigRequest, NetworkInterface, PartialNetworkInterface,
-    Pmem, SerialConfig, SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
+    MachineInfo, MemoryInfo, Metrics, MmdsConfigRequest, NetworkInterface, PartialDrive,
+    PartialNetworkInterface, PartialPmem, Pmem, SerialConfig, SnapshotCreateParams,
+    SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -182,6 +183,20 @@ pub trait VmmControl: Send + Sync {
         id: &str,
         update: &PartialNetworkInterface,
     ) -> Result<(), ControlError> {
+        let _ = (id, update);
+        Err(ControlError::InvalidState(NOT_BEFORE_START.into()))
+    }
+
+    /// A new image and/or rate limiter for a running VM's drive (`PATCH /drives/{drive_id}`);
+    /// `id` is the one in the path.
+    fn update_drive(&self, id: &str, update: &PartialDrive) -> Result<(), ControlError> {
+        let _ = (id, update);
+        Err(ControlError::InvalidState(NOT_BEFORE_START.into()))
+    }
+
+    /// A new rate limiter for a running VM's virtio-pmem device (`PATCH /pmem/{id}`); `id` is
+    /// the one in the path.
+    fn update_pmem(&self, id: &str, update: &PartialPmem) -> Result<(), ControlError> {
         let _ = (id, update);
         Err(ControlError::InvalidState(NOT_BEFORE_START.into()))
     }

@@ -12,8 +12,8 @@ mod preboot;
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, MmdsConfigRequest,
-    NetworkInterface, PartialNetworkInterface, Pmem, SerialConfig, Vsock, ZoneAttachment,
-    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+    NetworkInterface, PartialDrive, PartialNetworkInterface, PartialPmem, Pmem, SerialConfig,
+    Vsock, ZoneAttachment, DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
 };
 
 /// Run state of the VM.

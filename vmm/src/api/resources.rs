@@ -148,9 +148,6 @@ fn drive_config(drive: &Drive) -> Result<DriveConfig, ControlError> {
             "vhost-user-block drives (socket) are not supported: give path_on_host",
         ));
     }
-    if drive.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
-        return Err(refuse("rate_limiter is not supported"));
-    }
     if drive.io_engine == Some(IoEngine::Async) {
         return Err(refuse("io_engine Async is not supported (only Sync)"));
     }
@@ -167,10 +164,14 @@ fn drive_config(drive: &Drive) -> Result<DriveConfig, ControlError> {
         read_only,
         root: drive.is_root_device,
         partuuid: drive.partuuid.clone().filter(|_| drive.is_root_device),
+        rate_limiter: drive.rate_limiter.unwrap_or_default(),
     };
     config.check().map_err(invalid)?;
     Ok(config)
 }
+
+/// The id of a virtio-pmem device that was not configured through the API (`vmm run --pmem`).
+pub const DEFAULT_PMEM_ID: &str = "pmem0";
 
 /// What a VMM is configured with before it starts its VM.
 #[derive(Debug, Default)]
@@ -378,6 +379,11 @@ impl VmResources {
         &self.mmds_store
     }
 
+    /// The virtio-pmem device's id, if one was configured.
+    pub fn pmem_id(&self) -> Option<&str> {
+        self.pmem.as_ref().map(|pmem| pmem.id.as_str())
+    }
+
     /// `PUT /pmem/{id}`: the VM's one virtio-pmem device, in its zone.
     pub fn put_pmem(&mut self, id: &str, pmem: Pmem) -> Result<(), ControlError> {
         check_path_id(id, &pmem.id)?;
@@ -386,9 +392,6 @@ impl VmResources {
             return Err(refuse(
                 "root_device and read_only are not supported for virtio-pmem",
             ));
-        }
-        if pmem.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
-            return Err(refuse("rate_limiter is not supported"));
         }
         if self.pmem.as_ref().is_some_and(|p| p.id != pmem.id) {
             return Err(refuse("only one virtio-pmem device is supported"));
@@ -464,6 +467,11 @@ impl VmResources {
                 .as_ref()
                 .and_then(|p| p.size_mib)
                 .map(|mib| mib * MIB),
+            pmem_rate_limiter: self
+                .pmem
+                .as_ref()
+                .and_then(|p| p.rate_limiter)
+                .unwrap_or_default(),
             format_pool: false,
             wait_for_memory: machine.wait_for_memory,
             memory_wait_limit: machine
@@ -567,7 +575,8 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
                 cache_type: Some(CacheType::Writeback),
                 is_read_only: Some(d.read_only),
                 path_on_host: Some(d.path.clone()),
-                rate_limiter: None,
+                rate_limiter: (d.rate_limiter != RateLimiterConfig::default())
+                    .then_some(d.rate_limiter),
                 io_engine: Some(IoEngine::Sync),
                 socket: None,
             })
@@ -601,12 +610,13 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
         }),
         pmem: match (&config.zone, config.pmem_size) {
             (Some(zone), Some(size)) => vec![Pmem {
-                id: "pmem0".into(),
+                id: DEFAULT_PMEM_ID.into(),
                 path_on_host: zone.path.clone(),
                 size_mib: Some(size / MIB),
                 root_device: false,
                 read_only: false,
-                rate_limiter: None,
+                rate_limiter: (config.pmem_rate_limiter != RateLimiterConfig::default())
+                    .then_some(config.pmem_rate_limiter),
             }],
             _ => Vec::new(),
         },

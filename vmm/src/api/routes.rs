@@ -10,7 +10,9 @@
 //! | `/machine-config`     | PATCH  | [`MachineConfigurationUpdate`]              | pre-boot |
 //! | `/boot-source`        | PUT    | [`BootSource`]                              | pre-boot |
 //! | `/drives/{id}`        | PUT    | [`Drive`]                                   | pre-boot |
+//! | `/drives/{id}`        | PATCH  | [`PartialDrive`]                            | running  |
 //! | `/pmem/{id}`          | PUT    | [`Pmem`]                                    | pre-boot |
+//! | `/pmem/{id}`          | PATCH  | [`PartialPmem`]                             | running  |
 //! | `/network-interfaces/{id}` | PUT | [`NetworkInterface`]                     | pre-boot |
 //! | `/network-interfaces/{id}` | PATCH | [`PartialNetworkInterface`]            | running  |
 //! | `/vsock`              | PUT    | [`Vsock`]                                   | pre-boot |
@@ -46,6 +48,8 @@
 //! [`BootSource`]: super::model::BootSource
 //! [`Drive`]: super::model::Drive
 //! [`Pmem`]: super::model::Pmem
+//! [`PartialDrive`]: super::model::PartialDrive
+//! [`PartialPmem`]: super::model::PartialPmem
 //! [`NetworkInterface`]: super::model::NetworkInterface
 //! [`PartialNetworkInterface`]: super::model::PartialNetworkInterface
 //! [`Logger`]: super::model::Logger
@@ -65,8 +69,9 @@ use serde::Serialize;
 use super::control::{ControlError, PreBoot, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
-    ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, PartialNetworkInterface,
-    RequestedState, SnapshotCreateParams, SnapshotLoadParams, VersionInfo, VmStateRequest,
+    ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, PartialDrive,
+    PartialNetworkInterface, PartialPmem, RequestedState, SnapshotCreateParams, SnapshotLoadParams,
+    VersionInfo, VmStateRequest,
 };
 use crate::metrics::{Level, Operation, METRICS};
 
@@ -146,6 +151,14 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Method::Put, "drives", id, _) => {
             configure(path_id(id).and_then(|id| Ok(PreBoot::Drive(id.to_owned(), body(request)?))))
         }
+        (Method::Patch, "drives", id, _) => path_id(id).and_then(|id| {
+            let update: PartialDrive = body(request)?;
+            Ok(done(control.update_drive(id, &update)))
+        }),
+        (Method::Patch, "pmem", id, _) => path_id(id).and_then(|id| {
+            let update: PartialPmem = body(request)?;
+            Ok(done(control.update_pmem(id, &update)))
+        }),
         (Method::Put, "pmem", id, _) => {
             configure(path_id(id).and_then(|id| Ok(PreBoot::Pmem(id.to_owned(), body(request)?))))
         }

@@ -1,12 +1,14 @@
 //! A virtio-blk drive over a raw image: its configuration and checks (Firecracker's
 //! `PUT /drives/{id}`).
 
-use std::fs::{self, OpenOptions};
-use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use super::{path_error, ConfigError};
+use crate::devices::rate_limiter::RateLimiterConfig;
 
 /// Longest drive id (virtio-blk's serial number, which the guest can read, is 20 bytes).
 pub const MAX_DRIVE_ID: usize = 20;
@@ -26,6 +28,9 @@ pub struct DriveConfig {
     pub root: bool,
     /// The root partition's PARTUUID, for a root drive with a partition table.
     pub partuuid: Option<String>,
+    /// Caps the guest's requests (bytes read or written, and requests).
+    #[serde(default)]
+    pub rate_limiter: RateLimiterConfig,
 }
 
 /// The keys `--drive` takes, for messages.
@@ -64,8 +69,39 @@ impl FromStr for DriveConfig {
             read_only,
             root,
             partuuid,
+            rate_limiter: RateLimiterConfig::default(),
         })
     }
+}
+
+/// Opens the image at `path` for a drive (read-only or read-write) and returns it with its
+/// size: it must be a non-empty regular file or block device. The open never blocks (a named
+/// pipe is opened without waiting for a writer, then refused) and follows no symbolic link at
+/// the last component's place to anything but such an image.
+pub fn open_image(path: &Path, read_only: bool) -> Result<(File, u64), ConfigError> {
+    let setting = "drive path_on_host ";
+    let error = |why: String| path_error(setting, path, why);
+    let mut image = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| error(e.to_string()))?;
+    let kind = image
+        .metadata()
+        .map_err(|e| error(e.to_string()))?
+        .file_type();
+    if !(kind.is_file() || kind.is_block_device()) {
+        return Err(error("is neither a regular file nor a block device".into()));
+    }
+    // A block device's size is where its end is; a file's is its length.
+    let size = image
+        .seek(SeekFrom::End(0))
+        .map_err(|e| error(e.to_string()))?;
+    if size == 0 {
+        return Err(error("is empty".into()));
+    }
+    Ok((image, size))
 }
 
 /// Checks a drive id.
@@ -97,22 +133,7 @@ impl DriveConfig {
     /// and only given for a root drive.
     pub fn check(&self) -> Result<(), ConfigError> {
         check_drive_id(&self.id)?;
-        let setting = "drive path_on_host ";
-        let meta =
-            fs::metadata(&self.path).map_err(|e| path_error(setting, &self.path, e.to_string()))?;
-        let kind = meta.file_type();
-        if !(kind.is_file() || kind.is_block_device()) {
-            return Err(path_error(
-                setting,
-                &self.path,
-                "is neither a regular file nor a block device",
-            ));
-        }
-        OpenOptions::new()
-            .read(true)
-            .write(!self.read_only)
-            .open(&self.path)
-            .map_err(|e| path_error(setting, &self.path, e.to_string()))?;
+        open_image(&self.path, self.read_only)?;
         if let Some(partuuid) = &self.partuuid {
             if !self.root {
                 return Err(ConfigError::Drive(
@@ -165,6 +186,8 @@ pub fn check_drives(drives: &[DriveConfig]) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn drive(id: &str, path: PathBuf) -> DriveConfig {
@@ -174,6 +197,7 @@ mod tests {
             read_only: false,
             root: false,
             partuuid: None,
+            rate_limiter: RateLimiterConfig::default(),
         }
     }
 
@@ -190,6 +214,7 @@ mod tests {
                 read_only: true,
                 root: true,
                 partuuid: Some("ab-1".into()),
+                rate_limiter: RateLimiterConfig::default(),
             }
         );
         for bad in [
@@ -222,6 +247,25 @@ mod tests {
         let message = drive("disk", dir.join("missing")).check().unwrap_err();
         assert!(message.to_string().starts_with("drive path_on_host "));
         assert!(drive("disk", dir.clone()).check().is_err());
+        // A named pipe nobody writes to is refused at once, not waited on; so is an empty file.
+        let fifo = dir.join("fifo");
+        let c_fifo = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+        for read_only in [true, false] {
+            let refused = open_image(&fifo, read_only).unwrap_err().to_string();
+            assert!(
+                refused.contains("neither") || refused.contains("No such device"),
+                "{refused}"
+            );
+        }
+        let empty = dir.join("empty.img");
+        fs::write(&empty, b"").unwrap();
+        assert!(open_image(&empty, true)
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
+        assert_eq!(open_image(&image, true).unwrap().1, 4096);
         let with_partuuid = DriveConfig {
             partuuid: Some("abcd-01".into()),
             ..drive("disk", image.clone())

@@ -16,7 +16,7 @@ pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
 pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 pub use backing::{BackingError, BackingKind};
 pub use balloon::{BalloonDeviceConfig, BalloonError};
-pub use drive::{check_drive_id, check_drives, DriveConfig, MAX_DRIVE_ID};
+pub use drive::{check_drive_id, check_drives, open_image, DriveConfig, MAX_DRIVE_ID};
 pub use net::{check_network_interfaces, MacAddr, NetConfig, MAX_IFACE_ID, MIN_MTU};
 pub use vsock::{VsockConfig, MIN_GUEST_CID};
 
@@ -167,6 +167,8 @@ pub struct VmConfig {
     pub zone: Option<ZoneTarget>,
     /// Bytes of a virtio-pmem device's memory (in the zone), if the VM has one.
     pub pmem_size: Option<u64>,
+    /// Caps the virtio-pmem device's flush requests.
+    pub pmem_rate_limiter: RateLimiterConfig,
     /// Lay out a new pool in the backing's file or device, whatever it holds.
     pub format_pool: bool,
     /// A vCPU that finds the pool exhausted waits for a frame instead of the VM stopping.
@@ -234,6 +236,7 @@ impl VmConfig {
             backing: BackingKind::Anonymous,
             zone: None,
             pmem_size: None,
+            pmem_rate_limiter: RateLimiterConfig::default(),
             format_pool: false,
             wait_for_memory: false,
             memory_wait_limit: None,

@@ -7,11 +7,20 @@
 //! inside the disk, in guest memory. A malformed request is answered with an error status when
 //! there is a status byte to write, or put in the used ring unanswered otherwise, and counted
 //! as a warning (rate-limited). A write to a read-only drive is refused with an error status.
+//!
+//! A rate limiter (Firecracker's, see [`crate::devices::rate_limiter`]) may cap the bytes read
+//! and written and the requests: a request the buckets cannot pay for stays in the queue until
+//! the limiter's timer says they can. Once the VM runs, the API may give the drive another
+//! limiter or another image ([`BlockHandle::update`]); the guest is told the new image's size
+//! by a configuration change interrupt.
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_blk::{
@@ -23,9 +32,12 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use vmm_sys_util::timerfd::TimerFd;
 
+use crate::config::{open_image, ConfigError, DriveConfig};
+use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::devices::virtio::request_queue::{read_config, RequestQueue};
-use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
 
 /// Bytes of a sector, the unit of the disk's capacity and of request offsets.
@@ -54,6 +66,54 @@ pub struct BlockCounters {
     pub flushes: AtomicU64,
     /// Requests answered with an error status or left unanswered.
     pub failed: AtomicU64,
+    /// Times the rate limiter made a request wait.
+    pub rate_limiter_throttled: AtomicU64,
+}
+
+/// What the control API and the metrics keep of a drive.
+#[derive(Debug, Clone)]
+pub struct BlockHandle {
+    /// The drive's id.
+    pub id: String,
+    /// Its request counters.
+    pub counters: Arc<BlockCounters>,
+    device: Arc<Mutex<BlockDevice>>,
+}
+
+impl BlockHandle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BlockDevice> {
+        self.device
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Firecracker's `PATCH /drives/{id}`: the image at `path` (opened as the drive was, and
+    /// checked as at the start) replaces the drive's, and the guest is told its size; then
+    /// `limiter` replaces the rate limiter, its buckets full. Nothing changes on an error.
+    pub fn update(
+        &self,
+        path: Option<&Path>,
+        limiter: Option<RateLimiterConfig>,
+    ) -> Result<(), ConfigError> {
+        let image = match path {
+            Some(path) => Some((open_image(path, self.lock().config.read_only)?, path)),
+            None => None,
+        };
+        let mut device = self.lock();
+        if let Some(((image, size), path)) = image {
+            device.change_image(image, size, path);
+        }
+        if let Some(limiter) = limiter {
+            device.set_rate_limiter(limiter);
+        }
+        Ok(())
+    }
+
+    /// The drive's configuration as it is now: the API may have changed its image and limiter
+    /// since the start.
+    pub fn config(&self) -> DriveConfig {
+        self.lock().config.clone()
+    }
 }
 
 /// Why a request fails; each is answered with [`VIRTIO_BLK_S_IOERR`] except
@@ -84,43 +144,103 @@ const MAX_DATA_BUFFERS: usize = QUEUE_SIZE as usize;
 /// A virtio-blk device over `image`.
 #[derive(Debug)]
 pub struct BlockDevice {
-    id: String,
+    /// The drive as configured (its path and limiter as the API last set them).
+    config: DriveConfig,
     image: File,
-    read_only: bool,
     /// Capacity in sectors (a partial last sector is not part of the disk).
     sectors: u64,
     memory: Memory,
     active: Option<RequestQueue>,
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
+    limiter: RateLimiter,
+    /// Expires when the rate limiter can pay for the request that waits.
+    wake_timer: TimerFd,
+    /// A request waits for the limiter: the queue is left alone until the timer fires.
+    throttled: bool,
     /// Scratch space for one request's data buffers, reused.
     buffers: Box<[Buffer; MAX_DATA_BUFFERS]>,
 }
 
 impl BlockDevice {
-    /// A drive `id` over `image` (opened read-only or read-write as `read_only` says) of
+    /// The drive `config` over `image` (opened read-only or read-write as the drive is) of
     /// `size` bytes, serving requests in `memory`.
-    pub fn new(memory: Memory, id: &str, image: File, size: u64, read_only: bool) -> Self {
-        Self {
-            id: id.to_owned(),
+    pub fn new(memory: Memory, config: DriveConfig, image: File, size: u64) -> io::Result<Self> {
+        Ok(Self {
+            limiter: RateLimiter::new(config.rate_limiter, Instant::now()),
+            config,
             image,
-            read_only,
             sectors: size / SECTOR_SIZE,
             memory,
             active: None,
             warnings: GuestWarnings::default(),
             counters: Arc::default(),
+            wake_timer: TimerFd::new().map_err(io::Error::from)?,
+            throttled: false,
             buffers: Box::new([Buffer::default(); MAX_DATA_BUFFERS]),
+        })
+    }
+
+    /// The device, shared with the event loop, and its handle for the control API.
+    pub fn into_shared(self) -> (Arc<Mutex<Self>>, BlockHandle) {
+        let id = self.config.id.clone();
+        let counters = Arc::clone(&self.counters);
+        let device = Arc::new(Mutex::new(self));
+        let handle = BlockHandle {
+            id,
+            counters,
+            device: Arc::clone(&device),
+        };
+        (device, handle)
+    }
+
+    /// Serves the requests from `image` of `size` bytes at `path` from now on, and tells the
+    /// driver the disk's new capacity.
+    fn change_image(&mut self, image: File, size: u64, path: &Path) {
+        self.image = image;
+        self.sectors = size / SECTOR_SIZE;
+        self.config.path = path.to_owned();
+        log::info!(
+            "virtio-blk {}: image changed to {} ({} sectors)",
+            self.config.id,
+            path.display(),
+            self.sectors
+        );
+        if let Some(active) = &self.active {
+            if let Err(e) = active.signal_config_change() {
+                log::error!("virtio-blk {}: cannot tell the guest: {e}", self.config.id);
+            }
         }
     }
 
-    /// The device's request counters.
-    pub fn counters(&self) -> Arc<BlockCounters> {
-        Arc::clone(&self.counters)
+    /// Replaces the rate limiter; the new buckets start full, and a request that waited for
+    /// the old one is tried again at once.
+    fn set_rate_limiter(&mut self, config: RateLimiterConfig) {
+        self.config.rate_limiter = config;
+        self.limiter = RateLimiter::new(config, Instant::now());
+        if self.throttled {
+            self.arm_wake_timer(Duration::ZERO);
+        }
     }
 
-    /// Serves one request chain; returns the bytes written into the guest's buffers.
-    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
+    /// Makes the event loop look at the queue again after `wait` (at least a millisecond: a
+    /// zero would disarm the timer).
+    fn arm_wake_timer(&mut self, wait: Duration) {
+        self.throttled = true;
+        if let Err(e) = self
+            .wake_timer
+            .reset(wait.max(Duration::from_millis(1)), None)
+        {
+            log::error!(
+                "virtio-blk {}: cannot arm the rate limiter's timer: {e}",
+                self.config.id
+            );
+        }
+    }
+
+    /// Serves one request chain; returns the bytes written into the guest's buffers, or
+    /// `None` when the rate limiter says to wait (the chain stays in the queue).
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
         let mut header: Option<Descriptor> = None;
         let mut status: Option<Descriptor> = None;
         let mut data = 0usize;
@@ -152,41 +272,70 @@ impl BlockDevice {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             self.warnings.warn(format_args!(
                 "virtio-blk {}: {}; request dropped",
-                self.id,
+                self.config.id,
                 malformed.unwrap_or("a request without a device-writable status byte at its end")
             ));
-            return 0;
+            return Some(0);
         };
-        let (result, written) = match self.execute(mem, header.addr(), data) {
+        // `le32 type; le32 reserved; le64 sector`.
+        let mut bytes = [0u8; HEADER_SIZE as usize];
+        let header = mem.read_slice(&mut bytes, header.addr()).map(|()| {
+            let [t0, t1, t2, t3, _, _, _, _, s @ ..] = bytes;
+            (u32::from_le_bytes([t0, t1, t2, t3]), u64::from_le_bytes(s))
+        });
+        if let (Ok(&(kind, _)), true) = (header.as_ref(), self.limiter.is_limiting()) {
+            // Data moves for reads and writes only; every request is an operation.
+            let moved = match kind {
+                VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => self.buffers[..data]
+                    .iter()
+                    .map(|buffer| u64::from(buffer.len))
+                    .sum(),
+                _ => 0,
+            };
+            if let Err(wait) = self.limiter.consume(moved, Instant::now()) {
+                self.counters
+                    .rate_limiter_throttled
+                    .fetch_add(1, Ordering::Relaxed);
+                self.arm_wake_timer(wait);
+                return None;
+            }
+        }
+        let result = header
+            .map_err(|_| RequestError::Malformed("the request header is not in guest memory"))
+            .and_then(|(kind, sector)| self.execute(mem, kind, sector, data));
+        let (result, written) = match result {
             Ok(written) => (VIRTIO_BLK_S_OK, written),
             Err(error) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
                 match error {
                     RequestError::Malformed(why) => {
                         self.warnings
-                            .warn(format_args!("virtio-blk {}: {why}", self.id));
+                            .warn(format_args!("virtio-blk {}: {why}", self.config.id));
                     }
                     RequestError::ReadOnly => {
                         self.warnings.warn(format_args!(
                             "virtio-blk {}: a write to a read-only drive",
-                            self.id
+                            self.config.id
                         ));
                     }
                     RequestError::Unsupported(kind) => {
                         self.warnings.warn(format_args!(
                             "virtio-blk {}: unsupported request type {kind}",
-                            self.id
+                            self.config.id
                         ));
-                        return self.answer(mem, status, VIRTIO_BLK_S_UNSUPP, 0);
+                        return Some(self.answer(mem, status, VIRTIO_BLK_S_UNSUPP, 0));
                     }
                     RequestError::Io(e) => {
-                        log::error!("virtio-blk {}: I/O on the image failed: {e}", self.id);
+                        log::error!(
+                            "virtio-blk {}: I/O on the image failed: {e}",
+                            self.config.id
+                        );
                     }
                 }
                 (VIRTIO_BLK_S_IOERR, 0)
             }
         };
-        self.answer(mem, status, result, written)
+        Some(self.answer(mem, status, result, written))
     }
 
     /// Writes the status byte; returns the bytes written into the guest's buffers in all.
@@ -196,33 +345,27 @@ impl BlockDevice {
         if mem.write_obj(byte, status.addr()).is_err() {
             self.warnings.warn(format_args!(
                 "virtio-blk {}: the status byte is not in guest memory",
-                self.id
+                self.config.id
             ));
             return data;
         }
         data.saturating_add(1)
     }
 
-    /// Carries out the request whose header is at `header` with the first `data` buffers of
+    /// Carries out a request of type `kind` at `sector` with the first `data` buffers of
     /// `self.buffers`; returns the bytes written into guest memory.
     fn execute(
         &mut self,
         mem: &GuestMemory,
-        header: GuestAddress,
+        kind: u32,
+        sector: u64,
         data: usize,
     ) -> Result<u32, RequestError> {
-        // `le32 type; le32 reserved; le64 sector`.
-        let mut bytes = [0u8; HEADER_SIZE as usize];
-        mem.read_slice(&mut bytes, header)
-            .map_err(|_| RequestError::Malformed("the request header is not in guest memory"))?;
-        let [t0, t1, t2, t3, _, _, _, _, s @ ..] = bytes;
-        let kind = u32::from_le_bytes([t0, t1, t2, t3]);
-        let sector = u64::from_le_bytes(s);
         let buffers = &self.buffers[..data];
         match kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
                 let writing = kind == VIRTIO_BLK_T_OUT;
-                if writing && self.read_only {
+                if writing && self.config.read_only {
                     return Err(RequestError::ReadOnly);
                 }
                 let mut total = 0u64;
@@ -271,7 +414,7 @@ impl BlockDevice {
                 })
             }
             VIRTIO_BLK_T_FLUSH => {
-                if !self.read_only {
+                if !self.config.read_only {
                     self.image.flush().map_err(RequestError::Io)?;
                     self.image.sync_data().map_err(RequestError::Io)?;
                 }
@@ -283,7 +426,7 @@ impl BlockDevice {
                     "a GET_ID request without a buffer for the id",
                 ))?;
                 let mut serial = [0u8; VIRTIO_BLK_ID_BYTES as usize];
-                let id = self.id.as_bytes();
+                let id = self.config.id.as_bytes();
                 let len = id.len().min(serial.len());
                 serial[..len].copy_from_slice(&id[..len]);
                 let len = serial.len().min(buffer.len as usize);
@@ -302,7 +445,7 @@ impl VirtioDevice<Memory> for BlockDevice {
     }
 
     fn device_features(&self) -> u64 {
-        let read_only = if self.read_only {
+        let read_only = if self.config.read_only {
             1 << VIRTIO_BLK_F_RO
         } else {
             0
@@ -322,7 +465,7 @@ impl VirtioDevice<Memory> for BlockDevice {
     fn write_config(&mut self, offset: u64, _data: &[u8]) {
         self.warnings.warn(format_args!(
             "virtio-blk {}: write to the read-only config space at {offset}",
-            self.id
+            self.config.id
         ));
     }
 
@@ -335,10 +478,11 @@ impl VirtioDevice<Memory> for BlockDevice {
         let Some(mut active) = self.active.take() else {
             return;
         };
-        if index == 0 {
+        if index == 0 && !self.throttled {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
-            if let Err(e) = active.drain(&mem, "virtio-blk", |chain| self.serve(&mem, chain)) {
+            if let Err(e) = active.drain_until(&mem, "virtio-blk", |chain| self.serve(&mem, chain))
+            {
                 self.warnings.warn(format_args!("virtio-blk: {e}"));
             }
         }
@@ -347,6 +491,18 @@ impl VirtioDevice<Memory> for BlockDevice {
 
     fn reset(&mut self) {
         self.active = None;
+        self.throttled = false;
+    }
+
+    fn wake_sources(&self) -> Vec<WakeSource> {
+        vec![WakeSource::level(self.wake_timer.as_raw_fd())]
+    }
+
+    fn wake(&mut self, _source: usize) {
+        // How often it expired does not matter.
+        let _ = self.wake_timer.wait();
+        self.throttled = false;
+        self.process_queue(0);
     }
 
     fn queue_states(&self) -> Vec<(u16, QueueState)> {
@@ -357,7 +513,8 @@ impl VirtioDevice<Memory> for BlockDevice {
     }
 
     fn save_state(&self) -> DeviceState {
-        // Requests are served to the end before the device yields: nothing is in flight.
+        // Requests are served to the end before the device yields: nothing is in flight (one
+        // that waits for the rate limiter is still in the queue).
         DeviceState::Plain
     }
 
@@ -373,6 +530,9 @@ impl VirtioDevice<Memory> for BlockDevice {
         }
         if let Some(activation) = activation {
             self.activate(activation)?;
+            // A request may have waited for the rate limiter when the state was saved: look
+            // at the queue once the VM runs.
+            self.arm_wake_timer(Duration::ZERO);
         }
         Ok(())
     }

@@ -146,6 +146,14 @@ impl NetHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .set_rate_limiters(rx, tx);
     }
+
+    /// The receive and transmit limiters as the API last set them.
+    pub fn rate_limiters(&self) -> (RateLimiterConfig, RateLimiterConfig) {
+        self.device
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .limiter_configs
+    }
 }
 
 /// The queues of an active device.
@@ -174,6 +182,8 @@ pub struct NetDevice {
     active: Option<Queues>,
     rx_limiter: RateLimiter,
     tx_limiter: RateLimiter,
+    /// The limiters' configurations, as the API last set them.
+    limiter_configs: (RateLimiterConfig, RateLimiterConfig),
     rx_timer: TimerFd,
     tx_timer: TimerFd,
     /// The receive limiter's timer is armed: nothing is read until it fires.
@@ -256,6 +266,7 @@ impl NetDevice {
             active: None,
             rx_limiter: RateLimiter::new(config.rx_rate_limiter, now),
             tx_limiter: RateLimiter::new(config.tx_rate_limiter, now),
+            limiter_configs: (config.rx_rate_limiter, config.tx_rate_limiter),
             rx_timer: TimerFd::new().map_err(|e| NetError::Timer(e.into()))?,
             tx_timer: TimerFd::new().map_err(|e| NetError::Timer(e.into()))?,
             rx_throttled: false,
@@ -284,11 +295,13 @@ impl NetDevice {
     fn set_rate_limiters(&mut self, rx: Option<RateLimiterConfig>, tx: Option<RateLimiterConfig>) {
         let now = Instant::now();
         if let Some(rx) = rx {
+            self.limiter_configs.0 = rx;
             self.rx_limiter = RateLimiter::new(rx, now);
             self.rx_throttled = false;
             self.receive();
         }
         if let Some(tx) = tx {
+            self.limiter_configs.1 = tx;
             self.tx_limiter = RateLimiter::new(tx, now);
             self.tx_throttled = false;
             self.transmit();

@@ -3,20 +3,30 @@
 //! memory is guest memory like RAM, so in a zone it is made of zone frames and outlives the VMM.
 //! A flush request writes the range back to its backing (msync) before it is answered.
 //!
+//! A rate limiter (Firecracker's, see [`crate::devices::rate_limiter`]) may cap the requests:
+//! each is an operation of no bytes (a flush moves no data through the device). One the buckets
+//! cannot pay for stays in the queue until the limiter's timer says they can; the API may give
+//! a running device another limiter ([`PmemHandle::update_rate_limiter`]).
+//!
 //! Everything the guest writes is checked: a request needs a readable descriptor of at least
 //! 4 bytes (the type) and a writable one of at least 4 bytes (the answer); anything else is put
 //! in the used ring unanswered and counted as a warning (rate-limited).
 
+use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_PMEM;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use vmm_sys_util::timerfd::TimerFd;
 
+use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::devices::virtio::request_queue::{read_config, RequestQueue};
-use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
+use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
 
 /// The only request type: make everything written so far durable.
@@ -33,7 +43,7 @@ const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
 pub type Memory = Arc<GuestMemory>;
 
 /// What the control API shows of a virtio-pmem device: where its memory is and how often the
-/// guest flushed it.
+/// guest flushed it; and its rate limiter.
 #[derive(Debug, Clone)]
 pub struct PmemHandle {
     /// Guest physical address of its memory.
@@ -41,12 +51,35 @@ pub struct PmemHandle {
     /// Bytes of memory.
     pub size: u64,
     flushes: Arc<AtomicU64>,
+    throttled: Arc<AtomicU64>,
+    device: Arc<Mutex<PmemDevice>>,
 }
 
 impl PmemHandle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PmemDevice> {
+        self.device
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Flush requests answered so far.
     pub fn flushes(&self) -> u64 {
         self.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Times the rate limiter made a request wait.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
+    }
+
+    /// Firecracker's `PATCH /pmem/{id}`: a new rate limiter, its buckets full.
+    pub fn update_rate_limiter(&self, config: RateLimiterConfig) {
+        self.lock().set_rate_limiter(config);
+    }
+
+    /// The rate limiter as the API last set it.
+    pub fn rate_limiter(&self) -> RateLimiterConfig {
+        self.lock().limiter_config
     }
 }
 
@@ -59,28 +92,90 @@ pub struct PmemDevice {
     active: Option<RequestQueue>,
     warnings: GuestWarnings,
     flushes: Arc<AtomicU64>,
+    throttled: Arc<AtomicU64>,
+    limiter_config: RateLimiterConfig,
+    limiter: RateLimiter,
+    /// Expires when the rate limiter can pay for the request that waits.
+    wake_timer: TimerFd,
+    /// A request waits for the limiter: the queue is left alone until the timer fires.
+    waiting: bool,
 }
 
 impl PmemDevice {
-    /// A device whose memory is `[start, start + size)` of `memory` (which must hold it).
-    pub fn new(memory: Memory, start: u64, size: u64) -> Self {
-        Self {
+    /// A device whose memory is `[start, start + size)` of `memory` (which must hold it), its
+    /// requests capped by `limiter`.
+    pub fn new(
+        memory: Memory,
+        start: u64,
+        size: u64,
+        limiter: RateLimiterConfig,
+    ) -> io::Result<Self> {
+        Ok(Self {
             start,
             size,
             memory,
             active: None,
             warnings: GuestWarnings::default(),
             flushes: Arc::default(),
+            throttled: Arc::default(),
+            limiter_config: limiter,
+            limiter: RateLimiter::new(limiter, Instant::now()),
+            wake_timer: TimerFd::new().map_err(io::Error::from)?,
+            waiting: false,
+        })
+    }
+
+    /// The device, shared with the event loop, and its handle for the control API.
+    pub fn into_shared(self) -> (Arc<Mutex<Self>>, PmemHandle) {
+        let (start, size) = (self.start, self.size);
+        let flushes = Arc::clone(&self.flushes);
+        let throttled = Arc::clone(&self.throttled);
+        let device = Arc::new(Mutex::new(self));
+        let handle = PmemHandle {
+            start,
+            size,
+            flushes,
+            throttled,
+            device: Arc::clone(&device),
+        };
+        (device, handle)
+    }
+
+    /// Replaces the rate limiter; the new buckets start full, and a request that waited for
+    /// the old one is tried again at once.
+    fn set_rate_limiter(&mut self, config: RateLimiterConfig) {
+        self.limiter_config = config;
+        self.limiter = RateLimiter::new(config, Instant::now());
+        if self.waiting {
+            self.arm_wake_timer(Duration::ZERO);
         }
     }
 
-    /// The device's handle for the control API.
-    pub fn handle(&self) -> PmemHandle {
-        PmemHandle {
-            start: self.start,
-            size: self.size,
-            flushes: Arc::clone(&self.flushes),
+    /// Makes the event loop look at the queue again after `wait` (at least a millisecond: a
+    /// zero would disarm the timer).
+    fn arm_wake_timer(&mut self, wait: Duration) {
+        self.waiting = true;
+        if let Err(e) = self
+            .wake_timer
+            .reset(wait.max(Duration::from_millis(1)), None)
+        {
+            log::error!("virtio-pmem: cannot arm the rate limiter's timer: {e}");
         }
+    }
+
+    /// Answers one request if the rate limiter lets it through; else arms the wake timer and
+    /// leaves it in the queue.
+    fn answer_limited(
+        &mut self,
+        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemory>,
+    ) -> Option<u32> {
+        if let Err(wait) = self.limiter.consume(0, Instant::now()) {
+            self.throttled.fetch_add(1, Ordering::Relaxed);
+            self.arm_wake_timer(wait);
+            return None;
+        }
+        Some(self.answer(mem, chain))
     }
 
     /// The config space: `le64 start; le64 size`.
@@ -177,10 +272,13 @@ impl VirtioDevice<Memory> for PmemDevice {
         let Some(mut active) = self.active.take() else {
             return;
         };
-        if index == 0 {
+        if index == 0 && !self.waiting {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
-            if let Err(e) = active.drain(&mem, "virtio-pmem", |chain| self.answer(&mem, chain)) {
+            let drained = active.drain_until(&mem, "virtio-pmem", |chain| {
+                self.answer_limited(&mem, chain)
+            });
+            if let Err(e) = drained {
                 self.warnings.warn(format_args!("virtio-pmem: {e}"));
             }
         }
@@ -189,6 +287,18 @@ impl VirtioDevice<Memory> for PmemDevice {
 
     fn reset(&mut self) {
         self.active = None;
+        self.waiting = false;
+    }
+
+    fn wake_sources(&self) -> Vec<WakeSource> {
+        vec![WakeSource::level(self.wake_timer.as_raw_fd())]
+    }
+
+    fn wake(&mut self, _source: usize) {
+        // How often it expired does not matter.
+        let _ = self.wake_timer.wait();
+        self.waiting = false;
+        self.process_queue(0);
     }
 
     fn queue_states(&self) -> Vec<(u16, QueueState)> {
@@ -216,6 +326,9 @@ impl VirtioDevice<Memory> for PmemDevice {
         };
         if let Some(activation) = activation {
             self.activate(activation)?;
+            // A request may have waited for the rate limiter when the state was saved: look
+            // at the queue once the VM runs.
+            self.arm_wake_timer(Duration::ZERO);
         }
         self.flushes.store(*flushes, Ordering::Relaxed);
         Ok(())
@@ -248,17 +361,39 @@ mod tests {
         Arc::new(GuestMemory::new(pool, config).unwrap())
     }
 
-    /// A device activated with the queue of `mock`; returns it and its interrupt's eventfd.
-    fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (PmemDevice, EventFd) {
-        let mut device = PmemDevice::new(memory.clone(), PMEM.0, PMEM.1);
+    /// A device with `limiter`, activated with the queue of `mock`; returns it and its
+    /// interrupt's eventfd.
+    fn limited(
+        memory: &Memory,
+        mock: &MockSplitQueue<'_, GuestMemory>,
+        limiter: RateLimiterConfig,
+    ) -> (PmemDevice, EventFd) {
+        let mut device = PmemDevice::new(memory.clone(), PMEM.0, PMEM.1, limiter).unwrap();
         let (activation, irq) = activation(memory, mock);
         device.activate(activation).unwrap();
         (device, irq)
     }
 
+    /// A device without a limiter, activated with the queue of `mock`.
+    fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (PmemDevice, EventFd) {
+        limited(memory, mock, RateLimiterConfig::default())
+    }
+
+    /// Waits (at most a second) for the device's rate limiter timer.
+    fn wait_for_timer(device: &PmemDevice) {
+        let mut poll = libc::pollfd {
+            fd: device.wake_sources()[0].fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for at most a second.
+        assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
+    }
+
     #[test]
     fn config_space_tells_where_the_memory_is() {
-        let device = PmemDevice::new(memory(), PMEM.0, PMEM.1);
+        let device =
+            PmemDevice::new(memory(), PMEM.0, PMEM.1, RateLimiterConfig::default()).unwrap();
         let mut config = [0u8; 16];
         device.read_config(0, &mut config);
         assert_eq!(&config[..8], &PMEM.0.to_le_bytes());
@@ -288,8 +423,66 @@ mod tests {
         );
         assert_eq!(mock.used().idx().load(), 1);
         assert_eq!(mock.used().ring().ref_at(0).unwrap().load().len(), 4);
-        assert_eq!(device.handle().flushes(), 1);
+        assert_eq!(device.flushes.load(Ordering::Relaxed), 1);
         assert_eq!(irq.read().unwrap(), 1);
+    }
+
+    #[test]
+    fn the_rate_limiter_holds_a_flush_in_the_queue_until_its_timer_or_a_new_limiter() {
+        let memory = memory();
+        let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+        let one_per_second = RateLimiterConfig {
+            bandwidth: None,
+            ops: Some(crate::devices::rate_limiter::TokenBucketConfig {
+                size: 1,
+                one_time_burst: None,
+                refill_time: 1000,
+            }),
+        };
+        let (device, _irq) = limited(&memory, &mock, one_per_second);
+        let (device, handle) = device.into_shared();
+        let mut device = device.lock().unwrap();
+        memory
+            .write_obj(REQ_TYPE_FLUSH.to_le(), GuestAddress(REQUEST))
+            .unwrap();
+        for avail in 0..3 {
+            add_chain(
+                &mock,
+                avail * 2,
+                avail,
+                &[
+                    (REQUEST, 4, false),
+                    (ANSWER + u64::from(avail) * 4, 4, true),
+                ],
+            );
+        }
+        device.process_queue(0);
+        assert_eq!(mock.used().idx().load(), 1, "the second waits");
+        assert_eq!(device.throttled.load(Ordering::Relaxed), 1);
+        // A notification while it waits changes nothing.
+        device.process_queue(0);
+        assert_eq!(mock.used().idx().load(), 1);
+        // A limiter of ten a second from the API: the waiting flush goes at once.
+        drop(device);
+        let ten_per_second = RateLimiterConfig {
+            ops: Some(crate::devices::rate_limiter::TokenBucketConfig {
+                size: 1,
+                one_time_burst: None,
+                refill_time: 100,
+            }),
+            ..one_per_second
+        };
+        handle.update_rate_limiter(ten_per_second);
+        assert_eq!(handle.rate_limiter(), ten_per_second);
+        let mut device = handle.device.lock().unwrap();
+        wait_for_timer(&device);
+        device.wake(0);
+        assert_eq!(mock.used().idx().load(), 2);
+        wait_for_timer(&device);
+        device.wake(0);
+        assert_eq!(mock.used().idx().load(), 3);
+        assert_eq!(handle.flushes(), 3);
+        assert_eq!(handle.throttled(), 2);
     }
 
     #[test]
@@ -317,7 +510,7 @@ mod tests {
         for slot in 1..5 {
             assert_eq!(mock.used().ring().ref_at(slot).unwrap().load().len(), 0);
         }
-        assert_eq!(device.handle().flushes(), 0);
+        assert_eq!(device.flushes.load(Ordering::Relaxed), 0);
         assert!(device.warnings.count() >= 5);
         // Notifications for other queues, and after a reset, are ignored.
         device.process_queue(3);

@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use crate::api::model::{
     BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, MachineConfiguration,
-    MachineInfo, MemoryInfo, PartialNetworkInterface, SnapshotCreateParams, VmState,
-    DEFAULT_INSTANCE_ID,
+    MachineInfo, MemoryInfo, PartialDrive, PartialNetworkInterface, PartialPmem,
+    SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
 use crate::api::resources::{full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
 use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
+use crate::devices::block::BlockHandle;
 use crate::vm::control::{self, RunState, VmControl};
 
 use super::session::{Phase, Session};
@@ -115,7 +116,14 @@ impl VmmControl for Session {
     }
 
     fn vm_config(&self) -> Result<FullVmConfiguration, ControlError> {
-        let mut config = full_configuration(self.config());
+        // The images and rate limiters API clients may have changed since the start.
+        let mut now = self.config().clone();
+        now.drives = self.drives().iter().map(BlockHandle::config).collect();
+        now.network_interfaces = self.network_interfaces_now();
+        if let Some(pmem) = self.pmem_handle() {
+            now.pmem_rate_limiter = pmem.rate_limiter();
+        }
+        let mut config = full_configuration(&now);
         // The interval an API client may have changed since the start.
         if let (Some(balloon), Some(handle)) = (&mut config.balloon, self.balloon_handle()) {
             balloon.amount_mib = u64::from(handle.info().target_pages) / PAGES_PER_MIB;
@@ -226,6 +234,38 @@ impl VmmControl for Session {
                 ControlError::InvalidArgument(format!("Invalid interface ID - not found: {id}"))
             })?;
         interface.update_rate_limiters(update.rx_rate_limiter, update.tx_rate_limiter);
+        Ok(())
+    }
+
+    fn update_drive(&self, id: &str, update: &PartialDrive) -> Result<(), ControlError> {
+        if update.drive_id != id {
+            return Err(ControlError::InvalidArgument(
+                "The id from the path does not match the id from the body!".into(),
+            ));
+        }
+        let drive = self
+            .drives()
+            .iter()
+            .find(|drive| drive.id == id)
+            .ok_or_else(|| ControlError::InvalidArgument(format!("Invalid block ID: {id}")))?;
+        drive
+            .update(update.path_on_host.as_deref(), update.rate_limiter)
+            .map_err(|e| ControlError::InvalidArgument(e.to_string()))
+    }
+
+    fn update_pmem(&self, id: &str, update: &PartialPmem) -> Result<(), ControlError> {
+        if update.id != id {
+            return Err(ControlError::InvalidArgument(
+                "The id from the path does not match the id from the body!".into(),
+            ));
+        }
+        // The API front checks the id against the one it was configured with.
+        let pmem = self
+            .pmem_handle()
+            .ok_or_else(|| ControlError::InvalidArgument(format!("Invalid pmem ID: {id}")))?;
+        if let Some(limiter) = update.rate_limiter {
+            pmem.update_rate_limiter(limiter);
+        }
         Ok(())
     }
 

@@ -7,8 +7,7 @@
 //! [`create_devices`] is where the VM's devices are made from its configuration: the balloon,
 //! if any, comes first and so sits in [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT).
 
-use std::fs::OpenOptions;
-use std::io::{self, Seek, SeekFrom};
+use std::io;
 use std::sync::{Arc, Mutex};
 
 use guest_mem::GuestMemory;
@@ -17,9 +16,9 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::boot::VirtioMmioEntry;
-use crate::config::{DriveConfig, VmConfig};
+use crate::config::{open_image, ConfigError, DriveConfig, VmConfig};
 use crate::devices::balloon::{self, BalloonHandle, CreateError};
-use crate::devices::block::{BlockCounters, BlockDevice};
+use crate::devices::block::{BlockDevice, BlockHandle};
 use crate::devices::entropy::{EntropyDevice, EntropyHandle};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
 use crate::devices::net::{NetDevice, NetError, NetHandle};
@@ -80,12 +79,18 @@ pub enum DeviceError {
     #[error(transparent)]
     Balloon(#[from] CreateError),
     /// A drive's image could not be opened.
-    #[error("drive {id}: cannot open {}: {source}", .path.display())]
+    #[error("drive {id}: {source}")]
     Drive {
         /// The drive's id.
         id: String,
-        /// Its image.
-        path: std::path::PathBuf,
+        /// The error.
+        source: ConfigError,
+    },
+    /// A drive's or the virtio-pmem device's rate limiter timer could not be made.
+    #[error("{device}: a rate limiter's timer: {source}")]
+    Timer {
+        /// The device.
+        device: String,
         /// The error.
         source: io::Error,
     },
@@ -239,8 +244,8 @@ pub(super) struct Devices {
     pub balloon: Option<BalloonHandle>,
     /// The virtio-pmem device, for the control API.
     pub pmem: Option<PmemHandle>,
-    /// The drives' request counters, by drive id, for metrics.
-    pub drives: Vec<(String, Arc<BlockCounters>)>,
+    /// The drives, for the control API and metrics.
+    pub drives: Vec<BlockHandle>,
     /// The virtio-rng device, for metrics.
     pub entropy: Option<EntropyHandle>,
     /// The network interfaces, for the control API and metrics.
@@ -254,25 +259,17 @@ fn create_drive(
     drive: &DriveConfig,
     memory: &Arc<GuestMemory>,
 ) -> Result<BlockDevice, DeviceError> {
-    let error = |source| DeviceError::Drive {
-        id: drive.id.clone(),
-        path: drive.path.clone(),
-        source,
-    };
-    let mut image = OpenOptions::new()
-        .read(true)
-        .write(!drive.read_only)
-        .open(&drive.path)
-        .map_err(error)?;
-    // A block device's size is where its end is; a file's is its length.
-    let size = image.seek(SeekFrom::End(0)).map_err(error)?;
-    Ok(BlockDevice::new(
-        memory.clone(),
-        &drive.id,
-        image,
-        size,
-        drive.read_only,
-    ))
+    let (image, size) =
+        open_image(&drive.path, drive.read_only).map_err(|source| DeviceError::Drive {
+            id: drive.id.clone(),
+            source,
+        })?;
+    BlockDevice::new(memory.clone(), drive.clone(), image, size).map_err(|source| {
+        DeviceError::Timer {
+            device: format!("drive {}", drive.id),
+            source,
+        }
+    })
 }
 
 /// Creates the devices `config` asks for over `memory`: the balloon first (in
@@ -291,18 +288,27 @@ pub(super) fn create_devices(
     };
     let pmem = match config.pmem_region() {
         Some(region) => {
-            let device = PmemDevice::new(memory.clone(), region.start, region.size);
-            let handle = device.handle();
-            mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
+            let device = PmemDevice::new(
+                memory.clone(),
+                region.start,
+                region.size,
+                config.pmem_rate_limiter,
+            )
+            .map_err(|source| DeviceError::Timer {
+                device: "virtio-pmem".into(),
+                source,
+            })?;
+            let (device, handle) = device.into_shared();
+            mmio.add(memory.clone(), device)?;
             Some(handle)
         }
         None => None,
     };
     let mut drives = Vec::with_capacity(config.drives.len());
     for drive in &config.drives {
-        let device = create_drive(drive, memory)?;
-        drives.push((drive.id.clone(), device.counters()));
-        mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
+        let (device, handle) = create_drive(drive, memory)?.into_shared();
+        drives.push(handle);
+        mmio.add(memory.clone(), device)?;
     }
     // After the drives, then the network interfaces, then vsock: a snapshot's devices come
     // back in this order.

@@ -25,10 +25,10 @@ use super::{RunError, RunOutcome, StopCause};
 use crate::api::control::{NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::model::{
     BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, InstanceInfo,
-    MachineConfiguration, MachineInfo, MemoryInfo, PartialNetworkInterface, SnapshotCreateParams,
-    SnapshotLoadParams, VmState,
+    MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive, PartialNetworkInterface,
+    PartialPmem, SnapshotCreateParams, SnapshotLoadParams, VmState,
 };
-use crate::api::resources::VmResources;
+use crate::api::resources::{VmResources, DEFAULT_PMEM_ID};
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use crate::config::VmConfig;
 use crate::devices::serial::SerialOutput;
@@ -262,6 +262,9 @@ impl VmmControl for ApiFront {
                 let configured = resources.full_config();
                 config.logger = configured.logger;
                 config.metrics = configured.metrics;
+                if let (Some(pmem), Some(id)) = (config.pmem.first_mut(), resources.pmem_id()) {
+                    id.clone_into(&mut pmem.id);
+                }
                 Ok(config)
             }
             None => Ok(resources.full_config()),
@@ -352,6 +355,22 @@ impl VmmControl for ApiFront {
         update: &PartialNetworkInterface,
     ) -> Result<(), ControlError> {
         self.started()?.update_network_interface(id, update)
+    }
+
+    fn update_drive(&self, id: &str, update: &PartialDrive) -> Result<(), ControlError> {
+        self.started()?.update_drive(id, update)
+    }
+
+    fn update_pmem(&self, id: &str, update: &PartialPmem) -> Result<(), ControlError> {
+        let session = self.started()?;
+        // The device's id is the API's, or `pmem0` for a `vmm run --pmem` VM.
+        let configured = lock(&self.resources).pmem_id().map(str::to_owned);
+        if id != configured.as_deref().unwrap_or(DEFAULT_PMEM_ID) {
+            return Err(ControlError::InvalidArgument(format!(
+                "Invalid pmem ID: {id}"
+            )));
+        }
+        session.update_pmem(id, update)
     }
 
     /// Before the start into the document the VM will serve; after it, the VM's.

@@ -263,14 +263,14 @@ fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
             .count("host_rng_fails", entropy.host_failures())
             .done();
     }
-    let drives = session.map_or(&[][..], Session::drive_counters);
-    let mut totals: [u64; 6] = [0; 6];
-    for (id, counters) in drives {
-        let values = drive_values(counters);
+    let drives = session.map_or(&[][..], Session::drives);
+    let mut totals = [0u64; DRIVE_FIELDS.len()];
+    for drive in drives {
+        let values = drive_values(&drive.counters);
         for (total, value) in totals.iter_mut().zip(values) {
             *total += value;
         }
-        add_counters(line, &format!("block_{id}"), &DRIVE_FIELDS, values);
+        add_counters(line, &format!("block_{}", drive.id), &DRIVE_FIELDS, values);
     }
     if !drives.is_empty() {
         add_counters(line, "block", &DRIVE_FIELDS, totals);
@@ -334,7 +334,7 @@ fn net_values(counters: &NetCounters) -> [u64; NET_FIELDS.len()] {
 }
 
 /// A drive's totals, in the order of [`DRIVE_FIELDS`].
-fn drive_values(counters: &BlockCounters) -> [u64; 6] {
+fn drive_values(counters: &BlockCounters) -> [u64; DRIVE_FIELDS.len()] {
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     [
         load(&counters.reads),
@@ -343,17 +343,19 @@ fn drive_values(counters: &BlockCounters) -> [u64; 6] {
         load(&counters.read_bytes),
         load(&counters.written_bytes),
         load(&counters.failed),
+        load(&counters.rate_limiter_throttled),
     ]
 }
 
 /// Firecracker's names of a drive's counters.
-const DRIVE_FIELDS: [&str; 6] = [
+const DRIVE_FIELDS: [&str; 7] = [
     "read_count",
     "write_count",
     "flush_count",
     "read_bytes",
     "write_bytes",
     "execute_fails",
+    "rate_limiter_throttled_events",
 ];
 
 /// A section of counters named `fields`.

@@ -12,7 +12,7 @@ use super::reclaim::{Reclaim, ReclaimThread};
 use super::{FaultingThread, RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::devices::balloon::BalloonHandle;
-use crate::devices::block::BlockCounters;
+use crate::devices::block::BlockHandle;
 use crate::devices::entropy::EntropyHandle;
 use crate::devices::i8042::I8042Device;
 use crate::devices::net::NetHandle;
@@ -79,8 +79,8 @@ pub(super) struct Session {
     balloon: Option<BalloonHandle>,
     /// The virtio-pmem device, if any.
     pmem: Option<PmemHandle>,
-    /// The drives' request counters, by drive id.
-    drives: Vec<(String, Arc<BlockCounters>)>,
+    /// The drives.
+    drives: Vec<BlockHandle>,
     /// The virtio-rng device's counters, if the VM has one.
     entropy: Option<EntropyHandle>,
     /// The network interfaces.
@@ -184,9 +184,26 @@ impl Session {
         self.balloon.as_ref()
     }
 
-    /// The drives' request counters, by drive id.
-    pub fn drive_counters(&self) -> &[(String, Arc<BlockCounters>)] {
+    /// The drives.
+    pub fn drives(&self) -> &[BlockHandle] {
         &self.drives
+    }
+
+    /// The network interfaces' configurations with the rate limiters the API last gave them.
+    pub fn network_interfaces_now(&self) -> Vec<crate::config::NetConfig> {
+        self.config
+            .network_interfaces
+            .iter()
+            .map(|config| {
+                let mut config = config.clone();
+                let handle = self.network_interfaces.iter().find(|n| n.id == config.id);
+                if let Some((rx, tx)) = handle.map(NetHandle::rate_limiters) {
+                    config.rx_rate_limiter = rx;
+                    config.tx_rate_limiter = tx;
+                }
+                config
+            })
+            .collect()
     }
 
     /// The virtio-rng device's counters, if the VM has one.

@@ -32,7 +32,9 @@ use crate::api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
 use crate::api::ControlError;
 use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
+use crate::devices::block::BlockHandle;
 use crate::devices::i8042::I8042Snapshot;
+use crate::devices::pmem::PmemHandle;
 use crate::devices::serial::SerialSnapshot;
 use crate::host_file::{self, HostFileError};
 use crate::snapshot::file::{self, SnapshotFileError};
@@ -347,6 +349,9 @@ impl Session {
             vcpus: config.vcpus,
             smt: config.smt,
             pmem_size: config.pmem_size,
+            pmem_rate_limiter: self
+                .pmem_handle()
+                .map_or(config.pmem_rate_limiter, PmemHandle::rate_limiter),
             balloon: config.balloon,
             balloon_stats_interval_s: self
                 .balloon_handle()
@@ -360,9 +365,10 @@ impl Session {
                 GuestConfig::TestGuest(workload) => SavedGuest::TestGuest(workload.clone()),
                 GuestConfig::Linux(_) | GuestConfig::RestoredLinux => SavedGuest::Linux,
             },
-            drives: config.drives.clone(),
+            // The API may have given a drive another image or limiter since the start.
+            drives: self.drives().iter().map(BlockHandle::config).collect(),
             entropy: config.entropy,
-            network_interfaces: config.network_interfaces.clone(),
+            network_interfaces: self.network_interfaces_now(),
             vsock: config.vsock.clone(),
             mmds: config.mmds.as_ref().map(|mmds| mmds.config.clone()),
         }
@@ -513,6 +519,7 @@ pub(super) fn prepare(
         backing: BackingKind::Anonymous,
         zone: None,
         pmem_size: machine.pmem_size,
+        pmem_rate_limiter: machine.pmem_rate_limiter,
         format_pool: false,
         wait_for_memory: machine.wait_for_memory,
         memory_wait_limit: machine

@@ -48,6 +48,9 @@ pub struct Machine {
     pub smt: bool,
     /// Bytes of the virtio-pmem device, if it has one.
     pub pmem_size: Option<u64>,
+    /// The virtio-pmem device's rate limiter, as the API last set it.
+    #[serde(default)]
+    pub pmem_rate_limiter: RateLimiterConfig,
     /// The balloon's options, if it has one.
     pub balloon: Option<BalloonDeviceConfig>,
     /// The balloon's statistics interval when the snapshot was taken (an API may have changed
@@ -60,7 +63,8 @@ pub struct Machine {
     pub memory_wait_limit_ms: Option<u64>,
     /// What the VM runs.
     pub guest: SavedGuest,
-    /// The virtio-blk drives, in their slots' order (their images stay where they are).
+    /// The virtio-blk drives, in their slots' order (their images stay where they are), with
+    /// the images and rate limiters the API last gave them.
     pub drives: Vec<DriveConfig>,
     /// A virtio-rng entropy device, after the drives, and its rate limiter.
     pub entropy: Option<RateLimiterConfig>,

@@ -52,6 +52,7 @@ fn snapshot() -> VmSnapshot {
             vcpus: 2,
             smt: false,
             pmem_size: None,
+            pmem_rate_limiter: Default::default(),
             balloon: Some(BalloonDeviceConfig::default()),
             balloon_stats_interval_s: 0,
             wait_for_memory: false,

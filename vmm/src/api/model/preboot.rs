@@ -218,9 +218,9 @@ pub struct Drive {
     /// The raw image (required).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_on_host: Option<PathBuf>,
-    /// A rate limiter (refused unless null).
+    /// Caps the bytes read and written and the requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
     /// The I/O engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_engine: Option<IoEngine>,
@@ -247,9 +247,9 @@ pub struct Pmem {
     /// Map it read-only (refused when true).
     #[serde(default)]
     pub read_only: bool,
-    /// A rate limiter (refused unless null).
+    /// Caps the flush requests (each an operation of no bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PUT /serial`: Firecracker's `SerialDevice`, where the guest's console output goes.
@@ -337,6 +337,32 @@ pub struct PartialNetworkInterface {
     /// Replaces the transmit limiter.
     #[serde(default)]
     pub tx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+}
+
+/// `PATCH /drives/{drive_id}` after the start: Firecracker's `PartialDrive`, a new image
+/// (media change) and/or a new rate limiter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialDrive {
+    /// The drive's id (the same as in the path).
+    pub drive_id: String,
+    /// Replaces the drive's image; the guest is told its new size.
+    #[serde(default)]
+    pub path_on_host: Option<PathBuf>,
+    /// Replaces the rate limiter.
+    #[serde(default)]
+    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+}
+
+/// `PATCH /pmem/{id}` after the start: Firecracker's `PartialPmem`, a new rate limiter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialPmem {
+    /// The device's id (the same as in the path).
+    pub id: String,
+    /// Replaces the rate limiter.
+    #[serde(default)]
+    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PUT /vsock`: Firecracker's `Vsock`, a virtio-vsock device whose host side is Unix sockets.

@@ -5,6 +5,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempfile::TempFile;
 
 use super::*;
+use crate::devices::rate_limiter::TokenBucketConfig;
 use crate::devices::virtio::request_queue::testing::{self, activation, add_chain, used_len};
 
 const MIB: u64 = 1 << 20;
@@ -24,23 +25,51 @@ fn image() -> TempFile {
     file
 }
 
-/// A device over `image`, activated with the queue of `mock`; and its interrupt's eventfd.
+/// The drive `rootfs` over `image`.
+fn drive(image: &TempFile, read_only: bool, rate_limiter: RateLimiterConfig) -> DriveConfig {
+    DriveConfig {
+        id: "rootfs".into(),
+        path: image.as_path().to_owned(),
+        read_only,
+        root: true,
+        partuuid: None,
+        rate_limiter,
+    }
+}
+
+/// A device of `config`, activated with the queue of `mock`; and its interrupt's eventfd.
+fn activated_drive(
+    memory: &Memory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+    config: DriveConfig,
+) -> (BlockDevice, EventFd) {
+    let (file, size) = open_image(&config.path, config.read_only).unwrap();
+    let mut device = BlockDevice::new(memory.clone(), config, file, size).unwrap();
+    let (activation, irq) = activation(memory, mock);
+    device.activate(activation).unwrap();
+    (device, irq)
+}
+
+/// A device over `image` without a rate limiter, activated with the queue of `mock`; and its
+/// interrupt's eventfd.
 fn activated(
     memory: &Memory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     image: &TempFile,
     read_only: bool,
 ) -> (BlockDevice, EventFd) {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .open(image.as_path())
-        .unwrap();
-    let size = file.metadata().unwrap().len();
-    let mut device = BlockDevice::new(memory.clone(), "rootfs", file, size, read_only);
-    let (activation, irq) = activation(memory, mock);
-    device.activate(activation).unwrap();
-    (device, irq)
+    activated_drive(memory, mock, drive(image, read_only, Default::default()))
+}
+
+/// Waits (at most a second) for the device's rate limiter timer.
+fn wait_for_timer(device: &BlockDevice) {
+    let mut poll = libc::pollfd {
+        fd: device.wake_sources()[0].fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for at most a second.
+    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
 }
 
 fn header(memory: &Memory, kind: u32, sector: u64) {
@@ -136,7 +165,7 @@ fn reads_writes_flushes_and_the_id_reach_the_image_and_the_guest() {
     let mut id = [0u8; 20];
     memory.read_slice(&mut id, GuestAddress(DATA)).unwrap();
     assert_eq!(&id[..7], b"rootfs\0");
-    let counters = device.counters();
+    let counters = &device.counters;
     assert_eq!(counters.reads.load(Ordering::Relaxed), 1);
     assert_eq!(counters.writes.load(Ordering::Relaxed), 1);
     assert_eq!(counters.flushes.load(Ordering::Relaxed), 1);
@@ -241,9 +270,100 @@ fn hostile_requests_get_an_error_status_or_are_dropped_and_never_panic() {
     assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
     assert_eq!(mock.used().idx().load(), 11);
     assert!(device.warnings.count() >= 10);
-    assert_eq!(device.counters().reads.load(Ordering::Relaxed), 0);
+    assert_eq!(device.counters.reads.load(Ordering::Relaxed), 0);
     // Notifications for other queues, and after a reset, are ignored.
     device.process_queue(3);
     device.reset();
     device.process_queue(0);
+}
+
+#[test]
+fn the_rate_limiter_holds_a_request_in_the_queue_until_its_timer() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    // Two sectors' worth of bytes every 100 ms.
+    let limiter = RateLimiterConfig {
+        bandwidth: Some(TokenBucketConfig {
+            size: 1024,
+            one_time_burst: None,
+            refill_time: 100,
+        }),
+        ops: None,
+    };
+    let (mut device, irq) = activated_drive(&memory, &mock, drive(&image, false, limiter));
+    for slot in 0..2u16 {
+        header(&memory, VIRTIO_BLK_T_IN, u64::from(slot));
+        add_chain(
+            &mock,
+            slot * 3,
+            slot,
+            &[(HEADER, 16, false), (DATA, 1024, true), (STATUS, 1, true)],
+        );
+    }
+    device.process_queue(0);
+    assert_eq!(mock.used().idx().load(), 1, "the second read waits");
+    assert_eq!(irq.read().unwrap(), 1);
+    // A notification while it waits changes nothing.
+    device.process_queue(0);
+    assert_eq!(mock.used().idx().load(), 1);
+    wait_for_timer(&device);
+    device.wake(0);
+    assert_eq!(mock.used().idx().load(), 2);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    let counters = &device.counters;
+    assert_eq!(counters.reads.load(Ordering::Relaxed), 2);
+    assert_eq!(counters.rate_limiter_throttled.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_new_image_from_the_api_is_served_and_announced_and_a_bad_one_changes_nothing() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    let (device, irq) = activated(&memory, &mock, &image, true);
+    let (device, handle) = device.into_shared();
+    // The new image: 8 sectors of 0x5a, read-only to this process (the drive is read-only).
+    let media = TempFile::new().unwrap();
+    media.as_file().write_all(&[0x5a; 8 * 512]).unwrap();
+    let mut permissions = media.as_file().metadata().unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o400);
+    media.as_file().set_permissions(permissions).unwrap();
+    let fifo = std::env::temp_dir().join(format!("llfree-blk-fifo-{}", std::process::id()));
+    let c_fifo = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    for bad in [fifo.as_path(), Path::new("/nonexistent/image")] {
+        assert!(handle.update(Some(bad), None).is_err(), "{}", bad.display());
+    }
+    std::fs::remove_file(&fifo).unwrap();
+    assert_eq!(handle.config().path, image.as_path());
+    handle.update(Some(media.as_path()), None).unwrap();
+    assert_eq!(handle.config().path, media.as_path());
+    let mut device = device.lock().unwrap();
+    let mut capacity = [0u8; 8];
+    device.read_config(0, &mut capacity);
+    assert_eq!(u64::from_le_bytes(capacity), 8);
+    // The driver is told (nothing else raised the interrupt yet: a configuration change).
+    assert_eq!(irq.read().unwrap(), 1);
+    header(&memory, VIRTIO_BLK_T_IN, 7);
+    add_chain(
+        &mock,
+        0,
+        0,
+        &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(), 0x5a);
+    // Sector 8 was on the old disk, not on this one.
+    header(&memory, VIRTIO_BLK_T_IN, 8);
+    add_chain(
+        &mock,
+        3,
+        1,
+        &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
 }

@@ -35,6 +35,11 @@ impl RequestQueue {
         })
     }
 
+    /// Tells the driver that the device's configuration changed.
+    pub fn signal_config_change(&self) -> std::io::Result<()> {
+        self.interrupt.signal_config_change()
+    }
+
     /// The queue's position, for a snapshot.
     pub fn state(&self) -> QueueState {
         self.queue.state()
