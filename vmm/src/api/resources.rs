@@ -75,20 +75,13 @@ fn check_machine(
     }
     if let Some(template) = machine.cpu_template.as_deref() {
         match template {
-            "None" => {}
+            "None" | "T2A" => {}
             // Firecracker's answer on an AMD host to its Intel and Arm templates.
             "C3" | "T2" | "T2S" | "T2CL" | "V1N1" => {
                 return Err(refuse(format!(
                     "cpu_template {template}: the CPU template is not supported on this CPU \
                      vendor (AMD)"
                 )))
-            }
-            "T2A" => {
-                return Err(refuse(
-                    "cpu_template T2A: static CPU templates (deprecated in Firecracker) are not \
-                     supported; give the CPUID and MSR changes as a custom template with \
-                     PUT /cpu-config",
-                ))
             }
             other => {
                 return Err(refuse(format!(
@@ -204,6 +197,10 @@ impl VmResources {
     pub fn put_machine(&mut self, machine: MachineConfiguration) -> Result<(), ControlError> {
         check_machine(&machine, self.balloon.as_ref())?;
         self.check_pmem_with(&machine, self.pmem.as_ref())?;
+        // As in Firecracker, the CPU template given last is the VM's.
+        if machine.cpu_template.as_deref() == Some("T2A") {
+            self.cpu_config = None;
+        }
         self.machine = machine;
         self.boot_specific = true;
         Ok(())
@@ -369,6 +366,8 @@ impl VmResources {
     /// and applied to every vCPU at the start.
     pub fn put_cpu_config(&mut self, template: CustomCpuTemplate) -> Result<(), ControlError> {
         CpuTemplate::try_from(&template).map_err(|e| refuse(e.to_string()))?;
+        // As in Firecracker, the CPU template given last is the VM's.
+        self.machine.cpu_template = None;
         self.cpu_config = Some(template);
         self.boot_specific = true;
         Ok(())
@@ -507,7 +506,10 @@ impl VmResources {
                 .map(NetworkInterface::config)
                 .collect(),
             vsock: self.vsock.as_ref().map(Vsock::config),
-            cpu_template: self.cpu_config.clone(),
+            cpu_template: match machine.cpu_template.as_deref() {
+                Some("T2A") => Some(crate::arch::x86_64::cpu_template::t2a()),
+                _ => self.cpu_config.clone(),
+            },
             mmds: self.mmds_config.as_ref().map(|request| crate::mmds::Mmds {
                 config: request.config(),
                 store: self.mmds_store.clone(),

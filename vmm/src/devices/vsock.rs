@@ -16,7 +16,9 @@
 //! Everything the guest writes is checked: a packet is a 44-byte header and at most
 //! [`MAX_PAYLOAD`] bytes in device-readable buffers inside guest memory, from the guest's own
 //! CID to the host's, of the stream type; anything else is dropped or refused and counted as a
-//! warning (rate-limited). At most [`MAX_CONNECTIONS`] connections live at once.
+//! warning (rate-limited). At most [`MAX_CONNECTIONS`] connections live at once, and a host
+//! client that does not finish its `CONNECT` line, or whose port the guest does not answer,
+//! within [`HANDSHAKE_TIMEOUT`] each, is dropped: an idle client cannot hold a place forever.
 //!
 //! A snapshot keeps no connection (as Firecracker): after a restore the device sends the
 //! guest the transport-reset event, and Linux drops its sockets' connections.
@@ -32,6 +34,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
@@ -39,6 +42,7 @@ use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
 
 use crate::config::VsockConfig;
 use crate::devices::virtio::buffers::Buffers;
@@ -54,6 +58,8 @@ use packet::{Header, HEADER_SIZE, HOST_CID, TYPE_STREAM};
 pub const MAX_PAYLOAD: usize = 64 << 10;
 /// Most connections at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// How long a host client may take to send its `CONNECT` line, and the guest to answer it.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most refusals of packets that belong to no connection that wait for the guest.
 const MAX_STRAY_RSTS: usize = 256;
 /// Size of each queue.
@@ -66,10 +72,12 @@ const TX: u16 = 1;
 const EVENT: u16 = 2;
 /// The event that tells the driver its connections are gone.
 const TRANSPORT_RESET: u32 = 0;
-/// Tokens of the device's epoll: the listener, the restore kick, then connections.
+/// Tokens of the device's epoll: the listener, the restore kick, the handshake timer, then
+/// connections.
 const LISTENER: u64 = 0;
 const KICK: u64 = 1;
-const FIRST_CONNECTION: u64 = 2;
+const HANDSHAKE_TIMER: u64 = 2;
+const FIRST_CONNECTION: u64 = 3;
 /// Rounds of the device's epoll taken per wake.
 const MAX_EVENT_ROUNDS: usize = 8;
 /// Where host-initiated connections' host ports start (below: ports guests connect to).
@@ -135,6 +143,9 @@ pub struct VsockDevice {
     listener_id: (u64, u64),
     epoll: Epoll,
     kick: EventFd,
+    /// Expires when the earliest handshake deadline passes (armed while one is set).
+    handshake_timer: TimerFd,
+    handshake_timer_armed: bool,
     conns: HashMap<u64, Connection>,
     by_ports: HashMap<(u32, u32), u64>,
     next_token: u64,
@@ -215,7 +226,12 @@ impl VsockDevice {
         let listener_id = identity(&config.uds_path).unwrap_or_default();
         let epoll = Epoll::new().map_err(VsockError::Epoll)?;
         let kick = EventFd::new(EFD_NONBLOCK).map_err(VsockError::Epoll)?;
-        for (fd, token) in [(listener.as_raw_fd(), LISTENER), (kick.as_raw_fd(), KICK)] {
+        let handshake_timer = TimerFd::new().map_err(|e| VsockError::Epoll(e.into()))?;
+        for (fd, token) in [
+            (listener.as_raw_fd(), LISTENER),
+            (kick.as_raw_fd(), KICK),
+            (handshake_timer.as_raw_fd(), HANDSHAKE_TIMER),
+        ] {
             epoll
                 .ctl(
                     ControlOperation::Add,
@@ -232,6 +248,8 @@ impl VsockDevice {
             listener_id,
             epoll,
             kick,
+            handshake_timer,
+            handshake_timer_armed: false,
             conns: HashMap::new(),
             by_ports: HashMap::new(),
             next_token: FIRST_CONNECTION,
@@ -716,6 +734,7 @@ impl VsockDevice {
                         let _ = self.kick.read();
                         self.send_reset_event();
                     }
+                    HANDSHAKE_TIMER => self.end_late_handshakes(),
                     token => self.socket_event(token, set),
                 }
             }
@@ -734,7 +753,9 @@ impl VsockDevice {
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    let conn = Connection::new(stream, State::AwaitingConnect, 0, 0);
+                    let mut conn = Connection::new(stream, State::AwaitingConnect, 0, 0);
+                    conn.handshake_deadline = Some(Instant::now() + HANDSHAKE_TIMEOUT);
+                    self.arm_handshake_timer(HANDSHAKE_TIMEOUT);
                     if let Some(token) = self.add(conn) {
                         // Its line may be there already.
                         self.socket_event(token, EventSet::IN);
@@ -746,6 +767,51 @@ impl VsockDevice {
                     return;
                 }
             }
+        }
+    }
+
+    /// Makes the handshake timer fire in `wait`, unless it is armed already (for an earlier
+    /// deadline).
+    fn arm_handshake_timer(&mut self, wait: Duration) {
+        if self.handshake_timer_armed {
+            return;
+        }
+        // At least a millisecond: a zero would disarm the timer.
+        match self
+            .handshake_timer
+            .reset(wait.max(Duration::from_millis(1)), None)
+        {
+            Ok(()) => self.handshake_timer_armed = true,
+            Err(e) => log::error!("vsock: cannot arm the handshake timer: {e}"),
+        }
+    }
+
+    /// Ends the host-initiated connections whose handshake is past its deadline (the guest is
+    /// sent a reset where it was asked to accept), and arms the timer for the next deadline.
+    fn end_late_handshakes(&mut self) {
+        let _ = self.handshake_timer.wait();
+        self.handshake_timer_armed = false;
+        let now = Instant::now();
+        let mut late = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (&token, conn) in &mut self.conns {
+            let Some(deadline) = conn.handshake_deadline else {
+                continue;
+            };
+            if conn.state == State::Established {
+                conn.handshake_deadline = None;
+            } else if deadline <= now {
+                conn.handshake_deadline = None;
+                late.push(token);
+            } else {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+            }
+        }
+        for token in late {
+            self.kill(token, &Broken::HandshakeTimeout);
+        }
+        if let Some(next) = next {
+            self.arm_handshake_timer(next.saturating_duration_since(now));
         }
     }
 
@@ -763,6 +829,7 @@ impl VsockDevice {
                     conn.local_port = local;
                     conn.peer_port = port;
                     conn.state = State::Requested;
+                    conn.handshake_deadline = Some(Instant::now() + HANDSHAKE_TIMEOUT);
                     conn.owed.request = true;
                     self.by_ports.insert((local, port), token);
                     self.queue(token);

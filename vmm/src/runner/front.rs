@@ -262,6 +262,13 @@ impl VmmControl for ApiFront {
                 let configured = resources.full_config();
                 config.logger = configured.logger;
                 config.metrics = configured.metrics;
+                // A static template shows as the API was given it, not as its changes.
+                config.cpu_config = configured.cpu_config;
+                if let (Some(machine), Some(given)) =
+                    (&mut config.machine_config, configured.machine_config)
+                {
+                    machine.cpu_template = given.cpu_template;
+                }
                 if let (Some(pmem), Some(id)) = (config.pmem.first_mut(), resources.pmem_id()) {
                     id.clone_into(&mut pmem.id);
                 }

@@ -5,6 +5,10 @@
 //! `0` clears the bit, `1` sets it, `x` keeps what the VMM would give; `_` may separate
 //! groups. Missing leading characters are `x`.
 
+mod static_templates;
+
+pub use static_templates::t2a;
+
 use kvm_bindings::{kvm_cpuid_entry2, kvm_msr_entry, CpuId, Msrs, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 use kvm_ioctls::{Kvm, VcpuFd};
 use serde::{Deserialize, Serialize};

@@ -355,7 +355,10 @@ fn a_new_image_from_the_api_is_served_and_announced_and_a_bad_one_changes_nothin
     );
     device.process_queue(0);
     assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
-    assert_eq!(memory.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(), 0x5a);
+    assert_eq!(
+        memory.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(),
+        0x5a
+    );
     // Sector 8 was on the old disk, not on this one.
     header(&memory, VIRTIO_BLK_T_IN, 8);
     add_chain(

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use super::packet::{Header, HOST_CID, TYPE_STREAM};
 
@@ -83,6 +84,8 @@ pub struct Connection {
     peer_fwd_cnt: u32,
     /// A host client's `CONNECT` line so far.
     line: Vec<u8>,
+    /// When a host-initiated connection that is not established yet is given up.
+    pub handshake_deadline: Option<Instant>,
 }
 
 /// Why a connection ends.
@@ -94,6 +97,8 @@ pub enum Broken {
     Host(io::ErrorKind),
     /// A host client's first line is not `CONNECT <port>`.
     BadConnectLine,
+    /// A host client's `CONNECT` line, or the guest's answer to it, took too long.
+    HandshakeTimeout,
     /// The guest sent a packet the connection's state does not allow.
     Protocol,
 }
@@ -121,6 +126,7 @@ impl Connection {
             peer_buf_alloc: 0,
             peer_fwd_cnt: 0,
             line: Vec::new(),
+            handshake_deadline: None,
         }
     }
 

@@ -257,6 +257,41 @@ fn a_host_client_connects_with_a_connect_line_and_hears_ok_once_the_guest_accept
 }
 
 #[test]
+fn a_host_client_that_never_finishes_its_handshake_is_dropped() {
+    let memory = testing::memory(16 * MIB);
+    let mut guest = Guest::new(&memory, "late-handshakes");
+    guest.give_rx_buffers(8);
+    // One says nothing; one asks for a port whose guest never answers.
+    let mut silent = UnixStream::connect(guest.uds()).unwrap();
+    let mut unanswered = UnixStream::connect(guest.uds()).unwrap();
+    unanswered.write_all(b"CONNECT 81\n").unwrap();
+    guest.host_side();
+    let request = guest.received()[0].0;
+    assert_eq!((request.op, request.dst_port), (OP_REQUEST, 81));
+    assert_eq!(guest.device.conns.len(), 2);
+    std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_millis(100));
+    guest.host_side();
+    // The guest is told the request is off, and both clients see their end.
+    let packets = guest.received();
+    assert_eq!(packets.len(), 1, "{packets:?}");
+    assert_eq!(
+        (packets[0].0.op, packets[0].0.src_port),
+        (OP_RST, request.src_port)
+    );
+    for client in [&mut silent, &mut unanswered] {
+        client
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        assert_eq!(client.read(&mut [0u8; 8]).unwrap(), 0, "closed");
+    }
+    assert!(guest.device.conns.is_empty());
+    assert_eq!(
+        guest.device.counters.conns_killed.load(Ordering::Relaxed),
+        2
+    );
+}
+
+#[test]
 fn the_device_sends_no_more_than_the_guest_s_credit() {
     let memory = testing::memory(16 * MIB);
     let mut guest = Guest::new(&memory, "credit");
