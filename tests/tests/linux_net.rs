@@ -22,7 +22,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use linux_common::{cmdline, field, md5_of_file, pattern, LinuxGuest, BOOT_TIMEOUT};
 use serde_json::json;
 use vmm_cli::ApiClient;
 use vmm_common::{send, Scratch, VmmRun};
@@ -58,29 +58,11 @@ fn private_tap() {
     run("ip", &format!("addr add {HOST}/24 dev {TAP}"));
 }
 
-/// `len` pseudo-random bytes, the same each run (xorshift).
-fn blob(len: usize) -> Vec<u8> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()[0]
-        })
-        .collect()
-}
-
 /// The MD5 of `bytes`, by busybox's md5sum (the guest's own tool).
 fn md5(scratch: &Scratch, bytes: &[u8]) -> String {
     let path = scratch.path("md5-input");
     std::fs::write(&path, bytes).unwrap();
-    let output = Command::new("md5sum").arg(&path).output().unwrap();
-    String::from_utf8_lossy(&output.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_owned()
+    md5_of_file(&path)
 }
 
 /// Answers `requests` HTTP GETs on `listener` with `body`, on a thread of its own.
@@ -268,7 +250,7 @@ fn linux_exchanges_tcp_with_the_host_through_its_tap_both_ways_and_under_a_rate_
     };
     let scratch = Scratch::new(test);
     private_tap();
-    let data = blob(BLOB_MIB << 20);
+    let data = pattern(BLOB_MIB << 20, 0x2545_f491_4f6c_dd1d);
     let data_md5 = md5(&scratch, &data);
     serve(TcpListener::bind((HOST, PORT)).unwrap(), data, 2);
     let socket = scratch.path("api.sock");

@@ -69,6 +69,32 @@ pub fn cmdline(extra: &str) -> String {
     format!("{DEFAULT_CMDLINE} {extra}")
 }
 
+/// `len` pseudo-random bytes (xorshift from `seed`), the same each run.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// The MD5 of the file at `path`, by busybox's md5sum (the guest's own tool).
+pub fn md5_of_file(path: &str) -> String {
+    let output = std::process::Command::new("md5sum")
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("md5sum {path}: {e}"));
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("md5sum {path} printed nothing"))
+        .to_owned()
+}
+
 /// The value of `name=VALUE` in an `LLFREE-L2` line.
 pub fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     line.split_whitespace()

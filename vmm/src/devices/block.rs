@@ -20,7 +20,6 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_blk::{
@@ -32,10 +31,9 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
-use vmm_sys_util::timerfd::TimerFd;
 
 use crate::config::{open_image, ConfigError, DriveConfig};
-use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::devices::rate_limiter::{RateLimiterConfig, Throttle};
 use crate::devices::virtio::request_queue::{read_config, RequestQueue};
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
@@ -153,11 +151,7 @@ pub struct BlockDevice {
     active: Option<RequestQueue>,
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
-    limiter: RateLimiter,
-    /// Expires when the rate limiter can pay for the request that waits.
-    wake_timer: TimerFd,
-    /// A request waits for the limiter: the queue is left alone until the timer fires.
-    throttled: bool,
+    throttle: Throttle,
     /// Scratch space for one request's data buffers, reused.
     buffers: Box<[Buffer; MAX_DATA_BUFFERS]>,
 }
@@ -167,7 +161,7 @@ impl BlockDevice {
     /// `size` bytes, serving requests in `memory`.
     pub fn new(memory: Memory, config: DriveConfig, image: File, size: u64) -> io::Result<Self> {
         Ok(Self {
-            limiter: RateLimiter::new(config.rate_limiter, Instant::now()),
+            throttle: Throttle::new(config.rate_limiter, "virtio-blk")?,
             config,
             image,
             sectors: size / SECTOR_SIZE,
@@ -175,8 +169,6 @@ impl BlockDevice {
             active: None,
             warnings: GuestWarnings::default(),
             counters: Arc::default(),
-            wake_timer: TimerFd::new().map_err(io::Error::from)?,
-            throttled: false,
             buffers: Box::new([Buffer::default(); MAX_DATA_BUFFERS]),
         })
     }
@@ -217,25 +209,7 @@ impl BlockDevice {
     /// the old one is tried again at once.
     fn set_rate_limiter(&mut self, config: RateLimiterConfig) {
         self.config.rate_limiter = config;
-        self.limiter = RateLimiter::new(config, Instant::now());
-        if self.throttled {
-            self.arm_wake_timer(Duration::ZERO);
-        }
-    }
-
-    /// Makes the event loop look at the queue again after `wait` (at least a millisecond: a
-    /// zero would disarm the timer).
-    fn arm_wake_timer(&mut self, wait: Duration) {
-        self.throttled = true;
-        if let Err(e) = self
-            .wake_timer
-            .reset(wait.max(Duration::from_millis(1)), None)
-        {
-            log::error!(
-                "virtio-blk {}: cannot arm the rate limiter's timer: {e}",
-                self.config.id
-            );
-        }
+        self.throttle.set(config);
     }
 
     /// Serves one request chain; returns the bytes written into the guest's buffers, or
@@ -283,7 +257,7 @@ impl BlockDevice {
             let [t0, t1, t2, t3, _, _, _, _, s @ ..] = bytes;
             (u32::from_le_bytes([t0, t1, t2, t3]), u64::from_le_bytes(s))
         });
-        if let (Ok(&(kind, _)), true) = (header.as_ref(), self.limiter.is_limiting()) {
+        if let Ok(&(kind, _)) = header.as_ref() {
             // Data moves for reads and writes only; every request is an operation.
             let moved = match kind {
                 VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => self.buffers[..data]
@@ -292,11 +266,10 @@ impl BlockDevice {
                     .sum(),
                 _ => 0,
             };
-            if let Err(wait) = self.limiter.consume(moved, Instant::now()) {
+            if !self.throttle.admit(moved) {
                 self.counters
                     .rate_limiter_throttled
                     .fetch_add(1, Ordering::Relaxed);
-                self.arm_wake_timer(wait);
                 return None;
             }
         }
@@ -478,7 +451,7 @@ impl VirtioDevice<Memory> for BlockDevice {
         let Some(mut active) = self.active.take() else {
             return;
         };
-        if index == 0 && !self.throttled {
+        if index == 0 && !self.throttle.is_waiting() {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
             if let Err(e) = active.drain_until(&mem, "virtio-blk", |chain| self.serve(&mem, chain))
@@ -491,17 +464,15 @@ impl VirtioDevice<Memory> for BlockDevice {
 
     fn reset(&mut self) {
         self.active = None;
-        self.throttled = false;
+        self.throttle.reset();
     }
 
     fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.wake_timer.as_raw_fd())]
+        vec![WakeSource::level(self.throttle.as_raw_fd())]
     }
 
     fn wake(&mut self, _source: usize) {
-        // How often it expired does not matter.
-        let _ = self.wake_timer.wait();
-        self.throttled = false;
+        self.throttle.fired();
         self.process_queue(0);
     }
 
@@ -532,7 +503,7 @@ impl VirtioDevice<Memory> for BlockDevice {
             self.activate(activation)?;
             // A request may have waited for the rate limiter when the state was saved: look
             // at the queue once the VM runs.
-            self.arm_wake_timer(Duration::ZERO);
+            self.throttle.wake_soon();
         }
         Ok(())
     }

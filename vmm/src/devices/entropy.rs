@@ -14,15 +14,13 @@
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddressSpace};
-use vmm_sys_util::timerfd::TimerFd;
 
-use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::devices::rate_limiter::{RateLimiterConfig, Throttle};
 use crate::devices::virtio::request_queue::RequestQueue;
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
@@ -75,9 +73,7 @@ pub struct EntropyDevice {
     active: Option<RequestQueue>,
     warnings: GuestWarnings,
     handle: EntropyHandle,
-    limiter: RateLimiter,
-    /// Expires when the rate limiter can pay for the request that waits.
-    wake_timer: TimerFd,
+    throttle: Throttle,
 }
 
 /// Fills `buffer` from the host's `getrandom`.
@@ -109,8 +105,7 @@ impl EntropyDevice {
             active: None,
             warnings: GuestWarnings::default(),
             handle: EntropyHandle::default(),
-            limiter: RateLimiter::new(limiter, Instant::now()),
-            wake_timer: TimerFd::new().map_err(std::io::Error::from)?,
+            throttle: Throttle::new(limiter, "virtio-rng")?,
         })
     }
 
@@ -130,17 +125,9 @@ impl EntropyDevice {
         mem: &GuestMemory,
         chain: DescriptorChain<&GuestMemory>,
     ) -> Option<u32> {
-        if self.limiter.is_limiting() {
-            let asked = u64::from(Self::asked(&chain));
-            if let Err(wait) = self.limiter.consume(asked, Instant::now()) {
-                self.handle.throttled.fetch_add(1, Ordering::Relaxed);
-                // At least a millisecond: a zero would disarm the timer.
-                let wait = wait.max(std::time::Duration::from_millis(1));
-                if let Err(e) = self.wake_timer.reset(wait, None) {
-                    log::error!("virtio-rng: cannot arm the rate limiter's timer: {e}");
-                }
-                return None;
-            }
+        if !self.throttle.admit(u64::from(Self::asked(&chain))) {
+            self.handle.throttled.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
         Some(self.answer(mem, chain))
     }
@@ -225,7 +212,7 @@ impl VirtioDevice<Memory> for EntropyDevice {
         let Some(mut active) = self.active.take() else {
             return;
         };
-        if index == 0 {
+        if index == 0 && !self.throttle.is_waiting() {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
             let drained =
@@ -239,6 +226,7 @@ impl VirtioDevice<Memory> for EntropyDevice {
 
     fn reset(&mut self) {
         self.active = None;
+        self.throttle.reset();
     }
 
     fn queue_states(&self) -> Vec<(u16, QueueState)> {
@@ -253,12 +241,11 @@ impl VirtioDevice<Memory> for EntropyDevice {
     }
 
     fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.wake_timer.as_raw_fd())]
+        vec![WakeSource::level(self.throttle.as_raw_fd())]
     }
 
     fn wake(&mut self, _source: usize) {
-        // How often it expired does not matter.
-        let _ = self.wake_timer.wait();
+        self.throttle.fired();
         self.process_queue(0);
     }
 
@@ -274,6 +261,9 @@ impl VirtioDevice<Memory> for EntropyDevice {
         }
         if let Some(activation) = activation {
             self.activate(activation)?;
+            // A request may have waited for the rate limiter when the state was saved: look
+            // at the queue once the VM runs.
+            self.throttle.wake_soon();
         }
         Ok(())
     }

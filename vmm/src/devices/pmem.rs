@@ -16,15 +16,13 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_PMEM;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
-use vmm_sys_util::timerfd::TimerFd;
 
-use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::devices::rate_limiter::{RateLimiterConfig, Throttle};
 use crate::devices::virtio::request_queue::{read_config, RequestQueue};
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
@@ -74,12 +72,12 @@ impl PmemHandle {
 
     /// Firecracker's `PATCH /pmem/{id}`: a new rate limiter, its buckets full.
     pub fn update_rate_limiter(&self, config: RateLimiterConfig) {
-        self.lock().set_rate_limiter(config);
+        self.lock().throttle.set(config);
     }
 
     /// The rate limiter as the API last set it.
     pub fn rate_limiter(&self) -> RateLimiterConfig {
-        self.lock().limiter_config
+        self.lock().throttle.config()
     }
 }
 
@@ -93,12 +91,7 @@ pub struct PmemDevice {
     warnings: GuestWarnings,
     flushes: Arc<AtomicU64>,
     throttled: Arc<AtomicU64>,
-    limiter_config: RateLimiterConfig,
-    limiter: RateLimiter,
-    /// Expires when the rate limiter can pay for the request that waits.
-    wake_timer: TimerFd,
-    /// A request waits for the limiter: the queue is left alone until the timer fires.
-    waiting: bool,
+    throttle: Throttle,
 }
 
 impl PmemDevice {
@@ -118,10 +111,7 @@ impl PmemDevice {
             warnings: GuestWarnings::default(),
             flushes: Arc::default(),
             throttled: Arc::default(),
-            limiter_config: limiter,
-            limiter: RateLimiter::new(limiter, Instant::now()),
-            wake_timer: TimerFd::new().map_err(io::Error::from)?,
-            waiting: false,
+            throttle: Throttle::new(limiter, "virtio-pmem")?,
         })
     }
 
@@ -141,28 +131,6 @@ impl PmemDevice {
         (device, handle)
     }
 
-    /// Replaces the rate limiter; the new buckets start full, and a request that waited for
-    /// the old one is tried again at once.
-    fn set_rate_limiter(&mut self, config: RateLimiterConfig) {
-        self.limiter_config = config;
-        self.limiter = RateLimiter::new(config, Instant::now());
-        if self.waiting {
-            self.arm_wake_timer(Duration::ZERO);
-        }
-    }
-
-    /// Makes the event loop look at the queue again after `wait` (at least a millisecond: a
-    /// zero would disarm the timer).
-    fn arm_wake_timer(&mut self, wait: Duration) {
-        self.waiting = true;
-        if let Err(e) = self
-            .wake_timer
-            .reset(wait.max(Duration::from_millis(1)), None)
-        {
-            log::error!("virtio-pmem: cannot arm the rate limiter's timer: {e}");
-        }
-    }
-
     /// Answers one request if the rate limiter lets it through; else arms the wake timer and
     /// leaves it in the queue.
     fn answer_limited(
@@ -170,9 +138,8 @@ impl PmemDevice {
         mem: &GuestMemory,
         chain: DescriptorChain<&GuestMemory>,
     ) -> Option<u32> {
-        if let Err(wait) = self.limiter.consume(0, Instant::now()) {
+        if !self.throttle.admit(0) {
             self.throttled.fetch_add(1, Ordering::Relaxed);
-            self.arm_wake_timer(wait);
             return None;
         }
         Some(self.answer(mem, chain))
@@ -272,7 +239,7 @@ impl VirtioDevice<Memory> for PmemDevice {
         let Some(mut active) = self.active.take() else {
             return;
         };
-        if index == 0 && !self.waiting {
+        if index == 0 && !self.throttle.is_waiting() {
             let memory = Arc::clone(&self.memory);
             let mem = memory.memory();
             let drained = active.drain_until(&mem, "virtio-pmem", |chain| {
@@ -287,17 +254,15 @@ impl VirtioDevice<Memory> for PmemDevice {
 
     fn reset(&mut self) {
         self.active = None;
-        self.waiting = false;
+        self.throttle.reset();
     }
 
     fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.wake_timer.as_raw_fd())]
+        vec![WakeSource::level(self.throttle.as_raw_fd())]
     }
 
     fn wake(&mut self, _source: usize) {
-        // How often it expired does not matter.
-        let _ = self.wake_timer.wait();
-        self.waiting = false;
+        self.throttle.fired();
         self.process_queue(0);
     }
 
@@ -328,7 +293,7 @@ impl VirtioDevice<Memory> for PmemDevice {
             self.activate(activation)?;
             // A request may have waited for the rate limiter when the state was saved: look
             // at the queue once the VM runs.
-            self.arm_wake_timer(Duration::ZERO);
+            self.throttle.wake_soon();
         }
         self.flushes.store(*flushes, Ordering::Relaxed);
         Ok(())
@@ -342,7 +307,7 @@ mod tests {
     use vmm_sys_util::eventfd::EventFd;
 
     use super::*;
-    use crate::devices::virtio::request_queue::testing::{activation, add_chain};
+    use crate::devices::virtio::request_queue::testing::{activation, add_chain, wait_readable};
 
     const MIB: u64 = 1 << 20;
     /// The pmem region: 4 MiB at 64 MiB, above 16 MiB of RAM.
@@ -377,17 +342,6 @@ mod tests {
     /// A device without a limiter, activated with the queue of `mock`.
     fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (PmemDevice, EventFd) {
         limited(memory, mock, RateLimiterConfig::default())
-    }
-
-    /// Waits (at most a second) for the device's rate limiter timer.
-    fn wait_for_timer(device: &PmemDevice) {
-        let mut poll = libc::pollfd {
-            fd: device.wake_sources()[0].fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, for at most a second.
-        assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
     }
 
     #[test]
@@ -475,10 +429,10 @@ mod tests {
         handle.update_rate_limiter(ten_per_second);
         assert_eq!(handle.rate_limiter(), ten_per_second);
         let mut device = handle.device.lock().unwrap();
-        wait_for_timer(&device);
+        wait_readable(device.wake_sources()[0].fd);
         device.wake(0);
         assert_eq!(mock.used().idx().load(), 2);
-        wait_for_timer(&device);
+        wait_readable(device.wake_sources()[0].fd);
         device.wake(0);
         assert_eq!(mock.used().idx().load(), 3);
         assert_eq!(handle.flushes(), 3);

@@ -7,9 +7,12 @@
 //! bucket is full, and empties it. A bucket of size 0 or refill time 0 limits nothing, as in
 //! Firecracker.
 
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use vmm_sys_util::timerfd::TimerFd;
 
 /// Firecracker's `TokenBucket`, as the API takes it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +142,101 @@ impl RateLimiter {
             bucket.take(1);
         }
         Ok(())
+    }
+}
+
+/// A device's rate limiter, the configuration the API last gave it, and the timer that wakes
+/// the device when a request that waits can be paid for (virtio-blk, virtio-pmem, virtio-rng:
+/// a request that waits stays in its queue, which the device leaves alone until the timer
+/// fires).
+#[derive(Debug)]
+pub struct Throttle {
+    config: RateLimiterConfig,
+    limiter: RateLimiter,
+    timer: TimerFd,
+    waiting: bool,
+    /// The device, for the log.
+    device: &'static str,
+}
+
+impl Throttle {
+    /// The limiter of `config` for `device`, its buckets full.
+    pub fn new(config: RateLimiterConfig, device: &'static str) -> io::Result<Self> {
+        Ok(Throttle {
+            config,
+            limiter: RateLimiter::new(config, Instant::now()),
+            timer: TimerFd::new().map_err(io::Error::from)?,
+            waiting: false,
+            device,
+        })
+    }
+
+    /// The configuration, as the API last gave it.
+    pub fn config(&self) -> RateLimiterConfig {
+        self.config
+    }
+
+    /// A request waits for the timer.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// One request of `bytes`: true when it may go (its tokens taken); false when it must
+    /// wait, and then the timer is armed for when the buckets hold its tokens.
+    pub fn admit(&mut self, bytes: u64) -> bool {
+        if !self.limiter.is_limiting() {
+            return true;
+        }
+        match self.limiter.consume(bytes, Instant::now()) {
+            Ok(()) => true,
+            Err(wait) => {
+                self.arm(wait);
+                false
+            }
+        }
+    }
+
+    /// Replaces the limiter, its buckets full; a request that waited for the old one is tried
+    /// again at once.
+    pub fn set(&mut self, config: RateLimiterConfig) {
+        self.config = config;
+        self.limiter = RateLimiter::new(config, Instant::now());
+        if self.waiting {
+            self.arm(Duration::ZERO);
+        }
+    }
+
+    /// Makes the timer fire at once: the device looks at its queue (after a restore, where a
+    /// request may have waited when the state was saved).
+    pub fn wake_soon(&mut self) {
+        self.arm(Duration::ZERO);
+    }
+
+    /// The timer fired: nothing waits any more (the device tries its queue again).
+    pub fn fired(&mut self) {
+        // How often it expired does not matter.
+        let _ = self.timer.wait();
+        self.waiting = false;
+    }
+
+    /// The device was reset: its queue is gone.
+    pub fn reset(&mut self) {
+        self.waiting = false;
+    }
+
+    /// Arms the timer for `wait` (at least a millisecond: a zero would disarm it).
+    fn arm(&mut self, wait: Duration) {
+        self.waiting = true;
+        if let Err(e) = self.timer.reset(wait.max(Duration::from_millis(1)), None) {
+            log::error!("{}: cannot arm the rate limiter's timer: {e}", self.device);
+        }
+    }
+}
+
+impl AsRawFd for Throttle {
+    /// The timer, for the event loop to watch.
+    fn as_raw_fd(&self) -> RawFd {
+        self.timer.as_raw_fd()
     }
 }
 

@@ -6,7 +6,9 @@ use vmm_sys_util::tempfile::TempFile;
 
 use super::*;
 use crate::devices::rate_limiter::TokenBucketConfig;
-use crate::devices::virtio::request_queue::testing::{self, activation, add_chain, used_len};
+use crate::devices::virtio::request_queue::testing::{
+    self, activation, add_chain, used_len, wait_readable,
+};
 
 const MIB: u64 = 1 << 20;
 const RING: u64 = MIB;
@@ -59,17 +61,6 @@ fn activated(
     read_only: bool,
 ) -> (BlockDevice, EventFd) {
     activated_drive(memory, mock, drive(image, read_only, Default::default()))
-}
-
-/// Waits (at most a second) for the device's rate limiter timer.
-fn wait_for_timer(device: &BlockDevice) {
-    let mut poll = libc::pollfd {
-        fd: device.wake_sources()[0].fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for at most a second.
-    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
 }
 
 fn header(memory: &Memory, kind: u32, sector: u64) {
@@ -307,7 +298,7 @@ fn the_rate_limiter_holds_a_request_in_the_queue_until_its_timer() {
     // A notification while it waits changes nothing.
     device.process_queue(0);
     assert_eq!(mock.used().idx().load(), 1);
-    wait_for_timer(&device);
+    wait_readable(device.wake_sources()[0].fd);
     device.wake(0);
     assert_eq!(mock.used().idx().load(), 2);
     assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);

@@ -1,10 +1,14 @@
+use std::time::Instant;
+
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
 use crate::devices::rate_limiter::TokenBucketConfig;
-use crate::devices::virtio::request_queue::testing::{self, activation, add_chain, used_len};
+use crate::devices::virtio::request_queue::testing::{
+    self, activation, add_chain, used_len, wait_readable,
+};
 
 const MIB: u64 = 1 << 20;
 const RING: u64 = MIB;
@@ -109,14 +113,7 @@ fn a_rate_limited_device_leaves_what_it_cannot_pay_for_until_its_timer_says_so()
     assert_eq!(mock.used().idx().load(), 1);
     assert_eq!(device.handle().throttled(), 1);
     let started = Instant::now();
-    let fd = device.wake_sources()[0].fd;
-    let mut poll = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for at most a second.
-    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
+    wait_readable(device.wake_sources()[0].fd);
     device.wake(0);
     let waited = started.elapsed();
     assert_eq!(

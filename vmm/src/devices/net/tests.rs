@@ -12,7 +12,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
 use crate::devices::rate_limiter::TokenBucketConfig;
-use crate::devices::virtio::request_queue::testing::{self, add_chain, used_len};
+use crate::devices::virtio::request_queue::testing::{self, add_chain, used_len, wait_readable};
 use crate::devices::virtio::ActiveQueue;
 
 const MIB: u64 = 1 << 20;
@@ -162,13 +162,7 @@ fn host_socket() -> UdpSocket {
 
 /// Waits until the tap has a frame for the device (at most a second).
 fn wait_for_frame(device: &NetDevice) {
-    let mut poll = libc::pollfd {
-        fd: device.tap.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for at most a second.
-    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1, "no frame");
+    wait_readable(device.tap.as_raw_fd());
 }
 
 #[test]
@@ -399,13 +393,7 @@ fn the_transmit_rate_limiter_holds_frames_in_the_queue_until_its_timer() {
     // A notification while throttled sends nothing.
     device.process_queue(TX);
     assert_eq!(tx.used().idx().load(), 1);
-    let mut poll = libc::pollfd {
-        fd: device.wake_sources()[WAKE_TX_TIMER].fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for at most a second.
-    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
+    wait_readable(device.wake_sources()[WAKE_TX_TIMER].fd);
     device.wake(WAKE_TX_TIMER);
     assert_eq!(tx.used().idx().load(), 2);
     assert!(started.elapsed() >= Duration::from_millis(80));
@@ -455,13 +443,7 @@ fn the_receive_rate_limiter_holds_a_frame_in_the_guest_buffer_until_its_timer() 
             deferred_rx: Some((1, used_len(&rx, 0)))
         }
     );
-    let mut poll = libc::pollfd {
-        fd: device.wake_sources()[WAKE_RX_TIMER].fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for at most a second.
-    assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1);
+    wait_readable(device.wake_sources()[WAKE_RX_TIMER].fd);
     device.wake(WAKE_RX_TIMER);
     assert_eq!(rx.used().idx().load(), 2);
     assert_eq!(

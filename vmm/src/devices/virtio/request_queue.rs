@@ -123,6 +123,17 @@ pub mod testing {
         Arc::new(GuestMemory::new(pool, config).unwrap())
     }
 
+    /// Waits (at most a second) until `fd`, a device's wake source, is readable.
+    pub fn wait_readable(fd: std::os::fd::RawFd) {
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for at most a second.
+        assert_eq!(unsafe { libc::poll(&mut poll, 1, 1000) }, 1, "not readable");
+    }
+
     /// The length the device put in used ring entry `slot` of `mock`.
     pub fn used_len(mock: &MockSplitQueue<'_, GuestMemory>, slot: u16) -> u32 {
         mock.used()
