@@ -83,6 +83,8 @@ const NUM_BUFFERS_AT: usize = 10;
 const WAKE_TAP: usize = 0;
 const WAKE_RX_TIMER: usize = 1;
 const WAKE_TX_TIMER: usize = 2;
+/// MMDS's stack must run (a retransmission, a connection that timed out).
+const WAKE_MMDS_TIMER: usize = 3;
 
 /// The queues' guest memory.
 pub type Memory = Arc<GuestMemory>;
@@ -197,6 +199,8 @@ pub struct NetDevice {
     /// MMDS, if it answers on this interface: the guest's frames to it go there, not to the
     /// tap.
     mmds: Option<Stack>,
+    /// Expires when MMDS's stack must run though the guest sends nothing.
+    mmds_timer: TimerFd,
 }
 
 /// The buffers of a frame's chain (`writable`: to receive into), at least a header long.
@@ -243,6 +247,17 @@ fn for_mmds(buffers: &Buffers, mmds: &Option<Stack>) -> bool {
     mmds.as_ref().is_some_and(|stack| stack.wants(&head[..got]))
 }
 
+/// Arms `timer` for when `stack` must run next, or disarms it.
+fn arm_mmds_timer(stack: &mut Stack, timer: &mut TimerFd, id: &str) {
+    let armed = match stack.poll_delay() {
+        Some(wait) => timer.reset(wait.max(Duration::from_millis(1)), None),
+        None => timer.clear(),
+    };
+    if let Err(e) = armed {
+        log::error!("virtio-net {id}: cannot arm MMDS's timer: {e}");
+    }
+}
+
 /// Arms `timer` to fire after `wait` (at least a millisecond: zero would disarm it).
 fn arm(timer: &mut TimerFd, wait: Duration, id: &str) {
     if let Err(e) = timer.reset(wait.max(Duration::from_millis(1)), None) {
@@ -269,6 +284,7 @@ impl NetDevice {
             limiter_configs: (config.rx_rate_limiter, config.tx_rate_limiter),
             rx_timer: TimerFd::new().map_err(|e| NetError::Timer(e.into()))?,
             tx_timer: TimerFd::new().map_err(|e| NetError::Timer(e.into()))?,
+            mmds_timer: TimerFd::new().map_err(|e| NetError::Timer(e.into()))?,
             rx_throttled: false,
             tx_throttled: false,
             deferred: None,
@@ -336,6 +352,7 @@ impl NetDevice {
                     buffers.read_at(HEADER_SIZE, &mut frame);
                     if let Some(stack) = self.mmds.as_mut() {
                         stack.take(frame);
+                        arm_mmds_timer(stack, &mut self.mmds_timer, &self.id);
                     }
                 }
                 Ok(buffers) => {
@@ -639,6 +656,7 @@ impl VirtioDevice<Memory> for NetDevice {
             },
             WakeSource::level(self.rx_timer.as_raw_fd()),
             WakeSource::level(self.tx_timer.as_raw_fd()),
+            WakeSource::level(self.mmds_timer.as_raw_fd()),
         ]
     }
 
@@ -655,6 +673,15 @@ impl VirtioDevice<Memory> for NetDevice {
                 let _ = self.tx_timer.wait();
                 self.tx_throttled = false;
                 self.transmit();
+            }
+            WAKE_MMDS_TIMER => {
+                let _ = self.mmds_timer.wait();
+                if let Some(stack) = self.mmds.as_mut() {
+                    stack.poll();
+                    arm_mmds_timer(stack, &mut self.mmds_timer, &self.id);
+                }
+                // What the stack sent (a retransmission, a reset).
+                self.receive();
             }
             _ => {}
         }

@@ -31,6 +31,9 @@ pub const MAX_QUEUED: usize = 256;
 const FRAME: usize = 1514;
 /// MMDS's port.
 const PORT: u16 = 80;
+/// How long a connection may live: one older is reset, so that guest connections that say
+/// nothing, or never close, cannot hold the slots (a request is answered in milliseconds).
+const MAX_CONNECTION_AGE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What MMDS serves, shared by the API and every interface that reaches it.
 #[derive(Debug, Clone)]
@@ -105,6 +108,21 @@ struct Slot {
     handle: SocketHandle,
     request: Vec<u8>,
     answered: bool,
+    /// When the connection was first seen (none while listening).
+    since: Option<std::time::Instant>,
+}
+
+impl Slot {
+    /// Makes the slot's closed `socket` listen for the next connection.
+    fn listen(&mut self, socket: &mut tcp::Socket<'_>) {
+        self.request.clear();
+        self.answered = false;
+        self.since = None;
+        // A guest that stops acknowledging gives up its connection after 10 s (the device's
+        // timer runs the stack when the time comes: see `Stack::poll_delay`).
+        socket.set_timeout(Some(smoltcp::time::Duration::from_secs(10)));
+        let _ = socket.listen(PORT);
+    }
 }
 
 /// MMDS for one interface.
@@ -116,6 +134,8 @@ pub struct Stack {
     slots: Vec<Slot>,
     shared: Shared,
     started: std::time::Instant,
+    /// [`MAX_CONNECTION_AGE`].
+    max_age: std::time::Duration,
 }
 
 impl std::fmt::Debug for Stack {
@@ -153,6 +173,7 @@ impl Stack {
                     handle: sockets.add(socket),
                     request: Vec::new(),
                     answered: false,
+                    since: None,
                 }
             })
             .collect();
@@ -164,6 +185,7 @@ impl Stack {
             slots,
             shared,
             started,
+            max_age: MAX_CONNECTION_AGE,
         }
     }
 
@@ -196,20 +218,52 @@ impl Stack {
         !self.link.to_guest.is_empty()
     }
 
-    /// Runs the stack: takes the guest's frames, answers complete requests.
+    /// The stack's clock.
+    fn now(&self) -> Instant {
+        Instant::from_millis(i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// How long until the stack must run again though no frame comes (a retransmission, a
+    /// connection's timeout, one grown too old); none: not before the guest's next frame.
+    pub fn poll_delay(&mut self) -> Option<std::time::Duration> {
+        let now = self.now();
+        let stack = self
+            .iface
+            .poll_delay(now, &self.sockets)
+            .map(|delay| std::time::Duration::from_micros(delay.total_micros()));
+        let oldest = self.slots.iter().filter_map(|slot| slot.since).min();
+        let age_limit = oldest.map(|since| {
+            (since + self.max_age).saturating_duration_since(std::time::Instant::now())
+        });
+        match (stack, age_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the stack: takes the guest's frames, answers complete requests, times connections
+    /// out.
     pub fn poll(&mut self) {
-        let elapsed = i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX);
-        let now = Instant::from_millis(elapsed);
+        let now = self.now();
+        let wall = std::time::Instant::now();
+        // Closed slots (a connection over, or reset since the last poll) listen again before
+        // the guest's frames come in.
+        for slot in &mut self.slots {
+            let socket = self.sockets.get_mut::<tcp::Socket>(slot.handle);
+            if socket.state() == tcp::State::Closed {
+                slot.listen(socket);
+            }
+        }
         self.iface.poll(now, &mut self.link, &mut self.sockets);
         for slot in &mut self.slots {
             let socket = self.sockets.get_mut::<tcp::Socket>(slot.handle);
             match socket.state() {
+                tcp::State::Listen => {
+                    slot.since = None;
+                    continue;
+                }
                 tcp::State::Closed => {
-                    slot.request.clear();
-                    slot.answered = false;
-                    // A guest that stops talking frees the slot (checked as its frames come).
-                    socket.set_timeout(Some(smoltcp::time::Duration::from_secs(10)));
-                    let _ = socket.listen(PORT);
+                    slot.listen(socket);
                     continue;
                 }
                 // The guest's side is closed too: nothing more to send or wait for.
@@ -218,6 +272,13 @@ impl Stack {
                     continue;
                 }
                 _ => {}
+            }
+            let since = *slot.since.get_or_insert(wall);
+            if wall.saturating_duration_since(since) >= self.max_age {
+                // A reset to the guest; the slot listens again at the next poll, which its
+                // past deadline asks for at once (`poll_delay`).
+                socket.abort();
+                continue;
             }
             if socket.can_recv() {
                 let room = MAX_REQUEST_BYTES - slot.request.len();

@@ -156,3 +156,79 @@ fn a_request_longer_than_mmds_reads_is_answered_from_what_it_read() {
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer:?}");
     assert!(answer.ends_with("i-0123"), "{answer:?}");
 }
+
+#[test]
+fn connections_that_say_nothing_are_reset_once_too_old_and_their_slots_listen_again() {
+    let mut stack = stack(Version::V1);
+    stack.max_age = std::time::Duration::from_millis(300);
+    assert_eq!(stack.poll_delay(), None, "nothing to wait for");
+    // A guest opens every slot's connection and says nothing.
+    let mut link = Link::default();
+    let mut iface = Interface::new(
+        Config::new(HardwareAddress::Ethernet(EthernetAddress([
+            6, 0, 0, 0, 0, 2,
+        ]))),
+        &mut link,
+        Instant::from_millis(0),
+    );
+    iface.update_ip_addrs(|addresses| {
+        let _ = addresses.push(IpCidr::new(Ipv4Addr::new(169, 254, 0, 2).into(), 16));
+    });
+    let mut sockets = SocketSet::new(Vec::new());
+    let handles: Vec<_> = (0..SOCKETS as u16)
+        .map(|i| {
+            let handle = sockets.add(tcp::Socket::new(
+                tcp::SocketBuffer::new(vec![0; 1024]),
+                tcp::SocketBuffer::new(vec![0; 1024]),
+            ));
+            sockets
+                .get_mut::<tcp::Socket>(handle)
+                .connect(iface.context(), (DEFAULT_IPV4, 80), 50000 + i)
+                .unwrap();
+            handle
+        })
+        .collect();
+    let mut exchange = |round: i64, stack: &mut Stack, sockets: &mut SocketSet<'_>| {
+        let now = Instant::from_millis(round * 10);
+        iface.poll(now, &mut link, sockets);
+        while let Some(frame) = link.to_guest.pop_front() {
+            stack.take(frame);
+        }
+        while let Some(frame) = stack.next_frame() {
+            link.from_guest.push_back(frame);
+        }
+        iface.poll(now, &mut link, sockets);
+    };
+    for round in 0..20 {
+        exchange(round, &mut stack, &mut sockets);
+    }
+    let state = |sockets: &SocketSet<'_>, handle| sockets.get::<tcp::Socket>(handle).state();
+    for &handle in &handles {
+        assert_eq!(state(&sockets, handle), tcp::State::Established);
+    }
+    // The device's timer is asked for no later than the connections' end.
+    let delay = stack.poll_delay().expect("a deadline");
+    assert!(delay <= stack.max_age, "{delay:?}");
+    std::thread::sleep(stack.max_age + std::time::Duration::from_millis(50));
+    // The timer fires: the stack runs, resets each connection, and its slots listen again.
+    stack.poll();
+    for round in 20..30 {
+        exchange(round, &mut stack, &mut sockets);
+    }
+    for &handle in &handles {
+        assert_eq!(state(&sockets, handle), tcp::State::Closed, "reset");
+    }
+    // The timer comes back at once, and the slots listen again.
+    assert_eq!(stack.poll_delay(), Some(std::time::Duration::ZERO));
+    stack.poll();
+    assert_eq!(stack.poll_delay(), None);
+    assert!(stack.slots.iter().all(|slot| {
+        stack.sockets.get::<tcp::Socket>(slot.handle).state() == tcp::State::Listen
+    }));
+    // And they serve again.
+    assert!(fetch(
+        &mut stack,
+        b"GET /latest/meta-data/instance-id HTTP/1.1\r\n\r\n"
+    )
+    .contains("i-0123"));
+}
