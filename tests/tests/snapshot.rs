@@ -379,14 +379,18 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_without_a_zone() 
 }
 
 #[test]
-fn a_network_interface_comes_back_on_the_tap_network_overrides_name() {
-    let test = "a_network_interface_comes_back_on_the_tap_network_overrides_name";
+fn devices_come_back_as_the_api_last_set_them_on_the_tap_network_overrides_name() {
+    let test = "devices_come_back_as_the_api_last_set_them_on_the_tap_network_overrides_name";
     if !kvm_available(test) || !private_network(test, &["tap0", "tap1"]) {
         return;
     }
     let scratch = Scratch::new("snapshot-net");
     let zone = zone(&scratch, "zone", "128M");
     let (snapshot, socket) = (scratch.path("vm.snap"), scratch.path("api.sock"));
+    let (first, second) = (scratch.path("first.img"), scratch.path("second.img"));
+    std::fs::write(&first, vec![1u8; 1 << 20]).unwrap();
+    std::fs::write(&second, vec![2u8; 2 << 20]).unwrap();
+    let drive = format!("id=data,path={first},ro=on");
     let args = [
         "--memory",
         "32M",
@@ -394,8 +398,24 @@ fn a_network_interface_comes_back_on_the_tap_network_overrides_name() {
         WORKLOAD,
         "--net",
         "tap=tap0,mac=06:00:00:00:00:09",
+        "--drive",
+        &drive,
     ];
     let (vmm, api) = paused_in_zone(&zone, "net", &socket, &args);
+    // The API gives the drive another image and both devices rate limiters: the snapshot
+    // keeps what it set last.
+    let limiter = serde_json::json!({"bandwidth": null,
+        "ops": {"size": 100, "one_time_burst": null, "refill_time": 1000}});
+    let patch = serde_json::json!({"drive_id": "data", "path_on_host": second,
+                                   "rate_limiter": limiter});
+    send(&api, "PATCH", "/drives/data", &patch.to_string());
+    let patch = serde_json::json!({"iface_id": "eth0", "tx_rate_limiter": limiter});
+    send(
+        &api,
+        "PATCH",
+        "/network-interfaces/eth0",
+        &patch.to_string(),
+    );
     create_snapshot(&api, &snapshot, &zone);
     vmm.kill();
     let _ = std::fs::remove_file(&socket);
@@ -425,12 +445,17 @@ fn a_network_interface_comes_back_on_the_tap_network_overrides_name() {
         "/snapshot/load",
         &load(r#"[{"iface_id":"eth0","host_dev_name":"tap1"}]"#),
     );
-    let interfaces = get(&api, "/vm/config")["network-interfaces"].clone();
+    let config = get(&api, "/vm/config");
     assert_eq!(
-        interfaces,
+        config["network-interfaces"],
         serde_json::json!([{"iface_id": "eth0", "host_dev_name": "tap1",
-                            "guest_mac": "06:00:00:00:00:09"}])
+                            "guest_mac": "06:00:00:00:00:09", "tx_rate_limiter": limiter}])
     );
+    assert_eq!(
+        config["drives"][0]["path_on_host"],
+        serde_json::json!(second)
+    );
+    assert_eq!(config["drives"][0]["rate_limiter"], limiter);
     send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     assert_finished_after_the_checkpoint(&waiting.wait(TIMEOUT), 3);
 }
