@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use crate::spec::{
-    BALLOON_PAGE_SIZE, CONFIG_ACTUAL, CONFIG_NUM_PAGES, CONFIG_SIZE, MAX_QUEUE_SIZE,
-    VIRTIO_BALLOON_F_DEFLATE_ON_OOM, VIRTIO_BALLOON_F_MUST_TELL_HOST,
-    VIRTIO_BALLOON_F_PAGE_REPORTING, VIRTIO_BALLOON_F_STATS_VQ, VIRTIO_F_VERSION_1,
+    BALLOON_PAGE_SIZE, CONFIG_ACTUAL, CONFIG_FREE_PAGE_HINT_CMD_ID, CONFIG_NUM_PAGES, CONFIG_SIZE,
+    MAX_QUEUE_SIZE, VIRTIO_BALLOON_F_DEFLATE_ON_OOM, VIRTIO_BALLOON_F_FREE_PAGE_HINT,
+    VIRTIO_BALLOON_F_MUST_TELL_HOST, VIRTIO_BALLOON_F_PAGE_REPORTING, VIRTIO_BALLOON_F_STATS_VQ,
+    VIRTIO_F_VERSION_1,
 };
 use log::warn;
 use thiserror::Error;
@@ -44,6 +45,9 @@ pub struct BalloonConfig {
     pub deflate_on_oom: bool,
     /// Offer VIRTIO_BALLOON_F_PAGE_REPORTING: reported free ranges go back to the pool.
     pub free_page_reporting: bool,
+    /// Offer VIRTIO_BALLOON_F_FREE_PAGE_HINT: in a hinting run the host starts, the pages the
+    /// guest hints free go back to the pool.
+    pub free_page_hinting: bool,
     /// Offer VIRTIO_BALLOON_F_STATS_VQ and ask for statistics at this interval; `None` disables.
     pub stats_interval: Option<Duration>,
     /// Offer VIRTIO_BALLOON_F_MUST_TELL_HOST: the guest waits for the device to process a
@@ -59,6 +63,7 @@ impl Default for BalloonConfig {
             target_pages: 0,
             deflate_on_oom: false,
             free_page_reporting: false,
+            free_page_hinting: false,
             stats_interval: None,
             must_tell_host: true,
             queue_size: DEFAULT_QUEUE_SIZE,
@@ -87,6 +92,7 @@ impl BalloonConfig {
             | bit(self.stats_interval.is_some(), VIRTIO_BALLOON_F_STATS_VQ)
             | bit(self.deflate_on_oom, VIRTIO_BALLOON_F_DEFLATE_ON_OOM)
             | bit(self.free_page_reporting, VIRTIO_BALLOON_F_PAGE_REPORTING)
+            | bit(self.free_page_hinting, VIRTIO_BALLOON_F_FREE_PAGE_HINT)
     }
 }
 
@@ -122,15 +128,24 @@ pub struct ConfigSpace {
     pub num_pages: u32,
     /// Current size of the balloon in 4 KiB pages, as the driver reports it.
     pub actual: u32,
+    /// The host's free page hinting command: a run's id, or [`FREE_PAGE_HINT_STOP`] or
+    /// [`FREE_PAGE_HINT_DONE`]; written by the device.
+    ///
+    /// [`FREE_PAGE_HINT_STOP`]: crate::spec::FREE_PAGE_HINT_STOP
+    /// [`FREE_PAGE_HINT_DONE`]: crate::spec::FREE_PAGE_HINT_DONE
+    pub free_page_hint_cmd_id: u32,
 }
 
 impl ConfigSpace {
     fn bytes(&self) -> [u8; CONFIG_SIZE] {
-        // The layout of the spec: num_pages, then actual.
-        const _: () = assert!(CONFIG_NUM_PAGES == 0 && CONFIG_ACTUAL == 4);
+        // The layout of the spec: num_pages, actual, free_page_hint_cmd_id (poison_val: 0).
+        const _: () = assert!(
+            CONFIG_NUM_PAGES == 0 && CONFIG_ACTUAL == 4 && CONFIG_FREE_PAGE_HINT_CMD_ID == 8
+        );
         let mut bytes = [0; CONFIG_SIZE];
         bytes[..4].copy_from_slice(&self.num_pages.to_le_bytes());
         bytes[4..8].copy_from_slice(&self.actual.to_le_bytes());
+        bytes[8..12].copy_from_slice(&self.free_page_hint_cmd_id.to_le_bytes());
         bytes
     }
 
@@ -170,10 +185,11 @@ mod tests {
         let all = BalloonConfig {
             deflate_on_oom: true,
             free_page_reporting: true,
+            free_page_hinting: true,
             stats_interval: Some(Duration::from_secs(2)),
             ..config
         };
-        assert_eq!(all.features(), 1 << 32 | 0b100111);
+        assert_eq!(all.features(), 1 << 32 | 0b101111);
         for size in [0, 3, 1000] {
             let bad = BalloonConfig {
                 queue_size: size,
@@ -213,10 +229,13 @@ mod tests {
         let mut space = ConfigSpace {
             num_pages: 0x0403_0201,
             actual: 0,
+            free_page_hint_cmd_id: 0x0807_0605,
         };
         let mut word = [0xff; 4];
         space.read(0, &mut word);
         assert_eq!(word, [1, 2, 3, 4]);
+        space.read(8, &mut word);
+        assert_eq!(word, [5, 6, 7, 8]);
         let mut tail = [0xff; 8];
         space.read(12, &mut tail);
         assert_eq!(tail, [0; 8]);
@@ -228,6 +247,11 @@ mod tests {
         space.write(CONFIG_NUM_PAGES, &9u32.to_le_bytes());
         space.write(CONFIG_ACTUAL, &[1, 2]);
         space.write(5, &[1, 2, 3, 4]);
+        space.write(CONFIG_FREE_PAGE_HINT_CMD_ID, &9u32.to_le_bytes());
+        assert_eq!(
+            space.free_page_hint_cmd_id, 0x0807_0605,
+            "the device's to write"
+        );
         assert_eq!(space.num_pages, 0x0403_0201);
         assert_eq!(space.actual, 7);
     }

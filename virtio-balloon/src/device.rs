@@ -21,7 +21,9 @@ use vm_memory::GuestAddressSpace;
 use crate::backend::{BalloonBackend, GuestNotifier};
 use crate::config::{pages_from_mib, BalloonConfig, ConfigError, ConfigSpace};
 use crate::queues::{QueueLayout, QueueRole};
-use crate::spec::VIRTIO_ID_BALLOON;
+use crate::spec::{
+    FREE_PAGE_HINT_DONE, FREE_PAGE_HINT_STOP, VIRTIO_BALLOON_F_FREE_PAGE_HINT, VIRTIO_ID_BALLOON,
+};
 use crate::stats::GuestStats;
 use crate::violations::{Violation, Violations};
 use process::Handler;
@@ -76,6 +78,12 @@ pub enum BalloonError {
     /// A saved state cannot be restored.
     #[error("cannot restore the balloon: {0}")]
     BadState(String),
+    /// Free page hinting was not offered (`free_page_hinting` off).
+    #[error("free page hinting was not enabled when the balloon was configured")]
+    HintingDisabled,
+    /// No driver drives the device (or it waits for a reset), or it took no free page hinting.
+    #[error("the balloon's driver is not running with free page hinting")]
+    HintingInactive,
 }
 
 /// What the device did, as the host sees it.
@@ -99,6 +107,15 @@ pub struct BalloonCounters {
     pub reported_bytes: u64,
     /// Frames that free page reporting returned to the pool.
     pub report_freed_frames: u64,
+    /// Buffers the guest gave on the free page hinting queue (command ids and hints).
+    #[serde(default)]
+    pub hint_buffers: u64,
+    /// Bytes the guest hinted free in the host's current run.
+    #[serde(default)]
+    pub hinted_bytes: u64,
+    /// Frames that free page hinting returned to the pool.
+    #[serde(default)]
+    pub hint_freed_frames: u64,
     /// Statistics buffers received.
     pub stats_updates: u64,
     /// Backend operations that failed on the host side.
@@ -126,12 +143,34 @@ pub struct BalloonInfo {
     pub violations: Violations,
 }
 
+/// Where free page hinting is, as the API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HintingStatus {
+    /// The host's command: the current run's id, or [`FREE_PAGE_HINT_STOP`] (none yet) or
+    /// [`FREE_PAGE_HINT_DONE`] (the run is over).
+    pub host_cmd: u32,
+    /// The guest's last command: the run it hints for, or [`FREE_PAGE_HINT_STOP`] once it
+    /// is through; none before its first.
+    pub guest_cmd: Option<u32>,
+}
+
+/// The host's side of free page hinting.
+#[derive(Debug, Clone, Copy, Default)]
+struct HintRuns {
+    /// The id of the last run started.
+    last_id: u32,
+    /// End a run (tell the guest [`FREE_PAGE_HINT_DONE`]) as soon as the guest is through.
+    acknowledge_on_stop: bool,
+}
+
 /// Bookkeeping the queue handlers update.
 #[derive(Debug, Default)]
 struct Record {
     counters: BalloonCounters,
     violations: Violations,
     stats: GuestStats,
+    /// The guest's last free page hinting command.
+    guest_hint_cmd: Option<u32>,
 }
 
 /// State while a driver drives the device.
@@ -154,6 +193,7 @@ pub struct Balloon<M: GuestAddressSpace, B: BalloonBackend> {
     space: ConfigSpace,
     active: Option<Active<M>>,
     record: Record,
+    hint_runs: HintRuns,
 }
 
 impl<M: GuestAddressSpace, B: BalloonBackend> std::fmt::Debug for Balloon<M, B> {
@@ -184,9 +224,11 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
             space: ConfigSpace {
                 num_pages: config.target_pages,
                 actual: 0,
+                free_page_hint_cmd_id: FREE_PAGE_HINT_STOP,
             },
             active: None,
             record: Record::default(),
+            hint_runs: HintRuns::default(),
         })
     }
 
@@ -255,6 +297,73 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
     /// Sets the target in MiB (the API's unit).
     pub fn set_target_mib(&mut self, mib: u64) -> Result<(), BalloonError> {
         self.set_target_pages(pages_from_mib(mib)?)
+    }
+
+    /// Starts a free page hinting run (Firecracker's `PATCH /balloon/hinting/start`): the
+    /// guest is told a new run id and hints its free pages, which go back to the pool. With
+    /// `acknowledge_on_stop` the run ends by itself once the guest is through; otherwise
+    /// [`Self::stop_hinting`] ends it (until then the guest keeps the hinted pages out of use).
+    /// Returns the run's id.
+    pub fn start_hinting(&mut self, acknowledge_on_stop: bool) -> Result<u32, BalloonError> {
+        self.check_hinting()?;
+        // 0 and 1 are STOP and DONE.
+        let id = self
+            .hint_runs
+            .last_id
+            .wrapping_add(1)
+            .max(FREE_PAGE_HINT_DONE + 1);
+        self.hint_runs = HintRuns {
+            last_id: id,
+            acknowledge_on_stop,
+        };
+        self.set_hint_cmd(id)?;
+        Ok(id)
+    }
+
+    /// Ends the hinting run (`PATCH /balloon/hinting/stop`): the guest may use the pages it
+    /// hinted again.
+    pub fn stop_hinting(&mut self) -> Result<(), BalloonError> {
+        self.check_hinting()?;
+        self.set_hint_cmd(FREE_PAGE_HINT_DONE)
+    }
+
+    /// Where hinting is (`GET /balloon/hinting/status`).
+    pub fn hinting_status(&self) -> Result<HintingStatus, BalloonError> {
+        if !self.config.free_page_hinting {
+            return Err(BalloonError::HintingDisabled);
+        }
+        Ok(HintingStatus {
+            host_cmd: self.space.free_page_hint_cmd_id,
+            guest_cmd: self.record.guest_hint_cmd,
+        })
+    }
+
+    /// Whether a hinting command can go to the guest: offered, and a driver took it.
+    fn check_hinting(&self) -> Result<(), BalloonError> {
+        if !self.config.free_page_hinting {
+            return Err(BalloonError::HintingDisabled);
+        }
+        match &self.active {
+            Some(active)
+                if !active.needs_reset
+                    && active.acked_features & (1 << VIRTIO_BALLOON_F_FREE_PAGE_HINT) != 0 =>
+            {
+                Ok(())
+            }
+            _ => Err(BalloonError::HintingInactive),
+        }
+    }
+
+    /// Sets the host's hinting command and tells the driver.
+    fn set_hint_cmd(&mut self, cmd: u32) -> Result<(), BalloonError> {
+        self.space.free_page_hint_cmd_id = cmd;
+        match &self.active {
+            Some(active) => active
+                .notifier
+                .config_changed()
+                .map_err(BalloonError::Notify),
+            None => Ok(()),
+        }
     }
 
     /// A snapshot for the API.
@@ -366,10 +475,19 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
         let mut handler = Handler {
             backend: &self.backend,
             record: &mut self.record,
+            host_hint_cmd: self.space.free_page_hint_cmd_id,
+            guest_done_hinting: false,
         };
         let result = handler.process(active, role);
+        let done_hinting = handler.guest_done_hinting;
         Self::check_broken(active, &result);
-        result
+        result?;
+        // The guest is through with the run: end it, so that it uses its hinted pages again.
+        let host_cmd = self.space.free_page_hint_cmd_id;
+        if done_hinting && self.hint_runs.acknowledge_on_stop && host_cmd > FREE_PAGE_HINT_DONE {
+            self.set_hint_cmd(FREE_PAGE_HINT_DONE)?;
+        }
+        Ok(())
     }
 
     /// Asks the guest for fresh statistics by returning the statistics buffer it holds; the VMM
@@ -399,6 +517,8 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
     /// (a driver that resets the device no longer knows its balloon).
     pub fn reset(&mut self) {
         self.space.actual = 0;
+        self.space.free_page_hint_cmd_id = FREE_PAGE_HINT_STOP;
+        self.record.guest_hint_cmd = None;
         if self.active.take().is_none() {
             return;
         }

@@ -6,16 +6,18 @@
 //! reported range", "is this RAM"), and interrupts through a [`GuestNotifier`]. The same device
 //! can therefore sit behind virtio-mmio in this VMM, or behind a vhost-user backend.
 //!
-//! * Queues: inflate 0, deflate 1, then statistics and free page reporting when negotiated,
-//!   numbered consecutively as Linux and QEMU do ([`QueueLayout`]).
-//! * Features: VERSION_1, MUST_TELL_HOST, STATS_VQ, DEFLATE_ON_OOM, PAGE_REPORTING, as the
-//!   [`BalloonConfig`] selects. Deflate buffers are applied before they are returned, so with
+//! * Queues: inflate 0, deflate 1, then statistics, free page hinting and free page reporting
+//!   when negotiated, numbered consecutively as Linux and QEMU do ([`QueueLayout`]).
+//! * Features: VERSION_1, MUST_TELL_HOST, STATS_VQ, DEFLATE_ON_OOM, FREE_PAGE_HINT,
+//!   PAGE_REPORTING, as the [`BalloonConfig`] selects. Deflate buffers are applied before they are returned, so with
 //!   MUST_TELL_HOST the guest only reuses pages the backend has taken back.
 //! * Inflate and deflate buffers carry 4 KiB page frame numbers; each piece of up to 256 is
 //!   sorted in place and consecutive ones are coalesced into runs (in whatever order the driver
 //!   lists them), each checked against guest RAM and applied to the backend, which keeps the
 //!   record of given-away pages (bounded by guest RAM, e.g. per-chunk bitmaps).
-//! * Every descriptor of a reporting buffer is a free range that the backend discards.
+//! * Every descriptor of a reporting buffer is a free range that the backend discards; so is
+//!   every device-writable descriptor of a hinting buffer in the run the host started
+//!   ([`Balloon::start_hinting`]) and the guest joined (its command id buffer).
 //! * The statistics buffer is parsed, kept ([`GuestStats`]) and held until the VMM's timer
 //!   calls [`Balloon::request_stats`].
 //! * Hostile drivers: bad page numbers, ranges and descriptors are ignored and counted
@@ -99,7 +101,8 @@ pub use config::{
     MAX_TARGET_BYTES,
 };
 pub use device::{
-    ActiveState, Balloon, BalloonCounters, BalloonError, BalloonInfo, BalloonState, Reactivation,
+    ActiveState, Balloon, BalloonCounters, BalloonError, BalloonInfo, BalloonState, HintingStatus,
+    Reactivation,
 };
 pub use pfn_list::MAX_PFNS_PER_CHAIN;
 pub use queues::{QueueLayout, QueueRole};

@@ -3,10 +3,12 @@
 //! virtio 1.2 §5.5.2 lists inflateq 0, deflateq 1, statsq 2, free_page_vq 3 and reporting_vq 4,
 //! each of the last three existing only with its feature. Drivers and devices (Linux, QEMU) number
 //! the queues that exist consecutively, which later spec versions made explicit: with STATS_VQ and
-//! PAGE_REPORTING (and no FREE_PAGE_HINT, which this device never offers) the reporting queue is
-//! index 3; without STATS_VQ it is index 2.
+//! PAGE_REPORTING but no FREE_PAGE_HINT the reporting queue is index 3; without STATS_VQ it is
+//! index 2.
 
-use crate::spec::{VIRTIO_BALLOON_F_PAGE_REPORTING, VIRTIO_BALLOON_F_STATS_VQ};
+use crate::spec::{
+    VIRTIO_BALLOON_F_FREE_PAGE_HINT, VIRTIO_BALLOON_F_PAGE_REPORTING, VIRTIO_BALLOON_F_STATS_VQ,
+};
 
 /// What a queue is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,13 +19,15 @@ pub enum QueueRole {
     Deflate,
     /// The guest's memory statistics.
     Stats,
+    /// Free page hints, in the runs the host starts.
+    FreePageHint,
     /// Free page reports.
     Reporting,
 }
 
 impl QueueRole {
     /// Number of roles.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 5;
 
     /// A dense index for per-role arrays.
     pub fn slot(self) -> usize {
@@ -46,6 +50,7 @@ impl QueueLayout {
             Some(QueueRole::Inflate),
             Some(QueueRole::Deflate),
             has(VIRTIO_BALLOON_F_STATS_VQ).then_some(QueueRole::Stats),
+            has(VIRTIO_BALLOON_F_FREE_PAGE_HINT).then_some(QueueRole::FreePageHint),
             has(VIRTIO_BALLOON_F_PAGE_REPORTING).then_some(QueueRole::Reporting),
         ];
         for (slot, role) in roles.iter_mut().zip(present.into_iter().flatten()) {
@@ -115,5 +120,23 @@ mod tests {
         assert_eq!(basic.role(2), None);
         assert_eq!(basic.role(u16::MAX), None);
         assert_eq!(layout(true, false).role(2), Some(Stats));
+
+        // Free page hinting comes between statistics and reporting.
+        let hinting = QueueLayout::new(
+            1 << VIRTIO_BALLOON_F_FREE_PAGE_HINT | 1 << VIRTIO_BALLOON_F_PAGE_REPORTING,
+        );
+        assert_eq!(
+            hinting.roles().collect::<Vec<_>>(),
+            [Inflate, Deflate, FreePageHint, Reporting]
+        );
+        let every = QueueLayout::new(
+            1 << VIRTIO_BALLOON_F_STATS_VQ
+                | 1 << VIRTIO_BALLOON_F_FREE_PAGE_HINT
+                | 1 << VIRTIO_BALLOON_F_PAGE_REPORTING,
+        );
+        assert_eq!(
+            (every.index(FreePageHint), every.index(Reporting)),
+            (Some(3), Some(4))
+        );
     }
 }

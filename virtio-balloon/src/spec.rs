@@ -16,7 +16,7 @@ pub const VIRTIO_BALLOON_F_MUST_TELL_HOST: u32 = 0;
 pub const VIRTIO_BALLOON_F_STATS_VQ: u32 = 1;
 /// Feature bit: the driver may deflate the balloon when the guest runs out of memory.
 pub const VIRTIO_BALLOON_F_DEFLATE_ON_OOM: u32 = 2;
-/// Feature bit: the device supports free page hinting (not offered by this device).
+/// Feature bit: the device supports free page hinting (offered with `free_page_hinting`).
 pub const VIRTIO_BALLOON_F_FREE_PAGE_HINT: u32 = 3;
 /// Feature bit: the driver poisons free pages with `poison_val` (not offered by this device).
 pub const VIRTIO_BALLOON_F_PAGE_POISON: u32 = 4;
@@ -38,6 +38,11 @@ pub const CONFIG_ACTUAL: u64 = 4;
 pub const CONFIG_FREE_PAGE_HINT_CMD_ID: u64 = 8;
 /// Offset of `le32 poison_val` (only meaningful with PAGE_POISON).
 pub const CONFIG_POISON_VAL: u64 = 12;
+/// `free_page_hint_cmd_id`: no hinting run (the driver stops one that goes on).
+pub const FREE_PAGE_HINT_STOP: u32 = 0;
+/// `free_page_hint_cmd_id`: the run is over, the driver may use the hinted pages again.
+pub const FREE_PAGE_HINT_DONE: u32 = 1;
+
 /// Size of the configuration space in bytes.
 pub const CONFIG_SIZE: usize = 16;
 

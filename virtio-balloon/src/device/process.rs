@@ -14,14 +14,19 @@ use crate::backend::{BalloonBackend, GuestNotifier, GuestRange};
 use crate::page_report::read_reported_ranges;
 use crate::pfn_list::read_pfn_runs;
 use crate::queues::QueueRole;
+use crate::spec::{BALLOON_PAGE_SIZE, FREE_PAGE_HINT_DONE};
 use crate::stats::GuestStats;
 use crate::violations::{Violation, Violations};
-use crate::BalloonCounters;
+use crate::{BalloonCounters, MAX_CHAIN_DESCRIPTORS};
 
 /// Applies the buffers of one queue to the backend and the record.
 pub(super) struct Handler<'a, B> {
     pub backend: &'a B,
     pub record: &'a mut Record,
+    /// The host's free page hinting command (the configuration space's).
+    pub host_hint_cmd: u32,
+    /// Set when the guest says it is through with a hinting run.
+    pub guest_done_hinting: bool,
 }
 
 impl<B: BalloonBackend> Handler<'_, B> {
@@ -50,6 +55,10 @@ impl<B: BalloonBackend> Handler<'_, B> {
             QueueRole::Reporting => drain(queue, mem, index, &mut refused, |chain| {
                 self.record.counters.report_buffers += 1;
                 self.report(chain)
+            }),
+            QueueRole::FreePageHint => drain(queue, mem, index, &mut refused, |chain| {
+                self.record.counters.hint_buffers += 1;
+                self.hint(mem, chain)
             }),
             QueueRole::Stats => {
                 self.take_stats(queue, mem, index, &mut refused, &mut active.held_stats)
@@ -113,6 +122,80 @@ impl<B: BalloonBackend> Handler<'_, B> {
                 Err(e) => backend_failure(counters, "discard", range, &e),
             }
         });
+    }
+
+    /// A free page hinting buffer (virtio 1.2 §5.5.6.6): a device-readable 4-byte buffer is the
+    /// guest's command (the run it hints for, or STOP when it is through); each device-writable
+    /// one is a free range, discarded if the guest hints for the run the host has going (hints
+    /// of an earlier run, or after the host ended it, are ignored: the guest may use those
+    /// pages again).
+    fn hint<G: GuestMemory>(&mut self, mem: &G, chain: DescriptorChain<&G>) {
+        let Record {
+            counters,
+            violations,
+            guest_hint_cmd,
+            ..
+        } = &mut *self.record;
+        for (position, desc) in chain.enumerate() {
+            if position == MAX_CHAIN_DESCRIPTORS {
+                violations.record(Violation::ChainTooLong, 1, format_args!("hinting chain"));
+                break;
+            }
+            if !desc.is_write_only() {
+                if desc.len() != 4 {
+                    violations.record(
+                        Violation::Misaligned,
+                        1,
+                        format_args!("a {}-byte hinting command", desc.len()),
+                    );
+                    continue;
+                }
+                match mem.read_obj::<u32>(desc.addr()) {
+                    Ok(cmd) => {
+                        let cmd = u32::from_le(cmd);
+                        *guest_hint_cmd = Some(cmd);
+                        if cmd <= FREE_PAGE_HINT_DONE {
+                            self.guest_done_hinting = true;
+                        }
+                    }
+                    Err(_) => violations.record(
+                        Violation::Unreadable,
+                        1,
+                        format_args!("hinting command at {:#x}", desc.addr().0),
+                    ),
+                }
+                continue;
+            }
+            let run = self.host_hint_cmd;
+            if run <= FREE_PAGE_HINT_DONE || *guest_hint_cmd != Some(run) {
+                continue;
+            }
+            let range = GuestRange {
+                addr: desc.addr(),
+                len: u64::from(desc.len()),
+            };
+            let problem = if range.len == 0 {
+                Some(Violation::ZeroLength)
+            } else if !range.addr.0.is_multiple_of(BALLOON_PAGE_SIZE)
+                || !range.len.is_multiple_of(BALLOON_PAGE_SIZE)
+                || range.end().is_none()
+            {
+                Some(Violation::Misaligned)
+            } else if !self.backend.is_ram(range) {
+                Some(Violation::OutsideRam)
+            } else {
+                None
+            };
+            if let Some(kind) = problem {
+                violations.record(kind, 1, format_args!("hinted range {range}"));
+                continue;
+            }
+            counters.hinted_bytes += range.len;
+            match self.backend.discard(range) {
+                Ok(freed) => counters.hint_freed_frames += freed,
+                Err(e) => backend_failure(counters, "discard", range, &e),
+            }
+        }
     }
 
     /// Parses new statistics buffers and holds the latest; one held before is returned at once

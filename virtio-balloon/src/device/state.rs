@@ -12,6 +12,7 @@ use vm_memory::GuestAddressSpace;
 use super::{Balloon, BalloonCounters, BalloonError};
 use crate::backend::{BalloonBackend, GuestNotifier};
 use crate::queues::QueueRole;
+use crate::spec::FREE_PAGE_HINT_DONE;
 use crate::stats::GuestStats;
 use crate::violations::Violations;
 
@@ -30,6 +31,15 @@ pub struct BalloonState {
     pub violations: Violations,
     /// Present while a driver drives the device.
     pub active: Option<ActiveState>,
+    /// The host's free page hinting command.
+    #[serde(default)]
+    pub free_page_hint_cmd_id: u32,
+    /// The guest's last free page hinting command.
+    #[serde(default)]
+    pub guest_hint_cmd: Option<u32>,
+    /// The id of the last hinting run started.
+    #[serde(default)]
+    pub last_hint_run: u32,
 }
 
 /// The part of [`BalloonState`] that exists while a driver drives the device.
@@ -73,6 +83,9 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
                 held_stats: active.held_stats,
                 needs_reset: active.needs_reset,
             }),
+            free_page_hint_cmd_id: self.space.free_page_hint_cmd_id,
+            guest_hint_cmd: self.record.guest_hint_cmd,
+            last_hint_run: self.hint_runs.last_id,
         }
     }
 
@@ -146,7 +159,15 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
         self.record.counters = state.counters;
         self.record.stats = GuestStats::from_entries(&state.stats);
         self.record.violations = state.violations;
+        self.record.guest_hint_cmd = state.guest_hint_cmd;
+        self.hint_runs.last_id = state.last_hint_run;
+        self.space.free_page_hint_cmd_id = state.free_page_hint_cmd_id;
         self.active = active;
+        // A run that was going on ends: the guest uses the pages it hinted again (the VMM
+        // that started it is gone, and so is whoever would have stopped it).
+        if state.free_page_hint_cmd_id > FREE_PAGE_HINT_DONE && self.check_hinting().is_ok() {
+            self.set_hint_cmd(FREE_PAGE_HINT_DONE)?;
+        }
         Ok(())
     }
 }

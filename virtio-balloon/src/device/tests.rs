@@ -504,3 +504,113 @@ fn a_restored_balloon_goes_on_where_the_saved_one_stood() {
     ));
     assert!(!fresh.is_active() && fresh.target_pages() == 0);
 }
+
+#[test]
+fn free_page_hints_of_the_host_s_run_are_discarded_and_the_run_ends_as_asked() {
+    use crate::spec::{FREE_PAGE_HINT_DONE, FREE_PAGE_HINT_STOP};
+    const HINTS: u16 = 2;
+    let mem = guest_memory();
+    let config = BalloonConfig {
+        free_page_hinting: true,
+        queue_size: QUEUE_SIZE,
+        ..BalloonConfig::default()
+    };
+    let mut balloon = TestBalloon::new(config, RecordingBackend::default()).unwrap();
+    assert_eq!(balloon.queue_max_sizes(), [QUEUE_SIZE; 3]);
+    assert!(matches!(
+        balloon.start_hinting(true),
+        Err(BalloonError::HintingInactive)
+    ));
+    let mut driver = Driver::new(&mem, 3, QUEUE_SIZE);
+    let notifier = Arc::new(CountingNotifier::default());
+    activate_all_features(&mut balloon, &mem, &driver, &notifier);
+    let status = balloon.hinting_status().unwrap();
+    assert_eq!(
+        (status.host_cmd, status.guest_cmd),
+        (FREE_PAGE_HINT_STOP, None)
+    );
+
+    // A run: the guest reads its id from the configuration space.
+    let run = balloon.start_hinting(true).unwrap();
+    assert_eq!(run, 2);
+    assert_eq!(notifier.config(), 1);
+    let mut word = [0u8; 4];
+    balloon.read_config(8, &mut word);
+    assert_eq!(u32::from_le_bytes(word), run);
+    // A hint before the guest joined the run is ignored; then it sends the id and hints a
+    // whole 2 MiB chunk and a page; a misaligned hint and one outside RAM are refused.
+    let command = BUFFERS;
+    driver.write(command, &run.to_le_bytes());
+    let chunk = 4 << 20;
+    let early = driver.add_chain(HINTS, &[(chunk, 0x1000, true)]);
+    let joined = driver.add_chain(HINTS, &[(command, 4, false)]);
+    let hints = [
+        driver.add_chain(HINTS, &[(chunk, 2 << 20, true)]),
+        driver.add_chain(HINTS, &[(0x8000, 0x1000, true)]),
+        driver.add_chain(HINTS, &[(0x8800, 0x1000, true)]),
+        driver.add_chain(HINTS, &[(16 << 20, 0x1000, true)]),
+    ];
+    balloon.process_queue(HINTS).unwrap();
+    let mut used = vec![early, joined];
+    used.extend(hints);
+    assert_eq!(driver.take_used(HINTS), used);
+    assert_eq!(
+        balloon.backend().calls(),
+        [
+            Call::Discard(range(1024, CHUNK_PAGES)),
+            Call::Discard(range(8, 1))
+        ]
+    );
+    let info = balloon.info();
+    assert_eq!(info.counters.hinted_bytes, (2 << 20) + 0x1000);
+    assert_eq!(info.counters.hint_freed_frames, 1);
+    assert_eq!(info.violations.misaligned, 1);
+    assert_eq!(info.violations.outside_ram, 1);
+    assert_eq!(balloon.hinting_status().unwrap().guest_cmd, Some(run));
+    // The guest is through (STOP): acknowledged at once, the run is DONE.
+    driver.write(command, &FREE_PAGE_HINT_STOP.to_le_bytes());
+    driver.add_chain(HINTS, &[(command, 4, false)]);
+    balloon.process_queue(HINTS).unwrap();
+    let status = balloon.hinting_status().unwrap();
+    assert_eq!(
+        (status.host_cmd, status.guest_cmd),
+        (FREE_PAGE_HINT_DONE, Some(FREE_PAGE_HINT_STOP))
+    );
+    assert_eq!(notifier.config(), 2);
+    // Hints after the run ended are ignored.
+    driver.add_chain(HINTS, &[(chunk, 0x1000, true)]);
+    balloon.process_queue(HINTS).unwrap();
+    assert_eq!(balloon.backend().calls().len(), 2);
+
+    // Without acknowledge_on_stop the run stays until the host stops it.
+    let second = balloon.start_hinting(false).unwrap();
+    assert_eq!(second, run + 1);
+    driver.write(command, &FREE_PAGE_HINT_STOP.to_le_bytes());
+    driver.add_chain(HINTS, &[(command, 4, false)]);
+    balloon.process_queue(HINTS).unwrap();
+    assert_eq!(balloon.hinting_status().unwrap().host_cmd, second);
+    balloon.stop_hinting().unwrap();
+    assert_eq!(
+        balloon.hinting_status().unwrap().host_cmd,
+        FREE_PAGE_HINT_DONE
+    );
+
+    // A saved run comes back ended; a reset forgets hinting.
+    let saved = balloon.save_state();
+    assert_eq!(saved.last_hint_run, second);
+    balloon.reset();
+    assert_eq!(
+        balloon.hinting_status().unwrap().host_cmd,
+        FREE_PAGE_HINT_STOP
+    );
+    // A balloon without hinting refuses it.
+    let mut plain = TestBalloon::new(full_config(), RecordingBackend::default()).unwrap();
+    assert!(matches!(
+        plain.start_hinting(true),
+        Err(BalloonError::HintingDisabled)
+    ));
+    assert!(matches!(
+        plain.hinting_status(),
+        Err(BalloonError::HintingDisabled)
+    ));
+}
