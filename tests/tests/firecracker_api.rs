@@ -413,6 +413,8 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
         ("/vm", "PUT"),
         ("/vm/config", "PUT"),
         ("/balloon/statistics", "PUT"),
+        ("/balloon/hinting/status", "PATCH"),
+        ("/balloon/hinting/start", "GET"),
         ("/snapshot/create", "PATCH"),
         ("/snapshot/load", "GET"),
         ("/network-interfaces/eth0", "GET"),
@@ -574,7 +576,8 @@ fn a_config_file_boots_at_once() {
                     "is_read_only": true,
                     "rate_limiter": {"ops": {"size": 1000, "refill_time": 1000}}}],
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 32, "huge_pages": "None"},
-        "balloon": {"amount_mib": 4, "deflate_on_oom": false, "stats_polling_interval_s": 1},
+        "balloon": {"amount_mib": 4, "deflate_on_oom": false, "stats_polling_interval_s": 1,
+                    "free_page_hinting": true},
         "network-interfaces": []
     });
     std::fs::write(&file, config.to_string()).unwrap();
@@ -598,6 +601,26 @@ fn a_config_file_boots_at_once() {
         "{shown:#}"
     );
     assert_eq!(get(&api, "/balloon/statistics")["target_mib"], 4);
+    // Free page hinting is on, but the test guest's driver does not take part: a run cannot
+    // start (Linux's can: tests/tests/linux_balloon.rs).
+    assert_eq!(get(&api, "/balloon")["free_page_hinting"], true);
+    assert_eq!(get(&api, "/balloon/hinting/status"), json!({"host_cmd": 0}));
+    for path in ["/balloon/hinting/start", "/balloon/hinting/stop"] {
+        refused(
+            &api,
+            "PATCH",
+            path,
+            None,
+            "not running with free page hinting",
+        );
+    }
+    refused(
+        &api,
+        "PATCH",
+        "/balloon/hinting/start",
+        Some(r#"{"acknowledge_on_stop":"yes"}"#),
+        "expected a boolean",
+    );
     // Another image for the drive (a media change), and another limiter; what cannot be an
     // image (a named pipe, a directory), or a drive the VM does not have, is refused.
     let media = scratch.path("media.img");

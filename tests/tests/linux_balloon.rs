@@ -7,6 +7,9 @@
 //! * Deflate-on-OOM: a guest squeezed by the balloon that allocates more than it has left gets
 //!   pages back from the balloon instead of an OOM kill.
 //! * Free page reporting: memory the guest frees goes back to the pool as whole frames.
+//! * Free page hinting: in a run the API starts, the free memory Linux hints goes back to the
+//!   pool, and the run ends by itself once Linux is through (Firecracker's
+//!   `acknowledge_on_stop`).
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -211,5 +214,45 @@ fn free_page_reporting_returns_what_linux_frees_to_the_pool() {
         "{chunks} chunks discarded: {back:#}; stderr: {}",
         vmm.stderr_so_far()
     );
+    shut_down(vmm, &api);
+}
+
+#[test]
+fn free_page_hinting_returns_what_linux_hints_free_to_the_pool() {
+    let test = "free_page_hinting_returns_what_linux_hints_free_to_the_pool";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-hinting");
+    // Lazy population: the 128 MiB Linux writes and frees hold frames until hinting.
+    let (mut vmm, api) = boot(
+        &guest,
+        &scratch,
+        &["--memory", "512M"],
+        "size=0,free_page_hinting=on,stats_polling_interval_s=1",
+        "llfree.test=fill llfree.mib=128 llfree.hold=1",
+    );
+    vmm.wait_for_line("LLFREE-L2 idle", BOOT_TIMEOUT);
+    assert_eq!(get(&api, "/balloon")["free_page_hinting"], true);
+    let status = get(&api, "/balloon/hinting/status");
+    assert_eq!(status["host_cmd"], 0, "{status}");
+    let before = pool_free_bytes(&api);
+    let started = Instant::now();
+    send(&api, "PATCH", "/balloon/hinting/start", "{}");
+    // Linux hints its free blocks and says it is through; the run then ends (DONE, 1).
+    let done = wait_for(&api, "/balloon/hinting/status", BOOT_TIMEOUT, |s| {
+        s["host_cmd"] == 1
+    });
+    let took = started.elapsed();
+    assert_eq!(done["guest_cmd"], 0, "Linux is through: {done}");
+    let gained = pool_free_bytes(&api).saturating_sub(before);
+    eprintln!(
+        "{test}: {} MiB back in the pool {took:.2?} after the run started",
+        gained / MIB
+    );
+    assert!(gained >= 64 * MIB, "{} MiB back", gained / MIB);
+    // Stopping an ended run keeps it ended.
+    send(&api, "PATCH", "/balloon/hinting/stop", "");
+    assert_eq!(get(&api, "/balloon/hinting/status")["host_cmd"], 1);
     shut_down(vmm, &api);
 }

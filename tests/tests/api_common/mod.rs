@@ -43,6 +43,7 @@ impl TestVmm {
                 actual_mib: 0,
                 deflate_on_oom: true,
                 free_page_reporting: true,
+                free_page_hinting: false,
                 stats_polling_interval_s: 0,
                 needs_reset: false,
                 driver_violations: Default::default(),

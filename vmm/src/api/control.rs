@@ -2,11 +2,11 @@
 //! only parses requests, calls it and serialises the answers.
 
 use super::model::{
-    Balloon, BalloonInfo, BalloonStatistics, BalloonUpdate, BootSource, Drive, EntropyDevice,
-    FullVmConfiguration, InstanceInfo, Logger, MachineConfiguration, MachineConfigurationUpdate,
-    MachineInfo, MemoryInfo, Metrics, MmdsConfigRequest, NetworkInterface, PartialDrive,
-    PartialNetworkInterface, PartialPmem, Pmem, SerialConfig, SnapshotCreateParams,
-    SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
+    Balloon, BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
+    BootSource, Drive, EntropyDevice, FullVmConfiguration, InstanceInfo, Logger,
+    MachineConfiguration, MachineConfigurationUpdate, MachineInfo, MemoryInfo, Metrics,
+    MmdsConfigRequest, NetworkInterface, PartialDrive, PartialNetworkInterface, PartialPmem, Pmem,
+    SerialConfig, SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -173,6 +173,22 @@ pub trait VmmControl: Send + Sync {
     /// `PATCH /balloon/statistics`). At least one field is set.
     fn update_balloon(&self, update: BalloonUpdate) -> Result<(), ControlError> {
         let _ = update;
+        Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// Starts a free page hinting run (`PATCH /balloon/hinting/start`).
+    fn start_balloon_hinting(&self, cmd: BalloonStartCmd) -> Result<(), ControlError> {
+        let _ = cmd;
+        Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// Ends the free page hinting run (`PATCH /balloon/hinting/stop`).
+    fn stop_balloon_hinting(&self) -> Result<(), ControlError> {
+        Err(ControlError::BalloonNotConfigured)
+    }
+
+    /// Where free page hinting is (`GET /balloon/hinting/status`).
+    fn balloon_hinting_status(&self) -> Result<BalloonHintingStatus, ControlError> {
         Err(ControlError::BalloonNotConfigured)
     }
 

@@ -316,6 +316,8 @@ pub struct BalloonInfo {
     pub deflate_on_oom: bool,
     /// Whether free page reporting is on.
     pub free_page_reporting: bool,
+    /// Whether free page hinting is on.
+    pub free_page_hinting: bool,
     /// Seconds between statistics requests; 0: none.
     pub stats_polling_interval_s: u32,
     /// Whether the device stopped on a broken queue and waits for the driver to reset it
@@ -323,6 +325,37 @@ pub struct BalloonInfo {
     pub needs_reset: bool,
     /// Invalid driver input the device ignored since it was created, per kind.
     pub driver_violations: Violations,
+}
+
+/// `PATCH /balloon/hinting/start`: Firecracker's `BalloonStartCmd` (the body may be left out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStartCmd {
+    /// End the run by itself once the guest is through (default true, as Firecracker).
+    #[serde(default = "default_true")]
+    pub acknowledge_on_stop: bool,
+}
+
+impl Default for BalloonStartCmd {
+    fn default() -> Self {
+        BalloonStartCmd {
+            acknowledge_on_stop: true,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `GET /balloon/hinting/status`: Firecracker's `BalloonHintingStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonHintingStatus {
+    /// The host's last command: the run's id, 0 (none yet) or 1 (the run is over).
+    pub host_cmd: u32,
+    /// The guest's last command: the run it hints for, or 0 once it is through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_cmd: Option<u32>,
 }
 
 /// `GET /balloon/statistics`: target and actual size, and the guest's memory statistics (each

@@ -403,11 +403,6 @@ impl VmResources {
 
     /// `PUT /balloon` before the start.
     pub fn put_balloon(&mut self, balloon: Balloon) -> Result<(), ControlError> {
-        if balloon.free_page_hinting {
-            return Err(refuse(
-                "free_page_hinting is not supported: use free_page_reporting",
-            ));
-        }
         if balloon.amount_mib > self.machine.mem_size_mib {
             return Err(refuse(format!(
                 "Amount of pages requested is too large: {} MiB for {} MiB of guest memory",
@@ -455,6 +450,7 @@ impl VmResources {
             size: b.amount_mib * MIB,
             deflate_on_oom: b.deflate_on_oom,
             free_page_reporting: b.free_page_reporting,
+            free_page_hinting: b.free_page_hinting,
             stats_polling_interval_s: b.stats_polling_interval_s,
         });
         Ok(VmConfig {
@@ -564,7 +560,7 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
             amount_mib: b.size / MIB,
             deflate_on_oom: b.deflate_on_oom,
             stats_polling_interval_s: b.stats_polling_interval_s,
-            free_page_hinting: false,
+            free_page_hinting: b.free_page_hinting,
             free_page_reporting: b.free_page_reporting,
         }),
         drives: config

@@ -29,6 +29,9 @@
 //! | `/balloon`            | PATCH  | `{"amount_mib"?: N, "stats_polling_interval_s"?: N}` | always |
 //! | `/balloon/statistics` | GET    | → [`BalloonStatistics`]                     | running  |
 //! | `/balloon/statistics` | PATCH  | `{"stats_polling_interval_s": N}`           | always   |
+//! | `/balloon/hinting/start` | PATCH | [`BalloonStartCmd`] (optional)           | running  |
+//! | `/balloon/hinting/stop` | PATCH | none                                       | running  |
+//! | `/balloon/hinting/status` | GET | → [`BalloonHintingStatus`]                 | running  |
 //! | `/snapshot/create`    | PUT    | [`SnapshotCreateParams`]                    | paused   |
 //! | `/snapshot/load`      | PUT    | [`SnapshotLoadParams`]                      | no VM    |
 //! | `/machine`            | GET    | → [`MachineInfo`] (extension)               | always   |
@@ -60,6 +63,8 @@
 //! [`Balloon`]: super::model::Balloon
 //! [`BalloonInfo`]: super::model::BalloonInfo
 //! [`BalloonStatistics`]: super::model::BalloonStatistics
+//! [`BalloonStartCmd`]: super::model::BalloonStartCmd
+//! [`BalloonHintingStatus`]: super::model::BalloonHintingStatus
 //! [`SnapshotCreateParams`]: super::model::SnapshotCreateParams
 //! [`SnapshotLoadParams`]: super::model::SnapshotLoadParams
 
@@ -69,7 +74,7 @@ use serde::Serialize;
 use super::control::{ControlError, PreBoot, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
-    ActionRequest, ActionType, BalloonStatsUpdate, BalloonUpdate, PartialDrive,
+    ActionRequest, ActionType, BalloonStartCmd, BalloonStatsUpdate, BalloonUpdate, PartialDrive,
     PartialNetworkInterface, PartialPmem, RequestedState, SnapshotCreateParams, SnapshotLoadParams,
     VersionInfo, VmStateRequest,
 };
@@ -127,16 +132,43 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
     let path = path.strip_suffix('/').unwrap_or(path);
     let mut tokens = path.split('/');
     let (first, second, rest) = (tokens.next().unwrap_or(""), tokens.next(), tokens.next());
+    if tokens.next().is_some() {
+        return invalid_path(&request.method, path);
+    }
     let method = &request.method;
     let has_body = !request.body.is_empty();
     match method {
         Method::Get if has_body => return Response::fault(400, "GET request cannot have a body."),
         Method::Put if !has_body => return Response::fault(400, "Empty PUT request."),
-        Method::Patch if !has_body => return Response::fault(400, "Empty PATCH request."),
+        // Firecracker's hinting start takes an optional body, its stop none.
+        Method::Patch if !has_body && !path.starts_with("balloon/hinting/") => {
+            return Response::fault(400, "Empty PATCH request.")
+        }
         _ => {}
     }
     let configure = |what: Result<PreBoot, Response>| what.map(|r| done(control.configure(r)));
     let result = match (method, first, second, rest) {
+        (Method::Patch, "balloon", Some("hinting"), Some("start")) => {
+            let cmd = if has_body {
+                body::<BalloonStartCmd>(request)
+            } else {
+                Ok(BalloonStartCmd::default())
+            };
+            cmd.map(|cmd| done(control.start_balloon_hinting(cmd)))
+        }
+        (Method::Patch, "balloon", Some("hinting"), Some("stop")) => {
+            Ok(done(control.stop_balloon_hinting()))
+        }
+        (Method::Get, "balloon", Some("hinting"), Some("status")) => {
+            Ok(reply(control.balloon_hinting_status()))
+        }
+        (Method::Patch, "balloon", Some("statistics"), _) => body::<BalloonStatsUpdate>(request)
+            .map(|u| {
+                done(control.update_balloon(BalloonUpdate {
+                    amount_mib: None,
+                    stats_polling_interval_s: Some(u.stats_polling_interval_s),
+                }))
+            }),
         (_, _, _, Some(_)) => Err(invalid_path(method, path)),
         (Method::Get, "", None, _) => Ok(reply(control.instance_info())),
         (Method::Get, "version", None, _) => Ok(Response::json(&VersionInfo::default())),
@@ -213,13 +245,6 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
             }
         }),
         (Method::Get, "balloon", Some("statistics"), _) => Ok(reply(control.balloon_statistics())),
-        (Method::Patch, "balloon", Some("statistics"), _) => body::<BalloonStatsUpdate>(request)
-            .map(|u| {
-                done(control.update_balloon(BalloonUpdate {
-                    amount_mib: None,
-                    stats_polling_interval_s: Some(u.stats_polling_interval_s),
-                }))
-            }),
         (Method::Put, "snapshot", Some("create"), _) => {
             body::<SnapshotCreateParams>(request).map(|params| {
                 done(timed(params.snapshot_type.operation(), || {

@@ -1,13 +1,14 @@
 //! The balloon device's configuration and its textual form, `size=SIZE,deflate_on_oom=on|off,
-//! free_page_reporting=on|off,stats_polling_interval_s=N` (the `--balloon` option, in the style
-//! of Cloud Hypervisor's).
+//! free_page_reporting=on|off,free_page_hinting=on|off,stats_polling_interval_s=N` (the
+//! `--balloon` option, in the style of Cloud Hypervisor's).
 
 use std::str::FromStr;
 
 use crate::size::{parse_size, SizeError};
 
 /// The keys `--balloon` accepts, for messages.
-const KEYS: &str = "size, deflate_on_oom, free_page_reporting, stats_polling_interval_s";
+const KEYS: &str =
+    "size, deflate_on_oom, free_page_reporting, free_page_hinting, stats_polling_interval_s";
 
 /// Errors of parsing `--balloon`.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -52,6 +53,10 @@ pub struct BalloonDeviceConfig {
     pub deflate_on_oom: bool,
     /// Whether the guest reports free pages, which go back to the pool (default off).
     pub free_page_reporting: bool,
+    /// Whether the host may start free page hinting runs, whose hinted pages go back to the
+    /// pool (default off).
+    #[serde(default)]
+    pub free_page_hinting: bool,
     /// Seconds between statistics requests to the guest; 0 disables statistics (default 0).
     pub stats_polling_interval_s: u32,
 }
@@ -111,6 +116,9 @@ impl FromStr for BalloonDeviceConfig {
                 "free_page_reporting" => {
                     config.free_page_reporting = on_off("free_page_reporting", value)?
                 }
+                "free_page_hinting" => {
+                    config.free_page_hinting = on_off("free_page_hinting", value)?
+                }
                 "stats_polling_interval_s" => {
                     config.stats_polling_interval_s = value
                         .parse()
@@ -132,7 +140,8 @@ mod tests {
     #[test]
     fn parses_all_options_in_any_order() {
         let config: BalloonDeviceConfig =
-            "free_page_reporting=on,size=256M,stats_polling_interval_s=2,deflate_on_oom=on"
+            "free_page_reporting=on,size=256M,stats_polling_interval_s=2,deflate_on_oom=on,\
+             free_page_hinting=on"
                 .parse()
                 .unwrap();
         assert_eq!(
@@ -141,6 +150,7 @@ mod tests {
                 size: 256 << 20,
                 deflate_on_oom: true,
                 free_page_reporting: true,
+                free_page_hinting: true,
                 stats_polling_interval_s: 2,
             }
         );

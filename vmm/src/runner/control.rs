@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use crate::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, MachineConfiguration,
-    MachineInfo, MemoryInfo, PartialDrive, PartialNetworkInterface, PartialPmem,
-    SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
+    BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
+    FullVmConfiguration, MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive,
+    PartialNetworkInterface, PartialPmem, SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
 use crate::api::resources::{full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
@@ -65,9 +65,11 @@ fn balloon_error(error: BalloonControlError) -> ControlError {
     match error {
         BalloonControlError::TargetAboveRam { .. }
         | BalloonControlError::Stats(StatsTimerError::NotEnabled)
-        | BalloonControlError::Device(virtio_balloon::BalloonError::Config(_)) => {
-            ControlError::InvalidArgument(error.to_string())
-        }
+        | BalloonControlError::Device(
+            virtio_balloon::BalloonError::Config(_)
+            | virtio_balloon::BalloonError::HintingDisabled
+            | virtio_balloon::BalloonError::HintingInactive,
+        ) => ControlError::InvalidArgument(error.to_string()),
         _ => ControlError::Internal(error.to_string()),
     }
 }
@@ -196,6 +198,7 @@ impl VmmControl for Session {
             actual_mib: ram.pages(info.actual_pages) / PAGES_PER_MIB,
             deflate_on_oom: config.deflate_on_oom,
             free_page_reporting: config.free_page_reporting,
+            free_page_hinting: config.free_page_hinting,
             stats_polling_interval_s: u32::try_from(interval).unwrap_or(u32::MAX),
             needs_reset: info.needs_reset,
             driver_violations: info.violations,
@@ -214,6 +217,32 @@ impl VmmControl for Session {
         balloon
             .update(update.amount_mib, interval)
             .map_err(balloon_error)
+    }
+
+    fn start_balloon_hinting(&self, cmd: BalloonStartCmd) -> Result<(), ControlError> {
+        let balloon = self.configured_balloon()?;
+        let run = balloon
+            .start_hinting(cmd.acknowledge_on_stop)
+            .map_err(balloon_error)?;
+        log::info!("free page hinting run {run} started");
+        Ok(())
+    }
+
+    fn stop_balloon_hinting(&self) -> Result<(), ControlError> {
+        self.configured_balloon()?
+            .stop_hinting()
+            .map_err(balloon_error)
+    }
+
+    fn balloon_hinting_status(&self) -> Result<BalloonHintingStatus, ControlError> {
+        let status = self
+            .configured_balloon()?
+            .hinting_status()
+            .map_err(balloon_error)?;
+        Ok(BalloonHintingStatus {
+            host_cmd: status.host_cmd,
+            guest_cmd: status.guest_cmd,
+        })
     }
 
     fn update_network_interface(
@@ -429,6 +458,7 @@ mod tests {
                 actual_mib: 0,
                 deflate_on_oom: false,
                 free_page_reporting: true,
+                free_page_hinting: false,
                 stats_polling_interval_s: 0,
                 needs_reset: false,
                 driver_violations: Default::default(),

@@ -24,9 +24,9 @@ use super::snapshot::{prepare, SnapshotError};
 use super::{RunError, RunOutcome, StopCause};
 use crate::api::control::{NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, FullVmConfiguration, InstanceInfo,
-    MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive, PartialNetworkInterface,
-    PartialPmem, SnapshotCreateParams, SnapshotLoadParams, VmState,
+    BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
+    FullVmConfiguration, InstanceInfo, MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive,
+    PartialNetworkInterface, PartialPmem, SnapshotCreateParams, SnapshotLoadParams, VmState,
 };
 use crate::api::resources::{VmResources, DEFAULT_PMEM_ID};
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
@@ -345,6 +345,7 @@ impl VmmControl for ApiFront {
             actual_mib: 0,
             deflate_on_oom: balloon.deflate_on_oom,
             free_page_reporting: balloon.free_page_reporting,
+            free_page_hinting: balloon.free_page_hinting,
             stats_polling_interval_s: balloon.stats_polling_interval_s,
             needs_reset: false,
             driver_violations: Default::default(),
@@ -362,6 +363,19 @@ impl VmmControl for ApiFront {
         update: &PartialNetworkInterface,
     ) -> Result<(), ControlError> {
         self.started()?.update_network_interface(id, update)
+    }
+
+    /// As Firecracker's: only once the VM runs (the guest's driver takes part).
+    fn start_balloon_hinting(&self, cmd: BalloonStartCmd) -> Result<(), ControlError> {
+        self.started()?.start_balloon_hinting(cmd)
+    }
+
+    fn stop_balloon_hinting(&self) -> Result<(), ControlError> {
+        self.started()?.stop_balloon_hinting()
+    }
+
+    fn balloon_hinting_status(&self) -> Result<BalloonHintingStatus, ControlError> {
+        self.started()?.balloon_hinting_status()
     }
 
     fn update_drive(&self, id: &str, update: &PartialDrive) -> Result<(), ControlError> {

@@ -253,6 +253,8 @@ fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
             .count("free_page_report_count", counters.report_buffers)
             .count("free_page_report_freed", counters.reported_bytes)
             .count("free_page_report_fails", counters.backend_errors)
+            .count("free_page_hint_count", counters.hint_buffers)
+            .count("free_page_hint_freed", counters.hinted_bytes)
             .count("event_fails", violations)
             .done();
     }

@@ -12,6 +12,9 @@ pub const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// Largest body.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// Where a PATCH may come without Content-Length (as curl sends `-X PATCH` without `-d`).
+pub const NO_BODY_PATCHES: &str = "/balloon/hinting/";
+
 /// Errors of reading a request. Each but [`RequestError::Closed`] and [`RequestError::Io`] is
 /// answered with its status.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +38,7 @@ pub enum RequestError {
     #[error("body of {0} bytes exceeds {MAX_BODY_BYTES} bytes")]
     BodyTooLarge(u64),
     /// A PUT or PATCH came without Content-Length (answered 400, as Firecracker answers an
-    /// empty body).
+    /// empty body), except a PATCH of [`NO_BODY_PATCHES`].
     #[error("the request has no body (PUT and PATCH need one, with Content-Length)")]
     LengthRequired,
     /// Not HTTP/1.0 or HTTP/1.1.
@@ -282,6 +285,8 @@ impl RequestReader {
             let head = parse_head(&self.buf[..end])?;
             let length = match (head.content_length, &head.method) {
                 (Some(length), _) => length,
+                // Firecracker's free page hinting start and stop are PATCHes without a body.
+                (None, Method::Patch) if head.target.starts_with(NO_BODY_PATCHES) => 0,
                 (None, Method::Put | Method::Patch) => return Err(RequestError::LengthRequired),
                 (None, _) => 0,
             };

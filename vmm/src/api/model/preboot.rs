@@ -438,7 +438,8 @@ pub struct Balloon {
     /// Seconds between statistics requests; 0 turns statistics off for good.
     #[serde(default)]
     pub stats_polling_interval_s: u32,
-    /// Free page hinting (refused when true: free page reporting does the job).
+    /// Free page hinting: the runs `PATCH /balloon/hinting/start` starts give the pages the
+    /// guest hints back to the frame pool.
     #[serde(default)]
     pub free_page_hinting: bool,
     /// Free page reporting: reported pages go back to the frame pool.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use guest_mem::GuestMemory;
 use virtio_balloon::{
     pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonInfo, ConfigError,
+    HintingStatus,
 };
 
 use super::stats_timer::{StatsInterval, StatsTimer, StatsTimerError};
@@ -115,6 +116,23 @@ impl BalloonHandle {
         lock(&self.device).balloon().info()
     }
 
+    /// Starts a free page hinting run (`PATCH /balloon/hinting/start`); returns its id.
+    pub fn start_hinting(&self, acknowledge_on_stop: bool) -> Result<u32, BalloonControlError> {
+        Ok(lock(&self.device)
+            .balloon_mut()
+            .start_hinting(acknowledge_on_stop)?)
+    }
+
+    /// Ends the hinting run (`PATCH /balloon/hinting/stop`).
+    pub fn stop_hinting(&self) -> Result<(), BalloonControlError> {
+        Ok(lock(&self.device).balloon_mut().stop_hinting()?)
+    }
+
+    /// Where hinting is (`GET /balloon/hinting/status`).
+    pub fn hinting_status(&self) -> Result<HintingStatus, BalloonControlError> {
+        Ok(lock(&self.device).balloon().hinting_status()?)
+    }
+
     /// The statistics polling interval; `None` when polling is off.
     pub fn stats_interval(&self) -> Option<Duration> {
         self.stats.get()
@@ -138,6 +156,7 @@ pub fn device_config(balloon: &BalloonDeviceConfig) -> Result<BalloonConfig, Con
         target_pages: pages_from_bytes(balloon.size)?,
         deflate_on_oom: balloon.deflate_on_oom,
         free_page_reporting: balloon.free_page_reporting,
+        free_page_hinting: balloon.free_page_hinting,
         stats_interval: (interval > 0).then(|| Duration::from_secs(interval.into())),
         ..BalloonConfig::default()
     })

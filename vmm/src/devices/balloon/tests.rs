@@ -186,11 +186,13 @@ fn the_balloon_option_becomes_device_options() {
         size: 256 * MIB,
         deflate_on_oom: true,
         free_page_reporting: true,
+        free_page_hinting: true,
         stats_polling_interval_s: 2,
     };
     let config = device_config(&option).unwrap();
     assert_eq!(config.target_pages, 65536);
     assert!(config.deflate_on_oom && config.free_page_reporting && config.must_tell_host);
+    assert!(config.free_page_hinting);
     assert_eq!(config.stats_interval, Some(Duration::from_secs(2)));
     assert_eq!(config.queue_size, 1024);
     let quiet = crate::config::BalloonDeviceConfig {

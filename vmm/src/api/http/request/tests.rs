@@ -214,6 +214,9 @@ fn put_and_patch_need_a_content_length() {
         assert!(matches!(err, RequestError::LengthRequired));
         assert_eq!(err.status(), Some(400));
     }
+    // Free page hinting's PATCHes take no body.
+    let stop = parse(b"PATCH /balloon/hinting/stop HTTP/1.1\r\n\r\n").unwrap();
+    assert!(stop.body.is_empty());
 }
 
 #[test]
