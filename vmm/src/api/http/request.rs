@@ -38,7 +38,7 @@ pub enum RequestError {
     #[error("body of {0} bytes exceeds {MAX_BODY_BYTES} bytes")]
     BodyTooLarge(u64),
     /// A PUT or PATCH came without Content-Length (answered 400, as Firecracker answers an
-    /// empty body), except a PATCH of [`NO_BODY_PATCHES`].
+    /// empty body), except a PATCH under `/balloon/hinting/`.
     #[error("the request has no body (PUT and PATCH need one, with Content-Length)")]
     LengthRequired,
     /// Not HTTP/1.0 or HTTP/1.1.
