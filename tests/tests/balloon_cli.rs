@@ -97,6 +97,7 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
             "actual_mib": 0,
             "deflate_on_oom": true,
             "free_page_reporting": true,
+            "free_page_hinting": false,
             "stats_polling_interval_s": 1,
             "needs_reset": false,
             "driver_violations": serde_json::to_value(virtio_balloon::Violations::default()).unwrap(),
