@@ -9,7 +9,8 @@
 //! * Free page reporting: memory the guest frees goes back to the pool as whole frames.
 //! * Free page hinting: in a run the API starts, the free memory Linux hints goes back to the
 //!   pool, and the run ends by itself once Linux is through (Firecracker's
-//!   `acknowledge_on_stop`).
+//!   `acknowledge_on_stop`); a copy snapshot taken after it is smaller on disk (the hinted
+//!   chunks are holes).
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -236,6 +237,19 @@ fn free_page_hinting_returns_what_linux_hints_free_to_the_pool() {
     assert_eq!(get(&api, "/balloon")["free_page_hinting"], true);
     let status = get(&api, "/balloon/hinting/status");
     assert_eq!(status["host_cmd"], 0, "{status}");
+    // A copy snapshot before the run and one after: the hinted chunks are holes in the second.
+    let copy_snapshot = |name: &str| {
+        let (snapshot, memory) = (scratch.path(&format!("{name}.snap")), scratch.path(name));
+        send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+        let body = format!(
+            r#"{{"snapshot_type":"Full","snapshot_path":"{snapshot}","mem_file_path":"{memory}"}}"#
+        );
+        send(&api, "PUT", "/snapshot/create", &body);
+        send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+        // Bytes the file holds on disk (holes take none).
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&memory).unwrap()) * 512
+    };
+    let unhinted = copy_snapshot("before.mem");
     let before = pool_free_bytes(&api);
     let started = Instant::now();
     send(&api, "PATCH", "/balloon/hinting/start", "{}");
@@ -251,6 +265,16 @@ fn free_page_hinting_returns_what_linux_hints_free_to_the_pool() {
         gained / MIB
     );
     assert!(gained >= 64 * MIB, "{} MiB back", gained / MIB);
+    let hinted = copy_snapshot("after.mem");
+    eprintln!(
+        "{test}: copy snapshot's memory file {} MiB on disk before the run, {} MiB after",
+        unhinted / MIB,
+        hinted / MIB
+    );
+    assert!(
+        hinted + 64 * MIB <= unhinted,
+        "{hinted} against {unhinted} bytes"
+    );
     // Stopping an ended run keeps it ended.
     // As curl sends it: no body.
     let stopped = api.request("PATCH", "/balloon/hinting/stop", None).unwrap();
