@@ -400,10 +400,12 @@ fn devices_come_back_as_the_api_last_set_them_on_the_tap_network_overrides_name(
         "tap=tap0,mac=06:00:00:00:00:09",
         "--drive",
         &drive,
+        "--pmem",
+        "4M",
     ];
     let (vmm, api) = paused_in_zone(&zone, "net", &socket, &args);
-    // The API gives the drive another image and both devices rate limiters: the snapshot
-    // keeps what it set last.
+    // The API gives the drive another image and the devices rate limiters: the snapshot keeps
+    // what it set last.
     let limiter = serde_json::json!({"bandwidth": null,
         "ops": {"size": 100, "one_time_burst": null, "refill_time": 1000}});
     let patch = serde_json::json!({"drive_id": "data", "path_on_host": second,
@@ -416,6 +418,8 @@ fn devices_come_back_as_the_api_last_set_them_on_the_tap_network_overrides_name(
         "/network-interfaces/eth0",
         &patch.to_string(),
     );
+    let patch = serde_json::json!({"id": "pmem0", "rate_limiter": limiter});
+    send(&api, "PATCH", "/pmem/pmem0", &patch.to_string());
     create_snapshot(&api, &snapshot, &zone);
     vmm.kill();
     let _ = std::fs::remove_file(&socket);
@@ -456,6 +460,7 @@ fn devices_come_back_as_the_api_last_set_them_on_the_tap_network_overrides_name(
         serde_json::json!(second)
     );
     assert_eq!(config["drives"][0]["rate_limiter"], limiter);
+    assert_eq!(config["pmem"][0]["rate_limiter"], limiter, "{config:#}");
     send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     assert_finished_after_the_checkpoint(&waiting.wait(TIMEOUT), 3);
 }
