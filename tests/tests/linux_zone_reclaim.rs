@@ -99,8 +99,16 @@ fn wait_warmed(vm: &mut Vm, others: &[Vm], zone: &str, peak: &mut u64) -> bool {
             shown = Instant::now();
             eprintln!("  {} warming; zone: {} MiB free", vm.name, free_mib(zone));
             for other in others {
-                let balloon = get(&other.api, "/balloon");
-                let stats = get(&other.api, "/balloon/statistics");
+                // A VMM that ended (its bounded wait over) shows nothing.
+                let answer = |path| {
+                    let body = other.api.request("GET", path, None).ok()?.body;
+                    serde_json::from_str::<serde_json::Value>(&body).ok()
+                };
+                let (Some(balloon), Some(stats)) =
+                    (answer("/balloon"), answer("/balloon/statistics"))
+                else {
+                    continue;
+                };
                 eprintln!(
                     "  {}: balloon target {} actual {} MiB; guest free {} available {} bytes",
                     other.name,
@@ -248,7 +256,11 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
     for name in VMS {
         let vm_started = Instant::now();
         // A generous bound: the property is that nobody waits for ever, not how fast.
-        let mut vm = start(&guest, &scratch, &zone, name, &["--wait-for-memory=300s"]);
+        // The policy starts at a quarter of the zone free, leaving the slow (QEMU/TCG) guests
+        // more time. What inflating gives back still varies from run to run: a balloon takes
+        // free pages in no order, untouched ones (no frame) among them (BENCHMARKS.md).
+        let args = ["--wait-for-memory=300s", "--reclaim-below", "25"];
+        let mut vm = start(&guest, &scratch, &zone, name, &args);
         assert!(
             wait_warmed(&mut vm, &vms, &zone, &mut peak_balloon),
             "{name} ended: {}",
