@@ -125,7 +125,7 @@ fn zone_target(zone: &ZoneAttachment) -> ZoneTarget {
 }
 
 /// Checks that the id in the path is the body's.
-fn check_path_id(path_id: &str, body_id: &str) -> Result<(), ControlError> {
+pub(crate) fn check_path_id(path_id: &str, body_id: &str) -> Result<(), ControlError> {
     if path_id != body_id {
         return Err(refuse(
             "The id from the path does not match the id from the body!",

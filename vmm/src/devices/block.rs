@@ -259,11 +259,11 @@ impl BlockDevice {
         });
         if let Ok(&(kind, _)) = header.as_ref() {
             // Data moves for reads and writes only; every request is an operation.
-            let moved = match kind {
-                VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => self.buffers[..data]
-                    .iter()
-                    .map(|buffer| u64::from(buffer.len))
-                    .sum(),
+            let buffers = &self.buffers[..data];
+            let moved = || match kind {
+                VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
+                    buffers.iter().map(|buffer| u64::from(buffer.len)).sum()
+                }
                 _ => 0,
             };
             if !self.throttle.admit(moved) {

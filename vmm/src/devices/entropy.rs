@@ -125,7 +125,7 @@ impl EntropyDevice {
         mem: &GuestMemory,
         chain: DescriptorChain<&GuestMemory>,
     ) -> Option<u32> {
-        if !self.throttle.admit(u64::from(Self::asked(&chain))) {
+        if !self.throttle.admit(|| u64::from(Self::asked(&chain))) {
             self.handle.throttled.fetch_add(1, Ordering::Relaxed);
             return None;
         }

@@ -138,7 +138,7 @@ impl PmemDevice {
         mem: &GuestMemory,
         chain: DescriptorChain<&GuestMemory>,
     ) -> Option<u32> {
-        if !self.throttle.admit(0) {
+        if !self.throttle.admit(|| 0) {
             self.throttled.fetch_add(1, Ordering::Relaxed);
             return None;
         }

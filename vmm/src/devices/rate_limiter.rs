@@ -181,13 +181,14 @@ impl Throttle {
         self.waiting
     }
 
-    /// One request of `bytes`: true when it may go (its tokens taken); false when it must
-    /// wait, and then the timer is armed for when the buckets hold its tokens.
-    pub fn admit(&mut self, bytes: u64) -> bool {
+    /// One request of `bytes()` bytes (asked only when something limits): true when it may go
+    /// (its tokens taken); false when it must wait, and then the timer is armed for when the
+    /// buckets hold its tokens.
+    pub fn admit(&mut self, bytes: impl FnOnce() -> u64) -> bool {
         if !self.limiter.is_limiting() {
             return true;
         }
-        match self.limiter.consume(bytes, Instant::now()) {
+        match self.limiter.consume(bytes(), Instant::now()) {
             Ok(()) => true,
             Err(wait) => {
                 self.arm(wait);

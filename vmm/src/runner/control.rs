@@ -8,7 +8,7 @@ use crate::api::model::{
     FullVmConfiguration, MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive,
     PartialNetworkInterface, PartialPmem, SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
-use crate::api::resources::{full_configuration, machine_configuration};
+use crate::api::resources::{check_path_id, full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
 use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
 use crate::devices::block::BlockHandle;
@@ -250,11 +250,7 @@ impl VmmControl for Session {
         id: &str,
         update: &PartialNetworkInterface,
     ) -> Result<(), ControlError> {
-        if update.iface_id != id {
-            return Err(ControlError::InvalidArgument(
-                "The id from the path does not match the id from the body!".into(),
-            ));
-        }
+        check_path_id(id, &update.iface_id)?;
         let interface = self
             .network_interfaces()
             .iter()
@@ -267,11 +263,7 @@ impl VmmControl for Session {
     }
 
     fn update_drive(&self, id: &str, update: &PartialDrive) -> Result<(), ControlError> {
-        if update.drive_id != id {
-            return Err(ControlError::InvalidArgument(
-                "The id from the path does not match the id from the body!".into(),
-            ));
-        }
+        check_path_id(id, &update.drive_id)?;
         let drive = self
             .drives()
             .iter()
@@ -283,11 +275,7 @@ impl VmmControl for Session {
     }
 
     fn update_pmem(&self, id: &str, update: &PartialPmem) -> Result<(), ControlError> {
-        if update.id != id {
-            return Err(ControlError::InvalidArgument(
-                "The id from the path does not match the id from the body!".into(),
-            ));
-        }
+        check_path_id(id, &update.id)?;
         // The API front checks the id against the one it was configured with.
         let pmem = self
             .pmem_handle()
