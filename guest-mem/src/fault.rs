@@ -208,6 +208,13 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
             }
             return;
         }
+        Err(RegionError::Unplugged { .. }) => {
+            // Unplugged while the fault was on its way: the retry meets the inaccessible
+            // chunk (KVM fails the access) and takes no frame.
+            let (start, len) = region.chunk_range(chunk);
+            let _ = shared.uffd.wake(start, len);
+            return;
+        }
         Err(error) => error,
     };
     let error = match error {

@@ -1,8 +1,9 @@
 //! The frame table: for every guest chunk, the pool frame backing it, one `AtomicU64` each.
 //!
 //! Every change is one atomic store or compare-and-swap of one entry. An entry is `EMPTY`
-//! (unpopulated), `BUSY` (one thread is mapping or unmapping the chunk) or `frame index + 1`
-//! (mapped onto that frame) in this process.
+//! (unpopulated), `BUSY` (one thread is mapping or unmapping the chunk), `UNPLUGGED` (a chunk
+//! of hot-pluggable memory the guest may not use: inaccessible) or `frame index + 1` (mapped
+//! onto that frame) in this process.
 //!
 //! The memory of a VM in a zone also has a **persistent** table in the zone file (see
 //! `zone::vm_table`), changed only by the thread that holds the chunk `BUSY` here: a frame is
@@ -16,6 +17,7 @@ use crate::zone::VmTable;
 
 const EMPTY: u64 = 0;
 const BUSY: u64 = u64::MAX;
+const UNPLUGGED: u64 = u64::MAX - 1;
 
 /// What a chunk is backed by now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +28,8 @@ pub enum ChunkState {
     Busy,
     /// Mapped onto the pool frame with this first 4 KiB frame number.
     Mapped(u64),
+    /// Hot-pluggable memory that is not plugged: inaccessible, never populated.
+    Unplugged,
 }
 
 /// Chunk-to-frame entries of one region.
@@ -37,11 +41,16 @@ pub struct FrameTable {
 
 impl FrameTable {
     /// A table of `chunks` unpopulated chunks, with the persistent table `persistent` (as many
-    /// chunks) of a VM in a zone.
-    pub fn new(chunks: usize, persistent: Option<VmTable>) -> Self {
+    /// chunks) of a VM in a zone. In hot-pluggable memory (`hotplug`) the chunks are unplugged,
+    /// except those the zone records a frame for (plugged before this process).
+    pub fn new(chunks: usize, persistent: Option<VmTable>, hotplug: bool) -> Self {
         debug_assert!(persistent.as_ref().is_none_or(|p| p.len() == chunks));
+        let initial = |chunk| match persistent.as_ref().and_then(|p| p.frame(chunk)) {
+            None if hotplug => UNPLUGGED,
+            _ => EMPTY,
+        };
         Self {
-            entries: (0..chunks).map(|_| AtomicU64::new(EMPTY)).collect(),
+            entries: (0..chunks).map(|c| AtomicU64::new(initial(c))).collect(),
             persistent,
         }
     }
@@ -81,6 +90,7 @@ impl FrameTable {
         match self.entries[chunk].load(Ordering::Acquire) {
             EMPTY => ChunkState::Empty,
             BUSY => ChunkState::Busy,
+            UNPLUGGED => ChunkState::Unplugged,
             entry => ChunkState::Mapped(entry - 1),
         }
     }
@@ -89,6 +99,13 @@ impl FrameTable {
     pub fn claim_empty(&self, chunk: usize) -> bool {
         self.entries[chunk]
             .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Claims an unplugged chunk for plugging it.
+    pub fn claim_unplugged(&self, chunk: usize) -> bool {
+        self.entries[chunk]
+            .compare_exchange(UNPLUGGED, BUSY, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
@@ -109,6 +126,11 @@ impl FrameTable {
         self.entries[chunk].store(EMPTY, Ordering::Release);
     }
 
+    /// Publishes a claimed chunk as unplugged.
+    pub fn publish_unplugged(&self, chunk: usize) {
+        self.entries[chunk].store(UNPLUGGED, Ordering::Release);
+    }
+
     /// Chunks backed by a frame: mapped now, or (a VM in a zone) recorded in the zone and mapped
     /// on first touch.
     pub fn populated(&self) -> usize {
@@ -126,7 +148,7 @@ mod tests {
 
     #[test]
     fn claims_are_exclusive() {
-        let table = FrameTable::new(2, None);
+        let table = FrameTable::new(2, None, false);
         assert!(table.claim_empty(1));
         assert!(!table.claim_empty(1));
         assert_eq!(table.state(1), ChunkState::Busy);
@@ -135,6 +157,21 @@ mod tests {
         assert!(!table.claim_mapped(1, 512));
         assert!(table.claim_mapped(1, 0));
         table.publish_empty(1);
+        assert_eq!(table.populated(), 0);
+    }
+
+    #[test]
+    fn hot_pluggable_chunks_start_unplugged_and_only_a_plug_claims_them() {
+        let table = FrameTable::new(2, None, true);
+        assert_eq!(table.state(0), ChunkState::Unplugged);
+        assert!(!table.claim_empty(0));
+        assert!(table.claim_unplugged(0));
+        assert!(!table.claim_unplugged(0));
+        table.publish(0, 512);
+        assert_eq!(table.populated(), 1);
+        assert!(table.claim_mapped(0, 512));
+        table.publish_unplugged(0);
+        assert_eq!(table.state(0), ChunkState::Unplugged);
         assert_eq!(table.populated(), 0);
     }
 }

@@ -54,6 +54,10 @@ pub struct MemoryConfig {
     /// RAM regions as (guest address, size), sorted and not overlapping; both multiples of the
     /// chunk size.
     pub ranges: Vec<(GuestAddress, u64)>,
+    /// Hot-pluggable memory (virtio-mem) as (guest address, size), after the ranges and a
+    /// multiple of the chunk size like them: a last region whose chunks start unplugged
+    /// ([`GuestMemory::plug`]).
+    pub hotplug: Option<(GuestAddress, u64)>,
     /// The chunk size; `None` takes the pool's frame size.
     pub chunk_size: Option<FrameSize>,
     /// Eager or lazy population.
@@ -73,6 +77,7 @@ impl MemoryConfig {
     pub fn new(ranges: Vec<(GuestAddress, u64)>, vcpus: usize) -> Self {
         Self {
             ranges,
+            hotplug: None,
             chunk_size: None,
             populate: Populate::Lazy,
             vcpus,
@@ -153,6 +158,21 @@ pub enum MemoryError {
     /// The RAM ranges or chunk size differ from the layout of the VM in its zone.
     #[error("the RAM ranges differ from VM '{0}' in the zone")]
     ZoneLayout(String),
+    /// A range to plug or unplug is not whole chunks of the hot-pluggable memory.
+    #[error("guest range {addr:#x}+{len:#x} is not whole chunks of hot-pluggable memory")]
+    NotHotplug {
+        /// Its start.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+}
+
+impl MemoryConfig {
+    /// Every region: the RAM ranges, then the hot-pluggable memory.
+    pub fn regions(&self) -> Vec<(GuestAddress, u64)> {
+        self.ranges.iter().copied().chain(self.hotplug).collect()
+    }
 }
 
 /// The frames of a detached guest memory, to map them again later.
@@ -241,7 +261,7 @@ impl GuestMemory {
         population: &Population,
     ) -> Result<Self, MemoryError> {
         let layout = vm.layout();
-        let ranges: Vec<_> = config.ranges.iter().map(|(a, s)| (a.0, *s)).collect();
+        let ranges: Vec<_> = config.regions().iter().map(|(a, s)| (a.0, *s)).collect();
         if ranges != layout.regions || config.chunk_size.is_some_and(|c| c != layout.chunk_size) {
             return Err(MemoryError::ZoneLayout(vm.name().to_owned()));
         }
@@ -269,7 +289,7 @@ impl GuestMemory {
                 pool: pool.frame_size().name(),
             });
         }
-        check_ranges(&config.ranges, chunk)?;
+        check_ranges(&config.regions(), chunk)?;
         if config.fault_threads == 0 {
             return Err(MemoryError::NoFaultThreads);
         }
@@ -290,15 +310,16 @@ impl GuestMemory {
             zone_vm,
         });
         let regions = config
-            .ranges
-            .iter()
+            .regions()
+            .into_iter()
             .enumerate()
-            .map(|(i, &(start, size))| {
+            .map(|(i, (start, size))| {
                 let persistent = shared
                     .zone_vm
                     .as_ref()
                     .map(|vm| (vm.table(i), vm.piece_words(i)));
-                GuestRegion::new(start, size, chunk, Arc::clone(&shared), persistent)
+                let hotplug = i == config.ranges.len();
+                GuestRegion::new(start, size, chunk, Arc::clone(&shared), persistent, hotplug)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let inner = Arc::new(Inner { regions, shared });
@@ -314,6 +335,9 @@ impl GuestMemory {
                 if population.cancelled.load(Ordering::Acquire) {
                     return Err(MemoryError::Cancelled);
                 }
+                if !region.is_plugged(chunk) {
+                    continue;
+                }
                 region.populate_and_prefault(chunk, core)?;
                 population
                     .populated_bytes
@@ -326,6 +350,76 @@ impl GuestMemory {
     /// The regions, in guest address order.
     pub fn regions(&self) -> &[GuestRegion] {
         &self.inner.regions
+    }
+
+    /// The hot-pluggable memory, if it has some.
+    pub fn hotplug_region(&self) -> Option<&GuestRegion> {
+        self.inner.regions.last().filter(|r| r.is_hotplug())
+    }
+
+    /// The chunks of hot-pluggable memory that `[addr, addr + len)` covers exactly.
+    fn hotplug_chunks(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+    ) -> Result<(&GuestRegion, std::ops::Range<usize>), MemoryError> {
+        let bad = || MemoryError::NotHotplug { addr: addr.0, len };
+        let region = self.hotplug_region().ok_or_else(bad)?;
+        let chunk = region.chunk_size().bytes();
+        let offset = addr.0.checked_sub(region.start().0).ok_or_else(bad)?;
+        let end = offset.checked_add(len).ok_or_else(bad)?;
+        if len == 0 || !offset.is_multiple_of(chunk) || !len.is_multiple_of(chunk) {
+            return Err(bad());
+        }
+        if end > region.size() {
+            return Err(bad());
+        }
+        Ok((region, (offset / chunk) as usize..(end / chunk) as usize))
+    }
+
+    /// Plugs `[addr, addr + len)`, whole unplugged chunks of the hot-pluggable memory: each
+    /// gets a frame allocated with `core` (recorded in the zone, for a VM in one) and the guest
+    /// may use it. All or nothing: if a chunk is plugged already or the pool runs out, the
+    /// chunks this call plugged are unplugged again and the error returned.
+    pub fn plug(&self, addr: GuestAddress, len: u64, core: usize) -> Result<(), MemoryError> {
+        let (region, chunks) = self.hotplug_chunks(addr, len)?;
+        if let Some(chunk) = chunks.clone().find(|&c| region.is_plugged(c)) {
+            return Err(RegionError::Plugged { chunk }.into());
+        }
+        for chunk in chunks.clone() {
+            if let Err(e) = region.plug(chunk, core) {
+                for plugged in chunks.start..chunk {
+                    // Fresh frames that never held data: unplugging cannot fail but on a
+                    // scrub, which keeps the frame (lost, not leaked).
+                    let _ = region.unplug(plugged, core);
+                }
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Unplugs `[addr, addr + len)`, whole plugged chunks of the hot-pluggable memory: each
+    /// becomes inaccessible (to the guest and to device accesses) and its frame, scrubbed, goes
+    /// back to the pool with `core`. Returns how many frames went back. Fails before changing
+    /// anything if a chunk is not plugged.
+    pub fn unplug(&self, addr: GuestAddress, len: u64, core: usize) -> Result<usize, MemoryError> {
+        let (region, chunks) = self.hotplug_chunks(addr, len)?;
+        if let Some(chunk) = chunks.clone().find(|&c| !region.is_plugged(c)) {
+            return Err(RegionError::Unplugged { chunk }.into());
+        }
+        let mut freed = 0;
+        for chunk in chunks {
+            freed += usize::from(region.unplug(chunk, core)?);
+        }
+        Ok(freed)
+    }
+
+    /// How many chunks of `[addr, addr + len)` (whole chunks of the hot-pluggable memory) are
+    /// plugged.
+    pub fn plugged_chunks(&self, addr: GuestAddress, len: u64) -> Result<usize, MemoryError> {
+        let (region, chunks) = self.hotplug_chunks(addr, len)?;
+        Ok(chunks.filter(|&c| region.is_plugged(c)).count())
     }
 
     /// The VM in a zone whose memory this is, if it is one.

@@ -1,5 +1,7 @@
 //! One guest RAM region: a contiguous host virtual range made of chunks, each unpopulated (an
 //! anonymous placeholder registered with userfaultfd) or mapped onto exactly one pool frame.
+//! In hot-pluggable memory (virtio-mem) a chunk may also be unplugged: an inaccessible
+//! (PROT_NONE) reservation that nothing populates until it is plugged.
 
 use std::io;
 use std::sync::Arc;
@@ -71,6 +73,27 @@ pub enum RegionError {
         #[source]
         source: io::Error,
     },
+    /// The chunk is hot-pluggable memory that is not plugged.
+    #[error("guest chunk {chunk} is not plugged")]
+    Unplugged {
+        /// The chunk.
+        chunk: usize,
+    },
+    /// Plugging a chunk that is plugged already.
+    #[error("guest chunk {chunk} is plugged already")]
+    Plugged {
+        /// The chunk.
+        chunk: usize,
+    },
+    /// Making an unplugged chunk inaccessible failed.
+    #[error("cannot make guest chunk {chunk} inaccessible: {source}")]
+    Protect {
+        /// The chunk.
+        chunk: usize,
+        /// The mmap error.
+        #[source]
+        source: io::Error,
+    },
     /// Writing a range back to its backing failed.
     #[error("cannot write guest memory back to its backing: {0}")]
     Sync(#[source] io::Error),
@@ -93,6 +116,8 @@ pub struct GuestRegion {
     chunk: FrameSize,
     table: FrameTable,
     pieces: PieceMap,
+    /// Hot-pluggable memory: its chunks are plugged and unplugged one by one.
+    hotplug: bool,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -100,12 +125,15 @@ impl GuestRegion {
     /// Reserves the host range (aligned to the chunk size, like the guest address), maps the
     /// placeholder over it and registers it with userfaultfd.
     /// A VM in a zone passes its persistent frame table and piece bitmaps for the region.
+    /// Hot-pluggable memory (`hotplug`) starts unplugged, but for the chunks a zone records
+    /// frames for.
     pub(crate) fn new(
         start: GuestAddress,
         len: u64,
         chunk: FrameSize,
         shared: Arc<Shared>,
         persistent: Option<(VmTable, ZoneWords)>,
+        hotplug: bool,
     ) -> Result<Self, RegionError> {
         let reserve_err = |source| RegionError::Reserve { len, source };
         let host = Mapping::anonymous(len as usize, chunk.bytes() as usize).map_err(reserve_err)?;
@@ -113,13 +141,127 @@ impl GuestRegion {
         let chunks = (len / chunk.bytes()) as usize;
         let pieces = (chunk.bytes() / FRAME_SIZE as u64) as usize;
         let (table, piece_words) = persistent.unzip();
-        Ok(Self {
+        let region = Self {
             start,
             host,
             chunk,
-            table: FrameTable::new(chunks, table),
+            table: FrameTable::new(chunks, table, hotplug),
             pieces: PieceMap::new(chunks, pieces, piece_words),
+            hotplug,
             shared,
+        };
+        for chunk in 0..chunks {
+            if region.table.state(chunk) == ChunkState::Unplugged {
+                region.make_inaccessible(chunk)?;
+            }
+        }
+        Ok(region)
+    }
+
+    /// Whether this is hot-pluggable memory.
+    pub fn is_hotplug(&self) -> bool {
+        self.hotplug
+    }
+
+    /// Whether `chunk` is plugged: always outside hot-pluggable memory.
+    pub fn is_plugged(&self, chunk: usize) -> bool {
+        self.table.state(chunk) != ChunkState::Unplugged
+    }
+
+    /// Puts an inaccessible reservation over `chunk` (claimed, or not yet shared).
+    fn make_inaccessible(&self, chunk: usize) -> Result<(), RegionError> {
+        let (addr, len) = self.chunk_range(chunk);
+        // SAFETY: the chunk belongs to this region and nobody else changes it; it holds no
+        // frame the guest may keep.
+        unsafe { mmap::map_inaccessible(addr, len) }
+            .map_err(|source| RegionError::Protect { chunk, source })
+    }
+
+    /// Plugs unplugged `chunk` of hot-pluggable memory: a frame allocated with `core`, mapped
+    /// and recorded (in a zone) as populating does.
+    pub(crate) fn plug(&self, chunk: usize, core: usize) -> Result<(), RegionError> {
+        if !self.table.claim_unplugged(chunk) {
+            return Err(RegionError::Plugged { chunk });
+        }
+        // Its given-away pieces (a balloon's, while it was unplugged) are the new memory's.
+        self.pieces.clear(chunk, 0, self.pieces.pieces_per_chunk());
+        let pool = &self.shared.pool;
+        let Some(frame) = pool.alloc(core, self.chunk) else {
+            self.table.publish_unplugged(chunk);
+            return Err(RegionError::Exhausted(self.chunk.name()));
+        };
+        self.table.persist(chunk, frame.index);
+        let (addr, _) = self.chunk_range(chunk);
+        // SAFETY: the chunk belongs to this region and is claimed by us; it holds the
+        // inaccessible reservation.
+        if let Err(source) = unsafe { pool.map_frame(frame, addr) } {
+            self.table.unpersist(chunk);
+            let _ = pool.free(core, frame);
+            // MAP_FIXED may have removed the reservation.
+            let _ = self.make_inaccessible(chunk);
+            self.table.publish_unplugged(chunk);
+            return Err(RegionError::MapFrame { chunk, source });
+        }
+        self.table.publish(chunk, frame.index);
+        Ok(())
+    }
+
+    /// Unplugs plugged `chunk` of hot-pluggable memory: it becomes inaccessible and its frame,
+    /// if it has one, goes back to the pool scrubbed (with `core`). Returns whether a frame was
+    /// freed.
+    pub(crate) fn unplug(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
+        let claimed = loop {
+            match self.table.state(chunk) {
+                ChunkState::Busy => std::thread::yield_now(),
+                ChunkState::Unplugged => return Err(RegionError::Unplugged { chunk }),
+                ChunkState::Mapped(index) if self.table.claim_mapped(chunk, index) => {
+                    break Some(index);
+                }
+                ChunkState::Empty if self.table.claim_empty(chunk) => {
+                    break self.table.persisted(chunk);
+                }
+                _ => {}
+            }
+        };
+        if let Err(e) = self.make_inaccessible(chunk) {
+            match claimed {
+                Some(index) => {
+                    let frame = Frame {
+                        index,
+                        size: self.chunk,
+                    };
+                    let _ = self.map_claimed(chunk, frame);
+                }
+                None => self.table.publish_empty(chunk),
+            }
+            return Err(e);
+        }
+        self.pieces.clear(chunk, 0, self.pieces.pieces_per_chunk());
+        let Some(index) = claimed else {
+            self.table.publish_unplugged(chunk);
+            return Ok(false);
+        };
+        let frame = Frame {
+            index,
+            size: self.chunk,
+        };
+        // The guest cannot reach the frame any more: scrub, unpublish, free (see
+        // `discard_chunk`). A frame that cannot be scrubbed stays allocated and recorded:
+        // better lost than leaked.
+        let pool = &self.shared.pool;
+        if let Err(source) = pool.scrub(frame) {
+            self.table.publish_unplugged(chunk);
+            return Err(RegionError::Scrub {
+                frame: frame.index,
+                source,
+            });
+        }
+        self.table.unpersist(chunk);
+        let freed = pool.free(core, frame);
+        self.table.publish_unplugged(chunk);
+        freed.map(|()| true).map_err(|e| RegionError::Scrub {
+            frame: frame.index,
+            source: io::Error::other(e),
         })
     }
 
@@ -163,7 +305,7 @@ impl GuestRegion {
             ChunkState::Mapped(index) => index,
             // A VM in a zone: its frame, mapped on the chunk's first touch in this process.
             ChunkState::Empty => self.table.persisted(chunk)?,
-            ChunkState::Busy => return None,
+            ChunkState::Busy | ChunkState::Unplugged => return None,
         };
         Some(Frame {
             index,
@@ -205,8 +347,10 @@ impl GuestRegion {
     /// Makes sure `chunk` is backed by a frame, allocating it with `core`. Returns `true` when
     /// this call mapped a new frame, `false` when the chunk was populated already.
     pub(crate) fn populate(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
-        if let ChunkState::Mapped(_) = self.claim(chunk, false) {
-            return Ok(false);
+        match self.claim(chunk, false) {
+            ChunkState::Mapped(_) => return Ok(false),
+            ChunkState::Unplugged => return Err(RegionError::Unplugged { chunk }),
+            _ => {}
         }
         if let Some(index) = self.table.persisted(chunk) {
             // A VM in a zone: the frame it had before this process.
@@ -251,8 +395,12 @@ impl GuestRegion {
             .map_err(|source| RegionError::Prefault { chunk, source })
     }
 
-    /// Maps a frame that a snapshot names over an unpopulated chunk (restore).
+    /// Maps a frame that a snapshot names over an unpopulated chunk (restore); an unplugged
+    /// one is plugged with it.
     pub(crate) fn adopt(&self, chunk: usize, frame: Frame) -> Result<(), RegionError> {
+        if self.table.claim_unplugged(chunk) {
+            return self.map_claimed(chunk, frame);
+        }
         match self.claim(chunk, false) {
             ChunkState::Empty => self.map_claimed(chunk, frame),
             _ => Ok(()),

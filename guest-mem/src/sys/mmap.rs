@@ -152,6 +152,18 @@ pub unsafe fn map_placeholder(addr: usize, len: usize) -> io::Result<()> {
     unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, -1, 0) }.map(drop)
 }
 
+/// Replaces `[addr, addr + len)` with an inaccessible reservation (PROT_NONE): neither the
+/// guest (KVM fails the access) nor this process can touch it, and no fault reaches
+/// userfaultfd.
+///
+/// # Safety
+/// As for [`map_placeholder`].
+pub unsafe fn map_inaccessible(addr: usize, len: usize) -> io::Result<()> {
+    let flags = ANONYMOUS | libc::MAP_FIXED;
+    // SAFETY: the caller owns the range (see above); MAP_FIXED replaces only that range.
+    unsafe { mmap(addr as *mut _, len, libc::PROT_NONE, flags, -1, 0) }.map(drop)
+}
+
 /// Drops the pages of `[addr, addr + len)` (MADV_DONTNEED): private anonymous memory reads as
 /// zero again, or faults to userfaultfd where it is registered.
 ///

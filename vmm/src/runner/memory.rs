@@ -175,6 +175,7 @@ pub(super) fn create_memory(
         .collect();
     let memory_config = |chunk_size| MemoryConfig {
         ranges,
+        hotplug: None,
         chunk_size: Some(chunk_size),
         populate: config.populate,
         vcpus: config.vcpus,

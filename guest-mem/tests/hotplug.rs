@@ -1,0 +1,232 @@
+//! Hot-pluggable memory (the memory behind a virtio-mem device): chunks plugged with frames of
+//! the pool, unplugged back to it, inaccessible to the guest (real KVM) and to device accesses
+//! while unplugged, and kept with their contents by a VM in a zone.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{memory_config, RunError, TempFile, Touch, Vm, MIB};
+use guest_mem::zone::{VmLayout, Zone, ZoneConfig, DEFAULT_MAX_VMS};
+use guest_mem::{
+    Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, Populate,
+    Population, RegionError,
+};
+use vm_memory::{Bytes, GuestAddress};
+
+const CHUNK: u64 = 2 * MIB;
+const RAM: u64 = 8 * MIB;
+/// The hot-pluggable memory: 16 MiB at 512 MiB (below 4 GiB, where the touch program reaches).
+const HOTPLUG: u64 = 512 * MIB;
+const HOTPLUG_SIZE: u64 = 16 * MIB;
+
+/// Hot-pluggable memory after RAM, for three vCPUs.
+fn config(populate: Populate) -> MemoryConfig {
+    MemoryConfig {
+        hotplug: Some((GuestAddress(HOTPLUG), HOTPLUG_SIZE)),
+        populate,
+        ..memory_config(RAM, 3)
+    }
+}
+
+fn pool(size: u64) -> Arc<Pool> {
+    Pool::new(PoolConfig::new(Backing::Anonymous, size)).expect("pool")
+}
+
+fn used(pool: &Pool) -> u64 {
+    pool.stats().used_bytes
+}
+
+#[test]
+fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_access() {
+    let pool = pool(RAM + HOTPLUG_SIZE);
+    let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Eager)).expect("memory");
+    // Eager population fills RAM only.
+    assert_eq!(used(&pool), RAM);
+    let region = memory.hotplug_region().expect("hot-pluggable memory");
+    assert_eq!((region.start().0, region.size()), (HOTPLUG, HOTPLUG_SIZE));
+    let all = |memory: &GuestMemory| memory.plugged_chunks(GuestAddress(HOTPLUG), HOTPLUG_SIZE);
+    assert_eq!(all(&memory).unwrap(), 0);
+    // Unplugged memory: a device access fails (no SIGSEGV, no frame).
+    assert!(memory.read_obj::<u64>(GuestAddress(HOTPLUG)).is_err());
+    assert!(memory
+        .write_obj(1u64, GuestAddress(HOTPLUG + CHUNK))
+        .is_err());
+    assert_eq!(used(&pool), RAM);
+
+    // Plug 4 MiB at 2 MiB in: frames now, the memory usable.
+    let at = GuestAddress(HOTPLUG + CHUNK);
+    memory.plug(at, 2 * CHUNK, 0).expect("plug");
+    assert_eq!(used(&pool), RAM + 2 * CHUNK);
+    assert_eq!(all(&memory).unwrap(), 2);
+    memory.write_obj(0x5eed_u64, at).expect("write");
+    assert_eq!(memory.read_obj::<u64>(at).unwrap(), 0x5eed);
+    assert!(memory.read_obj::<u64>(GuestAddress(HOTPLUG)).is_err());
+
+    // Plugging a plugged chunk, unplugging an unplugged one: refused, nothing changed.
+    let overlap = memory.plug(GuestAddress(HOTPLUG), 2 * CHUNK, 0);
+    assert!(
+        matches!(
+            overlap,
+            Err(MemoryError::Region(RegionError::Plugged { chunk: 1 }))
+        ),
+        "{overlap:?}"
+    );
+    let unplugged = memory.unplug(GuestAddress(HOTPLUG), 2 * CHUNK, 0);
+    assert!(
+        matches!(
+            unplugged,
+            Err(MemoryError::Region(RegionError::Unplugged { chunk: 0 }))
+        ),
+        "{unplugged:?}"
+    );
+    assert_eq!(used(&pool), RAM + 2 * CHUNK);
+    // Ranges that are not whole chunks of hot-pluggable memory.
+    for (addr, len) in [
+        (HOTPLUG + 4096, CHUNK),
+        (HOTPLUG, CHUNK + 4096),
+        (HOTPLUG, 0),
+        (HOTPLUG + HOTPLUG_SIZE - CHUNK, 2 * CHUNK),
+        (0, CHUNK),
+        (u64::MAX - CHUNK + 1, CHUNK),
+    ] {
+        let result = memory.plug(GuestAddress(addr), len, 0);
+        assert!(
+            matches!(result, Err(MemoryError::NotHotplug { .. })),
+            "{addr:#x}+{len:#x}: {result:?}"
+        );
+    }
+
+    // Unplugging gives the frames back; the memory is inaccessible again, and a new plug
+    // reads zeroes.
+    assert_eq!(memory.unplug(at, 2 * CHUNK, 0).expect("unplug"), 2);
+    assert_eq!(used(&pool), RAM);
+    assert!(memory.read_obj::<u64>(at).is_err());
+    memory.plug(at, CHUNK, 0).expect("plug again");
+    assert_eq!(memory.read_obj::<u64>(at).unwrap(), 0);
+    drop(memory);
+    assert_eq!(
+        used(&pool),
+        0,
+        "dropping the memory frees plugged frames too"
+    );
+}
+
+#[test]
+fn a_plug_the_pool_cannot_serve_plugs_nothing() {
+    // Room for RAM and two hot-pluggable chunks.
+    let pool = pool(RAM + 2 * CHUNK);
+    let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Eager)).expect("memory");
+    let result = memory.plug(GuestAddress(HOTPLUG), 3 * CHUNK, 0);
+    assert!(
+        matches!(result, Err(MemoryError::Region(RegionError::Exhausted(_)))),
+        "{result:?}"
+    );
+    assert_eq!(used(&pool), RAM);
+    assert_eq!(
+        memory
+            .plugged_chunks(GuestAddress(HOTPLUG), HOTPLUG_SIZE)
+            .unwrap(),
+        0
+    );
+    memory
+        .plug(GuestAddress(HOTPLUG), 2 * CHUNK, 0)
+        .expect("what fits");
+}
+
+#[test]
+fn a_vcpu_uses_plugged_memory_and_touching_unplugged_memory_fails_without_a_frame() {
+    let pool = pool(RAM + HOTPLUG_SIZE);
+    let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Lazy)).expect("memory");
+    let Some(vm) = Vm::new(&memory) else {
+        return;
+    };
+    let plugged = GuestAddress(HOTPLUG + 4 * CHUNK);
+    memory.plug(plugged, CHUNK, 0).expect("plug");
+    let touch = |start: u64| Touch {
+        start,
+        count: 16,
+        stride: 4096,
+        marker: 0xab,
+    };
+    vm.run(&memory, 0, touch(plugged.0))
+        .expect("plugged memory");
+    assert_eq!(memory.read_obj::<u32>(plugged).unwrap(), 0xab);
+    let before = used(&pool);
+    // KVM fails the access (EFAULT), or (PVM) leaves it to the VMM as an MMIO exit: either
+    // way the guest reaches no memory.
+    let refused = |result: &Result<u32, RunError>| matches!(result, Err(RunError::Other(e)) if e.contains("Bad address") || e.contains("Mmio"));
+    let result = vm.run(&memory, 1, touch(HOTPLUG));
+    assert!(refused(&result), "touching unplugged memory: {result:?}");
+    assert_eq!(used(&pool), before, "no frame for unplugged memory");
+    // Unplugged under the guest's feet: the next touch fails too.
+    memory.unplug(plugged, CHUNK, 0).expect("unplug");
+    let result = vm.run(&memory, 2, touch(plugged.0));
+    assert!(
+        refused(&result),
+        "touching memory unplugged under the guest: {result:?}"
+    );
+    assert_eq!(used(&pool), before - CHUNK);
+}
+
+#[test]
+fn a_vm_in_a_zone_keeps_its_plugged_memory_and_nothing_else_across_a_reopen() {
+    let path = TempFile::new("zone-hotplug");
+    let zone_config = ZoneConfig {
+        size: 64 * MIB,
+        frame_size: FrameSize::Huge,
+        max_vms: DEFAULT_MAX_VMS,
+    };
+    Zone::create(&path.0, &zone_config).expect("create");
+    let layout = VmLayout {
+        chunk_size: FrameSize::Huge,
+        regions: vec![(0, RAM), (HOTPLUG, HOTPLUG_SIZE)],
+    };
+    let open = |zone: &Arc<Zone>| {
+        let vm = zone.attach("plugger", &layout).expect("attach");
+        GuestMemory::new_in_zone(vm, config(Populate::Lazy), &Population::default())
+            .expect("memory")
+    };
+    let zone = Zone::open(&path.0, 2).expect("open");
+    let memory = open(&zone);
+    memory
+        .plug(GuestAddress(HOTPLUG), 3 * CHUNK, 0)
+        .expect("plug");
+    memory
+        .write_slice(b"plugged, kept", GuestAddress(HOTPLUG + CHUNK))
+        .expect("write");
+    memory
+        .unplug(GuestAddress(HOTPLUG + 2 * CHUNK), CHUNK, 0)
+        .expect("unplug");
+    let free = zone.info().expect("info").free_frames;
+    drop(memory);
+    drop(zone);
+
+    let zone = Zone::open(&path.0, 2).expect("reopen");
+    let info = zone.info().expect("info");
+    assert_eq!((info.leaked_frames, info.lost_frames), (0, 0));
+    assert_eq!(info.free_frames, free, "the plugged frames stay the VM's");
+    let memory = open(&zone);
+    let plugged = memory
+        .plugged_chunks(GuestAddress(HOTPLUG), HOTPLUG_SIZE)
+        .unwrap();
+    assert_eq!(plugged, 2);
+    let mut text = [0u8; 13];
+    memory
+        .read_slice(&mut text, GuestAddress(HOTPLUG + CHUNK))
+        .expect("read");
+    assert_eq!(&text, b"plugged, kept");
+    assert!(memory
+        .read_obj::<u8>(GuestAddress(HOTPLUG + 2 * CHUNK))
+        .is_err());
+    // Another layout (no hot-pluggable memory) is another VM's.
+    let plain = VmLayout {
+        chunk_size: FrameSize::Huge,
+        regions: vec![(0, RAM)],
+    };
+    drop(memory);
+    assert!(zone.attach("plugger", &plain).is_err());
+}
