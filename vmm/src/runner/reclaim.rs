@@ -17,12 +17,22 @@
 //! After each change it waits until the guest has reached the target and reported statistics
 //! again, so that it never acts twice on one report. A target a person sets (API, `vmm
 //! balloon set`) replaces the policy's. A VM opts out with `--reclaim-below 0`.
+//!
+//! A guest that took free page hinting (`--balloon free_page_hinting=on`) is asked to hint
+//! instead, when the zone runs low, at most every [`HINT_AGAIN_AFTER`]: the run gives back the
+//! frames of every free page it names and takes nothing from the guest, where a balloon takes
+//! free pages in no order, untouched ones and ones hinted before (that hold no frame) among
+//! them, and leaves the guest less memory for nothing. Its balloon is not inflated (what the
+//! policy inflated before the guest took hinting is still deflated). A run a person started is
+//! left alone.
 
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
+use virtio_balloon::spec::{FREE_PAGE_HINT_DONE, VIRTIO_BALLOON_F_FREE_PAGE_HINT};
+use virtio_balloon::BalloonInfo;
 
 use crate::devices::balloon::BalloonHandle;
 use crate::vm::control::{RunState, VmControl};
@@ -32,6 +42,11 @@ pub const TICK: Duration = Duration::from_millis(250);
 const MIB: u64 = 1 << 20;
 /// Balloon pages (4 KiB) per MiB.
 const PAGES_PER_MIB: u64 = 256;
+/// The shortest time from the end of one hinting run the policy started to its next.
+pub const HINT_AGAIN_AFTER: Duration = Duration::from_secs(5);
+/// How long the policy lets a guest hint before it ends the run (the guest holds the pages
+/// it hinted until then).
+const HINT_RUN_LIMIT: Duration = Duration::from_secs(30);
 
 /// The thread running a VM's policy; stopped and joined when dropped.
 pub(super) struct ReclaimThread {
@@ -66,6 +81,19 @@ pub(super) struct Reclaim {
     /// After a change: the guest's statistics count once it had reached the target, `None`
     /// until it has; the policy acts again after a newer report.
     settled_at: Option<Option<u64>>,
+    /// The hinting run the policy started and has not seen end.
+    hint_run: Option<HintRun>,
+    /// When the policy's last hinting run ended.
+    hint_ended: Option<Instant>,
+}
+
+/// A free page hinting run the policy started.
+#[derive(Debug, Clone, Copy)]
+struct HintRun {
+    id: u32,
+    started: Instant,
+    /// The device's freed frames counter when it started.
+    freed_before: u64,
 }
 
 impl Reclaim {
@@ -89,6 +117,8 @@ impl Reclaim {
             base_mib,
             last_set_mib: None,
             settled_at: None,
+            hint_run: None,
+            hint_ended: None,
         }
     }
 
@@ -149,6 +179,16 @@ impl Reclaim {
         // more cannot shrink the other VMs' shares.
         let spare = free.min(self.ram_bytes).saturating_sub(self.ram_bytes / 16);
         vm.set_spare(spare);
+        let pool = memory.pool().stats();
+        let zone = ZoneMemory {
+            free: pool.free_bytes,
+            total: pool.total_bytes,
+            spare_total: vm.zone().spare_total().max(spare),
+        };
+        let took_hinting = took_hinting(&info);
+        if self.hint(&info, zone, took_hinting) {
+            return;
+        }
         // Wait for the guest to reach the last target and to report after that.
         if let Some(settled) = self.settled_at {
             let updates = info.counters.stats_updates;
@@ -161,14 +201,9 @@ impl Reclaim {
                 _ => return,
             }
         }
-        let pool = memory.pool().stats();
-        let zone = ZoneMemory {
-            free: pool.free_bytes,
-            total: pool.total_bytes,
-            spare_total: vm.zone().spare_total().max(spare),
-        };
         let room_mib = (self.ram_bytes / MIB).saturating_sub(self.base_mib + self.policy_mib);
         let change = match decide(zone, self.below_percent, spare, self.policy_mib, room_mib) {
+            Step::Inflate(_) if took_hinting => return,
             Step::Inflate(mib) => {
                 self.policy_mib += mib;
                 format!("inflates the balloon by {mib} MiB")
@@ -195,6 +230,75 @@ impl Reclaim {
             Err(e) => log::warn!("zone reclaim: cannot set the balloon's target: {e}"),
         }
     }
+
+    /// Free page hinting's part of one look: follows the run the policy started, or starts
+    /// one when the zone is low and the guest `took_hinting`. Returns whether a run is under
+    /// way (the balloon waits for its end: until then the guest holds what it hinted).
+    fn hint(&mut self, info: &BalloonInfo, zone: ZoneMemory, took_hinting: bool) -> bool {
+        if let Some(run) = self.hint_run {
+            let host_cmd = self.balloon.hinting_status().map(|status| status.host_cmd);
+            if host_cmd.as_ref().is_ok_and(|&cmd| cmd == run.id) {
+                if run.started.elapsed() < HINT_RUN_LIMIT {
+                    return true;
+                }
+                log::warn!(
+                    "zone reclaim: the guest did not finish hinting run {} in {HINT_RUN_LIMIT:?}: \
+                     ended",
+                    run.id
+                );
+                if let Err(e) = self.balloon.stop_hinting() {
+                    log::warn!("zone reclaim: cannot end hinting run {}: {e}", run.id);
+                }
+            }
+            log::info!(
+                "zone reclaim: free page hinting run {} gave {} frames back in {:.1?}",
+                run.id,
+                info.counters.hint_freed_frames - run.freed_before,
+                run.started.elapsed()
+            );
+            self.hint_run = None;
+            self.hint_ended = Some(Instant::now());
+            return false;
+        }
+        let rested = self
+            .hint_ended
+            .is_none_or(|ended| ended.elapsed() >= HINT_AGAIN_AFTER);
+        if !took_hinting || !rested || zone.free >= zone.low(self.below_percent) {
+            return false;
+        }
+        // A run a person started (and did not end) is theirs.
+        match self.balloon.hinting_status() {
+            Ok(status) if status.host_cmd <= FREE_PAGE_HINT_DONE => {}
+            _ => return false,
+        }
+        match self.balloon.start_hinting(true) {
+            Ok(id) => {
+                log::info!(
+                    "zone reclaim: {} MiB of {} MiB free (threshold {} %): free page hinting \
+                     run {id}",
+                    zone.free / MIB,
+                    zone.total / MIB,
+                    self.below_percent
+                );
+                self.hint_run = Some(HintRun {
+                    id,
+                    started: Instant::now(),
+                    freed_before: info.counters.hint_freed_frames,
+                });
+                true
+            }
+            Err(e) => {
+                log::warn!("zone reclaim: cannot start free page hinting: {e}");
+                self.hint_ended = Some(Instant::now());
+                false
+            }
+        }
+    }
+}
+
+/// Whether the guest's balloon driver took free page hinting.
+fn took_hinting(info: &BalloonInfo) -> bool {
+    info.acked_features & (1 << VIRTIO_BALLOON_F_FREE_PAGE_HINT) != 0
 }
 
 /// The zone's memory as one VM's policy sees it.
@@ -206,6 +310,13 @@ struct ZoneMemory {
     total: u64,
     /// What the guests of all VMs on the zone can spare, this one's included.
     spare_total: u64,
+}
+
+impl ZoneMemory {
+    /// The threshold: `below_percent` of the zone.
+    fn low(&self, below_percent: u8) -> u64 {
+        self.total * u64::from(below_percent) / 100
+    }
 }
 
 /// What one look at the zone decides.
@@ -228,7 +339,7 @@ fn decide(
     inflated_mib: u64,
     room_mib: u64,
 ) -> Step {
-    let low = zone.total * u64::from(below_percent) / 100;
+    let low = zone.low(below_percent);
     let high = 2 * low;
     if zone.free < low {
         if zone.spare_total == 0 {
@@ -261,7 +372,18 @@ fn decide(
 
 #[cfg(test)]
 mod tests {
+    use guest_mem::{Backing, MemoryConfig, Pool, PoolConfig, Populate};
+    use virtio_balloon::spec::{FREE_PAGE_HINT_STOP, VIRTIO_F_VERSION_1};
+    use virtio_balloon::BalloonConfig;
+    use vm_memory::GuestAddress;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
     use super::*;
+    use crate::devices::balloon::testing::MmioDriver;
+    use crate::devices::balloon::{create, BalloonTransport};
+    use crate::devices::virtio::mmio::{registers as reg, MmioTransport};
+    use crate::devices::virtio::VirtioDevice;
+    use crate::layout::MMIO_GAP_START;
 
     fn zone(free_mib: u64, spare_total_mib: u64) -> ZoneMemory {
         ZoneMemory {
@@ -304,5 +426,118 @@ mod tests {
         assert_eq!(decide(zone(900, 400), 10, 0, 0, 1000), Step::Nothing);
         // Between the two: the balloon stays.
         assert_eq!(decide(zone(150, 400), 10, 100 * MIB, 100, 0), Step::Nothing);
+    }
+
+    const RAM: u64 = 16 * MIB;
+    /// The hinting queue of a driver that took no statistics: after inflate and deflate.
+    const HINT_QUEUE: u16 = 2;
+    const RINGS: u64 = 0x10_0000;
+    const COMMAND: u64 = 0x18_0000;
+
+    /// A guest with 16 MiB of touched RAM and a balloon offering free page hinting, a driver
+    /// that took it, and the policy of its VM.
+    fn hinting_guest() -> (Arc<GuestMemory>, BalloonTransport, Reclaim) {
+        let pool = Pool::new(PoolConfig::new(Backing::Anonymous, 2 * RAM)).unwrap();
+        let config = MemoryConfig {
+            populate: Populate::Eager,
+            ..MemoryConfig::new(vec![(GuestAddress(0), RAM)], 1)
+        };
+        let memory = Arc::new(GuestMemory::new(pool, config).unwrap());
+        let config = BalloonConfig {
+            free_page_hinting: true,
+            ..BalloonConfig::default()
+        };
+        let balloon = create(memory.clone(), config).unwrap();
+        let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+        let transport = MmioTransport::new(memory.clone(), balloon.device, irq).unwrap();
+        let control = Arc::new(VmControl::new(1));
+        let policy = Reclaim::new(balloon.handle, &memory, &control, 10, RAM);
+        (memory, transport, policy)
+    }
+
+    /// One look of the policy's hinting part at `zone`, as a tick takes it.
+    fn look(policy: &mut Reclaim, zone: ZoneMemory) -> bool {
+        let info = policy.balloon.info();
+        policy.hint(&info, zone, took_hinting(&info))
+    }
+
+    /// The guest's side of a run: the command it hints for, `ranges` (address, MiB), STOP.
+    fn guest_hints(
+        memory: &GuestMemory,
+        driver: &mut MmioDriver<'_, GuestMemory>,
+        run: u32,
+        ranges: &[(u64, u32)],
+    ) {
+        use vm_memory::Bytes;
+        for (slot, cmd) in [(0, run), (1, FREE_PAGE_HINT_STOP)] {
+            memory
+                .write_obj(cmd.to_le(), GuestAddress(COMMAND + slot * 4))
+                .unwrap();
+        }
+        driver.add_chain(HINT_QUEUE, &[(COMMAND, 4, false)]);
+        for &(addr, mib) in ranges {
+            driver.add_chain(HINT_QUEUE, &[(addr, mib * MIB as u32, true)]);
+        }
+        driver.add_chain(HINT_QUEUE, &[(COMMAND + 4, 4, false)]);
+    }
+
+    #[test]
+    fn a_low_zone_starts_one_hinting_run_whose_pages_go_back_and_a_persons_run_is_left_alone() {
+        let (memory, transport, mut policy) = hinting_guest();
+        let features = 1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_BALLOON_F_FREE_PAGE_HINT;
+        let mut driver =
+            MmioDriver::start(&transport, MMIO_GAP_START, &*memory, RINGS, features, 3, 64);
+        let pool = memory.pool().clone();
+        let free_before = pool.stats().free_bytes;
+        let low = zone(50, 400);
+        let plenty = zone(500, 400);
+
+        // Above the threshold: no run.
+        assert!(!look(&mut policy, plenty));
+        assert_eq!(
+            policy.balloon.hinting_status().unwrap().host_cmd,
+            FREE_PAGE_HINT_STOP
+        );
+        // Below it: a run, which the balloon waits for.
+        assert!(look(&mut policy, low));
+        let run = policy.balloon.hinting_status().unwrap().host_cmd;
+        assert!(run > FREE_PAGE_HINT_DONE);
+        assert_eq!(driver.read(reg::CONFIG + 8), run);
+        assert!(look(&mut policy, low), "the guest has not hinted yet");
+
+        // The guest hints 4 MiB at 8 MiB and is through: the frames go back, and the run ends
+        // (acknowledged) at the guest's STOP.
+        guest_hints(&memory, &mut driver, run, &[(8 * MIB, 4)]);
+        transport.device().lock().unwrap().process_queue(HINT_QUEUE);
+        assert_eq!(pool.stats().free_bytes, free_before + 4 * MIB);
+        assert_eq!(driver.read(reg::CONFIG + 8), FREE_PAGE_HINT_DONE);
+        let info = policy.balloon.info();
+        assert_eq!(info.counters.hint_freed_frames, 2);
+        assert!(!policy.hint(&info, low, true), "the run is over");
+        // Not again before HINT_AGAIN_AFTER.
+        assert!(!policy.hint(&info, low, true));
+        assert_eq!(
+            policy.balloon.hinting_status().unwrap().host_cmd,
+            FREE_PAGE_HINT_DONE
+        );
+
+        // A run a person started is theirs, even when the policy may hint again.
+        policy.hint_ended = Some(Instant::now() - HINT_AGAIN_AFTER);
+        let theirs = policy.balloon.start_hinting(false).unwrap();
+        assert!(!look(&mut policy, low));
+        assert_eq!(policy.balloon.hinting_status().unwrap().host_cmd, theirs);
+        policy.balloon.stop_hinting().unwrap();
+        assert!(look(&mut policy, low));
+        assert!(policy.balloon.hinting_status().unwrap().host_cmd > theirs);
+    }
+
+    #[test]
+    fn a_guest_without_hinting_gets_no_run() {
+        let (memory, transport, mut policy) = hinting_guest();
+        let features = 1 << VIRTIO_F_VERSION_1;
+        let _driver =
+            MmioDriver::start(&transport, MMIO_GAP_START, &*memory, RINGS, features, 2, 64);
+        assert!(!look(&mut policy, zone(0, 400)));
+        assert!(policy.hint_ended.is_none());
     }
 }
