@@ -528,3 +528,57 @@ fn a_vm_with_an_entropy_device_runs_and_its_config_shows_it() {
     send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     assert_eq!(run.wait(Duration::from_secs(120)).code, Some(0));
 }
+
+#[test]
+fn hot_pluggable_memory_is_set_and_shown_from_the_command_line() {
+    let test = "hot_pluggable_memory_is_set_and_shown_from_the_command_line";
+    if !kvm_available(test) {
+        return;
+    }
+    let refused = vmm(&["run", "--memory", "64M", "--hotplug", "total=256M,block=1M"]);
+    assert_eq!(refused.code, Some(2), "{refused:#?}");
+    assert!(
+        refused
+            .stderr
+            .contains("--hotplug: block size 1 MiB: must be a power of two of at least 2 MiB"),
+        "{refused:#?}"
+    );
+    let scratch = Scratch::new("hotplug-run");
+    let socket = scratch.path("api.sock");
+    let mut run = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--hotplug",
+        "total=256M",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "write:all,checkpoint:1,verify:all",
+    ]);
+    let api = run.api(&socket);
+    vmm_common::wait_for_state(&api, "Paused");
+    let set = vmm_common::client(&["hotplug", "set", "128M", "-s", &socket]);
+    assert_eq!(set.code, Some(0), "{set:#?}");
+    assert!(set.stdout.contains("requested 128 MiB"), "{set:#?}");
+    let shown = vmm_common::client(&["hotplug", "get", "-s", &socket]);
+    assert_eq!(shown.code, Some(0), "{shown:#?}");
+    for line in [
+        "plugged    0 MiB",
+        "requested  128 MiB",
+        "total      256 MiB",
+    ] {
+        assert!(shown.stdout.contains(line), "{line}: {shown:#?}");
+    }
+    let too_much = vmm_common::client(&["hotplug", "set", "1G", "-s", &socket]);
+    assert_eq!(too_much.code, Some(5), "the API refused: {too_much:#?}");
+    assert!(
+        too_much.stderr.contains("up to the total (256 MiB)"),
+        "{too_much:#?}"
+    );
+    assert_eq!(
+        get(&api, "/vm/config")["memory-hotplug"]["total_size_mib"],
+        256
+    );
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    assert_eq!(run.wait(Duration::from_secs(120)).code, Some(0));
+}

@@ -1217,3 +1217,121 @@ fn the_serial_console_goes_to_a_file_or_a_pipe_and_a_rate_limiter_caps_it() {
     send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
     vmm.wait(TIMEOUT);
 }
+
+#[test]
+fn memory_hotplug_is_configured_and_resized_as_firecracker_s() {
+    let test = "memory_hotplug_is_configured_and_resized_as_firecracker_s";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-hotplug");
+    let (kernel, initrd, _) = guest_files(&scratch);
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    let patch = r#"{"requested_size_mib":128}"#;
+    refused(
+        &api,
+        "GET",
+        "/hotplug/memory",
+        None,
+        "memory hotplug not configured",
+    );
+    refused(
+        &api,
+        "PATCH",
+        "/hotplug/memory",
+        Some(patch),
+        NOT_BEFORE_START,
+    );
+    for (body, message) in [
+        (
+            r#"{"total_size_mib":256,"block_size_mib":3}"#,
+            "block size 3 MiB",
+        ),
+        (
+            r#"{"total_size_mib":256,"slot_size_mib":64}"#,
+            "slot size 64 MiB",
+        ),
+        (r#"{"total_size_mib":100}"#, "total size 100 MiB"),
+        (r#"{"total_size_mib":0}"#, "total size 0"),
+        (r#"{"total_size_mib":18446744073709551615}"#, "overflows"),
+        (r#"{"total_size_mib":256,"color":"red"}"#, "unknown field"),
+    ] {
+        refused(&api, "PUT", "/hotplug/memory", Some(body), message);
+    }
+    send(&api, "PUT", "/hotplug/memory", r#"{"total_size_mib":256}"#);
+    let status = json!({"total_size_mib": 256, "slot_size_mib": 128, "block_size_mib": 2,
+                        "plugged_size_mib": 0, "requested_size_mib": 0});
+    assert_eq!(get(&api, "/hotplug/memory"), status);
+    assert_eq!(
+        get(&api, "/vm/config")["memory-hotplug"],
+        json!({"total_size_mib": 256, "slot_size_mib": 128, "block_size_mib": 2})
+    );
+    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
+                             "boot_args": "console=ttyS0"});
+    send(&api, "PUT", "/boot-source", &boot_source.to_string());
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    // The guest is told of the virtio-mem device as of every virtio-mmio one.
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    let console = vmm.stdout_so_far();
+    assert!(
+        console.starts_with("console=ttyS0 virtio_mmio.device=4K@0xc0000000:5\n"),
+        "{console}"
+    );
+    refused(
+        &api,
+        "PUT",
+        "/hotplug/memory",
+        Some(r#"{"total_size_mib":128}"#),
+        NOT_AFTER_START,
+    );
+    // A new requested size; this guest has no driver, so nothing is plugged.
+    send(&api, "PATCH", "/hotplug/memory", patch);
+    let status = get(&api, "/hotplug/memory");
+    assert_eq!(
+        (
+            status["requested_size_mib"].as_u64(),
+            status["plugged_size_mib"].as_u64()
+        ),
+        (Some(128), Some(0))
+    );
+    for bad in [
+        r#"{"requested_size_mib":129}"#,
+        r#"{"requested_size_mib":512}"#,
+    ] {
+        refused(
+            &api,
+            "PATCH",
+            "/hotplug/memory",
+            Some(bad),
+            "multiple of the block size",
+        );
+    }
+    refused(
+        &api,
+        "PATCH",
+        "/hotplug/memory",
+        Some(r#"{"requested_size_mib":18446744073709551615}"#),
+        "overflows",
+    );
+    // Its frames are in the pool beside RAM's (128 MiB of RAM by default).
+    let pool = &get(&api, "/memory")["pool"];
+    assert_eq!(
+        pool["total_bytes"].as_u64(),
+        Some((128 + 256) << 20),
+        "{pool}"
+    );
+    send(
+        &api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
+    assert_eq!(vmm.wait(TIMEOUT).code, Some(0));
+}

@@ -125,7 +125,7 @@ pub enum Command {
     /// /network-interfaces/ID, /vsock, /mmds/config, /entropy, /serial and PUT /actions
     /// {"action_type":"InstanceStart"}; PATCH /vm {"state":"Paused"|"Resumed"}, GET|PATCH
     /// /balloon, GET|PATCH /balloon/statistics, PATCH /network-interfaces/ID, PUT|PATCH|GET
-    /// /mmds, PUT /snapshot/create|load) and this
+    /// /mmds, PUT|PATCH|GET /hotplug/memory, PUT /snapshot/create|load) and this
     /// VMM's: GET /machine (machine info), GET /memory (guest memory and pool),
     /// PUT /actions {"action_type":"Shutdown"}.
     Api(ApiArgs),
@@ -145,6 +145,8 @@ pub enum Command {
     /// Set or show the balloon (/balloon resources).
     #[command(arg_required_else_help = false)]
     Balloon(BalloonArgs),
+    /// Set or show the hot-pluggable memory's requested size (/hotplug/memory).
+    Hotplug(HotplugArgs),
     /// Create, inspect and clean up persistent zones: files that keep VMs' memory across VMM
     /// restarts and crashes (`vmm run --zone PATH --vm NAME`).
     Zone(ZoneArgs),
@@ -366,6 +368,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "zone")]
     pub pmem: Option<u64>,
 
+    /// Add hot-pluggable memory, a virtio-mem device (Firecracker's PUT /hotplug/memory):
+    /// total=SIZE[,block=SIZE][,slot=SIZE]. Nothing is plugged at the start; `vmm hotplug set
+    /// SIZE` (PATCH /hotplug/memory) asks the guest to plug or unplug blocks (default 2 MiB; a
+    /// power of two, whole frames of the backing) up to SIZE. A plugged block takes frames of
+    /// the pool (or the zone), an unplugged one gives them back and is inaccessible to the
+    /// guest. The slot size (default 128 MiB, Firecracker's) must divide the total. The memory
+    /// lies above RAM (and pmem) at a 1 GiB boundary; Linux needs CONFIG_VIRTIO_MEM and 5.16 or
+    /// later, and memhp_default_state=online_movable to unplug reliably.
+    #[arg(long, value_name = "OPTIONS")]
+    pub hotplug: Option<String>,
+
     /// Add a virtio-net interface over the host's tap NAME (Firecracker's PUT
     /// /network-interfaces): tap=NAME[,mac=MAC][,id=ID][,mtu=N]; repeat for more. The tap must
     /// exist (`ip tuntap add NAME mode tap`) unless the VMM may make it; its address and link
@@ -544,6 +557,34 @@ pub struct ApiArgs {
     /// JSON request body, e.g. '{"state":"Paused"}'.
     #[arg(value_name = "BODY")]
     pub body: Option<String>,
+}
+
+/// Options of `vmm hotplug`.
+#[derive(Debug, Args)]
+pub struct HotplugArgs {
+    /// The running VMM's API socket (its `vmm run --api-socket`).
+    #[arg(long, short = 's', value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: HotplugAction,
+}
+
+/// `vmm hotplug` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum HotplugAction {
+    /// Ask the guest to have SIZE plugged (PATCH /hotplug/memory {"requested_size_mib":N}).
+    Set {
+        /// A size such as 512M or 1G, or a bare number of MiB: whole blocks, at most the total.
+        #[arg(value_name = "SIZE", value_parser = parse_mib, allow_hyphen_values = true)]
+        requested_size_mib: u64,
+    },
+    /// Show the total, block, slot, plugged and requested sizes (GET /hotplug/memory).
+    Get {
+        /// Print the API's whole JSON object instead of the short view.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Options of `vmm balloon`.

@@ -14,7 +14,7 @@ use vmm::config::{format_size, VmConfig};
 use vmm::runner::{say, RunError, RunOutcome, ServeOptions, StopCause};
 
 use crate::api_client::{ApiClient, ApiResponse, ClientError};
-use crate::args::{BalloonAction, RunArgs, SnapshotLoadArgs};
+use crate::args::{BalloonAction, HotplugAction, RunArgs, SnapshotLoadArgs};
 use crate::exit::{run_error_status, ExitStatus};
 use crate::host::check_host;
 use crate::logger::ApiLogControl;
@@ -281,6 +281,21 @@ pub(super) fn balloon(socket: &Path, balloon_action: BalloonAction) -> ExitStatu
             json,
             crate::show::balloon_stats,
         ),
+    }
+}
+
+/// `vmm hotplug set|get`.
+pub(super) fn hotplug(socket: &Path, hotplug_action: HotplugAction) -> ExitStatus {
+    match hotplug_action {
+        HotplugAction::Set { requested_size_mib } => {
+            let body = format!(r#"{{"requested_size_mib":{requested_size_mib}}}"#);
+            let done = format!(
+                "requested {requested_size_mib} MiB of hot-pluggable memory: the guest plugs or \
+                 unplugs toward it (vmm hotplug get)"
+            );
+            action(socket, ("PATCH", "/hotplug/memory", &body), &done)
+        }
+        HotplugAction::Get { json } => show(socket, "/hotplug/memory", json, crate::show::hotplug),
     }
 }
 

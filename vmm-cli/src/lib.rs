@@ -138,6 +138,16 @@ where
                 ExitStatus::Usage
             }
         },
+        Command::Hotplug(hotplug) => match hotplug.socket {
+            Some(socket) => commands::hotplug(&socket, hotplug.action),
+            None => {
+                eprintln!(
+                    "error: the following required arguments were not provided: \
+                         --socket <PATH>"
+                );
+                ExitStatus::Usage
+            }
+        },
         Command::Zone(zone) => zone::run(zone.action),
         Command::Snapshot(snapshot) => match snapshot.action {
             SnapshotAction::Create {

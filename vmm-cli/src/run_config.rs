@@ -2,8 +2,8 @@
 
 use vmm::config::{
     check_api_socket, check_backing, check_drives, check_memory, check_network_interfaces,
-    check_pmem, check_smt, check_vcpus, check_zone, ConfigError, GuestConfig, LinuxConfig,
-    NetConfig, VmConfig, ZoneTarget,
+    check_pmem, check_smt, check_vcpus, check_zone, ConfigError, GuestConfig, HotplugConfig,
+    LinuxConfig, NetConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};
@@ -49,6 +49,11 @@ impl TryFrom<RunArgs> for VmConfig {
         if let Some(size) = args.pmem {
             check_pmem(size, zone.as_ref())?;
         }
+        let hotplug = args
+            .hotplug
+            .as_deref()
+            .map(|text| HotplugConfig::parse(text, args.backing.frame_size()))
+            .transpose()?;
         let guest = match args.kernel {
             // The test guest's image (`vmm guest-image`) runs as the test guest.
             Some(kernel) => guest_for_kernel(
@@ -85,6 +90,7 @@ impl TryFrom<RunArgs> for VmConfig {
             backing: args.backing,
             zone,
             pmem_size: args.pmem,
+            hotplug,
             entropy: args.entropy.then(Default::default),
             pmem_rate_limiter: RateLimiterConfig::default(),
             format_pool: args.format_pool,

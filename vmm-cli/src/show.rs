@@ -246,6 +246,20 @@ pub fn balloon(json: &Value) -> String {
     table(&rows)
 }
 
+/// `GET /hotplug/memory`: plugged and requested against the total, and the block and slot.
+pub fn hotplug(json: &Value) -> String {
+    let mib = |key: &str| u64_of(json, key).map_or("?".into(), |n| format!("{n} MiB"));
+    table(&[
+        ("plugged".into(), mib("plugged_size_mib")),
+        ("requested".into(), mib("requested_size_mib")),
+        ("total".into(), mib("total_size_mib")),
+        (
+            "blocks".into(),
+            format!("{}, slots {}", mib("block_size_mib"), mib("slot_size_mib")),
+        ),
+    ])
+}
+
 /// `GET /balloon/statistics`: the sizes and the guest's memory figures it reported.
 pub fn balloon_stats(json: &Value) -> String {
     let mut rows = Vec::new();

@@ -143,6 +143,26 @@ pub fn pmem_region(ram_size: u64, pmem_size: u64) -> RamRegion {
 /// Alignment of the virtio-pmem region's guest address.
 pub const PMEM_ALIGN: u64 = 1 << 30;
 
+/// Where the virtio-mem device's memory of `total_size` bytes lies: above RAM, the MMIO gap
+/// and the virtio-pmem memory (`pmem_size`, if any), at a 1 GiB boundary (whole Linux memory
+/// blocks, and room for 1 GiB frames).
+pub fn hotplug_region(ram_size: u64, pmem_size: Option<u64>, total_size: u64) -> RamRegion {
+    let below = match pmem_size {
+        Some(size) => pmem_region(ram_size, size).end(),
+        None => ram_regions(ram_size)
+            .last()
+            .map_or(RAM_START, RamRegion::end)
+            .max(MMIO_GAP_END),
+    };
+    RamRegion {
+        start: below.next_multiple_of(HOTPLUG_ALIGN),
+        size: total_size,
+    }
+}
+
+/// Alignment of the virtio-mem region's guest address.
+pub const HOTPLUG_ALIGN: u64 = 1 << 30;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +172,17 @@ mod tests {
         assert_eq!(pmem_region(512 << 20, 64 << 20).start, MMIO_GAP_END);
         assert_eq!(pmem_region(4 << 30, 1 << 20).start, 5 << 30);
         assert_eq!(pmem_region((4 << 30) + (2 << 20), 1 << 20).start, 6 << 30);
+    }
+
+    #[test]
+    fn hot_pluggable_memory_lies_above_ram_the_gap_and_pmem_at_a_gib_boundary() {
+        assert_eq!(hotplug_region(512 << 20, None, 1 << 30).start, MMIO_GAP_END);
+        assert_eq!(hotplug_region(4 << 30, None, 1 << 30).start, 5 << 30);
+        assert_eq!(
+            hotplug_region(512 << 20, Some(2 << 20), 1 << 30).start,
+            5 << 30
+        );
+        assert_eq!(hotplug_region(512 << 20, None, 3 << 30).size, 3 << 30);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 use super::model::{
     Balloon, BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
     BootSource, Drive, EntropyDevice, FullVmConfiguration, InstanceInfo, Logger,
-    MachineConfiguration, MachineConfigurationUpdate, MachineInfo, MemoryInfo, Metrics,
-    MmdsConfigRequest, NetworkInterface, PartialDrive, PartialNetworkInterface, PartialPmem, Pmem,
-    SerialConfig, SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
+    MachineConfiguration, MachineConfigurationUpdate, MachineInfo, MemoryHotplugConfig,
+    MemoryHotplugSizeUpdate, MemoryHotplugStatus, MemoryInfo, Metrics, MmdsConfigRequest,
+    NetworkInterface, PartialDrive, PartialNetworkInterface, PartialPmem, Pmem, SerialConfig,
+    SnapshotCreateParams, SnapshotLoadParams, Vsock, DEFAULT_INSTANCE_ID,
 };
 
 /// Firecracker's answer to a pre-boot request after the VM started.
@@ -15,6 +16,10 @@ pub const NOT_AFTER_START: &str =
 /// Firecracker's answer to a request that needs a running VM before it started.
 pub const NOT_BEFORE_START: &str =
     "The requested operation is not supported before starting the microVM.";
+
+/// The answer to a hot-pluggable memory request of a VM that has none.
+pub const HOTPLUG_NOT_CONFIGURED: &str =
+    "memory hotplug not configured (PUT /hotplug/memory before the start)";
 
 /// The answer to an MMDS request of a VM that has none.
 pub const MMDS_NOT_CONFIGURED: &str =
@@ -47,6 +52,8 @@ pub enum PreBoot {
     Serial(SerialConfig),
     /// `PUT /balloon`.
     Balloon(Balloon),
+    /// `PUT /hotplug/memory`.
+    MemoryHotplug(MemoryHotplugConfig),
     /// `PUT /logger`.
     Logger(Logger),
     /// `PUT /metrics`.
@@ -226,6 +233,18 @@ pub trait VmmControl: Send + Sync {
     /// The MMDS document (`GET /mmds`).
     fn mmds(&self) -> Result<serde_json::Value, ControlError> {
         Err(ControlError::InvalidArgument(MMDS_NOT_CONFIGURED.into()))
+    }
+
+    /// The hot-pluggable memory's sizes (`GET /hotplug/memory`).
+    fn memory_hotplug(&self) -> Result<MemoryHotplugStatus, ControlError> {
+        Err(ControlError::InvalidArgument(HOTPLUG_NOT_CONFIGURED.into()))
+    }
+
+    /// A new requested size for the running VM's hot-pluggable memory
+    /// (`PATCH /hotplug/memory`).
+    fn update_memory_hotplug(&self, update: MemoryHotplugSizeUpdate) -> Result<(), ControlError> {
+        let _ = update;
+        Err(ControlError::InvalidState(NOT_BEFORE_START.into()))
     }
 
     /// The guest's memory statistics from the balloon (`GET /balloon/statistics`).

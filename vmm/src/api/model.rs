@@ -11,9 +11,10 @@ mod preboot;
 
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, MmdsConfigRequest,
-    NetworkInterface, PartialDrive, PartialNetworkInterface, PartialPmem, Pmem, SerialConfig,
-    Vsock, ZoneAttachment, DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+    LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig,
+    MemoryHotplugSizeUpdate, MemoryHotplugStatus, Metrics, MmdsConfigRequest, NetworkInterface,
+    PartialDrive, PartialNetworkInterface, PartialPmem, Pmem, SerialConfig, Vsock, ZoneAttachment,
+    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
 };
 
 /// Run state of the VM.

@@ -9,13 +9,13 @@ use guest_mem::{Populate, Scrub};
 use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    Logger, MachineConfiguration, MachineConfigurationUpdate, Metrics, MmdsConfigRequest,
-    NetworkInterface, Pmem, PopulateMode, Vsock, ZoneAttachment,
+    Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
+    MmdsConfigRequest, NetworkInterface, Pmem, PopulateMode, Vsock, ZoneAttachment,
 };
 use crate::arch::x86_64::cpu_template::{CpuTemplate, CustomCpuTemplate};
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
-    ConfigError, DriveConfig, GuestConfig, LinuxConfig, VmConfig, ZoneTarget,
+    ConfigError, DriveConfig, GuestConfig, HotplugConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 use crate::devices::rate_limiter::RateLimiterConfig;
 use crate::testguest::image::guest_for_kernel;
@@ -179,6 +179,7 @@ pub struct VmResources {
     vsock: Option<Vsock>,
     mmds_config: Option<MmdsConfigRequest>,
     cpu_config: Option<CustomCpuTemplate>,
+    hotplug: Option<MemoryHotplugConfig>,
     /// The MMDS document: set before the start or after, served once the VM runs.
     mmds_store: std::sync::Arc<std::sync::Mutex<crate::mmds::Store>>,
     logger: Option<Logger>,
@@ -401,6 +402,25 @@ impl VmResources {
         Ok(())
     }
 
+    /// `PUT /hotplug/memory`: the VM's hot-pluggable memory (a virtio-mem device), checked
+    /// against the machine's huge pages (again at the start).
+    pub fn put_memory_hotplug(&mut self, hotplug: MemoryHotplugConfig) -> Result<(), ControlError> {
+        self.hotplug_config(&hotplug)?;
+        self.hotplug = Some(hotplug);
+        self.boot_specific = true;
+        Ok(())
+    }
+
+    /// The bytes of `hotplug`, checked against the machine's backing.
+    fn hotplug_config(&self, hotplug: &MemoryHotplugConfig) -> Result<HotplugConfig, ControlError> {
+        let config = hotplug
+            .config()
+            .ok_or_else(|| refuse("memory hotplug: a size overflows"))?;
+        let frame = backing(self.machine.huge_pages)?.frame_size();
+        config.check(frame).map_err(invalid)?;
+        Ok(config)
+    }
+
     /// `PUT /balloon` before the start.
     pub fn put_balloon(&mut self, balloon: Balloon) -> Result<(), ControlError> {
         if balloon.amount_mib > self.machine.mem_size_mib {
@@ -467,6 +487,11 @@ impl VmResources {
                 .as_ref()
                 .and_then(|p| p.rate_limiter)
                 .unwrap_or_default(),
+            hotplug: self
+                .hotplug
+                .as_ref()
+                .map(|hotplug| self.hotplug_config(hotplug))
+                .transpose()?,
             format_pool: false,
             wait_for_memory: machine.wait_for_memory,
             memory_wait_limit: machine
@@ -528,6 +553,7 @@ impl VmResources {
             vsock: self.vsock.clone(),
             mmds_config: self.mmds_config.clone(),
             cpu_config: self.cpu_config.clone(),
+            memory_hotplug: self.hotplug,
         }
     }
 }
@@ -606,6 +632,10 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
         entropy: config.entropy.map(|limiter| EntropyDevice {
             rate_limiter: (limiter != RateLimiterConfig::default()).then_some(limiter),
         }),
+        memory_hotplug: config
+            .hotplug
+            .as_ref()
+            .map(MemoryHotplugConfig::from_config),
         pmem: match (&config.zone, config.pmem_size) {
             (Some(zone), Some(size)) => vec![Pmem {
                 id: DEFAULT_PMEM_ID.into(),

@@ -32,6 +32,9 @@
 //! | `/balloon/hinting/start` | PATCH | [`BalloonStartCmd`] (optional)           | running  |
 //! | `/balloon/hinting/stop` | PATCH | none                                       | running  |
 //! | `/balloon/hinting/status` | GET | → [`BalloonHintingStatus`]                 | running  |
+//! | `/hotplug/memory`     | PUT    | [`MemoryHotplugConfig`]                     | pre-boot |
+//! | `/hotplug/memory`     | PATCH  | [`MemoryHotplugSizeUpdate`]                 | running  |
+//! | `/hotplug/memory`     | GET    | → [`MemoryHotplugStatus`]                   | always   |
 //! | `/snapshot/create`    | PUT    | [`SnapshotCreateParams`]                    | paused   |
 //! | `/snapshot/load`      | PUT    | [`SnapshotLoadParams`]                      | no VM    |
 //! | `/machine`            | GET    | → [`MachineInfo`] (extension)               | always   |
@@ -65,6 +68,9 @@
 //! [`BalloonStatistics`]: super::model::BalloonStatistics
 //! [`BalloonStartCmd`]: super::model::BalloonStartCmd
 //! [`BalloonHintingStatus`]: super::model::BalloonHintingStatus
+//! [`MemoryHotplugConfig`]: super::model::MemoryHotplugConfig
+//! [`MemoryHotplugSizeUpdate`]: super::model::MemoryHotplugSizeUpdate
+//! [`MemoryHotplugStatus`]: super::model::MemoryHotplugStatus
 //! [`SnapshotCreateParams`]: super::model::SnapshotCreateParams
 //! [`SnapshotLoadParams`]: super::model::SnapshotLoadParams
 
@@ -245,6 +251,13 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
             }
         }),
         (Method::Get, "balloon", Some("statistics"), _) => Ok(reply(control.balloon_statistics())),
+        (Method::Put, "hotplug", Some("memory"), _) => {
+            configure(body(request).map(PreBoot::MemoryHotplug))
+        }
+        (Method::Patch, "hotplug", Some("memory"), _) => {
+            body(request).map(|update| done(control.update_memory_hotplug(update)))
+        }
+        (Method::Get, "hotplug", Some("memory"), _) => Ok(reply(control.memory_hotplug())),
         (Method::Put, "snapshot", Some("create"), _) => {
             body::<SnapshotCreateParams>(request).map(|params| {
                 done(timed(params.snapshot_type.operation(), || {

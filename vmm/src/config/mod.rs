@@ -9,6 +9,7 @@
 mod backing;
 mod balloon;
 mod drive;
+mod hotplug;
 mod net;
 mod vsock;
 
@@ -17,6 +18,7 @@ pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, Si
 pub use backing::{BackingError, BackingKind};
 pub use balloon::{BalloonDeviceConfig, BalloonError};
 pub use drive::{check_drive_id, check_drives, open_image, DriveConfig, MAX_DRIVE_ID};
+pub use hotplug::{HotplugConfig, DEFAULT_BLOCK_SIZE, DEFAULT_SLOT_SIZE, MIN_SLOT_SIZE};
 pub use net::{check_network_interfaces, MacAddr, NetConfig, MAX_IFACE_ID, MIN_MTU};
 pub use vsock::{VsockConfig, MIN_GUEST_CID};
 
@@ -106,6 +108,9 @@ pub enum ConfigError {
     /// The vsock device's settings are invalid.
     #[error("vsock: {0}")]
     Vsock(String),
+    /// The hot-pluggable memory's settings are invalid.
+    #[error("hotplug: {0}")]
+    Hotplug(String),
     /// The balloon is larger than guest RAM.
     #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
     BalloonTooLarge {
@@ -169,6 +174,8 @@ pub struct VmConfig {
     pub pmem_size: Option<u64>,
     /// Caps the virtio-pmem device's flush requests.
     pub pmem_rate_limiter: RateLimiterConfig,
+    /// Hot-pluggable memory behind a virtio-mem device, if the VM has some.
+    pub hotplug: Option<HotplugConfig>,
     /// Lay out a new pool in the backing's file or device, whatever it holds.
     pub format_pool: bool,
     /// A vCPU that finds the pool exhausted waits for a frame instead of the VM stopping.
@@ -220,11 +227,19 @@ impl VmConfig {
             .map(|size| crate::layout::pmem_region(self.memory_size, size))
     }
 
-    /// Every region of guest memory: RAM, then the virtio-pmem memory.
+    /// Every region of guest memory but the hot-pluggable one: RAM, then the virtio-pmem
+    /// memory.
     pub fn memory_regions(&self) -> Vec<RamRegion> {
         let mut regions = self.ram_regions();
         regions.extend(self.pmem_region());
         regions
+    }
+
+    /// The virtio-mem device's memory, if the VM has some ([`crate::layout::hotplug_region`]).
+    pub fn hotplug_region(&self) -> Option<RamRegion> {
+        self.hotplug.map(|hotplug| {
+            crate::layout::hotplug_region(self.memory_size, self.pmem_size, hotplug.total_size)
+        })
     }
 
     /// The built-in test guest with an empty workload on `memory_size` bytes of anonymous
@@ -237,6 +252,7 @@ impl VmConfig {
             zone: None,
             pmem_size: None,
             pmem_rate_limiter: RateLimiterConfig::default(),
+            hotplug: None,
             format_pool: false,
             wait_for_memory: false,
             memory_wait_limit: None,

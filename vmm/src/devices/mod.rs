@@ -21,6 +21,7 @@ pub mod entropy;
 pub mod event_loop;
 pub mod guest_warnings;
 pub mod i8042;
+pub mod mem;
 pub mod net;
 pub mod pmem;
 pub mod rate_limiter;

@@ -3,15 +3,18 @@
 
 use std::time::Duration;
 
+use crate::api::control::HOTPLUG_NOT_CONFIGURED;
 use crate::api::model::{
     BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
-    FullVmConfiguration, MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive,
-    PartialNetworkInterface, PartialPmem, SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
+    FullVmConfiguration, MachineConfiguration, MachineInfo, MemoryHotplugSizeUpdate,
+    MemoryHotplugStatus, MemoryInfo, PartialDrive, PartialNetworkInterface, PartialPmem,
+    SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
 use crate::api::resources::{check_path_id, full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
 use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
 use crate::devices::block::BlockHandle;
+use crate::devices::mem::MemControlError;
 use crate::vm::control::{self, RunState, VmControl};
 
 use super::session::{Phase, Session};
@@ -185,6 +188,35 @@ impl VmmControl for Session {
                 "the guest's keyboard is disabled or has not read its last keys".into(),
             ))
         }
+    }
+
+    fn memory_hotplug(&self) -> Result<MemoryHotplugStatus, ControlError> {
+        let handle = self
+            .hotplug_handle()
+            .ok_or_else(|| ControlError::InvalidArgument(HOTPLUG_NOT_CONFIGURED.into()))?;
+        let status = handle.status();
+        let mib = |bytes: u64| bytes >> 20;
+        Ok(MemoryHotplugStatus {
+            total_size_mib: mib(status.config.total_size),
+            slot_size_mib: mib(status.config.slot_size),
+            block_size_mib: mib(status.config.block_size),
+            plugged_size_mib: mib(status.plugged_size),
+            requested_size_mib: mib(status.requested_size),
+        })
+    }
+
+    fn update_memory_hotplug(&self, update: MemoryHotplugSizeUpdate) -> Result<(), ControlError> {
+        let handle = self
+            .hotplug_handle()
+            .ok_or_else(|| ControlError::InvalidArgument(HOTPLUG_NOT_CONFIGURED.into()))?;
+        let bytes = update
+            .requested_size_mib
+            .checked_mul(1 << 20)
+            .ok_or_else(|| ControlError::InvalidArgument("requested_size_mib overflows".into()))?;
+        handle.set_requested_size(bytes).map_err(|e| match e {
+            MemControlError::Size(e) => ControlError::InvalidArgument(e.to_string()),
+            e @ MemControlError::Notify(_) => ControlError::Internal(e.to_string()),
+        })
     }
 
     fn balloon(&self) -> Result<BalloonInfo, ControlError> {

@@ -21,6 +21,7 @@ use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::block::{BlockDevice, BlockHandle};
 use crate::devices::entropy::{EntropyDevice, EntropyHandle};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
+use crate::devices::mem::{MemDevice, MemHandle};
 use crate::devices::net::{NetDevice, NetError, NetHandle};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
@@ -49,6 +50,9 @@ pub enum DeviceError {
     /// The vsock device could not be made.
     #[error("vsock: {0}")]
     Vsock(#[from] VsockError),
+    /// The virtio-mem device could not be made.
+    #[error("virtio-mem: {0}")]
+    Mem(#[source] crate::devices::virtio::ActivateError),
     /// Every virtio-mmio slot is taken.
     #[error("no free virtio-mmio slot (there are {VIRTIO_MMIO_SLOTS})")]
     NoSlot,
@@ -244,6 +248,8 @@ pub(super) struct Devices {
     pub balloon: Option<BalloonHandle>,
     /// The virtio-pmem device, for the control API.
     pub pmem: Option<PmemHandle>,
+    /// The virtio-mem device, for the control API.
+    pub hotplug: Option<MemHandle>,
     /// The drives, for the control API and metrics.
     pub drives: Vec<BlockHandle>,
     /// The virtio-rng device, for metrics.
@@ -344,10 +350,20 @@ pub(super) fn create_devices(
         }
         None => None,
     };
+    let hotplug = match config.hotplug {
+        Some(hotplug) => {
+            let device = MemDevice::new(memory.clone(), hotplug).map_err(DeviceError::Mem)?;
+            let (device, handle) = device.into_shared(hotplug);
+            mmio.add(memory.clone(), device)?;
+            Some(handle)
+        }
+        None => None,
+    };
     Ok(Devices {
         mmio,
         balloon,
         pmem,
+        hotplug,
         drives,
         entropy,
         network_interfaces,

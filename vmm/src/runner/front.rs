@@ -22,11 +22,12 @@ use super::session::Session;
 use super::signals::StopSignals;
 use super::snapshot::{prepare, SnapshotError};
 use super::{RunError, RunOutcome, StopCause};
-use crate::api::control::{NOT_AFTER_START, NOT_BEFORE_START};
+use crate::api::control::{HOTPLUG_NOT_CONFIGURED, NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::model::{
     BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
-    FullVmConfiguration, InstanceInfo, MachineConfiguration, MachineInfo, MemoryInfo, PartialDrive,
-    PartialNetworkInterface, PartialPmem, SnapshotCreateParams, SnapshotLoadParams, VmState,
+    FullVmConfiguration, InstanceInfo, MachineConfiguration, MachineInfo, MemoryHotplugSizeUpdate,
+    MemoryHotplugStatus, MemoryInfo, PartialDrive, PartialNetworkInterface, PartialPmem,
+    SnapshotCreateParams, SnapshotLoadParams, VmState,
 };
 use crate::api::resources::{VmResources, DEFAULT_PMEM_ID};
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
@@ -189,6 +190,7 @@ impl ApiFront {
             PreBoot::BootSource(boot) => resources.put_boot_source(boot),
             PreBoot::Drive(id, drive) => resources.put_drive(&id, drive),
             PreBoot::Pmem(id, pmem) => resources.put_pmem(&id, pmem),
+            PreBoot::MemoryHotplug(hotplug) => resources.put_memory_hotplug(hotplug),
             PreBoot::Entropy(entropy) => resources.put_entropy(entropy),
             PreBoot::NetworkInterface(id, interface) => {
                 resources.put_network_interface(&id, interface)
@@ -416,6 +418,30 @@ impl VmmControl for ApiFront {
         self.started()?.balloon_statistics()
     }
 
+    /// Before the start, the configuration with nothing plugged or requested.
+    fn memory_hotplug(&self) -> Result<MemoryHotplugStatus, ControlError> {
+        if let Some(session) = self.session() {
+            return session.memory_hotplug();
+        }
+        let resources = lock(&self.resources);
+        let hotplug = resources
+            .full_config()
+            .memory_hotplug
+            .ok_or_else(|| ControlError::InvalidArgument(HOTPLUG_NOT_CONFIGURED.into()))?;
+        Ok(MemoryHotplugStatus {
+            total_size_mib: hotplug.total_size_mib,
+            slot_size_mib: hotplug.slot_size_mib,
+            block_size_mib: hotplug.block_size_mib,
+            plugged_size_mib: 0,
+            requested_size_mib: 0,
+        })
+    }
+
+    /// As Firecracker's: only once the VM runs (the guest's driver takes part).
+    fn update_memory_hotplug(&self, update: MemoryHotplugSizeUpdate) -> Result<(), ControlError> {
+        self.started()?.update_memory_hotplug(update)
+    }
+
     fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), ControlError> {
         let session = self.started()?;
         let operation = params.snapshot_type.operation();
@@ -462,6 +488,7 @@ fn apply_config_file(front: &ApiFront, config: FullVmConfiguration) -> Result<()
         requests.push(PreBoot::Pmem(pmem.id.clone(), pmem));
     }
     requests.extend(config.entropy.map(PreBoot::Entropy));
+    requests.extend(config.memory_hotplug.map(PreBoot::MemoryHotplug));
     requests.extend(config.vsock.map(PreBoot::Vsock));
     requests.extend(config.cpu_config.map(PreBoot::CpuConfig));
     for interface in config.network_interfaces {

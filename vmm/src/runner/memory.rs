@@ -90,6 +90,7 @@ pub(super) fn attach_zone(
     for (setting, size) in [
         ("memory", Some(config.memory_size)),
         ("pmem", config.pmem_size),
+        ("hotplug", config.hotplug.map(|h| h.total_size)),
     ] {
         if let Some(size) = size.filter(|size| !size.is_multiple_of(frame.bytes())) {
             return Err(ZoneSetupError::Misaligned {
@@ -104,6 +105,7 @@ pub(super) fn attach_zone(
         regions: config
             .memory_regions()
             .iter()
+            .chain(&config.hotplug_region())
             .map(|region| (region.start, region.size))
             .collect(),
     };
@@ -123,17 +125,18 @@ pub(super) fn attach_zone(
 }
 
 /// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device
-/// accesses) and one for a device that frees frames (the balloon).
-pub const SPARE_CORES: usize = 2;
+/// accesses) and one for each device that allocates or frees frames (the balloon, virtio-mem).
+pub const SPARE_CORES: usize = 3;
 /// Most userfaultfd handler threads; a VM gets one per vCPU up to this.
 const MAX_FAULT_THREADS: usize = 4;
 
-/// Creates the pool: guest RAM's size of the configured backing, one core per vCPU plus
-/// [`SPARE_CORES`].
+/// Creates the pool: guest RAM's size and the hot-pluggable memory's of the configured
+/// backing, one core per vCPU plus [`SPARE_CORES`].
 pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
+    let hotplug = config.hotplug.map_or(0, |h| h.total_size);
     let pool = Pool::new(PoolConfig {
         backing: config.backing.pool_backing(config.format_pool),
-        size: config.memory_size,
+        size: config.memory_size + hotplug,
         cores: config.vcpus + SPARE_CORES,
         scrub: config.scrub,
     })?;
@@ -175,7 +178,9 @@ pub(super) fn create_memory(
         .collect();
     let memory_config = |chunk_size| MemoryConfig {
         ranges,
-        hotplug: None,
+        hotplug: config
+            .hotplug_region()
+            .map(|region| (GuestAddress(region.start), region.size)),
         chunk_size: Some(chunk_size),
         populate: config.populate,
         vcpus: config.vcpus,

@@ -15,6 +15,7 @@ use crate::devices::balloon::BalloonHandle;
 use crate::devices::block::BlockHandle;
 use crate::devices::entropy::EntropyHandle;
 use crate::devices::i8042::I8042Device;
+use crate::devices::mem::MemHandle;
 use crate::devices::net::NetHandle;
 use crate::devices::pmem::PmemHandle;
 use crate::devices::serial::SerialDevice;
@@ -79,6 +80,8 @@ pub(super) struct Session {
     balloon: Option<BalloonHandle>,
     /// The virtio-pmem device, if any.
     pmem: Option<PmemHandle>,
+    /// The virtio-mem device, if the VM has hot-pluggable memory.
+    hotplug: Option<MemHandle>,
     /// The drives.
     drives: Vec<BlockHandle>,
     /// The virtio-rng device's counters, if the VM has one.
@@ -145,6 +148,7 @@ impl Session {
             memory,
             balloon: devices.balloon.clone(),
             pmem: devices.pmem.clone(),
+            hotplug: devices.hotplug.clone(),
             drives: devices.drives.clone(),
             entropy: devices.entropy.clone(),
             network_interfaces: devices.network_interfaces.clone(),
@@ -224,6 +228,11 @@ impl Session {
     /// The virtio-pmem device, if the VM has one.
     pub fn pmem_handle(&self) -> Option<&PmemHandle> {
         self.pmem.as_ref()
+    }
+
+    /// The virtio-mem device, if the VM has hot-pluggable memory.
+    pub fn hotplug_handle(&self) -> Option<&MemHandle> {
+        self.hotplug.as_ref()
     }
 
     /// Makes `keyboard` the VM's keyboard controller (for Ctrl-Alt-Del); the first one stays.

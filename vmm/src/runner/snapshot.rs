@@ -261,6 +261,11 @@ impl Session {
         let _taking = self.begin_snapshot().ok_or_else(|| {
             SnapshotError::State("another snapshot of this VM is being taken".into())
         })?;
+        if self.config().hotplug.is_some() {
+            return Err(SnapshotError::Unsupported(
+                "a VM with hot-pluggable memory (virtio-mem) cannot be snapshotted yet".into(),
+            ));
+        }
         let (Some(control), Some(vm_fd)) = (self.control(), self.vm_fd()) else {
             return Err(SnapshotError::State("the VM has not started".into()));
         };
@@ -520,6 +525,8 @@ pub(super) fn prepare(
         zone: None,
         pmem_size: machine.pmem_size,
         pmem_rate_limiter: machine.pmem_rate_limiter,
+        // Refused when snapshots are created (see `create`).
+        hotplug: None,
         format_pool: false,
         wait_for_memory: machine.wait_for_memory,
         memory_wait_limit: machine

@@ -607,4 +607,78 @@ pub struct FullVmConfiguration {
     /// The entropy device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyDevice>,
+    /// The hot-pluggable memory (virtio-mem).
+    #[serde(
+        rename = "memory-hotplug",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory_hotplug: Option<MemoryHotplugConfig>,
+}
+
+const fn default_slot_size_mib() -> u64 {
+    crate::config::DEFAULT_SLOT_SIZE >> 20
+}
+
+const fn default_block_size_mib() -> u64 {
+    crate::config::DEFAULT_BLOCK_SIZE >> 20
+}
+
+/// `PUT /hotplug/memory` and `memory-hotplug`: Firecracker's `MemoryHotplugConfig`, the
+/// virtio-mem device's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryHotplugConfig {
+    /// MiB that may be plugged, whole slots.
+    pub total_size_mib: u64,
+    /// MiB of a slot: at least 128, whole blocks.
+    #[serde(default = "default_slot_size_mib")]
+    pub slot_size_mib: u64,
+    /// MiB of a block, the unit the guest plugs: a power of two of at least 2.
+    #[serde(default = "default_block_size_mib")]
+    pub block_size_mib: u64,
+}
+
+impl MemoryHotplugConfig {
+    /// The configuration in bytes; `None` if a size overflows.
+    pub fn config(&self) -> Option<crate::config::HotplugConfig> {
+        let bytes = |mib: u64| mib.checked_mul(1 << 20);
+        Some(crate::config::HotplugConfig {
+            total_size: bytes(self.total_size_mib)?,
+            block_size: bytes(self.block_size_mib)?,
+            slot_size: bytes(self.slot_size_mib)?,
+        })
+    }
+
+    /// The API's view of `config`.
+    pub fn from_config(config: &crate::config::HotplugConfig) -> Self {
+        Self {
+            total_size_mib: config.total_size >> 20,
+            slot_size_mib: config.slot_size >> 20,
+            block_size_mib: config.block_size >> 20,
+        }
+    }
+}
+
+/// `PATCH /hotplug/memory`: Firecracker's `MemoryHotplugSizeUpdate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryHotplugSizeUpdate {
+    /// MiB the guest should have plugged.
+    pub requested_size_mib: u64,
+}
+
+/// `GET /hotplug/memory`: Firecracker's `MemoryHotplugStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryHotplugStatus {
+    /// MiB that may be plugged.
+    pub total_size_mib: u64,
+    /// MiB of a slot.
+    pub slot_size_mib: u64,
+    /// MiB of a block.
+    pub block_size_mib: u64,
+    /// MiB the guest has plugged.
+    pub plugged_size_mib: u64,
+    /// MiB the host asks the guest to have plugged.
+    pub requested_size_mib: u64,
 }
