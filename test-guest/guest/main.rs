@@ -15,6 +15,7 @@ use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 mod balloon;
+mod hotplug;
 mod virtio_mmio;
 
 use test_guest::protocol::*;
@@ -157,21 +158,27 @@ fn run_memory_step(step: &Step, vcpu: u32, vcpus: u32, tally: &mut Tally) {
     }
 }
 
-/// Runs a balloon step once on its vCPU, adding to `tally`; prints a failure.
-fn run_balloon_step(step: &Step, vcpu: u32, tally: &mut Tally) {
+/// Runs a balloon or virtio-mem step once on its vCPU, adding to `tally`; prints a failure.
+fn run_device_step(step: &Step, vcpu: u32, tally: &mut Tally) {
     let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
     if vcpu != owner {
         return;
     }
-    match balloon::run_step(step) {
+    let result = if hotplug::is_hotplug_step(step.kind) {
+        hotplug::run_step(step).map_err(|f| ("hotplug", f.code(), f.detail()))
+    } else {
+        balloon::run_step(step).map_err(|f| ("balloon", f.code(), f.detail()))
+    };
+    match result {
         Ok(pages) => tally.pages += pages,
-        Err(failure) => {
-            report(vcpu, report_code::FIRST_MISMATCH_ADDR, failure.code());
-            report(vcpu, report_code::FIRST_MISMATCH_VALUE, failure.detail());
-            print("balloon error ");
-            print_number(failure.code());
+        Err((device, code, detail)) => {
+            report(vcpu, report_code::FIRST_MISMATCH_ADDR, code);
+            report(vcpu, report_code::FIRST_MISMATCH_VALUE, detail);
+            print(device);
+            print(" error ");
+            print_number(code);
             print(", detail ");
-            print_number(failure.detail());
+            print_number(detail);
             print("\n");
             tally.mismatches += 1;
         }
@@ -272,8 +279,8 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
         } else {
             let mut tally = Tally::default();
             for _ in 0..step.repeat {
-                if balloon::is_balloon_step(step.kind) {
-                    run_balloon_step(&step, vcpu, &mut tally);
+                if balloon::is_balloon_step(step.kind) || hotplug::is_hotplug_step(step.kind) {
+                    run_device_step(&step, vcpu, &mut tally);
                 } else {
                     run_memory_step(&step, vcpu, vcpus, &mut tally);
                 }

@@ -9,7 +9,8 @@
 //! 0x0000_9000..0x8_0000  identity-mapped page tables
 //! 0x0008_0000..0x10_0000 vCPU stacks, STACK_SIZE each
 //! 0x0010_0000            the guest image (ELF, loaded by linux-loader), below BALLOON_AREA_START
-//! 0x001c_0000..0x20_0000 the balloon driver's split rings and buffers (BALLOON_AREA_START)
+//! 0x001c_0000..0x1f_0000 the balloon driver's split rings and buffers (BALLOON_AREA_START)
+//! 0x001f_0000..0x20_0000 the virtio-mem driver's ring and buffers (HOTPLUG_AREA_START)
 //! 0x0020_0000..          workload area: steps may only touch [WORKLOAD_MIN_ADDR, RAM end)
 //! 0xfe00_0000            report MMIO window (REPORT_STRIDE bytes per vCPU)
 //! ```
@@ -99,6 +100,21 @@ pub const BALLOON_REPORT_MAX_RANGE: u64 = 0x40_0000;
 /// Features the balloon driver understands (VERSION_1, MUST_TELL_HOST, STATS_VQ,
 /// DEFLATE_ON_OOM, PAGE_REPORTING); a probe step's `pattern` selects a subset.
 pub const BALLOON_DRIVER_FEATURES: u64 = 1 << 32 | 1 << 0 | 1 << 1 | 1 << 2 | 1 << 5;
+/// Start of the virtio-mem driver's area: its queue's descriptor table, then the rings at
+/// [`HOTPLUG_AVAIL_OFFSET`] and [`HOTPLUG_USED_OFFSET`], then the request and the response.
+pub const HOTPLUG_AREA_START: u64 = 0x1f_0000;
+/// Offset of the available ring from the descriptor table (16 bytes x 128 entries).
+pub const HOTPLUG_AVAIL_OFFSET: u64 = 0x800;
+/// Offset of the used ring.
+pub const HOTPLUG_USED_OFFSET: u64 = 0x1000;
+/// The request buffer (24 bytes).
+pub const HOTPLUG_REQUEST: u64 = HOTPLUG_AREA_START + 0x2000;
+/// The response buffer (10 bytes).
+pub const HOTPLUG_RESPONSE: u64 = HOTPLUG_AREA_START + 0x2100;
+/// The largest queue size the virtio-mem driver uses.
+pub const HOTPLUG_QUEUE_SIZE: u32 = 128;
+/// Most blocks one plug or unplug request of the driver names.
+pub const HOTPLUG_BLOCKS_PER_REQUEST: u64 = 64;
 /// Granule of workload steps: one `u64` is touched per page.
 pub const PAGE_SIZE: u64 = 0x1000;
 /// A vCPU reports STEP_PROGRESS every this many pages of a memory step (64 MiB).
@@ -186,6 +202,34 @@ pub mod step_kind {
     /// wait until the device asks for a reset (DEVICE_NEEDS_RESET), then reset and probe it
     /// again as the last probe did: a hostile driver's loop.
     pub const BALLOON_BREAK: u32 = 13;
+    /// Plug or unplug blocks of the virtio-mem device until its plugged size is its requested
+    /// size (requests of up to [`super::HOTPLUG_BLOCKS_PER_REQUEST`] blocks; the plugged
+    /// blocks are the lowest, plugged upwards and unplugged downwards). The first such step
+    /// probes the device: the first of the `size / 4 KiB` virtio-mmio slots from `addr` whose
+    /// device ID is virtio-mem's (24), negotiating VERSION_1 and UNPLUGGED_INACCESSIBLE; it
+    /// takes over what the device shows plugged (a VM whose memory outlived its VMM).
+    pub const HOTPLUG_TO_REQUESTED: u32 = 14;
+    /// One raw virtio-mem request, unchecked by the guest, for hostile-driver tests: type
+    /// `pattern & 0xffff`, `nb_blocks` `(pattern >> 16) & 0xffff`, guest address `addr`; the
+    /// step fails unless the answer's type is `(pattern >> 32) & 0xffff`. It needs a
+    /// [`HOTPLUG_TO_REQUESTED`] step before it (which probes the device).
+    pub const HOTPLUG_RAW: u32 = 15;
+}
+
+/// Error codes of virtio-mem steps (reported as FIRST_MISMATCH_ADDR).
+pub mod hotplug_error {
+    /// No virtio-mem device in the slots; detail: the slots looked at.
+    pub const NO_DEVICE: u64 = 1;
+    /// The device did not accept the features; detail: the features written.
+    pub const FEATURES_REJECTED: u64 = 2;
+    /// The queue is missing or in use.
+    pub const BAD_QUEUE: u64 = 3;
+    /// The device answered otherwise than the step needs; detail: the answer's type.
+    pub const ANSWER: u64 = 4;
+    /// A raw request before a step that probed the device.
+    pub const NOT_PROBED: u64 = 5;
+    /// The device did not return the request.
+    pub const TIMEOUT: u64 = 6;
 }
 
 /// Error codes of balloon steps (reported as FIRST_MISMATCH_ADDR).
@@ -313,6 +357,8 @@ pub const fn step_is_valid(step: &Step, vcpus: u32) -> bool {
         | step_kind::BALLOON_BREAK => true,
         step_kind::BALLOON_PROBE => aligned && step.size > WORKLOAD_MIN_ADDR,
         step_kind::BALLOON_INFLATE | step_kind::BALLOON_DEFLATE => aligned,
+        step_kind::HOTPLUG_TO_REQUESTED => aligned && step.size > 0,
+        step_kind::HOTPLUG_RAW => true,
         step_kind::BALLOON_REPORT => {
             aligned
                 && step.size > 0

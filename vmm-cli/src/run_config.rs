@@ -49,11 +49,14 @@ impl TryFrom<RunArgs> for VmConfig {
         if let Some(size) = args.pmem {
             check_pmem(size, zone.as_ref())?;
         }
+
         let hotplug = args
             .hotplug
             .as_deref()
             .map(|text| HotplugConfig::parse(text, args.backing.frame_size()))
             .transpose()?;
+        let hotplug_region =
+            hotplug.map(|h| vmm::layout::hotplug_region(args.memory, args.pmem, h.total_size));
         let guest = match args.kernel {
             // The test guest's image (`vmm guest-image`) runs as the test guest.
             Some(kernel) => guest_for_kernel(
@@ -61,11 +64,17 @@ impl TryFrom<RunArgs> for VmConfig {
                 args.memory,
                 args.vcpus,
                 args.balloon.as_ref(),
+                hotplug_region,
                 &args.workload,
             )?,
             None => {
                 args.workload.check_balloon(args.balloon.as_ref())?;
-                GuestConfig::TestGuest(args.workload.resolve(args.memory, args.vcpus)?)
+                args.workload.check_hotplug(hotplug.is_some())?;
+                GuestConfig::TestGuest(args.workload.resolve_with_hotplug(
+                    args.memory,
+                    args.vcpus,
+                    hotplug_region,
+                )?)
             }
         };
         if let Some(socket) = &args.api_socket {

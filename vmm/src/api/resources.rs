@@ -473,25 +473,27 @@ impl VmResources {
             free_page_hinting: b.free_page_hinting,
             stats_polling_interval_s: b.stats_polling_interval_s,
         });
+        let hotplug = self
+            .hotplug
+            .as_ref()
+            .map(|hotplug| self.hotplug_config(hotplug))
+            .transpose()?;
+        let pmem_size = self
+            .pmem
+            .as_ref()
+            .and_then(|p| p.size_mib)
+            .map(|mib| mib * MIB);
         Ok(VmConfig {
             memory_size: machine.mem_size_mib * MIB,
             backing: backing(machine.huge_pages)?,
             zone: machine.zone.as_ref().map(zone_target),
-            pmem_size: self
-                .pmem
-                .as_ref()
-                .and_then(|p| p.size_mib)
-                .map(|mib| mib * MIB),
+            pmem_size,
             pmem_rate_limiter: self
                 .pmem
                 .as_ref()
                 .and_then(|p| p.rate_limiter)
                 .unwrap_or_default(),
-            hotplug: self
-                .hotplug
-                .as_ref()
-                .map(|hotplug| self.hotplug_config(hotplug))
-                .transpose()?,
+            hotplug,
             format_pool: false,
             wait_for_memory: machine.wait_for_memory,
             memory_wait_limit: machine
@@ -511,6 +513,13 @@ impl VmResources {
                 machine.mem_size_mib * MIB,
                 usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
                 balloon.as_ref(),
+                hotplug.map(|h| {
+                    crate::layout::hotplug_region(
+                        machine.mem_size_mib * MIB,
+                        pmem_size,
+                        h.total_size,
+                    )
+                }),
                 &WorkloadSpec::default(),
             )
             .map_err(|e| ControlError::InvalidArgument(e.to_string()))?,

@@ -24,7 +24,7 @@ use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 use crate::config::HotplugConfig;
 use crate::devices::virtio::request_queue::{read_config, RequestQueue};
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
-use crate::devices::GuestWarnings;
+use crate::devices::{BusDevice, GuestWarnings};
 
 /// The answer's length in the used ring.
 const RESPONSE_LEN: u32 = 10;
@@ -134,6 +134,32 @@ impl MemHandle {
     }
 }
 
+/// On the MMIO bus over the hot-pluggable region: where KVM leaves a guest's access to
+/// unplugged memory to the VMM (its memory slot has no page there; PVM does so, hardware KVM
+/// fails `KVM_RUN` instead), the guest gets no memory: reads return all ones, writes are
+/// dropped, with a rate-limited warning.
+#[derive(Debug, Default)]
+pub struct UnpluggedMemory {
+    warnings: GuestWarnings,
+}
+
+impl BusDevice for UnpluggedMemory {
+    fn read(&self, base: u64, offset: u64, data: &mut [u8]) {
+        self.warnings.warn(format_args!(
+            "virtio-mem: the guest read unplugged memory at {:#x}: it reads as all ones",
+            base.wrapping_add(offset)
+        ));
+        data.fill(0xff);
+    }
+
+    fn write(&self, base: u64, offset: u64, _data: &[u8]) {
+        self.warnings.warn(format_args!(
+            "virtio-mem: the guest wrote to unplugged memory at {:#x}: the write is dropped",
+            base.wrapping_add(offset)
+        ));
+    }
+}
+
 /// A virtio-mem device over the hot-pluggable memory of a guest memory.
 #[derive(Debug)]
 pub struct MemDevice {
@@ -173,6 +199,12 @@ impl MemDevice {
             active: None,
             warnings: GuestWarnings::default(),
         })
+    }
+
+    /// The hot-pluggable region: guest address and size.
+    pub fn region(&self) -> (u64, u64) {
+        let layout = self.blocks.layout();
+        (layout.addr, layout.size)
     }
 
     /// The device, shared with the event loop, and its handle for the control API.

@@ -21,7 +21,7 @@ use crate::devices::balloon::{self, BalloonHandle, CreateError};
 use crate::devices::block::{BlockDevice, BlockHandle};
 use crate::devices::entropy::{EntropyDevice, EntropyHandle};
 use crate::devices::event_loop::{QueueSubscriber, Subscriber};
-use crate::devices::mem::{MemDevice, MemHandle};
+use crate::devices::mem::{MemDevice, MemHandle, UnpluggedMemory};
 use crate::devices::net::{NetDevice, NetError, NetHandle};
 use crate::devices::pmem::{PmemDevice, PmemHandle};
 use crate::devices::serial::SerialError;
@@ -118,6 +118,9 @@ struct Slot {
 pub struct VirtioMmioDevices {
     slots: Vec<Slot>,
     subscribers: Vec<Subscriber>,
+    /// Bus devices over guest memory ranges that are not memory now (unplugged virtio-mem
+    /// memory where KVM leaves accesses to the VMM): base, size, device.
+    guards: Vec<(u64, u64, Arc<dyn BusDevice>)>,
 }
 
 impl std::fmt::Debug for VirtioMmioDevices {
@@ -188,6 +191,23 @@ impl VirtioMmioDevices {
         Ok(balloon.handle)
     }
 
+    /// Creates the virtio-mem device of `hotplug` over `memory`'s hot-pluggable region and
+    /// adds it like [`Self::add`], with the guard that answers accesses to its unplugged
+    /// memory. Returns what the control API keeps of it.
+    pub fn add_mem(
+        &mut self,
+        memory: Arc<GuestMemory>,
+        hotplug: crate::config::HotplugConfig,
+    ) -> Result<MemHandle, DeviceError> {
+        let device = MemDevice::new(memory.clone(), hotplug).map_err(DeviceError::Mem)?;
+        let (base, size) = device.region();
+        let (device, handle) = device.into_shared(hotplug);
+        self.add(memory, device)?;
+        self.guards
+            .push((base, size, Arc::new(UnpluggedMemory::default())));
+        Ok(handle)
+    }
+
     /// The transports by slot, for snapshots.
     pub fn transports(&self) -> Vec<Arc<dyn StatefulTransport>> {
         self.slots
@@ -235,6 +255,9 @@ impl VirtioMmioDevices {
                     .map_err(kvm("KVM_IOEVENTFD"))?;
             }
             buses.mmio.insert(slot.transport.clone(), base, size)?;
+        }
+        for (base, size, guard) in &self.guards {
+            buses.mmio.insert(guard.clone(), *base, *size)?;
         }
         Ok(())
     }
@@ -351,12 +374,7 @@ pub(super) fn create_devices(
         None => None,
     };
     let hotplug = match config.hotplug {
-        Some(hotplug) => {
-            let device = MemDevice::new(memory.clone(), hotplug).map_err(DeviceError::Mem)?;
-            let (device, handle) = device.into_shared(hotplug);
-            mmio.add(memory.clone(), device)?;
-            Some(handle)
-        }
+        Some(hotplug) => Some(mmio.add_mem(memory.clone(), hotplug)?),
         None => None,
     };
     Ok(Devices {

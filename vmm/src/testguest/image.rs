@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use super::spec::{WorkloadSpec, WorkloadSpecError};
 use super::IMAGE;
 use crate::config::{check_vcpus, BalloonDeviceConfig, ConfigError, GuestConfig, LinuxConfig};
+use crate::layout::RamRegion;
 
 /// Words that only the test guest's image holds (its console messages).
 const MARKER: &[u8] = b"llfree-vmm test guest";
@@ -89,13 +90,14 @@ pub fn workload_in(cmdline: &str, otherwise: &WorkloadSpec) -> Result<WorkloadSp
 }
 
 /// What runs for the kernel of `linux`: the test guest, with the workload of its command line
-/// (or `otherwise`) on `memory_size` bytes, `vcpus` and `balloon`, where the kernel is its
-/// image; else Linux.
+/// (or `otherwise`) on `memory_size` bytes, `vcpus`, `balloon` and the hot-pluggable memory
+/// `hotplug`, where the kernel is its image; else Linux.
 pub fn guest_for_kernel(
     linux: LinuxConfig,
     memory_size: u64,
     vcpus: usize,
     balloon: Option<&BalloonDeviceConfig>,
+    hotplug: Option<RamRegion>,
     otherwise: &WorkloadSpec,
 ) -> Result<GuestConfig, ImageError> {
     if !is_image(&linux.kernel)? {
@@ -107,7 +109,12 @@ pub fn guest_for_kernel(
     check_vcpus(vcpus, true)?;
     let spec = workload_in(&linux.cmdline, otherwise)?;
     spec.check_balloon(balloon)?;
-    Ok(GuestConfig::TestGuest(spec.resolve(memory_size, vcpus)?))
+    spec.check_hotplug(hotplug.is_some())?;
+    Ok(GuestConfig::TestGuest(spec.resolve_with_hotplug(
+        memory_size,
+        vcpus,
+        hotplug,
+    )?))
 }
 
 #[cfg(test)]

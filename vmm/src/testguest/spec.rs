@@ -5,18 +5,28 @@
 //! WORKLOAD := GROUP[,GROUP...]
 //! GROUP    := STEP[&STEP...]          (steps of a group run at the same time)
 //! STEP     := BASE[*COUNT]            (a step run COUNT times; not a checkpoint)
-//! BASE     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON
+//! BASE     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON  |  HOTPLUG
 //! KIND     := write | verify | verify-zero | read
 //! BALLOON  := inflate[@VCPU]:SIZE | deflate[@VCPU]:SIZE | balloon-target[@VCPU]
 //!           | report[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT] | break-balloon[@VCPU]
+//! HOTPLUG  := hotplug-target[@VCPU]
+//!           | hotplug-request[@VCPU]:REQUEST:ADDRESS:BLOCKS:ANSWER
+//! REQUEST  := plug | unplug | unplug-all | state | a number (any request type)
+//! ANSWER   := ack | nack | busy | error   (the answer the step expects)
 //! RANGE    := all | START+SIZE      (sizes with K/M/G suffixes, 4 KiB aligned, START >= 2M)
 //! PATTERN  := a u64, decimal or 0x-hex (write and verify only)
 //! ```
 //!
 //! `all` is the workload area of low RAM: from 2 MiB (below it live the guest's own code and
-//! tables) to the end of RAM or the MMIO gap. A step without `@VCPU` is split among all vCPUs.
-//! The vCPUs meet at a barrier after each group; a group holds no checkpoint and at most one
-//! balloon step (the guest has one balloon driver).
+//! tables) to the end of RAM or the MMIO gap. A range may also lie in the hot-pluggable memory
+//! of `--hotplug` (the guest must have plugged it). A step without `@VCPU` is split among all
+//! vCPUs. The vCPUs meet at a barrier after each group; a group holds no checkpoint, at most one
+//! balloon step (the guest has one balloon driver) and at most one virtio-mem step.
+//!
+//! Virtio-mem steps drive the `--hotplug` device: `hotplug-target` plugs or unplugs blocks
+//! until the plugged size is the requested one (`vmm hotplug set`), the lowest blocks first;
+//! `hotplug-request` sends one request as it is (hostile-driver tests; after a
+//! `hotplug-target`, which probes the device).
 //!
 //! Balloon steps drive the `--balloon` device through the test guest's virtio-mmio driver, on
 //! vCPU 0 unless `@VCPU` says otherwise. The first one is preceded by a probe of the device in
@@ -29,7 +39,7 @@ use std::str::FromStr;
 mod balloon;
 
 use crate::config::{format_size, parse_size, BalloonDeviceConfig, SizeError};
-use crate::layout::ram_regions;
+use crate::layout::{ram_regions, RamRegion};
 use crate::testguest::protocol::{MAX_STEPS, PAGE_SIZE, WORKLOAD_MIN_ADDR};
 use crate::testguest::Workload;
 
@@ -50,7 +60,8 @@ pub enum WorkloadSpecError {
     /// A step's kind is unknown.
     #[error(
         "unknown workload step '{0}': expected write, verify, verify-zero, read, checkpoint, \
-         inflate, deflate, balloon-target, report, answer-stats or break-balloon"
+         inflate, deflate, balloon-target, report, answer-stats, break-balloon, \
+         hotplug-target or hotplug-request"
     )]
     UnknownKind(String),
     /// A step is missing its range (or checkpoint id) or has extra fields.
@@ -101,6 +112,9 @@ pub enum WorkloadSpecError {
     /// A balloon step without a `--balloon` device.
     #[error("workload step '{0}' drives the balloon: add --balloon (e.g. --balloon size=0)")]
     NoBalloon(String),
+    /// A virtio-mem step without `--hotplug`.
+    #[error("workload step '{0}' drives the virtio-mem device: add --hotplug total=SIZE")]
+    NoHotplug(String),
     /// A balloon step needs a device feature that `--balloon` leaves off.
     #[error("workload step '{step}' needs --balloon {option}")]
     BalloonFeatureOff {
@@ -134,6 +148,13 @@ enum Action {
     Report(Range),
     AnswerStats(u64),
     BreakBalloon,
+    HotplugTarget,
+    HotplugRequest {
+        kind: u16,
+        addr: u64,
+        blocks: u16,
+        answer: u16,
+    },
 }
 
 /// One parsed step, kept with its text for messages.
@@ -229,12 +250,28 @@ fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
     let vcpu = vcpu
         .map(|v| u32::try_from(v).map_err(|_| malformed("the vCPU index is too large")))
         .transpose()?;
-    if matches!(kind, "balloon-target" | "answer-stats" | "break-balloon") {
+    if kind == "hotplug-request" {
+        let action = parse_hotplug_request(text, fields)?;
+        return Ok(StepSpec {
+            text: text.to_owned(),
+            vcpu,
+            action,
+            repeat: 1,
+        });
+    }
+    if matches!(
+        kind,
+        "balloon-target" | "answer-stats" | "break-balloon" | "hotplug-target"
+    ) {
         let argument = fields.next();
         if fields.next().is_some() || (kind != "answer-stats" && argument.is_some()) {
             return Err(malformed("too many ':'-separated fields"));
         }
         let action = match argument {
+            None if kind == "hotplug-target" => Action::HotplugTarget,
+            Some(_) if kind == "hotplug-target" => {
+                return Err(malformed("too many ':'-separated fields"))
+            }
             None if kind == "balloon-target" => Action::BalloonTarget,
             None if kind == "break-balloon" => Action::BreakBalloon,
             None => Action::AnswerStats(1),
@@ -290,9 +327,63 @@ fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
     })
 }
 
+/// `REQUEST:ADDRESS:BLOCKS:ANSWER` of a `hotplug-request` step.
+fn parse_hotplug_request<'a>(
+    text: &str,
+    mut fields: impl Iterator<Item = &'a str>,
+) -> Result<Action, WorkloadSpecError> {
+    let malformed = |why| WorkloadSpecError::Malformed {
+        step: text.to_owned(),
+        why,
+    };
+    let (Some(request), Some(addr), Some(blocks), Some(answer), None) = (
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+    ) else {
+        return Err(malformed(
+            "hotplug-request takes REQUEST:ADDRESS:BLOCKS:ANSWER (e.g. plug:4G:1:ack)",
+        ));
+    };
+    let number16 = |field: &str| {
+        u16::try_from(parse_number(text, field)?)
+            .map_err(|_| malformed("request types and block counts are at most 65535"))
+    };
+    let kind = match request {
+        "plug" => 0,
+        "unplug" => 1,
+        "unplug-all" => 2,
+        "state" => 3,
+        other => number16(other)?,
+    };
+    let addr = parse_size(addr).map_err(|source| WorkloadSpecError::BadSize {
+        step: text.to_owned(),
+        source,
+    })?;
+    let answer = match answer {
+        "ack" => 0,
+        "nack" => 1,
+        "busy" => 2,
+        "error" => 3,
+        _ => return Err(malformed("the answer must be ack, nack, busy or error")),
+    };
+    Ok(Action::HotplugRequest {
+        kind,
+        addr,
+        blocks: number16(blocks)?,
+        answer,
+    })
+}
+
 impl Action {
     fn is_checkpoint(self) -> bool {
         matches!(self, Action::Checkpoint(_))
+    }
+
+    fn is_hotplug(self) -> bool {
+        matches!(self, Action::HotplugTarget | Action::HotplugRequest { .. })
     }
 }
 
@@ -313,6 +404,9 @@ fn parse_group(text: &str) -> Result<Vec<StepSpec>, WorkloadSpecError> {
             .count();
         if balloon_steps > 1 {
             return bad("at most one balloon step runs at a time (the guest has one driver)");
+        }
+        if steps.iter().filter(|step| step.action.is_hotplug()).count() > 1 {
+            return bad("at most one virtio-mem step runs at a time (the guest has one driver)");
         }
     }
     Ok(steps)
@@ -354,9 +448,27 @@ impl WorkloadSpec {
             .try_for_each(|step| balloon::check(&step.text, step.action, balloon))
     }
 
+    /// Checks that the virtio-mem steps have a device (`hotplug`).
+    pub fn check_hotplug(&self, hotplug: bool) -> Result<(), WorkloadSpecError> {
+        match self.groups.iter().flatten().find(|s| s.action.is_hotplug()) {
+            Some(step) if !hotplug => Err(WorkloadSpecError::NoHotplug(step.text.clone())),
+            _ => Ok(()),
+        }
+    }
+
     /// The workload for a VM with `memory_size` bytes of RAM and `vcpus` vCPUs: `all` becomes
     /// the workload area, and every range must lie inside one RAM region.
     pub fn resolve(&self, memory_size: u64, vcpus: usize) -> Result<Workload, WorkloadSpecError> {
+        self.resolve_with_hotplug(memory_size, vcpus, None)
+    }
+
+    /// [`Self::resolve`] for a VM with hot-pluggable memory `hotplug`, where ranges may lie too.
+    pub fn resolve_with_hotplug(
+        &self,
+        memory_size: u64,
+        vcpus: usize,
+        hotplug: Option<RamRegion>,
+    ) -> Result<Workload, WorkloadSpecError> {
         let regions = ram_regions(memory_size);
         let area_end = regions.first().map_or(0, |r| r.end());
         let mut workload = Workload::new();
@@ -371,7 +483,7 @@ impl WorkloadSpec {
                 probed = true;
             }
             for (index, step) in group.iter().enumerate() {
-                workload = resolve_step(workload, step, area_end, memory_size, vcpus)?;
+                workload = resolve_step(workload, step, area_end, memory_size, vcpus, hotplug)?;
                 if index + 1 < group.len() {
                     workload = workload.joined_with_next();
                 }
@@ -392,6 +504,7 @@ fn resolve_step(
     area_end: u64,
     memory_size: u64,
     vcpus: usize,
+    hotplug: Option<RamRegion>,
 ) -> Result<Workload, WorkloadSpecError> {
     let bad_range = |why: String| WorkloadSpecError::BadRange {
         step: step.text.clone(),
@@ -405,7 +518,7 @@ fn resolve_step(
             "'all' is empty: guest RAM ({}) must be larger than 2 MiB",
             format_size(memory_size)
         ))),
-        Range::Bytes { start, size } => check_range(start, size, memory_size)
+        Range::Bytes { start, size } => check_range(start, size, memory_size, hotplug)
             .map(|_| (start, size))
             .map_err(bad_range),
     };
@@ -436,6 +549,13 @@ fn resolve_step(
         }
         Action::AnswerStats(count) => workload.balloon_stats(count),
         Action::BreakBalloon => workload.balloon_break(),
+        Action::HotplugTarget => workload.hotplug_to_requested(),
+        Action::HotplugRequest {
+            kind,
+            addr,
+            blocks,
+            answer,
+        } => workload.hotplug_request(kind, addr, blocks, answer),
     };
     if let Some(vcpu) = step.vcpu {
         if vcpu as usize >= vcpus {
@@ -451,8 +571,13 @@ fn resolve_step(
 }
 
 /// Checks that `[start, start + size)` is a non-empty, page-aligned part of the workload area
-/// inside one RAM region of `memory_size` bytes of RAM.
-fn check_range(start: u64, size: u64, memory_size: u64) -> Result<(), String> {
+/// inside one RAM region of `memory_size` bytes of RAM, or inside the hot-pluggable memory.
+fn check_range(
+    start: u64,
+    size: u64,
+    memory_size: u64,
+    hotplug: Option<RamRegion>,
+) -> Result<(), String> {
     if size == 0 {
         return Err("the range is empty".into());
     }
@@ -465,7 +590,7 @@ fn check_range(start: u64, size: u64, memory_size: u64) -> Result<(), String> {
     let inside = |r: &crate::layout::RamRegion| {
         start >= r.start && start.checked_add(size).is_some_and(|end| end <= r.end())
     };
-    if !ram_regions(memory_size).iter().any(inside) {
+    if !ram_regions(memory_size).iter().chain(&hotplug).any(inside) {
         return Err(format!(
             "the range is not inside guest RAM ({} of RAM, with the MMIO gap at 3 GiB..4 GiB)",
             format_size(memory_size)

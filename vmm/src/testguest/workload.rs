@@ -127,6 +127,8 @@ pub fn kind_name(kind: u32) -> &'static str {
         step_kind::BALLOON_STATS => "balloon-stats",
         step_kind::BALLOON_RAW => "balloon-raw",
         step_kind::BALLOON_BREAK => "break-balloon",
+        step_kind::HOTPLUG_TO_REQUESTED => "hotplug-target",
+        step_kind::HOTPLUG_RAW => "hotplug-request",
         _ => "unknown",
     }
 }
@@ -235,6 +237,25 @@ impl Workload {
     /// and probes it again (hostile-driver tests; with [`Self::repeat`], a loop).
     pub fn balloon_break(self) -> Self {
         self.push(step_kind::BALLOON_BREAK, 0, 0, 0)
+    }
+
+    /// Plugs or unplugs blocks of the virtio-mem device to its requested size; the first such
+    /// step probes the device in the virtio-mmio slots.
+    pub fn hotplug_to_requested(self) -> Self {
+        let slots = crate::layout::VIRTIO_MMIO_SLOTS * crate::layout::VIRTIO_MMIO_SIZE;
+        self.push(
+            step_kind::HOTPLUG_TO_REQUESTED,
+            crate::layout::VIRTIO_MMIO_START,
+            slots,
+            0,
+        )
+    }
+
+    /// Sends the virtio-mem device one request as it is (hostile-driver tests): `kind` on
+    /// `blocks` blocks from `addr`; the step fails unless the answer's type is `answer`.
+    pub fn hotplug_request(self, kind: u16, addr: u64, blocks: u16, answer: u16) -> Self {
+        let pattern = u64::from(kind) | u64::from(blocks) << 16 | u64::from(answer) << 32;
+        self.push(step_kind::HOTPLUG_RAW, addr, 0, pattern)
     }
 
     /// Makes the last step run on vCPU `vcpu` alone instead of on all vCPUs.

@@ -7,6 +7,8 @@
 //! * `faults`: per-fault latency of lazy population, in the handler and as the guest sees it.
 //! * `discard`: discard throughput for both scrub policies, and re-population afterwards.
 //! * `steps`: where the time of a fault goes (kernel zeroing, mmap, userfaultfd round trip).
+//! * `hotplug`: plugging and unplugging hot-pluggable memory against a balloon, per 2 MiB
+//!   block, and a block's hand-over between two VMs on one zone (no KVM needed).
 //!
 //! CSV on stdout (`group,case,size_mib,stride,metric,unit,run,value`, then the medians with
 //! run `median`), a summary on stderr. Huge pages are reserved through sysfs and the old
@@ -16,6 +18,7 @@ mod discard;
 mod faults;
 mod guest;
 mod host;
+mod hotplug;
 mod pinning;
 mod populate;
 mod report;
@@ -44,6 +47,8 @@ pub enum Group {
     Discard,
     /// Where the time of a fault goes.
     Steps,
+    /// Hot-pluggable memory against the balloon.
+    Hotplug,
 }
 
 /// Command-line options.
@@ -58,7 +63,7 @@ pub struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "populate,faults,discard,steps"
+        default_value = "populate,faults,discard,steps,hotplug"
     )]
     pub groups: Vec<Group>,
     /// Guest RAM sizes in MiB for 2 MiB frames and plain memory (at most 4064: the programs run
@@ -135,6 +140,7 @@ fn main() {
     for group in &args.groups {
         match (group, &kvm) {
             (Group::Steps, _) => steps::run(&args, &mut report),
+            (Group::Hotplug, _) => hotplug::run(&args, &mut report),
             (_, Some(why)) => eprintln!("SKIP: {group:?}: {why}"),
             (Group::Populate, None) => populate::run(&args, &mut report),
             (Group::Faults, None) => faults::run(&args, &mut report),

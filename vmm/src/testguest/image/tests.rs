@@ -24,7 +24,7 @@ fn linux(kernel: &Path, cmdline: &str) -> LinuxConfig {
 
 /// What runs for `linux` in a 64 MiB VM with one vCPU and no balloon.
 fn guest_of(linux: LinuxConfig) -> Result<GuestConfig, ImageError> {
-    guest_for_kernel(linux, 64 << 20, 1, None, &WorkloadSpec::default())
+    guest_for_kernel(linux, 64 << 20, 1, None, None, &WorkloadSpec::default())
 }
 
 #[test]

@@ -32,7 +32,9 @@ pub(super) fn need(action: Action) -> Need {
         | Action::Verify(..)
         | Action::VerifyZero(_)
         | Action::Read(_)
-        | Action::Checkpoint(_) => Need::Nothing,
+        | Action::Checkpoint(_)
+        | Action::HotplugTarget
+        | Action::HotplugRequest { .. } => Need::Nothing,
     }
 }
 

@@ -409,3 +409,46 @@ fn bad_repeats_and_groups_are_refused() {
         assert_eq!(text.parse::<WorkloadSpec>(), Err(expected), "{text:?}");
     }
 }
+
+#[test]
+fn hotplug_steps_need_the_device_and_ranges_may_lie_in_its_memory() {
+    let hotplug = Some(RamRegion {
+        start: 4 << 30,
+        size: 256 * MIB,
+    });
+    let text = "hotplug-target@1,write:4G+64M,hotplug-request:plug:4G:3:nack,\
+                hotplug-request:77:4100M:65535:error";
+    let spec: WorkloadSpec = text.parse().unwrap();
+    assert!(matches!(
+        spec.check_hotplug(false),
+        Err(WorkloadSpecError::NoHotplug(step)) if step == "hotplug-target@1"
+    ));
+    spec.check_hotplug(true).unwrap();
+    let workload = spec.resolve_with_hotplug(64 * MIB, 2, hotplug).unwrap();
+    let steps = workload.steps();
+    assert_eq!(
+        (steps[0].kind, steps[0].vcpu),
+        (step_kind::HOTPLUG_TO_REQUESTED, 1)
+    );
+    assert_eq!((steps[1].addr, steps[1].size), (4 << 30, 64 * MIB));
+    assert_eq!(
+        (steps[2].kind, steps[2].addr, steps[2].pattern),
+        (step_kind::HOTPLUG_RAW, 4 << 30, 1 << 32 | 3 << 16)
+    );
+    assert_eq!(steps[3].pattern, 3 << 32 | 0xffff << 16 | 77);
+    // Without the region, its memory is no range; past it neither.
+    assert!(spec.resolve(64 * MIB, 2).is_err());
+    let past = "write:4352M+4M".parse::<WorkloadSpec>().unwrap();
+    assert!(past.resolve_with_hotplug(64 * MIB, 1, hotplug).is_err());
+    for bad in [
+        "hotplug-target:1",
+        "hotplug-request:plug:4G:1",
+        "hotplug-request:plug:4G:1:maybe",
+        "hotplug-request:plug:4G:65536:ack",
+        "hotplug-request:grow:4G:1:ack",
+        "hotplug-request:plug:4G:1:ack:extra",
+        "hotplug-target&hotplug-request:state:4G:1:ack",
+    ] {
+        assert!(bad.parse::<WorkloadSpec>().is_err(), "{bad}");
+    }
+}

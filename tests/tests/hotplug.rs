@@ -1,0 +1,218 @@
+//! End-to-end: the built-in test guest drives the virtio-mem device of `vmm run --hotplug`
+//! through the API's requested size (`vmm hotplug set`): plugged memory takes frames and holds
+//! what the guest writes, unplugged memory gives them back and reaches nothing, a hostile
+//! driver's requests get the specification's answers, and a VM in a zone keeps its plugged
+//! memory across a restart and a SIGKILL.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod vmm_common;
+
+use std::time::Duration;
+
+use e2e_tests::kvm_available;
+use vmm_cli::ApiClient;
+use vmm_common::{client, get, send, wait_for_state, Scratch, VmmRun};
+
+const MIB: u64 = 1 << 20;
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Bytes of the pool (or zone) in use.
+fn pool_used(api: &ApiClient) -> u64 {
+    get(api, "/memory")["pool"]["used_bytes"].as_u64().unwrap()
+}
+
+fn plugged_mib(api: &ApiClient) -> u64 {
+    get(api, "/hotplug/memory")["plugged_size_mib"]
+        .as_u64()
+        .unwrap()
+}
+
+fn request(socket: &str, size: &str) {
+    let set = client(&["hotplug", "set", size, "-s", socket]);
+    assert_eq!(set.code, Some(0), "{set:#?}");
+}
+
+fn resume(api: &ApiClient) {
+    send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+}
+
+/// Waits until the guest paused at its next checkpoint.
+fn paused(api: &ApiClient) {
+    std::thread::sleep(Duration::from_millis(100));
+    wait_for_state(api, "Paused");
+}
+
+#[test]
+fn the_guest_plugs_what_is_requested_uses_it_and_unplugging_gives_the_frames_back() {
+    let test = "the_guest_plugs_what_is_requested_uses_it_and_unplugging_gives_the_frames_back";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("hotplug-guest");
+    let socket = scratch.path("api.sock");
+    // 64 MiB of RAM: the hot-pluggable memory lies at 4 GiB.
+    let mut run = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--hotplug",
+        "total=256M",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "checkpoint:1,hotplug-target,write:4G+64M,verify:4G+64M,checkpoint:2,\
+         hotplug-target,verify:4G+32M,checkpoint:3",
+    ]);
+    let api = run.api(&socket);
+    paused(&api);
+    let before = pool_used(&api);
+    request(&socket, "64M");
+    resume(&api);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 64);
+    let plugged = pool_used(&api);
+    assert_eq!(plugged - before, 64 * MIB, "a frame per plugged block");
+    request(&socket, "32M");
+    resume(&api);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 32);
+    assert_eq!(
+        plugged - pool_used(&api),
+        32 * MIB,
+        "unplugged frames are back"
+    );
+    resume(&api);
+    let done = run.wait(TIMEOUT);
+    assert_eq!(done.code, Some(0), "{done:#?}");
+    eprintln!("{test}: {}", done.stdout.lines().last().unwrap_or_default());
+}
+
+#[test]
+fn a_hostile_driver_gets_the_answers_of_the_spec_and_no_frame_of_unplugged_memory() {
+    let test = "a_hostile_driver_gets_the_answers_of_the_spec_and_no_frame_of_unplugged_memory";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("hotplug-hostile");
+    let socket = scratch.path("api.sock");
+    // Requested 4 MiB: two blocks at 4 GiB. Then: a plug past the requested size (NACK), of a
+    // plugged block, unaligned, outside the region, of no block (ERROR); an unplug of an
+    // unplugged block (ERROR); an unknown request (ERROR); a state (ACK). Writes to unplugged
+    // memory are dropped.
+    let mut run = VmmRun::start(&[
+        "--memory",
+        "64M",
+        "--hotplug",
+        "total=128M",
+        "--api-socket",
+        &socket,
+        "--workload",
+        "checkpoint:1,hotplug-target,\
+         hotplug-request:plug:4100M:1:nack,hotplug-request:plug:4G:1:error,\
+         hotplug-request:plug:4195328K:1:error,hotplug-request:plug:4G:0:error,\
+         hotplug-request:plug:4224M:1:error,hotplug-request:plug:3G:1:error,\
+         hotplug-request:unplug:4100M:1:error,hotplug-request:9:4G:1:error,\
+         hotplug-request:state:4G:8:ack,write:4G+4M,write:4100M+4M,checkpoint:2,\
+         verify:4G+4M",
+    ]);
+    let api = run.api(&socket);
+    paused(&api);
+    request(&socket, "4M");
+    resume(&api);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 4);
+    let used = pool_used(&api);
+    resume(&api);
+    let done = run.wait(TIMEOUT);
+    assert_eq!(done.code, Some(0), "{done:#?}");
+    assert!(
+        done.stderr
+            .contains("virtio-mem: the guest wrote to unplugged memory at 0x100400000"),
+        "{done:#?}"
+    );
+    eprintln!("{test}: {} bytes of the pool in use at the end", used);
+}
+
+/// `vmm zone inspect --json`, which must show nothing leaked or lost.
+fn inspect(zone: &str) -> serde_json::Value {
+    let run = client(&["zone", "inspect", "--json", zone]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    info
+}
+
+#[test]
+fn a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill() {
+    let test = "a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("hotplug-zone");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "256M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let socket = scratch.path("api.sock");
+    let vm = |workload: &str| {
+        VmmRun::start(&[
+            "--zone",
+            &zone,
+            "--vm",
+            "plugger",
+            "--memory",
+            "64M",
+            "--hotplug",
+            "total=128M",
+            "--api-socket",
+            &socket,
+            "--workload",
+            workload,
+        ])
+    };
+    // Plug 32 MiB and write it; the VMM ends.
+    let mut run = vm("checkpoint:1,hotplug-target,write:4G+32M:7");
+    let api = run.api(&socket);
+    paused(&api);
+    request(&socket, "32M");
+    resume(&api);
+    assert_eq!(run.wait(TIMEOUT).code, Some(0));
+    // A restart finds it plugged (and requested) with what was written; it plugs 16 MiB more
+    // and writes it, then is SIGKILLed.
+    let mut run = vm(
+        "hotplug-target,verify:4G+32M:7,checkpoint:1,hotplug-target,\
+                      write:4128M+16M:9,checkpoint:2",
+    );
+    let api = run.api(&socket);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 32);
+    request(&socket, "48M");
+    resume(&api);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 48);
+    let killed = run.kill();
+    assert_eq!(killed.code, None, "SIGKILLed: {killed:#?}");
+    inspect(&zone);
+    // After the crash: all 48 MiB are back, with their contents; then everything is
+    // unplugged and the zone has the frames back.
+    let mut run = vm(
+        "hotplug-target,verify:4G+32M:7,verify:4128M+16M:9,checkpoint:1,\
+                      hotplug-target,checkpoint:2",
+    );
+    let api = run.api(&socket);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 48);
+    let free = inspect(&zone)["free_frames"].as_u64().unwrap();
+    request(&socket, "0");
+    resume(&api);
+    paused(&api);
+    assert_eq!(plugged_mib(&api), 0);
+    assert_eq!(inspect(&zone)["free_frames"].as_u64().unwrap(), free + 24);
+    resume(&api);
+    let done = run.wait(TIMEOUT);
+    assert_eq!(done.code, Some(0), "{done:#?}");
+}
