@@ -52,7 +52,8 @@ FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
-    linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive)
+    linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive
+    linux_hotplug)
 if [ -n "${LLFREE_NESTED_BINARIES:-}" ]; then read -ra TESTS <<<"$LLFREE_NESTED_BINARIES"; fi
 PACKAGES=(busybox-static linux-source-6.1 flex bison bc cpio gcc make libelf-dev libssl-dev
     xz-utils seabios e2fsprogs ndctl)

@@ -1,0 +1,126 @@
+//! End-to-end: a real Linux (its virtio_mem driver) plugs 1 GiB of hot-pluggable memory from a
+//! zone when the host asks (`PATCH /hotplug/memory`), its MemTotal grows by it, it fills more
+//! than its boot memory could hold, frees it, and gives all of it back when asked: the frames
+//! are free in the zone again. (See linux_common for the guest and where this runs.)
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod linux_common;
+mod vmm_common;
+
+use std::time::{Duration, Instant};
+
+use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
+use vmm_common::{client, get, send, Scratch, VmmRun};
+
+const GIB_KIB: u64 = 1 << 20;
+
+fn free_frames(zone: &str) -> u64 {
+    let run = client(&["zone", "inspect", "--json", zone]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    info["free_frames"].as_u64().unwrap()
+}
+
+/// The last MemTotal the guest reported.
+fn memtotal_kib(run: &VmmRun) -> u64 {
+    let out = run.stdout_so_far();
+    let line = out
+        .lines()
+        .rfind(|l| l.contains("LLFREE-L2 memtotal"))
+        .unwrap_or_default();
+    field(line, "kib").and_then(|k| k.parse().ok()).unwrap_or(0)
+}
+
+fn ctrl_alt_del(api: &vmm_cli::ApiClient) {
+    send(api, "PUT", "/actions", r#"{"action_type":"SendCtrlAltDel"}"#);
+}
+
+#[test]
+fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
+    let test = "linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-hotplug");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "1536M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let socket = scratch.path("api.sock");
+    // More than the 256 MiB of boot memory holds: the guest needs what it plugged.
+    let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=384");
+    let args = [
+        "--zone",
+        &zone,
+        "--vm",
+        "linux",
+        "--ephemeral",
+        "--memory",
+        "256M",
+        "--hotplug",
+        "total=1G",
+        "--cmdline",
+        &line,
+        "--api-socket",
+        &socket,
+    ];
+    let mut run = VmmRun::start(&guest.args(&args));
+    let api = run.api(&socket);
+    run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    let booted = memtotal_kib(&run);
+    let free_before = free_frames(&zone);
+
+    // Plug 1 GiB: Linux onlines it, MemTotal grows by it, the zone gives 512 frames.
+    let asked = Instant::now();
+    send(&api, "PATCH", "/hotplug/memory", r#"{"requested_size_mib":1024}"#);
+    while memtotal_kib(&run) < booted + GIB_KIB {
+        assert!(
+            asked.elapsed() < BOOT_TIMEOUT,
+            "MemTotal stayed at {} KiB: {:#}",
+            memtotal_kib(&run),
+            get(&api, "/hotplug/memory")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let plugged_after = asked.elapsed();
+    assert_eq!(get(&api, "/hotplug/memory")["plugged_size_mib"], 1024);
+    assert_eq!(free_frames(&zone), free_before - 512);
+
+    // Use it: 384 MiB in tmpfs, more than the boot memory could hold; then free it.
+    ctrl_alt_del(&api);
+    let filled = run.wait_for_line("LLFREE-L2 filled", BOOT_TIMEOUT);
+    assert!(!run.stdout_so_far().contains("fill-failed"), "{filled}");
+    ctrl_alt_del(&api);
+    run.wait_for_line("LLFREE-L2 freed", BOOT_TIMEOUT);
+
+    // Unplug all of it: Linux offlines and unplugs its blocks, the zone has the frames back.
+    let asked = Instant::now();
+    send(&api, "PATCH", "/hotplug/memory", r#"{"requested_size_mib":0}"#);
+    while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
+        assert!(
+            asked.elapsed() < BOOT_TIMEOUT,
+            "the guest kept {:#}",
+            get(&api, "/hotplug/memory")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let unplugged_after = asked.elapsed();
+    assert_eq!(free_frames(&zone), free_before);
+    while memtotal_kib(&run) > booted {
+        assert!(asked.elapsed() < BOOT_TIMEOUT, "MemTotal did not shrink");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "{test}: MemTotal {booted} KiB at boot; +1 GiB {plugged_after:.2?} after the PATCH; \
+         the frames back in the zone {unplugged_after:.2?} after the PATCH to 0"
+    );
+    ctrl_alt_del(&api);
+    let done = run.wait(Duration::from_secs(60));
+    assert_eq!(done.code, Some(7), "the guest rebooted: {done:#?}");
+}
