@@ -216,3 +216,73 @@ fn a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill() {
     let done = run.wait(TIMEOUT);
     assert_eq!(done.code, Some(0), "{done:#?}");
 }
+
+/// `vmm --api-sock SOCKET` waiting for a snapshot, loads `snapshot` with its memory in
+/// `memory` (paused), and returns the process and its API.
+fn loaded(socket: &str, snapshot: &str, memory: &str) -> (VmmRun, ApiClient) {
+    let mut vmm = VmmRun::start_command(&["--api-sock", socket]);
+    let api = vmm.api(socket);
+    let body = format!(
+        r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"File","backend_path":"{memory}"}},"resume_vm":false}}"#
+    );
+    send(&api, "PUT", "/snapshot/load", &body);
+    (vmm, api)
+}
+
+#[test]
+fn a_snapshot_keeps_the_plugged_memory_copied_or_in_its_zone() {
+    let test = "a_snapshot_keeps_the_plugged_memory_copied_or_in_its_zone";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("hotplug-snapshot");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "256M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    // Plug 32 MiB, write it, pause (snapshot); after the load: verify it, unplug half of it
+    // as the loaded VM is asked, verify the rest.
+    let workload = "checkpoint:1,hotplug-target,write:4G+32M:5,checkpoint:2,verify:4G+32M:5,\
+                    hotplug-target,verify:4G+16M:5";
+    for (case, place) in [("copied", None), ("in its zone", Some(zone.as_str()))] {
+        let socket = scratch.path("api.sock");
+        let mut args = vec!["--memory", "64M", "--hotplug", "total=128M"];
+        if let Some(zone) = place {
+            args.extend(["--zone", zone, "--vm", "snapped"]);
+        }
+        args.extend(["--api-socket", &socket, "--workload", workload]);
+        let mut run = VmmRun::start(&args);
+        let api = run.api(&socket);
+        paused(&api);
+        request(&socket, "32M");
+        resume(&api);
+        paused(&api);
+        let snapshot = scratch.path("vm.snap");
+        let memory = place.map_or_else(|| scratch.path("vm.mem"), str::to_owned);
+        let body = format!(
+            r#"{{"snapshot_type":"Full","snapshot_path":"{snapshot}","mem_file_path":"{memory}"}}"#
+        );
+        send(&api, "PUT", "/snapshot/create", &body);
+        run.kill();
+        let socket = scratch.path("load.sock");
+        let (vmm, api) = loaded(&socket, &snapshot, &memory);
+        let status = get(&api, "/hotplug/memory");
+        assert_eq!(
+            (
+                status["plugged_size_mib"].as_u64(),
+                status["requested_size_mib"].as_u64()
+            ),
+            (Some(32), Some(32)),
+            "{case}: {status:#}"
+        );
+        assert_eq!(
+            get(&api, "/vm/config")["memory-hotplug"]["total_size_mib"],
+            128
+        );
+        request(&socket, "16M");
+        resume(&api);
+        let done = vmm.wait(TIMEOUT);
+        assert_eq!(done.code, Some(0), "{case}: {done:#?}");
+        assert!(done.stdout.contains("step 7: ok"), "{case}: {done:#?}");
+    }
+    inspect(&zone);
+}

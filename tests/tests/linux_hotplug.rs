@@ -39,7 +39,12 @@ fn memtotal_kib(run: &VmmRun) -> u64 {
 }
 
 fn ctrl_alt_del(api: &vmm_cli::ApiClient) {
-    send(api, "PUT", "/actions", r#"{"action_type":"SendCtrlAltDel"}"#);
+    send(
+        api,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"SendCtrlAltDel"}"#,
+    );
 }
 
 #[test]
@@ -63,6 +68,9 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
         "--ephemeral",
         "--memory",
         "256M",
+        // RAM's frames all taken at the start: the zone's free frames change by hotplug alone.
+        "--populate",
+        "eager",
         "--hotplug",
         "total=1G",
         "--cmdline",
@@ -78,7 +86,12 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
 
     // Plug 1 GiB: Linux onlines it, MemTotal grows by it, the zone gives 512 frames.
     let asked = Instant::now();
-    send(&api, "PATCH", "/hotplug/memory", r#"{"requested_size_mib":1024}"#);
+    send(
+        &api,
+        "PATCH",
+        "/hotplug/memory",
+        r#"{"requested_size_mib":1024}"#,
+    );
     while memtotal_kib(&run) < booted + GIB_KIB {
         assert!(
             asked.elapsed() < BOOT_TIMEOUT,
@@ -101,7 +114,12 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
 
     // Unplug all of it: Linux offlines and unplugs its blocks, the zone has the frames back.
     let asked = Instant::now();
-    send(&api, "PATCH", "/hotplug/memory", r#"{"requested_size_mib":0}"#);
+    send(
+        &api,
+        "PATCH",
+        "/hotplug/memory",
+        r#"{"requested_size_mib":0}"#,
+    );
     while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
         assert!(
             asked.elapsed() < BOOT_TIMEOUT,

@@ -238,6 +238,11 @@ impl<B: MemBackend> Blocks<B> {
         space
     }
 
+    /// The plugged blocks, one bit each from the region's start, 64 to a word.
+    pub fn plugged_bitmap(&self) -> &[u64] {
+        &self.plugged
+    }
+
     /// Whether block `block` is plugged.
     pub fn is_plugged(&self, block: u64) -> bool {
         self.plugged

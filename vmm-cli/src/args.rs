@@ -485,12 +485,20 @@ pub struct RunArgs {
     ///                                  for each (needs stats_polling_interval_s=N)
     /// The guest probes the balloon before its first balloon step; the balloon takes its pages
     /// from the top of `all` downwards, deflation gives back its lowest ones.
+    /// virtio-mem steps (need --hotplug; on vCPU 0 unless @VCPU is given):
+    ///   hotplug-target[@VCPU]          plug or unplug blocks to the requested size (`vmm
+    ///                                  hotplug set`), the lowest blocks first
+    ///   hotplug-request[@VCPU]:REQUEST:ADDRESS:BLOCKS:ANSWER
+    ///                                  one raw request (plug, unplug, unplug-all, state or a
+    ///                                  number) that must be answered ANSWER (ack, nack, busy,
+    ///                                  error); after a hotplug-target, which probes the device
     /// RANGE is `all` (2 MiB to the end of low RAM) or START+SIZE (e.g. 2M+64M), 4 KiB aligned
-    /// and at or above 2M. SIZE is 4 KiB aligned. PATTERN is a u64 (decimal or 0x-hex), default
-    /// 0x5a5a5a5a5a5a5a5a.
+    /// and at or above 2M; it may lie in the hot-pluggable memory (at 4G with up to 3G of RAM).
+    /// SIZE is 4 KiB aligned. PATTERN is a u64 (decimal or 0x-hex), default 0x5a5a5a5a5a5a5a5a.
     /// STEP*N runs a step N times (not a checkpoint). STEP&STEP runs steps at the same time:
-    /// no barrier between them, at most one balloon step, no checkpoint (quote the option for
-    /// the shell), e.g. 'write@1:2M+2M*1000&report@0:2M+2M*100' with --vcpus 2.
+    /// no barrier between them, at most one balloon and one virtio-mem step, no checkpoint
+    /// (quote the option for the shell), e.g. 'write@1:2M+2M*1000&report@0:2M+2M*100' with
+    /// --vcpus 2.
     /// @VCPU runs the step on that vCPU alone; otherwise the range is split among all vCPUs.
     #[arg(
         long,

@@ -2,6 +2,7 @@
 //! `memory-hotplug` configuration, `vmm run --hotplug`, and their checks.
 
 use guest_mem::FrameSize;
+use serde::{Deserialize, Serialize};
 
 use super::{format_size, parse_size, ConfigError};
 use crate::layout::MAX_MEMORY;
@@ -20,7 +21,7 @@ const KEYS: &str = "total, block, slot";
 /// The virtio-mem device's memory: how much may be plugged, in blocks of what size. Every
 /// block is protected on its own when unplugged (inaccessible, no frame); `slot_size` is
 /// Firecracker's granularity of protection, checked and shown as there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HotplugConfig {
     /// Bytes that may be plugged: the size of the device's region.
     pub total_size: u64,

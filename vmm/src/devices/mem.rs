@@ -116,6 +116,11 @@ impl MemHandle {
         }
     }
 
+    /// The plugged blocks, one bit each from the region's start, 64 to a word (snapshots).
+    pub fn plugged_blocks(&self) -> Vec<u64> {
+        self.lock().blocks.plugged_bitmap().to_vec()
+    }
+
     /// Firecracker's `PATCH /hotplug/memory`: the size the guest should plug, whole blocks up
     /// to the total; an active driver hears of it at once.
     pub fn set_requested_size(&self, bytes: u64) -> Result<(), MemControlError> {
@@ -322,18 +327,30 @@ impl VirtioDevice<Memory> for MemDevice {
     }
 
     fn save_state(&self) -> DeviceState {
-        // Snapshots of a VM with hot-pluggable memory are refused before devices are saved.
-        DeviceState::Plain
+        DeviceState::Mem {
+            requested_size: self.blocks.requested_size(),
+        }
     }
 
+    /// The plugged blocks came back with the memory (see `runner::snapshot`); the requested
+    /// size comes from the state.
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        _activation: Option<Activation<Memory>>,
+        activation: Option<Activation<Memory>>,
     ) -> Result<(), ActivateError> {
-        Err(ActivateError::Device(
-            format!("a virtio-mem device cannot be restored (state {state:?})").into(),
-        ))
+        let DeviceState::Mem { requested_size } = state else {
+            return Err(ActivateError::Device(
+                format!("a virtio-mem device cannot take the state {state:?}").into(),
+            ));
+        };
+        self.blocks
+            .set_requested_size(*requested_size)
+            .map_err(|e| ActivateError::Device(Box::new(e)))?;
+        if let Some(activation) = activation {
+            self.activate(activation)?;
+        }
+        Ok(())
     }
 }
 

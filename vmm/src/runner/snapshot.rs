@@ -40,7 +40,7 @@ use crate::host_file::{self, HostFileError};
 use crate::snapshot::file::{self, SnapshotFileError};
 use crate::snapshot::memory_file::{self, MemoryChecksum};
 use crate::snapshot::{
-    DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, VmSnapshot,
+    DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, SavedHotplug, VmSnapshot,
 };
 use crate::testguest::ReportSnapshot;
 use crate::vm::control;
@@ -198,6 +198,43 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, Sn
     })
 }
 
+/// Plugs the blocks of `saved` that `memory`'s hot-pluggable region does not have plugged.
+fn plug_saved(memory: &GuestMemory, saved: &SavedHotplug) -> Result<(), SnapshotError> {
+    let region = memory.hotplug_region().ok_or_else(|| {
+        SnapshotError::State("the snapshot has hot-pluggable memory, the VM none".into())
+    })?;
+    let block = saved.config.block_size;
+    let start = region.start().0;
+    let core = memory.vmm_core();
+    for index in 0..saved.config.total_size / block {
+        let word = usize::try_from(index / 64)
+            .ok()
+            .and_then(|at| saved.plugged.get(at))
+            .copied()
+            .unwrap_or(0);
+        if word & (1 << (index % 64)) == 0 {
+            continue;
+        }
+        let addr = GuestAddress(start + index * block);
+        let chunks = memory
+            .plugged_chunks(addr, block)
+            .map_err(|e| SnapshotError::State(e.to_string()))?;
+        let chunk = region.chunk_size().bytes();
+        if chunks as u64 == block / chunk {
+            continue;
+        }
+        // A block is plugged or not as a whole, but for chunks a zone's frames brought back.
+        for at in (addr.0..addr.0 + block).step_by(chunk as usize) {
+            if matches!(memory.plugged_chunks(GuestAddress(at), chunk), Ok(0)) {
+                memory
+                    .plug(GuestAddress(at), chunk, core)
+                    .map_err(|e| SnapshotError::State(format!("cannot plug {at:#x}: {e}")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Copies a memory file into fresh guest memory (chunks that read as zero stay untouched) and
 /// checks its checksum against `expected`.
 fn copy_memory_in(memory: &GuestMemory, path: &Path, expected: u32) -> Result<(), SnapshotError> {
@@ -261,11 +298,6 @@ impl Session {
         let _taking = self.begin_snapshot().ok_or_else(|| {
             SnapshotError::State("another snapshot of this VM is being taken".into())
         })?;
-        if self.config().hotplug.is_some() {
-            return Err(SnapshotError::Unsupported(
-                "a VM with hot-pluggable memory (virtio-mem) cannot be snapshotted yet".into(),
-            ));
-        }
         let (Some(control), Some(vm_fd)) = (self.control(), self.vm_fd()) else {
             return Err(SnapshotError::State("the VM has not started".into()));
         };
@@ -376,6 +408,10 @@ impl Session {
             network_interfaces: self.network_interfaces_now(),
             vsock: config.vsock.clone(),
             mmds: config.mmds.as_ref().map(|mmds| mmds.config.clone()),
+            hotplug: self.hotplug_handle().map(|handle| SavedHotplug {
+                config: handle.config(),
+                plugged: handle.plugged_blocks(),
+            }),
         }
     }
 }
@@ -448,13 +484,20 @@ pub(super) struct Resumption {
     /// The memory file to fill guest memory from (a snapshot that copied it), and the
     /// checksum its memory must have.
     memory_file: Option<(PathBuf, u32)>,
+    /// The hot-pluggable memory's plugged blocks.
+    hotplug: Option<SavedHotplug>,
     /// When the load's phases ended.
     timing: Arc<LoadTiming>,
 }
 
 impl Resumption {
-    /// Fills fresh guest memory from the memory file the snapshot copied it into, if it did.
+    /// Plugs the hot-pluggable blocks the snapshot says were plugged (a chunk with a frame of
+    /// the zone is plugged already), then fills fresh guest memory from the memory file the
+    /// snapshot copied it into, if it did.
     pub fn fill_memory(&self, memory: &GuestMemory) -> Result<(), RunError> {
+        if let Some(hotplug) = &self.hotplug {
+            plug_saved(memory, hotplug).map_err(RunError::Snapshot)?;
+        }
         match &self.memory_file {
             Some((path, checksum)) => {
                 copy_memory_in(memory, path, *checksum).map_err(RunError::Snapshot)
@@ -525,8 +568,7 @@ pub(super) fn prepare(
         zone: None,
         pmem_size: machine.pmem_size,
         pmem_rate_limiter: machine.pmem_rate_limiter,
-        // Refused when snapshots are created (see `create`).
-        hotplug: None,
+        hotplug: machine.hotplug.as_ref().map(|h| h.config),
         format_pool: false,
         wait_for_memory: machine.wait_for_memory,
         memory_wait_limit: machine
@@ -679,6 +721,7 @@ pub(super) fn prepare(
         virtio: devices.virtio,
         balloon_stats_interval_s: machine.balloon_stats_interval_s,
         memory_file: copy_from,
+        hotplug: machine.hotplug,
         timing,
     };
     resumption.timing.mark("zone");

@@ -16,7 +16,7 @@ use crate::devices::rate_limiter::RateLimiterConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::state::{VcpuState, VmState};
-use crate::config::{BalloonDeviceConfig, DriveConfig};
+use crate::config::{BalloonDeviceConfig, DriveConfig, HotplugConfig};
 use crate::devices::i8042::I8042Snapshot;
 use crate::devices::serial::SerialSnapshot;
 use crate::devices::virtio::state::MmioSnapshot;
@@ -74,6 +74,19 @@ pub struct Machine {
     pub vsock: Option<crate::config::VsockConfig>,
     /// How the guest reaches MMDS (its document is not kept, as in Firecracker).
     pub mmds: Option<crate::mmds::MmdsConfig>,
+    /// The hot-pluggable memory, after the vsock device, and which of its blocks are plugged.
+    #[serde(default)]
+    pub hotplug: Option<SavedHotplug>,
+}
+
+/// The hot-pluggable memory of a snapshot: its configuration and its plugged blocks (one bit
+/// each, from the region's start), which are plugged again before the memory is filled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedHotplug {
+    /// The configuration.
+    pub config: HotplugConfig,
+    /// Plugged blocks, 64 to a word.
+    pub plugged: Vec<u64>,
 }
 
 /// Where the VM's memory is.
@@ -164,7 +177,8 @@ impl VmSnapshot {
             + machine.drives.len()
             + usize::from(machine.entropy.is_some())
             + machine.network_interfaces.len()
-            + usize::from(machine.vsock.is_some());
+            + usize::from(machine.vsock.is_some())
+            + usize::from(machine.hotplug.is_some());
         if self.devices.virtio.len() != virtio {
             return bad(format!(
                 "{} virtio devices saved, the configuration has {virtio}",
@@ -178,12 +192,29 @@ impl VmSnapshot {
         if self.devices.report.is_some() != test_guest || self.devices.keyboard.is_some() != linux {
             return bad("the devices do not fit the guest".into());
         }
+        if let Some(hotplug) = &machine.hotplug {
+            let blocks = hotplug.config.total_size / hotplug.config.block_size.max(1);
+            let frame = if hotplug.config.block_size.is_multiple_of(1 << 30) {
+                guest_mem::FrameSize::Giant
+            } else {
+                guest_mem::FrameSize::Huge
+            };
+            if hotplug.config.check(frame).is_err()
+                || hotplug.plugged.len() as u64 != blocks.div_ceil(64)
+            {
+                return bad(format!("hot-pluggable memory {hotplug:?}"));
+            }
+        }
         if let MemorySource::File { regions, .. } = &self.memory {
             if machine.pmem_size.is_some() {
                 return bad("a VM with virtio-pmem in a memory file".into());
             }
+            let hotplug = machine.hotplug.as_ref().map(|h| {
+                crate::layout::hotplug_region(machine.memory_size, None, h.config.total_size)
+            });
             let expected: Vec<(u64, u64)> = crate::layout::ram_regions(machine.memory_size)
                 .iter()
+                .chain(&hotplug)
                 .map(|r| (r.start, r.size))
                 .collect();
             if *regions != expected {

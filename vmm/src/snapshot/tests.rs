@@ -48,6 +48,7 @@ fn vcpu_state() -> VcpuState {
 fn snapshot() -> VmSnapshot {
     VmSnapshot {
         machine: Machine {
+            hotplug: None,
             memory_size: 64 << 20,
             vcpus: 2,
             smt: false,

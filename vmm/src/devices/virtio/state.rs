@@ -80,6 +80,12 @@ pub enum DeviceState {
         /// Flush requests answered so far.
         flushes: u64,
     },
+    /// The virtio-mem device (its plugged blocks are the machine's, see
+    /// `snapshot::SavedHotplug`).
+    Mem {
+        /// Bytes the host asked the guest to have plugged.
+        requested_size: u64,
+    },
 }
 
 /// The interrupt's state.
