@@ -6,6 +6,7 @@
 
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
+use crate::driver_memory::{read16, write16, write32, write64};
 use crate::virtio_mmio as reg;
 use test_guest::protocol::*;
 
@@ -70,26 +71,6 @@ static mut STATE: Driver = Driver {
     top: 0,
     pages: 0,
 };
-
-fn read16(addr: u64) -> u16 {
-    // SAFETY: driver-owned ring memory in the balloon area below the workload.
-    unsafe { read_volatile(addr as *const u16) }
-}
-
-fn write16(addr: u64, value: u16) {
-    // SAFETY: as in read16.
-    unsafe { write_volatile(addr as *mut u16, value) }
-}
-
-fn write32(addr: u64, value: u32) {
-    // SAFETY: as in read16.
-    unsafe { write_volatile(addr as *mut u32, value) }
-}
-
-fn write64(addr: u64, value: u64) {
-    // SAFETY: as in read16.
-    unsafe { write_volatile(addr as *mut u64, value) }
-}
 
 fn ring(queue: usize) -> u64 {
     BALLOON_AREA_START + queue as u64 * BALLOON_QUEUE_STRIDE

@@ -15,6 +15,7 @@ use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 mod balloon;
+mod driver_memory;
 mod hotplug;
 mod virtio_mmio;
 

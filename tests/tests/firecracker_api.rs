@@ -235,6 +235,22 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
     );
 }
 
+/// Boots the guest files' kernel (`console=ttyS0`) through `api` of `vmm` and waits until it
+/// printed its command line, which must name one virtio-mmio device: the guest is told of a
+/// device as of every virtio-mmio one.
+fn boot_with_one_virtio_device(api: &ApiClient, vmm: &mut VmmRun, kernel: &str, initrd: &str) {
+    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
+                             "boot_args": "console=ttyS0"});
+    send(api, "PUT", "/boot-source", &boot_source.to_string());
+    send(api, "PUT", "/actions", r#"{"action_type":"InstanceStart"}"#);
+    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
+    let console = vmm.stdout_so_far();
+    assert!(
+        console.starts_with("console=ttyS0 virtio_mmio.device=4K@0xc0000000:5\n"),
+        "{console}"
+    );
+}
+
 /// Sends `method path body` and expects Firecracker's 400 with `message` in its fault.
 fn refused(api: &ApiClient, method: &str, path: &str, body: Option<&str>, message: &str) {
     let response = api.request(method, path, body).unwrap();
@@ -892,21 +908,7 @@ fn a_network_interface_is_configured_patched_and_counted_as_firecracker_s() {
         "/metrics",
         &json!({ "metrics_path": metrics }).to_string(),
     );
-    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
-                             "boot_args": "console=ttyS0"});
-    send(&api, "PUT", "/boot-source", &boot_source.to_string());
-    send(
-        &api,
-        "PUT",
-        "/actions",
-        r#"{"action_type":"InstanceStart"}"#,
-    );
-    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
-    let console = vmm.stdout_so_far();
-    assert!(
-        console.starts_with("console=ttyS0 virtio_mmio.device=4K@0xc0000000:5\n"),
-        "{console}"
-    );
+    boot_with_one_virtio_device(&api, &mut vmm, &kernel, &initrd);
     let shown = get(&api, "/vm/config");
     let mut expected = interface.clone();
     expected["rx_rate_limiter"]["bandwidth"]["one_time_burst"] = Value::Null;
@@ -1268,22 +1270,7 @@ fn memory_hotplug_is_configured_and_resized_as_firecracker_s() {
         get(&api, "/vm/config")["memory-hotplug"],
         json!({"total_size_mib": 256, "slot_size_mib": 128, "block_size_mib": 2})
     );
-    let boot_source = json!({"kernel_image_path": kernel, "initrd_path": initrd,
-                             "boot_args": "console=ttyS0"});
-    send(&api, "PUT", "/boot-source", &boot_source.to_string());
-    send(
-        &api,
-        "PUT",
-        "/actions",
-        r#"{"action_type":"InstanceStart"}"#,
-    );
-    // The guest is told of the virtio-mem device as of every virtio-mmio one.
-    vmm.wait_for_line(INITRD.trim(), TIMEOUT);
-    let console = vmm.stdout_so_far();
-    assert!(
-        console.starts_with("console=ttyS0 virtio_mmio.device=4K@0xc0000000:5\n"),
-        "{console}"
-    );
+    boot_with_one_virtio_device(&api, &mut vmm, &kernel, &initrd);
     refused(
         &api,
         "PUT",

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use e2e_tests::kvm_available;
 use vmm_cli::ApiClient;
-use vmm_common::{client, get, send, wait_for_state, Scratch, VmmRun};
+use vmm_common::{client, get, send, wait_for_state, zone_consistent, Scratch, VmmRun};
 
 const MIB: u64 = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -134,19 +134,6 @@ fn a_hostile_driver_gets_the_answers_of_the_spec_and_no_frame_of_unplugged_memor
     eprintln!("{test}: {} bytes of the pool in use at the end", used);
 }
 
-/// `vmm zone inspect --json`, which must show nothing leaked or lost.
-fn inspect(zone: &str) -> serde_json::Value {
-    let run = client(&["zone", "inspect", "--json", zone]);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
-    assert_eq!(
-        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
-        (Some(0), Some(0)),
-        "{info:#}"
-    );
-    info
-}
-
 #[test]
 fn a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill() {
     let test = "a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill";
@@ -196,7 +183,7 @@ fn a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill() {
     assert_eq!(plugged_mib(&api), 48);
     let killed = run.kill();
     assert_eq!(killed.code, None, "SIGKILLed: {killed:#?}");
-    inspect(&zone);
+    zone_consistent(&zone);
     // After the crash: all 48 MiB are back, with their contents; then everything is
     // unplugged and the zone has the frames back.
     let mut run = vm(
@@ -206,12 +193,15 @@ fn a_vm_in_a_zone_keeps_its_plugged_memory_across_a_restart_and_a_sigkill() {
     let api = run.api(&socket);
     paused(&api);
     assert_eq!(plugged_mib(&api), 48);
-    let free = inspect(&zone)["free_frames"].as_u64().unwrap();
+    let free = zone_consistent(&zone)["free_frames"].as_u64().unwrap();
     request(&socket, "0");
     resume(&api);
     paused(&api);
     assert_eq!(plugged_mib(&api), 0);
-    assert_eq!(inspect(&zone)["free_frames"].as_u64().unwrap(), free + 24);
+    assert_eq!(
+        zone_consistent(&zone)["free_frames"].as_u64().unwrap(),
+        free + 24
+    );
     resume(&api);
     let done = run.wait(TIMEOUT);
     assert_eq!(done.code, Some(0), "{done:#?}");
@@ -284,5 +274,5 @@ fn a_snapshot_keeps_the_plugged_memory_copied_or_in_its_zone() {
         assert_eq!(done.code, Some(0), "{case}: {done:#?}");
         assert!(done.stdout.contains("step 7: ok"), "{case}: {done:#?}");
     }
-    inspect(&zone);
+    zone_consistent(&zone);
 }

@@ -12,20 +12,12 @@ mod vmm_common;
 use std::time::{Duration, Instant};
 
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, get, send, Scratch, VmmRun};
+use vmm_common::{client, get, send, zone_consistent, Scratch, VmmRun};
 
 const GIB_KIB: u64 = 1 << 20;
 
 fn free_frames(zone: &str) -> u64 {
-    let run = client(&["zone", "inspect", "--json", zone]);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
-    assert_eq!(
-        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
-        (Some(0), Some(0)),
-        "{info:#}"
-    );
-    info["free_frames"].as_u64().unwrap()
+    zone_consistent(zone)["free_frames"].as_u64().unwrap()
 }
 
 /// The last MemTotal the guest reported.

@@ -26,7 +26,7 @@ mod vmm_common;
 use std::time::{Duration, Instant};
 
 use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, get, send, Scratch, VmmRun};
+use vmm_common::{client, get, send, zone_consistent, Scratch, VmmRun};
 
 const VMS: [&str; 3] = ["a", "b", "c"];
 /// A guest touches about 44 MiB booting (the L2 kernel with its network stack) and 64 MiB
@@ -43,21 +43,8 @@ struct Vm {
     api: vmm_cli::ApiClient,
 }
 
-/// `vmm zone inspect --json` of `zone`, which must show no frame leaked or lost.
-fn inspect_consistent(zone: &str) -> serde_json::Value {
-    let run = client(&["zone", "inspect", "--json", zone]);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
-    assert_eq!(
-        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
-        (Some(0), Some(0)),
-        "{info:#}"
-    );
-    info
-}
-
 fn free_mib(zone: &str) -> u64 {
-    inspect_consistent(zone)["free_frames"].as_u64().unwrap() * 2
+    zone_consistent(zone)["free_frames"].as_u64().unwrap() * 2
 }
 
 /// Starts VM `name` of the guest on `zone` with `extra` arguments.
@@ -213,7 +200,7 @@ fn burst(zone: &str, vms: Vec<Vm>) {
         assert!(Instant::now() < deadline, "the bursts never ended");
         if shown.elapsed() >= Duration::from_secs(15) {
             shown = Instant::now();
-            let info = inspect_consistent(zone);
+            let info = zone_consistent(zone);
             eprintln!(
                 "  zone: {} MiB free",
                 info["free_frames"].as_u64().unwrap() * 2
@@ -331,7 +318,7 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
          {together:.1?}",
         go.elapsed()
     );
-    inspect_consistent(&zone);
+    zone_consistent(&zone);
 
     // The same three one after another, each alone on the zone, for comparison.
     let started = Instant::now();
@@ -344,7 +331,7 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
         "{test}: one after another: {:.1?} (on the zone together with the policy: {together:.1?})",
         started.elapsed()
     );
-    inspect_consistent(&zone);
+    zone_consistent(&zone);
 }
 
 #[test]
@@ -390,5 +377,5 @@ fn with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8() 
         assert_eq!(get(&vm.api, "/balloon")["actual_mib"], 0, "left alone");
     }
     burst(&zone, vms);
-    inspect_consistent(&zone);
+    zone_consistent(&zone);
 }

@@ -238,3 +238,16 @@ pub fn client(args: &[&str]) -> Finished {
         .expect("run vmm")
         .into()
 }
+
+/// `vmm zone inspect --json ZONE`, which must show no frame leaked or lost.
+pub fn zone_consistent(zone: &str) -> serde_json::Value {
+    let run = client(&["zone", "inspect", "--json", zone]);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).expect("inspect JSON");
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    info
+}
