@@ -1,7 +1,9 @@
 //! End-to-end: a real Linux (its virtio_mem driver) plugs 1 GiB of hot-pluggable memory from a
 //! zone when the host asks (`PATCH /hotplug/memory`), its MemTotal grows by it, it fills more
 //! than its boot memory could hold, frees it, and gives all of it back when asked: the frames
-//! are free in the zone again. (See linux_common for the guest and where this runs.)
+//! are free in the zone again. And two Linux VMs in two VMM processes on one zone smaller than
+//! their memory together hand 512 MiB back and forth. (See linux_common for the guest and where
+//! this runs.)
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -37,6 +39,102 @@ fn ctrl_alt_del(api: &vmm_cli::ApiClient) {
         "/actions",
         r#"{"action_type":"SendCtrlAltDel"}"#,
     );
+}
+
+/// Waits until the guest of `run` reports a MemTotal of `kib` (what it booted with plus what
+/// it plugged), and returns how long it took from `since`.
+fn wait_memtotal(run: &VmmRun, kib: u64, since: Instant) -> Duration {
+    while memtotal_kib(run) != kib {
+        assert!(
+            since.elapsed() < BOOT_TIMEOUT,
+            "MemTotal stayed at {} KiB, not {kib}",
+            memtotal_kib(run)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    since.elapsed()
+}
+
+#[test]
+fn two_linux_vms_on_one_zone_hand_512_mib_back_and_forth() {
+    let test = "two_linux_vms_on_one_zone_hand_512_mib_back_and_forth";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-hotplug-trade");
+    let zone = scratch.path("zone");
+    // Both VMs' RAM (2 x 256 MiB, taken at the start) and 512 MiB more: one VM's plug at a
+    // time; their memory together is 1.5 GiB.
+    let created = client(&["zone", "create", &zone, "--size", "1040M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=0");
+    let start = |name: &'static str| {
+        let socket = scratch.path(&format!("{name}.sock"));
+        let args = [
+            "--zone",
+            &zone,
+            "--vm",
+            name,
+            "--ephemeral",
+            "--memory",
+            "256M",
+            "--populate",
+            "eager",
+            "--hotplug",
+            "total=512M",
+            "--cmdline",
+            &line,
+            "--api-socket",
+            &socket,
+        ];
+        let mut run = VmmRun::start(&guest.args(&args));
+        let api = run.api(&socket);
+        (run, api)
+    };
+    let (mut a, a_api) = start("a");
+    let (mut b, b_api) = start("b");
+    a.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    b.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    let (a_booted, b_booted) = (memtotal_kib(&a), memtotal_kib(&b));
+    let free = free_frames(&zone);
+    assert!(
+        (256..512).contains(&free),
+        "the zone has room for one plug of 256 frames, not two: {free} frames free"
+    );
+    let half = GIB_KIB / 2;
+    let set = |api: &vmm_cli::ApiClient, mib: u64| {
+        let body = format!(r#"{{"requested_size_mib":{mib}}}"#);
+        send(api, "PATCH", "/hotplug/memory", &body);
+    };
+    let mut times = Vec::new();
+    for round in 0..2 {
+        // a plugs 512 MiB, then gives it back; b plugs the same frames, then gives them back.
+        for (run, api, booted) in [(&a, &a_api, a_booted), (&b, &b_api, b_booted)] {
+            let asked = Instant::now();
+            set(api, 512);
+            let plugged = wait_memtotal(run, booted + half, asked);
+            assert_eq!(free_frames(&zone), free - 256, "round {round}");
+            let asked = Instant::now();
+            set(api, 0);
+            while get(api, "/hotplug/memory")["plugged_size_mib"] != 0 {
+                assert!(asked.elapsed() < BOOT_TIMEOUT, "round {round}: not unplugged");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let unplugged = asked.elapsed();
+            assert_eq!(free_frames(&zone), free, "round {round}");
+            times.push((plugged, unplugged));
+        }
+    }
+    eprintln!("{test}: (plug 512 MiB, unplug it) of a, b, a, b: {times:.2?}");
+    for (mut run, api) in [(a, a_api), (b, b_api)] {
+        // Fill and free nothing, then reboot.
+        for step in ["LLFREE-L2 filled", "LLFREE-L2 freed"] {
+            ctrl_alt_del(&api);
+            run.wait_for_line(step, BOOT_TIMEOUT);
+        }
+        ctrl_alt_del(&api);
+        assert_eq!(run.wait(Duration::from_secs(60)).code, Some(7));
+    }
 }
 
 #[test]

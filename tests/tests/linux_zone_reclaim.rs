@@ -82,6 +82,12 @@ fn start(
     Vm { name, run, api }
 }
 
+/// The last 40 lines of `text`.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
 /// The policy's hinting runs in `vm` so far (its VMM logs each), and the frames they gave
 /// back.
 fn hinting_runs(vm: &Vm) -> (usize, u64) {
@@ -135,7 +141,17 @@ fn wait_warmed(vm: &mut Vm, others: &[Vm], zone: &str, peak: &mut u64) -> bool {
             return false;
         }
         for other in others {
-            *peak = (*peak).max(get(&other.api, "/balloon")["actual_mib"].as_u64().unwrap());
+            let Ok(answer) = other.api.request("GET", "/balloon", None) else {
+                panic!(
+                    "{} ended while {} warmed up: {}\n{}",
+                    other.name,
+                    vm.name,
+                    tail(&other.run.stdout_so_far()),
+                    tail(&other.run.stderr_so_far())
+                );
+            };
+            let balloon: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+            *peak = (*peak).max(balloon["actual_mib"].as_u64().unwrap_or(0));
         }
         assert!(
             Instant::now() < deadline,
