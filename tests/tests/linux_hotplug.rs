@@ -117,7 +117,10 @@ fn two_linux_vms_on_one_zone_hand_512_mib_back_and_forth() {
             let asked = Instant::now();
             set(api, 0);
             while get(api, "/hotplug/memory")["plugged_size_mib"] != 0 {
-                assert!(asked.elapsed() < BOOT_TIMEOUT, "round {round}: not unplugged");
+                assert!(
+                    asked.elapsed() < BOOT_TIMEOUT,
+                    "round {round}: not unplugged"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
             let unplugged = asked.elapsed();
