@@ -245,12 +245,27 @@ impl GuestRegion {
             index,
             size: self.chunk,
         };
-        // The guest cannot reach the frame any more: scrub, unpublish, free (see
-        // `discard_chunk`). A frame that cannot be scrubbed stays allocated and recorded:
-        // better lost than leaked.
+        // A frame that cannot be scrubbed stays allocated and recorded: better lost than
+        // leaked.
+        let unplugged = || self.table.publish_unplugged(chunk);
+        self.give_back_frame(chunk, frame, core, unplugged, unplugged)
+    }
+
+    /// Scrubs `frame` of claimed `chunk`, which the guest cannot reach any more, unpublishes it,
+    /// frees it with `core` (a crash in between leaves a clean frame referenced by no VM, which
+    /// recovery frees) and publishes the chunk with `publish`; returns whether it was freed. A
+    /// frame that cannot be scrubbed is kept, and the chunk put back with `keep`.
+    fn give_back_frame(
+        &self,
+        chunk: usize,
+        frame: Frame,
+        core: usize,
+        publish: impl FnOnce(),
+        keep: impl FnOnce(),
+    ) -> Result<bool, RegionError> {
         let pool = &self.shared.pool;
         if let Err(source) = pool.scrub(frame) {
-            self.table.publish_unplugged(chunk);
+            keep();
             return Err(RegionError::Scrub {
                 frame: frame.index,
                 source,
@@ -258,7 +273,7 @@ impl GuestRegion {
         }
         self.table.unpersist(chunk);
         let freed = pool.free(core, frame);
-        self.table.publish_unplugged(chunk);
+        publish();
         freed.map(|()| true).map_err(|e| RegionError::Scrub {
             frame: frame.index,
             source: io::Error::other(e),
@@ -498,24 +513,8 @@ impl GuestRegion {
                 return Err(e);
             }
         }
-        // The guest cannot reach the frame any more: scrub it, unpublish it, then free it (a
-        // crash in between leaves a clean frame referenced by no VM, which recovery frees).
-        let pool = &self.shared.pool;
-        if let Err(source) = pool.scrub(frame) {
-            // Keep the frame: the guest gets it back as it is.
-            keep();
-            return Err(RegionError::Scrub {
-                frame: frame.index,
-                source,
-            });
-        }
-        self.table.unpersist(chunk);
-        let freed = pool.free(core, frame);
-        self.table.publish_empty(chunk);
-        freed.map(|()| true).map_err(|e| RegionError::Scrub {
-            frame: frame.index,
-            source: io::Error::other(e),
-        })
+        // A frame that cannot be scrubbed is kept: the guest gets it back as it is.
+        self.give_back_frame(chunk, frame, core, || self.table.publish_empty(chunk), keep)
     }
 
     /// Releases the host memory of pieces `[first, first + count)` of a populated chunk, where

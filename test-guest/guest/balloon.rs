@@ -7,6 +7,7 @@
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
 use crate::driver_memory::{read16, write16, write32, write64};
+use crate::failure::Failure;
 use crate::virtio_mmio as reg;
 use test_guest::protocol::*;
 
@@ -31,9 +32,6 @@ const DESC_F_WRITE: u16 = 2;
 const POLL_LIMIT: u64 = 1 << 24;
 const INFLATE: usize = 0;
 const DEFLATE: usize = 1;
-
-/// Why a step failed: a [`balloon_error`] code and a detail.
-pub struct Failure(u64, u64);
 
 type Outcome = Result<u64, Failure>;
 
@@ -431,16 +429,4 @@ pub fn run_step(step: &Step) -> Result<u64, Failure> {
     // steps order its accesses with those of the vCPU running the next one.
     let driver = unsafe { &mut *addr_of_mut!(STATE) };
     driver.run(step)
-}
-
-impl Failure {
-    /// The [`balloon_error`] code.
-    pub fn code(&self) -> u64 {
-        self.0
-    }
-
-    /// The detail.
-    pub fn detail(&self) -> u64 {
-        self.1
-    }
 }

@@ -6,6 +6,7 @@
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
 use crate::driver_memory::{read16, write16, write32, write64};
+use crate::failure::Failure;
 use crate::virtio_mmio as reg;
 use test_guest::protocol::*;
 
@@ -29,9 +30,6 @@ const CONFIG_BLOCK_SIZE: u64 = reg::CONFIG;
 const CONFIG_ADDR: u64 = reg::CONFIG + 16;
 const CONFIG_PLUGGED_SIZE: u64 = reg::CONFIG + 40;
 const CONFIG_REQUESTED_SIZE: u64 = reg::CONFIG + 48;
-
-/// Why a step failed: a [`hotplug_error`] code and a detail.
-pub struct Failure(u64, u64);
 
 type Outcome = Result<u64, Failure>;
 
@@ -233,16 +231,4 @@ pub fn run_step(step: &Step) -> Result<u64, Failure> {
     // between steps order its accesses with those of the vCPU running the next one.
     let driver = unsafe { &mut *addr_of_mut!(STATE) };
     driver.run(step)
-}
-
-impl Failure {
-    /// The [`hotplug_error`] code.
-    pub fn code(&self) -> u64 {
-        self.0
-    }
-
-    /// The detail.
-    pub fn detail(&self) -> u64 {
-        self.1
-    }
 }

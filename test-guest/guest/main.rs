@@ -16,6 +16,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 mod balloon;
 mod driver_memory;
+mod failure;
 mod hotplug;
 mod virtio_mmio;
 
@@ -165,21 +166,21 @@ fn run_device_step(step: &Step, vcpu: u32, tally: &mut Tally) {
     if vcpu != owner {
         return;
     }
-    let result = if hotplug::is_hotplug_step(step.kind) {
-        hotplug::run_step(step).map_err(|f| ("hotplug", f.code(), f.detail()))
+    let (device, result) = if hotplug::is_hotplug_step(step.kind) {
+        ("hotplug", hotplug::run_step(step))
     } else {
-        balloon::run_step(step).map_err(|f| ("balloon", f.code(), f.detail()))
+        ("balloon", balloon::run_step(step))
     };
     match result {
         Ok(pages) => tally.pages += pages,
-        Err((device, code, detail)) => {
-            report(vcpu, report_code::FIRST_MISMATCH_ADDR, code);
-            report(vcpu, report_code::FIRST_MISMATCH_VALUE, detail);
+        Err(failure) => {
+            report(vcpu, report_code::FIRST_MISMATCH_ADDR, failure.code());
+            report(vcpu, report_code::FIRST_MISMATCH_VALUE, failure.detail());
             print(device);
             print(" error ");
-            print_number(code);
+            print_number(failure.code());
             print(", detail ");
-            print_number(detail);
+            print_number(failure.detail());
             print("\n");
             tally.mismatches += 1;
         }

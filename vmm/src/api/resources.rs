@@ -434,6 +434,11 @@ impl VmResources {
         Ok(())
     }
 
+    /// The hot-pluggable memory, if configured.
+    pub fn memory_hotplug(&self) -> Option<&MemoryHotplugConfig> {
+        self.hotplug.as_ref()
+    }
+
     /// The balloon, if configured.
     pub fn balloon(&self) -> Option<&Balloon> {
         self.balloon.as_ref()

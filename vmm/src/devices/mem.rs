@@ -22,13 +22,15 @@ use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use crate::config::HotplugConfig;
-use crate::devices::virtio::request_queue::{read_config, RequestQueue};
+use crate::devices::virtio::request_queue::{read_config, request_and_answer, RequestQueue};
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
 use crate::devices::{BusDevice, GuestWarnings};
 
-/// The answer's length in the used ring.
+/// The request's and the answer's lengths, as descriptor lengths.
+const REQUEST_LEN: u32 = 24;
 const RESPONSE_LEN: u32 = 10;
-const _: () = assert!(RESPONSE_LEN as usize == RESPONSE_SIZE);
+const _: () =
+    assert!(REQUEST_LEN as usize == REQUEST_SIZE && RESPONSE_LEN as usize == RESPONSE_SIZE);
 /// Size of the request queue (Linux sends one request at a time).
 const QUEUE_SIZE: u16 = 128;
 const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
@@ -224,19 +226,7 @@ impl MemDevice {
 
     /// Answers one request; returns the bytes written to the guest.
     fn answer(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
-        let mut request = None;
-        let mut response = None;
-        for desc in chain {
-            let len = usize::try_from(desc.len()).unwrap_or(usize::MAX);
-            if desc.is_write_only() {
-                if response.is_none() && len >= RESPONSE_SIZE {
-                    response = Some(desc.addr());
-                }
-            } else if request.is_none() && len >= REQUEST_SIZE {
-                request = Some(desc.addr());
-            }
-        }
-        let (Some(request), Some(response)) = (request, response) else {
+        let Some((request, response)) = request_and_answer(chain, REQUEST_LEN, RESPONSE_LEN) else {
             self.warnings.warn(format_args!(
                 "virtio-mem: a request lacks its {REQUEST_SIZE}-byte request or its \
                  {RESPONSE_SIZE}-byte answer buffer"

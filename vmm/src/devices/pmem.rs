@@ -23,7 +23,7 @@ use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use crate::devices::rate_limiter::{RateLimiterConfig, Throttle};
-use crate::devices::virtio::request_queue::{read_config, RequestQueue};
+use crate::devices::virtio::request_queue::{read_config, request_and_answer, RequestQueue};
 use crate::devices::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::devices::GuestWarnings;
 
@@ -155,18 +155,7 @@ impl PmemDevice {
 
     /// Answers one request; returns the bytes written to the guest.
     fn answer(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
-        let mut request = None;
-        let mut response = None;
-        for desc in chain {
-            if desc.is_write_only() {
-                if response.is_none() && desc.len() >= 4 {
-                    response = Some(desc.addr());
-                }
-            } else if request.is_none() && desc.len() >= 4 {
-                request = Some(desc.addr());
-            }
-        }
-        let (Some(request), Some(response)) = (request, response) else {
+        let Some((request, response)) = request_and_answer(chain, 4, 4) else {
             self.warnings.warn(format_args!(
                 "virtio-pmem: a request lacks its 4-byte type or its 4-byte answer buffer"
             ));

@@ -425,8 +425,7 @@ impl VmmControl for ApiFront {
         }
         let resources = lock(&self.resources);
         let hotplug = resources
-            .full_config()
-            .memory_hotplug
+            .memory_hotplug()
             .ok_or_else(|| ControlError::InvalidArgument(HOTPLUG_NOT_CONFIGURED.into()))?;
         Ok(MemoryHotplugStatus {
             total_size_mib: hotplug.total_size_mib,

@@ -203,28 +203,11 @@ fn plug_saved(memory: &GuestMemory, saved: &SavedHotplug) -> Result<(), Snapshot
     let region = memory.hotplug_region().ok_or_else(|| {
         SnapshotError::State("the snapshot has hot-pluggable memory, the VM none".into())
     })?;
-    let block = saved.config.block_size;
-    let start = region.start().0;
+    let chunk = region.chunk_size().bytes();
     let core = memory.vmm_core();
-    for index in 0..saved.config.total_size / block {
-        let word = usize::try_from(index / 64)
-            .ok()
-            .and_then(|at| saved.plugged.get(at))
-            .copied()
-            .unwrap_or(0);
-        if word & (1 << (index % 64)) == 0 {
-            continue;
-        }
-        let addr = GuestAddress(start + index * block);
-        let chunks = memory
-            .plugged_chunks(addr, block)
-            .map_err(|e| SnapshotError::State(e.to_string()))?;
-        let chunk = region.chunk_size().bytes();
-        if chunks as u64 == block / chunk {
-            continue;
-        }
-        // A block is plugged or not as a whole, but for chunks a zone's frames brought back.
-        for at in (addr.0..addr.0 + block).step_by(chunk as usize) {
+    // Chunk by chunk: a zone's frames bring back the chunks that held them.
+    for block in saved.plugged_blocks(region.start().0) {
+        for at in (block..block + saved.config.block_size).step_by(chunk as usize) {
             if matches!(memory.plugged_chunks(GuestAddress(at), chunk), Ok(0)) {
                 memory
                     .plug(GuestAddress(at), chunk, core)

@@ -89,6 +89,21 @@ pub struct SavedHotplug {
     pub plugged: Vec<u64>,
 }
 
+impl SavedHotplug {
+    /// The guest addresses of the plugged blocks of the region at `start`.
+    pub fn plugged_blocks(&self, start: u64) -> impl Iterator<Item = u64> + '_ {
+        let block = self.config.block_size;
+        (0..self.config.total_size / block)
+            .filter(|&index| {
+                usize::try_from(index / 64)
+                    .ok()
+                    .and_then(|at| self.plugged.get(at))
+                    .is_some_and(|word| word & (1 << (index % 64)) != 0)
+            })
+            .map(move |index| start + index * block)
+    }
+}
+
 /// Where the VM's memory is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MemorySource {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
+use vm_memory::GuestAddress;
 
 use super::{ActivateError, Activation, Interrupt};
 
@@ -85,6 +86,27 @@ impl RequestQueue {
         }
         result
     }
+}
+
+/// The first readable descriptor of `chain` of at least `request` bytes and the first writable
+/// one of at least `answer` bytes (virtio-pmem's and virtio-mem's requests): their addresses, or
+/// `None` if one is missing.
+pub fn request_and_answer<M: vm_memory::GuestMemoryBackend>(
+    chain: DescriptorChain<&M>,
+    request: u32,
+    answer: u32,
+) -> Option<(GuestAddress, GuestAddress)> {
+    let (mut request_at, mut answer_at) = (None, None);
+    for desc in chain {
+        if desc.is_write_only() {
+            if answer_at.is_none() && desc.len() >= answer {
+                answer_at = Some(desc.addr());
+            }
+        } else if request_at.is_none() && desc.len() >= request {
+            request_at = Some(desc.addr());
+        }
+    }
+    request_at.zip(answer_at)
 }
 
 /// Reads `data.len()` bytes of `config` at `offset`; bytes past its end read as 0.
