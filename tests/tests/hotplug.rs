@@ -38,9 +38,8 @@ fn resume(api: &ApiClient) {
     send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
 }
 
-/// Waits until the guest paused at its next checkpoint.
+/// Waits until the guest paused at its next checkpoint (a resume shows Running at once).
 fn paused(api: &ApiClient) {
-    std::thread::sleep(Duration::from_millis(100));
     wait_for_state(api, "Paused");
 }
 
