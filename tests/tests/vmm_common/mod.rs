@@ -180,10 +180,11 @@ impl VmmRun {
         (vmm, api)
     }
 
-    /// Waits until the API socket at `socket` exists and returns a client for it.
+    /// Waits until the API socket at `socket` takes connections and returns a client for it
+    /// (a socket file an earlier VMM left there does not count).
     pub fn api(&mut self, socket: &str) -> ApiClient {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !Path::new(socket).exists() {
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
             assert!(
                 self.running(),
                 "vmm ended before serving its API: {}",
