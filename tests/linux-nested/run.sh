@@ -26,11 +26,11 @@
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
 #   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only these parts of l1-bench, e.g.
-#                          "net vsock" (of boot, reporting, net, vsock)
+#                          "net vsock" (of boot, reporting, hotplug, net, vsock)
 #   LLFREE_NESTED_PACKAGES_ONLY  1: install the packages (QEMU from backports) and stop; how
 #                          check-install.sh proves the install on a fresh Debian
 #   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
-#                          (boot time to init, free page reporting; l1-bench)
+#                          (boot time to init, free page reporting, virtio-mem; l1-bench)
 #   LLFREE_VMM_DAX_DIR     directly on a host: a directory on a DAX file system for the MAP_SYNC
 #                          zone test (nested, L1 mounts one on QEMU's emulated NVDIMM)
 #   LLFREE_VMM_DEVDAX      directly on a host: a device DAX (/dev/daxX.Y) for the zone test on
@@ -253,8 +253,10 @@ l1_initramfs() {
         cp "$ROOT/target/release/linux-guest-bench" "$ROOT/target/release/vsock-tool" \
             "$root/bench/"
         echo "${LLFREE_NESTED_BENCH_ONLY:-}" >"$root/bench/only"
+        # microvm's firmware, and the pc machine's (QEMU's virtio-mem-pci needs PCI).
         cp /usr/bin/qemu-system-x86_64 /usr/share/seabios/bios-microvm.bin \
-            /usr/share/qemu/qboot.rom "$root/qemu/"
+            /usr/share/qemu/qboot.rom /usr/share/seabios/bios-256k.bin \
+            /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/kvmvapic.bin "$root/qemu/"
         copy_libraries /usr/bin/qemu-system-x86_64 "$root"
     fi
     pack "$root" "$WORK/l1-initrd.gz"
@@ -334,7 +336,7 @@ main() {
     fi
     log "summary"
     if [ "${LLFREE_NESTED_BENCH:-0}" = 1 ]; then
-        grep -E '^(L1-BENCH|boot|reporting)' "$output" || status=1
+        grep -E '^(L1-BENCH|boot|reporting|hotplug|balloon)' "$output" || status=1
         return $status
     fi
     # Every test must run for real; directly on a host, the DAX tests may lack a DAX file

@@ -235,3 +235,189 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
     let done = run.wait(Duration::from_secs(60));
     assert_eq!(done.code, Some(7), "the guest rebooted: {done:#?}");
 }
+
+/// The MD5 a "filled" or "freed" line reports of the guest's file.
+fn md5(line: &str) -> &str {
+    field(line, "md5").unwrap_or_else(|| panic!("no md5 in {line:?}"))
+}
+
+/// A Linux VM in a zone with 256 MiB of RAM (all its frames taken at the start) and 512 MiB
+/// of hot-pluggable memory, whose guest fills 320 MiB (more than its RAM) at the first
+/// Ctrl-Alt-Del.
+fn zone_vm_args(zone: &str, vm: &str, line: &str, socket: &str) -> Vec<String> {
+    [
+        "--zone",
+        zone,
+        "--vm",
+        vm,
+        "--memory",
+        "256M",
+        "--populate",
+        "eager",
+        "--hotplug",
+        "total=512M",
+        "--log-level",
+        "info",
+        "--cmdline",
+        line,
+        "--api-socket",
+        socket,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Plugs 512 MiB into the guest of `run` (booted with `booted` KiB) and has it fill 320 MiB;
+/// returns the MD5 of what it wrote.
+fn plug_and_fill(run: &mut VmmRun, api: &vmm_cli::ApiClient, booted: u64) -> String {
+    send(
+        api,
+        "PATCH",
+        "/hotplug/memory",
+        r#"{"requested_size_mib":512}"#,
+    );
+    wait_memtotal(run, booted + GIB_KIB / 2, Instant::now());
+    ctrl_alt_del(api);
+    let filled = run.wait_for_line("LLFREE-L2 filled", BOOT_TIMEOUT);
+    assert!(!run.stdout_so_far().contains("fill-failed"), "{filled}");
+    md5(&filled).to_owned()
+}
+
+#[test]
+fn a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_finds_them() {
+    let test =
+        "a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_finds_them";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-hotplug-restart");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "1024M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let socket = scratch.path("api.sock");
+    let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=320");
+    let args = zone_vm_args(&zone, "restarted", &line, &socket);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut run = VmmRun::start(&guest.args(&args));
+    let api = run.api(&socket);
+    run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    let booted = memtotal_kib(&run);
+    let free_booted = free_frames(&zone);
+    plug_and_fill(&mut run, &api, booted);
+    let plugged = free_booted - 256;
+    assert_eq!(free_frames(&zone), plugged);
+
+    // SIGKILL: the zone keeps the VM's RAM and its 512 MiB of plugged frames, none lost or
+    // leaked (zone_consistent checks).
+    let killed = run.kill();
+    assert_eq!(killed.code, None, "SIGKILLed: {killed:#?}");
+    assert_eq!(free_frames(&zone), plugged);
+    let _ = std::fs::remove_file(&socket);
+
+    // The restart finds the 512 MiB plugged and requested. A Linux that boots unplugs all it
+    // finds plugged (it cannot know the memory) and plugs what is requested again: the
+    // frames it gave back.
+    let mut run = VmmRun::start(&guest.args(&args));
+    let api = run.api(&socket);
+    run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    assert!(
+        run.stderr_so_far()
+            .contains("virtio-mem: 512 MiB plugged at the start, as the VM left it"),
+        "{}",
+        run.stderr_so_far()
+    );
+    wait_memtotal(&run, booted + GIB_KIB / 2, Instant::now());
+    assert_eq!(get(&api, "/hotplug/memory")["plugged_size_mib"], 512);
+    assert_eq!(free_frames(&zone), plugged);
+
+    // It uses and gives back that memory as before the crash.
+    ctrl_alt_del(&api);
+    let filled = run.wait_for_line("LLFREE-L2 filled", BOOT_TIMEOUT);
+    ctrl_alt_del(&api);
+    let freed = run.wait_for_line("LLFREE-L2 freed", BOOT_TIMEOUT);
+    assert_eq!(md5(&freed), md5(&filled));
+    send(
+        &api,
+        "PATCH",
+        "/hotplug/memory",
+        r#"{"requested_size_mib":0}"#,
+    );
+    wait_memtotal(&run, booted, Instant::now());
+    while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(free_frames(&zone), free_booted);
+    ctrl_alt_del(&api);
+    assert_eq!(run.wait(Duration::from_secs(60)).code, Some(7));
+}
+
+#[test]
+fn a_linux_snapshot_in_its_zone_keeps_the_plugged_memory_and_what_is_in_it() {
+    let test = "a_linux_snapshot_in_its_zone_keeps_the_plugged_memory_and_what_is_in_it";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-hotplug-snapshot");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "1024M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let (socket, snapshot) = (scratch.path("api.sock"), scratch.path("vm.snap"));
+    let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=320");
+    let args = zone_vm_args(&zone, "snapped", &line, &socket);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut run = VmmRun::start(&guest.args(&args));
+    let api = run.api(&socket);
+    run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    let booted = memtotal_kib(&run);
+    let free_booted = free_frames(&zone);
+    let written = plug_and_fill(&mut run, &api, booted);
+
+    // Paused, snapshotted into its zone, its VMM killed.
+    send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    let body = format!(r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}"}}"#);
+    send(&api, "PUT", "/snapshot/create", &body);
+    run.kill();
+    let _ = std::fs::remove_file(&socket);
+
+    // Loaded in a new process and resumed: 512 MiB plugged, the guest reads back what it
+    // wrote in them, and gives them back when asked.
+    let mut loaded = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = loaded.api(&socket);
+    let load = format!(
+        r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"File","backend_path":"{zone}"}},"resume_vm":true}}"#
+    );
+    send(&api, "PUT", "/snapshot/load", &load);
+    let status = get(&api, "/hotplug/memory");
+    assert_eq!(
+        (
+            status["plugged_size_mib"].as_u64(),
+            status["requested_size_mib"].as_u64()
+        ),
+        (Some(512), Some(512)),
+        "{status:#}"
+    );
+    assert_eq!(free_frames(&zone), free_booted - 256);
+    ctrl_alt_del(&api);
+    let freed = loaded.wait_for_line("LLFREE-L2 freed", BOOT_TIMEOUT);
+    assert_eq!(
+        md5(&freed),
+        written,
+        "what the guest wrote before the snapshot"
+    );
+    send(
+        &api,
+        "PATCH",
+        "/hotplug/memory",
+        r#"{"requested_size_mib":0}"#,
+    );
+    let asked = Instant::now();
+    while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
+        assert!(asked.elapsed() < BOOT_TIMEOUT, "not unplugged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(free_frames(&zone), free_booted);
+    // `vmm --api-sock`, as Firecracker, ends normally when its guest reboots.
+    ctrl_alt_del(&api);
+    let done = loaded.wait(Duration::from_secs(60));
+    assert_eq!(done.code, Some(0), "{done:#?}");
+}

@@ -200,6 +200,12 @@ impl MemDevice {
         };
         let blocks = Blocks::new(layout, backend, plugged)
             .map_err(|e| ActivateError::Device(Box::new(e)))?;
+        if blocks.plugged_size() > 0 {
+            log::info!(
+                "virtio-mem: {} MiB plugged at the start, as the VM left it",
+                blocks.plugged_size() >> 20
+            );
+        }
         Ok(Self {
             blocks,
             memory,
@@ -241,8 +247,12 @@ impl MemDevice {
             return 0;
         }
         let request = Request::parse(&bytes);
+        let started = std::time::Instant::now();
         let answer = self.blocks.handle(request);
-        log::debug!("virtio-mem: {request:?}: {answer:?}");
+        log::debug!(
+            "virtio-mem: {request:?}: {answer:?} in {:?}",
+            started.elapsed()
+        );
         match mem.write_slice(&answer.to_bytes(), response) {
             Ok(()) => RESPONSE_LEN,
             Err(_) => {

@@ -224,7 +224,7 @@ impl VmmControl for Session {
         let info = balloon.info();
         let config = balloon.config();
         let interval = balloon.stats_interval().map_or(0, |i| i.as_secs());
-        let ram = GuestValues::new(self.config().memory_size);
+        let ram = GuestValues::new(balloon.ram_bytes());
         Ok(BalloonInfo {
             amount_mib: u64::from(info.target_pages) / PAGES_PER_MIB,
             actual_mib: ram.pages(info.actual_pages) / PAGES_PER_MIB,
@@ -348,7 +348,7 @@ impl VmmControl for Session {
             return Err(ControlError::InvalidArgument(STATS_DISABLED.into()));
         }
         let info = balloon.info();
-        let ram = GuestValues::new(self.config().memory_size);
+        let ram = GuestValues::new(balloon.ram_bytes());
         let target = u64::from(info.target_pages);
         let actual = ram.pages(info.actual_pages);
         let stats = info.stats;
@@ -374,7 +374,8 @@ impl VmmControl for Session {
 }
 
 /// Sizes a guest wrote (the balloon's `actual`, its memory statistics), checked against guest
-/// RAM: a larger one is shown as the RAM size and flagged, never passed on unchecked.
+/// memory (RAM and hot-pluggable memory, all a guest may have): a larger one is shown as that
+/// size and flagged, never passed on unchecked.
 struct GuestValues {
     ram_bytes: u64,
     clamped: std::cell::Cell<bool>,
@@ -416,6 +417,10 @@ mod tests {
         if let Some(balloon) = balloon {
             config = config.with_balloon(balloon);
         }
+        session_of(config)
+    }
+
+    fn session_of(config: VmConfig) -> Session {
         let memory = Arc::new(
             create_memory(
                 &config,
@@ -523,6 +528,34 @@ mod tests {
         assert_eq!(polled.update_balloon(interval(0)), Err(state_change));
         polled.update_balloon(interval(5)).unwrap();
         assert_eq!(polled.balloon().unwrap().stats_polling_interval_s, 5);
+    }
+
+    #[test]
+    fn the_balloon_may_take_plugged_memory_too() {
+        use crate::config::{HotplugConfig, DEFAULT_BLOCK_SIZE, DEFAULT_SLOT_SIZE};
+        use crate::devices::virtio::VirtioDevice;
+        let mut config = VmConfig::test_guest(16 << 20, 2).with_balloon("size=0");
+        config.hotplug = Some(HotplugConfig {
+            total_size: 32 << 20,
+            block_size: DEFAULT_BLOCK_SIZE,
+            slot_size: DEFAULT_SLOT_SIZE,
+        });
+        let session = session_of(config);
+        let target = |mib| BalloonUpdate {
+            amount_mib: Some(mib),
+            stats_polling_interval_s: None,
+        };
+        session.update_balloon(target(40)).unwrap();
+        assert!(session.update_balloon(target(49)).is_err());
+        // A guest that plugged memory inflates beyond its 16 MiB of RAM: shown as it is.
+        let balloon = session.balloon_handle().unwrap();
+        let pages = 24u32 << 8;
+        balloon
+            .device()
+            .lock()
+            .unwrap()
+            .write_config(4, &pages.to_le_bytes());
+        assert_eq!(session.balloon().unwrap().actual_mib, 24);
     }
 
     #[test]

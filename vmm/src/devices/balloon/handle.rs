@@ -52,6 +52,7 @@ pub enum BalloonControlError {
 pub struct BalloonHandle {
     device: Arc<Mutex<BalloonDevice>>,
     config: BalloonConfig,
+    /// The guest memory the balloon may take: RAM and hot-pluggable memory.
     ram_bytes: u64,
     stats: StatsInterval,
 }
@@ -66,6 +67,11 @@ impl fmt::Debug for BalloonHandle {
 }
 
 impl BalloonHandle {
+    /// The most the balloon may hold: the guest's RAM and hot-pluggable memory, in bytes.
+    pub fn ram_bytes(&self) -> u64 {
+        self.ram_bytes
+    }
+
     /// The device (shared with its transport and the event loop).
     pub fn device(&self) -> &Arc<Mutex<BalloonDevice>> {
         &self.device

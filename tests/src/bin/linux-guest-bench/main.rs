@@ -7,11 +7,18 @@
 //! linux-guest-bench reporting RUNS -- VMM ARGS...  time from the guest's "LLFREE-L2 freed"
 //!                                                  until the VMM's resident memory (VmRSS)
 //!                                                  is 96 MiB below what it was at "filled"
+//! linux-guest-bench hotplug RUNS --api SOCKET|--qmp SOCKET [--balloon] -- VMM ARGS...
+//!                                                  plug and unplug 1 GiB of virtio-mem
+//!                                                  memory, and inflate and deflate the
+//!                                                  balloon by 1 GiB (see hotplug.rs)
 //! ```
 //!
-//! The guest must run `llfree.test=idle` (boot) or `llfree.test=fill llfree.mib=128`
-//! (reporting). Each run kills the VMM at its end. Prints one line per run and a summary
-//! (median, min, max).
+//! The guest must run `llfree.test=idle` (boot), `llfree.test=fill llfree.mib=128`
+//! (reporting) or `llfree.test=hotplug` (hotplug). Each run kills the VMM at its end. Prints
+//! one line per run, a summary of each time (median, min, max) and the command.
+
+mod hotplug;
+mod qmp;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -23,28 +30,45 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 /// What the VMM must give back after the guest frees 128 MiB.
 const REPORTED_KIB: u64 = 96 * 1024;
 
+/// What one run measured: each time with its name.
+type Measured = Vec<(&'static str, Duration)>;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mode, runs, command) = match args.as_slice() {
-        [mode, runs, dashes, command @ ..] if dashes == "--" && !command.is_empty() => {
+    let Some(dashes) = args.iter().position(|arg| arg == "--") else {
+        return usage();
+    };
+    let (mode, runs, options, command) = match (&args[..dashes], &args[dashes + 1..]) {
+        ([mode, runs, options @ ..], command) if !command.is_empty() => {
             match runs.parse::<usize>() {
-                Ok(runs) if runs > 0 => (mode.as_str(), runs, command),
+                Ok(runs) if runs > 0 => (mode.as_str(), runs, options, command),
                 _ => return usage(),
             }
         }
         _ => return usage(),
     };
     let measure = match mode {
-        "boot" => boot,
-        "reporting" => reporting,
+        "boot" if options.is_empty() => Mode::Boot,
+        "reporting" if options.is_empty() => Mode::Reporting,
+        "hotplug" => match hotplug::Options::parse(options) {
+            Ok(options) => Mode::Hotplug(options),
+            Err(why) => {
+                eprintln!("error: {why}");
+                return usage();
+            }
+        },
         _ => return usage(),
     };
-    let mut times = Vec::with_capacity(runs);
+    let mut runs_measured: Vec<Measured> = Vec::with_capacity(runs);
     for run in 1..=runs {
-        match measure(command) {
-            Ok(time) => {
-                println!("{mode} run {run}: {:.1} ms", ms(time));
-                times.push(time);
+        match measure.run(command) {
+            Ok(measured) => {
+                let times: Vec<String> = measured
+                    .iter()
+                    .map(|(name, time)| format!("{name} {:.1} ms", ms(*time)))
+                    .collect();
+                println!("{mode} run {run}: {}", times.join(", "));
+                runs_measured.push(measured);
             }
             Err(why) => {
                 eprintln!("error: {mode} run {run}: {why}");
@@ -52,19 +76,42 @@ fn main() -> ExitCode {
             }
         }
     }
-    times.sort();
-    println!(
-        "{mode}: median {:.1} ms, min {:.1} ms, max {:.1} ms over {runs} runs: {}",
-        ms(times[times.len() / 2]),
-        ms(times[0]),
-        ms(times[times.len() - 1]),
-        command.join(" ")
-    );
+    for (index, (name, _)) in runs_measured[0].iter().enumerate() {
+        let mut times: Vec<Duration> = runs_measured.iter().map(|m| m[index].1).collect();
+        times.sort();
+        println!(
+            "{name}: median {:.1} ms, min {:.1} ms, max {:.1} ms over {runs} runs",
+            ms(times[times.len() / 2]),
+            ms(times[0]),
+            ms(times[times.len() - 1]),
+        );
+    }
+    println!("{mode} command: {}", command.join(" "));
     ExitCode::SUCCESS
 }
 
+/// What the runs measure.
+enum Mode {
+    Boot,
+    Reporting,
+    Hotplug(hotplug::Options),
+}
+
+impl Mode {
+    fn run(&self, command: &[String]) -> Result<Measured, String> {
+        match self {
+            Mode::Boot => Ok(vec![("boot", boot(command)?)]),
+            Mode::Reporting => Ok(vec![("reporting", reporting(command)?)]),
+            Mode::Hotplug(options) => hotplug::measure(command, options),
+        }
+    }
+}
+
 fn usage() -> ExitCode {
-    eprintln!("usage: linux-guest-bench boot|reporting RUNS -- VMM ARGS...");
+    eprintln!(
+        "usage: linux-guest-bench boot|reporting RUNS -- VMM ARGS...\n       \
+         linux-guest-bench hotplug RUNS --api SOCKET|--qmp SOCKET [--balloon] -- VMM ARGS..."
+    );
     ExitCode::from(2)
 }
 
@@ -75,7 +122,8 @@ fn ms(time: Duration) -> f64 {
 /// The VMM's process and its stdout, line by line as they come.
 struct Vmm {
     child: Child,
-    lines: Receiver<String>,
+    /// Each line with when it came.
+    lines: Receiver<(Instant, String)>,
 }
 
 impl Vmm {
@@ -91,7 +139,7 @@ impl Vmm {
         let (sender, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
+                if sender.send((Instant::now(), line)).is_err() {
                     break;
                 }
             }
@@ -99,15 +147,31 @@ impl Vmm {
         Ok(Vmm { child, lines })
     }
 
-    /// Waits for a line containing `text`.
-    fn wait_for(&self, text: &str) -> Result<String, String> {
+    /// Waits for a line containing `text`; returns it with when it came.
+    fn wait_for(&self, text: &str) -> Result<(Instant, String), String> {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return Ok(line),
+                Ok((came, line)) if line.contains(text) => return Ok((came, line)),
                 Ok(_) => {}
                 Err(_) => return Err(format!("no line with {text:?}")),
+            }
+        }
+    }
+
+    /// Waits for the guest's "memtotal kib=KIB" line (llfree.test=hotplug) whose KIB
+    /// satisfies `done`; returns when it came, and KIB.
+    fn wait_memtotal(&self, done: impl Fn(u64) -> bool) -> Result<(Instant, u64), String> {
+        loop {
+            let (came, line) = self.wait_for("LLFREE-L2 memtotal")?;
+            let kib = line
+                .split_whitespace()
+                .find_map(|field| field.strip_prefix("kib="))
+                .and_then(|kib| kib.parse().ok())
+                .ok_or_else(|| format!("no kib= in {line:?}"))?;
+            if done(kib) {
+                return Ok((came, kib));
             }
         }
     }

@@ -1,0 +1,183 @@
+//! `hotplug` mode: how long a guest takes to gain and give back 1 GiB through virtio-mem,
+//! asked through our API (`PATCH /hotplug/memory`) or QEMU's QMP (`qom-set` of the
+//! `vmem0` device's `requested-size`), and with `--balloon` (our VMM) how long the same guest
+//! takes to give and take 1 GiB through its balloon.
+//!
+//! The guest runs `llfree.test=hotplug`, which reports its MemTotal whenever it changes.
+//! Each time is from the request until the guest's line saying MemTotal changed by 1 GiB
+//! (stamped when the line came), and for the unplug and the inflation also until the device
+//! says it is done (its plugged size 0, the balloon's actual size 1 GiB): from then on the
+//! memory is free on the host.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vmm_cli::ApiClient;
+
+use crate::qmp::Qmp;
+use crate::{Measured, Vmm, TIMEOUT};
+
+const GIB_KIB: u64 = 1 << 20;
+const GIB_MIB: u64 = 1 << 10;
+/// QEMU's virtio-mem-pci device: `-device virtio-mem-pci,id=vmem0,...`.
+const QEMU_DEVICE: &str = "/machine/peripheral/vmem0";
+
+/// The mode's options: `--api SOCKET` or `--qmp SOCKET`, and `--balloon`.
+pub struct Options {
+    control: Socket,
+    balloon: bool,
+}
+
+enum Socket {
+    Api(PathBuf),
+    Qmp(PathBuf),
+}
+
+impl Options {
+    /// Parses the options between the run count and `--`.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let (mut control, mut balloon) = (None, false);
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut socket = || {
+                args.next()
+                    .map(PathBuf::from)
+                    .ok_or_else(|| format!("{arg} needs a socket path"))
+            };
+            match arg.as_str() {
+                "--api" => control = Some(Socket::Api(socket()?)),
+                "--qmp" => control = Some(Socket::Qmp(socket()?)),
+                "--balloon" => balloon = true,
+                _ => return Err(format!("unknown option {arg}")),
+            }
+        }
+        let control = control.ok_or("hotplug needs --api SOCKET or --qmp SOCKET")?;
+        if balloon && matches!(control, Socket::Qmp(_)) {
+            return Err(
+                "--balloon needs --api: QEMU's balloon target is below its boot RAM".into(),
+            );
+        }
+        Ok(Options { control, balloon })
+    }
+}
+
+/// Where the requests go.
+enum Control {
+    Api(ApiClient),
+    Qmp(Qmp),
+}
+
+impl Control {
+    fn connect(socket: &Socket) -> Result<Self, String> {
+        Ok(match socket {
+            Socket::Api(path) => Control::Api(ApiClient::new(path)),
+            Socket::Qmp(path) => Control::Qmp(Qmp::connect(path, TIMEOUT)?),
+        })
+    }
+
+    /// Asks the guest to have `mib` MiB plugged.
+    fn request_plugged(&mut self, mib: u64) -> Result<(), String> {
+        match self {
+            Control::Api(api) => {
+                let body = format!(r#"{{"requested_size_mib":{mib}}}"#);
+                api_call(api, "PATCH", "/hotplug/memory", Some(&body)).map(drop)
+            }
+            Control::Qmp(qmp) => qmp.set(QEMU_DEVICE, "requested-size", json!(mib << 20)),
+        }
+    }
+
+    /// What the device has plugged, in MiB.
+    fn plugged_mib(&mut self) -> Result<u64, String> {
+        let value = match self {
+            Control::Api(api) => {
+                api_call(api, "GET", "/hotplug/memory", None)?["plugged_size_mib"].as_u64()
+            }
+            Control::Qmp(qmp) => qmp.get(QEMU_DEVICE, "size")?.as_u64().map(|b| b >> 20),
+        };
+        value.ok_or_else(|| "no plugged size".into())
+    }
+
+    fn api(&self) -> &ApiClient {
+        match self {
+            Control::Api(api) => api,
+            Control::Qmp(_) => unreachable!("Options::parse refuses --balloon with --qmp"),
+        }
+    }
+}
+
+/// Sends a request to our API; returns the response's JSON (null when it has no body).
+fn api_call(
+    api: &ApiClient,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<Value, String> {
+    let response = api
+        .request(method, path, body)
+        .map_err(|e| format!("{method} {path}: {e}"))?;
+    if !response.is_success() {
+        return Err(format!("{method} {path}: {}", response.body));
+    }
+    Ok(serde_json::from_str(&response.body).unwrap_or(Value::Null))
+}
+
+/// Polls `done` every millisecond until it holds; returns when it first did.
+fn poll(mut done: impl FnMut() -> Result<bool, String>, what: &str) -> Result<Instant, String> {
+    let since = Instant::now();
+    while !done()? {
+        if since.elapsed() > TIMEOUT {
+            return Err(format!("{what}: not after {TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(Instant::now())
+}
+
+/// One run: plug 1 GiB, unplug it; with `--balloon` plug it again, inflate the balloon by
+/// 1 GiB and deflate it.
+pub fn measure(command: &[String], options: &Options) -> Result<Measured, String> {
+    let vmm = Vmm::start(command)?;
+    let booted = vmm.wait_memtotal(|_| true)?.1;
+    let mut control = Control::connect(&options.control)?;
+    let mut times = Vec::new();
+
+    let asked = Instant::now();
+    control.request_plugged(GIB_MIB)?;
+    let (grown, _) = vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
+    times.push(("hotplug plug", grown - asked));
+
+    let asked = Instant::now();
+    control.request_plugged(0)?;
+    let unplugged = poll(|| Ok(control.plugged_mib()? == 0), "unplug")?;
+    let (shrunk, _) = vmm.wait_memtotal(|kib| kib <= booted)?;
+    times.push(("hotplug unplug", unplugged - asked));
+    times.push(("hotplug unplug-memtotal", shrunk - asked));
+
+    if options.balloon {
+        control.request_plugged(GIB_MIB)?;
+        vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
+        let api = control.api();
+        let set = |mib: u64| {
+            let body = format!(r#"{{"amount_mib":{mib}}}"#);
+            api_call(api, "PATCH", "/balloon", Some(&body)).map(drop)
+        };
+        let actual = || {
+            api_call(api, "GET", "/balloon", None)?["actual_mib"]
+                .as_u64()
+                .ok_or_else(|| "no actual_mib".to_string())
+        };
+        let asked = Instant::now();
+        set(GIB_MIB)?;
+        let inflated = poll(|| Ok(actual()? >= GIB_MIB), "inflate")?;
+        let (shrunk, _) = vmm.wait_memtotal(|kib| kib <= booted)?;
+        times.push(("balloon inflate", inflated - asked));
+        times.push(("balloon inflate-memtotal", shrunk - asked));
+
+        let asked = Instant::now();
+        set(0)?;
+        let (grown, _) = vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
+        times.push(("balloon deflate-memtotal", grown - asked));
+    }
+    Ok(times)
+}
