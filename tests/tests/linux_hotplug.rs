@@ -41,6 +41,33 @@ fn ctrl_alt_del(api: &vmm_cli::ApiClient) {
     );
 }
 
+/// Asks the guest to have `mib` MiB plugged (`PATCH /hotplug/memory`).
+fn request_plugged(api: &vmm_cli::ApiClient, mib: u64) {
+    let body = format!(r#"{{"requested_size_mib":{mib}}}"#);
+    send(api, "PATCH", "/hotplug/memory", &body);
+}
+
+/// Waits until the device has nothing plugged; returns how long it took from `since`.
+fn wait_unplugged(api: &vmm_cli::ApiClient, since: Instant) -> Duration {
+    while get(api, "/hotplug/memory")["plugged_size_mib"] != 0 {
+        assert!(
+            since.elapsed() < BOOT_TIMEOUT,
+            "the guest kept {:#}",
+            get(api, "/hotplug/memory")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    since.elapsed()
+}
+
+/// A new zone of `size` in `scratch`; returns its path.
+fn new_zone(scratch: &Scratch, size: &str) -> String {
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", size]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    zone
+}
+
 /// Waits until the guest of `run` reports a MemTotal of `kib` (what it booted with plus what
 /// it plugged), and returns how long it took from `since`.
 fn wait_memtotal(run: &VmmRun, kib: u64, since: Instant) -> Duration {
@@ -62,11 +89,9 @@ fn two_linux_vms_on_one_zone_hand_512_mib_back_and_forth() {
         return;
     };
     let scratch = Scratch::new("linux-hotplug-trade");
-    let zone = scratch.path("zone");
     // Both VMs' RAM (2 x 256 MiB, taken at the start) and 512 MiB more: one VM's plug at a
     // time; their memory together is 1.5 GiB.
-    let created = client(&["zone", "create", &zone, "--size", "1040M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
+    let zone = new_zone(&scratch, "1040M");
     let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=0");
     let start = |name: &'static str| {
         let socket = scratch.path(&format!("{name}.sock"));
@@ -102,28 +127,17 @@ fn two_linux_vms_on_one_zone_hand_512_mib_back_and_forth() {
         "the zone has room for one plug of 256 frames, not two: {free} frames free"
     );
     let half = GIB_KIB / 2;
-    let set = |api: &vmm_cli::ApiClient, mib: u64| {
-        let body = format!(r#"{{"requested_size_mib":{mib}}}"#);
-        send(api, "PATCH", "/hotplug/memory", &body);
-    };
     let mut times = Vec::new();
     for round in 0..2 {
         // a plugs 512 MiB, then gives it back; b plugs the same frames, then gives them back.
         for (run, api, booted) in [(&a, &a_api, a_booted), (&b, &b_api, b_booted)] {
             let asked = Instant::now();
-            set(api, 512);
+            request_plugged(api, 512);
             let plugged = wait_memtotal(run, booted + half, asked);
             assert_eq!(free_frames(&zone), free - 256, "round {round}");
             let asked = Instant::now();
-            set(api, 0);
-            while get(api, "/hotplug/memory")["plugged_size_mib"] != 0 {
-                assert!(
-                    asked.elapsed() < BOOT_TIMEOUT,
-                    "round {round}: not unplugged"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let unplugged = asked.elapsed();
+            request_plugged(api, 0);
+            let unplugged = wait_unplugged(api, asked);
             assert_eq!(free_frames(&zone), free, "round {round}");
             times.push((plugged, unplugged));
         }
@@ -147,9 +161,7 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
         return;
     };
     let scratch = Scratch::new("linux-hotplug");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "1536M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
+    let zone = new_zone(&scratch, "1536M");
     let socket = scratch.path("api.sock");
     // More than the 256 MiB of boot memory holds: the guest needs what it plugged.
     let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=384");
@@ -179,22 +191,8 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
 
     // Plug 1 GiB: Linux onlines it, MemTotal grows by it, the zone gives 512 frames.
     let asked = Instant::now();
-    send(
-        &api,
-        "PATCH",
-        "/hotplug/memory",
-        r#"{"requested_size_mib":1024}"#,
-    );
-    while memtotal_kib(&run) < booted + GIB_KIB {
-        assert!(
-            asked.elapsed() < BOOT_TIMEOUT,
-            "MemTotal stayed at {} KiB: {:#}",
-            memtotal_kib(&run),
-            get(&api, "/hotplug/memory")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let plugged_after = asked.elapsed();
+    request_plugged(&api, 1024);
+    let plugged_after = wait_memtotal(&run, booted + GIB_KIB, asked);
     assert_eq!(get(&api, "/hotplug/memory")["plugged_size_mib"], 1024);
     assert_eq!(free_frames(&zone), free_before - 512);
 
@@ -207,26 +205,10 @@ fn linux_plugs_a_gib_from_the_zone_uses_it_and_gives_it_back() {
 
     // Unplug all of it: Linux offlines and unplugs its blocks, the zone has the frames back.
     let asked = Instant::now();
-    send(
-        &api,
-        "PATCH",
-        "/hotplug/memory",
-        r#"{"requested_size_mib":0}"#,
-    );
-    while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
-        assert!(
-            asked.elapsed() < BOOT_TIMEOUT,
-            "the guest kept {:#}",
-            get(&api, "/hotplug/memory")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let unplugged_after = asked.elapsed();
+    request_plugged(&api, 0);
+    let unplugged_after = wait_unplugged(&api, asked);
     assert_eq!(free_frames(&zone), free_before);
-    while memtotal_kib(&run) > booted {
-        assert!(asked.elapsed() < BOOT_TIMEOUT, "MemTotal did not shrink");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_memtotal(&run, booted, asked);
     eprintln!(
         "{test}: MemTotal {booted} KiB at boot; +1 GiB {plugged_after:.2?} after the PATCH; \
          the frames back in the zone {unplugged_after:.2?} after the PATCH to 0"
@@ -241,41 +223,70 @@ fn md5(line: &str) -> &str {
     field(line, "md5").unwrap_or_else(|| panic!("no md5 in {line:?}"))
 }
 
-/// A Linux VM in a zone with 256 MiB of RAM (all its frames taken at the start) and 512 MiB
-/// of hot-pluggable memory, whose guest fills 320 MiB (more than its RAM) at the first
-/// Ctrl-Alt-Del.
-fn zone_vm_args(zone: &str, vm: &str, line: &str, socket: &str) -> Vec<String> {
-    [
-        "--zone",
-        zone,
-        "--vm",
-        vm,
-        "--memory",
-        "256M",
-        "--populate",
-        "eager",
-        "--hotplug",
-        "total=512M",
-        "--log-level",
-        "info",
-        "--cmdline",
-        line,
-        "--api-socket",
-        socket,
-    ]
-    .map(str::to_owned)
-    .to_vec()
+/// A booted Linux VM in a new zone of 1 GiB, with 256 MiB of RAM (all its frames taken at the
+/// start) and 512 MiB of hot-pluggable memory, whose guest fills 320 MiB (more than its RAM) at
+/// the first Ctrl-Alt-Del.
+struct ZoneVm {
+    scratch: Scratch,
+    zone: String,
+    socket: String,
+    /// The arguments of `vmm run`, to start it again.
+    args: Vec<String>,
+    run: VmmRun,
+    api: vmm_cli::ApiClient,
+    /// MemTotal at boot, KiB.
+    booted: u64,
+    /// The zone's free frames once the VM booted.
+    free_booted: u64,
+}
+
+impl ZoneVm {
+    fn boot(guest: &LinuxGuest, vm: &str) -> Self {
+        let scratch = Scratch::new(&format!("linux-hotplug-{vm}"));
+        let zone = new_zone(&scratch, "1024M");
+        let socket = scratch.path("api.sock");
+        let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=320");
+        let args = [
+            "--zone",
+            &zone,
+            "--vm",
+            vm,
+            "--memory",
+            "256M",
+            "--populate",
+            "eager",
+            "--hotplug",
+            "total=512M",
+            "--log-level",
+            "info",
+            "--cmdline",
+            &line,
+            "--api-socket",
+            &socket,
+        ];
+        let mut run = VmmRun::start(&guest.args(&args));
+        let args = guest.args(&args).into_iter().map(str::to_owned).collect();
+        let api = run.api(&socket);
+        run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+        let booted = memtotal_kib(&run);
+        let free_booted = free_frames(&zone);
+        ZoneVm {
+            scratch,
+            zone,
+            socket,
+            args,
+            run,
+            api,
+            booted,
+            free_booted,
+        }
+    }
 }
 
 /// Plugs 512 MiB into the guest of `run` (booted with `booted` KiB) and has it fill 320 MiB;
 /// returns the MD5 of what it wrote.
 fn plug_and_fill(run: &mut VmmRun, api: &vmm_cli::ApiClient, booted: u64) -> String {
-    send(
-        api,
-        "PATCH",
-        "/hotplug/memory",
-        r#"{"requested_size_mib":512}"#,
-    );
+    request_plugged(api, 512);
     wait_memtotal(run, booted + GIB_KIB / 2, Instant::now());
     ctrl_alt_del(api);
     let filled = run.wait_for_line("LLFREE-L2 filled", BOOT_TIMEOUT);
@@ -290,19 +301,16 @@ fn a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_f
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
-    let scratch = Scratch::new("linux-hotplug-restart");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "1024M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
-    let socket = scratch.path("api.sock");
-    let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=320");
-    let args = zone_vm_args(&zone, "restarted", &line, &socket);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut run = VmmRun::start(&guest.args(&args));
-    let api = run.api(&socket);
-    run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
-    let booted = memtotal_kib(&run);
-    let free_booted = free_frames(&zone);
+    let ZoneVm {
+        scratch: _scratch,
+        zone,
+        socket,
+        args,
+        mut run,
+        api,
+        booted,
+        free_booted,
+    } = ZoneVm::boot(&guest, "restarted");
     plug_and_fill(&mut run, &api, booted);
     let plugged = free_booted - 256;
     assert_eq!(free_frames(&zone), plugged);
@@ -317,7 +325,8 @@ fn a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_f
     // The restart finds the 512 MiB plugged and requested. A Linux that boots unplugs all it
     // finds plugged (it cannot know the memory) and plugs what is requested again: the
     // frames it gave back.
-    let mut run = VmmRun::start(&guest.args(&args));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut run = VmmRun::start(&args);
     let api = run.api(&socket);
     run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
     assert!(
@@ -336,16 +345,9 @@ fn a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_f
     ctrl_alt_del(&api);
     let freed = run.wait_for_line("LLFREE-L2 freed", BOOT_TIMEOUT);
     assert_eq!(md5(&freed), md5(&filled));
-    send(
-        &api,
-        "PATCH",
-        "/hotplug/memory",
-        r#"{"requested_size_mib":0}"#,
-    );
+    request_plugged(&api, 0);
     wait_memtotal(&run, booted, Instant::now());
-    while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_unplugged(&api, Instant::now());
     assert_eq!(free_frames(&zone), free_booted);
     ctrl_alt_del(&api);
     assert_eq!(run.wait(Duration::from_secs(60)).code, Some(7));
@@ -357,19 +359,17 @@ fn a_linux_snapshot_in_its_zone_keeps_the_plugged_memory_and_what_is_in_it() {
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
-    let scratch = Scratch::new("linux-hotplug-snapshot");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "1024M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
-    let (socket, snapshot) = (scratch.path("api.sock"), scratch.path("vm.snap"));
-    let line = cmdline("memhp_default_state=online_movable llfree.test=hotplug llfree.mib=320");
-    let args = zone_vm_args(&zone, "snapped", &line, &socket);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut run = VmmRun::start(&guest.args(&args));
-    let api = run.api(&socket);
-    run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
-    let booted = memtotal_kib(&run);
-    let free_booted = free_frames(&zone);
+    let ZoneVm {
+        scratch,
+        zone,
+        socket,
+        mut run,
+        api,
+        booted,
+        free_booted,
+        ..
+    } = ZoneVm::boot(&guest, "snapped");
+    let snapshot = scratch.path("vm.snap");
     let written = plug_and_fill(&mut run, &api, booted);
 
     // Paused, snapshotted into its zone, its VMM killed.
@@ -404,17 +404,8 @@ fn a_linux_snapshot_in_its_zone_keeps_the_plugged_memory_and_what_is_in_it() {
         written,
         "what the guest wrote before the snapshot"
     );
-    send(
-        &api,
-        "PATCH",
-        "/hotplug/memory",
-        r#"{"requested_size_mib":0}"#,
-    );
-    let asked = Instant::now();
-    while get(&api, "/hotplug/memory")["plugged_size_mib"] != 0 {
-        assert!(asked.elapsed() < BOOT_TIMEOUT, "not unplugged");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    request_plugged(&api, 0);
+    wait_unplugged(&api, Instant::now());
     assert_eq!(free_frames(&zone), free_booted);
     // `vmm --api-sock`, as Firecracker, ends normally when its guest reboots.
     ctrl_alt_del(&api);
