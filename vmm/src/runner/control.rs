@@ -224,7 +224,7 @@ impl VmmControl for Session {
         let info = balloon.info();
         let config = balloon.config();
         let interval = balloon.stats_interval().map_or(0, |i| i.as_secs());
-        let ram = GuestValues::new(balloon.ram_bytes());
+        let ram = GuestValues::new(balloon.memory_bytes());
         Ok(BalloonInfo {
             amount_mib: u64::from(info.target_pages) / PAGES_PER_MIB,
             actual_mib: ram.pages(info.actual_pages) / PAGES_PER_MIB,
@@ -348,7 +348,7 @@ impl VmmControl for Session {
             return Err(ControlError::InvalidArgument(STATS_DISABLED.into()));
         }
         let info = balloon.info();
-        let ram = GuestValues::new(balloon.ram_bytes());
+        let ram = GuestValues::new(balloon.memory_bytes());
         let target = u64::from(info.target_pages);
         let actual = ram.pages(info.actual_pages);
         let stats = info.stats;
@@ -377,14 +377,14 @@ impl VmmControl for Session {
 /// memory (RAM and hot-pluggable memory, all a guest may have): a larger one is shown as that
 /// size and flagged, never passed on unchecked.
 struct GuestValues {
-    ram_bytes: u64,
+    memory_bytes: u64,
     clamped: std::cell::Cell<bool>,
 }
 
 impl GuestValues {
-    fn new(ram_bytes: u64) -> Self {
+    fn new(memory_bytes: u64) -> Self {
         GuestValues {
-            ram_bytes,
+            memory_bytes,
             clamped: std::cell::Cell::new(false),
         }
     }
@@ -392,8 +392,8 @@ impl GuestValues {
     fn bytes(&self, value: Option<u64>) -> Option<u64> {
         value.map(|bytes| {
             self.clamped
-                .set(self.clamped.get() || bytes > self.ram_bytes);
-            bytes.min(self.ram_bytes)
+                .set(self.clamped.get() || bytes > self.memory_bytes);
+            bytes.min(self.memory_bytes)
         })
     }
 

@@ -53,7 +53,7 @@ pub struct BalloonHandle {
     device: Arc<Mutex<BalloonDevice>>,
     config: BalloonConfig,
     /// The guest memory the balloon may take: RAM and hot-pluggable memory.
-    ram_bytes: u64,
+    memory_bytes: u64,
     stats: StatsInterval,
 }
 
@@ -61,15 +61,15 @@ impl fmt::Debug for BalloonHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BalloonHandle")
             .field("config", &self.config)
-            .field("ram_bytes", &self.ram_bytes)
+            .field("memory_bytes", &self.memory_bytes)
             .finish_non_exhaustive()
     }
 }
 
 impl BalloonHandle {
     /// The most the balloon may hold: the guest's RAM and hot-pluggable memory, in bytes.
-    pub fn ram_bytes(&self) -> u64 {
-        self.ram_bytes
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
     }
 
     /// The device (shared with its transport and the event loop).
@@ -107,7 +107,7 @@ impl BalloonHandle {
 
     /// A target of `mib` in balloon pages, if it fits in guest RAM.
     fn target_pages(&self, mib: u64) -> Result<u32, BalloonControlError> {
-        let ram_mib = self.ram_bytes >> 20;
+        let ram_mib = self.memory_bytes >> 20;
         if mib > ram_mib {
             return Err(BalloonControlError::TargetAboveRam {
                 target_mib: mib,
@@ -181,14 +181,14 @@ pub struct NewBalloon {
 
 /// Creates a balloon with `config` over `memory`, with its statistics timer and API handle.
 pub fn create(memory: Arc<GuestMemory>, config: BalloonConfig) -> Result<NewBalloon, CreateError> {
-    let ram_bytes = memory.regions().iter().map(|r| r.size()).sum();
+    let memory_bytes = memory.regions().iter().map(|r| r.size()).sum();
     let device = BalloonDevice::new(config, memory).map_err(CreateError::Device)?;
     let device = Arc::new(Mutex::new(device));
     let (stats_timer, stats) = StatsTimer::new(device.clone())?;
     let handle = BalloonHandle {
         device: device.clone(),
         config,
-        ram_bytes,
+        memory_bytes,
         stats,
     };
     Ok(NewBalloon {
