@@ -24,6 +24,7 @@
 #   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 2400)
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
+#   LLFREE_NESTED_L1_RESTARTS  how many times L1 is booted again after it died (default 2)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
 #   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only these parts of l1-bench, e.g.
 #                          "net vsock" (of boot, reporting, hotplug, net, vsock)
@@ -50,6 +51,7 @@ if [ "${1:-}" = --guest-files ]; then
 fi
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
+L1_RESTARTS=${LLFREE_NESTED_L1_RESTARTS:-2}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
     linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive
@@ -281,7 +283,7 @@ run_in_qemu() {
         -object memory-backend-file,id=devdax,share=on,mem-path="$WORK/devdax.img",size=1G \
         -device nvdimm,id=nvdimm1,memdev=devdax \
         -kernel "$l1"/boot/vmlinuz-* -initrd "$WORK/l1-initrd.gz" \
-        -append "console=ttyS0 panic=-1 loglevel=4 hugepagesz=1G hugepages=1" \
+        -append "console=ttyS0 panic=-1 softlockup_panic=1 watchdog_thresh=30 loglevel=4 hugepagesz=1G hugepages=1" \
         -monitor unix:"$WORK/monitor.sock",server,nowait </dev/null
 }
 
@@ -299,6 +301,55 @@ run_directly() {
         "$binary" --test-threads=1 --nocapture ${FILTER:+"$FILTER"} 2>&1 || status=1
     done
     return $status
+}
+
+# The test binaries of $2... that did not finish in the L1 boot whose console is file $1: the
+# one that ran when L1 died and those not started (l1-init runs them in the order of their
+# names and says "L1: round R: running NAME" before each).
+unfinished() {
+    local console=$1 binary started last
+    shift
+    started=$(sed -n 's/\r$//; s/^L1: round [0-9]*: running //p' "$console")
+    last=$(tail -n 1 <<<"$started")
+    for binary in "$@"; do
+        if [ "$(basename "$binary")" = "$last" ] || ! grep -qxF "$(basename "$binary")" <<<"$started"; then
+            echo "$binary"
+        fi
+    done
+}
+
+# Runs test binaries $4... in L1 (kernel directory $1, L2 kernel $2), L1's console appended to
+# file $3. QEMU's emulation of SVM fails now and then under L1's own kernel (a CPU looping for
+# minutes, or kvm_amd returning to L1 with the L2's GS base: L1 panics); then L1 boots again
+# for the binary that ran and those after it, at most L1_RESTARTS times, in one round only.
+# Fails if a binary failed, or L1 died once more than allowed.
+run_nested() {
+    local l1=$1 kernel=$2 output=$3 console=$WORK/l1-console.log boots=0 status=0
+    shift 3
+    local remaining=("$@")
+    : >"$output"
+    while :; do
+        boots=$((boots + 1))
+        l1_initramfs "$l1" "$kernel" "${remaining[@]}"
+        local qemu_status=0
+        run_in_qemu "$l1" | tee "$console" || qemu_status=$?
+        cat "$console" >>"$output"
+        if grep -aq '^LLFREE-NESTED-END' "$console"; then
+            grep -aq '^LLFREE-NESTED-END ok' "$console" || status=1
+            return $status
+        fi
+        # What finished before L1 died counts as it ran.
+        if grep -aq '^test result: FAILED' "$console"; then status=1; fi
+        mapfile -t remaining < <(unfinished "$console" "${remaining[@]}")
+        # Not after QEMU's time limit: that time is spent.
+        if [ "$boots" -gt "$L1_RESTARTS" ] || [ "$ROUNDS" != 1 ] || [ ${#remaining[@]} -eq 0 ] ||
+            [ "$qemu_status" -eq 124 ] || [ "$qemu_status" -eq 137 ]; then
+            log "QEMU did not finish: failed"
+            return 1
+        fi
+        log "L1 died (QEMU did not finish; its console above); booting it again for" \
+            "$(for binary in "${remaining[@]}"; do basename "$binary"; done | tr '\n' ' ')"
+    done
 }
 
 main() {
@@ -329,21 +380,18 @@ main() {
         run_directly "$kernel" "${binaries[@]}" | tee "$output" || status=1
     else
         l1=$(l1_kernel)
-        l1_initramfs "$l1" "$kernel" "${binaries[@]}"
-        run_in_qemu "$l1" | tee "$output" || true
-        grep -q '^LLFREE-NESTED-END' "$output" || { log "QEMU did not finish: failed"; status=1; }
-        grep -q '^LLFREE-NESTED-END ok' "$output" || status=1
+        run_nested "$l1" "$kernel" "$output" "${binaries[@]}" || status=1
     fi
     log "summary"
     if [ "${LLFREE_NESTED_BENCH:-0}" = 1 ]; then
-        grep -E '^(L1-BENCH|boot|reporting|hotplug|balloon)' "$output" || status=1
+        grep -aE '^(L1-BENCH|boot|reporting|hotplug|balloon)' "$output" || status=1
         return $status
     fi
     # Every test must run for real; directly on a host, the DAX tests may lack a DAX file
     # system (LLFREE_VMM_DAX_DIR) or device (LLFREE_VMM_DEVDAX), which only the nested run
     # brings along.
     local skips
-    skips=$(grep 'SKIP' "$output" || true)
+    skips=$(grep -a 'SKIP' "$output" || true)
     if [ "$mode" = direct ]; then
         skips=$(grep -v -e 'no DAX file system' -e 'no device DAX' <<<"$skips" || true)
     fi
@@ -351,7 +399,7 @@ main() {
         log "a real-Linux test printed SKIP: failed"
         status=1
     fi
-    grep -E '^test result:' "$output" || { log "no test ran"; status=1; }
+    grep -aE '^test result:' "$output" || { log "no test ran"; status=1; }
     return $status
 }
 
