@@ -1,12 +1,14 @@
-//! `vmm-bench snapshot`: snapshot create and load times of a VM whose RAM is all touched, in a
-//! zone in a file on /dev/shm and in a zone on hugetlbfs (2 MiB pages), for `--snapshot-sizes`
-//! GiB of RAM.
+//! `vmm-bench snapshot`: snapshot create and load times of a VM whose every page the guest has
+//! written, in a zone in a file on /dev/shm and in a zone on hugetlbfs (2 MiB pages), for
+//! `--snapshot-sizes` GiB of RAM.
 //!
-//! Per case: `vmm run` with eager population (every frame held and faulted in) pauses at a
-//! checkpoint; `PUT /snapshot/create` into the zone `--runs` times (each seals the memory anew);
-//! the VMM is killed; then `--runs` times a fresh `vmm --api-sock` loads the snapshot without
-//! resuming it (so the seal holds) and is shut down; a last load resumes the guest, which must
-//! finish its workload. Times are the API client's (request sent to answer received; a load is
+//! Per case: `vmm run` with eager population (every frame held and faulted in) writes a pattern
+//! into every 4 KiB page of its RAM and pauses at a checkpoint; `PUT /snapshot/create` into the
+//! zone `--runs` times (each seals the memory anew); the VMM is killed; then `--runs` times a
+//! fresh `vmm --api-sock` loads the snapshot without resuming it (so the seal holds) and is shut
+//! down; a last load resumes the guest, which verifies every page it wrote (a page that does not
+//! hold its pattern fails the run) and ends: the time from that load's request to the VMM's
+//! successful end is the load plus reading all memory back. Times are the API client's (request sent to answer received; a load is
 //! answered once the VM's vCPUs exist) and the VMM's own (`--log-level info`), with the phases
 //! of the median load. A load is sent as soon as the new VMM's socket is there (which it makes
 //! before its KVM VM, made on a thread meanwhile: the load may wait for it), and also, in as
@@ -17,6 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vmm::layout::{MMIO_GAP_END, MMIO_GAP_START};
 use vmm_cli::ApiClient;
 
 use super::{api_json, summary, vmm_ok, Args, Paused};
@@ -123,15 +126,28 @@ struct Measured {
     spawn_to_loaded: Vec<f64>,
     /// The client's time of a load into a VMM that has waited [`SETTLE`] already.
     load_waiting: Vec<f64>,
+    /// The resumed load: request to the VMM's end, its guest having verified every page.
+    load_and_verify: f64,
 }
 
 /// How long a VMM waits before a load of the "waiting VMM" column: long enough for its KVM VM,
 /// which it makes while it waits, to be ready (an orchestrator's pool of started VMMs).
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// What one load measured, ms, and the loading VMM's log.
+struct Loaded {
+    /// Spawn of `vmm --api-sock` to its socket.
+    ready: f64,
+    /// The load request sent to its answer.
+    answered: f64,
+    /// The load request sent to the VMM's end (resumed: its guest verified its memory).
+    ended: f64,
+    log: String,
+}
+
 /// A `vmm --api-sock` that loads `snapshot` (memory in `zone`) `settle` after its socket
-/// appeared, resuming it or not; returns the spawn to socket, the client's time and the VMM's
-/// log, after shutting it down (or, resumed, after its guest finished).
+/// appeared, resuming it or not; returns what it measured after shutting it down (or, resumed,
+/// after its guest finished).
 fn load_once(
     vmm: &Path,
     dir: &Path,
@@ -139,7 +155,7 @@ fn load_once(
     zone: &Path,
     resume: bool,
     settle: Duration,
-) -> Result<(f64, f64, String), String> {
+) -> Result<Loaded, String> {
     let socket = dir.join("load.sock");
     let log = dir.join("load.log");
     let _ = std::fs::remove_file(&socket);
@@ -181,12 +197,36 @@ fn load_once(
         );
     }
     let status = child.wait().map_err(|e| e.to_string())?;
+    let ended = started.elapsed().as_secs_f64() * 1000.0;
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     answer.map_err(|e| format!("load: {e}: {text}"))?;
     if resume && !status.success() {
         return Err(format!("the resumed guest failed: {status}: {text}"));
     }
-    Ok((ready, elapsed, text))
+    Ok(Loaded {
+        ready,
+        answered: elapsed,
+        ended,
+        log: text,
+    })
+}
+
+/// The workload of a snapshot case of `gib` GiB: write a pattern into every page of RAM (the
+/// low workload area and, above 3 GiB, the RAM above the MMIO gap), pause at checkpoint 1,
+/// then verify every page.
+fn every_page_workload(gib: u64) -> String {
+    let low = (MMIO_GAP_START >> 30).min(gib);
+    let ranges: Vec<String> = std::iter::once("all".to_owned())
+        .chain((gib > low).then(|| format!("{}G+{}G", MMIO_GAP_END >> 30, gib - low)))
+        .collect();
+    let steps = |kind: &str| {
+        ranges
+            .iter()
+            .map(|range| format!("{kind}:{range}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    format!("{},checkpoint:1,{}", steps("write"), steps("verify"))
 }
 
 /// Measures one zone of `gib` GiB in `directory`.
@@ -199,6 +239,7 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
         &args.vmm,
         &["zone", "create", &zone_text, "--size", &memory],
     )?;
+    let workload = every_page_workload(gib);
     let result = (|| {
         let run = [
             "--log-level",
@@ -213,7 +254,7 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
             "--populate",
             "eager",
             "--workload",
-            "read:2M+4K,checkpoint:1,read:2M+4K",
+            &workload,
         ];
         let mut paused = Paused::start(&args.vmm, &run, Duration::from_secs(900))?;
         let snapshot = paused.dir.join("vm.snap");
@@ -242,17 +283,16 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
         let mut spawn_to_loaded = Vec::new();
         let mut load_waiting = Vec::new();
         for _ in 0..args.runs {
-            let (up, ms, log) =
-                load_once(&args.vmm, &dir, &snapshot, &zone, false, Duration::ZERO)?;
-            ready.push(up);
-            spawn_to_loaded.push(up + ms);
-            load_client.push(ms);
-            load_vmm.extend(logged(&log, "snapshot loaded in "));
-            let (_, ms, _) = load_once(&args.vmm, &dir, &snapshot, &zone, false, SETTLE)?;
-            load_waiting.push(ms);
+            let loaded = load_once(&args.vmm, &dir, &snapshot, &zone, false, Duration::ZERO)?;
+            ready.push(loaded.ready);
+            spawn_to_loaded.push(loaded.ready + loaded.answered);
+            load_client.push(loaded.answered);
+            load_vmm.extend(logged(&loaded.log, "snapshot loaded in "));
+            let waited = load_once(&args.vmm, &dir, &snapshot, &zone, false, SETTLE)?;
+            load_waiting.push(waited.answered);
         }
-        // The guest finishes its workload in the last process.
-        load_once(&args.vmm, &dir, &snapshot, &zone, true, Duration::ZERO)?;
+        // The guest verifies every page and finishes its workload in the last process.
+        let verified = load_once(&args.vmm, &dir, &snapshot, &zone, true, Duration::ZERO)?;
         drop(paused);
         Ok(Measured {
             create_client,
@@ -262,6 +302,7 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
             ready,
             spawn_to_loaded,
             load_waiting,
+            load_and_verify: verified.ended,
         })
     })();
     let _ = std::fs::remove_file(&zone);
@@ -281,7 +322,7 @@ fn print_cases(args: &Args, kind: &str, directory: &Path) -> Result<(), String> 
             .and_then(|(_, line)| line.split_once(": ").map(|(_, p)| p.to_owned()))
             .unwrap_or_default();
         println!(
-            "| {kind} | {gib} GiB | {} | {} | {} | {} | {} | {} | {} | {phases} |",
+            "| {kind} | {gib} GiB | {} | {} | {} | {} | {} | {} | {} | {:.0} | {phases} |",
             ms_summary(&measured.create_client),
             ms_summary(&measured.create_vmm),
             ms_summary(&measured.ready),
@@ -289,6 +330,7 @@ fn print_cases(args: &Args, kind: &str, directory: &Path) -> Result<(), String> 
             ms_summary(&load_vmm),
             ms_summary(&measured.spawn_to_loaded),
             ms_summary(&measured.load_waiting),
+            measured.load_and_verify,
         );
     }
     Ok(())
@@ -297,17 +339,18 @@ fn print_cases(args: &Args, kind: &str, directory: &Path) -> Result<(), String> 
 /// Prints the snapshot table.
 pub(super) fn snapshot(args: &Args) -> Result<(), String> {
     println!(
-        "## snapshot: a VM in a zone, all RAM touched (eager), paused at a checkpoint; {} \
-         creates into the zone, then {} loads in fresh `vmm --api-sock` processes; ms, median \
-         (min-max)",
+        "## snapshot: a VM in a zone (eager), every page written by the guest, paused at a \
+         checkpoint; {} creates into the zone, then {} loads in fresh `vmm --api-sock` \
+         processes and one that resumes and verifies every page; ms, median (min-max)",
         args.runs, args.runs
     );
     println!(
         "| zone | guest RAM | create (client) | create (VMM) | `vmm --api-sock` ready \
          (spawn to socket) | load (client) | load (VMM) | spawn to loaded | load into a VMM \
-         that waited 100 ms (client) | phases of the median load (VMM) |"
+         that waited 100 ms (client) | load, resume and verify every page (client, 1 run) | \
+         phases of the median load (VMM) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     print_cases(args, "file on /dev/shm", Path::new("/dev/shm"))?;
     let largest = args.snapshot_sizes.iter().max().copied().unwrap_or(1);
     match HugetlbMount::new(largest * 512 + 16) {
@@ -334,5 +377,19 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Some(1500.0));
         assert_eq!(parse_duration("soon"), None);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn the_workload_writes_and_verifies_all_ram_above_the_gap_too() {
+        assert_eq!(every_page_workload(1), "write:all,checkpoint:1,verify:all");
+        assert_eq!(
+            every_page_workload(8),
+            "write:all,write:4G+5G,checkpoint:1,verify:all,verify:4G+5G"
+        );
+        // What the test guest accepts, for a VM of that size.
+        for gib in [1, 8, 16] {
+            let spec: vmm::testguest::WorkloadSpec = every_page_workload(gib).parse().unwrap();
+            spec.resolve(gib << 30, 1).unwrap();
+        }
     }
 }
