@@ -14,8 +14,10 @@ use thiserror::Error;
 /// One of the benchmarked allocators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AllocKind {
-    /// LLFree with volatile metadata.
+    /// LLFree with volatile metadata, threads allocating through their core's cache.
     LLFree,
+    /// LLFree with volatile metadata, every thread on the shared `get`/`put` (guest-mem's path).
+    LLFreeShared,
     /// The spin-locked buddy allocator with per-order free lists.
     Buddy,
     /// The buddy allocator with Linux-like per-CPU lists for order 0.
@@ -30,8 +32,9 @@ pub enum AllocKind {
 
 impl AllocKind {
     /// Every allocator, in the order of the default command line.
-    pub const ALL: [AllocKind; 6] = [
+    pub const ALL: [AllocKind; 7] = [
         AllocKind::LLFree,
+        AllocKind::LLFreeShared,
         AllocKind::Buddy,
         AllocKind::BuddyPcp,
         AllocKind::ListLocked,
@@ -43,6 +46,7 @@ impl AllocKind {
     pub fn name(self) -> &'static str {
         match self {
             AllocKind::LLFree => "llfree",
+            AllocKind::LLFreeShared => "llfree-shared",
             AllocKind::Buddy => "buddy",
             AllocKind::BuddyPcp => "buddy-pcp",
             AllocKind::ListLocked => "list-locked",
@@ -54,7 +58,9 @@ impl AllocKind {
     /// Whether the allocator supports `order` (as [`FrameAllocator::supports_order`]).
     pub fn supports_order(self, order: usize) -> bool {
         match self {
-            AllocKind::LLFree => order <= llfree::MAX_ORDER || order == llfree::GIANT_ORDER,
+            AllocKind::LLFree | AllocKind::LLFreeShared => {
+                order <= llfree::MAX_ORDER || order == llfree::GIANT_ORDER
+            }
             AllocKind::Buddy | AllocKind::BuddyPcp => order <= crate::buddy::MAX_ORDER,
             AllocKind::ListLocked | AllocKind::ListCas | AllocKind::ListLocal => order == 0,
         }
@@ -68,6 +74,7 @@ impl AllocKind {
     ) -> Result<Box<dyn FrameAllocator>, CreateError> {
         Ok(match self {
             AllocKind::LLFree => Box::new(LLFreeAlloc::new(cores, frames)?),
+            AllocKind::LLFreeShared => Box::new(LLFreeAlloc::shared(cores, frames)?),
             AllocKind::Buddy => Box::new(Buddy::new(BuddyConfig::without_pcp(cores), frames)?),
             AllocKind::BuddyPcp => Box::new(Buddy::new(BuddyConfig::new(cores), frames)?),
             AllocKind::ListLocked => Box::new(ListLocked::new(frames)?),

@@ -1,8 +1,10 @@
-//! The [`FrameAllocator`] adapter of [`llfree::LLFree`].
+//! The [`FrameAllocator`] adapters of [`llfree::LLFree`].
 //!
-//! The thread that first uses a core id claims it (module `core_claim`) and allocates
-//! through the core's [`CoreCache`], as a vCPU thread would; other threads on that core id use
-//! the shared per-core path. [`FrameAllocator::drain`] gives the caller's cache and claim back.
+//! [`LLFreeAlloc::new`] (`llfree`): the thread that first uses a core id claims it (module
+//! `core_claim`) and allocates through the core's [`CoreCache`]; other threads on that core id
+//! use the shared per-core path. [`FrameAllocator::drain`] gives the caller's cache and claim
+//! back. [`LLFreeAlloc::shared`] (`llfree-shared`): every thread calls the shared
+//! [`LLFree::get`] and [`LLFree::put`], the path guest-mem's pools take for guest memory.
 
 use crate::core_claim::Claimed;
 use crate::frame_alloc::{AllocError, FrameAllocator};
@@ -15,6 +17,8 @@ use llfree::{
 pub struct LLFreeAlloc {
     llfree: LLFree,
     caches: Claimed<CoreCache>,
+    /// Whether threads allocate through their core's cache ([`LLFreeAlloc::new`]).
+    cached: bool,
 }
 
 impl LLFreeAlloc {
@@ -23,7 +27,19 @@ impl LLFreeAlloc {
     pub fn new(cores: usize, frames: usize) -> Result<Self, InitError> {
         let llfree = LLFree::new(Config::new(cores, frames))?;
         let caches = Claimed::new((0..cores).map(|core| llfree.core_cache(CoreId(core))));
-        Ok(Self { llfree, caches })
+        Ok(Self {
+            llfree,
+            caches,
+            cached: true,
+        })
+    }
+
+    /// Creates a volatile LLFree as [`LLFreeAlloc::new`] does, whose threads all take the
+    /// shared `get` and `put` (no core caches), as guest-mem's pools do.
+    pub fn shared(cores: usize, frames: usize) -> Result<Self, InitError> {
+        let mut alloc = Self::new(cores, frames)?;
+        alloc.cached = false;
+        Ok(alloc)
     }
 
     /// The wrapped allocator.
@@ -34,7 +50,11 @@ impl LLFreeAlloc {
 
 impl FrameAllocator for LLFreeAlloc {
     fn name(&self) -> &'static str {
-        "llfree"
+        if self.cached {
+            "llfree"
+        } else {
+            "llfree-shared"
+        }
     }
 
     fn supports_order(&self, order: usize) -> bool {
@@ -43,13 +63,17 @@ impl FrameAllocator for LLFreeAlloc {
 
     #[inline]
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        let frame = self
-            .caches
-            .with(
+        let cached = || {
+            self.caches.with(
                 core,
                 |cache| self.llfree.get_cached(cache, Order(order)),
                 CoreCache::frames,
             )
+        };
+        let frame = self
+            .cached
+            .then(cached)
+            .flatten()
             .unwrap_or_else(|| self.llfree.get(CoreId(core), Order(order)))?;
         Ok(frame.0)
     }
@@ -58,7 +82,7 @@ impl FrameAllocator for LLFreeAlloc {
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         let (frame, order) = (FrameId(frame), Order(order));
         // Only frames of the core's reserved tree go to its cache: the others skip the claim.
-        if self.llfree.reserves(CoreId(core), frame) {
+        if self.cached && self.llfree.reserves(CoreId(core), frame) {
             let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
             match self.caches.with(core, put, CoreCache::frames) {
                 Some(Ok(())) => return Ok(()),
@@ -134,5 +158,21 @@ mod tests {
         let alloc = LLFreeAlloc::new(4, 1 << 16).unwrap();
         stress(&alloc, 4, &[0, 0, 0, 1, 2, 5, 9, 10], 20_000);
         assert_eq!(alloc.llfree().free_huge(), 128);
+    }
+
+    #[test]
+    fn the_shared_adapter_never_fills_a_cache() {
+        let alloc = LLFreeAlloc::shared(2, 1 << 16).unwrap();
+        assert_eq!(alloc.name(), "llfree-shared");
+        exhausts_exactly(&alloc);
+        let frames: Vec<usize> = (0..100).map(|_| alloc.get(0, 0).unwrap()).collect();
+        for frame in frames {
+            alloc.put(0, frame, 0).unwrap();
+        }
+        // Nothing sits in a cache: every free frame is the allocator's own.
+        assert_eq!(alloc.llfree().free_frames(), alloc.frames());
+        assert_eq!(alloc.free_frames(), alloc.frames());
+        stress(&alloc, 2, &[0, 0, 1, 9], 20_000);
+        assert_eq!(alloc.llfree().free_frames(), alloc.frames());
     }
 }
