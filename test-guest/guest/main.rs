@@ -18,20 +18,31 @@ mod balloon;
 mod driver_memory;
 mod failure;
 mod hotplug;
+mod self_boot;
 mod virtio_mmio;
 
 use test_guest::protocol::*;
 
-// Entry: RDI = vCPU index, RSI = descriptor, RSP = stack top (16-byte aligned).
+// Entry from the VMM: RDI = vCPU index, RSI = descriptor, RSP = stack top (16-byte aligned).
+// Entry from a loader of Linux's boot protocol (`self_boot`): RSI = zero page and a stack in
+// the loader's low memory, which the guest leaves for vCPU 0's.
 global_asm!(
     ".section .text.start, \"ax\"",
     ".global _start",
     "_start:",
+    "mov rax, [rsi]",
+    "mov rcx, {magic}",
+    "cmp rax, rcx",
+    "je 1f",
+    "mov rsp, {stack_top}",
+    "1:",
     "call guest_main",
     "2:",
     "cli",
     "hlt",
     "jmp 2b",
+    magic = const DESCRIPTOR_MAGIC,
+    stack_top = const STACKS_START + STACK_SIZE,
 );
 
 const SERIAL_DATA: u16 = 0x3f8;
@@ -46,6 +57,13 @@ static BARRIER_GENERATION: AtomicU32 = AtomicU32::new(0);
 static STEP_MISMATCHES: [AtomicU64; MAX_STEPS] = [const { AtomicU64::new(0) }; MAX_STEPS];
 /// Whether any step failed.
 static FAILED: AtomicU32 = AtomicU32::new(0);
+/// Whether a loader of Linux's boot protocol started the guest (`self_boot`): no VMM reads
+/// reports, checkpoints wait for the console and the end resets the machine.
+static SELF_BOOTED: AtomicU32 = AtomicU32::new(0);
+
+fn self_booted() -> bool {
+    SELF_BOOTED.load(Ordering::Relaxed) != 0
+}
 
 fn outb(port: u16, value: u8) {
     // SAFETY: port I/O to the serial port has no memory effects.
@@ -97,6 +115,9 @@ fn is_probe(step: &Step) -> bool {
 }
 
 fn report(vcpu: u32, code: u64, value: u64) {
+    if self_booted() {
+        return;
+    }
     // SAFETY: the report window is MMIO the VMM emulates; the write exits to the VMM.
     unsafe { write_volatile(report_address(vcpu, code) as *mut u64, value) };
 }
@@ -114,6 +135,9 @@ fn barrier(vcpus: u32) {
 }
 
 fn halt(vcpu: u32, status: u64) -> ! {
+    if self_booted() {
+        self_boot::reset();
+    }
     report(vcpu, report_code::EXIT, status);
     loop {
         // SAFETY: halting with interrupts off only stops this vCPU.
@@ -248,7 +272,23 @@ fn print_result(step: &Step, number: u64, mismatches: u64) {
 
 #[no_mangle]
 extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
-    let vcpu = vcpu as u32;
+    let mut vcpu = vcpu as u32;
+    let mut descriptor = descriptor;
+    // SAFETY: RSI points at the VMM's descriptor or at a loader's zero page.
+    let magic = unsafe { read_volatile(descriptor as *const u64) };
+    if magic != DESCRIPTOR_MAGIC && self_boot::is_zero_page(descriptor) {
+        SELF_BOOTED.store(1, Ordering::Relaxed);
+        vcpu = 0;
+        descriptor = match self_boot::prepare(descriptor) {
+            Ok(descriptor) => descriptor,
+            Err(why) => {
+                print("test guest: bad workload= on the command line: ");
+                print(why);
+                print("\n");
+                self_boot::reset();
+            }
+        };
+    }
     report(vcpu, report_code::STARTED, descriptor);
     let (header, steps) = read_descriptor(descriptor, vcpu);
     let vcpus = header.vcpu_count;
@@ -275,7 +315,12 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
         }
         if step.kind == step_kind::CHECKPOINT {
             let owner = if step.vcpu == ALL_VCPUS { 0 } else { step.vcpu };
-            if vcpu == owner {
+            if vcpu == owner && self_booted() {
+                print("checkpoint ");
+                print_number(step.pattern);
+                print(": waiting for a byte on the console\n");
+                self_boot::wait_for_input();
+            } else if vcpu == owner {
                 report(vcpu, report_code::CHECKPOINT, step.pattern);
             }
         } else {
@@ -329,6 +374,9 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     print("test guest: panic\n");
+    if self_booted() {
+        self_boot::reset();
+    }
     loop {
         // SAFETY: halting with interrupts off only stops this vCPU.
         unsafe { asm!("cli", "hlt", options(nomem, nostack)) };

@@ -1,17 +1,19 @@
 //! End-to-end: `vmm guest-image --out FILE`, the test guest as a kernel image, booted by
 //! `vmm run --kernel` and by Firecracker's API (`PUT /boot-source`, then `InstanceStart`) with
 //! its workload from `workload=` on the command line: what a user of Firecracker's tools runs
-//! on a host where no Linux boots.
+//! on a host where no Linux boots. With `self-boot` on its command line the VMM boots the image
+//! as a kernel, through Linux's boot protocol as Firecracker does, and the image runs itself.
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
 
 mod vmm_common;
 
+use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_tests::kvm_available;
+use e2e_tests::{kvm_available, THROUGH_THE_KEYBOARD};
 use serde_json::json;
 use vmm_common::{client, send, Scratch, VmmRun};
 
@@ -150,4 +152,60 @@ fn the_image_replaces_only_a_regular_file() {
     std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
     assert_eq!(client(&["guest-image", "--out", &file]).code, Some(0));
     assert_eq!(std::fs::read(&file).unwrap(), vmm::testguest::IMAGE);
+}
+
+#[test]
+fn the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it() {
+    let test = "the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("guest-image-self-boot");
+    let image = guest_image(&scratch, "guest.elf");
+    // RAM on both sides of the MMIO gap (the loader maps only the first GiB: the guest maps
+    // the rest); the checkpoint waits for a byte on the console.
+    let (mut run, mut console) = VmmRun::start_with_console(&[
+        "--kernel",
+        &image,
+        "--memory",
+        "4608M",
+        "--cmdline",
+        "console=ttyS0 self-boot workload=write:all,checkpoint:7,verify:all",
+    ]);
+    run.wait_for_line("checkpoint 7: waiting for a byte on the console", TIMEOUT);
+    console.write_all(b"\n").unwrap();
+    let run = run.wait(TIMEOUT);
+    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+    // Two ranges (below and above the gap) written, the checkpoint, both verified.
+    assert!(run.stdout.contains("1 vCPU, 5 steps"), "{run:#?}");
+    assert!(run.stdout.contains("step 5: ok"), "{run:#?}");
+    assert!(run.stdout.ends_with("test guest: done\n"), "{run:#?}");
+
+    // A verification that must fail says so before the reset.
+    let run = VmmRun::run(&[
+        "--kernel",
+        &image,
+        "--memory",
+        "64M",
+        "--cmdline",
+        "self-boot workload=verify:all",
+    ]);
+    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+    assert!(run.stdout.contains("FAILED"), "{run:#?}");
+    // What the guest cannot parse, it names, and resets.
+    let run = VmmRun::run(&[
+        "--kernel",
+        &image,
+        "--memory",
+        "64M",
+        "--cmdline",
+        "self-boot workload=write:2M+4K",
+    ]);
+    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+    assert!(
+        run.stdout.contains(
+            "test guest: bad workload= on the command line: a self-booted guest's ranges are 'all'"
+        ),
+        "{run:#?}"
+    );
 }

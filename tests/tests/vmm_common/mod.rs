@@ -5,7 +5,7 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,9 +49,23 @@ impl VmmRun {
     /// Starts `vmm ARGS` (e.g. `--api-sock PATH` or `snapshot load ...`) as [`Self::start`]
     /// does.
     pub fn start_command(args: &[&str]) -> Self {
+        Self::spawn(args, Stdio::null())
+    }
+
+    /// Starts `vmm run ARGS` as [`Self::start`] does, but with a pipe for stdin (the guest's
+    /// console input), whose writing end it returns.
+    pub fn start_with_console(args: &[&str]) -> (Self, ChildStdin) {
+        let mut command = vec!["run"];
+        command.extend_from_slice(args);
+        let mut run = Self::spawn(&command, Stdio::piped());
+        let console = run.child.stdin.take().unwrap();
+        (run, console)
+    }
+
+    fn spawn(args: &[&str], stdin: Stdio) -> Self {
         let mut child = Command::new(vmm_binary())
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

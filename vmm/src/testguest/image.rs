@@ -2,6 +2,11 @@
 //! host without hardware virtualisation), Firecracker's API, its SDK and `vmm run --kernel`
 //! boot this file instead. A kernel file that is this image runs as the test guest, with the
 //! workload that `workload=` on its command line gives (the default without it).
+//!
+//! The image also boots itself under any loader of Linux's 64-bit boot protocol, as
+//! Firecracker boots it: it maps its RAM, reads `workload=` (a subset of the grammar, see the
+//! guest's `self_boot` module) and ends by resetting the machine. With the word
+//! [`SELF_BOOT`] on its command line, this VMM boots it that way too, as a kernel.
 
 use std::fs::OpenOptions;
 use std::io::Read;
@@ -13,6 +18,9 @@ use super::IMAGE;
 use crate::config::{check_vcpus, BalloonDeviceConfig, ConfigError, GuestConfig, LinuxConfig};
 use crate::layout::RamRegion;
 
+/// The command-line word that has this VMM boot the image as a kernel (Linux's boot protocol)
+/// instead of running it as its test guest.
+pub const SELF_BOOT: &str = "self-boot";
 /// Words that only the test guest's image holds (its console messages).
 const MARKER: &[u8] = b"llfree-vmm test guest";
 /// Larger kernel files are no test guest (it is tens of KiB) and are not read.
@@ -91,7 +99,8 @@ pub fn workload_in(cmdline: &str, otherwise: &WorkloadSpec) -> Result<WorkloadSp
 
 /// What runs for the kernel of `linux`: the test guest, with the workload of its command line
 /// (or `otherwise`) on `memory_size` bytes, `vcpus`, `balloon` and the hot-pluggable memory
-/// `hotplug`, where the kernel is its image; else Linux.
+/// `hotplug`, where the kernel is its image and the command line lacks [`SELF_BOOT`]; else the
+/// kernel, booted as Linux is.
 pub fn guest_for_kernel(
     linux: LinuxConfig,
     memory_size: u64,
@@ -100,7 +109,11 @@ pub fn guest_for_kernel(
     hotplug: Option<RamRegion>,
     otherwise: &WorkloadSpec,
 ) -> Result<GuestConfig, ImageError> {
-    if !is_image(&linux.kernel)? {
+    let self_boot = linux
+        .cmdline
+        .split_ascii_whitespace()
+        .any(|word| word == SELF_BOOT);
+    if self_boot || !is_image(&linux.kernel)? {
         return Ok(GuestConfig::Linux(linux));
     }
     if linux.initrd.is_some() {

@@ -46,6 +46,9 @@ fn the_image_runs_as_the_test_guest_with_the_workload_of_its_command_line() {
     // Without workload=: the default (write and verify everything).
     let guest = guest_of(linux(&image.0, "console=ttyS0")).unwrap();
     assert!(matches!(guest, GuestConfig::TestGuest(w) if w.steps().len() == 2));
+    // With self-boot: a kernel, booted as Firecracker boots it (its workload is the guest's).
+    let guest = guest_of(linux(&image.0, "console=ttyS0 self-boot workload=bad")).unwrap();
+    assert!(matches!(guest, GuestConfig::Linux(_)));
 }
 
 #[test]
