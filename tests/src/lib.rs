@@ -1,5 +1,7 @@
 //! End-to-end tests of llfree-vmm (under `tests/`) and the helpers they share.
 
+pub mod api_process;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 

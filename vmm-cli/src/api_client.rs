@@ -138,19 +138,26 @@ impl ApiClient {
         request.push_str("Connection: close\r\n\r\n");
         request.push_str(body.unwrap_or_default());
         stream.write_all(request.as_bytes())?;
-        parse_response(&read_to_end(&mut stream)?)
+        parse_response(&read_response(&mut stream)?)
     }
 }
 
-/// Reads until the server closes, bounded by [`MAX_RESPONSE_BYTES`]. A reset after data counts
-/// as the end: the response was complete.
-fn read_to_end(stream: &mut UnixStream) -> Result<Vec<u8>, ClientError> {
+/// Reads one response: up to the end of the body its Content-Length gives (a server may keep
+/// the connection open despite `Connection: close`, as Firecracker's does), or without one
+/// until the server closes; bounded by [`MAX_RESPONSE_BYTES`]. A reset after data counts as the
+/// end: the response was complete.
+fn read_response(stream: &mut UnixStream) -> Result<Vec<u8>, ClientError> {
     let mut data = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
         match stream.read(&mut chunk) {
             Ok(0) => return Ok(data),
-            Ok(n) => data.extend_from_slice(&chunk[..n]),
+            Ok(n) => {
+                data.extend_from_slice(&chunk[..n]);
+                if response_length(&data).is_some_and(|length| data.len() >= length) {
+                    return Ok(data);
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset && !data.is_empty() => {
                 return Ok(data)
@@ -163,6 +170,26 @@ fn read_to_end(stream: &mut UnixStream) -> Result<Vec<u8>, ClientError> {
             )));
         }
     }
+}
+
+/// The length of the response that `data` starts with, headers and body, once its headers are
+/// complete and give a Content-Length, or its status has no body (204, 304).
+fn response_length(data: &[u8]) -> Option<usize> {
+    let end = data.windows(4).position(|window| window == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&data[..end]).ok()?;
+    let status = head.split(' ').nth(1).unwrap_or_default();
+    if status == "204" || status == "304" {
+        return Some(end);
+    }
+    let length = head
+        .split("\r\n")
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))?
+        .1
+        .trim()
+        .parse::<usize>()
+        .ok()?;
+    end.checked_add(length)
 }
 
 /// Parses a whole HTTP/1.x response.
@@ -229,6 +256,40 @@ mod tests {
         assert_eq!(
             fault.fault_message().as_deref(),
             Some("balloon not configured")
+        );
+    }
+
+    #[test]
+    fn a_response_ends_at_its_content_length_on_a_connection_left_open() {
+        let dir = std::env::temp_dir().join(format!("api-client-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("api.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).unwrap();
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                .unwrap();
+            // Kept open until the client is done, as Firecracker's server does.
+            let _ = stream.read(&mut request);
+        });
+        let started = std::time::Instant::now();
+        let response = ApiClient::new(&socket).request("GET", "/", None).unwrap();
+        assert_eq!((response.status, response.body.as_str()), (200, "{}"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        server.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            response_length(b"HTTP/1.1 204 No Content\r\n\r\n"),
+            Some(27)
+        );
+        assert_eq!(response_length(b"HTTP/1.1 200 OK\r\n\r\n"), None);
+        assert_eq!(response_length(b"HTTP/1.1 200 OK\r\nContent-Len"), None);
+        assert_eq!(
+            response_length(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n"),
+            Some(45)
         );
     }
 

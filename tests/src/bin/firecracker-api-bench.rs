@@ -14,12 +14,11 @@
 //! (default: the temp directory). The `vmm` is the one beside this program, or
 //! `LLFREE_VMM_BIN`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e_tests::api_process::{call, console_reader, ms, summary, wait_for};
 use e2e_tests::{elf_kernel, CTRL_ALT_DEL_GUEST};
 use vmm_cli::ApiClient;
 
@@ -48,52 +47,6 @@ struct ApiRun {
     exited: Duration,
 }
 
-/// A child's stdout, read on a thread of its own.
-fn stdout_reader(child: &mut Child) -> Receiver<u8> {
-    let mut stdout = child.stdout.take().expect("piped stdout");
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut byte = [0u8; 1];
-        while let Ok(1) = stdout.read(&mut byte) {
-            if sender.send(byte[0]).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
-}
-
-/// Waits until `text` has come on `output`.
-fn wait_for(output: &Receiver<u8>, text: &str) -> Result<(), String> {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut seen = Vec::new();
-    while !seen.ends_with(text.as_bytes()) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let byte = output.recv_timeout(left).map_err(|_| {
-            format!(
-                "no {text:?} on the console: {}",
-                String::from_utf8_lossy(&seen)
-            )
-        })?;
-        seen.push(byte);
-    }
-    Ok(())
-}
-
-/// Sends one request that must succeed.
-fn call(api: &ApiClient, method: &str, path: &str, body: Option<&str>) -> Result<(), String> {
-    let response = api
-        .request(method, path, body)
-        .map_err(|e| format!("{method} {path}: {e}"))?;
-    if !response.is_success() {
-        return Err(format!(
-            "{method} {path}: {} {}",
-            response.status, response.body
-        ));
-    }
-    Ok(())
-}
-
 fn api_run(dir: &Path, kernel: &str, initrd: &str, rootfs: &str) -> Result<ApiRun, String> {
     let socket = dir.join("bench.sock");
     let _ = std::fs::remove_file(&socket);
@@ -105,7 +58,7 @@ fn api_run(dir: &Path, kernel: &str, initrd: &str, rootfs: &str) -> Result<ApiRu
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("spawn vmm: {e}"))?;
-    let output = stdout_reader(&mut child);
+    let output = console_reader(&mut child);
     let api = ApiClient::new(&socket);
     while api.request("GET", "/", None).is_err() {
         if spawned.elapsed() > TIMEOUT {
@@ -141,7 +94,7 @@ fn api_run(dir: &Path, kernel: &str, initrd: &str, rootfs: &str) -> Result<ApiRu
         Some(r#"{"action_type":"InstanceStart"}"#),
     )?;
     let started = spawned.elapsed();
-    wait_for(&output, INITRD)?;
+    wait_for(&output, INITRD, TIMEOUT)?;
     let first_output = spawned.elapsed();
     call(
         &api,
@@ -175,27 +128,12 @@ fn run_run(kernel: &str, initrd: &str, rootfs: &str) -> Result<Duration, String>
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("spawn vmm run: {e}"))?;
-    let output = stdout_reader(&mut child);
-    wait_for(&output, INITRD)?;
+    let output = console_reader(&mut child);
+    wait_for(&output, INITRD, TIMEOUT)?;
     let first_output = spawned.elapsed();
     let _ = child.kill();
     let _ = child.wait();
     Ok(first_output)
-}
-
-fn ms(time: Duration) -> f64 {
-    time.as_secs_f64() * 1e3
-}
-
-/// `median (min–max)` of `times`, in ms.
-fn summary(mut times: Vec<Duration>) -> String {
-    times.sort();
-    format!(
-        "{:.1} ({:.1}–{:.1})",
-        ms(times[times.len() / 2]),
-        ms(times[0]),
-        ms(times[times.len() - 1])
-    )
 }
 
 fn main() -> ExitCode {

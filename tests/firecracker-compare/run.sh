@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Our VMM and Firecracker side by side on this host (tests/src/bin/firecracker-compare.rs): both
+# driven through Firecracker's API, booting the test guest's image, which boots itself through
+# Linux's boot protocol under either; rows interleaved, one table.
+#
+# Usage: tests/firecracker-compare/run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR]
+#   FIRECRACKER  the firecracker binary to measure against
+#   --dir        where the memory files go (default: the temp directory): our VM's zone and
+#                Firecracker's Full snapshot memory file, on the same file system
+#
+# How the Firecracker of BENCHMARKS.md was built (never committed here): its public source at
+# tag v1.16.1 (the one binary file its tests need, which the snapshot we had lacked, left out),
+# the micro-http crate it takes from git at commit 876f3fe as a path dependency through
+# `[patch."https://github.com/firecracker-microvm/micro-http"]` in its .cargo/config.toml (its
+# own build settings kept: codegen-units=1), its rust-toolchain.toml removed (it pins 1.95.0
+# with musl targets; this host has stable 1.95 for the gnu target), `apt-get install
+# libclang-dev libseccomp-dev`, then `cargo build --release -p firecracker`. On the gnu target
+# Firecracker has no default seccomp policy and installs resources/seccomp/unimplemented.json,
+# which allows every system call (its build says so).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+FIRECRACKER=${1:?usage: run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR]}
+shift
+cd "$ROOT"
+cargo build --release -q -p vmm-cli -p e2e-tests --bin vmm --bin firecracker-compare
+echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
+echo "this tree: $(git log --oneline -1)$(git diff --quiet || echo ' (with uncommitted changes)')"
+exec target/release/firecracker-compare --firecracker "$FIRECRACKER" "$@"

@@ -1,0 +1,349 @@
+//! Our VMM and Firecracker side by side on this host, driven the same way through Firecracker's
+//! API and booting the same guest: the test guest's image (`vmm guest-image`), which boots
+//! itself through Linux's boot protocol under both (the word `self-boot` on its command line
+//! has our VMM boot it as Firecracker does). See `tests/firecracker-compare/run.sh`.
+//!
+//! ```text
+//! firecracker-compare --firecracker PATH [--runs N] [--sizes GIB,...] [--dir DIR]
+//! ```
+//!
+//! Rows, each VMM in turn (the order alternating between runs):
+//! * boot (`--runs` times, 128 MiB): spawn to the API socket answering, `InstanceStart`
+//!   answered, and the guest's first console line, from the spawn;
+//! * snapshots, per size in `--sizes` GiB (one run each): the guest writes a pattern into every
+//!   page of its RAM and waits at a checkpoint; paused, `PUT /snapshot/create` (ours: into the
+//!   VM's zone, nothing copied; Firecracker: a Full snapshot, its memory written to a file);
+//!   the VMM is killed; a new process loads the snapshot (`resume_vm`; Firecracker's File
+//!   backend maps the memory file MAP_PRIVATE, ours the zone) — "load to running" is the
+//!   client's time of that request; the guest is then let go at its checkpoint, verifies every
+//!   page and prints its result — "load and read back" is the time from the load request to
+//!   that line, which must say the verification passed.
+//!
+//! Prints a Markdown table: ours, Firecracker's and the ratio (ours / Firecracker) per row.
+//! The `vmm` is the one beside this program, or `LLFREE_VMM_BIN`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use e2e_tests::api_process::{ms, summary, ApiProcess};
+
+/// How long a boot or a load may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long writing or verifying all memory may take (every instruction is emulated on a PVM
+/// host: about 1.5 s per GiB).
+const MEMORY_TIMEOUT: Duration = Duration::from_secs(600);
+/// The guest's first console line.
+const FIRST_LINE: &str = "llfree-vmm test guest: ";
+/// What the guest prints at its snapshot's checkpoint.
+const CHECKPOINT: &str = "checkpoint 1: waiting for a byte on the console\n";
+
+/// One VMM under test.
+struct Vmm {
+    name: &'static str,
+    binary: PathBuf,
+    /// Ours: the VM lives in a zone (zero-copy snapshots).
+    ours: bool,
+    /// Firecracker itself (its `--version` says so): its log goes to a file. Another binary in
+    /// its place (our `vmm`, as the harness's own test runs it) takes Firecracker's requests.
+    firecracker: bool,
+}
+
+/// What one boot measured, from the spawn.
+struct Boot {
+    socket: Duration,
+    started: Duration,
+    first_line: Duration,
+}
+
+/// What one snapshot case measured.
+struct Snapshot {
+    create: Duration,
+    load: Duration,
+    load_and_read_back: Duration,
+}
+
+/// The `vmm` binary: `LLFREE_VMM_BIN`, or the one beside this program.
+fn vmm_binary() -> PathBuf {
+    match std::env::var_os("LLFREE_VMM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("vmm")))
+            .unwrap_or_else(|| PathBuf::from("vmm")),
+    }
+}
+
+/// Spawns `vmm`'s API process on socket `name` in `dir`; Firecracker's log goes to a file
+/// there (by default it shares stdout with the guest's console).
+fn spawn(vmm: &Vmm, dir: &Path, name: &str) -> Result<ApiProcess, String> {
+    let log = dir.join("firecracker.log");
+    let log = log.to_string_lossy();
+    let extra: &[&str] = if vmm.firecracker {
+        std::fs::write(&*log, "").map_err(|e| format!("{log}: {e}"))?;
+        &["--log-path", &log]
+    } else {
+        &[]
+    };
+    ApiProcess::spawn(&vmm.binary, &dir.join(name), extra)
+}
+
+/// Spawns `vmm`'s API process in `dir` and configures a VM of `mib` MiB booting `image` with
+/// `workload`; ours in the zone `zone` where given.
+fn configured(
+    vmm: &Vmm,
+    dir: &Path,
+    image: &Path,
+    mib: u64,
+    workload: &str,
+    zone: Option<&Path>,
+) -> Result<(ApiProcess, Duration), String> {
+    let mut process = spawn(vmm, dir, "api.sock")?;
+    let socket = process.wait_for_socket(TIMEOUT)?;
+    let mut machine = serde_json::json!({"vcpu_count": 1, "mem_size_mib": mib});
+    if let Some(zone) = zone {
+        machine["zone"] = serde_json::json!({"path": zone, "vm": "bench"});
+    }
+    process.call("PUT", "/machine-config", &machine.to_string())?;
+    let boot = serde_json::json!({
+        "kernel_image_path": image,
+        "boot_args": format!("console=ttyS0 reboot=k panic=1 self-boot workload={workload}"),
+    });
+    process.call("PUT", "/boot-source", &boot.to_string())?;
+    Ok((process, socket))
+}
+
+fn boot(vmm: &Vmm, dir: &Path, image: &Path) -> Result<Boot, String> {
+    let (process, socket) = configured(vmm, dir, image, 128, "write:all,verify:all", None)?;
+    process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
+    let started = process.spawned.elapsed();
+    process.wait_for(FIRST_LINE, TIMEOUT)?;
+    let first_line = process.spawned.elapsed();
+    process.wait_for("test guest: done\n", MEMORY_TIMEOUT)?;
+    Ok(Boot {
+        socket,
+        started,
+        first_line,
+    })
+}
+
+fn snapshot(vmm: &Vmm, dir: &Path, image: &Path, gib: u64) -> Result<Snapshot, String> {
+    let zone = dir.join("zone");
+    let memory = dir.join("memory");
+    let state = dir.join("vm.snap");
+    for file in [&zone, &memory, &state] {
+        let _ = std::fs::remove_file(file);
+    }
+    if vmm.ours {
+        let size = format!("{gib}G");
+        let created = Command::new(&vmm.binary)
+            .args(["zone", "create"])
+            .arg(&zone)
+            .args(["--size", &size])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !created.status.success() {
+            return Err(String::from_utf8_lossy(&created.stderr).into_owned());
+        }
+    }
+    let result = (|| {
+        let workload = "write:all,checkpoint:1,verify:all";
+        let zone_option = vmm.ours.then_some(zone.as_path());
+        let (process, _) = configured(vmm, dir, image, gib << 10, workload, zone_option)?;
+        process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
+        process.wait_for(CHECKPOINT, MEMORY_TIMEOUT)?;
+        process.call("PATCH", "/vm", r#"{"state":"Paused"}"#)?;
+        let mut create = serde_json::json!({"snapshot_path": state});
+        if vmm.ours {
+            create["mem_file_path"] = serde_json::json!(zone);
+        } else {
+            create["snapshot_type"] = serde_json::json!("Full");
+            create["mem_file_path"] = serde_json::json!(memory);
+        }
+        let asked = Instant::now();
+        process.call("PUT", "/snapshot/create", &create.to_string())?;
+        let create = asked.elapsed();
+        drop(process);
+
+        let mut loaded = spawn(vmm, dir, "load.sock")?;
+        loaded.wait_for_socket(TIMEOUT)?;
+        let backing = if vmm.ours { &zone } else { &memory };
+        let load = serde_json::json!({
+            "snapshot_path": state,
+            "mem_backend": {"backend_type": "File", "backend_path": backing},
+            "resume_vm": true,
+        });
+        let asked = Instant::now();
+        loaded.call("PUT", "/snapshot/load", &load.to_string())?;
+        let load = asked.elapsed();
+        loaded.type_in(b"\n")?;
+        let steps = loaded.wait_for("test guest: ", MEMORY_TIMEOUT)?;
+        let load_and_read_back = asked.elapsed();
+        if loaded.wait_for("\n", TIMEOUT)? != "done\n" {
+            return Err(format!("the loaded guest's verification failed: {steps}"));
+        }
+        Ok(Snapshot {
+            create,
+            load,
+            load_and_read_back,
+        })
+    })();
+    for file in [&zone, &memory, &state] {
+        let _ = std::fs::remove_file(file);
+    }
+    result
+}
+
+/// Parses the command line: Firecracker's binary, runs, sizes, scratch directory.
+fn options() -> Result<(PathBuf, usize, Vec<u64>, PathBuf), String> {
+    let mut firecracker = None;
+    let (mut runs, mut sizes, mut dir) = (5, vec![1, 8], std::env::temp_dir());
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--firecracker" => firecracker = Some(PathBuf::from(value()?)),
+            "--runs" => runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
+            "--sizes" => {
+                sizes = value()?
+                    .split(',')
+                    .map(|gib| gib.parse().map_err(|e| format!("--sizes: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--dir" => dir = PathBuf::from(value()?),
+            _ => return Err(format!("unknown argument {arg}")),
+        }
+    }
+    let firecracker = firecracker.ok_or("--firecracker PATH is required")?;
+    if runs == 0 || sizes.contains(&0) {
+        return Err("--runs and --sizes must be at least 1".into());
+    }
+    Ok((firecracker, runs, sizes, dir))
+}
+
+/// A table row: ours, Firecracker's and the ratio of the medians.
+fn row(name: &str, ours: Vec<Duration>, firecracker: Vec<Duration>) {
+    let median = |times: &[Duration]| {
+        let mut sorted = times.to_vec();
+        sorted.sort();
+        sorted[sorted.len() / 2]
+    };
+    let ratio = ms(median(&ours)) / ms(median(&firecracker));
+    println!(
+        "| {name} | {} | {} | {ratio:.3} |",
+        summary(ours),
+        summary(firecracker)
+    );
+}
+
+fn compare() -> Result<(), String> {
+    let (firecracker, runs, sizes, dir) = options()?;
+    let dir = dir.join(format!("firecracker-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let result = measure_and_print(firecracker, runs, &sizes, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Measures both VMMs with scratch files in `dir` and prints the table.
+fn measure_and_print(
+    firecracker: PathBuf,
+    runs: usize,
+    sizes: &[u64],
+    dir: &Path,
+) -> Result<(), String> {
+    let image = dir.join("guest.elf");
+    std::fs::write(&image, vmm::testguest::IMAGE).map_err(|e| e.to_string())?;
+    let version = |binary: &Path| -> Result<String, String> {
+        let output = Command::new(binary)
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("{}: {e}", binary.display()))?;
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    let ours = vmm_binary();
+    let (ours_version, theirs_version) = (version(&ours)?, version(&firecracker)?);
+    println!("llfree-vmm: {} ({ours_version})", ours.display());
+    println!("firecracker: {} ({theirs_version})", firecracker.display());
+    let vmms = [
+        Vmm {
+            name: "llfree-vmm",
+            binary: ours,
+            ours: true,
+            firecracker: false,
+        },
+        Vmm {
+            name: "firecracker",
+            binary: firecracker,
+            ours: false,
+            firecracker: theirs_version.starts_with("Firecracker"),
+        },
+    ];
+    let mut boots: [Vec<Boot>; 2] = [Vec::new(), Vec::new()];
+    for run in 0..runs {
+        for which in [run % 2, 1 - run % 2] {
+            let vmm = &vmms[which];
+            let measured =
+                boot(vmm, dir, &image).map_err(|e| format!("{}: boot: {e}", vmm.name))?;
+            boots[which].push(measured);
+        }
+    }
+    let mut snapshots: [Vec<(u64, Snapshot)>; 2] = [Vec::new(), Vec::new()];
+    for (index, &gib) in sizes.iter().enumerate() {
+        for which in [index % 2, 1 - index % 2] {
+            let vmm = &vmms[which];
+            let measured = snapshot(vmm, dir, &image, gib)
+                .map_err(|e| format!("{}: {gib} GiB snapshot: {e}", vmm.name))?;
+            snapshots[which].push((gib, measured));
+        }
+    }
+    println!(
+        "\n| row, ms: median (min–max) | llfree-vmm | Firecracker | ratio (ours / Firecracker) |"
+    );
+    println!("|---|---|---|---|");
+    let phase = |f: fn(&Boot) -> Duration| -> [Vec<Duration>; 2] {
+        [
+            boots[0].iter().map(f).collect(),
+            boots[1].iter().map(f).collect(),
+        ]
+    };
+    let [ours, theirs] = phase(|b| b.socket);
+    row(&format!("spawn to API socket ({runs} runs)"), ours, theirs);
+    let [ours, theirs] = phase(|b| b.started);
+    row("spawn to InstanceStart answered (128 MiB)", ours, theirs);
+    let [ours, theirs] = phase(|b| b.first_line);
+    row("spawn to the guest's first console line", ours, theirs);
+    for (index, &gib) in sizes.iter().enumerate() {
+        let pick = |f: fn(&Snapshot) -> Duration| -> [Vec<Duration>; 2] {
+            [
+                vec![f(&snapshots[0][index].1)],
+                vec![f(&snapshots[1][index].1)],
+            ]
+        };
+        let [ours, theirs] = pick(|s| s.create);
+        row(
+            &format!("{gib} GiB, every page written: snapshot create (paused)"),
+            ours,
+            theirs,
+        );
+        let [ours, theirs] = pick(|s| s.load);
+        row(&format!("{gib} GiB: load to running"), ours, theirs);
+        let [ours, theirs] = pick(|s| s.load_and_read_back);
+        row(
+            &format!("{gib} GiB: load and read every page back (verified)"),
+            ours,
+            theirs,
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match compare() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(why) => {
+            eprintln!("error: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
