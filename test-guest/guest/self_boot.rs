@@ -70,7 +70,7 @@ pub fn prepare(zero_page: u64) -> Result<u64, &'static str> {
         };
         if kind == b"checkpoint" {
             let id = parse_number(argument).ok_or("a checkpoint's id is no number")?;
-            add(step(step_kind::CHECKPOINT, 0, 0, id))?;
+            add(Step::for_all_vcpus(step_kind::CHECKPOINT, 0, 0, id))?;
             continue;
         }
         let kind = match kind {
@@ -87,7 +87,7 @@ pub fn prepare(zero_page: u64) -> Result<u64, &'static str> {
             let start = start.max(WORKLOAD_MIN_ADDR).next_multiple_of(PAGE);
             let end = end.min(mapped) / PAGE * PAGE;
             if start < end {
-                add(step(kind, start, end - start, PATTERN))?;
+                add(Step::for_all_vcpus(kind, start, end - start, PATTERN))?;
             }
         }
     }
@@ -99,18 +99,6 @@ pub fn prepare(zero_page: u64) -> Result<u64, &'static str> {
     // SAFETY: as for the steps.
     unsafe { write_volatile(DESCRIPTOR_ADDR as *mut Header, header) };
     Ok(DESCRIPTOR_ADDR)
-}
-
-fn step(kind: u32, addr: u64, size: u64, pattern: u64) -> Step {
-    Step {
-        kind,
-        vcpu: ALL_VCPUS,
-        addr,
-        size,
-        pattern,
-        repeat: 1,
-        flags: 0,
-    }
 }
 
 /// The usable e820 ranges of `zero_page`, as (start, end).

@@ -162,6 +162,22 @@ pub struct Step {
     pub flags: u32,
 }
 
+impl Step {
+    /// A step of `kind` over `[addr, addr + size)` with `pattern`, run once and split among
+    /// all vCPUs, with a barrier after it.
+    pub const fn for_all_vcpus(kind: u32, addr: u64, size: u64, pattern: u64) -> Self {
+        Step {
+            kind,
+            vcpu: ALL_VCPUS,
+            addr,
+            size,
+            pattern,
+            repeat: 1,
+            flags: 0,
+        }
+    }
+}
+
 /// Step flags.
 pub mod step_flags {
     /// No barrier after the step: it runs at the same time as the next one (not on CHECKPOINT).

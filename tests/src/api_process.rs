@@ -3,12 +3,23 @@
 //! requests that must succeed, and the figures' format.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use vmm_cli::ApiClient;
+
+/// The `vmm` a benchmark binary drives: `LLFREE_VMM_BIN`, or the one beside the program.
+pub fn vmm_beside_this_program() -> PathBuf {
+    match std::env::var_os("LLFREE_VMM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("vmm")))
+            .unwrap_or_else(|| PathBuf::from("vmm")),
+    }
+}
 
 /// A VMM started with `--api-sock` (our `vmm` or Firecracker: both take it), its console
 /// (stdout) read on a thread and its stdin (the guest's console input) a pipe.

@@ -181,27 +181,16 @@ fn the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it(
     assert!(run.stdout.contains("step 5: ok"), "{run:#?}");
     assert!(run.stdout.ends_with("test guest: done\n"), "{run:#?}");
 
-    // A verification that must fail says so before the reset.
-    let run = VmmRun::run(&[
-        "--kernel",
-        &image,
-        "--memory",
-        "64M",
-        "--cmdline",
-        "self-boot workload=verify:all",
-    ]);
-    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+    // A verification that must fail says so before the reset; what the guest cannot parse,
+    // it names, and resets.
+    let self_booted = |cmdline: &str| {
+        let run = VmmRun::run(&["--kernel", &image, "--memory", "64M", "--cmdline", cmdline]);
+        run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+        run
+    };
+    let run = self_booted("self-boot workload=verify:all");
     assert!(run.stdout.contains("FAILED"), "{run:#?}");
-    // What the guest cannot parse, it names, and resets.
-    let run = VmmRun::run(&[
-        "--kernel",
-        &image,
-        "--memory",
-        "64M",
-        "--cmdline",
-        "self-boot workload=write:2M+4K",
-    ]);
-    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+    let run = self_booted("self-boot workload=write:2M+4K");
     assert!(
         run.stdout.contains(
             "test guest: bad workload= on the command line: a self-booted guest's ranges are 'all'"

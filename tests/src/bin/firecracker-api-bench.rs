@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::api_process::{call, console_reader, ms, summary, wait_for};
+use e2e_tests::api_process::{
+    call, console_reader, ms, summary, vmm_beside_this_program, wait_for,
+};
 use e2e_tests::{elf_kernel, CTRL_ALT_DEL_GUEST};
 use vmm_cli::ApiClient;
 
@@ -26,17 +28,6 @@ use vmm_cli::ApiClient;
 const TIMEOUT: Duration = Duration::from_secs(30);
 /// What the guest's initrd holds, and so prints last.
 const INITRD: &str = "bench-initrd-end";
-
-/// The `vmm` binary: `LLFREE_VMM_BIN`, or the one beside this program.
-fn vmm_binary() -> PathBuf {
-    match std::env::var_os("LLFREE_VMM_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.join("vmm")))
-            .unwrap_or_else(|| PathBuf::from("vmm")),
-    }
-}
 
 /// The phases of one API run, as durations from the spawn.
 struct ApiRun {
@@ -51,7 +42,7 @@ fn api_run(dir: &Path, kernel: &str, initrd: &str, rootfs: &str) -> Result<ApiRu
     let socket = dir.join("bench.sock");
     let _ = std::fs::remove_file(&socket);
     let spawned = Instant::now();
-    let mut child = Command::new(vmm_binary())
+    let mut child = Command::new(vmm_beside_this_program())
         .arg("--api-sock")
         .arg(&socket)
         .stdout(Stdio::piped())
@@ -119,7 +110,7 @@ fn api_run(dir: &Path, kernel: &str, initrd: &str, rootfs: &str) -> Result<ApiRu
 fn run_run(kernel: &str, initrd: &str, rootfs: &str) -> Result<Duration, String> {
     let spawned = Instant::now();
     let drive = format!("id=rootfs,path={rootfs},root=on");
-    let mut child = Command::new(vmm_binary())
+    let mut child = Command::new(vmm_beside_this_program())
         .args([
             "run", "--memory", "64M", "--kernel", kernel, "--initrd", initrd,
         ])

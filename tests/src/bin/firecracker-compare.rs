@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use e2e_tests::api_process::{ms, summary, ApiProcess};
+use e2e_tests::api_process::{ms, summary, vmm_beside_this_program, ApiProcess};
 
 /// How long a boot or a load may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,17 +61,6 @@ struct Snapshot {
     create: Duration,
     load: Duration,
     load_and_read_back: Duration,
-}
-
-/// The `vmm` binary: `LLFREE_VMM_BIN`, or the one beside this program.
-fn vmm_binary() -> PathBuf {
-    match std::env::var_os("LLFREE_VMM_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.join("vmm")))
-            .unwrap_or_else(|| PathBuf::from("vmm")),
-    }
 }
 
 /// Spawns `vmm`'s API process on socket `name` in `dir`; Firecracker's log goes to a file
@@ -261,7 +250,7 @@ fn measure_and_print(
             .map_err(|e| format!("{}: {e}", binary.display()))?;
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
     };
-    let ours = vmm_binary();
+    let ours = vmm_beside_this_program();
     let (ours_version, theirs_version) = (version(&ours)?, version(&firecracker)?);
     println!("llfree-vmm: {} ({ours_version})", ours.display());
     println!("firecracker: {} ({theirs_version})", firecracker.display());

@@ -4,8 +4,8 @@
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::protocol::{
-    self, balloon_raw, step_kind, Header, Step, ALL_VCPUS, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC,
-    MAX_STEPS, MAX_VCPUS, WORKLOAD_MIN_ADDR,
+    self, balloon_raw, step_kind, Header, Step, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC, MAX_STEPS,
+    MAX_VCPUS, WORKLOAD_MIN_ADDR,
 };
 
 /// Errors of workload validation and encoding.
@@ -155,15 +155,8 @@ impl Workload {
     }
 
     fn push(mut self, kind: u32, addr: u64, size: u64, pattern: u64) -> Self {
-        self.steps.push(Step {
-            kind,
-            vcpu: ALL_VCPUS,
-            addr,
-            size,
-            pattern,
-            repeat: 1,
-            flags: 0,
-        });
+        self.steps
+            .push(Step::for_all_vcpus(kind, addr, size, pattern));
         self
     }
 
@@ -361,7 +354,7 @@ fn ram_range(step: &Step) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testguest::protocol::{HEADER_SIZE, STEP_SIZE};
+    use crate::testguest::protocol::{ALL_VCPUS, HEADER_SIZE, STEP_SIZE};
     use vm_memory::GuestMemoryMmap;
 
     const MIB: u64 = 1 << 20;
