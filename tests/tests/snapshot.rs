@@ -281,7 +281,17 @@ fn a_balloon_in_the_middle_of_an_inflation_goes_on_after_the_restore() {
         })
         .expect("the inflation was never caught under way");
     eprintln!("paused with {inflated} MiB in the balloon");
-    let memory = get(&api, "/memory");
+    // The vCPUs are paused, but the balloon device may still be taking the pages of a request
+    // the guest made just before: wait until what is given away stops changing.
+    let mut memory = get(&api, "/memory");
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let again = get(&api, "/memory");
+        if again["guest"]["given_away_4k_pages"] == memory["guest"]["given_away_4k_pages"] {
+            break;
+        }
+        memory = again;
+    }
     create_snapshot(&api, &snapshot, &zone);
     vmm.kill();
     let _ = std::fs::remove_file(&socket);
