@@ -24,7 +24,7 @@
 #   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 2400)
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
-#   LLFREE_NESTED_L1_RESTARTS  how many times L1 is booted again after it died (default 2)
+#   LLFREE_NESTED_L1_RESTARTS  how many times L1 is booted again after it died (default 3)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
 #   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only these parts of l1-bench, e.g.
 #                          "net vsock" (of boot, reporting, hotplug, net, vsock)
@@ -51,7 +51,7 @@ if [ "${1:-}" = --guest-files ]; then
 fi
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
-L1_RESTARTS=${LLFREE_NESTED_L1_RESTARTS:-2}
+L1_RESTARTS=${LLFREE_NESTED_L1_RESTARTS:-3}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
     linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive

@@ -116,9 +116,11 @@ fn two_linux_vms_on_one_zone_hand_512_mib_back_and_forth() {
         let api = run.api(&socket);
         (run, api)
     };
+    // One boot after the other: two Linux guests calibrating their APIC timers at once on the
+    // nested route's emulated CPUs once made one of them give its timer up and hang.
     let (mut a, a_api) = start("a");
-    let (mut b, b_api) = start("b");
     a.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
+    let (mut b, b_api) = start("b");
     b.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
     let (a_booted, b_booted) = (memtotal_kib(&a), memtotal_kib(&b));
     let free = free_frames(&zone);
