@@ -4,9 +4,11 @@
 # Linux's boot protocol under either; rows interleaved, one table.
 #
 # Usage: tests/firecracker-compare/run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR]
+#                                         [--populate lazy|eager]
 #   FIRECRACKER  the firecracker binary to measure against
 #   --dir        where the memory files go (default: the temp directory): our VM's zone and
 #                Firecracker's Full snapshot memory file, on the same file system
+#   --populate   our VM's population (default lazy, as Firecracker's memory)
 #
 # How the Firecracker of BENCHMARKS.md was built (never committed here): its public source at
 # tag v1.16.1 (the one binary file its tests need, which the snapshot we had lacked, left out),
@@ -19,7 +21,7 @@
 # which allows every system call (its build says so).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-FIRECRACKER=${1:?usage: run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR]}
+FIRECRACKER=${1:?usage: run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR] [--populate MODE]}
 shift
 cd "$ROOT"
 cargo build --release -q -p vmm-cli -p e2e-tests --bin vmm --bin firecracker-compare

@@ -35,6 +35,16 @@ fn the_harness_measures_every_row_with_a_vmm_in_firecracker_s_place() {
     ] {
         assert!(stdout.contains(row), "no row {row}: {stdout}");
     }
+    // A bad option is named, and nothing runs.
+    let refused = Command::new(env!("CARGO_BIN_EXE_firecracker-compare"))
+        .args(["--firecracker", vmm_binary(), "--populate", "sometimes"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr),
+        "error: --populate is lazy or eager\n"
+    );
     // Nothing left behind in the scratch directory.
     let left: Vec<_> = std::fs::read_dir(scratch.path("")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");

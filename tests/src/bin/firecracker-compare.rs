@@ -5,7 +5,12 @@
 //!
 //! ```text
 //! firecracker-compare --firecracker PATH [--runs N] [--sizes GIB,...] [--dir DIR]
+//!                     [--populate lazy|eager]
 //! ```
+//!
+//! `--populate` is our VM's population (`machine-config`'s extension; default lazy, as
+//! Firecracker's memory): eager maps every frame before the guest starts, a snapshot's too
+//! when it is loaded.
 //!
 //! Rows, each VMM in turn (the order alternating between runs):
 //! * boot (`--runs` times, 128 MiB): spawn to the API socket answering, `InstanceStart`
@@ -85,13 +90,14 @@ fn configured(
     image: &Path,
     mib: u64,
     workload: &str,
-    zone: Option<&Path>,
+    zone: Option<(&Path, &str)>,
 ) -> Result<(ApiProcess, Duration), String> {
     let mut process = spawn(vmm, dir, "api.sock")?;
     let socket = process.wait_for_socket(TIMEOUT)?;
     let mut machine = serde_json::json!({"vcpu_count": 1, "mem_size_mib": mib});
-    if let Some(zone) = zone {
+    if let Some((zone, populate)) = zone {
         machine["zone"] = serde_json::json!({"path": zone, "vm": "bench"});
+        machine["populate"] = serde_json::json!(populate);
     }
     process.call("PUT", "/machine-config", &machine.to_string())?;
     let boot = serde_json::json!({
@@ -116,7 +122,13 @@ fn boot(vmm: &Vmm, dir: &Path, image: &Path) -> Result<Boot, String> {
     })
 }
 
-fn snapshot(vmm: &Vmm, dir: &Path, image: &Path, gib: u64) -> Result<Snapshot, String> {
+fn snapshot(
+    vmm: &Vmm,
+    dir: &Path,
+    image: &Path,
+    gib: u64,
+    populate: &str,
+) -> Result<Snapshot, String> {
     let zone = dir.join("zone");
     let memory = dir.join("memory");
     let state = dir.join("vm.snap");
@@ -137,7 +149,7 @@ fn snapshot(vmm: &Vmm, dir: &Path, image: &Path, gib: u64) -> Result<Snapshot, S
     }
     let result = (|| {
         let workload = "write:all,checkpoint:1,verify:all";
-        let zone_option = vmm.ours.then_some(zone.as_path());
+        let zone_option = vmm.ours.then_some((zone.as_path(), populate));
         let (process, _) = configured(vmm, dir, image, gib << 10, workload, zone_option)?;
         process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
         process.wait_for(CHECKPOINT, MEMORY_TIMEOUT)?;
@@ -183,10 +195,20 @@ fn snapshot(vmm: &Vmm, dir: &Path, image: &Path, gib: u64) -> Result<Snapshot, S
     result
 }
 
-/// Parses the command line: Firecracker's binary, runs, sizes, scratch directory.
-fn options() -> Result<(PathBuf, usize, Vec<u64>, PathBuf), String> {
+/// The command line.
+struct Options {
+    firecracker: PathBuf,
+    runs: usize,
+    sizes: Vec<u64>,
+    dir: PathBuf,
+    populate: String,
+}
+
+/// Parses the command line.
+fn options() -> Result<Options, String> {
     let mut firecracker = None;
     let (mut runs, mut sizes, mut dir) = (5, vec![1, 8], std::env::temp_dir());
+    let mut populate = "lazy".to_owned();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -200,6 +222,12 @@ fn options() -> Result<(PathBuf, usize, Vec<u64>, PathBuf), String> {
                     .collect::<Result<_, _>>()?
             }
             "--dir" => dir = PathBuf::from(value()?),
+            "--populate" => {
+                populate = value()?;
+                if populate != "lazy" && populate != "eager" {
+                    return Err("--populate is lazy or eager".into());
+                }
+            }
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -207,7 +235,13 @@ fn options() -> Result<(PathBuf, usize, Vec<u64>, PathBuf), String> {
     if runs == 0 || sizes.contains(&0) {
         return Err("--runs and --sizes must be at least 1".into());
     }
-    Ok((firecracker, runs, sizes, dir))
+    Ok(Options {
+        firecracker,
+        runs,
+        sizes,
+        dir,
+        populate,
+    })
 }
 
 /// A table row: ours, Firecracker's and the ratio of the medians.
@@ -226,21 +260,19 @@ fn row(name: &str, ours: Vec<Duration>, firecracker: Vec<Duration>) {
 }
 
 fn compare() -> Result<(), String> {
-    let (firecracker, runs, sizes, dir) = options()?;
-    let dir = dir.join(format!("firecracker-compare-{}", std::process::id()));
+    let options = options()?;
+    let dir = options
+        .dir
+        .join(format!("firecracker-compare-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let result = measure_and_print(firecracker, runs, &sizes, &dir);
+    let result = measure_and_print(&options, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 /// Measures both VMMs with scratch files in `dir` and prints the table.
-fn measure_and_print(
-    firecracker: PathBuf,
-    runs: usize,
-    sizes: &[u64],
-    dir: &Path,
-) -> Result<(), String> {
+fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
+    let (firecracker, runs, sizes) = (options.firecracker.clone(), options.runs, &options.sizes);
     let image = dir.join("guest.elf");
     std::fs::write(&image, vmm::testguest::IMAGE).map_err(|e| e.to_string())?;
     let version = |binary: &Path| -> Result<String, String> {
@@ -281,7 +313,7 @@ fn measure_and_print(
     for (index, &gib) in sizes.iter().enumerate() {
         for which in [index % 2, 1 - index % 2] {
             let vmm = &vmms[which];
-            let measured = snapshot(vmm, dir, &image, gib)
+            let measured = snapshot(vmm, dir, &image, gib, &options.populate)
                 .map_err(|e| format!("{}: {gib} GiB snapshot: {e}", vmm.name))?;
             snapshots[which].push((gib, measured));
         }
