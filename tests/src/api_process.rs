@@ -148,13 +148,20 @@ pub fn ms(time: Duration) -> f64 {
     time.as_secs_f64() * 1e3
 }
 
+/// The median of `times` (not empty).
+pub fn median(times: &[Duration]) -> Duration {
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
 /// `median (min–max)` of `times`, in ms.
-pub fn summary(mut times: Vec<Duration>) -> String {
-    times.sort();
+pub fn summary(times: &[Duration]) -> String {
+    let (min, max) = (times.iter().min(), times.iter().max());
     format!(
         "{:.1} ({:.1}–{:.1})",
-        ms(times[times.len() / 2]),
-        ms(times[0]),
-        ms(times[times.len() - 1])
+        ms(median(times)),
+        ms(*min.expect("no times")),
+        ms(*max.expect("no times"))
     )
 }

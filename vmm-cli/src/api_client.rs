@@ -181,15 +181,20 @@ fn response_length(data: &[u8]) -> Option<usize> {
     if status == "204" || status == "304" {
         return Some(end);
     }
-    let length = head
-        .split("\r\n")
-        .filter_map(|line| line.split_once(':'))
-        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))?
-        .1
-        .trim()
-        .parse::<usize>()
-        .ok()?;
+    let length = content_length(head.split("\r\n"))?.ok()?;
     end.checked_add(length)
+}
+
+/// The Content-Length among the header lines `lines`, if any, parsed.
+fn content_length<'a>(
+    mut lines: impl Iterator<Item = &'a str>,
+) -> Option<Result<usize, std::num::ParseIntError>> {
+    lines
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length").then_some(value)
+        })
+        .map(|value| value.trim().parse::<usize>())
 }
 
 /// Parses a whole HTTP/1.x response.
@@ -213,10 +218,7 @@ fn parse_response(data: &[u8]) -> Result<ApiResponse, ClientError> {
         .ok()
         .filter(|s| (100..600).contains(s))
         .ok_or_else(|| bad("bad status code"))?;
-    let length = lines
-        .filter_map(|line| line.split_once(':'))
-        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
-        .map(|(_, value)| value.trim().parse::<usize>())
+    let length = content_length(lines)
         .transpose()
         .map_err(|_| bad("bad Content-Length"))?;
     let body = match length {

@@ -177,7 +177,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    let phase = |f: fn(&ApiRun) -> Duration| summary(api.iter().map(f).collect());
+    let phase = |f: fn(&ApiRun) -> Duration| summary(&api.iter().map(f).collect::<Vec<_>>());
     println!(
         "median (min–max) over {runs} runs, ms from the spawn: api socket {}, configured \
          (4 PUTs) {}, InstanceStart answered {}, first output {}, exit after Ctrl-Alt-Del {}; \
@@ -187,7 +187,7 @@ fn main() -> ExitCode {
         phase(|a| a.started),
         phase(|a| a.first_output),
         phase(|a| a.exited),
-        summary(run)
+        summary(&run)
     );
     let _ = std::fs::remove_dir_all(&dir);
     ExitCode::SUCCESS

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use e2e_tests::api_process::{ms, summary, vmm_beside_this_program, ApiProcess};
+use e2e_tests::api_process::{median, ms, summary, vmm_beside_this_program, ApiProcess};
 
 /// How long a boot or a load may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -246,16 +246,11 @@ fn options() -> Result<Options, String> {
 
 /// A table row: ours, Firecracker's and the ratio of the medians.
 fn row(name: &str, ours: Vec<Duration>, firecracker: Vec<Duration>) {
-    let median = |times: &[Duration]| {
-        let mut sorted = times.to_vec();
-        sorted.sort();
-        sorted[sorted.len() / 2]
-    };
     let ratio = ms(median(&ours)) / ms(median(&firecracker));
     println!(
         "| {name} | {} | {} | {ratio:.3} |",
-        summary(ours),
-        summary(firecracker)
+        summary(&ours),
+        summary(&firecracker)
     );
 }
 
