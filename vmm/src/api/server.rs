@@ -337,7 +337,7 @@ fn serve(
         for event in &events[..ready] {
             match event.data() {
                 STOP => return,
-                LISTENER => connections.accept(&listener),
+                LISTENER => connections.accept(&listener, &mut chunk, &control),
                 KEPT => connections.take_back(),
                 token => connections.read(token, &mut chunk, &control),
             }
@@ -400,9 +400,9 @@ impl Connections {
         self.open.insert(token, connection);
     }
 
-    /// Accepts every pending connection; one beyond [`MAX_CONNECTIONS`] gets a 503 unless an
-    /// idle kept connection makes room.
-    fn accept(&mut self, listener: &UnixListener) {
+    /// Accepts every pending connection; one beyond [`MAX_CONNECTIONS`] gets a 503 unless a
+    /// connection its client closed or an idle kept connection makes room.
+    fn accept(&mut self, listener: &UnixListener, chunk: &mut [u8], control: &Arc<dyn VmmControl>) {
         loop {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
@@ -415,7 +415,9 @@ impl Connections {
                     return;
                 }
             };
-            if !self.make_room() {
+            // Clients may have closed connections whose hang-ups epoll reports after the
+            // listener's event: those are taken in before anyone is refused.
+            if !self.make_room() && !self.handle_ready_connections(chunk, control) {
                 refuse_now(
                     stream,
                     503,
@@ -425,6 +427,37 @@ impl Connections {
             }
             self.watch(stream, 0, Some(Instant::now() + REQUEST_TIMEOUT));
         }
+    }
+
+    /// Handles what the open connections have ready (requests, hang-ups) without waiting, and
+    /// tells whether that made room for one more connection.
+    fn handle_ready_connections(
+        &mut self,
+        chunk: &mut [u8],
+        control: &Arc<dyn VmmControl>,
+    ) -> bool {
+        let mut events = [EpollEvent::default(); 64];
+        // Each round drains or closes what it reads; a client that sends without end is
+        // not followed further than one round per 64 connections.
+        for _ in 0..=MAX_CONNECTIONS / events.len() {
+            let Ok(ready) = self.epoll.wait(0, &mut events) else {
+                break;
+            };
+            let mut handled = false;
+            for event in &events[..ready] {
+                match event.data() {
+                    // Reported again at the next wait (level-triggered).
+                    LISTENER | STOP => continue,
+                    KEPT => self.take_back(),
+                    token => self.read(token, chunk, control),
+                }
+                handled = true;
+            }
+            if !handled {
+                break;
+            }
+        }
+        self.make_room()
     }
 
     /// Watches again the connections whose answers went out and whose clients keep them.
