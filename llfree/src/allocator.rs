@@ -10,7 +10,7 @@ use crate::lower::Lower;
 use crate::meta::{Layout, Meta, PERSISTENT_SLOTS};
 use crate::region::{HeapRegion, MetaRegion, REGION_ALIGN};
 use crate::upper::local::Local;
-use crate::upper::trees::{Line, Trees, GIANT_TREES};
+use crate::upper::trees::{Entry, Trees, ENTRY_SIZE, GIANT_TREES};
 use crate::upper::{Locals, Search};
 use crate::{
     Config, CoreId, Error, FrameId, Init, InitError, Order, Recovery, CHILD_FRAMES, GIANT_ORDER,
@@ -113,12 +113,12 @@ impl LLFree {
         let children = config.frames / CHILD_FRAMES;
         let tree_count = children.div_ceil(TREE_CHILDREN);
         let base = region.as_ptr();
-        // SAFETY: the layout places the child pairs, bitfields, tree lines, slots and owner
+        // SAFETY: the layout places the child pairs, bitfields, tree entries, slots and owner
         // words inside the region (its size was checked by the callers), at 64-byte aligned
         // offsets of a 64-byte aligned region, and none needs more alignment (`Local` is 128 bytes
         // aligned to 64). All are atomics or plain integers, valid for any bit pattern.
         // The region outlives every slice: the allocator keeps it in `_region`.
-        let (pairs, fields, lines, locals, owners) = unsafe {
+        let (pairs, fields, entries, locals, owners) = unsafe {
             (
                 std::slice::from_raw_parts(
                     base.add(layout.pairs).cast::<ChildPair>(),
@@ -126,8 +126,8 @@ impl LLFree {
                 ),
                 std::slice::from_raw_parts(base.add(layout.fields).cast::<Bitfield>(), children),
                 std::slice::from_raw_parts(
-                    base.add(layout.trees).cast::<Line>(),
-                    (layout.locals - layout.trees) / 64,
+                    base.add(layout.trees).cast::<Entry>(),
+                    (layout.locals - layout.trees) / ENTRY_SIZE,
                 ),
                 std::slice::from_raw_parts(base.add(layout.locals).cast::<Local>(), layout.slots),
                 std::slice::from_raw_parts(
@@ -138,7 +138,7 @@ impl LLFree {
         };
         let lower = Lower::new(pairs, fields, config.flush && meta.is_some());
         let trees = Trees::new(
-            lines,
+            entries,
             tree_count,
             config.almost_allocated,
             config.almost_free,

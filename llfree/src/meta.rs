@@ -2,8 +2,8 @@
 //!
 //! A persistent region starts with one 4 KiB meta page (magic, layout version, frame count and a
 //! running/clean marker), followed by the lower level (the child entries, one cache line per tree,
-//! and the bitfields, one cache line per child) and the upper level (the tree entries, 32 to a
-//! cache line; per-core slots of two cache lines each; and one owner word per slot). A volatile
+//! and the bitfields, one cache line per child) and the upper level (the tree entries, one cache
+//! line each; per-core slots of two cache lines each; and one owner word per slot). A volatile
 //! region has the same layout without the meta page.
 //!
 //! A persistent region always has [`PERSISTENT_SLOTS`] slots, so that its size does not depend on
@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::lower::Lower;
-use crate::upper::trees::LINE_TREES;
+use crate::upper::trees::ENTRY_SIZE;
 use crate::{InitError, CHILD_FRAMES, TREE_CHILDREN};
 
 /// Size of the meta page.
@@ -20,8 +20,8 @@ pub const META_SIZE: usize = 4096;
 /// "LLFREE" followed by two zero bytes, little endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"LLFREE\0\0");
 /// Version of the persistent layout (2: the upper level is part of the region; 3: tree counters
-/// are biased, so that they can be negative).
-pub const VERSION: u32 = 3;
+/// are biased, so that they can be negative; 4: one tree entry per cache line).
+pub const VERSION: u32 = 4;
 /// Per-core slots of a persistent region.
 pub const PERSISTENT_SLOTS: usize = 256;
 /// Bytes of one per-core slot.
@@ -61,7 +61,7 @@ impl Layout {
         let pairs = if with_meta { META_SIZE } else { 0 };
         let fields = pairs + Lower::pairs_size(children);
         let trees = fields + Lower::fields_size(children);
-        let locals = trees + children.div_ceil(TREE_CHILDREN).div_ceil(LINE_TREES) * 64;
+        let locals = trees + children.div_ceil(TREE_CHILDREN) * ENTRY_SIZE;
         let owners = locals + slots * SLOT_SIZE;
         Self {
             pairs,
@@ -159,7 +159,11 @@ mod tests {
         assert_eq!(layout.pairs, META_SIZE);
         assert_eq!(layout.fields, META_SIZE + 64 * 64);
         assert_eq!(layout.trees, layout.fields + 2048 * 64);
-        assert_eq!(layout.locals, layout.trees + 2 * 64, "64 trees: two lines");
+        assert_eq!(
+            layout.locals,
+            layout.trees + 64 * 64,
+            "64 trees: a line each"
+        );
         assert_eq!(layout.owners, layout.locals + 256 * 128);
         assert_eq!(layout.size, layout.owners + 256 * 8);
         let small = Layout::new(512, false, 1);

@@ -29,8 +29,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE1");
 pub const CREATING_MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE~");
 /// The layout version (2: the allocator's upper level and a process table are in the zone, so
 /// that several VMM processes use it at once; 3: every frame records the VM chunk it backs, so
-/// that recovery repairs a damaged frame-table entry or tells which memory it lost).
-pub const VERSION: u64 = 3;
+/// that recovery repairs a damaged frame-table entry or tells which memory it lost; 4: the
+/// allocator's tree entries take a cache line each, which moves what follows them).
+pub const VERSION: u64 = 4;
 /// Size of the header and of one directory slot.
 pub const PAGE: u64 = 4096;
 /// The most VMs one zone can hold.

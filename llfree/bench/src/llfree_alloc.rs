@@ -48,6 +48,21 @@ impl LLFreeAlloc {
     }
 }
 
+impl LLFreeAlloc {
+    /// A get through the caller's cache of `core` where it holds the core's claim, else the
+    /// shared path.
+    #[inline(never)]
+    fn get_through_cache(&self, core: usize, order: usize) -> Result<usize, AllocError> {
+        let cached = self.caches.with(
+            core,
+            |cache| self.llfree.get_cached(cache, Order(order)),
+            CoreCache::frames,
+        );
+        let frame = cached.unwrap_or_else(|| self.llfree.get(CoreId(core), Order(order)))?;
+        Ok(frame.0)
+    }
+}
+
 impl FrameAllocator for LLFreeAlloc {
     fn name(&self) -> &'static str {
         if self.cached {
@@ -63,19 +78,11 @@ impl FrameAllocator for LLFreeAlloc {
 
     #[inline]
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        let cached = || {
-            self.caches.with(
-                core,
-                |cache| self.llfree.get_cached(cache, Order(order)),
-                CoreCache::frames,
-            )
-        };
-        let frame = self
-            .cached
-            .then(cached)
-            .flatten()
-            .unwrap_or_else(|| self.llfree.get(CoreId(core), Order(order)))?;
-        Ok(frame.0)
+        // The shared path calls LLFree alone, as guest-mem does.
+        if !self.cached {
+            return Ok(self.llfree.get(CoreId(core), Order(order))?.0);
+        }
+        self.get_through_cache(core, order)
     }
 
     #[inline]

@@ -26,7 +26,8 @@ enum Command {
     Bulk(RunArgs),
     /// Every thread allocates its share of the zone; frees in random order are timed.
     Rand(RunArgs),
-    /// Every thread allocates and frees one frame in a loop (a get+put pair is timed).
+    /// With half the zone allocated, every thread allocates and frees one frame in a loop
+    /// (a get+put pair is timed).
     Repeat(RunArgs),
     /// Huge-frame fragmentation and compaction cost over reallocation rounds (paper §5.6).
     Frag(FragArgs),

@@ -114,24 +114,25 @@ impl Lower {
     /// from the child of `hint`. Returns the first frame, or `None` if this tree has no room.
     #[inline]
     pub fn get(&self, hint: usize, order: usize) -> Option<usize> {
-        match order {
-            HUGE_ORDER => self.get_whole_children(hint, false),
-            10 => self.get_whole_children(hint, true),
-            _ => {
-                // Fast path: the hint's child. Then partially used children, and entirely free
-                // ones last, so that they stay available as huge frames.
-                let hint_child = hint / CHILD_FRAMES;
-                let others = self.children_from(hint).skip(1);
-                self.get_base(hint_child, order)
-                    .or_else(|| {
-                        others
-                            .clone()
-                            .filter(|c| self.child(*c) != Child::FREE)
-                            .find_map(|c| self.get_base(c, order))
-                    })
-                    .or_else(|| others.clone().find_map(|c| self.get_base(c, order)))
-            }
+        if order >= HUGE_ORDER {
+            return self.get_whole_children(hint, order == 10);
         }
+        // Fast path (inlined into the caller): the hint's child.
+        self.get_base(hint / CHILD_FRAMES, order)
+            .or_else(|| self.get_base_elsewhere(hint, order))
+    }
+
+    /// Allocates `1 << order` base frames in another child of the tree of `hint` than the
+    /// hint's: partially used children first, entirely free ones last, so that they stay
+    /// available as huge frames.
+    #[inline(never)]
+    fn get_base_elsewhere(&self, hint: usize, order: usize) -> Option<usize> {
+        let others = self.children_from(hint).skip(1);
+        others
+            .clone()
+            .filter(|c| self.child(*c) != Child::FREE)
+            .find_map(|c| self.get_base(c, order))
+            .or_else(|| others.clone().find_map(|c| self.get_base(c, order)))
     }
 
     /// The existing children of the tree of `hint`, starting at the child of `hint`.
@@ -164,7 +165,7 @@ impl Lower {
     /// Allocates a huge frame (one child) or, with `pair`, an order-10 frame (an aligned pair of
     /// children) in the tree of `hint`: the first entirely free child (pair) of the tree's cache
     /// line of child entries, from the hint's pair on.
-    #[inline]
+    #[inline(never)]
     fn get_whole_children(&self, hint: usize, pair: bool) -> Option<usize> {
         let first = hint / TREE_FRAMES * TREE_CHILDREN;
         let pairs = &self.pairs[first / 2..][..TREE_CHILDREN / 2];

@@ -18,7 +18,7 @@ pub mod local;
 pub mod trees;
 
 use local::Local;
-use trees::{Class, Trees, LINE_TREES};
+use trees::{Class, Trees};
 
 /// What a tree search is looking for.
 #[derive(Debug, Clone, Copy)]
@@ -36,13 +36,11 @@ pub struct Search {
 impl Trees {
     /// Finds and reserves a tree for `search`. Returns the tree and its free frames.
     ///
-    /// One pass over the tree entries, starting with the cache line of `search.start` (its
-    /// neighbourhood), remembers the first partial, free and merely large enough tree; the pass
-    /// stops early at the first tree of the preferred class. A lost race for the chosen tree
-    /// repeats the pass.
+    /// One pass over the tree entries from `search.start` on, wrapping around, remembers the
+    /// first partial, free and merely large enough tree; the pass stops early at the first tree
+    /// of the preferred class. A lost race for the chosen tree repeats the pass.
     pub fn search(&self, search: Search) -> Option<(usize, usize)> {
         const ATTEMPTS: usize = 4;
-        let first = search.start / LINE_TREES * LINE_TREES;
         let preferred = if search.prefer_free {
             Class::Free
         } else {
@@ -64,13 +62,9 @@ impl Trees {
                     class == preferred
                 }
             };
-            // The neighbourhood from the start on, then the other lines: plain loops (an
-            // iterator chain cost a reservation thousands of instructions in a large zone).
-            let line_end = (first + LINE_TREES).min(self.len());
-            let _ = (search.start..line_end).any(&mut visit)
-                || (first..search.start).any(&mut visit)
-                || (line_end..self.len()).any(&mut visit)
-                || (0..first).any(&mut visit);
+            // Plain loops (an iterator chain cost a reservation thousands of instructions in a
+            // large zone).
+            let _ = (search.start..self.len()).any(&mut visit) || (0..search.start).any(&mut visit);
             let [fits, partial, free] = found;
             let choice = if search.prefer_free {
                 free.or(partial).or(fits)
@@ -130,13 +124,10 @@ pub(crate) mod tests {
 
     /// Unreserved trees with the `free` counts and the default thresholds, leaked for the test.
     pub(crate) fn trees(free: &[usize]) -> Trees {
-        let lines: &'static [trees::Line] = Box::leak(
-            (0..free.len().div_ceil(LINE_TREES))
-                .map(|_| trees::Line::default())
-                .collect(),
-        );
+        let entries: &'static [trees::Entry] =
+            Box::leak((0..free.len()).map(|_| trees::Entry::default()).collect());
         let trees = Trees::new(
-            lines,
+            entries,
             free.len(),
             TREE_FRAMES / 8,
             TREE_FRAMES - TREE_FRAMES / 8,

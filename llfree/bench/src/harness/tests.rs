@@ -40,6 +40,52 @@ fn every_bench_runs_and_leaves_the_zone_free() {
     }
 }
 
+/// Counts the free frames an allocator had at the last get.
+struct FreeAtGet<'a> {
+    inner: &'a dyn FrameAllocator,
+    free: AtomicUsize,
+}
+
+impl FrameAllocator for FreeAtGet<'_> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn supports_order(&self, order: usize) -> bool {
+        self.inner.supports_order(order)
+    }
+    fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
+        self.free.store(self.inner.free_frames(), Relaxed);
+        self.inner.get(core, order)
+    }
+    fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
+        self.inner.put(core, frame, order)
+    }
+    fn drain(&self, core: usize) {
+        self.inner.drain(core)
+    }
+    fn free_frames(&self) -> usize {
+        self.inner.free_frames()
+    }
+    fn frames(&self) -> usize {
+        self.inner.frames()
+    }
+}
+
+#[test]
+fn repeat_runs_with_half_the_zone_allocated_as_in_the_paper() {
+    let buddy = Buddy::new(BuddyConfig::new(2), 1 << 14).unwrap();
+    let alloc = FreeAtGet {
+        inner: &buddy,
+        free: AtomicUsize::new(0),
+    };
+    run(&alloc, params(Bench::Repeat, 0, 2)).unwrap();
+    // The last get is one of the loop's: half the zone is allocated, at most one more frame
+    // per thread.
+    let free = alloc.free.load(Relaxed);
+    assert!(((1 << 13) - 2..=1 << 13).contains(&free), "{free}");
+    assert_eq!(buddy.free_frames(), buddy.frames());
+}
+
 #[test]
 fn rand_frees_frames_of_other_threads() {
     let alloc = ListLocal::new(2, 4096).unwrap();
