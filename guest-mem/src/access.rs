@@ -33,7 +33,7 @@ impl GuestRegion {
         }
         let chunk = self.chunk_size().bytes();
         for index in offset.0 / chunk..=(end - 1) / chunk {
-            self.populate(index as usize, self.shared.vmm_core)
+            self.populate(index as usize, self.shared.vmm_core, None)
                 .map_err(|e| GuestMemoryError::IOError(io::Error::other(e)))?;
         }
         Ok(())

@@ -3,6 +3,9 @@
 //! A fault is resolved without any global lock: the chunk is claimed with one compare-and-swap
 //! of its frame-table entry, a frame is allocated with the faulting vCPU's own LLFree core id
 //! (so each vCPU fills its own reserved tree), mapped over the chunk, and the waiters are woken.
+//! A handler thread allocates through its own cache of the vCPU's core
+//! ([`crate::pool::CoreFrames`]), taken the first time it serves that vCPU unless another
+//! handler thread took it first (then the shared path).
 //!
 //! When the pool is exhausted, the vCPU's error is recorded, the VMM's event is signalled and the
 //! vCPU thread is kicked (on hardware KVM its KVM_RUN returns EINTR). The fault stays pending and
@@ -25,6 +28,7 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::pool::CoreFrames;
 use crate::region::{GuestRegion, RegionError};
 use crate::shared::{Inner, Shared};
 use crate::stats::Counters;
@@ -72,7 +76,26 @@ impl Drop for FaultHandlers {
     }
 }
 
+/// The core caches a handler thread holds, per vCPU: taken on the first fault it serves for
+/// that vCPU, given back when the thread ends.
+struct VcpuCaches(Vec<Option<Option<CoreFrames>>>);
+
+impl VcpuCaches {
+    fn new(vcpus: usize) -> Self {
+        Self((0..vcpus).map(|_| None).collect())
+    }
+
+    /// This thread's cache of vCPU `index`'s core, if it holds it (tried once per vCPU).
+    fn of(&mut self, shared: &Shared, index: usize) -> Option<&mut CoreFrames> {
+        self.0
+            .get_mut(index)?
+            .get_or_insert_with(|| shared.pool.claim_cache(shared.core_base + index))
+            .as_mut()
+    }
+}
+
 fn serve(inner: &Inner, stop: &EventFd) {
+    let mut caches = VcpuCaches::new(inner.shared.vcpus.len());
     let uffd = &inner.shared.uffd;
     let mut faults = [Fault {
         address: 0,
@@ -90,7 +113,7 @@ fn serve(inner: &Inner, stop: &EventFd) {
         match wait_readable(uffd, stop, timeout) {
             Ok(Readiness::Readable) => {}
             Ok(Readiness::TimedOut) => {
-                retry_blocked(inner);
+                retry_blocked(inner, &mut caches);
                 continue;
             }
             Ok(Readiness::Stopped) | Err(_) => return,
@@ -101,13 +124,13 @@ fn serve(inner: &Inner, stop: &EventFd) {
         };
         let read_at = Instant::now();
         for fault in &faults[..n] {
-            handle(inner, fault, read_at);
+            handle(inner, fault, read_at, &mut caches);
         }
     }
 }
 
 /// Retries the faults vCPUs and other threads are blocked on.
-fn retry_blocked(inner: &Inner) {
+fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
     let shared = &inner.shared;
     if shared.others_wait.load(Ordering::Acquire) {
         let mut others = shared.lock_waiting_others();
@@ -115,7 +138,7 @@ fn retry_blocked(inner: &Inner) {
             let Some((region, chunk)) = inner.locate(addr) else {
                 return false;
             };
-            resolve(shared, region, chunk, shared.vmm_core, None, addr).is_err()
+            resolve(shared, region, chunk, None, None, addr).is_err()
         });
         shared
             .others_wait
@@ -139,26 +162,28 @@ fn retry_blocked(inner: &Inner) {
             shared,
             region,
             chunk,
-            shared.core_base + index,
             Some(index),
+            caches.of(shared, index),
             addr,
         );
         shared.end_blocked_resolution();
     }
 }
 
-/// Populates `chunk` of `region` with `core` for the fault of `vcpu` at `addr`, ends that vCPU's
-/// wait on it and wakes the waiters. Returns when the waiters were woken (for the wake latency)
-/// and whether this call mapped a new frame.
+/// Populates `chunk` of `region` for the fault of `vcpu` (none: a thread that is no vCPU) at
+/// `addr` with the vCPU's core (the VMM's), through `cache` where the thread holds the core's,
+/// ends that vCPU's wait on it and wakes the waiters. Returns when the waiters were woken (for
+/// the wake latency) and whether this call mapped a new frame.
 fn resolve(
     shared: &Shared,
     region: &GuestRegion,
     chunk: usize,
-    core: usize,
     vcpu: Option<usize>,
+    cache: Option<&mut CoreFrames>,
     addr: usize,
 ) -> Result<(Instant, bool), RegionError> {
-    let fresh = region.populate(chunk, core)?;
+    let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
+    let fresh = region.populate(chunk, core, cache)?;
     let counters = &shared.counters;
     if fresh {
         Counters::bump(&counters.faults);
@@ -182,7 +207,7 @@ fn resolve(
 
 /// Resolves one fault read at `read_at`: populate the chunk with the faulting vCPU's core, then
 /// wake.
-fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
+fn handle(inner: &Inner, fault: &Fault, read_at: Instant, caches: &mut VcpuCaches) {
     let shared = &inner.shared;
     let Some((region, chunk)) = inner.locate(fault.address) else {
         // Not guest memory (cannot happen: only regions are registered); do not leave it hanging.
@@ -190,14 +215,20 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
         return;
     };
     let vcpu = shared.vcpus.index_of(fault.tid);
-    let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
     // A vCPU that waits already (the kernel delivers its fault anew when its wait is
     // interrupted) waits on while the VM is paused (see `Shared::held`).
     let waits = vcpu.is_some_and(|i| shared.vcpus.blocked_on(i).is_some());
     if waits && !shared.begin_blocked_resolution() {
         return;
     }
-    let result = resolve(shared, region, chunk, core, vcpu, fault.address);
+    let result = resolve(
+        shared,
+        region,
+        chunk,
+        vcpu,
+        vcpu.and_then(|i| caches.of(shared, i)),
+        fault.address,
+    );
     if waits {
         shared.end_blocked_resolution();
     }
@@ -253,7 +284,8 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant) {
     // the wait being recorded would otherwise be noticed only by the next retry, and the error
     // would be reported for nothing. Not while the VM is paused: the vCPU waits on.
     if shared.begin_blocked_resolution() {
-        let resolved = resolve(shared, region, chunk, core, vcpu, fault.address).is_ok();
+        let cache = caches.of(shared, i);
+        let resolved = resolve(shared, region, chunk, vcpu, cache, fault.address).is_ok();
         shared.end_blocked_resolution();
         if resolved {
             return;

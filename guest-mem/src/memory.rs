@@ -330,6 +330,8 @@ impl GuestMemory {
 
     fn populate_all(&self, population: &Population) -> Result<(), MemoryError> {
         let core = self.inner.shared.vmm_core;
+        // One thread allocates every frame: through the core's cache, unless a thread holds it.
+        let mut cache = self.inner.shared.pool.claim_cache(core);
         for region in &self.inner.regions {
             for chunk in 0..region.table().len() {
                 if population.cancelled.load(Ordering::Acquire) {
@@ -338,7 +340,7 @@ impl GuestMemory {
                 if !region.is_plugged(chunk) {
                     continue;
                 }
-                region.populate_and_prefault(chunk, core)?;
+                region.populate_and_prefault(chunk, core, cache.as_mut())?;
                 population
                     .populated_bytes
                     .fetch_add(region.chunk_size().bytes(), Ordering::Relaxed);

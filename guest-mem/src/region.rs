@@ -13,7 +13,7 @@ use vm_memory::GuestAddress;
 
 use crate::frame_table::{ChunkState, FrameTable};
 use crate::pieces::PieceMap;
-use crate::pool::{Frame, FrameSize};
+use crate::pool::{CoreFrames, Frame, FrameSize};
 use crate::shared::Shared;
 use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
@@ -359,9 +359,15 @@ impl GuestRegion {
         }
     }
 
-    /// Makes sure `chunk` is backed by a frame, allocating it with `core`. Returns `true` when
-    /// this call mapped a new frame, `false` when the chunk was populated already.
-    pub(crate) fn populate(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
+    /// Makes sure `chunk` is backed by a frame, allocating it with `core`, through the calling
+    /// thread's `cache` of that core where it has one. Returns `true` when this call mapped a new
+    /// frame, `false` when the chunk was populated already.
+    pub(crate) fn populate(
+        &self,
+        chunk: usize,
+        core: usize,
+        cache: Option<&mut CoreFrames>,
+    ) -> Result<bool, RegionError> {
         match self.claim(chunk, false) {
             ChunkState::Mapped(_) => return Ok(false),
             ChunkState::Unplugged => return Err(RegionError::Unplugged { chunk }),
@@ -376,7 +382,11 @@ impl GuestRegion {
             return self.map_claimed(chunk, frame).map(|()| true);
         }
         let pool = &self.shared.pool;
-        let Some(frame) = pool.alloc(core, self.chunk) else {
+        let frame = match cache {
+            Some(cache) => cache.alloc(self.chunk),
+            None => pool.alloc(core, self.chunk),
+        };
+        let Some(frame) = frame else {
             self.table.publish_empty(chunk);
             return Err(RegionError::Exhausted(self.chunk.name()));
         };
@@ -392,15 +402,16 @@ impl GuestRegion {
         Ok(true)
     }
 
-    /// Makes sure `chunk` is backed by a frame, allocating it with `core`, and faults all its pages
-    /// in, so that neither the guest nor KVM waits for the host when they first touch it (eager
-    /// population: the kernel allocates and zeroes the pages now).
+    /// Makes sure `chunk` is backed by a frame, allocating it as [`GuestRegion::populate`] does,
+    /// and faults all its pages in, so that neither the guest nor KVM waits for the host when
+    /// they first touch it (eager population: the kernel allocates and zeroes the pages now).
     pub(crate) fn populate_and_prefault(
         &self,
         chunk: usize,
         core: usize,
+        cache: Option<&mut CoreFrames>,
     ) -> Result<(), RegionError> {
-        self.populate(chunk, core)?;
+        self.populate(chunk, core, cache)?;
         let (addr, len) = self.chunk_range(chunk);
         // SAFETY: the chunk is mapped read/write onto a pool frame, whose pages the pool provides
         // (reserved hugetlb pages, a memfd, a file of the pool's size; only a sparse pool file on

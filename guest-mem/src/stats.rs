@@ -40,7 +40,7 @@ pub struct PoolStats {
 impl PoolStats {
     pub(crate) fn collect(pool: &Pool) -> Self {
         let llfree = pool.allocator();
-        let free_bytes = (llfree.free_frames() * FRAME_SIZE) as u64;
+        let free_bytes = pool.free_frames() * FRAME_SIZE as u64;
         Self {
             frame_size: pool.frame_size(),
             total_bytes: pool.size(),

@@ -73,6 +73,17 @@ fn two_vcpus_populate_lazily_into_their_own_reservations() {
     // The VMM sees what the vCPUs wrote.
     let value: u32 = memory.read_obj(GuestAddress(5 * CHUNK + 8)).expect("read");
     assert_eq!(value, 0xAAAA_0001);
+    // The fault handler threads allocated through their caches of the vCPUs' cores: the rest of
+    // the batches they took is free memory, and goes back with the memory.
+    let cached = pool.allocator().cached_frames() as u64;
+    assert!(cached > 0, "the handlers hold the vCPUs' core caches");
+    let populated = 41 * CHUNK;
+    assert_eq!(pool.stats().used_bytes, populated);
+    drop(vm);
+    drop(memory);
+    assert_eq!(pool.allocator().cached_frames(), 0);
+    assert_eq!(pool.stats().used_bytes, 0);
+    pool.allocator().validate().expect("consistent");
 }
 
 #[test]

@@ -1,16 +1,18 @@
 //! Frame pools: one LLFree allocator over one host memory zone, shared by guests.
 
 mod backing;
+mod cache;
 mod header;
 mod persistent;
 
 pub use backing::{available_huge_pages, Backing, BackingError};
+pub use cache::CoreFrames;
 pub use header::HeaderError;
 
 use std::io;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use llfree::{Config, CoreId, FrameId, InitError, LLFree, Order, FRAME_SIZE, GIANT_ORDER};
@@ -168,6 +170,8 @@ pub struct Pool {
     next_core: AtomicUsize,
     /// The allocator cores this process uses (a zone's: the slots it claimed).
     cores: Range<usize>,
+    /// Per core of `cores`: a thread holds its cache ([`Pool::claim_cache`]).
+    cache_claims: Box<[AtomicBool]>,
     /// A zone's pool: this process's membership, ended when the pool goes.
     membership: Option<Membership>,
 }
@@ -233,6 +237,7 @@ impl Pool {
             frame_size,
             scrub: config.scrub,
             next_core: AtomicUsize::new(0),
+            cache_claims: cores.clone().map(|_| AtomicBool::new(false)).collect(),
             cores,
             membership: None,
         };
@@ -267,6 +272,7 @@ impl Pool {
             frame_size,
             scrub,
             next_core: AtomicUsize::new(0),
+            cache_claims: cores.clone().map(|_| AtomicBool::new(false)).collect(),
             cores,
             membership,
         })
@@ -285,6 +291,11 @@ impl Pool {
     /// Bytes of frame memory.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Free 4 KiB frames, those that threads' core caches hold included.
+    pub fn free_frames(&self) -> u64 {
+        (self.llfree.free_frames() + self.llfree.cached_frames()) as u64
     }
 
     /// Whether the memory is hugetlb.

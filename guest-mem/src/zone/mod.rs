@@ -1024,13 +1024,12 @@ impl Zone {
             .collect();
         let mut vms: Vec<VmInfo> = vms;
         vms.sort_by(|a, b| a.name.cmp(&b.name));
-        let llfree = self.pool.allocator();
         Ok(ZoneInfo {
             id: self.id(),
             size: self.layout.data_len(),
             frame_size: self.layout.frame_size,
             frames: self.layout.vm_chunks(),
-            free_frames: (llfree.free_frames() as u64) / self.layout.frame_size.base_frames(),
+            free_frames: self.pool.free_frames() / self.layout.frame_size.base_frames(),
             max_vms: self.layout.max_vms,
             vms,
             recovery: self.recovery,

@@ -7,7 +7,7 @@ OUT=${OUT:-llfree/bench/results}
 mkdir -p "$OUT"
 cargo build --release -p llfree-bench
 B=target/release/llfree-bench
-ALL=llfree,llfree-shared,buddy,buddy-pcp,list-locked,list-cas,list-local
+ALL=llfree,llfree-shared,llfree-vm,buddy,buddy-pcp,list-locked,list-cas,list-local
 run() { # name, args...
     local name=$1; shift
     echo "== $name: llfree-bench $*" | tee "$OUT/$name.txt"
@@ -15,10 +15,10 @@ run() { # name, args...
     cat "$OUT/$name.txt"
 }
 run bulk-0 bulk --zone 8G --threads 1,2 --order 0 --iterations 5 --alloc "$ALL"
-run bulk-9 bulk --zone 8G --threads 1,2 --order 9 --iterations 5 --alloc llfree,llfree-shared,buddy,buddy-pcp
+run bulk-9 bulk --zone 8G --threads 1,2 --order 9 --iterations 5 --alloc llfree,llfree-shared,llfree-vm,buddy,buddy-pcp
 run bulk-orders bulk --zone 8G --threads 2 --order 1,2,3,4,5,6,7,8,10 --iterations 3 --alloc llfree,buddy
 run rand-0 rand --zone 8G --threads 1,2 --order 0 --iterations 5 --alloc "$ALL"
 run repeat-0 repeat --zone 8G --threads 1,2 --order 0 --iterations 5 --alloc "$ALL"
-run repeat-9 repeat --zone 8G --threads 1,2 --order 9 --iterations 5 --alloc llfree,llfree-shared,buddy,buddy-pcp
+run repeat-9 repeat --zone 8G --threads 1,2 --order 9 --iterations 5 --alloc llfree,llfree-shared,llfree-vm,buddy,buddy-pcp
 run frag frag --zone 8G --rounds 100 --threads 2 --svg "$OUT/frag.svg"
 run recover recover --zone 8G,16G --runs 5

@@ -16,8 +16,11 @@ use thiserror::Error;
 pub enum AllocKind {
     /// LLFree with volatile metadata, threads allocating through their core's cache.
     LLFree,
-    /// LLFree with volatile metadata, every thread on the shared `get`/`put` (guest-mem's path).
+    /// LLFree with volatile metadata, every thread on the shared `get`/`put`.
     LLFreeShared,
+    /// LLFree with volatile metadata, gets through the core's cache, puts shared (guest memory's
+    /// path).
+    LLFreeVm,
     /// The spin-locked buddy allocator with per-order free lists.
     Buddy,
     /// The buddy allocator with Linux-like per-CPU lists for order 0.
@@ -32,9 +35,10 @@ pub enum AllocKind {
 
 impl AllocKind {
     /// Every allocator, in the order of the default command line.
-    pub const ALL: [AllocKind; 7] = [
+    pub const ALL: [AllocKind; 8] = [
         AllocKind::LLFree,
         AllocKind::LLFreeShared,
+        AllocKind::LLFreeVm,
         AllocKind::Buddy,
         AllocKind::BuddyPcp,
         AllocKind::ListLocked,
@@ -47,6 +51,7 @@ impl AllocKind {
         match self {
             AllocKind::LLFree => "llfree",
             AllocKind::LLFreeShared => "llfree-shared",
+            AllocKind::LLFreeVm => "llfree-vm",
             AllocKind::Buddy => "buddy",
             AllocKind::BuddyPcp => "buddy-pcp",
             AllocKind::ListLocked => "list-locked",
@@ -58,7 +63,7 @@ impl AllocKind {
     /// Whether the allocator supports `order` (as [`FrameAllocator::supports_order`]).
     pub fn supports_order(self, order: usize) -> bool {
         match self {
-            AllocKind::LLFree | AllocKind::LLFreeShared => {
+            AllocKind::LLFree | AllocKind::LLFreeShared | AllocKind::LLFreeVm => {
                 order <= llfree::MAX_ORDER || order == llfree::GIANT_ORDER
             }
             AllocKind::Buddy | AllocKind::BuddyPcp => order <= crate::buddy::MAX_ORDER,
@@ -75,6 +80,7 @@ impl AllocKind {
         Ok(match self {
             AllocKind::LLFree => Box::new(LLFreeAlloc::new(cores, frames)?),
             AllocKind::LLFreeShared => Box::new(LLFreeAlloc::shared(cores, frames)?),
+            AllocKind::LLFreeVm => Box::new(LLFreeAlloc::vm_path(cores, frames)?),
             AllocKind::Buddy => Box::new(Buddy::new(BuddyConfig::without_pcp(cores), frames)?),
             AllocKind::BuddyPcp => Box::new(Buddy::new(BuddyConfig::new(cores), frames)?),
             AllocKind::ListLocked => Box::new(ListLocked::new(frames)?),

@@ -4,7 +4,10 @@
 //! `core_claim`) and allocates through the core's [`CoreCache`]; other threads on that core id
 //! use the shared per-core path. [`FrameAllocator::drain`] gives the caller's cache and claim
 //! back. [`LLFreeAlloc::shared`] (`llfree-shared`): every thread calls the shared
-//! [`LLFree::get`] and [`LLFree::put`], the path guest-mem's pools take for guest memory.
+//! [`LLFree::get`] and [`LLFree::put`]. [`LLFreeAlloc::vm_path`] (`llfree-vm`): gets through the
+//! core's cache and puts on the shared path, as guest memory takes them (a fault handler thread
+//! populates a vCPU's chunks through its cache of the vCPU's core; discards free frames from a
+//! device's thread).
 
 use crate::core_claim::Claimed;
 use crate::frame_alloc::{AllocError, FrameAllocator};
@@ -17,8 +20,18 @@ use llfree::{
 pub struct LLFreeAlloc {
     llfree: LLFree,
     caches: Claimed<CoreCache>,
-    /// Whether threads allocate through their core's cache ([`LLFreeAlloc::new`]).
-    cached: bool,
+    path: Path,
+}
+
+/// Which of LLFree's calls the threads make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// Gets and puts through the core's cache ([`LLFreeAlloc::new`]).
+    Cached,
+    /// The shared `get` and `put` ([`LLFreeAlloc::shared`]).
+    Shared,
+    /// Gets through the cache, puts shared ([`LLFreeAlloc::vm_path`]).
+    Vm,
 }
 
 impl LLFreeAlloc {
@@ -30,15 +43,23 @@ impl LLFreeAlloc {
         Ok(Self {
             llfree,
             caches,
-            cached: true,
+            path: Path::Cached,
         })
     }
 
     /// Creates a volatile LLFree as [`LLFreeAlloc::new`] does, whose threads all take the
-    /// shared `get` and `put` (no core caches), as guest-mem's pools do.
+    /// shared `get` and `put` (no core caches).
     pub fn shared(cores: usize, frames: usize) -> Result<Self, InitError> {
         let mut alloc = Self::new(cores, frames)?;
-        alloc.cached = false;
+        alloc.path = Path::Shared;
+        Ok(alloc)
+    }
+
+    /// Creates a volatile LLFree as [`LLFreeAlloc::new`] does, whose threads get through their
+    /// core's cache and put on the shared path, as guest memory does.
+    pub fn vm_path(cores: usize, frames: usize) -> Result<Self, InitError> {
+        let mut alloc = Self::new(cores, frames)?;
+        alloc.path = Path::Vm;
         Ok(alloc)
     }
 
@@ -65,10 +86,10 @@ impl LLFreeAlloc {
 
 impl FrameAllocator for LLFreeAlloc {
     fn name(&self) -> &'static str {
-        if self.cached {
-            "llfree"
-        } else {
-            "llfree-shared"
+        match self.path {
+            Path::Cached => "llfree",
+            Path::Shared => "llfree-shared",
+            Path::Vm => "llfree-vm",
         }
     }
 
@@ -78,8 +99,8 @@ impl FrameAllocator for LLFreeAlloc {
 
     #[inline]
     fn get(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        // The shared path calls LLFree alone, as guest-mem does.
-        if !self.cached {
+        // The shared path calls LLFree alone.
+        if self.path == Path::Shared {
             return Ok(self.llfree.get(CoreId(core), Order(order))?.0);
         }
         self.get_through_cache(core, order)
@@ -89,7 +110,7 @@ impl FrameAllocator for LLFreeAlloc {
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         let (frame, order) = (FrameId(frame), Order(order));
         // Only frames of the core's reserved tree go to its cache: the others skip the claim.
-        if self.cached && self.llfree.reserves(CoreId(core), frame) {
+        if self.path == Path::Cached && self.llfree.reserves(CoreId(core), frame) {
             let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
             match self.caches.with(core, put, CoreCache::frames) {
                 Some(Ok(())) => return Ok(()),
@@ -165,6 +186,27 @@ mod tests {
         let alloc = LLFreeAlloc::new(4, 1 << 16).unwrap();
         stress(&alloc, 4, &[0, 0, 0, 1, 2, 5, 9, 10], 20_000);
         assert_eq!(alloc.llfree().free_huge(), 128);
+    }
+
+    #[test]
+    fn the_vm_path_gets_through_caches_and_puts_shared() {
+        let alloc = LLFreeAlloc::vm_path(2, 1 << 16).unwrap();
+        assert_eq!(alloc.name(), "llfree-vm");
+        exhausts_exactly(&alloc);
+        let frames: Vec<usize> = (0..100).map(|_| alloc.get(0, 0).unwrap()).collect();
+        assert!(
+            alloc.llfree().cached_frames() > 0,
+            "gets fill the core's cache"
+        );
+        let cached = alloc.llfree().cached_frames();
+        for frame in frames {
+            alloc.put(0, frame, 0).unwrap();
+        }
+        // The puts went past the cache.
+        assert_eq!(alloc.llfree().cached_frames(), cached);
+        alloc.drain(0);
+        assert_eq!(alloc.llfree().free_frames(), alloc.frames());
+        alloc.llfree().validate().unwrap();
     }
 
     #[test]

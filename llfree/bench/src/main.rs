@@ -42,7 +42,7 @@ struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "llfree,llfree-shared,buddy,list-locked,list-cas,list-local"
+        default_value = "llfree,llfree-shared,llfree-vm,buddy,list-locked,list-cas,list-local"
     )]
     alloc: Vec<AllocKind>,
     /// Allocation orders (log2 of 4 KiB frames).

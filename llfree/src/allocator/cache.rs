@@ -202,6 +202,7 @@ mod tests {
         let second = alloc.get_cached(&mut cache, Order(0)).unwrap();
         assert_eq!(cache.frames(), BATCH - 1);
         assert_eq!(alloc.free_frames(), alloc.frames() - 2 - cache.frames());
+        assert_eq!(alloc.cached_frames(), cache.frames());
         assert!(alloc.reserves(CoreId(0), frame) && !alloc.reserves(CoreId(1), frame));
         alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
         alloc.put_cached(&mut cache, second, Order(0)).unwrap();
@@ -215,6 +216,7 @@ mod tests {
         );
         alloc.release_cache(&mut cache);
         assert_eq!(alloc.free_frames(), alloc.frames());
+        assert_eq!(alloc.cached_frames(), 0);
         alloc.validate().unwrap();
     }
 

@@ -67,6 +67,16 @@ impl LLFree {
             .map(|s| s.present().then(|| s.tree()))
     }
 
+    /// Free frames that [`crate::CoreCache`]s hold, as their cores' slots record them (of every
+    /// process sharing the region; exact while no operation runs).
+    pub fn cached_frames(&self) -> usize {
+        self.locals
+            .iter()
+            .filter_map(|l| l.cached())
+            .map(|(_, frames)| frames)
+            .sum()
+    }
+
     /// Free frames, without those [`crate::CoreCache`]s hold (exact while no operation runs).
     pub fn free_frames(&self) -> usize {
         let global: isize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
