@@ -295,7 +295,7 @@ impl Pool {
 
     /// Free 4 KiB frames, those that threads' core caches hold included.
     pub fn free_frames(&self) -> u64 {
-        (self.llfree.free_frames() + self.llfree.cached_frames()) as u64
+        self.llfree.available_frames() as u64
     }
 
     /// Whether the memory is hugetlb.

@@ -291,6 +291,9 @@ mod tests {
             others.push(frame);
         }
         assert_eq!(others.len(), alloc.frames() - 2);
+        // Borrowed: the cache still records them and the trees owe them; none is left.
+        assert_eq!(alloc.cached_frames(), cache.frames());
+        assert_eq!(alloc.available_frames(), 0);
         // The frames the cache counted are gone: it gives its count back and fails.
         assert_eq!(
             alloc.get_cached(&mut cache, Order(0)),
@@ -305,6 +308,7 @@ mod tests {
         (0..2).for_each(|core| alloc.drain(CoreId(core)));
         alloc.validate().unwrap();
         assert_eq!(alloc.free_frames(), alloc.frames());
+        assert_eq!(alloc.available_frames(), alloc.frames());
     }
 
     #[test]

@@ -79,6 +79,18 @@ impl LLFree {
 
     /// Free frames, without those [`crate::CoreCache`]s hold (exact while no operation runs).
     pub fn free_frames(&self) -> usize {
+        self.counted_frames().max(0) as usize
+    }
+
+    /// Free frames, those [`crate::CoreCache`]s hold included: what gets can still take (exact
+    /// while no operation runs). Frames a get borrowed from a cache count once: the tree's
+    /// counter went below zero for them while the cache still records them.
+    pub fn available_frames(&self) -> usize {
+        (self.counted_frames() + self.cached_frames() as isize).max(0) as usize
+    }
+
+    /// The trees' counters plus the cores' local counters.
+    fn counted_frames(&self) -> isize {
         let global: isize = (0..self.trees.len()).map(|t| self.trees.load(t).0).sum();
         let local: usize = self
             .locals
@@ -87,7 +99,7 @@ impl LLFree {
             .filter(|s| s.present())
             .map(|s| s.free())
             .sum();
-        (global + local as isize).max(0) as usize
+        global + local as isize
     }
 
     /// Entirely free 2 MiB children.
