@@ -32,6 +32,9 @@
 #                          check-install.sh proves the install on a fresh Debian
 #   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
 #                          (boot time to init, free page reporting, virtio-mem; l1-bench)
+#   LLFREE_NESTED_FIRECRACKER  with LLFREE_NESTED_BENCH=1: a firecracker binary (built as
+#                          tests/firecracker-compare/run.sh says) to measure beside them at boot
+#                          and free page reporting; it boots the L2 kernel's ELF vmlinux
 #   LLFREE_VMM_DAX_DIR     directly on a host: a directory on a DAX file system for the MAP_SYNC
 #                          zone test (nested, L1 mounts one on QEMU's emulated NVDIMM)
 #   LLFREE_VMM_DEVDAX      directly on a host: a device DAX (/dev/daxX.Y) for the zone test on
@@ -260,6 +263,15 @@ l1_initramfs() {
             /usr/share/qemu/qboot.rom /usr/share/seabios/bios-256k.bin \
             /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/kvmvapic.bin "$root/qemu/"
         copy_libraries /usr/bin/qemu-system-x86_64 "$root"
+        if [ -n "${LLFREE_NESTED_FIRECRACKER:-}" ]; then
+            mkdir -p "$root/firecracker"
+            cp "$LLFREE_NESTED_FIRECRACKER" "$root/firecracker/firecracker"
+            copy_libraries "$LLFREE_NESTED_FIRECRACKER" "$root"
+            # Firecracker loads ELF kernels only on x86: the vmlinux inside the bzImage.
+            tar -xJOf /usr/src/linux-source-6.1.tar.xz --wildcards '*/scripts/extract-vmlinux' \
+                >"$WORK/extract-vmlinux"
+            sh "$WORK/extract-vmlinux" "$kernel" >"$root/l2/vmlinux"
+        fi
     fi
     pack "$root" "$WORK/l1-initrd.gz"
 }
