@@ -77,7 +77,8 @@ impl Drop for FaultHandlers {
 }
 
 /// The core caches a handler thread holds, per vCPU: taken on the first fault it serves for
-/// that vCPU, given back when the thread ends.
+/// that vCPU, given back when the thread ends. Per vCPU `None` until that first fault, then
+/// the cache if this thread got it (another handler thread may hold it).
 struct VcpuCaches(Vec<Option<Option<CoreFrames>>>);
 
 impl VcpuCaches {
