@@ -25,6 +25,8 @@
 #   LLFREE_NESTED_FORCE    1: run through QEMU even where the host has vmx or svm
 #   LLFREE_NESTED_ROUNDS   run the tests this many times in one L1 boot (default 1)
 #   LLFREE_NESTED_L1_RESTARTS  how many times L1 is booted again after it died (default 3)
+#   LLFREE_NESTED_SILENCE  seconds without a line from L1 after which it counts as dead
+#                          (default 900)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
 #   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only these parts of l1-bench, e.g.
 #                          "net vsock" (of boot, reporting, hotplug, net, vsock)
@@ -55,6 +57,7 @@ fi
 FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 L1_RESTARTS=${LLFREE_NESTED_L1_RESTARTS:-3}
+SILENCE=${LLFREE_NESTED_SILENCE:-900}
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
     linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive
@@ -330,9 +333,27 @@ unfinished() {
     done
 }
 
+# Stops QEMU when L1's console (file $1) has not grown for SILENCE seconds: an L1 wedged with
+# a CPU spinning where no watchdog of its own fires (seen once in the Go SDK's test, 23 minutes
+# without a line) then counts as an L1 that died, instead of running out QEMU's time limit.
+watch_console() {
+    local console=$1 size last=-1 since=$SECONDS
+    while sleep 10; do
+        size=$(stat -c %s "$console" 2>/dev/null || echo 0)
+        if [ "$size" != "$last" ]; then
+            last=$size since=$SECONDS
+        elif [ $((SECONDS - since)) -ge "$SILENCE" ]; then
+            log "L1 printed nothing for $SILENCE s: stopping QEMU"
+            pkill -TERM -f -- "mem-path=$WORK/nvdimm.img" || true
+            return
+        fi
+    done
+}
+
 # Runs test binaries $4... in L1 (kernel directory $1, L2 kernel $2), L1's console appended to
 # file $3. QEMU's emulation of SVM fails now and then under L1's own kernel (a CPU looping for
-# minutes, or kvm_amd returning to L1 with the L2's GS base: L1 panics); then L1 boots again
+# minutes, or kvm_amd returning to L1 with the L2's GS base: L1 panics; or L1 goes silent, see
+# watch_console); then L1 boots again
 # for the binary that ran and those after it, at most L1_RESTARTS times, in one round only.
 # Fails if a binary failed, or L1 died once more than allowed.
 run_nested() {
@@ -343,8 +364,13 @@ run_nested() {
     while :; do
         boots=$((boots + 1))
         l1_initramfs "$l1" "$kernel" "${remaining[@]}"
-        local qemu_status=0
+        local qemu_status=0 watcher
+        : >"$console"
+        watch_console "$console" &
+        watcher=$!
         run_in_qemu "$l1" | tee "$console" || qemu_status=$?
+        kill "$watcher" 2>/dev/null || true
+        wait "$watcher" 2>/dev/null || true
         cat "$console" >>"$output"
         if grep -aq '^LLFREE-NESTED-END' "$console"; then
             grep -aq '^LLFREE-NESTED-END ok' "$console" || status=1
