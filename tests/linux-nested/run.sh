@@ -58,6 +58,7 @@ FILTER=${1:-}
 ROUNDS=${LLFREE_NESTED_ROUNDS:-1}
 L1_RESTARTS=${LLFREE_NESTED_L1_RESTARTS:-3}
 SILENCE=${LLFREE_NESTED_SILENCE:-900}
+[[ $SILENCE =~ ^[1-9][0-9]*$ ]] || { echo "error: LLFREE_NESTED_SILENCE must be a number of seconds, not '$SILENCE'" >&2; exit 2; }
 # The test binaries with real-Linux tests.
 TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
     linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive
@@ -267,6 +268,8 @@ l1_initramfs() {
             /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/kvmvapic.bin "$root/qemu/"
         copy_libraries /usr/bin/qemu-system-x86_64 "$root"
         if [ -n "${LLFREE_NESTED_FIRECRACKER:-}" ]; then
+            [ -f "$LLFREE_NESTED_FIRECRACKER" ] && [ -x "$LLFREE_NESTED_FIRECRACKER" ] ||
+                die "LLFREE_NESTED_FIRECRACKER=$LLFREE_NESTED_FIRECRACKER is no executable file"
             mkdir -p "$root/firecracker"
             cp "$LLFREE_NESTED_FIRECRACKER" "$root/firecracker/firecracker"
             copy_libraries "$LLFREE_NESTED_FIRECRACKER" "$root"

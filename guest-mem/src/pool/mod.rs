@@ -176,6 +176,11 @@ pub struct Pool {
     membership: Option<Membership>,
 }
 
+/// A claim flag per core of `cores`, none taken.
+fn unclaimed(cores: &Range<usize>) -> Box<[AtomicBool]> {
+    cores.clone().map(|_| AtomicBool::new(false)).collect()
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         if let Some(membership) = &self.membership {
@@ -237,7 +242,7 @@ impl Pool {
             frame_size,
             scrub: config.scrub,
             next_core: AtomicUsize::new(0),
-            cache_claims: cores.clone().map(|_| AtomicBool::new(false)).collect(),
+            cache_claims: unclaimed(&cores),
             cores,
             membership: None,
         };
@@ -272,7 +277,7 @@ impl Pool {
             frame_size,
             scrub,
             next_core: AtomicUsize::new(0),
-            cache_claims: cores.clone().map(|_| AtomicBool::new(false)).collect(),
+            cache_claims: unclaimed(&cores),
             cores,
             membership,
         })

@@ -67,9 +67,7 @@ impl LLFreeAlloc {
     pub fn llfree(&self) -> &LLFree {
         &self.llfree
     }
-}
 
-impl LLFreeAlloc {
     /// A get through the caller's cache of `core` where it holds the core's claim, else the
     /// shared path.
     #[inline(never)]

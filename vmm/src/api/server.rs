@@ -338,8 +338,7 @@ fn serve(
             match event.data() {
                 STOP => return,
                 LISTENER => connections.accept(&listener, &mut chunk, &control),
-                KEPT => connections.take_back(),
-                token => connections.read(token, &mut chunk, &control),
+                token => connections.handle(token, &mut chunk, &control),
             }
         }
         connections.expire(Instant::now());
@@ -448,8 +447,7 @@ impl Connections {
                 match event.data() {
                     // Reported again at the next wait (level-triggered).
                     LISTENER | STOP => continue,
-                    KEPT => self.take_back(),
-                    token => self.read(token, chunk, control),
+                    token => self.handle(token, chunk, control),
                 }
                 handled = true;
             }
@@ -458,6 +456,14 @@ impl Connections {
             }
         }
         self.make_room()
+    }
+
+    /// Handles the event of `token`: connections coming back, or what a connection sent.
+    fn handle(&mut self, token: u64, chunk: &mut [u8], control: &Arc<dyn VmmControl>) {
+        match token {
+            KEPT => self.take_back(),
+            token => self.read(token, chunk, control),
+        }
     }
 
     /// Watches again the connections whose answers went out and whose clients keep them.
