@@ -268,16 +268,27 @@ fn a_vmm_killed_while_creating_its_pool_file_leaves_a_file_the_next_one_uses() {
         "--workload",
         "read:all",
     ];
-    let mut recreated = 0;
+    let (mut recreated, mut late) = (0, 0);
     for attempt in 0..40 {
         let _ = std::fs::remove_file(&pool);
         let first = VmmRun::start(&args);
         std::thread::sleep(std::time::Duration::from_micros(1000 + attempt % 5 * 1000));
         first.kill();
         let next = VmmRun::run(&args);
+        // On a loaded host the kill may come after the guest took frames: the pool file keeps
+        // them (documented), so the next VMM opens it and runs short of frames, and says why.
+        if next.code == Some(4) {
+            let kept = "a pool file keeps the frames of a VMM that was killed";
+            assert!(next.stderr.contains(kept), "{next:#?}");
+            late += 1;
+            continue;
+        }
         recreated += usize::from(succeeded_maybe_recreating(&next));
     }
-    eprintln!("40 VMMs killed 1-5 ms after their start: {recreated} left a half-created pool");
+    eprintln!(
+        "40 VMMs killed 1-5 ms after their start: {recreated} left a half-created pool, \
+         {late} had taken frames"
+    );
 }
 
 /// Creates `path` holding `len` zero bytes (as a sparse file).
