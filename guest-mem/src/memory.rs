@@ -388,17 +388,7 @@ impl GuestMemory {
         if let Some(chunk) = chunks.clone().find(|&c| region.is_plugged(c)) {
             return Err(RegionError::Plugged { chunk }.into());
         }
-        for chunk in chunks.clone() {
-            if let Err(e) = region.plug(chunk, core) {
-                for plugged in chunks.start..chunk {
-                    // Fresh frames that never held data: unplugging cannot fail but on a
-                    // scrub, which keeps the frame (lost, not leaked).
-                    let _ = region.unplug(plugged, core);
-                }
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        Ok(region.plug(chunks, core)?)
     }
 
     /// Unplugs `[addr, addr + len)`, whole plugged chunks of the hot-pluggable memory: each
@@ -410,11 +400,7 @@ impl GuestMemory {
         if let Some(chunk) = chunks.clone().find(|&c| !region.is_plugged(c)) {
             return Err(RegionError::Unplugged { chunk }.into());
         }
-        let mut freed = 0;
-        for chunk in chunks {
-            freed += usize::from(region.unplug(chunk, core)?);
-        }
-        Ok(freed)
+        Ok(region.unplug(chunks, core)?)
     }
 
     /// How many chunks of `[addr, addr + len)` (whole chunks of the hot-pluggable memory) are

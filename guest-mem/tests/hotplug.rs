@@ -116,6 +116,73 @@ fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_acces
 }
 
 #[test]
+fn a_request_plugged_with_scattered_frames_keeps_each_chunk_on_its_own_frame() {
+    // A request's chunks are mapped, made inaccessible and scrubbed in runs of consecutive
+    // frames: scatter the pool's free frames so that runs break everywhere.
+    let pool = pool(RAM + 2 * HOTPLUG_SIZE);
+    let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Eager)).expect("memory");
+    let taken: Vec<_> = std::iter::from_fn(|| pool.alloc(0, FrameSize::Huge)).collect();
+    let (kept, freed): (Vec<_>, Vec<_>) = taken.iter().enumerate().partition(|(i, _)| {
+        // Free 0, 2, 3, 5, 6, 7, 9, ...: runs of one, two and three frames.
+        matches!(i % 7, 1 | 4)
+    });
+    for (_, frame) in &freed {
+        pool.free(0, **frame).expect("free");
+    }
+    let chunks = HOTPLUG_SIZE / CHUNK;
+    assert!(freed.len() as u64 >= chunks);
+    let at = |i: u64, offset: u64| GuestAddress(HOTPLUG + i * CHUNK + offset);
+    let chunk_at = |i: u64| at(i, 0);
+    let fill = |i: u64| 0x0101_0101_0101_0101 * (i + 1);
+    memory.plug(chunk_at(0), HOTPLUG_SIZE, 0).expect("plug");
+    assert_eq!(used(&pool), RAM + HOTPLUG_SIZE + kept.len() as u64 * CHUNK);
+    let offsets = [0, 4096, CHUNK / 2, CHUNK - 8];
+    for i in 0..chunks {
+        for offset in offsets {
+            memory.write_obj(fill(i), at(i, offset)).expect("write");
+        }
+    }
+    let read = |i: u64, offset: u64| memory.read_obj::<u64>(at(i, offset));
+    for i in 0..chunks {
+        for offset in offsets {
+            assert_eq!(read(i, offset).unwrap(), fill(i), "chunk {i} +{offset:#x}");
+        }
+    }
+    // Unplug three chunks in the middle: their frames only are scrubbed and freed.
+    assert_eq!(memory.unplug(chunk_at(2), 3 * CHUNK, 0).expect("unplug"), 3);
+    assert_eq!(
+        used(&pool),
+        RAM + (chunks - 3) * CHUNK + kept.len() as u64 * CHUNK
+    );
+    memory.plug(chunk_at(2), 3 * CHUNK, 0).expect("plug again");
+    for i in 0..chunks {
+        let expected = if (2..5).contains(&i) { 0 } else { fill(i) };
+        for offset in offsets {
+            assert_eq!(read(i, offset).unwrap(), expected, "chunk {i} +{offset:#x}");
+        }
+    }
+    assert_eq!(
+        memory.unplug(chunk_at(0), HOTPLUG_SIZE, 0).expect("unplug"),
+        chunks as usize
+    );
+    for (_, frame) in &kept {
+        pool.free(0, **frame).expect("free");
+    }
+    assert_eq!(used(&pool), RAM);
+    // Every frame given back was scrubbed: a plug of all of them reads zeroes.
+    let all: Vec<_> = std::iter::from_fn(|| pool.alloc(0, FrameSize::Huge)).collect();
+    for frame in &all {
+        pool.free(0, *frame).expect("free");
+    }
+    memory.plug(chunk_at(0), HOTPLUG_SIZE, 0).expect("plug all");
+    for i in 0..chunks {
+        for offset in offsets {
+            assert_eq!(read(i, offset).unwrap(), 0, "chunk {i} +{offset:#x}");
+        }
+    }
+}
+
+#[test]
 fn a_plug_the_pool_cannot_serve_plugs_nothing() {
     // Room for RAM and two hot-pluggable chunks.
     let pool = pool(RAM + 2 * CHUNK);

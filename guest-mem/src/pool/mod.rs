@@ -365,12 +365,27 @@ impl Pool {
     /// # Safety
     /// The caller owns the address range and nothing relies on what is mapped there now.
     pub(crate) unsafe fn map_frame(&self, frame: Frame, addr: usize) -> io::Result<()> {
-        let offset = self.data_offset + frame.index * FRAME_SIZE as u64;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.map_frames(frame, 1, addr) }
+    }
+
+    /// Maps `count` consecutive frames of `first`'s size, starting with `first`, shared, over
+    /// `[addr, addr + count frames)` in one call.
+    ///
+    /// # Safety
+    /// As for [`Pool::map_frame`].
+    pub(crate) unsafe fn map_frames(
+        &self,
+        first: Frame,
+        count: u64,
+        addr: usize,
+    ) -> io::Result<()> {
+        let offset = self.data_offset + first.index * FRAME_SIZE as u64;
         // SAFETY: forwarded from the caller.
         unsafe {
             mmap::map_shared_fixed(
                 addr,
-                frame.size.bytes() as usize,
+                (first.size.bytes() * count) as usize,
                 self.file.raw_fd(),
                 offset,
                 self.file.map_sync,
@@ -394,10 +409,16 @@ impl Pool {
 
     /// Destroys the contents of `frame` by the pool's policy.
     pub(crate) fn scrub(&self, frame: Frame) -> io::Result<()> {
-        let pages = frame.size.base_frames();
+        self.scrub_frames(frame, 1)
+    }
+
+    /// Destroys the contents of `count` consecutive frames of `first`'s size, starting with
+    /// `first`, by the pool's policy in one call.
+    pub(crate) fn scrub_frames(&self, first: Frame, count: u64) -> io::Result<()> {
+        let pages = first.size.base_frames() * count;
         match self.scrub {
-            Scrub::PunchHole => self.punch(frame.index, pages),
-            Scrub::ZeroOnFree => self.zero(frame.index, pages),
+            Scrub::PunchHole => self.punch(first.index, pages),
+            Scrub::ZeroOnFree => self.zero(first.index, pages),
         }
     }
 

@@ -1,9 +1,11 @@
 //! Group `hotplug`: the host side of virtio-mem against the balloon's, per 2 MiB block, and
 //! the hand-over of a block between two VMs on one zone.
 //!
-//! * `plug`: 1 GiB of hot-pluggable memory plugged one block at a time (as a driver's
-//!   requests arrive), then every 4 KiB page written (what the guest does next), then
-//!   unplugged one block at a time (frames scrubbed and freed, the blocks made inaccessible).
+//! * `plug`: 1 GiB of hot-pluggable memory plugged one block at a time, then every 4 KiB page
+//!   written (what the guest does next), then unplugged one block at a time (frames scrubbed
+//!   and freed, the blocks made inaccessible).
+//! * `plug-requests`: the same in requests of 64 blocks, the 128 MiB memory block that Linux's
+//!   driver plugs and unplugs with one request.
 //! * `balloon`: the same 1 GiB as RAM, written, given to a balloon 2 MiB at a time (inflation
 //!   frees the frames), taken back 2 MiB at a time (deflation), then written again (which
 //!   populates it through userfaultfd).
@@ -65,8 +67,11 @@ fn expect_used(pool: &Pool, bytes: u64, after: &str) -> Result<(), String> {
     }
 }
 
-/// One run of `plug`: plug, write, unplug.
-fn plug_once(size: u64) -> Result<[Duration; 3], String> {
+/// Blocks per request of `plug-requests`: Linux's memory block of 128 MiB.
+const REQUEST_BLOCKS: u64 = 64;
+
+/// One run of `plug`: plug, write, unplug, `request` bytes a call.
+fn plug_once(size: u64, request: u64) -> Result<[Duration; 3], String> {
     warm_pool(PoolKind::Anonymous, size + BLOCK)?;
     let pool =
         Pool::new(PoolConfig::new(Backing::Anonymous, size + BLOCK)).map_err(|e| e.to_string())?;
@@ -77,12 +82,10 @@ fn plug_once(size: u64) -> Result<[Duration; 3], String> {
     };
     let memory = GuestMemory::new(Arc::clone(&pool), config).map_err(|e| e.to_string())?;
     let core = pool.claim_cores(1);
-    let blocks = size / BLOCK;
+    let requests = size / request;
     let started = Instant::now();
-    for block in 0..blocks {
-        memory
-            .plug(GuestAddress(REGION + block * BLOCK), BLOCK, core)
-            .map_err(|e| e.to_string())?;
+    for at in (0..requests).map(|i| GuestAddress(REGION + i * request)) {
+        memory.plug(at, request, core).map_err(|e| e.to_string())?;
     }
     let plug = started.elapsed();
     expect_used(&pool, BLOCK + size, "plugging")?;
@@ -95,9 +98,9 @@ fn plug_once(size: u64) -> Result<[Duration; 3], String> {
     let write = started.elapsed();
     check_pages(host, size, 0x77)?;
     let started = Instant::now();
-    for block in 0..blocks {
+    for at in (0..requests).map(|i| GuestAddress(REGION + i * request)) {
         memory
-            .unplug(GuestAddress(REGION + block * BLOCK), BLOCK, core)
+            .unplug(at, request, core)
             .map_err(|e| e.to_string())?;
     }
     let unplug = started.elapsed();
@@ -205,10 +208,13 @@ fn ms(time: Duration) -> f64 {
 pub fn run(args: &Args, report: &mut Report) {
     let size = GIB;
     let per_block = |time: Duration| time.as_secs_f64() * 1e6 / (size / BLOCK) as f64;
-    if args.wants("plug") {
-        let key = Key::new(GROUP, "plug", size, "-");
+    for (case, request) in [("plug", BLOCK), ("plug-requests", REQUEST_BLOCKS * BLOCK)] {
+        if !args.wants(case) {
+            continue;
+        }
+        let key = Key::new(GROUP, case, size, "-");
         report.repeat(&key, args.repeats, |report, run| {
-            let [plug, write, unplug] = plug_once(size)?;
+            let [plug, write, unplug] = plug_once(size, request)?;
             report.add(&key, run, "plug_ms", "ms", ms(plug));
             report.add(&key, run, "plug_us_per_block", "us", per_block(plug));
             report.add(&key, run, "write_after_plug_ms", "ms", ms(write));

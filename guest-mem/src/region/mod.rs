@@ -19,6 +19,11 @@ use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
 use crate::zone::{VmTable, ZoneWords};
 
+mod hotplug;
+mod run;
+
+use run::FrameRun;
+
 /// Errors of populating and discarding chunks.
 #[derive(Debug, Error)]
 pub enum RegionError {
@@ -150,10 +155,14 @@ impl GuestRegion {
             hotplug,
             shared,
         };
-        for chunk in 0..chunks {
-            if region.table.state(chunk) == ChunkState::Unplugged {
-                region.make_inaccessible(chunk)?;
+        let unplugged = |chunk| region.table.state(chunk) == ChunkState::Unplugged;
+        let mut chunk = 0;
+        while chunk < chunks {
+            let end = (chunk..chunks).find(|&c| !unplugged(c)).unwrap_or(chunks);
+            if end > chunk {
+                region.make_inaccessible(chunk..end)?;
             }
+            chunk = end + 1;
         }
         Ok(region)
     }
@@ -168,116 +177,41 @@ impl GuestRegion {
         self.table.state(chunk) != ChunkState::Unplugged
     }
 
-    /// Puts an inaccessible reservation over `chunk` (claimed, or not yet shared).
-    fn make_inaccessible(&self, chunk: usize) -> Result<(), RegionError> {
-        let (addr, len) = self.chunk_range(chunk);
-        // SAFETY: the chunk belongs to this region and nobody else changes it; it holds no
-        // frame the guest may keep.
-        unsafe { mmap::map_inaccessible(addr, len) }
-            .map_err(|source| RegionError::Protect { chunk, source })
-    }
-
-    /// Plugs unplugged `chunk` of hot-pluggable memory: a frame allocated with `core`, mapped
-    /// and recorded (in a zone) as populating does.
-    pub(crate) fn plug(&self, chunk: usize, core: usize) -> Result<(), RegionError> {
-        if !self.table.claim_unplugged(chunk) {
-            return Err(RegionError::Plugged { chunk });
-        }
-        // Its given-away pieces (a balloon's, while it was unplugged) are the new memory's.
-        self.pieces.clear(chunk, 0, self.pieces.pieces_per_chunk());
-        let pool = &self.shared.pool;
-        let Some(frame) = pool.alloc(core, self.chunk) else {
-            self.table.publish_unplugged(chunk);
-            return Err(RegionError::Exhausted(self.chunk.name()));
-        };
-        self.table.persist(chunk, frame.index);
-        let (addr, _) = self.chunk_range(chunk);
-        // SAFETY: the chunk belongs to this region and is claimed by us; it holds the
-        // inaccessible reservation.
-        if let Err(source) = unsafe { pool.map_frame(frame, addr) } {
-            self.table.unpersist(chunk);
-            let _ = pool.free(core, frame);
-            // MAP_FIXED may have removed the reservation.
-            let _ = self.make_inaccessible(chunk);
-            self.table.publish_unplugged(chunk);
-            return Err(RegionError::MapFrame { chunk, source });
-        }
-        self.table.publish(chunk, frame.index);
-        Ok(())
-    }
-
-    /// Unplugs plugged `chunk` of hot-pluggable memory: it becomes inaccessible and its frame,
-    /// if it has one, goes back to the pool scrubbed (with `core`). Returns whether a frame was
-    /// freed.
-    pub(crate) fn unplug(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
-        let claimed = loop {
-            match self.table.state(chunk) {
-                ChunkState::Busy => std::thread::yield_now(),
-                ChunkState::Unplugged => return Err(RegionError::Unplugged { chunk }),
-                ChunkState::Mapped(index) if self.table.claim_mapped(chunk, index) => {
-                    break Some(index);
-                }
-                ChunkState::Empty if self.table.claim_empty(chunk) => {
-                    break self.table.persisted(chunk);
-                }
-                _ => {}
-            }
-        };
-        if let Err(e) = self.make_inaccessible(chunk) {
-            match claimed {
-                Some(index) => {
-                    let frame = Frame {
-                        index,
-                        size: self.chunk,
-                    };
-                    let _ = self.map_claimed(chunk, frame);
-                }
-                None => self.table.publish_empty(chunk),
-            }
-            return Err(e);
-        }
-        self.pieces.clear(chunk, 0, self.pieces.pieces_per_chunk());
-        let Some(index) = claimed else {
-            self.table.publish_unplugged(chunk);
-            return Ok(false);
-        };
-        let frame = Frame {
-            index,
-            size: self.chunk,
-        };
-        // A frame that cannot be scrubbed stays allocated and recorded: better lost than
-        // leaked.
-        let unplugged = || self.table.publish_unplugged(chunk);
-        self.give_back_frame(chunk, frame, core, unplugged, unplugged)
-    }
-
-    /// Scrubs `frame` of claimed `chunk`, which the guest cannot reach any more, unpublishes it,
-    /// frees it with `core` (a crash in between leaves a clean frame referenced by no VM, which
-    /// recovery frees) and publishes the chunk with `publish`; returns whether it was freed. A
-    /// frame that cannot be scrubbed is kept, and the chunk put back with `keep`.
-    fn give_back_frame(
+    /// Scrubs the frames of claimed `run`, which the guest cannot reach any more (one call),
+    /// unpublishes each, frees it with `core` (a crash in between leaves a clean frame
+    /// referenced by no VM, which recovery frees) and publishes its chunk with `publish`;
+    /// returns how many were freed. Frames that cannot be scrubbed are kept, and their chunks
+    /// put back with `keep`.
+    fn give_back_frames(
         &self,
-        chunk: usize,
-        frame: Frame,
+        run: FrameRun,
         core: usize,
-        publish: impl FnOnce(),
-        keep: impl FnOnce(),
-    ) -> Result<bool, RegionError> {
+        publish: impl Fn(usize),
+        keep: impl Fn(usize),
+    ) -> Result<usize, RegionError> {
         let pool = &self.shared.pool;
-        if let Err(source) = pool.scrub(frame) {
-            keep();
+        if let Err(source) = pool.scrub_frames(run.first, run.len as u64) {
+            run.chunks().for_each(keep);
             return Err(RegionError::Scrub {
-                frame: frame.index,
+                frame: run.first.index,
                 source,
             });
         }
-        self.table.unpersist(chunk);
-        let freed = pool.free(core, frame);
-        publish();
-        freed.map(|()| true).map_err(|e| RegionError::Scrub {
-            frame: frame.index,
-            source: io::Error::other(e),
-        })
+        let (mut freed, mut failed) = (0, None);
+        for (chunk, frame) in run.frames() {
+            self.table.unpersist(chunk);
+            match pool.free(core, frame) {
+                Ok(()) => freed += 1,
+                Err(e) => {
+                    failed.get_or_insert(RegionError::Scrub {
+                        frame: frame.index,
+                        source: io::Error::other(e),
+                    });
+                }
+            }
+            publish(chunk);
+        }
+        failed.map_or(Ok(freed), Err)
     }
 
     /// The guest physical address of the first byte.
@@ -525,7 +459,9 @@ impl GuestRegion {
             }
         }
         // A frame that cannot be scrubbed is kept: the guest gets it back as it is.
-        self.give_back_frame(chunk, frame, core, || self.table.publish_empty(chunk), keep)
+        let publish = |chunk| self.table.publish_empty(chunk);
+        self.give_back_frames(FrameRun::single(chunk, frame), core, publish, |_| keep())
+            .map(|freed| freed == 1)
     }
 
     /// Releases the host memory of pieces `[first, first + count)` of a populated chunk, where
