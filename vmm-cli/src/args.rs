@@ -63,6 +63,23 @@ pub struct Cli {
     /// this flag overrides RUST_LOG. Warnings a guest can trigger are rate-limited.
     #[arg(long, global = true, value_name = "LEVEL")]
     pub log_level: Option<log::LevelFilter>,
+
+    /// Run the VM without seccomp filters (for debugging, as Firecracker's flag). By default
+    /// each kind of VMM thread may make only the system calls it needs once the guest runs;
+    /// a denied call ends the VMM with status 148.
+    #[arg(long, global = true)]
+    pub no_seccomp: bool,
+
+    /// The seccomp filters of this JSON file (seccompiler's format, as Firecracker's
+    /// seccompiler-bin reads; thread kinds "vmm", "vcpu" and "api") instead of the built-in
+    /// ones. Each must allow write, exit_group and prctl, which report a denied call.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        conflicts_with = "no_seccomp"
+    )]
+    pub seccomp_filter: Option<PathBuf>,
 }
 
 /// A duration: a number with ms, s, m or h (a bare number is seconds), more than zero.

@@ -26,7 +26,9 @@ Exit status:
   8  `vmm run --wait-for-memory=DURATION`: a fault waited longer than DURATION for guest
      memory (its pool or zone stayed exhausted); the VM was stopped
 130  `vmm run`: SIGINT (Ctrl-C) stopped the VM before the guest finished (128 + 2, as shells do)
-143  `vmm run`: SIGTERM stopped the VM before the guest finished (128 + 15)";
+143  `vmm run`: SIGTERM stopped the VM before the guest finished (128 + 15)
+148  a thread of the VMM made a system call its seccomp filter denies (stderr names the
+     thread and the call); `--no-seccomp` turns the filters off";
 
 /// What `vmm` exits with. See [`EXIT_STATUS_HELP`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

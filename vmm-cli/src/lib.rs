@@ -74,6 +74,15 @@ where
         vmm::runner::name_lines(&name);
     }
     logger::init(cli.log_level);
+    let seccomp = match (cli.no_seccomp, &cli.seccomp_filter) {
+        (true, _) => vmm::seccomp::Policy::Off,
+        (false, Some(path)) => vmm::seccomp::Policy::File(path.clone()),
+        (false, None) => vmm::seccomp::Policy::BuiltIn,
+    };
+    if let Err(e) = vmm::seccomp::set_policy(&seccomp) {
+        eprintln!("error: {e}");
+        return ExitStatus::Usage;
+    }
     let command = match (cli.command, cli.api_sock, cli.config_file) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             eprintln!(

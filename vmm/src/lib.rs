@@ -10,6 +10,7 @@ pub mod layout;
 pub mod metrics;
 pub mod mmds;
 pub mod runner;
+pub mod seccomp;
 pub mod size;
 pub mod snapshot;
 pub mod testguest;

@@ -353,6 +353,8 @@ pub struct ProcessMetrics {
     pub latencies: Latencies,
     /// API requests whose handling panicked (answered 500).
     pub panic_count: Counter,
+    /// System calls a seccomp filter denied (the VMM ends on the first).
+    pub seccomp_faults: Counter,
     /// The metrics writer.
     pub writer: WriterMetrics,
     /// When the process started and how long it took until its API answered, in wall and CPU
@@ -385,6 +387,7 @@ pub static METRICS: ProcessMetrics = ProcessMetrics {
         vmm_us: [const { AtomicU64::new(0) }; Operation::ALL.len()],
     },
     panic_count: Counter::new(),
+    seccomp_faults: Counter::new(),
     writer: WriterMetrics {
         missed_metrics_count: Counter::new(),
         metrics_fails: Counter::new(),

@@ -17,6 +17,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use crate::arch::x86_64::state::VcpuState;
 use crate::devices::Bus;
 use crate::metrics::METRICS;
+use crate::seccomp::ThreadKind;
 use crate::vm::control::{Checkpoint, StopReason, VmControl};
 
 /// The device buses vCPUs dispatch exits to.
@@ -185,6 +186,10 @@ impl Vcpu {
         loop {
             if control.is_pending() && !self.checkpoint(control) {
                 return VcpuExitReason::Stopped;
+            }
+            // Once, when the guest first runs (the process is locked down by then).
+            if let Err(e) = crate::seccomp::enter(ThreadKind::Vcpu) {
+                return VcpuExitReason::Failed(format!("vCPU {}: {e}", self.index));
             }
             match self.fd.run() {
                 Ok(VcpuExit::InternalError) => {

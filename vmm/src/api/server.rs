@@ -36,6 +36,7 @@ use super::http::{Progress, Request, RequestError, RequestReader, Response, CONT
 use super::routes;
 use crate::config::MAX_SOCKET_PATH;
 use crate::metrics::METRICS;
+use crate::seccomp::ThreadKind;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -334,6 +335,11 @@ fn serve(
                 return;
             }
         };
+        // Once the guest runs, before the next answer: the API's filter, which the request
+        // threads started from here inherit (the process's filter holds if this fails).
+        if let Err(e) = crate::seccomp::enter(ThreadKind::Api) {
+            log::error!("API server: {e}");
+        }
         for event in &events[..ready] {
             match event.data() {
                 STOP => return,

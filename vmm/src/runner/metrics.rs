@@ -213,6 +213,9 @@ fn add_process(line: &mut Line<'_>) {
     line.section("vmm")
         .value("panic_count", METRICS.panic_count.get())
         .done();
+    line.section("seccomp")
+        .count("num_faults", METRICS.seccomp_faults.get())
+        .done();
     legacy(line, "i8042", &METRICS.i8042)
         .count("reset_count", METRICS.i8042.reset_count.get())
         .done();

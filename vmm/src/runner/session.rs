@@ -341,6 +341,13 @@ impl Session {
         if self.stop_cause().is_some() {
             control.request_stop(StopReason::Requested);
         }
+        // Every thread gets the process's seccomp filter before the guest may run.
+        if let Err(e) = crate::seccomp::lock_down() {
+            control.request_stop(StopReason::VcpuFailed {
+                vcpu: 0,
+                message: e,
+            });
+        }
         let mut phase = self.lock_phase();
         if !paused {
             // Fails only when the VM was stopped already; it ends at once then.

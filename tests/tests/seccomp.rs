@@ -1,0 +1,166 @@
+//! End-to-end: seccomp. Once the guest runs, every thread of `vmm run` has the process's
+//! filter, each vCPU and the API server one more of their own, and `--no-seccomp` leaves them
+//! without; a call a filter denies ends the VMM with status 148 and a line naming the thread
+//! and the call, for each thread kind (custom filters in seccompiler's JSON format deny what
+//! the kind surely calls); a bad filter file is a usage error.
+
+// An integration test crate: its tests are the crate.
+#![allow(clippy::tests_outside_test_module)]
+
+mod vmm_common;
+
+use std::time::{Duration, Instant};
+
+use e2e_tests::kvm_available;
+use vmm_common::{Scratch, VmmRun};
+
+/// Each thread of `pid` (kernel threads KVM attaches and threads that end meanwhile left out): its name, seccomp mode and
+/// number of filters.
+fn threads(pid: u32) -> Vec<(String, u32, u32)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        // A thread that ended meanwhile has no files any more.
+        let (Ok(name), Ok(status)) = (
+            std::fs::read_to_string(task.join("comm")),
+            std::fs::read_to_string(task.join("status")),
+        ) else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        if name.starts_with("kvm") {
+            continue;
+        }
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map_or(0, |v| v.trim().parse().unwrap())
+        };
+        threads.push((name, field("Seccomp:"), field("Seccomp_filters:")));
+    }
+    threads
+}
+
+#[test]
+fn every_thread_is_filtered_once_the_guest_runs_and_no_seccomp_turns_it_off() {
+    if !kvm_available("every_thread_is_filtered_once_the_guest_runs_and_no_seccomp_turns_it_off") {
+        return;
+    }
+    let scratch = Scratch::new("seccomp-threads");
+    let socket = scratch.path("api.sock");
+    let args = ["--memory", "32M", "--workload", "write:2M+2M,checkpoint:1"];
+    let (vmm, api) = VmmRun::start_paused(&args, &socket);
+    // The API server stacked its filter before answering the GETs that saw the VM paused.
+    let seen = threads(vmm.pid());
+    let process = seen.iter().find(|(name, ..)| name == "vmm").unwrap().2;
+    assert!(process >= 2, "{seen:?}");
+    for (name, mode, filters) in &seen {
+        assert_eq!(*mode, 2, "{name}: not filtered: {seen:?}");
+        let own = name.starts_with("vcpu") || name.starts_with("api");
+        assert_eq!(*filters, process + u32::from(own), "{name}: {seen:?}");
+    }
+    assert!(seen.iter().any(|(name, ..)| name == "vcpu0"), "{seen:?}");
+    assert!(seen.iter().any(|(name, ..)| name == "api"), "{seen:?}");
+    drop(api);
+    vmm.kill();
+
+    let mut args = args.to_vec();
+    args.push("--no-seccomp");
+    let (vmm, _api) = VmmRun::start_paused(&args, &socket);
+    let seen = threads(vmm.pid());
+    assert!(seen.iter().all(|(_, mode, _)| *mode == 0), "{seen:?}");
+    vmm.kill();
+}
+
+/// A filter file giving `kind` a filter that allows only what the report of a denied call
+/// needs.
+fn deny_all_but_the_report(scratch: &Scratch, kind: &str) -> String {
+    let path = scratch.path(&format!("{kind}.json"));
+    let filter = format!(
+        r#"{{"{kind}": {{"default_action": "trap", "filter_action": "allow",
+            "filter": [{{"syscall": "write"}}, {{"syscall": "exit_group"}},
+                       {{"syscall": "prctl"}}]}}}}"#
+    );
+    std::fs::write(&path, filter).unwrap();
+    path
+}
+
+#[test]
+fn a_denied_call_ends_the_vmm_with_status_148_naming_its_thread() {
+    if !kvm_available("a_denied_call_ends_the_vmm_with_status_148_naming_its_thread") {
+        return;
+    }
+    let scratch = Scratch::new("seccomp-denied");
+    // A vCPU: its first KVM_RUN (ioctl, 16).
+    let filter = deny_all_but_the_report(&scratch, "vcpu");
+    let run = VmmRun::run(&[
+        "--memory",
+        "32M",
+        "--workload",
+        "write:2M+2M",
+        "--seccomp-filter",
+        &filter,
+    ]);
+    assert_eq!(run.code, Some(148), "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("thread 'vcpu0' made system call 16, which its filter denies"),
+        "{run:#?}"
+    );
+    assert!(!run.stdout.contains("step 1: ok"), "{run:#?}");
+
+    // The API server: the first request after the guest started.
+    let filter = deny_all_but_the_report(&scratch, "api");
+    let socket = scratch.path("api.sock");
+    let mut vmm = VmmRun::start(&[
+        "--memory",
+        "32M",
+        "--workload",
+        "checkpoint:1",
+        "--api-socket",
+        &socket,
+        "--seccomp-filter",
+        &filter,
+    ]);
+    let api = vmm.api(&socket);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while vmm.running() && Instant::now() < deadline {
+        let _ = api.request("GET", "/vm", None);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let run = vmm.wait(Duration::from_secs(10));
+    assert_eq!(run.code, Some(148), "{run:#?}");
+    assert!(run.stderr.contains("vmm: seccomp: thread 'api"), "{run:#?}");
+
+    // The whole process: whichever thread calls next.
+    let filter = deny_all_but_the_report(&scratch, "vmm");
+    let run = VmmRun::run(&["--memory", "32M", "--seccomp-filter", &filter]);
+    assert_eq!(run.code, Some(148), "{run:#?}");
+    assert!(run.stderr.contains("which its filter denies"), "{run:#?}");
+}
+
+#[test]
+fn a_bad_filter_file_is_refused_before_anything_starts() {
+    let scratch = Scratch::new("seccomp-bad-file");
+    let missing = scratch.path("missing.json");
+    let unknown = scratch.path("unknown.json");
+    std::fs::write(
+        &unknown,
+        r#"{"vcpus": {"default_action": "trap", "filter_action": "allow", "filter": []}}"#,
+    )
+    .unwrap();
+    let broken = scratch.path("broken.json");
+    std::fs::write(&broken, "{").unwrap();
+    for (file, says) in [
+        (&missing, "cannot use seccomp filter file"),
+        (&unknown, "unknown thread kind \"vcpus\""),
+        (&broken, "cannot use seccomp filter file"),
+    ] {
+        let run = VmmRun::run(&["--memory", "32M", "--seccomp-filter", file]);
+        assert_eq!(run.code, Some(2), "{run:#?}");
+        assert!(run.stderr.contains(says), "{says}: {run:#?}");
+    }
+    let run = VmmRun::run(&["--no-seccomp", "--seccomp-filter", &broken]);
+    assert_eq!(run.code, Some(2), "{run:#?}");
+}

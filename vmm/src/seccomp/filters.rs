@@ -1,0 +1,233 @@
+//! The built-in filters: the system calls each thread kind makes (found by tracing every
+//! end-to-end test, per thread), with their arguments checked where that is cheap and
+//! matters: sockets only of the Unix domain, new threads but no new processes, `prctl` only to
+//! name a thread.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BackendError, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+
+use super::ThreadKind;
+
+/// What every thread does: memory (the allocator, thread stacks), locks, time, randomness
+/// (hash maps), signals (vCPU kicks), logging to stderr and file descriptors it holds, thread
+/// start and end.
+const COMMON: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_write,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_brk,
+    libc::SYS_futex,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_clock_gettime,
+    libc::SYS_getrandom,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_tgkill,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigaction,
+    libc::SYS_sigaltstack,
+    libc::SYS_restart_syscall,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    // Installing a filter (which can only take calls away): a thread stacks its kind's.
+    libc::SYS_seccomp,
+    // Allowed here, answered ENOSYS by the process filter's companion (its flags cannot be
+    // checked): glibc then creates the thread with clone, whose flags are.
+    libc::SYS_clone3,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_ctl,
+    libc::SYS_fcntl,
+    libc::SYS_ioctl,
+    libc::SYS_lseek,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_fallocate,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_sendto,
+    libc::SYS_sendmsg,
+    libc::SYS_shutdown,
+    libc::SYS_timerfd_settime,
+    libc::SYS_timerfd_gettime,
+    libc::SYS_kill,
+];
+
+/// New kernel objects without a name (no file, no socket): what a device made active by its
+/// driver creates (on the vCPU thread that wrote its status), and the rest of the process.
+const ANONYMOUS: &[i64] = &[
+    libc::SYS_eventfd2,
+    libc::SYS_timerfd_create,
+    libc::SYS_epoll_create1,
+    libc::SYS_pipe2,
+    libc::SYS_dup,
+    libc::SYS_dup3,
+];
+
+/// What the API server and its request threads do besides: accept connections, and answer
+/// requests that write snapshots and files (a snapshot, a memory file, the metrics and log
+/// files) or change the VM's memory and devices.
+const API: &[i64] = &[
+    libc::SYS_accept4,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockopt,
+    libc::SYS_openat,
+    libc::SYS_newfstatat,
+    libc::SYS_fstat,
+    libc::SYS_statx,
+    libc::SYS_fstatfs,
+    libc::SYS_ftruncate,
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+    libc::SYS_msync,
+    libc::SYS_flock,
+    libc::SYS_getrusage,
+    libc::SYS_prlimit64,
+    libc::SYS_uname,
+];
+
+/// What only the rest of the process does after the guest started: open, map and create
+/// (zones, pools, userfaultfd, timers, devices' host sides: taps, vsock's Unix sockets).
+const VMM_ONLY: &[i64] = &[
+    libc::SYS_access,
+    libc::SYS_chmod,
+    libc::SYS_fchmod,
+    libc::SYS_memfd_create,
+    libc::SYS_userfaultfd,
+    libc::SYS_signalfd4,
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_connect,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_socketpair,
+    libc::SYS_mkdirat,
+    libc::SYS_getdents64,
+    libc::SYS_readlinkat,
+    libc::SYS_arch_prctl,
+    libc::SYS_set_tid_address,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+];
+
+fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, BackendError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
+}
+
+/// The calls whose arguments are checked, for every kind: `clone` only for a thread, `prctl`
+/// only to name one, read its name (the SIGSYS handler) or give up privileges (before a filter
+/// is stacked), `socket` (the process only) only in the Unix domain.
+fn checked_rules(
+    kind: ThreadKind,
+    rules: &mut BTreeMap<i64, Vec<SeccompRule>>,
+) -> Result<(), BackendError> {
+    let thread = libc::CLONE_THREAD as u64;
+    rules.insert(
+        libc::SYS_clone,
+        vec![SeccompRule::new(vec![condition(
+            0,
+            SeccompCmpOp::MaskedEq(thread),
+            thread,
+        )?])?],
+    );
+    let prctl = [
+        libc::PR_SET_NAME,
+        libc::PR_GET_NAME,
+        libc::PR_SET_NO_NEW_PRIVS,
+    ]
+    .into_iter()
+    .map(|option| SeccompRule::new(vec![condition(0, SeccompCmpOp::Eq, option as u64)?]))
+    .collect::<Result<_, _>>()?;
+    rules.insert(libc::SYS_prctl, prctl);
+    if kind == ThreadKind::Vmm {
+        let unix = condition(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
+        rules.insert(libc::SYS_socket, vec![SeccompRule::new(vec![unix])?]);
+    }
+    Ok(())
+}
+
+/// The filter of `kind`: its calls allowed, every other one traps.
+pub fn program(kind: ThreadKind) -> Result<BpfProgram, BackendError> {
+    let lists: &[&[i64]] = match kind {
+        ThreadKind::Vmm => &[COMMON, ANONYMOUS, API, VMM_ONLY],
+        ThreadKind::Api => &[COMMON, ANONYMOUS, API],
+        ThreadKind::Vcpu => &[COMMON, ANONYMOUS],
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = lists
+        .iter()
+        .flat_map(|list| list.iter())
+        .map(|&call| (call, Vec::new()))
+        .collect();
+    checked_rules(kind, &mut rules)?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )?;
+    filter.try_into()
+}
+
+/// The companion of the process filter: `clone3`, whose flags live in memory that a filter
+/// cannot read, fails with ENOSYS (glibc falls back to `clone`); everything else is left to
+/// the other filters.
+pub fn clone3_enosys() -> Result<BpfProgram, BackendError> {
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        TargetArch::x86_64,
+    )?;
+    filter.try_into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_builds() {
+        for kind in [ThreadKind::Vmm, ThreadKind::Vcpu, ThreadKind::Api] {
+            assert!(!program(kind).unwrap().is_empty(), "{kind:?}");
+        }
+        assert!(!clone3_enosys().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_lists_do_not_repeat_a_call() {
+        let mut all: Vec<i64> = [COMMON, ANONYMOUS, API, VMM_ONLY].concat();
+        let count = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), count);
+    }
+}

@@ -1,0 +1,238 @@
+//! Seccomp: the system calls each kind of VMM thread may make, enforced by the kernel.
+//!
+//! ```text
+//! setup            no filter: the VMM opens its files, KVM, sockets and memory
+//! lock_down()      right before the guest first runs (Session::start_guest): the process
+//!                  filter (`vmm`) on every thread at once (TSYNC); threads started later
+//!                  inherit it
+//! enter(kind)      each vCPU before its first KVM_RUN (`vcpu`), the API server before it
+//!                  answers its next request (`api`, inherited by the request threads): a
+//!                  narrower filter stacked on the process filter
+//! ```
+//!
+//! A denied call traps (SIGSYS): the VMM writes which thread made which call to stderr, counts
+//! it (`seccomp.num_faults`) and exits at once with status [`BAD_SYSCALL_EXIT_STATUS`], as
+//! Firecracker does. `--no-seccomp` turns the filters off; `--seccomp-filter FILE` replaces
+//! them with filters in seccompiler's JSON format (Firecracker's, keys `vmm`, `vcpu`, `api`).
+//!
+//! The policy is off until the front end sets it ([`set_policy`]): library users and unit
+//! tests run without filters.
+
+mod filters;
+mod sigsys;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use seccompiler::{BpfProgram, TargetArch};
+use thiserror::Error;
+
+pub use sigsys::BAD_SYSCALL_EXIT_STATUS;
+
+/// Errors of building and installing the filters.
+#[derive(Debug, Error)]
+pub enum SeccompError {
+    /// Building a filter failed (a bug in the built-in rules).
+    #[error("cannot build the seccomp filter of the {kind} threads: {source}")]
+    Build {
+        /// The thread kind.
+        kind: &'static str,
+        /// seccompiler's error.
+        #[source]
+        source: seccompiler::BackendError,
+    },
+    /// A custom filter file could not be read or compiled.
+    #[error("cannot use seccomp filter file {path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The kernel refused a filter.
+    #[error("cannot install the seccomp filter of the {kind} threads: {source}")]
+    Install {
+        /// The thread kind.
+        kind: &'static str,
+        /// seccompiler's error.
+        #[source]
+        source: seccompiler::Error,
+    },
+    /// The SIGSYS handler could not be installed.
+    #[error("cannot install the SIGSYS handler: {0}")]
+    Handler(#[source] std::io::Error),
+}
+
+/// The kinds of threads with a filter of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// Every thread of the process (the filter the others stack on).
+    Vmm,
+    /// A vCPU thread.
+    Vcpu,
+    /// The API server and the threads that answer its requests.
+    Api,
+}
+
+impl ThreadKind {
+    /// The kind's name, as Firecracker's filter files name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Vmm => "vmm",
+            ThreadKind::Vcpu => "vcpu",
+            ThreadKind::Api => "api",
+        }
+    }
+}
+
+/// Which filters the VMM installs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    /// None (`--no-seccomp`, and every user of the library that sets no policy).
+    Off,
+    /// The built-in filters.
+    BuiltIn,
+    /// The filters of this file (seccompiler's JSON format).
+    File(PathBuf),
+}
+
+/// The filters in force, per thread kind; `None` where a kind has none.
+#[derive(Debug)]
+struct Filters {
+    /// Installed on every thread, in order.
+    vmm: Vec<BpfProgram>,
+    vcpu: Option<BpfProgram>,
+    api: Option<BpfProgram>,
+}
+
+static FILTERS: OnceLock<Option<Filters>> = OnceLock::new();
+static LOCKED_DOWN: OnceLock<Result<(), String>> = OnceLock::new();
+
+thread_local! {
+    /// Whether the calling thread has stacked its kind's filter.
+    static ENTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Sets the policy and builds (or reads) its filters; call once, before the VM is set up, so
+/// that a bad filter file is refused before anything starts. Later calls change nothing.
+pub fn set_policy(policy: &Policy) -> Result<(), SeccompError> {
+    let filters = match policy {
+        Policy::Off => None,
+        Policy::BuiltIn => Some(Filters {
+            vmm: vec![
+                build(ThreadKind::Vmm)?,
+                filters::clone3_enosys().map_err(|source| SeccompError::Build {
+                    kind: "vmm",
+                    source,
+                })?,
+            ],
+            vcpu: Some(build(ThreadKind::Vcpu)?),
+            api: Some(build(ThreadKind::Api)?),
+        }),
+        Policy::File(path) => Some(read_file(path)?),
+    };
+    if filters.is_some() {
+        fix_malloc_arenas();
+    }
+    let _ = FILTERS.set(filters);
+    Ok(())
+}
+
+/// Gives glibc's malloc its arena limit now, as it would compute it (8 per CPU): left unset,
+/// the first thread to need a new arena opens /sys/devices/system/cpu/online to compute it,
+/// which a filtered thread may not (a console thread started by a vCPU was stopped so).
+fn fix_malloc_arenas() {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let arenas = libc::c_int::try_from(8 * cpus).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only sets a tunable of glibc's allocator.
+    if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } == 0 {
+        log::warn!("seccomp: cannot set malloc's arena limit; a thread may be stopped later");
+    }
+}
+
+fn build(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+    filters::program(kind).map_err(|source| SeccompError::Build {
+        kind: kind.name(),
+        source,
+    })
+}
+
+fn read_file(path: &Path) -> Result<Filters, SeccompError> {
+    let error = |reason: String| SeccompError::File {
+        path: path.to_owned(),
+        reason,
+    };
+    let file =
+        crate::host_file::open_input("seccomp filter", path).map_err(|e| error(e.to_string()))?;
+    let mut map: HashMap<String, BpfProgram> =
+        seccompiler::compile_from_json(file, TargetArch::x86_64)
+            .map_err(|e| error(e.to_string()))?;
+    let known = ["vmm", "vcpu", "api"];
+    if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(error(format!(
+            "unknown thread kind \"{unknown}\" (known: vmm, vcpu, api)"
+        )));
+    }
+    // An empty program (a kind without rules) installs nothing.
+    let mut take = |kind: &str| map.remove(kind).filter(|p| !p.is_empty());
+    Ok(Filters {
+        vmm: take("vmm").into_iter().collect(),
+        vcpu: take("vcpu"),
+        api: take("api"),
+    })
+}
+
+fn filters() -> Option<&'static Filters> {
+    FILTERS.get().and_then(Option::as_ref)
+}
+
+/// Installs the process filter on every thread, and the SIGSYS handler: from now on the guest
+/// may run. Only the first call installs; every call returns its outcome.
+pub fn lock_down() -> Result<(), String> {
+    LOCKED_DOWN
+        .get_or_init(|| {
+            let Some(filters) = filters() else {
+                return Ok(());
+            };
+            sigsys::install_handler().map_err(|e| e.to_string())?;
+            for program in &filters.vmm {
+                seccompiler::apply_filter_all_threads(program).map_err(|source| {
+                    SeccompError::Install {
+                        kind: "vmm",
+                        source,
+                    }
+                    .to_string()
+                })?;
+            }
+            log::info!("seccomp filters installed");
+            Ok(())
+        })
+        .clone()
+}
+
+/// Stacks `kind`'s filter on the calling thread once the process is locked down (see
+/// [`lock_down`]); does nothing before that, after the thread did it already, or without a
+/// filter for `kind`.
+pub fn enter(kind: ThreadKind) -> Result<(), SeccompError> {
+    if ENTERED.get() || !matches!(LOCKED_DOWN.get(), Some(Ok(()))) {
+        return Ok(());
+    }
+    ENTERED.set(true);
+    sigsys::note_thread_name();
+    let program = filters().and_then(|f| match kind {
+        ThreadKind::Vmm => None,
+        ThreadKind::Vcpu => f.vcpu.as_ref(),
+        ThreadKind::Api => f.api.as_ref(),
+    });
+    match program {
+        Some(program) => {
+            seccompiler::apply_filter(program).map_err(|source| SeccompError::Install {
+                kind: kind.name(),
+                source,
+            })
+        }
+        None => Ok(()),
+    }
+}
