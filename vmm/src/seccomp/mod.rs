@@ -122,14 +122,14 @@ pub fn set_policy(policy: &Policy) -> Result<(), SeccompError> {
         Policy::Off => None,
         Policy::BuiltIn => Some(Filters {
             vmm: vec![
-                build(ThreadKind::Vmm)?,
+                built_in(ThreadKind::Vmm)?,
                 filters::clone3_enosys().map_err(|source| SeccompError::Build {
                     kind: "vmm",
                     source,
                 })?,
             ],
-            vcpu: Some(build(ThreadKind::Vcpu)?),
-            api: Some(build(ThreadKind::Api)?),
+            vcpu: Some(built_in(ThreadKind::Vcpu)?),
+            api: Some(built_in(ThreadKind::Api)?),
         }),
         Policy::File(path) => Some(read_file(path)?),
     };
@@ -152,7 +152,29 @@ fn fix_malloc_arenas() {
     }
 }
 
-fn build(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+/// Installs the built-in filters of `kind` on the calling thread only (for the process: its
+/// filter and the `clone3` companion), as [`lock_down`] and [`enter`] would: for a thread a
+/// library user starts, or a benchmark of the filters' cost. Installs no SIGSYS handler.
+pub fn install_built_in(kind: ThreadKind) -> Result<(), SeccompError> {
+    let mut programs = vec![built_in(kind)?];
+    if kind == ThreadKind::Vmm {
+        programs.push(
+            filters::clone3_enosys().map_err(|source| SeccompError::Build {
+                kind: "vmm",
+                source,
+            })?,
+        );
+    }
+    programs.iter().try_for_each(|program| {
+        seccompiler::apply_filter(program).map_err(|source| SeccompError::Install {
+            kind: kind.name(),
+            source,
+        })
+    })
+}
+
+/// The built-in filter of `kind` (for the process, without its `clone3` companion).
+fn built_in(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
     filters::program(kind).map_err(|source| SeccompError::Build {
         kind: kind.name(),
         source,

@@ -1,4 +1,5 @@
-//! `vmm-bench api`: `GET /version` answered by a waiting `vmm --api-sock`, on one kept
+//! `vmm-bench api`: `GET /version` answered by a waiting `vmm --api-sock` and by the API of a
+//! started VM (`vmm run --api-socket`, paused at a checkpoint), on one kept
 //! connection (HTTP/1.1 keep-alive, as curl and the Firecracker Go SDK use it) and with a
 //! connection per request (`Connection: close`), per request; every answer is read by its
 //! Content-Length and checked to be the version.
@@ -70,23 +71,46 @@ fn fresh(socket: &str) -> Result<Duration, String> {
     Ok(started.elapsed() / REQUESTS)
 }
 
-/// Measures `--runs` rounds of both against one waiting VMM.
+/// Measures `--runs` rounds of both against a VMM that waits for a VM (`vmm --api-sock`) and
+/// against one whose test guest has started and waits at a checkpoint (its API runs under its
+/// seccomp filters, where they are on).
 pub fn api_requests(args: &Args) -> Result<(), String> {
     let socket = std::env::temp_dir().join(format!("vmm-bench-api-{}.sock", std::process::id()));
     let socket = socket.to_string_lossy().into_owned();
+    let waiting = ["--api-sock", &socket];
+    let started = [
+        "run",
+        "--memory",
+        "32M",
+        "--workload",
+        "checkpoint:1",
+        "--api-socket",
+        &socket,
+    ];
+    for (vmm_args, what) in [
+        (&waiting[..], "a VMM waiting for its VM"),
+        (&started[..], "a VM started and paused"),
+    ] {
+        println!("api, {what}: {REQUESTS} GET /version per measurement, per request:");
+        measure(args, vmm_args, &socket)?;
+    }
+    Ok(())
+}
+
+/// Starts `vmm VMM_ARGS`, waits for its API on `socket` and measures `--runs` rounds.
+fn measure(args: &Args, vmm_args: &[&str], socket: &str) -> Result<(), String> {
     let mut vmm = Command::new(&args.vmm)
-        .args(["--api-sock", &socket])
+        .args(vmm_args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("spawn {}: {e}", args.vmm.display()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::path::Path::new(&socket).exists() && Instant::now() < deadline {
+    while UnixStream::connect(socket).is_err() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    println!("api: {REQUESTS} GET /version per measurement, per request:");
     let measured = (0..args.runs).try_for_each(|run| {
-        let (kept, fresh) = (kept(&socket)?, fresh(&socket)?);
+        let (kept, fresh) = (kept(socket)?, fresh(socket)?);
         println!(
             "  round {}: one kept connection {:.0} µs, a connection each {:.0} µs",
             run + 1,
@@ -97,6 +121,6 @@ pub fn api_requests(args: &Args) -> Result<(), String> {
     });
     let _ = vmm.kill();
     let _ = vmm.wait();
-    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(socket);
     measured
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead] [restart]
-//!           [snapshot] [api]
+//!           [snapshot] [api] [seccomp]
 //! ```
 //!
 //! * startup: per backing and population, `--runs` runs of the test guest with a trivial
@@ -25,6 +25,8 @@
 //! * snapshot: see [`snapshot`]: create and load times of a VM in a zone (/dev/shm, hugetlbfs)
 //!   for `--snapshot-sizes` GiB of touched RAM.
 //!
+//! * seccomp: see [`seccomp`]: what the built-in filters add to one system call.
+//!
 //! * api: see [`api_requests`]: `--runs` rounds of API requests on one kept connection and
 //!   with a connection each.
 //!
@@ -40,11 +42,12 @@ use std::time::{Duration, Instant};
 use vmm_cli::ApiClient;
 
 mod api_requests;
+mod seccomp;
 mod snapshot;
 
 const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] \
                      [--restart-sizes GIB,...] [--snapshot-sizes GIB,...] [startup] [overhead] \
-                     [restart] [snapshot] [api]";
+                     [restart] [snapshot] [api] [seccomp]";
 
 /// The command line.
 struct Args {
@@ -70,6 +73,8 @@ struct Args {
     snapshot_sizes: Vec<u64>,
     /// Measure API requests on kept and new connections.
     api: bool,
+    /// Measure what the seccomp filters add to a system call.
+    seccomp: bool,
 }
 
 /// Parses the command line; with neither `startup` nor `overhead`, both are measured.
@@ -87,6 +92,7 @@ fn parse_args() -> Result<Args, String> {
         snapshot: false,
         snapshot_sizes: vec![1, 4, 8, 16],
         api: false,
+        seccomp: false,
     };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
@@ -103,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
             "restart" => args.restart = true,
             "snapshot" => args.snapshot = true,
             "api" => args.api = true,
+            "seccomp" => args.seccomp = true,
             "--restart-sizes" => args.restart_sizes = gib_list(&arg, &value()?)?,
             "--snapshot-sizes" => args.snapshot_sizes = gib_list(&arg, &value()?)?,
             _ => return Err(format!("unknown argument {arg}")),
@@ -111,7 +118,13 @@ fn parse_args() -> Result<Args, String> {
     if args.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
-    if !args.startup && !args.overhead && !args.restart && !args.snapshot && !args.api {
+    if !args.startup
+        && !args.overhead
+        && !args.restart
+        && !args.snapshot
+        && !args.api
+        && !args.seccomp
+    {
         (args.startup, args.overhead) = (true, true);
     }
     Ok(args)
@@ -590,6 +603,9 @@ fn main() {
         }
         if args.api {
             api_requests::api_requests(&args)?;
+        }
+        if args.seccomp {
+            seccomp::seccomp(&args)?;
         }
         Ok(())
     });
