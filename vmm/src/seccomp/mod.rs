@@ -218,6 +218,7 @@ pub fn lock_down() -> Result<(), String> {
             let Some(filters) = filters() else {
                 return Ok(());
             };
+            let started = std::time::Instant::now();
             sigsys::install_handler().map_err(|e| e.to_string())?;
             for program in &filters.vmm {
                 seccompiler::apply_filter_all_threads(program).map_err(|source| {
@@ -228,7 +229,7 @@ pub fn lock_down() -> Result<(), String> {
                     .to_string()
                 })?;
             }
-            log::info!("seccomp filters installed");
+            log::info!("seccomp filters installed in {:?}", started.elapsed());
             Ok(())
         })
         .clone()
