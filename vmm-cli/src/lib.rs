@@ -83,6 +83,15 @@ where
         eprintln!("error: {e}");
         return ExitStatus::Usage;
     }
+    let runs_a_vm = match &cli.command {
+        Some(Command::Run(_)) => true,
+        Some(Command::Snapshot(snapshot)) => matches!(snapshot.action, SnapshotAction::Load(_)),
+        Some(_) => false,
+        None => cli.api_sock.is_some() || cli.config_file.is_some(),
+    };
+    if runs_a_vm {
+        vmm::seccomp::lock_down_early();
+    }
     let command = match (cli.command, cli.api_sock, cli.config_file) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             eprintln!(

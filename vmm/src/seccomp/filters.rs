@@ -112,9 +112,17 @@ const API: &[i64] = &[
     libc::SYS_uname,
 ];
 
-/// What only the rest of the process does after the guest started: open, map and create
-/// (zones, pools, userfaultfd, timers, devices' host sides: taps, vsock's Unix sockets).
+/// What only the rest of the process does: set the VM up, open, map and create (zones, pools,
+/// userfaultfd, timers, devices' host sides: taps, vsock's Unix sockets).
 const VMM_ONLY: &[i64] = &[
+    // File system metadata (setup runs under this filter too).
+    libc::SYS_getcwd,
+    libc::SYS_readlink,
+    libc::SYS_statfs,
+    libc::SYS_mkdir,
+    libc::SYS_faccessat,
+    libc::SYS_faccessat2,
+    libc::SYS_sysinfo,
     libc::SYS_access,
     libc::SYS_chmod,
     libc::SYS_fchmod,
