@@ -57,7 +57,6 @@ const COMMON: &[i64] = &[
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_ctl,
     libc::SYS_fcntl,
-    libc::SYS_ioctl,
     libc::SYS_lseek,
     libc::SYS_pread64,
     libc::SYS_pwrite64,
@@ -91,6 +90,8 @@ const ANONYMOUS: &[i64] = &[
 /// requests that write snapshots and files (a snapshot, a memory file, the metrics and log
 /// files) or change the VM's memory and devices.
 const API: &[i64] = &[
+    // Any request: the API reads VM state (snapshots), sets taps and rate limiters up.
+    libc::SYS_ioctl,
     libc::SYS_accept4,
     libc::SYS_setsockopt,
     libc::SYS_getsockopt,
@@ -150,9 +151,46 @@ fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, 
     SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
 }
 
-/// The calls whose arguments are checked, for every kind: `clone` only for a thread, `prctl`
-/// only to name one, read its name (the SIGSYS handler) or give up privileges (before a filter
-/// is stacked), `socket` (the process only) only in the Unix domain.
+/// The ioctls of a vCPU thread: running the vCPU and reading its state (a snapshot's), what
+/// logging asks of a terminal, and what a device made active by its driver on the vCPU thread
+/// does (a socket made non-blocking, a tap's offloads and header size).
+fn vcpu_ioctls() -> [libc::c_ulong; 17] {
+    use kvm_bindings::{
+        kvm_cpuid2, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msrs, kvm_regs, kvm_sregs,
+        kvm_vcpu_events, kvm_xcrs, kvm_xsave, KVMIO,
+    };
+    use vmm_sys_util::ioctl::{ioctl_expr, _IOC_NONE, _IOC_READ, _IOC_WRITE};
+    fn size<T>() -> u32 {
+        std::mem::size_of::<T>() as u32
+    }
+    let read = |nr, size| ioctl_expr(_IOC_READ, KVMIO, nr, size);
+    let read_write = |nr, size| ioctl_expr(_IOC_READ | _IOC_WRITE, KVMIO, nr, size);
+    let tun = |nr| ioctl_expr(_IOC_WRITE, u32::from(b'T'), nr, size::<libc::c_int>());
+    [
+        ioctl_expr(_IOC_NONE, KVMIO, 0x80, 0),  // KVM_RUN
+        read(0x81, size::<kvm_regs>()),         // KVM_GET_REGS
+        read(0x83, size::<kvm_sregs>()),        // KVM_GET_SREGS
+        read_write(0x88, size::<kvm_msrs>()),   // KVM_GET_MSRS
+        read(0x8e, size::<kvm_lapic_state>()),  // KVM_GET_LAPIC
+        read_write(0x91, size::<kvm_cpuid2>()), // KVM_GET_CPUID2
+        read(0x98, size::<kvm_mp_state>()),     // KVM_GET_MP_STATE
+        read(0x9f, size::<kvm_vcpu_events>()),  // KVM_GET_VCPU_EVENTS
+        read(0xa1, size::<kvm_debugregs>()),    // KVM_GET_DEBUGREGS
+        read(0xa4, size::<kvm_xsave>()),        // KVM_GET_XSAVE
+        read(0xa6, size::<kvm_xcrs>()),         // KVM_GET_XCRS
+        read(0xcf, size::<kvm_xsave>()),        // KVM_GET_XSAVE2
+        libc::TCGETS,
+        libc::TIOCGWINSZ,
+        libc::FIONBIO,
+        tun(208), // TUNSETOFFLOAD
+        tun(216), // TUNSETVNETHDRSZ
+    ]
+}
+
+/// The calls whose arguments are checked: `clone` only for a thread and `prctl` only to name
+/// one, read its name (the SIGSYS handler) or give up privileges (before a filter is stacked),
+/// for every kind; `socket` only in the Unix domain (the process); `ioctl` only with the
+/// requests of [`vcpu_ioctls`] (a vCPU).
 fn checked_rules(
     kind: ThreadKind,
     rules: &mut BTreeMap<i64, Vec<SeccompRule>>,
@@ -178,6 +216,13 @@ fn checked_rules(
     if kind == ThreadKind::Vmm {
         let unix = condition(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
         rules.insert(libc::SYS_socket, vec![SeccompRule::new(vec![unix])?]);
+    }
+    if kind == ThreadKind::Vcpu {
+        let ioctls = vcpu_ioctls()
+            .into_iter()
+            .map(|request| SeccompRule::new(vec![condition(1, SeccompCmpOp::Eq, request)?]))
+            .collect::<Result<_, _>>()?;
+        rules.insert(libc::SYS_ioctl, ioctls);
     }
     Ok(())
 }
@@ -228,6 +273,23 @@ mod tests {
             assert!(!program(kind).unwrap().is_empty(), "{kind:?}");
         }
         assert!(!clone3_enosys().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_vcpu_ioctls_are_the_kernel_s_numbers() {
+        let ioctls = vcpu_ioctls();
+        // KVM_RUN, KVM_GET_REGS, KVM_GET_SREGS, KVM_GET_MSRS, TUNSETOFFLOAD, TUNSETVNETHDRSZ
+        // as the kernel's headers define them.
+        for number in [
+            0xae80,
+            0x8090_ae81,
+            0x8138_ae83,
+            0xc008_ae88,
+            0x4004_54d0,
+            0x4004_54d8,
+        ] {
+            assert!(ioctls.contains(&number), "{number:#x} missing: {ioctls:x?}");
+        }
     }
 
     #[test]
