@@ -53,7 +53,10 @@ pub enum SeccompError {
         reason: String,
     },
     /// The kernel refused a filter.
-    #[error("cannot install the seccomp filter of the {kind} threads: {source}")]
+    #[error(
+        "cannot install the seccomp filter of the {kind} threads: {source} (--no-seccomp runs \
+         without filters)"
+    )]
     Install {
         /// The thread kind.
         kind: &'static str,
