@@ -125,13 +125,7 @@ pub fn set_policy(policy: &Policy) -> Result<(), SeccompError> {
     let filters = match policy {
         Policy::Off => None,
         Policy::BuiltIn => Some(Filters {
-            vmm: vec![
-                built_in(ThreadKind::Vmm)?,
-                filters::clone3_enosys().map_err(|source| SeccompError::Build {
-                    kind: "vmm",
-                    source,
-                })?,
-            ],
+            vmm: built_in_programs(ThreadKind::Vmm)?,
             vcpu: Some(built_in(ThreadKind::Vcpu)?),
             api: Some(built_in(ThreadKind::Api)?),
         }),
@@ -160,21 +154,26 @@ fn fix_malloc_arenas() {
 /// filter and the `clone3` companion), as [`lock_down`] and [`enter`] would: for a thread a
 /// library user starts, or a benchmark of the filters' cost. Installs no SIGSYS handler.
 pub fn install_built_in(kind: ThreadKind) -> Result<(), SeccompError> {
-    let mut programs = vec![built_in(kind)?];
-    if kind == ThreadKind::Vmm {
-        programs.push(
-            filters::clone3_enosys().map_err(|source| SeccompError::Build {
-                kind: "vmm",
-                source,
-            })?,
-        );
-    }
-    programs.iter().try_for_each(|program| {
+    built_in_programs(kind)?.iter().try_for_each(|program| {
         seccompiler::apply_filter(program).map_err(|source| SeccompError::Install {
             kind: kind.name(),
             source,
         })
     })
+}
+
+/// The built-in filters of `kind`, in the order they are installed: its own, and for the
+/// process the `clone3` companion.
+fn built_in_programs(kind: ThreadKind) -> Result<Vec<BpfProgram>, SeccompError> {
+    let mut programs = vec![built_in(kind)?];
+    if kind == ThreadKind::Vmm {
+        let companion = filters::clone3_enosys().map_err(|source| SeccompError::Build {
+            kind: "vmm",
+            source,
+        })?;
+        programs.push(companion);
+    }
+    Ok(programs)
 }
 
 /// The built-in filter of `kind` (for the process, without its `clone3` companion).
