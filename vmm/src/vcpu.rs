@@ -183,13 +183,18 @@ impl Vcpu {
     }
 
     fn run_loop(&mut self, buses: &Buses, control: &VmControl) -> VcpuExitReason {
+        // A vCPU starts paused: past this first checkpoint (or with the VM resumed before the
+        // thread got here) the VM has started, after the process's lock-down. The vCPU's own
+        // filter goes on now, once, outside the KVM_RUN loop.
+        if control.is_pending() && !self.checkpoint(control) {
+            return VcpuExitReason::Stopped;
+        }
+        if let Err(e) = crate::seccomp::enter(ThreadKind::Vcpu) {
+            return VcpuExitReason::Failed(format!("vCPU {}: {e}", self.index));
+        }
         loop {
             if control.is_pending() && !self.checkpoint(control) {
                 return VcpuExitReason::Stopped;
-            }
-            // Once, when the guest first runs (the process is locked down by then).
-            if let Err(e) = crate::seccomp::enter(ThreadKind::Vcpu) {
-                return VcpuExitReason::Failed(format!("vCPU {}: {e}", self.index));
             }
             match self.fd.run() {
                 Ok(VcpuExit::InternalError) => {
