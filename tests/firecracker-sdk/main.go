@@ -58,6 +58,8 @@ func (c *console) waitFor(text string, timeout time.Duration) error {
 
 type options struct {
 	vmm, kernel, initrd, rootfs, dir, ready, bootArgs, tap string
+	jailer, cgroupVersion                                  string
+	uid, gid                                               int
 	memMib                                                 int64
 	guestStats                                             bool
 }
@@ -114,9 +116,17 @@ func main() {
 	flag.Int64Var(&o.memMib, "mem-mib", 64, "guest memory in MiB")
 	flag.BoolVar(&o.guestStats, "guest-stats", false, "wait for the guest's balloon driver to report its memory statistics")
 	flag.StringVar(&o.tap, "tap", "", "instead: boot with a network interface on this tap (its host side 10.0.2.1/24), vsock and MMDS V2, and reach the guest through each")
+	flag.StringVar(&o.jailer, "jailer", "", "instead: start the VMM through this jailer with the SDK's JailerCfg, boot, check and shut down")
+	flag.IntVar(&o.uid, "uid", 0, "with -jailer: the VMM's uid")
+	flag.IntVar(&o.gid, "gid", 0, "with -jailer: the VMM's gid")
+	flag.StringVar(&o.cgroupVersion, "cgroup-version", "", "with -jailer: the jailer's --cgroup-version")
 	flag.Parse()
 	if o.tap != "" {
 		devices(o)
+		return
+	}
+	if o.jailer != "" {
+		jailed(o)
 		return
 	}
 	// A real Linux boots for minutes where it runs nested under emulation.
@@ -317,6 +327,69 @@ func devices(o options) {
 	check(m.GetMetadata(ctx, &got), "GetMetadata")
 	expect(fmt.Sprint(got) == fmt.Sprint(document), "the document as put", "%v", got)
 
+	check(m.Shutdown(ctx), "Shutdown (SendCtrlAltDel)")
+	waitCtx, waitCancel := context.WithTimeout(ctx, bootTimeout)
+	defer waitCancel()
+	check(m.Wait(waitCtx), "the VMM ended with status 0")
+	fmt.Println("ok: all steps passed")
+}
+
+// jailed starts the VMM as the SDK starts a jailed Firecracker (JailerCfg with the naive
+// chroot strategy, which links the kernel, initrd and root drive into the jail, and the
+// SDK's NUMA node 0 cpuset), boots the guest, reads the instance and shuts it down.
+func jailed(o options) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bootTimeout := 10 * time.Minute
+	out := &console{}
+	node := 0
+	cfg := firecracker.Config{
+		VMID: "sdk-jailed",
+		// The SDK passes --no-seccomp unless told.
+		Seccomp:         firecracker.SeccompConfig{Enabled: true},
+		KernelImagePath: o.kernel,
+		InitrdPath:      o.initrd,
+		KernelArgs:      o.bootArgs,
+		Drives:          firecracker.NewDrivesBuilder(o.rootfs).Build(),
+		MachineCfg: models.MachineConfiguration{
+			VcpuCount:  firecracker.Int64(1),
+			MemSizeMib: firecracker.Int64(o.memMib),
+		},
+		JailerCfg: &firecracker.JailerConfig{
+			ID:             "sdk-jailed",
+			UID:            &o.uid,
+			GID:            &o.gid,
+			NumaNode:       &node,
+			ExecFile:       o.vmm,
+			JailerBinary:   o.jailer,
+			ChrootBaseDir:  filepath.Join(o.dir, "jail"),
+			ChrootStrategy: firecracker.NewNaiveChrootStrategy(o.kernel),
+			CgroupVersion:  o.cgroupVersion,
+			Stdout:         out,
+			Stderr:         os.Stderr,
+		},
+	}
+	logger := logrus.New()
+	logger.SetLevel(logrus.WarnLevel)
+	m, err := firecracker.NewMachine(ctx, cfg, firecracker.WithLogger(logrus.NewEntry(logger)))
+	check(err, "NewMachine with JailerCfg")
+	started = append(started, m)
+	check(m.Start(ctx), "Start through the jailer (links into the chroot, boot-source, drives, InstanceStart)")
+	check(out.waitFor(o.ready, bootTimeout), "the jailed guest runs")
+	info, err := m.DescribeInstanceInfo(ctx)
+	check(err, "DescribeInstanceInfo")
+	expect(*info.State == "Running" && *info.ID == "sdk-jailed", "instance info", "state %q, id %q", *info.State, *info.ID)
+	pid, err := m.PID()
+	check(err, "the VMM's pid")
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	check(err, "the VMM's /proc status")
+	for _, want := range []string{
+		fmt.Sprintf("Uid:\t%d\t%d\t%d\t%d\n", o.uid, o.uid, o.uid, o.uid),
+		fmt.Sprintf("Gid:\t%d\t%d\t%d\t%d\n", o.gid, o.gid, o.gid, o.gid),
+		"CapEff:\t0000000000000000\n", "CapBnd:\t0000000000000000\n", "NoNewPrivs:\t1\n", "Seccomp:\t2\n",
+	} {
+		expect(strings.Contains(string(status), want), "the jailed VMM's "+strings.Split(want, ":")[0], "status %q", status)
+	}
 	check(m.Shutdown(ctx), "Shutdown (SendCtrlAltDel)")
 	waitCtx, waitCancel := context.WithTimeout(ctx, bootTimeout)
 	defer waitCancel()

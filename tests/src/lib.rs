@@ -47,6 +47,27 @@ pub fn vmm_binary() -> &'static str {
     })
 }
 
+/// The `vmm-jailer` binary cargo built beside the test binaries (`cargo test --workspace`
+/// builds it: vmm-jailer has integration tests). Panics, saying how to build it, if it is
+/// missing or older than a source file of its crate.
+pub fn jailer_binary() -> String {
+    let test = std::env::current_exe().expect("the test binary's path");
+    let deps = test.parent().expect("the test binary's directory");
+    let binary = deps.parent().unwrap_or(deps).join("vmm-jailer");
+    let build = "build it first: cargo build -p vmm-jailer (with --release for release tests)";
+    let built = modified(&binary)
+        .unwrap_or_else(|| panic!("no vmm-jailer at {}: {build}", binary.display()));
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vmm-jailer/src");
+    if let Some(newer) = newer_source(&sources, built) {
+        panic!(
+            "{} is older than {}: {build}",
+            binary.display(),
+            newer.display()
+        );
+    }
+    binary.to_string_lossy().into_owned()
+}
+
 fn modified(path: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }

@@ -12,20 +12,16 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_tests::{
-    ctrl_alt_del_guest_files, kvm_available, run_sdk_program, tool_available, vmm_binary, Scratch,
+    ctrl_alt_del_guest_files, jailer_binary, kvm_available, run_sdk_program, tool_available,
+    vmm_binary, Scratch,
 };
 
 /// What the guest's initrd holds, and so prints.
 const INITRD: &str = "initrd: driven by the Firecracker Go SDK\n";
 
-#[test]
-fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
-    let test = "the_firecracker_go_sdk_drives_the_vm";
-    if !kvm_available(test) || !tool_available(test, "go", "version") {
-        return;
-    }
+/// Builds the SDK program into `scratch` and returns its path.
+fn build_program(scratch: &Scratch) -> String {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("firecracker-sdk");
-    let scratch = Scratch::new("fc-sdk");
     let program = scratch.path("firecracker-sdk");
     // The module's go.sum pins every dependency; the module proxy serves them.
     let build = Command::new("go")
@@ -38,6 +34,17 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
         "go build: {}",
         String::from_utf8_lossy(&build.stderr)
     );
+    program
+}
+
+#[test]
+fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
+    let test = "the_firecracker_go_sdk_drives_the_vm";
+    if !kvm_available(test) || !tool_available(test, "go", "version") {
+        return;
+    }
+    let scratch = Scratch::new("fc-sdk");
+    let program = build_program(&scratch);
     let (kernel, initrd, rootfs) = ctrl_alt_del_guest_files(&scratch, INITRD);
     let dir = scratch.path("run");
     std::fs::create_dir(&dir).unwrap();
@@ -61,4 +68,68 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
     assert!(log.contains("DEBUG") || log.contains("INFO"), "{log}");
     // The SDK's HTTP client sent request after request on a connection the API kept.
     assert!(log.contains("(request 2 on its connection)"), "{log}");
+}
+
+#[test]
+fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg() {
+    let test = "the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg";
+    if !kvm_available(test) || !tool_available(test, "go", "version") {
+        return;
+    }
+    let scratch = Scratch::new("fc-sdk-jailer");
+    let program = build_program(&scratch);
+    let (kernel, initrd, rootfs) = ctrl_alt_del_guest_files(&scratch, INITRD);
+    let (uid, gid) = (4244, 4245);
+    // The jailed VMM opens its root drive read-write (as Firecracker's jailer docs ask).
+    std::os::unix::fs::chown(&rootfs, Some(uid), Some(gid)).unwrap();
+    let dir = scratch.path("run");
+    std::fs::create_dir(&dir).unwrap();
+    // The SDK asks for the cpuset of NUMA node 0, in cgroup v1 unless told otherwise.
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let v1_cpuset = mounts.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields[2] == "cgroup" && fields[3].split(',').any(|o| o == "cpuset")
+    });
+    let version = if v1_cpuset { "1" } else { "2" };
+    let (uid, gid) = (uid.to_string(), gid.to_string());
+    let jailer = jailer_binary();
+    let args = [
+        "-jailer",
+        &jailer,
+        "-uid",
+        &uid,
+        "-gid",
+        &gid,
+        "-cgroup-version",
+        version,
+        "-vmm",
+        vmm_binary(),
+        "-kernel",
+        &kernel,
+        "-initrd",
+        &initrd,
+        "-ready",
+        INITRD.trim(),
+        "-rootfs",
+        &rootfs,
+        "-dir",
+        &dir,
+    ];
+    let stdout = run_sdk_program(&program, &args, &[]);
+    assert!(
+        stdout.contains("ok: the jailed VMM's NoNewPrivs"),
+        "{stdout}"
+    );
+    // The jail the SDK expects, with what it linked in.
+    let root = Path::new(&dir).join("jail/vmm/sdk-jailed/root");
+    for file in ["vmm", "vmlinux", "initrd", "rootfs.ext4", "dev/kvm"] {
+        assert!(root.join(file).exists(), "{file} not in {}", root.display());
+    }
+    for line in mounts.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields[2] == "cgroup" || fields[2] == "cgroup2" {
+            let _ = std::fs::remove_dir(Path::new(fields[1]).join("vmm/sdk-jailed"));
+            let _ = std::fs::remove_dir(Path::new(fields[1]).join("vmm"));
+        }
+    }
 }

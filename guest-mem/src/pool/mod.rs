@@ -5,7 +5,7 @@ mod cache;
 mod header;
 mod persistent;
 
-pub use backing::{available_huge_pages, Backing, BackingError};
+pub use backing::{available_huge_pages, sysfs_visible, Backing, BackingError};
 pub use cache::CoreFrames;
 pub use header::HeaderError;
 

@@ -4,16 +4,20 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 
 use thiserror::Error;
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
-use vmm_sys_util::{ioctl_ior_nr, ioctl_iowr_nr};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iowr_nr};
 
 /// Errors of the userfaultfd wrapper.
 #[derive(Debug, Error)]
 pub enum UffdError {
-    /// The `userfaultfd` system call failed.
-    #[error("cannot create a userfaultfd (needs root or vm.unprivileged_userfaultfd=1): {0}")]
+    /// Neither the `userfaultfd` system call nor `/dev/userfaultfd` gave one.
+    #[error(
+        "cannot create a userfaultfd (needs root, read-write access to /dev/userfaultfd or \
+         vm.unprivileged_userfaultfd=1): {0}"
+    )]
     Create(#[source] io::Error),
     /// The kernel refused the API handshake or lacks a feature.
     #[error("userfaultfd API handshake failed: {0}")]
@@ -89,6 +93,8 @@ struct UffdMsg {
 }
 
 ioctl_iowr_nr!(UFFDIO_API, UFFDIO, 0x3F, UffdioApi);
+// /dev/userfaultfd's one ioctl: a new userfaultfd, its flags the argument (Linux 6.1).
+ioctl_io_nr!(USERFAULTFD_IOC_NEW, UFFDIO, 0x00);
 ioctl_iowr_nr!(UFFDIO_REGISTER, UFFDIO, 0x00, UffdioRegister);
 ioctl_ior_nr!(UFFDIO_WAKE, UFFDIO, 0x02, UffdioRange);
 ioctl_iowr_nr!(UFFDIO_ZEROPAGE, UFFDIO, 0x04, UffdioZeropage);
@@ -119,16 +125,47 @@ pub struct Uffd {
 }
 
 impl Uffd {
-    /// Creates a non-blocking userfaultfd that also sees faults taken inside the kernel (KVM).
-    pub fn new() -> Result<Self, UffdError> {
+    /// A new userfaultfd from the system call or, where it is refused (an unprivileged
+    /// process, e.g. one in a jail, may not take kernel faults through it), from
+    /// `/dev/userfaultfd`, whose file mode decides instead.
+    fn create() -> io::Result<OwnedFd> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         // SAFETY: the syscall takes only flags and returns a new fd or -1.
-        let raw =
-            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let raw = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+        if raw >= 0 {
+            // SAFETY: `raw` is a fresh fd that nothing else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(raw as RawFd) });
+        }
+        let refused = io::Error::last_os_error();
+        if refused.raw_os_error() != Some(libc::EPERM) {
+            return Err(refused);
+        }
+        let Ok(device) = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open("/dev/userfaultfd")
+        else {
+            return Err(refused);
+        };
+        // SAFETY: USERFAULTFD_IOC_NEW takes the new fd's flags by value and returns it or -1.
+        let raw = unsafe {
+            libc::ioctl(
+                device.as_raw_fd(),
+                USERFAULTFD_IOC_NEW() as _,
+                flags as libc::c_ulong,
+            )
+        };
         if raw < 0 {
-            return Err(UffdError::Create(io::Error::last_os_error()));
+            return Err(io::Error::last_os_error());
         }
         // SAFETY: `raw` is a fresh fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    }
+
+    /// Creates a non-blocking userfaultfd that also sees faults taken inside the kernel (KVM).
+    pub fn new() -> Result<Self, UffdError> {
+        let fd = Self::create().map_err(UffdError::Create)?;
         let mut api = UffdioApi {
             api: UFFD_API,
             features: UFFD_FEATURE_THREAD_ID,
@@ -238,6 +275,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<UffdMsg>(), 32);
         // The numbers of linux/userfaultfd.h.
         assert_eq!(UFFDIO_API(), 0xc018_aa3f);
+        assert_eq!(USERFAULTFD_IOC_NEW(), 0xaa00);
         assert_eq!(UFFDIO_REGISTER(), 0xc020_aa00);
         assert_eq!(UFFDIO_WAKE(), 0x8010_aa02);
         assert_eq!(UFFDIO_ZEROPAGE(), 0xc020_aa04);

@@ -275,6 +275,69 @@ mod tests {
         assert!(!clone3_enosys().unwrap().is_empty());
     }
 
+    /// How a child process that installs `kind`'s filter and then makes `call` ends: `None`
+    /// if the call returned (the child exits 0), else the signal that ended it.
+    fn killed_by(kind: ThreadKind, call: fn()) -> Option<i32> {
+        // Built before the fork: the child only installs it and calls.
+        let filter = program(kind).unwrap();
+        // SAFETY: the child makes only system calls (no allocation, no lock) and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let status = match seccompiler::apply_filter(&filter) {
+                Ok(()) => {
+                    call();
+                    0
+                }
+                Err(_) => 3,
+            };
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(status) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked, writing its status into `status`.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if libc::WIFSIGNALED(status) {
+            return Some(libc::WTERMSIG(status));
+        }
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the child failed to install");
+        None
+    }
+
+    fn socket_of(domain: i32) {
+        // SAFETY: plain system call; the socket is closed by `_exit`.
+        unsafe { libc::socket(domain, libc::SOCK_STREAM, 0) };
+    }
+
+    #[test]
+    fn the_process_filter_stops_network_sockets_and_exec_and_lets_unix_sockets_be() {
+        let sigsys = Some(libc::SIGSYS);
+        assert_eq!(
+            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_INET)),
+            sigsys
+        );
+        assert_eq!(
+            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_INET6)),
+            sigsys
+        );
+        assert_eq!(
+            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_NETLINK)),
+            sigsys
+        );
+        assert_eq!(
+            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_UNIX)),
+            None
+        );
+        let exec = || {
+            let path = c"/bin/true";
+            let argv = [path.as_ptr(), std::ptr::null()];
+            let envp = [std::ptr::null()];
+            // SAFETY: NUL-terminated path and argument and environment arrays.
+            unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        };
+        assert_eq!(killed_by(ThreadKind::Vmm, exec), sigsys);
+    }
+
     #[test]
     fn the_vcpu_ioctls_are_the_kernel_s_numbers() {
         let ioctls = vcpu_ioctls();

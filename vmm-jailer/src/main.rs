@@ -1,0 +1,159 @@
+//! `vmm-jailer`: starts a VMM confined as Firecracker's jailer confines Firecracker, with its
+//! flags. In order: check every value; build the root `<base>/<exec name>/<id>/root` (the
+//! VMM copied in with its ELF interpreter and libraries, nodes of /dev/kvm, /dev/net/tun and
+//! /dev/userfaultfd, a `run` directory for the API socket); set the resource limits; place
+//! the process in its cgroups; enter a mount namespace whose root is that directory
+//! (`pivot_root`, the old root detached); join the network namespace; daemonize; start a
+//! PID namespace; become the uid/gid with no capabilities and no_new_privs; exec the VMM with
+//! `--id <id>`, the arguments after `--` and an empty environment.
+
+mod args;
+mod cgroup;
+mod libraries;
+mod privileges;
+mod root;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Parser;
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::unistd::{dup2_stderr, dup2_stdin, dup2_stdout, execve, fork, setsid, ForkResult};
+use nix::unistd::{Gid, Uid};
+use thiserror::Error;
+
+use args::{Args, ArgsError};
+
+/// Every way the jailer fails (it then exits with status 1 and says why on stderr).
+#[derive(Debug, Error)]
+enum JailError {
+    /// A flag's value.
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    /// The exec file's libraries.
+    #[error(transparent)]
+    Libraries(#[from] libraries::LibrariesError),
+    /// The root.
+    #[error(transparent)]
+    Root(#[from] root::RootError),
+    /// The cgroups.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    /// Limits, uid/gid, capabilities.
+    #[error(transparent)]
+    Privileges(#[from] privileges::PrivilegesError),
+    /// A file the jailer opens before entering the root.
+    #[error("cannot open {0}: {1}")]
+    Open(String, #[source] std::io::Error),
+    /// A namespace or process step.
+    #[error("cannot {0}: {1}")]
+    Process(&'static str, #[source] nix::Error),
+    /// An argument holds a NUL byte.
+    #[error("an argument holds a NUL byte: {0:?}")]
+    Argument(String),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match jail(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("vmm-jailer: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs every step; returns only on failure, or in the parent of `--new-pid-ns`.
+fn jail(args: &Args) -> Result<(), JailError> {
+    args.validate()?;
+    close_inherited_files();
+    let exec_name = args.exec_file_name()?;
+    let root = args.chroot_dir()?;
+    let (uid, gid) = (Uid::from_raw(args.uid), Gid::from_raw(args.gid));
+
+    root::copy_in(&root, &args.exec_file, Path::new(&exec_name))?;
+    for file in libraries::needed_by(&args.exec_file)? {
+        root::copy_in(&root, &file, file.strip_prefix("/").unwrap_or(&file))?;
+    }
+    root::make_devices(&root, uid, gid)?;
+    root::own_dir(&root, "run", uid, gid)?;
+    root::own_dir(&root, "", uid, gid)?;
+
+    privileges::set_limits(&args.limits()?)?;
+    cgroup::place(
+        args.cgroup_version,
+        &args.cgroup_settings()?,
+        &args.parent_cgroup()?,
+        &args.id,
+        std::process::id(),
+    )?;
+    let netns = match &args.netns {
+        Some(path) => Some(File::open(path).map_err(|e| open_error(path, e))?),
+        None => None,
+    };
+    let null = match args.daemonize {
+        true => Some(
+            File::options()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .map_err(|e| open_error(Path::new("/dev/null"), e))?,
+        ),
+        false => None,
+    };
+
+    root::enter(&root)?;
+    if let Some(netns) = netns {
+        setns(netns, CloneFlags::CLONE_NEWNET)
+            .map_err(|e| JailError::Process("join the network namespace", e))?;
+    }
+    if let Some(null) = null {
+        setsid().map_err(|e| JailError::Process("start a session (setsid)", e))?;
+        dup2_stdin(&null).map_err(|e| JailError::Process("redirect stdin", e))?;
+        dup2_stdout(&null).map_err(|e| JailError::Process("redirect stdout", e))?;
+        dup2_stderr(&null).map_err(|e| JailError::Process("redirect stderr", e))?;
+    }
+    if args.new_pid_ns {
+        unshare(CloneFlags::CLONE_NEWPID)
+            .map_err(|e| JailError::Process("unshare the PID namespace", e))?;
+        // SAFETY: the jailer has one thread; the child only drops privileges and execs.
+        match unsafe { fork() }.map_err(|e| JailError::Process("fork", e))? {
+            ForkResult::Parent { child } => {
+                let pid_file = format!("/{exec_name}.pid");
+                std::fs::write(&pid_file, child.to_string())
+                    .map_err(|e| open_error(Path::new(&pid_file), e))?;
+                return Ok(());
+            }
+            ForkResult::Child => {}
+        }
+    }
+    privileges::drop_to(args.uid, args.gid)?;
+    exec(&exec_name, args)
+}
+
+fn open_error(path: &Path, error: std::io::Error) -> JailError {
+    JailError::Open(path.display().to_string(), error)
+}
+
+/// Closes every file descriptor above stderr that the jailer was started with.
+fn close_inherited_files() {
+    // SAFETY: close_range takes two numbers and flags and only closes descriptors; nothing
+    // of this process holds one above 2 yet.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+}
+
+/// Execs `/<exec_name> --id <id> <vmm args>` with an empty environment.
+fn exec(exec_name: &str, args: &Args) -> Result<(), JailError> {
+    let text = [format!("/{exec_name}"), "--id".into(), args.id.clone()]
+        .into_iter()
+        .chain(args.vmm_args.iter().cloned());
+    let argv: Vec<CString> = text
+        .map(|a| CString::new(a.clone()).map_err(|_| JailError::Argument(a)))
+        .collect::<Result<_, _>>()?;
+    let env: [CString; 0] = [];
+    let error = execve(&argv[0], &argv, &env).unwrap_err();
+    Err(JailError::Process("exec the VMM", error))
+}
