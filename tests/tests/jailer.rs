@@ -5,8 +5,9 @@
 //! outside its root, by an absolute path or by `..`, and boots a guest from files put into
 //! it. The built-in guest runs jailed with lazy population (userfaultfd through the jail's
 //! /dev/userfaultfd). With `--new-pid-ns --daemonize` the VMM is the first process of a PID
-//! namespace of its own and its pid file says which. (That the process filter stops network
-//! sockets and exec: vmm's seccomp unit tests.)
+//! namespace of its own, its pid file says which, and SIGTERM from outside ends it. The VMM's
+//! startup metrics count from the start a jailer passes. (That the process filter stops
+//! network sockets and exec: vmm's seccomp unit tests.)
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -330,8 +331,31 @@ fn with_a_new_pid_namespace_the_vmm_is_its_first_process_and_the_pid_file_names_
         let target = fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap();
         assert_eq!(target, Path::new("/dev/null"), "fd {fd}");
     }
-    // SAFETY: kill takes a pid and a signal; the VMM may have ended meanwhile.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    // The jailer passed on when it started (Firecracker's flags).
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    for flag in [
+        "--start-time-us ",
+        "--start-time-cpu-us ",
+        "--parent-cpu-time-us ",
+    ] {
+        assert!(cmdline.contains(flag), "{cmdline}");
+    }
+    // SIGTERM from outside the namespace ends it (the kernel drops signals a namespace's first
+    // process leaves at their default; the VMM reads SIGTERM from a signalfd).
+    // SAFETY: kill takes a pid and a signal.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Ended: gone, or a zombie its new parent has not reaped yet.
+        match fs::read_to_string(format!("/proc/{pid}/status")) {
+            Err(_) => break,
+            Ok(status) if status.contains("State:\tZ") => break,
+            Ok(_) => {}
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not end the VMM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -355,4 +379,50 @@ fn a_zone_put_into_the_root_backs_the_jailed_vm_and_gets_its_frames_back() {
     run_jailed_guest(&scratch, name, &memory);
     let inspected = vmm_common::zone_consistent(&zone);
     assert_eq!(inspected["vms"].as_array().unwrap().len(), 1, "{inspected}");
+}
+
+#[test]
+fn the_startup_metrics_count_from_the_start_a_jailer_passes() {
+    let scratch = Scratch::new("jailer-start-time");
+    let socket = scratch.path("api.sock");
+    let metrics = scratch.path("metrics.json");
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into `now`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now_us = now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1000;
+    // As if a jailer had started 5 s ago and used 1 s of CPU.
+    let start = (now_us - 5_000_000).to_string();
+    let args = [
+        "--api-sock",
+        &socket,
+        "--start-time-us",
+        &start,
+        "--start-time-cpu-us",
+        "1000000",
+    ];
+    let mut vmm = vmm_common::VmmRun::start_command(&args);
+    let client = vmm.api(&socket);
+    send(
+        &client,
+        "PUT",
+        "/metrics",
+        &format!(r#"{{"metrics_path":"{metrics}"}}"#),
+    );
+    send(
+        &client,
+        "PUT",
+        "/actions",
+        r#"{"action_type":"FlushMetrics"}"#,
+    );
+    let text = fs::read_to_string(&metrics).unwrap();
+    let line: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let startup = &line["api_server"];
+    let wall = startup["process_startup_time_us"].as_u64().unwrap();
+    let cpu = startup["process_startup_time_cpu_us"].as_u64().unwrap();
+    assert!((5_000_000..65_000_000).contains(&wall), "{startup}");
+    assert!(cpu >= 1_000_000, "{startup}");
+    vmm.kill();
 }

@@ -51,6 +51,20 @@ pub struct Cli {
     )]
     pub id: String,
 
+    /// Set by a jailer (Firecracker's or vmm-jailer): its start on the monotonic clock, in
+    /// microseconds; the startup metrics count from it.
+    #[arg(long, value_name = "US", requires = "start_time_cpu_us")]
+    pub start_time_us: Option<u64>,
+
+    /// Set by a jailer: the CPU time it used, in microseconds.
+    #[arg(long, value_name = "US", requires = "start_time_us")]
+    pub start_time_cpu_us: Option<u64>,
+
+    /// Set by a jailer that forked into a new PID namespace: its parent's CPU time, in
+    /// microseconds.
+    #[arg(long, value_name = "US", requires = "start_time_us")]
+    pub parent_cpu_time_us: Option<u64>,
+
     /// Boot the VM this Firecracker configuration file describes (the JSON of GET /vm/config:
     /// machine-config, boot-source, drives, balloon, ...) at once, with or without --api-sock.
     /// Not with a subcommand.

@@ -74,6 +74,10 @@ where
         vmm::runner::name_lines(&name);
     }
     logger::init(cli.log_level);
+    if let (Some(start), Some(cpu)) = (cli.start_time_us, cli.start_time_cpu_us) {
+        let parent_cpu = cli.parent_cpu_time_us.unwrap_or(0);
+        vmm::metrics::METRICS.started_by_jailer(start, cpu.saturating_add(parent_cpu));
+    }
     let seccomp = match (cli.no_seccomp, &cli.seccomp_filter) {
         (true, _) => vmm::seccomp::Policy::Off,
         (false, Some(path)) => vmm::seccomp::Policy::File(path.clone()),

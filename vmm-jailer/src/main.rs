@@ -5,7 +5,9 @@
 //! the process in its cgroups; enter a mount namespace whose root is that directory
 //! (`pivot_root`, the old root detached); join the network namespace; daemonize; start a
 //! PID namespace; become the uid/gid with no capabilities and no_new_privs; exec the VMM with
-//! `--id <id>`, the arguments after `--` and an empty environment.
+//! `--id <id>`, Firecracker's `--start-time-us` and `--start-time-cpu-us` (and
+//! `--parent-cpu-time-us` after a fork into a PID namespace), the arguments after `--` and an
+//! empty environment.
 
 mod args;
 mod cgroup;
@@ -56,8 +58,9 @@ enum JailError {
 }
 
 fn main() -> ExitCode {
+    let started_us = monotonic_us();
     let args = Args::parse();
-    match jail(&args) {
+    match jail(&args, started_us) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("vmm-jailer: error: {error}");
@@ -67,7 +70,8 @@ fn main() -> ExitCode {
 }
 
 /// Runs every step; returns only on failure, or in the parent of `--new-pid-ns`.
-fn jail(args: &Args) -> Result<(), JailError> {
+/// `started_us`: the jailer's start on the monotonic clock, passed on to the VMM.
+fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
     args.validate()?;
     close_inherited_files();
     let exec_name = args.exec_file_name()?;
@@ -116,7 +120,9 @@ fn jail(args: &Args) -> Result<(), JailError> {
         dup2_stdout(&null).map_err(|e| JailError::Process("redirect stdout", e))?;
         dup2_stderr(&null).map_err(|e| JailError::Process("redirect stderr", e))?;
     }
+    let mut parent_cpu_us = None;
     if args.new_pid_ns {
+        parent_cpu_us = Some(cpu_us());
         unshare(CloneFlags::CLONE_NEWPID)
             .map_err(|e| JailError::Process("unshare the PID namespace", e))?;
         // SAFETY: the jailer has one thread; the child only drops privileges and execs.
@@ -131,7 +137,31 @@ fn jail(args: &Args) -> Result<(), JailError> {
         }
     }
     privileges::drop_to(args.uid, args.gid)?;
-    exec(&exec_name, args)
+    let mut times = vec![
+        "--start-time-us".to_owned(),
+        started_us.to_string(),
+        "--start-time-cpu-us".to_owned(),
+        cpu_us().to_string(),
+    ];
+    if let Some(parent) = parent_cpu_us {
+        times.extend(["--parent-cpu-time-us".to_owned(), parent.to_string()]);
+    }
+    exec(&exec_name, args, times)
+}
+
+/// The monotonic clock, in microseconds (the VMM's startup metrics count from it).
+fn monotonic_us() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1000
+    })
+}
+
+/// The CPU time this process used, in microseconds.
+fn cpu_us() -> u64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).map_or(0, |u| {
+        let total = u.user_time() + u.system_time();
+        total.tv_sec() as u64 * 1_000_000 + total.tv_usec() as u64
+    })
 }
 
 fn open_error(path: &Path, error: std::io::Error) -> JailError {
@@ -145,10 +175,11 @@ fn close_inherited_files() {
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
 }
 
-/// Execs `/<exec_name> --id <id> <vmm args>` with an empty environment.
-fn exec(exec_name: &str, args: &Args) -> Result<(), JailError> {
+/// Execs `/<exec_name> --id <id> <times> <vmm args>` with an empty environment.
+fn exec(exec_name: &str, args: &Args, times: Vec<String>) -> Result<(), JailError> {
     let text = [format!("/{exec_name}"), "--id".into(), args.id.clone()]
         .into_iter()
+        .chain(times)
         .chain(args.vmm_args.iter().cloned());
     let argv: Vec<CString> = text
         .map(|a| CString::new(a.clone()).map_err(|_| JailError::Argument(a)))

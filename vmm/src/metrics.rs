@@ -360,6 +360,8 @@ pub struct ProcessMetrics {
     /// When the process started and how long it took until its API answered, in wall and CPU
     /// microseconds.
     startup: OnceLock<(Instant, OnceLock<(u64, u64)>)>,
+    /// Where a jailer started the process: the wall and CPU microseconds it spent before.
+    jailer: OnceLock<(u64, u64)>,
 }
 
 /// The process's counters.
@@ -393,6 +395,7 @@ pub static METRICS: ProcessMetrics = ProcessMetrics {
         metrics_fails: Counter::new(),
     },
     startup: OnceLock::new(),
+    jailer: OnceLock::new(),
 };
 
 impl ProcessMetrics {
@@ -401,14 +404,31 @@ impl ProcessMetrics {
         let _ = self.startup.set((Instant::now(), OnceLock::new()));
     }
 
-    /// Notes that the API answers from now on: the wall and CPU time since the process
-    /// started (Firecracker's `process_startup_time_us` and `_cpu_us`).
+    /// Notes that a jailer started at `start_time_us` on the monotonic clock and used `cpu_us`
+    /// of CPU before it exec'd this process (Firecracker's jailer passes both as
+    /// `--start-time-us` and `--start-time-cpu-us`): the startup times count from its start.
+    pub fn started_by_jailer(&self, start_time_us: u64, cpu_us: u64) {
+        let Some((started, _)) = self.startup.get() else {
+            return;
+        };
+        let since_start = monotonic_us().saturating_sub(start_time_us);
+        let own = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let _ = self.jailer.set((since_start.saturating_sub(own), cpu_us));
+    }
+
+    /// Notes that the API answers from now on: the wall and CPU time since the process (or
+    /// the jailer that started it) started (Firecracker's `process_startup_time_us` and
+    /// `_cpu_us`).
     pub fn api_ready(&self) {
         let Some((started, ready)) = self.startup.get() else {
             return;
         };
+        let (jailer_wall, jailer_cpu) = self.jailer.get().copied().unwrap_or_default();
         let wall = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let _ = ready.set((wall, process_cpu_us()));
+        let _ = ready.set((
+            wall.saturating_add(jailer_wall),
+            process_cpu_us().saturating_add(jailer_cpu),
+        ));
     }
 
     /// The startup times of [`Self::api_ready`] (0 where unknown).
@@ -418,6 +438,17 @@ impl ProcessMetrics {
             .and_then(|(_, ready)| ready.get().copied())
             .unwrap_or_default()
     }
+}
+
+/// The monotonic clock (which a jailer's `--start-time-us` reads too), in microseconds.
+fn monotonic_us() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into `now`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64) * 1_000_000 + (now.tv_nsec as u64) / 1000
 }
 
 /// The CPU time the process has used, in microseconds.
