@@ -29,14 +29,15 @@
 #                          (default 900)
 #   LLFREE_NESTED_BINARIES only these test binaries, e.g. "linux_overcommit linux_exhaustion"
 #   LLFREE_NESTED_BENCH_ONLY with LLFREE_NESTED_BENCH=1: only these parts of l1-bench, e.g.
-#                          "net vsock" (of boot, reporting, hotplug, net, vsock)
+#                          "net vsock" (of boot, reporting, hotplug, balloon, net, vsock)
 #   LLFREE_NESTED_PACKAGES_ONLY  1: install the packages (QEMU from backports) and stop; how
 #                          check-install.sh proves the install on a fresh Debian
 #   LLFREE_NESTED_BENCH    1: instead of the tests, compare our VMM with QEMU's microvm in L1
 #                          (boot time to init, free page reporting, virtio-mem; l1-bench)
 #   LLFREE_NESTED_FIRECRACKER  with LLFREE_NESTED_BENCH=1: a firecracker binary (built as
-#                          tests/firecracker-compare/run.sh says) to measure beside them at boot
-#                          and free page reporting; it boots the L2 kernel's ELF vmlinux
+#                          tests/firecracker-compare/run.sh says) to measure beside them at boot,
+#                          free page reporting and the balloon; it boots the L2 kernel's ELF
+#                          vmlinux
 #   LLFREE_VMM_DAX_DIR     directly on a host: a directory on a DAX file system for the MAP_SYNC
 #                          zone test (nested, L1 mounts one on QEMU's emulated NVDIMM)
 #   LLFREE_VMM_DEVDAX      directly on a host: a device DAX (/dev/daxX.Y) for the zone test on

@@ -11,16 +11,15 @@
 //! actual size 1 GiB (from then on the memory is free on the host).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use vmm_cli::ApiClient;
 
+use crate::balloon::{self, api_call, poll, GIB_KIB, GIB_MIB};
 use crate::qmp::Qmp;
 use crate::{Measured, Vmm, TIMEOUT};
 
-const GIB_KIB: u64 = 1 << 20;
-const GIB_MIB: u64 = 1 << 10;
 /// QEMU's virtio-mem-pci device: `-device virtio-mem-pci,id=vmem0,...`.
 const QEMU_DEVICE: &str = "/machine/peripheral/vmem0";
 
@@ -107,34 +106,6 @@ impl Control {
     }
 }
 
-/// Sends a request to our API; returns the response's JSON (null when it has no body).
-fn api_call(
-    api: &ApiClient,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> Result<Value, String> {
-    let response = api
-        .request(method, path, body)
-        .map_err(|e| format!("{method} {path}: {e}"))?;
-    if !response.is_success() {
-        return Err(format!("{method} {path}: {}", response.body));
-    }
-    Ok(serde_json::from_str(&response.body).unwrap_or(Value::Null))
-}
-
-/// Polls `done` every millisecond until it holds; returns when it first did.
-fn poll(mut done: impl FnMut() -> Result<bool, String>, what: &str) -> Result<Instant, String> {
-    let since = Instant::now();
-    while !done()? {
-        if since.elapsed() > TIMEOUT {
-            return Err(format!("{what}: not after {TIMEOUT:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Ok(Instant::now())
-}
-
 /// One run: plug 1 GiB, unplug it; with `--balloon` plug it again, inflate the balloon by
 /// 1 GiB and deflate it.
 pub fn measure(command: &[String], options: &Options) -> Result<Measured, String> {
@@ -160,27 +131,7 @@ pub fn measure(command: &[String], options: &Options) -> Result<Measured, String
     if options.balloon {
         control.request_plugged(GIB_MIB)?;
         vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
-        let api = control.api();
-        let set = |mib: u64| {
-            let body = format!(r#"{{"amount_mib":{mib}}}"#);
-            api_call(api, "PATCH", "/balloon", Some(&body)).map(drop)
-        };
-        let actual = || {
-            api_call(api, "GET", "/balloon", None)?["actual_mib"]
-                .as_u64()
-                .ok_or_else(|| "no actual_mib".to_string())
-        };
-        let asked = Instant::now();
-        set(GIB_MIB)?;
-        let inflated = poll(|| Ok(actual()? >= GIB_MIB), "inflate")?;
-        let (shrunk, _) = vmm.wait_memtotal(|kib| kib <= booted)?;
-        times.push(("balloon inflate", inflated - asked));
-        times.push(("balloon inflate-memtotal", shrunk - asked));
-
-        let asked = Instant::now();
-        set(0)?;
-        let (grown, _) = vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
-        times.push(("balloon deflate-memtotal", grown - asked));
+        times.extend(balloon::cycle(control.api(), &vmm, booted + GIB_KIB)?);
     }
     Ok(times)
 }

@@ -11,12 +11,17 @@
 //!                                                  plug and unplug 1 GiB of virtio-mem
 //!                                                  memory, and inflate and deflate the
 //!                                                  balloon by 1 GiB (see hotplug.rs)
+//! linux-guest-bench balloon RUNS --api SOCKET -- VMM ARGS...
+//!                                                  inflate and deflate the balloon by 1 GiB
+//!                                                  through Firecracker's API, ours or
+//!                                                  Firecracker's (see balloon.rs)
 //! ```
 //!
 //! The guest must run `llfree.test=idle` (boot), `llfree.test=fill llfree.mib=128`
-//! (reporting) or `llfree.test=hotplug` (hotplug). Each run kills the VMM at its end. Prints
+//! (reporting) or `llfree.test=hotplug` (hotplug, balloon). Each run kills the VMM at its end. Prints
 //! one line per run, a summary of each time (median, min, max) and the command.
 
+mod balloon;
 mod hotplug;
 mod qmp;
 
@@ -52,6 +57,13 @@ fn main() -> ExitCode {
         "reporting" if options.is_empty() => Mode::Reporting,
         "hotplug" => match hotplug::Options::parse(options) {
             Ok(options) => Mode::Hotplug(options),
+            Err(why) => {
+                eprintln!("error: {why}");
+                return usage();
+            }
+        },
+        "balloon" => match balloon::Options::parse(options) {
+            Ok(options) => Mode::Balloon(options),
             Err(why) => {
                 eprintln!("error: {why}");
                 return usage();
@@ -95,6 +107,7 @@ enum Mode {
     Boot,
     Reporting,
     Hotplug(hotplug::Options),
+    Balloon(balloon::Options),
 }
 
 impl Mode {
@@ -103,6 +116,7 @@ impl Mode {
             Mode::Boot => Ok(vec![("boot", boot(command)?)]),
             Mode::Reporting => Ok(vec![("reporting", reporting(command)?)]),
             Mode::Hotplug(options) => hotplug::measure(command, options),
+            Mode::Balloon(options) => balloon::measure(command, options),
         }
     }
 }
@@ -110,7 +124,8 @@ impl Mode {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: linux-guest-bench boot|reporting RUNS -- VMM ARGS...\n       \
-         linux-guest-bench hotplug RUNS --api SOCKET|--qmp SOCKET [--balloon] -- VMM ARGS..."
+         linux-guest-bench hotplug RUNS --api SOCKET|--qmp SOCKET [--balloon] -- VMM ARGS...\n       \
+         linux-guest-bench balloon RUNS --api SOCKET -- VMM ARGS..."
     );
     ExitCode::from(2)
 }
