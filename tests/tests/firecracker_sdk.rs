@@ -19,6 +19,50 @@ use e2e_tests::{
 /// What the guest's initrd holds, and so prints.
 const INITRD: &str = "initrd: driven by the Firecracker Go SDK\n";
 
+/// What the SDK program boots, in a scratch directory: the program itself, the guest's
+/// kernel, initrd and root drive, and a directory for its sockets and snapshots.
+struct SdkGuest {
+    program: String,
+    kernel: String,
+    initrd: String,
+    rootfs: String,
+    dir: String,
+}
+
+impl SdkGuest {
+    fn new(scratch: &Scratch) -> Self {
+        let program = build_program(scratch);
+        let (kernel, initrd, rootfs) = ctrl_alt_del_guest_files(scratch, INITRD);
+        let dir = scratch.path("run");
+        std::fs::create_dir(&dir).unwrap();
+        SdkGuest {
+            program,
+            kernel,
+            initrd,
+            rootfs,
+            dir,
+        }
+    }
+
+    /// The program's flags for this guest and the VMM.
+    fn args(&self) -> Vec<&str> {
+        vec![
+            "-vmm",
+            vmm_binary(),
+            "-kernel",
+            &self.kernel,
+            "-initrd",
+            &self.initrd,
+            "-ready",
+            INITRD.trim(),
+            "-rootfs",
+            &self.rootfs,
+            "-dir",
+            &self.dir,
+        ]
+    }
+}
+
 /// Builds the SDK program into `scratch` and returns its path.
 fn build_program(scratch: &Scratch) -> String {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("firecracker-sdk");
@@ -44,27 +88,11 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
         return;
     }
     let scratch = Scratch::new("fc-sdk");
-    let program = build_program(&scratch);
-    let (kernel, initrd, rootfs) = ctrl_alt_del_guest_files(&scratch, INITRD);
-    let dir = scratch.path("run");
-    std::fs::create_dir(&dir).unwrap();
-    let args = [
-        "-vmm",
-        vmm_binary(),
-        "-kernel",
-        &kernel,
-        "-initrd",
-        &initrd,
-        "-ready",
-        INITRD.trim(),
-        "-rootfs",
-        &rootfs,
-        "-dir",
-        &dir,
-    ];
-    run_sdk_program(&program, &args, &[]);
+    let guest = SdkGuest::new(&scratch);
+    let dir = &guest.dir;
+    run_sdk_program(&guest.program, &guest.args(), &[]);
     // The first VMM logged to its file at the SDK's level.
-    let log = std::fs::read_to_string(Path::new(&dir).join("first.log")).unwrap();
+    let log = std::fs::read_to_string(Path::new(dir).join("first.log")).unwrap();
     assert!(log.contains("DEBUG") || log.contains("INFO"), "{log}");
     // The SDK's HTTP client sent request after request on a connection the API kept.
     assert!(log.contains("(request 2 on its connection)"), "{log}");
@@ -77,13 +105,11 @@ fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg(
         return;
     }
     let scratch = Scratch::new("fc-sdk-jailer");
-    let program = build_program(&scratch);
-    let (kernel, initrd, rootfs) = ctrl_alt_del_guest_files(&scratch, INITRD);
+    let guest = SdkGuest::new(&scratch);
     let (uid, gid) = (4244, 4245);
     // The jailed VMM opens its root drive read-write (as Firecracker's jailer docs ask).
-    std::os::unix::fs::chown(&rootfs, Some(uid), Some(gid)).unwrap();
-    let dir = scratch.path("run");
-    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&guest.rootfs, Some(uid), Some(gid)).unwrap();
+    let dir = &guest.dir;
     // The SDK asks for the cpuset of NUMA node 0, in cgroup v1 unless told otherwise.
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     let v1_cpuset = mounts.lines().any(|line| {
@@ -93,7 +119,7 @@ fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg(
     let version = if v1_cpuset { "1" } else { "2" };
     let (uid, gid) = (uid.to_string(), gid.to_string());
     let jailer = jailer_binary();
-    let args = [
+    let mut args = vec![
         "-jailer",
         &jailer,
         "-uid",
@@ -102,26 +128,15 @@ fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg(
         &gid,
         "-cgroup-version",
         version,
-        "-vmm",
-        vmm_binary(),
-        "-kernel",
-        &kernel,
-        "-initrd",
-        &initrd,
-        "-ready",
-        INITRD.trim(),
-        "-rootfs",
-        &rootfs,
-        "-dir",
-        &dir,
     ];
-    let stdout = run_sdk_program(&program, &args, &[]);
+    args.extend(guest.args());
+    let stdout = run_sdk_program(&guest.program, &args, &[]);
     assert!(
         stdout.contains("ok: the jailed VMM's NoNewPrivs"),
         "{stdout}"
     );
     // The jail the SDK expects, with what it linked in.
-    let root = Path::new(&dir).join("jail/vmm/sdk-jailed/root");
+    let root = Path::new(dir).join("jail/vmm/sdk-jailed/root");
     for file in ["vmm", "vmlinux", "initrd", "rootfs.ext4", "dev/kvm"] {
         assert!(root.join(file).exists(), "{file} not in {}", root.display());
     }
