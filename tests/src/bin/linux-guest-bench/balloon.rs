@@ -52,14 +52,20 @@ pub fn api_call(
     Ok(serde_json::from_str(&response.body).unwrap_or(Value::Null))
 }
 
-/// Polls `done` every millisecond until it holds; returns when it first did.
+/// How often [`poll`] asks. Each question is an API request on a new connection, which the
+/// VMM answers with CPU time the guest's vCPU then lacks in L1 (whose CPUs are emulated on the
+/// host's two; ours starts a thread per request): every 10 ms costs at most that much
+/// resolution, and made ours 5-15 % faster than every millisecond did.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Polls `done` every [`POLL_INTERVAL`] until it holds; returns when it first did.
 pub fn poll(mut done: impl FnMut() -> Result<bool, String>, what: &str) -> Result<Instant, String> {
     let since = Instant::now();
     while !done()? {
         if since.elapsed() > TIMEOUT {
             return Err(format!("{what}: not after {TIMEOUT:?}"));
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(POLL_INTERVAL);
     }
     Ok(Instant::now())
 }
@@ -81,7 +87,15 @@ pub fn cycle(api: &ApiClient, vmm: &Vmm, full_kib: u64) -> Result<Measured, Stri
             .as_u64()
             .ok_or_else(|| "no actual_mib".to_string())
     };
+    // Ours counts the guest's page faults it resolved (GET /memory); Firecracker has no such
+    // resource.
+    let faults = || {
+        api_call(api, "GET", "/memory", None)
+            .ok()
+            .and_then(|memory| memory["guest"]["faults"].as_u64())
+    };
     let mut times = Vec::new();
+    let before = faults();
     let asked = Instant::now();
     set(GIB_MIB)?;
     let inflated = poll(|| Ok(actual()? >= GIB_MIB), "inflate")?;
@@ -89,12 +103,20 @@ pub fn cycle(api: &ApiClient, vmm: &Vmm, full_kib: u64) -> Result<Measured, Stri
     times.push(("balloon inflate", inflated - asked));
     times.push(("balloon inflate-memtotal", shrunk - asked));
 
+    let inflated_faults = faults();
     let asked = Instant::now();
     set(0)?;
     let deflated = poll(|| Ok(actual()? == 0), "deflate")?;
     let (grown, _) = vmm.wait_memtotal(|kib| kib >= full_kib)?;
     times.push(("balloon deflate", deflated - asked));
     times.push(("balloon deflate-memtotal", grown - asked));
+    if let (Some(before), Some(inflated), Some(after)) = (before, inflated_faults, faults()) {
+        println!(
+            "balloon faults: {} while inflating, {} while deflating",
+            inflated - before,
+            after - inflated
+        );
+    }
     Ok(times)
 }
 
