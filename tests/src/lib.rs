@@ -141,6 +141,25 @@ pub fn kvm_available(test: &str) -> bool {
     available
 }
 
+/// Whether a jailed VMM can run here: KVM, and a way for an unprivileged process to take
+/// KVM's page faults through userfaultfd (/dev/userfaultfd, Linux 6.1, or
+/// vm.unprivileged_userfaultfd=1); prints SKIP and why where not.
+pub fn jail_can_run(test: &str) -> bool {
+    if !kvm_available(test) {
+        return false;
+    }
+    let sysctl =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    let possible = Path::new("/dev/userfaultfd").exists() || sysctl.trim() == "1";
+    if !possible {
+        eprintln!(
+            "SKIP: {test}: no /dev/userfaultfd and vm.unprivileged_userfaultfd=0: an \
+             unprivileged VMM cannot populate guest memory lazily here"
+        );
+    }
+    possible
+}
+
 /// Says how far a long test got, at once: written to the process's stderr directly, past the
 /// test harness's capture (which shows a test's output only once it ended), so that a run of
 /// minutes is never silent. `test` is the test's name.

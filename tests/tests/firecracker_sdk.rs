@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_tests::{
-    ctrl_alt_del_guest_files, jailer_binary, kvm_available, run_sdk_program, tool_available,
-    vmm_binary, Scratch,
+    ctrl_alt_del_guest_files, jail_can_run, jailer_binary, kvm_available, run_sdk_program,
+    tool_available, vmm_binary, Scratch,
 };
 
 /// What the guest's initrd holds, and so prints.
@@ -101,7 +101,7 @@ fn the_firecracker_go_sdk_boots_snapshots_restores_and_shuts_down_the_vm() {
 #[test]
 fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg() {
     let test = "the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg";
-    if !kvm_available(test) || !tool_available(test, "go", "version") {
+    if !jail_can_run(test) || !tool_available(test, "go", "version") {
         return;
     }
     let scratch = Scratch::new("fc-sdk-jailer");

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::{ctrl_alt_del_guest_files, jailer_binary, kvm_available};
+use e2e_tests::{ctrl_alt_del_guest_files, jail_can_run, jailer_binary};
 use vmm_cli::ApiClient;
 use vmm_common::{get, send, vmm_binary, Scratch};
 
@@ -179,7 +179,7 @@ fn remove_cgroups(parent: &str, id: &str) {
 #[test]
 fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
     let test = "a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root";
-    if !kvm_available(test) {
+    if !jail_can_run(test) {
         return;
     }
     let scratch = Scratch::new("jailer-confined");
@@ -279,7 +279,7 @@ fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
 #[test]
 fn the_built_in_guest_runs_jailed_with_lazy_population() {
     let test = "the_built_in_guest_runs_jailed_with_lazy_population";
-    if !kvm_available(test) {
+    if !jail_can_run(test) {
         return;
     }
     let scratch = Scratch::new("jailer-guest");
@@ -302,7 +302,7 @@ fn the_built_in_guest_runs_jailed_with_lazy_population() {
 #[test]
 fn with_a_new_pid_namespace_the_vmm_is_its_first_process_and_the_pid_file_names_it() {
     let test = "with_a_new_pid_namespace_the_vmm_is_its_first_process_and_the_pid_file_names_it";
-    if !kvm_available(test) {
+    if !jail_can_run(test) {
         return;
     }
     let scratch = Scratch::new("jailer-pid-ns");
@@ -361,7 +361,7 @@ fn with_a_new_pid_namespace_the_vmm_is_its_first_process_and_the_pid_file_names_
 #[test]
 fn a_zone_put_into_the_root_backs_the_jailed_vm_and_gets_its_frames_back() {
     let test = "a_zone_put_into_the_root_backs_the_jailed_vm_and_gets_its_frames_back";
-    if !kvm_available(test) {
+    if !jail_can_run(test) {
         return;
     }
     let scratch = Scratch::new("jailer-zone");
