@@ -160,6 +160,51 @@ pub fn jail_can_run(test: &str) -> bool {
     possible
 }
 
+/// A mounted cgroup hierarchy (/proc/mounts).
+#[derive(Debug)]
+pub struct CgroupHierarchy {
+    /// Where it is mounted.
+    pub dir: PathBuf,
+    /// Whether it is the unified (v2) hierarchy.
+    pub unified: bool,
+    /// Its mount options: for v1, the controllers bound to it among them.
+    pub options: Vec<String>,
+}
+
+/// The cgroup hierarchies mounted here.
+pub fn cgroup_hierarchies() -> Vec<CgroupHierarchy> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (dir, kind, options) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
+            (*kind == "cgroup" || *kind == "cgroup2").then(|| CgroupHierarchy {
+                dir: PathBuf::from(dir),
+                unified: *kind == "cgroup2",
+                options: options.split(',').map(str::to_owned).collect(),
+            })
+        })
+        .collect()
+}
+
+/// The v1 hierarchy of `controller`, where one is mounted.
+pub fn cgroup_v1_hierarchy(controller: &str) -> Option<PathBuf> {
+    cgroup_hierarchies()
+        .into_iter()
+        .find(|h| !h.unified && h.options.iter().any(|o| o == controller))
+        .map(|h| h.dir)
+}
+
+/// Removes cgroup `<parent>/<id>` from every hierarchy, and `<parent>` where it is empty then.
+pub fn remove_cgroup(parent: &str, id: &str) {
+    for hierarchy in cgroup_hierarchies() {
+        let dir = hierarchy.dir.join(parent);
+        let _ = std::fs::remove_dir(dir.join(id));
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// Says how far a long test got, at once: written to the process's stderr directly, past the
 /// test harness's capture (which shows a test's output only once it ended), so that a run of
 /// minutes is never silent. `test` is the test's name.

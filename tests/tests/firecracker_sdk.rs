@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::Command;
 
 use e2e_tests::{
-    ctrl_alt_del_guest_files, jail_can_run, jailer_binary, kvm_available, run_sdk_program,
-    tool_available, vmm_binary, Scratch,
+    cgroup_v1_hierarchy, ctrl_alt_del_guest_files, jail_can_run, jailer_binary, kvm_available,
+    remove_cgroup, run_sdk_program, tool_available, vmm_binary, Scratch,
 };
 
 /// What the guest's initrd holds, and so prints.
@@ -111,12 +111,10 @@ fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg(
     std::os::unix::fs::chown(&guest.rootfs, Some(uid), Some(gid)).unwrap();
     let dir = &guest.dir;
     // The SDK asks for the cpuset of NUMA node 0, in cgroup v1 unless told otherwise.
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let v1_cpuset = mounts.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields[2] == "cgroup" && fields[3].split(',').any(|o| o == "cpuset")
-    });
-    let version = if v1_cpuset { "1" } else { "2" };
+    let version = match cgroup_v1_hierarchy("cpuset") {
+        Some(_) => "1",
+        None => "2",
+    };
     let (uid, gid) = (uid.to_string(), gid.to_string());
     let jailer = jailer_binary();
     let mut args = vec![
@@ -140,11 +138,5 @@ fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg(
     for file in ["vmm", "vmlinux", "initrd", "rootfs.ext4", "dev/kvm"] {
         assert!(root.join(file).exists(), "{file} not in {}", root.display());
     }
-    for line in mounts.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields[2] == "cgroup" || fields[2] == "cgroup2" {
-            let _ = std::fs::remove_dir(Path::new(fields[1]).join("vmm/sdk-jailed"));
-            let _ = std::fs::remove_dir(Path::new(fields[1]).join("vmm"));
-        }
-    }
+    remove_cgroup("vmm", "sdk-jailed");
 }

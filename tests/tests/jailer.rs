@@ -20,7 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_tests::{ctrl_alt_del_guest_files, jail_can_run, jailer_binary};
+use e2e_tests::{
+    cgroup_hierarchies, cgroup_v1_hierarchy, ctrl_alt_del_guest_files, jail_can_run, jailer_binary,
+    remove_cgroup,
+};
 use vmm_cli::ApiClient;
 use vmm_common::{get, send, vmm_binary, Scratch};
 
@@ -31,13 +34,7 @@ const GID: u32 = 4243;
 /// default version), else a core file of the unified hierarchy (v2). The flags, and the file
 /// and value to find in the VM's cgroup.
 fn cgroup_flags() -> (Vec<String>, String, String) {
-    let mounts = fs::read_to_string("/proc/mounts").unwrap();
-    let v1_memory = mounts.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields[2] == "cgroup" && fields[3].split(',').any(|o| o == "memory"))
-            .then(|| fields[1].to_owned())
-    });
-    match v1_memory {
+    match cgroup_v1_hierarchy("memory") {
         Some(_) => (
             vec!["--cgroup".into(), "memory.limit_in_bytes=536870912".into()],
             "memory.limit_in_bytes".into(),
@@ -163,19 +160,6 @@ fn assert_confined(pid: u32) {
     }
 }
 
-/// Removes the VM's cgroup directories (and the parent, when nothing else is in it).
-fn remove_cgroups(parent: &str, id: &str) {
-    let mounts = fs::read_to_string("/proc/mounts").unwrap();
-    for line in mounts.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields[2] == "cgroup" || fields[2] == "cgroup2" {
-            let dir = Path::new(fields[1]).join(parent);
-            let _ = fs::remove_dir(dir.join(id));
-            let _ = fs::remove_dir(dir);
-        }
-    }
-}
-
 #[test]
 fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
     let test = "a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root";
@@ -208,23 +192,17 @@ fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
         .lines()
         .find(|l| l.ends_with(&format!(":/vmm-jailer-test/{name}")))
         .unwrap_or_else(|| panic!("not in its cgroup: {cgroups}"));
-    let mounts = fs::read_to_string("/proc/mounts").unwrap();
-    let hierarchy = mounts
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<&str>>())
-        .find(|f| {
-            let controller = file.split('.').next().unwrap();
-            match line.starts_with("0::") {
-                true => f[2] == "cgroup2",
-                false => f[2] == "cgroup" && f[3].split(',').any(|o| o == controller),
-            }
-        })
-        .unwrap()[1]
-        .to_owned();
-    let written = Path::new(&hierarchy)
-        .join("vmm-jailer-test")
-        .join(name)
-        .join(&file);
+    let hierarchy = match line.starts_with("0::") {
+        true => {
+            cgroup_hierarchies()
+                .into_iter()
+                .find(|h| h.unified)
+                .unwrap()
+                .dir
+        }
+        false => cgroup_v1_hierarchy(file.split('.').next().unwrap()).unwrap(),
+    };
+    let written = hierarchy.join("vmm-jailer-test").join(name).join(&file);
     assert_eq!(fs::read_to_string(&written).unwrap().trim(), value);
 
     // Host files outside the root cannot be named, absolutely or with `..`.
@@ -273,7 +251,7 @@ fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
     assert_confined(pid);
     child.kill().unwrap();
     child.wait().unwrap();
-    remove_cgroups("vmm-jailer-test", name);
+    remove_cgroup("vmm-jailer-test", name);
 }
 
 #[test]

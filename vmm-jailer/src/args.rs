@@ -114,66 +114,36 @@ pub enum ResourceLimit {
 /// Firecracker's default bound on the open files of a jailed VMM.
 pub const DEFAULT_OPEN_FILES: u64 = 2048;
 
+/// What the flags ask for, checked and derived once: everything the jailer builds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The exec file's name: the VMM's path in its root and the chroot's middle directory.
+    pub exec_name: String,
+    /// The VMM's root: `<base>/<exec file name>/<id>/root`.
+    pub root: PathBuf,
+    /// The `--cgroup` settings.
+    pub cgroups: Vec<CgroupSetting>,
+    /// The parent cgroup (relative), the exec file's name by default.
+    pub parent_cgroup: PathBuf,
+    /// The resource limits, with Firecracker's default bound on open files unless given.
+    pub limits: Vec<ResourceLimit>,
+}
+
 impl Args {
-    /// Checks every value (nothing is created before they all hold).
-    pub fn validate(&self) -> Result<(), ArgsError> {
+    /// Checks every value and derives the [`Plan`] (nothing is created before they all hold).
+    pub fn validate(&self) -> Result<Plan, ArgsError> {
         check_id(&self.id)?;
-        self.exec_file_name()?;
+        let exec_name = self.exec_file_name()?;
         if !self.chroot_base_dir.is_absolute() {
             return Err(ArgsError::ChrootBase(self.chroot_base_dir.clone()));
         }
-        self.cgroup_settings()?;
-        self.parent_cgroup()?;
-        self.limits()?;
-        Ok(())
-    }
-
-    /// The exec file's name, after checking that it is a regular file.
-    pub fn exec_file_name(&self) -> Result<String, ArgsError> {
-        let bad = |why: &str| ArgsError::ExecFile(self.exec_file.clone(), why.to_owned());
-        let metadata = std::fs::metadata(&self.exec_file).map_err(|e| bad(&e.to_string()))?;
-        if !metadata.is_file() {
-            return Err(bad("not a regular file"));
-        }
-        self.exec_file
-            .file_name()
-            .and_then(|name| name.to_str())
-            .map(str::to_owned)
-            .ok_or_else(|| bad("no file name in UTF-8"))
-    }
-
-    /// The VMM's root: `<base>/<exec file name>/<id>/root`.
-    pub fn chroot_dir(&self) -> Result<PathBuf, ArgsError> {
-        Ok(self
-            .chroot_base_dir
-            .join(self.exec_file_name()?)
-            .join(&self.id)
-            .join("root"))
-    }
-
-    /// The `--cgroup` settings, parsed.
-    pub fn cgroup_settings(&self) -> Result<Vec<CgroupSetting>, ArgsError> {
-        self.cgroups.iter().map(|c| parse_cgroup(c)).collect()
-    }
-
-    /// The parent cgroup (relative, checked), the exec file's name by default.
-    pub fn parent_cgroup(&self) -> Result<PathBuf, ArgsError> {
-        let parent = match &self.parent_cgroup {
-            Some(parent) => parent.clone(),
-            None => self.exec_file_name()?,
-        };
-        let path = Path::new(&parent);
-        let plain = path
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)));
-        match plain && !parent.is_empty() {
-            true => Ok(path.to_owned()),
-            false => Err(ArgsError::ParentCgroup(parent)),
-        }
-    }
-
-    /// The resource limits, with Firecracker's default bound on open files unless given.
-    pub fn limits(&self) -> Result<Vec<ResourceLimit>, ArgsError> {
+        let cgroups = self
+            .cgroups
+            .iter()
+            .map(|c| parse_cgroup(c))
+            .collect::<Result<_, _>>()?;
+        let parent = self.parent_cgroup.as_deref().unwrap_or(&exec_name);
+        let parent_cgroup = check_parent_cgroup(parent)?;
         let mut limits: Vec<ResourceLimit> = self
             .resource_limits
             .iter()
@@ -185,7 +155,43 @@ impl Args {
         {
             limits.push(ResourceLimit::OpenFiles(DEFAULT_OPEN_FILES));
         }
-        Ok(limits)
+        Ok(Plan {
+            root: self
+                .chroot_base_dir
+                .join(&exec_name)
+                .join(&self.id)
+                .join("root"),
+            exec_name,
+            cgroups,
+            parent_cgroup,
+            limits,
+        })
+    }
+
+    /// The exec file's name, after checking that it is a regular file.
+    fn exec_file_name(&self) -> Result<String, ArgsError> {
+        let bad = |why: &str| ArgsError::ExecFile(self.exec_file.clone(), why.to_owned());
+        let metadata = std::fs::metadata(&self.exec_file).map_err(|e| bad(&e.to_string()))?;
+        if !metadata.is_file() {
+            return Err(bad("not a regular file"));
+        }
+        self.exec_file
+            .file_name()
+            .and_then(|name| name.to_str())
+            .map(str::to_owned)
+            .ok_or_else(|| bad("no file name in UTF-8"))
+    }
+}
+
+/// A parent cgroup: a relative path without `..`.
+fn check_parent_cgroup(parent: &str) -> Result<PathBuf, ArgsError> {
+    let path = Path::new(parent);
+    let plain = path
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    match plain && !parent.is_empty() {
+        true => Ok(path.to_owned()),
+        false => Err(ArgsError::ParentCgroup(parent.to_owned())),
     }
 }
 
@@ -272,12 +278,12 @@ mod tests {
             "/run/api.sock",
         ])
         .unwrap();
-        parsed.validate().unwrap();
+        let plan = parsed.validate().unwrap();
         assert_eq!(parsed.cgroup_version, CgroupVersion::V2);
         assert_eq!(parsed.vmm_args, ["--api-sock", "/run/api.sock"]);
-        assert_eq!(parsed.parent_cgroup().unwrap(), Path::new("all/vms"));
+        assert_eq!(plan.parent_cgroup, Path::new("all/vms"));
         assert_eq!(
-            parsed.cgroup_settings().unwrap()[0],
+            plan.cgroups[0],
             CgroupSetting {
                 controller: "cpuset".into(),
                 file: "cpuset.cpus".into(),
@@ -285,7 +291,7 @@ mod tests {
             }
         );
         assert_eq!(
-            parsed.limits().unwrap(),
+            plan.limits,
             [
                 ResourceLimit::FileSize(1000),
                 ResourceLimit::OpenFiles(DEFAULT_OPEN_FILES)
@@ -297,19 +303,16 @@ mod tests {
     #[test]
     fn defaults_are_firecracker_s() {
         let parsed = args(&[]).unwrap();
-        parsed.validate().unwrap();
+        let plan = parsed.validate().unwrap();
         assert_eq!(parsed.cgroup_version, CgroupVersion::V1);
         assert_eq!(parsed.chroot_base_dir, Path::new("/srv/jailer"));
-        let name = parsed.exec_file_name().unwrap();
-        assert_eq!(parsed.parent_cgroup().unwrap(), Path::new(&name));
+        let name = &plan.exec_name;
+        assert_eq!(plan.parent_cgroup, Path::new(name));
         assert_eq!(
-            parsed.chroot_dir().unwrap(),
-            Path::new("/srv/jailer").join(&name).join("vm-1/root")
+            plan.root,
+            Path::new("/srv/jailer").join(name).join("vm-1/root")
         );
-        assert_eq!(
-            parsed.limits().unwrap(),
-            [ResourceLimit::OpenFiles(DEFAULT_OPEN_FILES)]
-        );
+        assert_eq!(plan.limits, [ResourceLimit::OpenFiles(DEFAULT_OPEN_FILES)]);
     }
 
     #[test]

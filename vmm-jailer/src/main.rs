@@ -72,25 +72,24 @@ fn main() -> ExitCode {
 /// Runs every step; returns only on failure, or in the parent of `--new-pid-ns`.
 /// `started_us`: the jailer's start on the monotonic clock, passed on to the VMM.
 fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
-    args.validate()?;
+    let plan = args.validate()?;
     close_inherited_files();
-    let exec_name = args.exec_file_name()?;
-    let root = args.chroot_dir()?;
+    let (root, exec_name) = (&plan.root, &plan.exec_name);
     let (uid, gid) = (Uid::from_raw(args.uid), Gid::from_raw(args.gid));
 
-    root::copy_in(&root, &args.exec_file, Path::new(&exec_name))?;
+    root::copy_in(root, &args.exec_file, Path::new(exec_name))?;
     for file in libraries::needed_by(&args.exec_file)? {
-        root::copy_in(&root, &file, file.strip_prefix("/").unwrap_or(&file))?;
+        root::copy_in(root, &file, file.strip_prefix("/").unwrap_or(&file))?;
     }
-    root::make_devices(&root, uid, gid)?;
-    root::own_dir(&root, "run", uid, gid)?;
-    root::own_dir(&root, "", uid, gid)?;
+    root::make_devices(root, uid, gid)?;
+    root::own_dir(root, "run", uid, gid)?;
+    root::own_dir(root, "", uid, gid)?;
 
-    privileges::set_limits(&args.limits()?)?;
+    privileges::set_limits(&plan.limits)?;
     cgroup::place(
         args.cgroup_version,
-        &args.cgroup_settings()?,
-        &args.parent_cgroup()?,
+        &plan.cgroups,
+        &plan.parent_cgroup,
         &args.id,
         std::process::id(),
     )?;
@@ -109,7 +108,7 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
         false => None,
     };
 
-    root::enter(&root)?;
+    root::enter(root)?;
     if let Some(netns) = netns {
         setns(netns, CloneFlags::CLONE_NEWNET)
             .map_err(|e| JailError::Process("join the network namespace", e))?;
@@ -146,7 +145,7 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
     if let Some(parent) = parent_cpu_us {
         times.extend(["--parent-cpu-time-us".to_owned(), parent.to_string()]);
     }
-    exec(&exec_name, args, times)
+    exec(exec_name, args, times)
 }
 
 /// The monotonic clock, in microseconds (the VMM's startup metrics count from it).
