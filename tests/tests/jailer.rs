@@ -404,3 +404,57 @@ fn the_startup_metrics_count_from_the_start_a_jailer_passes() {
     assert!(cpu >= 1_000_000, "{startup}");
     vmm.kill();
 }
+
+#[test]
+fn the_vmm_joins_the_network_namespace_it_is_given_and_a_fifo_is_refused_at_once() {
+    let test = "the_vmm_joins_the_network_namespace_it_is_given_and_a_fifo_is_refused_at_once";
+    if !jail_can_run(test) {
+        return;
+    }
+    let scratch = Scratch::new("jailer-netns");
+    // A process in a network namespace of its own: its namespace's file is the --netns.
+    let mut holder = Command::new("unshare")
+        .args(["--net", "sleep", "600"])
+        .spawn()
+        .expect("start unshare --net sleep");
+    let holder_ns = format!("/proc/{}/ns/net", holder.id());
+    let namespace = |path: &str| fs::read_link(path).ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while namespace(&holder_ns) == namespace("/proc/self/ns/net") {
+        assert!(
+            Instant::now() < deadline,
+            "unshare made no network namespace"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let name = "jail-netns";
+    let mut child = start_jailed(
+        &scratch,
+        name,
+        &["--netns", &holder_ns],
+        &["--api-sock", "/run/api.sock"],
+    );
+    api(&scratch, name, Some(&mut child));
+    let vmm_ns = format!("/proc/{}/ns/net", child.id());
+    assert_eq!(namespace(&vmm_ns), namespace(&holder_ns));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    // A FIFO where a namespace should be: refused, not waited on for a writer.
+    let fifo = scratch.path("not-a-namespace");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let started = Instant::now();
+    let status = start_jailed(&scratch, "jail-fifo", &["--netns", &fifo], &[])
+        .wait()
+        .unwrap();
+    let err = fs::read_to_string(scratch.path("jail-fifo.err")).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot join the network namespace"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "it waited on the FIFO"
+    );
+}

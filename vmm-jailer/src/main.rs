@@ -17,6 +17,7 @@ mod root;
 
 use std::ffi::CString;
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -52,6 +53,11 @@ enum JailError {
     /// A namespace or process step.
     #[error("cannot {0}: {1}")]
     Process(&'static str, #[source] nix::Error),
+    /// The network namespace could not be joined.
+    #[error(
+        "cannot join the network namespace {0} (--netns names one, e.g. /var/run/netns/NAME): {1}"
+    )]
+    Netns(String, #[source] nix::Error),
     /// An argument holds a NUL byte.
     #[error("an argument holds a NUL byte: {0:?}")]
     Argument(String),
@@ -93,8 +99,16 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
         &args.id,
         std::process::id(),
     )?;
+    // Non-blocking: a FIFO named instead of a namespace must not hold the jailer (setns then
+    // refuses what is no namespace).
     let netns = match &args.netns {
-        Some(path) => Some(File::open(path).map_err(|e| open_error(path, e))?),
+        Some(path) => Some(
+            File::options()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path)
+                .map_err(|e| open_error(path, e))?,
+        ),
         None => None,
     };
     let null = match args.daemonize {
@@ -109,9 +123,9 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
     };
 
     root::enter(root)?;
-    if let Some(netns) = netns {
+    if let (Some(netns), Some(path)) = (netns, &args.netns) {
         setns(netns, CloneFlags::CLONE_NEWNET)
-            .map_err(|e| JailError::Process("join the network namespace", e))?;
+            .map_err(|e| JailError::Netns(path.display().to_string(), e))?;
     }
     if let Some(null) = null {
         setsid().map_err(|e| JailError::Process("start a session (setsid)", e))?;
@@ -128,8 +142,7 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
         match unsafe { fork() }.map_err(|e| JailError::Process("fork", e))? {
             ForkResult::Parent { child } => {
                 let pid_file = format!("/{exec_name}.pid");
-                std::fs::write(&pid_file, child.to_string())
-                    .map_err(|e| open_error(Path::new(&pid_file), e))?;
+                root::write_new(Path::new(&pid_file), &child.to_string())?;
                 return Ok(());
             }
             ForkResult::Child => {}

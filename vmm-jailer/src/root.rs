@@ -132,6 +132,22 @@ pub fn copy_in(root: &Path, source: &Path, relative: &Path) -> Result<(), RootEr
     Ok(())
 }
 
+/// Writes `contents` to a new file at `path` (e.g. the pid file, inside the root after
+/// [`enter`]): a regular file left there before is replaced, a link or anything else is
+/// refused, so that what a former jailed VMM left cannot redirect the jailer's write.
+pub fn write_new(path: &Path, contents: &str) -> Result<(), RootError> {
+    clear(path)?;
+    let created = |e| RootError::Create(path.to_owned(), e);
+    let mut file = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(created)?;
+    io::Write::write_all(&mut file, contents.as_bytes()).map_err(created)
+}
+
 /// Makes directory `relative` in the root, owned by the VMM's user (e.g. `run` for its API
 /// socket).
 pub fn own_dir(root: &Path, relative: &str, uid: Uid, gid: Gid) -> Result<(), RootError> {
@@ -225,6 +241,24 @@ mod tests {
         // A second copy (the id used again) replaces the file.
         copy_in(&root, &exe, Path::new("lib/x/tool")).unwrap();
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_new_file_replaces_a_regular_one_and_refuses_a_link() {
+        let dir = scratch("write");
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vmm.pid");
+        write_new(&file, "1").unwrap();
+        write_new(&file, "22").unwrap();
+        assert_eq!(fs::read_to_string(&file).unwrap(), "22");
+        let target = dir.join("target");
+        fs::write(&target, "kept").unwrap();
+        let link = dir.join("link.pid");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = write_new(&link, "3").unwrap_err();
+        assert!(matches!(err, RootError::Unexpected(_)), "{err}");
+        assert_eq!(fs::read_to_string(&target).unwrap(), "kept");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
