@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead] [restart]
-//!           [snapshot] [api] [seccomp]
+//!           [snapshot] [api] [seccomp] [jailer]
 //! ```
 //!
 //! * startup: per backing and population, `--runs` runs of the test guest with a trivial
@@ -30,6 +30,9 @@
 //! * api: see [`api_requests`]: `--runs` rounds of API requests on one kept connection and
 //!   with a connection each.
 //!
+//! * jailer: see [`jailer`]: spawn to the first API answer, plain and through `vmm-jailer`
+//!   (as root).
+//!
 //! hugetlb-2m cases need free 2 MiB huge pages (memory / 2 MiB of them), e.g.
 //! `echo 512 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`; they are skipped with
 //! a note otherwise.
@@ -42,12 +45,13 @@ use std::time::{Duration, Instant};
 use vmm_cli::ApiClient;
 
 mod api_requests;
+mod jailer;
 mod seccomp;
 mod snapshot;
 
 const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] \
                      [--restart-sizes GIB,...] [--snapshot-sizes GIB,...] [startup] [overhead] \
-                     [restart] [snapshot] [api] [seccomp]";
+                     [restart] [snapshot] [api] [seccomp] [jailer]";
 
 /// The command line.
 struct Args {
@@ -75,6 +79,8 @@ struct Args {
     api: bool,
     /// Measure what the seccomp filters add to a system call.
     seccomp: bool,
+    /// Measure starting a VMM through vmm-jailer.
+    jailer: bool,
 }
 
 /// Parses the command line; with neither `startup` nor `overhead`, both are measured.
@@ -93,6 +99,7 @@ fn parse_args() -> Result<Args, String> {
         snapshot_sizes: vec![1, 4, 8, 16],
         api: false,
         seccomp: false,
+        jailer: false,
     };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
@@ -110,6 +117,7 @@ fn parse_args() -> Result<Args, String> {
             "snapshot" => args.snapshot = true,
             "api" => args.api = true,
             "seccomp" => args.seccomp = true,
+            "jailer" => args.jailer = true,
             "--restart-sizes" => args.restart_sizes = gib_list(&arg, &value()?)?,
             "--snapshot-sizes" => args.snapshot_sizes = gib_list(&arg, &value()?)?,
             _ => return Err(format!("unknown argument {arg}")),
@@ -124,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
         && !args.snapshot
         && !args.api
         && !args.seccomp
+        && !args.jailer
     {
         (args.startup, args.overhead) = (true, true);
     }
@@ -606,6 +615,9 @@ fn main() {
         }
         if args.seccomp {
             seccomp::seccomp(&args)?;
+        }
+        if args.jailer {
+            jailer::jailer(&args)?;
         }
         Ok(())
     });
