@@ -72,13 +72,15 @@ fn modified(path: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// A Rust source, manifest or link script under `dir` (skipping `target`) changed after
-/// `built`, if any.
+/// A Rust source, manifest or link script under `dir` changed after `built`, if any; `target`
+/// and `src/bin` (other binaries of the crate, e.g. its benches, which the binary checked
+/// against is not built from) are skipped.
 fn newer_source(dir: &Path, built: std::time::SystemTime) -> Option<PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
         let path = entry.path();
         if path.is_dir() {
-            if path.file_name().is_some_and(|name| name != "target") {
+            let skipped = path.ends_with("target") || path.ends_with("src/bin");
+            if !skipped {
                 if let Some(newer) = newer_source(&path, built) {
                     return Some(newer);
                 }
