@@ -1,11 +1,13 @@
 //! Discarding guest memory: whole chunks back to the pool, pieces counted until a chunk is
 //! entirely given away.
 
+use std::sync::atomic::Ordering;
+
 use llfree::FRAME_SIZE;
 use vm_memory::GuestAddress;
 
 use crate::memory::{GuestMemory, MemoryError};
-use crate::region::GuestRegion;
+use crate::region::{GuestRegion, RegionError, Repopulation};
 use crate::stats::Counters;
 
 /// What a discard did.
@@ -15,6 +17,15 @@ pub struct DiscardStats {
     pub freed_chunks: usize,
     /// 4 KiB pieces newly counted as given away.
     pub pieces: usize,
+}
+
+/// What a balloon deflation took back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reclaimed {
+    /// 4 KiB pieces that had been given away.
+    pub pieces: usize,
+    /// Chunks given a frame again before the guest touches them.
+    pub populated_chunks: usize,
 }
 
 /// The part of one chunk that a guest range covers.
@@ -40,11 +51,11 @@ enum GiveBack {
 impl GuestMemory {
     /// Calls `f` for every chunk part of `[addr, addr+len)`, after checking that the whole range
     /// is aligned RAM.
-    fn for_each_part(
-        &self,
+    fn for_each_part<'s>(
+        &'s self,
         addr: GuestAddress,
         len: u64,
-        mut f: impl FnMut(Part<'_>) -> Result<(), MemoryError>,
+        mut f: impl FnMut(Part<'s>) -> Result<(), MemoryError>,
     ) -> Result<(), MemoryError> {
         let page = FRAME_SIZE as u64;
         if len == 0 || !addr.0.is_multiple_of(page) || !len.is_multiple_of(page) {
@@ -164,17 +175,54 @@ impl GuestMemory {
             .sum()
     }
 
-    /// Takes back pieces given away with [`GuestMemory::release_pieces`] (balloon deflation);
-    /// returns how many were given away. They are repopulated when touched.
-    pub fn reclaim_pieces(&self, addr: GuestAddress, len: u64) -> Result<usize, MemoryError> {
-        let mut reclaimed = 0;
+    /// Takes back pieces given away with [`GuestMemory::release_pieces`] (balloon deflation).
+    /// A chunk that gets pieces back and has no frame (its frame went back to the pool when it
+    /// was given away entirely) gets a fresh one allocated with `core` now, before the guest
+    /// uses it, runs of them mapped at once; where the pool has none, or mapping fails (a
+    /// warning), the guest's first touch populates it as any fault does.
+    pub fn reclaim_pieces(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        core: usize,
+    ) -> Result<Reclaimed, MemoryError> {
+        let mut reclaimed = Reclaimed::default();
+        let mut repopulation = Some(Repopulation::new(core));
         self.for_each_part(addr, len, |part| {
-            reclaimed += part
+            let cleared = part
                 .region
                 .pieces()
                 .clear(part.chunk, part.first, part.pieces);
+            reclaimed.pieces += cleared;
+            if cleared > 0 {
+                if let Some(Err(e)) = repopulation
+                    .as_mut()
+                    .map(|r| r.add(part.region, part.chunk))
+                {
+                    repopulation = None;
+                    self.warn_repopulation(&e);
+                }
+            }
             Ok(())
         })?;
+        match repopulation.map(Repopulation::finish) {
+            Some(Ok(chunks)) => reclaimed.populated_chunks = chunks,
+            Some(Err(e)) => self.warn_repopulation(&e),
+            None => {}
+        }
         Ok(reclaimed)
+    }
+
+    /// Warns that chunks taken back could not be given frames (at powers of two of such
+    /// failures: a guest deflates as often as it likes).
+    fn warn_repopulation(&self, e: &RegionError) {
+        let failures = &self.inner.shared.counters.repopulate_failures;
+        let count = failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if count.is_power_of_two() {
+            log::warn!(
+                "guest memory: cannot give frames to pages the guest took back from its \
+                 balloon ({count} failures so far; its touch will populate them): {e}"
+            );
+        }
     }
 }

@@ -30,7 +30,7 @@ pub mod testing;
 mod vcpu;
 pub mod zone;
 
-pub use discard::DiscardStats;
+pub use discard::{DiscardStats, Reclaimed};
 pub use latency::LatencySummary;
 pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Population, Snapshot};
 pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};

@@ -108,6 +108,8 @@ pub(crate) struct Counters {
     pub faults: AtomicU64,
     pub exhausted: AtomicU64,
     pub discarded_chunks: AtomicU64,
+    /// Chunks a balloon deflation could not give frames to (mapping failed).
+    pub repopulate_failures: AtomicU64,
     pub vcpu_faults: Box<[AtomicU64]>,
     pub fault_handling: LatencyHistogram,
     pub frame_map: LatencyHistogram,

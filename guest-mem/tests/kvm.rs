@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{memory_config, RunError, Touch, Vm, MIB};
 use guest_mem::{
-    Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate, Scrub,
+    Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate,
+    Reclaimed, Scrub,
 };
 use llfree::TREE_FRAMES;
 use vm_memory::{Bytes, GuestAddress};
@@ -139,7 +140,8 @@ fn given_away_pieces_accumulate_until_the_chunk_goes_back() {
     let base = GuestAddress(3 * CHUNK);
     let first = memory.release_pieces(base, MIB, core).expect("inflate");
     assert_eq!((first.pieces, first.freed_chunks), (256, 0));
-    assert_eq!(memory.reclaim_pieces(base, 4096).expect("deflate"), 1);
+    let deflated = memory.reclaim_pieces(base, 4096, core).expect("deflate");
+    assert_eq!((deflated.pieces, deflated.populated_chunks), (1, 0));
     let second = memory
         .release_pieces(GuestAddress(3 * CHUNK + MIB), MIB, core)
         .expect("inflate");
@@ -149,6 +151,55 @@ fn given_away_pieces_accumulate_until_the_chunk_goes_back() {
     assert_eq!((last.pieces, last.freed_chunks), (1, 1));
     assert!(memory.frame_at(base).is_none());
     assert_eq!(memory.stats().given_away_pieces, 512);
+}
+
+#[test]
+fn a_chunk_taken_back_from_the_balloon_has_its_frame_before_the_guest_touches_it() {
+    let pool = pool(128 * MIB);
+    let memory = memory(&pool, 64 * MIB, 1);
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, chunks(3, 4, 0x5555_0001)), Ok(0));
+    let faults = memory.stats().faults;
+    let core = pool.claim_cores(1);
+    let inflated = memory
+        .release_pieces(GuestAddress(3 * CHUNK), 4 * CHUNK, core)
+        .expect("inflate");
+    assert_eq!(inflated.freed_chunks, 4);
+    let used = pool.stats().used_bytes;
+    // Chunks 3 and 4 entirely, and one page of chunk 6 (the guest took back what it asked).
+    let deflated = memory
+        .reclaim_pieces(GuestAddress(3 * CHUNK), 2 * CHUNK, core)
+        .expect("deflate");
+    assert_eq!((deflated.pieces, deflated.populated_chunks), (1024, 2));
+    let page = memory
+        .reclaim_pieces(GuestAddress(6 * CHUNK + MIB), 4096, core)
+        .expect("deflate");
+    assert_eq!((page.pieces, page.populated_chunks), (1, 1));
+    assert_eq!(pool.stats().used_bytes, used + 3 * CHUNK);
+    assert!(
+        memory.frame_at(GuestAddress(5 * CHUNK)).is_none(),
+        "still given away"
+    );
+    // Pages never given away, deflated by a confused guest, take no frame.
+    let never = memory
+        .reclaim_pieces(GuestAddress(20 * CHUNK), CHUNK, core)
+        .expect("deflate");
+    assert_eq!(never, Reclaimed::default());
+    assert!(memory.frame_at(GuestAddress(20 * CHUNK)).is_none());
+    // The guest's touches are the kernel's: no fault reaches the VMM, and the frames are fresh.
+    let again = std::thread::scope(|s| {
+        s.spawn(|| vm_again(&memory).run(&memory, 0, chunks(3, 2, 0x5555_0002)))
+            .join()
+            .expect("join")
+    });
+    assert_eq!(again, Ok(0), "repopulated chunks read as zero");
+    assert_eq!(memory.stats().faults, faults);
+    let value: u32 = memory.read_obj(GuestAddress(4 * CHUNK + 8)).expect("read");
+    assert_eq!(value, 0x5555_0002);
+    drop(vm);
+    drop(memory);
+    assert_eq!(pool.stats().used_bytes, 0, "nothing leaked");
+    pool.allocator().validate().expect("consistent");
 }
 
 #[test]

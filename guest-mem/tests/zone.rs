@@ -548,7 +548,23 @@ fn balloon_bitmaps_outlive_the_process_until_taken_back() {
         .release_pieces(GuestAddress(3 * MIB), MIB, core)
         .expect("inflate");
     assert_eq!((rest.pieces, rest.freed_chunks), (256, 1));
-    assert_eq!(memory.reclaim_all_pieces(), 512);
+    let frames = zone.info().expect("info").vms[0].frames;
+    // Taking one page back gives the chunk a frame at once, recorded as the VM's.
+    let page = memory
+        .reclaim_pieces(GuestAddress(2 * MIB), 4096, core)
+        .expect("deflate");
+    assert_eq!((page.pieces, page.populated_chunks), (1, 1));
+    drop((memory, zone));
+    let zone = Zone::open(&path.0, 1).expect("reopen");
+    let info = zone.info().expect("info");
+    assert_eq!(info.vms[0].frames, frames + 1);
+    assert_eq!(info.vms[0].given_away_pieces, 511);
+    let memory = open_memory(&zone, "vm", 8 * MIB);
+    assert_eq!(
+        memory.read_obj::<u8>(GuestAddress(2 * MIB)).expect("read"),
+        0
+    );
+    assert_eq!(memory.reclaim_all_pieces(), 511);
     assert_eq!(zone.info().expect("info").vms[0].given_away_pieces, 0);
 }
 

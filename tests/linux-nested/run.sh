@@ -200,7 +200,7 @@ build_sdk_program() {
 build_tests() {
     local args=()
     for test in "${TESTS[@]}"; do args+=(--test "$test"); done
-    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p e2e-tests --bins >&2)
+    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p e2e-tests -p guest-mem --bins >&2)
     (cd "$ROOT" && cargo test --release -q -p e2e-tests "${args[@]}" --no-run \
         --message-format=json 2>/dev/null) |
         sed -n 's/.*"executable":"\([^"]*\/deps\/[^"]*\)".*/\1/p'
@@ -261,6 +261,7 @@ l1_initramfs() {
         mkdir -p "$root/bench" "$root/qemu"
         cp "$HERE/l1-bench" "$root/bench/run"
         cp "$ROOT/target/release/linux-guest-bench" "$ROOT/target/release/vsock-tool" \
+            "$ROOT/target/release/guest-mem-bench" \
             "$root/bench/"
         echo "${LLFREE_NESTED_BENCH_ONLY:-}" >"$root/bench/only"
         # microvm's firmware, and the pc machine's (QEMU's virtio-mem-pci needs PCI).

@@ -75,8 +75,9 @@ pub trait BalloonBackend: Send {
     /// pool.
     fn inflate(&self, range: GuestRange) -> Result<Inflated, Self::Error>;
 
-    /// Takes the pages of `range` back (deflation): they are usable again and repopulated when
-    /// touched. Returns how many of them had been given away.
+    /// Takes the pages of `range` back (deflation): they are usable again once this returns
+    /// (the backend may give them memory now, or when they are touched). Returns how many of
+    /// them had been given away.
     fn deflate(&self, range: GuestRange) -> Result<u64, Self::Error>;
 
     /// Discards `range`, reported free by the guest: its contents are not needed, but the guest

@@ -61,7 +61,7 @@
 //!     fn is_ram(&self, r: GuestRange) -> bool   // r lies inside one of memory.regions()
 //!     fn inflate(&self, r) -> memory.release_pieces(r.addr, r.len, core)
 //!                              -> Inflated { new_pages: s.pieces, freed_frames: s.freed_chunks }
-//!     fn deflate(&self, r) -> memory.reclaim_pieces(r.addr, r.len)
+//!     fn deflate(&self, r) -> memory.reclaim_pieces(r.addr, r.len, core).pieces
 //!     fn discard(&self, r) -> memory.discard(r.addr, r.len, core).freed_chunks
 //!     fn deflate_all(&self) -> reclaim_pieces over every region
 //! }

@@ -20,8 +20,10 @@ use crate::sys::uffd::UffdError;
 use crate::zone::{VmTable, ZoneWords};
 
 mod hotplug;
+mod repopulate;
 mod run;
 
+pub(crate) use repopulate::Repopulation;
 use run::FrameRun;
 
 /// Errors of populating and discarding chunks.

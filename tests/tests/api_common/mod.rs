@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vmm::api::model::{
-    BalloonInfo, BalloonStatistics, BalloonUpdate, CoreReservation, GuestMemoryInfo, MachineInfo,
-    MemoryInfo, PoolInfo, PopulateMode, VmState,
+    BalloonInfo, BalloonStatistics, BalloonUpdate, CoreReservation, FaultLatencyInfo,
+    GuestMemoryInfo, MachineInfo, MemoryInfo, PoolInfo, PopulateMode, VmState,
 };
 use vmm::api::{ApiServer, ControlError, VmmControl};
 
@@ -96,6 +96,7 @@ impl VmmControl for TestVmm {
                 waiting_other_faults: 0,
                 discarded_chunks: 0,
                 given_away_4k_pages: 0,
+                fault_latency: FaultLatencyInfo::default(),
             },
             vcpus: Vec::new(),
             pool: PoolInfo {

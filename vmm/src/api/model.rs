@@ -125,6 +125,46 @@ pub struct GuestMemoryInfo {
     pub discarded_chunks: u64,
     /// 4 KiB pages given away by the balloon and not reclaimed yet.
     pub given_away_4k_pages: u64,
+    /// Where the time of resolving faults goes, in the VMM's fault handler threads.
+    pub fault_latency: FaultLatencyInfo,
+}
+
+/// Latencies of populating chunks (see [`guest_mem::FaultLatency`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultLatencyInfo {
+    /// From reading a fault's message to waking its thread (allocation, mapping, wake-up).
+    pub handling: LatencyInfo,
+    /// Mapping a frame over a chunk (`mmap`), for every population.
+    pub map: LatencyInfo,
+    /// Waking the faulting thread (`UFFDIO_WAKE`).
+    pub wake: LatencyInfo,
+}
+
+/// Count, mean, median, 99th percentile and maximum of latencies, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyInfo {
+    /// How many were recorded.
+    pub count: u64,
+    /// Their mean.
+    pub mean_ns: u64,
+    /// Their median.
+    pub p50_ns: u64,
+    /// Their 99th percentile.
+    pub p99_ns: u64,
+    /// The largest.
+    pub max_ns: u64,
+}
+
+impl From<guest_mem::LatencySummary> for LatencyInfo {
+    fn from(summary: guest_mem::LatencySummary) -> Self {
+        Self {
+            count: summary.count,
+            mean_ns: summary.mean_ns,
+            p50_ns: summary.p50_ns,
+            p99_ns: summary.p99_ns,
+            max_ns: summary.max_ns,
+        }
+    }
 }
 
 /// One vCPU's view of the pool: its LLFree core and its faults.
@@ -274,6 +314,11 @@ impl MemoryInfo {
                 waiting_other_faults: stats.waiting_other_faults,
                 discarded_chunks: stats.discarded_chunks,
                 given_away_4k_pages: stats.given_away_pieces,
+                fault_latency: FaultLatencyInfo {
+                    handling: stats.fault_latency.handling.into(),
+                    map: stats.fault_latency.map.into(),
+                    wake: stats.fault_latency.wake.into(),
+                },
             },
             vcpus: stats
                 .vcpu_faults

@@ -132,7 +132,7 @@ fn balloon_once(size: u64) -> Result<[Duration; 3], String> {
     let started = Instant::now();
     for block in 0..blocks {
         memory
-            .reclaim_pieces(GuestAddress(block * BLOCK), BLOCK)
+            .reclaim_pieces(GuestAddress(block * BLOCK), BLOCK, core)
             .map_err(|e| e.to_string())?;
     }
     let deflate = started.elapsed();

@@ -87,13 +87,7 @@ pub fn cycle(api: &ApiClient, vmm: &Vmm, full_kib: u64) -> Result<Measured, Stri
             .as_u64()
             .ok_or_else(|| "no actual_mib".to_string())
     };
-    // Ours counts the guest's page faults it resolved (GET /memory); Firecracker has no such
-    // resource.
-    let faults = || {
-        api_call(api, "GET", "/memory", None)
-            .ok()
-            .and_then(|memory| memory["guest"]["faults"].as_u64())
-    };
+    let faults = || guest_faults(api);
     let mut times = Vec::new();
     let before = faults();
     let asked = Instant::now();
@@ -118,6 +112,14 @@ pub fn cycle(api: &ApiClient, vmm: &Vmm, full_kib: u64) -> Result<Measured, Stri
         );
     }
     Ok(times)
+}
+
+/// How many of the guest's page faults our VMM resolved (GET /memory); `None` where the VMM
+/// has no such resource (Firecracker).
+pub fn guest_faults(api: &ApiClient) -> Option<u64> {
+    api_call(api, "GET", "/memory", None)
+        .ok()
+        .and_then(|memory| memory["guest"]["faults"].as_u64())
 }
 
 /// One run: the guest boots with its RAM, gives 1 GiB to its balloon and takes it back.

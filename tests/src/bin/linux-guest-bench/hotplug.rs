@@ -98,6 +98,14 @@ impl Control {
         value.ok_or_else(|| "no plugged size".into())
     }
 
+    /// The guest's page faults our VMM resolved so far (none through QMP).
+    fn guest_faults(&self) -> Option<u64> {
+        match self {
+            Control::Api(api) => balloon::guest_faults(api),
+            Control::Qmp(_) => None,
+        }
+    }
+
     fn api(&self) -> &ApiClient {
         match self {
             Control::Api(api) => api,
@@ -114,12 +122,22 @@ pub fn measure(command: &[String], options: &Options) -> Result<Measured, String
     let mut control = Control::connect(&options.control)?;
     let mut times = Vec::new();
 
+    let before = control.guest_faults();
     let asked = Instant::now();
     control.request_plugged(GIB_MIB)?;
     let plugged = poll(|| Ok(control.plugged_mib()? >= GIB_MIB), "plug")?;
     let (grown, _) = vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
     times.push(("hotplug plug-device", plugged - asked));
     times.push(("hotplug plug", grown - asked));
+    // Ours: the faults of the guest's boot RAM while it adds the memory (its struct pages).
+    if let (Some(before), Some(after)) = (before, control.guest_faults()) {
+        println!("hotplug faults: {} while plugging", after - before);
+        // Since the VMM started: how much of a fault's time its handler thread spends.
+        if let Control::Api(api) = &control {
+            let memory = api_call(api, "GET", "/memory", None)?;
+            println!("fault latency: {}", memory["guest"]["fault_latency"]);
+        }
+    }
 
     let asked = Instant::now();
     control.request_plugged(0)?;

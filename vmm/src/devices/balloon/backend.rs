@@ -1,5 +1,6 @@
 //! The balloon's memory backend over guest-mem: inflation gives 4 KiB pieces away in per-chunk
-//! bitmaps (a chunk given away entirely frees its frame), deflation takes them back, reported
+//! bitmaps (a chunk given away entirely frees its frame), deflation takes them back (a chunk
+//! without a frame gets one at once, before the guest reuses it), reported
 //! ranges are discarded. Frames go back to the pool under the balloon's own LLFree core id, so
 //! they land in its reservation (reserve-on-free) and not in a vCPU's.
 
@@ -51,7 +52,10 @@ impl BalloonBackend for GuestMemBackend {
     }
 
     fn deflate(&self, range: GuestRange) -> Result<u64, MemoryError> {
-        Ok(self.memory.reclaim_pieces(range.addr, range.len)? as u64)
+        let reclaimed = self
+            .memory
+            .reclaim_pieces(range.addr, range.len, self.core)?;
+        Ok(reclaimed.pieces as u64)
     }
 
     fn discard(&self, range: GuestRange) -> Result<u64, MemoryError> {

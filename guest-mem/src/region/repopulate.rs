@@ -1,0 +1,132 @@
+//! Repopulating chunks the guest takes back from its balloon, in runs of frames.
+//!
+//! A guest reuses the pages it deflates first (freed pages are hot), and the chunks they lie
+//! in gave their frames back when they were inflated entirely: left to the guest, each would
+//! be a fault through userfaultfd. Given a frame when the guest takes them back, before it is
+//! told that it may use them, they are mapped like plugged memory: a core's frames come out of
+//! LLFree in order, so one mmap maps a run of chunks, and the guest's first touch is the
+//! kernel's own fault.
+
+use super::run::FrameRun;
+use super::{GuestRegion, RegionError};
+
+/// Chunks being given frames, a run of consecutive chunks and frames at a time. Dropping it
+/// maps the pending run (errors ignored); [`Repopulation::finish`] reports them.
+pub(crate) struct Repopulation<'a> {
+    core: usize,
+    pending: Option<(&'a GuestRegion, FrameRun)>,
+    populated: usize,
+    /// The pool had no frame: the other chunks wait for the guest's touch, as any fault does.
+    exhausted: bool,
+}
+
+impl<'a> Repopulation<'a> {
+    /// Allocates frames with LLFree core `core`.
+    pub fn new(core: usize) -> Self {
+        Self {
+            core,
+            pending: None,
+            populated: 0,
+            exhausted: false,
+        }
+    }
+
+    /// Gives `chunk` of `region` a fresh frame if it has none: unpopulated, and (a VM in a
+    /// zone) no frame recorded for it. A chunk that is mapped, unplugged or being populated by a
+    /// fault is left alone. Chunks come in ascending order within a region.
+    pub fn add(&mut self, region: &'a GuestRegion, chunk: usize) -> Result<(), RegionError> {
+        if self.exhausted || !region.table.claim_empty(chunk) {
+            return Ok(());
+        }
+        if region.table.persisted(chunk).is_some() {
+            // Its own frame, mapped on first touch.
+            region.table.publish_empty(chunk);
+            return Ok(());
+        }
+        let Some(frame) = region.shared.pool.alloc(self.core, region.chunk) else {
+            region.table.publish_empty(chunk);
+            self.exhausted = true;
+            return Ok(());
+        };
+        // Allocate, then record: a crash in between leaves a frame that the zone's recovery
+        // finds referenced by no VM, and frees.
+        region.table.persist(chunk, frame.index);
+        if let Some((pending, run)) = &mut self.pending {
+            if std::ptr::eq(*pending, region) && run.extend(chunk, frame) {
+                return Ok(());
+            }
+        }
+        match self
+            .pending
+            .replace((region, FrameRun::single(chunk, frame)))
+        {
+            Some((pending, run)) => self.map(pending, run).inspect_err(|_| self.abandon()),
+            None => Ok(()),
+        }
+    }
+
+    /// Maps the pending run; returns how many chunks were given a frame.
+    pub fn finish(mut self) -> Result<usize, RegionError> {
+        if let Some((region, run)) = self.pending.take() {
+            self.map(region, run)?;
+        }
+        Ok(self.populated)
+    }
+
+    /// Maps the frames of claimed `run` over its chunks and publishes them; on failure gives
+    /// the frames back and leaves the chunks unpopulated.
+    fn map(&mut self, region: &GuestRegion, run: FrameRun) -> Result<(), RegionError> {
+        let (addr, _) = region.chunk_range(run.chunk);
+        // SAFETY: the chunks belong to `region` and are claimed by us; they hold placeholders
+        // (an unpopulated chunk's) that nothing the guest keeps lives in.
+        let mapped = unsafe {
+            region
+                .shared
+                .pool
+                .map_frames(run.first, run.len as u64, addr)
+        };
+        if let Err(source) = mapped {
+            give_back(region, run, self.core);
+            return Err(RegionError::MapFrame {
+                chunk: run.chunk,
+                source,
+            });
+        }
+        for (chunk, frame) in run.frames() {
+            region.table.publish(chunk, frame.index);
+        }
+        self.populated += run.len;
+        Ok(())
+    }
+
+    /// Gives the pending run's frames back unmapped (after a failure).
+    fn abandon(&mut self) {
+        if let Some((region, run)) = self.pending.take() {
+            give_back(region, run, self.core);
+        }
+    }
+}
+
+impl Drop for Repopulation<'_> {
+    fn drop(&mut self) {
+        if let Some((region, run)) = self.pending.take() {
+            let _ = self.map(region, run);
+        }
+    }
+}
+
+/// Gives the fresh frames of claimed `run` (they never held data) back with `core` and
+/// publishes its chunks unpopulated behind fresh placeholders (a failed MAP_FIXED may have
+/// removed the old ones).
+fn give_back(region: &GuestRegion, run: FrameRun, core: usize) {
+    for (chunk, frame) in run.frames() {
+        region.table.unpersist(chunk);
+        let _ = region.shared.pool.free(core, frame);
+        let restored = region.restore_placeholder(chunk);
+        debug_assert!(
+            restored.is_ok(),
+            "cannot restore chunk {chunk}: {restored:?}"
+        );
+        region.table.publish_empty(chunk);
+    }
+}
