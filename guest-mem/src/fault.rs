@@ -48,8 +48,9 @@ pub(crate) struct FaultHandlers {
 }
 
 impl FaultHandlers {
-    /// Starts `count` threads serving the faults of `inner`.
-    pub fn spawn(inner: &Arc<Inner>, count: usize) -> io::Result<Self> {
+    /// Starts `count` threads serving the faults of `inner`, each calling `confine` whenever
+    /// it wakes (see [`crate::MemoryConfig::confine_handler`]).
+    pub fn spawn(inner: &Arc<Inner>, count: usize, confine: Option<fn()>) -> io::Result<Self> {
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let mut handlers = Self {
             stop,
@@ -59,7 +60,7 @@ impl FaultHandlers {
             let (inner, stop) = (Arc::clone(inner), Arc::clone(&handlers.stop));
             let thread = std::thread::Builder::new()
                 .name(format!("guest-mem-fault-{i}"))
-                .spawn(move || serve(&inner, &stop))?;
+                .spawn(move || serve(&inner, &stop, confine))?;
             handlers.threads.push(thread);
         }
         Ok(handlers)
@@ -95,7 +96,7 @@ impl VcpuCaches {
     }
 }
 
-fn serve(inner: &Inner, stop: &EventFd) {
+fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>) {
     let mut caches = VcpuCaches::new(inner.shared.vcpus.len());
     let uffd = &inner.shared.uffd;
     let mut faults = [Fault {
@@ -111,7 +112,11 @@ fn serve(inner: &Inner, stop: &EventFd) {
         } else {
             -1
         };
-        match wait_readable(uffd, stop, timeout) {
+        let readiness = wait_readable(uffd, stop, timeout);
+        if let Some(confine) = confine {
+            confine();
+        }
+        match readiness {
             Ok(Readiness::Readable) => {}
             Ok(Readiness::TimedOut) => {
                 retry_blocked(inner, &mut caches);

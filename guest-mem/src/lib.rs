@@ -36,5 +36,6 @@ pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Population, S
 pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
 pub use region::{GuestRegion, RegionError};
 pub use stats::{FaultLatency, MemoryStats, PoolStats};
+pub use sys::uffd::handler_ioctls as fault_handler_ioctls;
 pub use sys::{gettid, random_u64, wait_readable, Readiness};
 pub use vcpu::FaultError;

@@ -49,7 +49,7 @@ impl Population {
 }
 
 /// Parameters of a guest memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct MemoryConfig {
     /// RAM regions as (guest address, size), sorted and not overlapping; both multiples of the
     /// chunk size.
@@ -70,6 +70,10 @@ pub struct MemoryConfig {
     /// installed for it): where KVM waits on userfaultfd interruptibly, KVM_RUN returns EINTR.
     /// Either way the fault stays pending until a frame is free or [`GuestMemory::release_faults`].
     pub kick_signal: Option<i32>,
+    /// Called by each fault handler thread whenever it wakes, before it reads what woke it:
+    /// where the VMM confines the thread (e.g. stacks a seccomp filter of its own once the
+    /// process is locked down). It must be cheap once it has nothing left to do.
+    pub confine_handler: Option<fn()>,
 }
 
 impl MemoryConfig {
@@ -83,6 +87,7 @@ impl MemoryConfig {
             vcpus,
             fault_threads: 1,
             kick_signal: None,
+            confine_handler: None,
         }
     }
 }
@@ -323,8 +328,8 @@ impl GuestMemory {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let inner = Arc::new(Inner { regions, shared });
-        let handlers =
-            FaultHandlers::spawn(&inner, config.fault_threads).map_err(MemoryError::Handlers)?;
+        let handlers = FaultHandlers::spawn(&inner, config.fault_threads, config.confine_handler)
+            .map_err(MemoryError::Handlers)?;
         Ok(Self { handlers, inner })
     }
 

@@ -1,5 +1,5 @@
 //! End-to-end: seccomp. Once the guest runs, every thread of `vmm run` has the process's
-//! filter, each vCPU and the API server one more of their own, and `--no-seccomp` leaves them
+//! filter, each vCPU, the API server and the fault handler one more of their own, and `--no-seccomp` leaves them
 //! without; a call a filter denies ends the VMM with status 148 and a line naming the thread
 //! and the call, for each thread kind (custom filters in seccompiler's JSON format deny what
 //! the kind surely calls); a bad filter file is a usage error.
@@ -57,11 +57,19 @@ fn every_thread_is_filtered_once_the_guest_runs_and_no_seccomp_turns_it_off() {
     assert!(process >= 2, "{seen:?}");
     for (name, mode, filters) in &seen {
         assert_eq!(*mode, 2, "{name}: not filtered: {seen:?}");
-        let own = name.starts_with("vcpu") || name.starts_with("api");
+        // The fault handler stacked its own when it woke for the guest's first fault.
+        let own = ["vcpu", "api", "guest-mem-fault"]
+            .iter()
+            .any(|kind| name.starts_with(kind));
         assert_eq!(*filters, process + u32::from(own), "{name}: {seen:?}");
     }
     assert!(seen.iter().any(|(name, ..)| name == "vcpu0"), "{seen:?}");
     assert!(seen.iter().any(|(name, ..)| name == "api"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|(name, ..)| name.starts_with("guest-mem-fault")),
+        "{seen:?}"
+    );
     drop(api);
     vmm.kill();
 
@@ -132,6 +140,23 @@ fn a_denied_call_ends_the_vmm_with_status_148_naming_its_thread() {
     let run = vmm.wait(Duration::from_secs(10));
     assert_eq!(run.code, Some(148), "{run:#?}");
     assert!(run.stderr.contains("vmm: seccomp: thread 'api"), "{run:#?}");
+
+    // A fault handler: reading the guest's first fault after the lock-down (read, 0).
+    let filter = deny_all_but_the_report(&scratch, "fault");
+    let run = VmmRun::run(&[
+        "--memory",
+        "32M",
+        "--workload",
+        "write:2M+2M",
+        "--seccomp-filter",
+        &filter,
+    ]);
+    assert_eq!(run.code, Some(148), "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("thread 'guest-mem-fault' made system call 0, which its filter denies"),
+        "{run:#?}"
+    );
 
     // The whole process: whichever thread calls next.
     let filter = deny_all_but_the_report(&scratch, "vmm");

@@ -99,6 +99,12 @@ ioctl_iowr_nr!(UFFDIO_REGISTER, UFFDIO, 0x00, UffdioRegister);
 ioctl_ior_nr!(UFFDIO_WAKE, UFFDIO, 0x02, UffdioRange);
 ioctl_iowr_nr!(UFFDIO_ZEROPAGE, UFFDIO, 0x04, UffdioZeropage);
 
+/// The ioctl requests a fault handler thread makes: registering a chunk given back, waking a
+/// fault's waiters, answering one with the zero page (for a seccomp filter of those threads).
+pub fn handler_ioctls() -> [libc::c_ulong; 3] {
+    [UFFDIO_REGISTER(), UFFDIO_WAKE(), UFFDIO_ZEROPAGE()]
+}
+
 /// The result of an ioctl helper as an `io::Result`.
 fn check(rc: libc::c_int) -> io::Result<()> {
     if rc < 0 {

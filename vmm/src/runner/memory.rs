@@ -186,6 +186,7 @@ pub(super) fn create_memory(
         vcpus: config.vcpus,
         fault_threads,
         kick_signal: Some(kick_signal()),
+        confine_handler: Some(crate::seccomp::confine_fault_handler),
     };
     match frames {
         Frames::Pool(pool) => {

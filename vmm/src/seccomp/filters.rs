@@ -190,7 +190,7 @@ fn vcpu_ioctls() -> [libc::c_ulong; 17] {
 /// The calls whose arguments are checked: `clone` only for a thread and `prctl` only to name
 /// one, read its name (the SIGSYS handler) or give up privileges (before a filter is stacked),
 /// for every kind; `socket` only in the Unix domain (the process); `ioctl` only with the
-/// requests of [`vcpu_ioctls`] (a vCPU).
+/// requests of [`vcpu_ioctls`] (a vCPU) or userfaultfd's of a fault handler.
 fn checked_rules(
     kind: ThreadKind,
     rules: &mut BTreeMap<i64, Vec<SeccompRule>>,
@@ -217,12 +217,17 @@ fn checked_rules(
         let unix = condition(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
         rules.insert(libc::SYS_socket, vec![SeccompRule::new(vec![unix])?]);
     }
-    if kind == ThreadKind::Vcpu {
-        let ioctls = vcpu_ioctls()
-            .into_iter()
-            .map(|request| SeccompRule::new(vec![condition(1, SeccompCmpOp::Eq, request)?]))
+    let ioctls: &[libc::c_ulong] = match kind {
+        ThreadKind::Vcpu => &vcpu_ioctls(),
+        ThreadKind::Fault => &guest_mem::fault_handler_ioctls(),
+        ThreadKind::Vmm | ThreadKind::Api => &[],
+    };
+    if !ioctls.is_empty() {
+        let allowed = ioctls
+            .iter()
+            .map(|&request| SeccompRule::new(vec![condition(1, SeccompCmpOp::Eq, request)?]))
             .collect::<Result<_, _>>()?;
-        rules.insert(libc::SYS_ioctl, ioctls);
+        rules.insert(libc::SYS_ioctl, allowed);
     }
     Ok(())
 }
@@ -233,6 +238,7 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, BackendError> {
         ThreadKind::Vmm => &[COMMON, ANONYMOUS, API, VMM_ONLY],
         ThreadKind::Api => &[COMMON, ANONYMOUS, API],
         ThreadKind::Vcpu => &[COMMON, ANONYMOUS],
+        ThreadKind::Fault => &[COMMON],
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = lists
         .iter()
@@ -269,7 +275,12 @@ mod tests {
 
     #[test]
     fn every_kind_builds() {
-        for kind in [ThreadKind::Vmm, ThreadKind::Vcpu, ThreadKind::Api] {
+        for kind in [
+            ThreadKind::Vmm,
+            ThreadKind::Vcpu,
+            ThreadKind::Api,
+            ThreadKind::Fault,
+        ] {
             assert!(!program(kind).unwrap().is_empty(), "{kind:?}");
         }
         assert!(!clone3_enosys().unwrap().is_empty());
@@ -277,7 +288,7 @@ mod tests {
 
     /// How a child process that installs `kind`'s filter and then makes `call` ends: `None`
     /// if the call returned (the child exits 0), else the signal that ended it.
-    fn killed_by(kind: ThreadKind, call: fn()) -> Option<i32> {
+    fn killed_by(kind: ThreadKind, call: impl FnOnce()) -> Option<i32> {
         // Built before the fork: the child only installs it and calls.
         let filter = program(kind).unwrap();
         // SAFETY: the child makes only system calls (no allocation, no lock) and `_exit`s.
@@ -336,6 +347,36 @@ mod tests {
             unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
         };
         assert_eq!(killed_by(ThreadKind::Vmm, exec), sigsys);
+    }
+
+    #[test]
+    fn a_fault_handler_makes_userfaultfd_s_ioctls_and_opens_and_runs_nothing() {
+        let sigsys = Some(libc::SIGSYS);
+        let ioctl = |request: libc::c_ulong| {
+            // SAFETY: an ioctl on no file descriptor: EBADF if the filter lets it through.
+            unsafe { libc::ioctl(-1, request, 0) };
+        };
+        for request in guest_mem::fault_handler_ioctls() {
+            assert_eq!(killed_by(ThreadKind::Fault, move || ioctl(request)), None);
+        }
+        // KVM_RUN, KVM_SET_USER_MEMORY_REGION, KVM_CREATE_VCPU.
+        for request in [0xae80, 0x4020_ae46, 0xae41] {
+            assert_eq!(killed_by(ThreadKind::Fault, move || ioctl(request)), sigsys);
+        }
+        let open = || {
+            // SAFETY: NUL-terminated path; the file, if opened, is closed by `_exit`.
+            unsafe { libc::open(c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
+        };
+        assert_eq!(killed_by(ThreadKind::Fault, open), sigsys);
+        assert_eq!(
+            killed_by(ThreadKind::Fault, || socket_of(libc::AF_UNIX)),
+            sigsys
+        );
+        // SAFETY: an eventfd, closed by `_exit`.
+        let eventfd = || unsafe {
+            libc::eventfd(0, 0);
+        };
+        assert_eq!(killed_by(ThreadKind::Fault, eventfd), sigsys);
     }
 
     #[test]

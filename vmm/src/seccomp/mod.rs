@@ -7,14 +7,16 @@
 //!                  memory, needs only calls it allows), and the guest's first run waits for
 //!                  it (Session::start_guest)
 //! enter(kind)      each vCPU before its first KVM_RUN (`vcpu`), the API server before it
-//!                  answers its next request (`api`, inherited by the request threads): a
-//!                  narrower filter stacked on the process filter
+//!                  answers its next request (`api`, inherited by the request threads), a
+//!                  guest memory's fault handler thread when it next wakes (`fault`, through
+//!                  [`confine_fault_handler`]): a narrower filter stacked on the process filter
 //! ```
 //!
 //! A denied call traps (SIGSYS): the VMM writes which thread made which call to stderr, counts
 //! it (`seccomp.num_faults`) and exits at once with status [`BAD_SYSCALL_EXIT_STATUS`], as
 //! Firecracker does. `--no-seccomp` turns the filters off; `--seccomp-filter FILE` replaces
-//! them with filters in seccompiler's JSON format (Firecracker's, keys `vmm`, `vcpu`, `api`).
+//! them with filters in seccompiler's JSON format (Firecracker's, keys `vmm`, `vcpu`, `api`;
+//! and `fault`).
 //!
 //! The policy is off until the front end sets it ([`set_policy`]): library users and unit
 //! tests run without filters.
@@ -78,6 +80,8 @@ pub enum ThreadKind {
     Vcpu,
     /// The API server and the threads that answer its requests.
     Api,
+    /// A guest memory's fault handler thread (populating chunks through userfaultfd).
+    Fault,
 }
 
 impl ThreadKind {
@@ -87,6 +91,7 @@ impl ThreadKind {
             ThreadKind::Vmm => "vmm",
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::Api => "api",
+            ThreadKind::Fault => "fault",
         }
     }
 }
@@ -109,6 +114,7 @@ struct Filters {
     vmm: Vec<BpfProgram>,
     vcpu: Option<BpfProgram>,
     api: Option<BpfProgram>,
+    fault: Option<BpfProgram>,
 }
 
 static FILTERS: OnceLock<Option<Filters>> = OnceLock::new();
@@ -128,6 +134,7 @@ pub fn set_policy(policy: &Policy) -> Result<(), SeccompError> {
             vmm: built_in_programs(ThreadKind::Vmm)?,
             vcpu: Some(built_in(ThreadKind::Vcpu)?),
             api: Some(built_in(ThreadKind::Api)?),
+            fault: Some(built_in(ThreadKind::Fault)?),
         }),
         Policy::File(path) => Some(read_file(path)?),
     };
@@ -194,10 +201,10 @@ fn read_file(path: &Path) -> Result<Filters, SeccompError> {
     let mut map: HashMap<String, BpfProgram> =
         seccompiler::compile_from_json(file, TargetArch::x86_64)
             .map_err(|e| error(e.to_string()))?;
-    let known = ["vmm", "vcpu", "api"];
+    let known = ["vmm", "vcpu", "api", "fault"];
     if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(error(format!(
-            "unknown thread kind \"{unknown}\" (known: vmm, vcpu, api)"
+            "unknown thread kind \"{unknown}\" (known: vmm, vcpu, api, fault)"
         )));
     }
     // An empty program (a kind without rules) installs nothing.
@@ -206,6 +213,7 @@ fn read_file(path: &Path) -> Result<Filters, SeccompError> {
         vmm: take("vmm").into_iter().collect(),
         vcpu: take("vcpu"),
         api: take("api"),
+        fault: take("fault"),
     })
 }
 
@@ -256,6 +264,16 @@ pub fn lock_down() -> Result<(), String> {
         .clone()
 }
 
+/// Stacks the fault handlers' filter on the calling thread once the process is locked down
+/// (guest-mem's [`guest_mem::MemoryConfig::confine_handler`]): after that a thread that reads
+/// faults can make none of the VM's ioctls, open nothing and create nothing. A failure is
+/// logged; the process filter holds.
+pub fn confine_fault_handler() {
+    if let Err(e) = enter(ThreadKind::Fault) {
+        log::error!("guest memory fault handler: {e}");
+    }
+}
+
 /// Stacks `kind`'s filter on the calling thread once the process is locked down (see
 /// [`lock_down`]); does nothing before that, after the thread did it already, or without a
 /// filter for `kind`.
@@ -269,6 +287,7 @@ pub fn enter(kind: ThreadKind) -> Result<(), SeccompError> {
         ThreadKind::Vmm => None,
         ThreadKind::Vcpu => f.vcpu.as_ref(),
         ThreadKind::Api => f.api.as_ref(),
+        ThreadKind::Fault => f.fault.as_ref(),
     });
     match program {
         Some(program) => {

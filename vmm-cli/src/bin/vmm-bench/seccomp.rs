@@ -1,8 +1,9 @@
 //! `vmm-bench seccomp`: what the built-in seccomp filters add to one system call, on a thread
-//! without filters, then with the process's filter (every thread: fault handlers, the event
-//! loop), then with a vCPU's stacked on it. Calls that fail at once (a bad file descriptor)
-//! leave the filter's part: `read` (near the start of the lists), `fallocate` (near their end)
-//! and `ioctl` (every KVM_RUN).
+//! without filters, then with the process's filter (every thread: the event loop), then with a
+//! vCPU's stacked on it; and on another thread the same with a fault handler's instead of a
+//! vCPU's. Calls that fail at once (a bad file descriptor) leave the filter's part: `read`
+//! (near the start of the lists), `fallocate` (near their end) and `ioctl` (a vCPU's every
+//! KVM_RUN; a fault handler's UFFDIO_WAKE after each fault).
 
 use std::time::{Duration, Instant};
 
@@ -13,8 +14,8 @@ use super::Args;
 /// Calls per measurement.
 const CALLS: u32 = 200_000;
 
-/// The time of one failing call of each kind.
-fn measure() -> [(&'static str, Duration); 3] {
+/// The time of one failing call of each kind, the ioctl with `request`.
+fn measure(request: libc::c_ulong) -> [Duration; 3] {
     let time = |call: &dyn Fn() -> libc::c_long| {
         let started = Instant::now();
         for _ in 0..CALLS {
@@ -23,9 +24,9 @@ fn measure() -> [(&'static str, Duration); 3] {
         started.elapsed() / CALLS
     };
     [
-        ("read", time(&read_bad_fd)),
-        ("fallocate", time(&fallocate_bad_fd)),
-        ("ioctl", time(&kvm_run_bad_fd)),
+        time(&read_bad_fd),
+        time(&fallocate_bad_fd),
+        time(&|| ioctl_bad_fd(request)),
     ]
 }
 
@@ -40,45 +41,64 @@ fn fallocate_bad_fd() -> libc::c_long {
     unsafe { libc::syscall(libc::SYS_fallocate, -1, 0, 0, 4096) }
 }
 
-fn kvm_run_bad_fd() -> libc::c_long {
-    // SAFETY: KVM_RUN (_IO(0xAE, 0x80)) on fd -1 fails with EBADF and touches no memory.
-    unsafe { libc::syscall(libc::SYS_ioctl, -1, 0xAE80, 0) }
+fn ioctl_bad_fd(request: libc::c_ulong) -> libc::c_long {
+    // SAFETY: an ioctl on fd -1 fails with EBADF and touches no memory.
+    unsafe { libc::syscall(libc::SYS_ioctl, -1, request, 0) }
 }
 
-/// Measures `--runs` rounds on a thread of its own (the filters stay on that thread).
+/// KVM_RUN, `_IO(0xAE, 0x80)`.
+const KVM_RUN: libc::c_ulong = 0xAE80;
+
+/// Measures `--runs` rounds on a thread of its own (the filters stay on that thread) per
+/// stacked kind: a vCPU's, then a fault handler's.
 pub fn seccomp(args: &Args) -> Result<(), String> {
-    let runs = args.runs;
-    std::thread::spawn(move || -> Result<(), String> {
-        println!("seccomp: ns per failing call ({CALLS} calls), without filters / with the process's / with a vCPU's too:");
-        let mut rows: Vec<[Vec<Duration>; 3]> = vec![Default::default(); 3];
-        let stages = [None, Some(ThreadKind::Vmm), Some(ThreadKind::Vcpu)];
-        // Filters cannot be taken off: each stage runs its rounds, then stacks the next.
-        for (stage, kind) in stages.iter().enumerate() {
-            if let Some(kind) = kind {
-                install_built_in(*kind).map_err(|e| e.to_string())?;
-            }
-            for _ in 0..runs {
-                for (row, (_, time)) in rows.iter_mut().zip(measure()) {
-                    row[stage].push(time);
-                }
-            }
-        }
-        let names = ["read", "fallocate", "ioctl"];
+    println!("seccomp: ns per failing call ({CALLS} calls), without filters / with the process's / with the thread kind's too:");
+    let wake = guest_mem::fault_handler_ioctls()[1];
+    for (kind, ioctl, request) in [
+        (ThreadKind::Vcpu, "KVM_RUN", KVM_RUN),
+        (ThreadKind::Fault, "UFFDIO_WAKE", wake),
+    ] {
+        println!("  {}:", kind.name());
+        let runs = args.runs;
+        let rows = std::thread::spawn(move || stages(kind, request, runs))
+            .join()
+            .map_err(|_| "the measuring thread panicked".to_string())??;
+        let names = ["read", "fallocate", ioctl];
         for (name, row) in names.iter().zip(&rows) {
             let median = |times: &Vec<Duration>| {
                 let mut times = times.clone();
                 times.sort();
                 times[times.len() / 2].as_secs_f64() * 1e9
             };
-            let [none, process, vcpu] = [median(&row[0]), median(&row[1]), median(&row[2])];
+            let [none, process, own] = [median(&row[0]), median(&row[1]), median(&row[2])];
             println!(
-                "  {name:<9} {none:6.1} / {process:6.1} (+{:.1}) / {vcpu:6.1} (+{:.1})",
+                "    {name:<11} {none:6.1} / {process:6.1} (+{:.1}) / {own:6.1} (+{:.1})",
                 process - none,
-                vcpu - none
+                own - none
             );
         }
-        Ok(())
-    })
-    .join()
-    .map_err(|_| "the measuring thread panicked".to_string())?
+    }
+    Ok(())
+}
+
+/// On the calling thread: `runs` rounds without filters, with the process's, then with
+/// `kind`'s stacked; per call (read, fallocate, ioctl `request`) and stage, the times.
+fn stages(
+    kind: ThreadKind,
+    request: libc::c_ulong,
+    runs: usize,
+) -> Result<Vec<[Vec<Duration>; 3]>, String> {
+    let mut rows: Vec<[Vec<Duration>; 3]> = vec![Default::default(); 3];
+    // Filters cannot be taken off: each stage runs its rounds, then stacks the next.
+    for (stage, kind) in [None, Some(ThreadKind::Vmm), Some(kind)].iter().enumerate() {
+        if let Some(kind) = kind {
+            install_built_in(*kind).map_err(|e| e.to_string())?;
+        }
+        for _ in 0..runs {
+            for (row, time) in rows.iter_mut().zip(measure(request)) {
+                row[stage].push(time);
+            }
+        }
+    }
+    Ok(rows)
 }
