@@ -85,8 +85,9 @@ pub struct Cli {
     pub no_seccomp: bool,
 
     /// The seccomp filters of this JSON file (seccompiler's format, as Firecracker's
-    /// seccompiler-bin reads; thread kinds "vmm", "vcpu" and "api") instead of the built-in
-    /// ones. Each must allow write, exit_group and prctl, which report a denied call.
+    /// seccompiler-bin reads; thread kinds "vmm", "vcpu" and "api", and "fault" for the fault
+    /// handler threads) instead of the built-in ones. Each must allow write, exit_group and
+    /// prctl, which report a denied call.
     #[arg(
         long,
         global = true,
