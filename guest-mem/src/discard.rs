@@ -187,7 +187,7 @@ impl GuestMemory {
         core: usize,
     ) -> Result<Reclaimed, MemoryError> {
         let mut reclaimed = Reclaimed::default();
-        let mut repopulation = Some(Repopulation::new(core));
+        let mut repopulation = Repopulation::new(core);
         self.for_each_part(addr, len, |part| {
             let cleared = part
                 .region
@@ -195,20 +195,16 @@ impl GuestMemory {
                 .clear(part.chunk, part.first, part.pieces);
             reclaimed.pieces += cleared;
             if cleared > 0 {
-                if let Some(Err(e)) = repopulation
-                    .as_mut()
-                    .map(|r| r.add(part.region, part.chunk))
-                {
-                    repopulation = None;
+                if let Err(e) = repopulation.add(part.region, part.chunk) {
                     self.warn_repopulation(&e);
                 }
             }
             Ok(())
         })?;
-        match repopulation.map(Repopulation::finish) {
-            Some(Ok(chunks)) => reclaimed.populated_chunks = chunks,
-            Some(Err(e)) => self.warn_repopulation(&e),
-            None => {}
+        let (populated, failed) = repopulation.finish();
+        reclaimed.populated_chunks = populated;
+        if let Some(e) = failed {
+            self.warn_repopulation(&e);
         }
         Ok(reclaimed)
     }

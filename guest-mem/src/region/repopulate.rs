@@ -16,8 +16,9 @@ pub(crate) struct Repopulation<'a> {
     core: usize,
     pending: Option<(&'a GuestRegion, FrameRun)>,
     populated: usize,
-    /// The pool had no frame: the other chunks wait for the guest's touch, as any fault does.
-    exhausted: bool,
+    /// The pool had no frame, or mapping failed: the other chunks wait for the guest's touch,
+    /// as any fault does.
+    stopped: bool,
 }
 
 impl<'a> Repopulation<'a> {
@@ -27,15 +28,16 @@ impl<'a> Repopulation<'a> {
             core,
             pending: None,
             populated: 0,
-            exhausted: false,
+            stopped: false,
         }
     }
 
     /// Gives `chunk` of `region` a fresh frame if it has none: unpopulated, and (a VM in a
     /// zone) no frame recorded for it. A chunk that is mapped, unplugged or being populated by a
-    /// fault is left alone. Chunks come in ascending order within a region.
+    /// fault is left alone. Chunks come in ascending order within a region. After an error
+    /// (returned once) it adds nothing more.
     pub fn add(&mut self, region: &'a GuestRegion, chunk: usize) -> Result<(), RegionError> {
-        if self.exhausted || !region.table.claim_empty(chunk) {
+        if self.stopped || !region.table.claim_empty(chunk) {
             return Ok(());
         }
         if region.table.persisted(chunk).is_some() {
@@ -45,7 +47,7 @@ impl<'a> Repopulation<'a> {
         }
         let Some(frame) = region.shared.pool.alloc(self.core, region.chunk) else {
             region.table.publish_empty(chunk);
-            self.exhausted = true;
+            self.stopped = true;
             return Ok(());
         };
         // Allocate, then record: a crash in between leaves a frame that the zone's recovery
@@ -56,21 +58,24 @@ impl<'a> Repopulation<'a> {
                 return Ok(());
             }
         }
-        match self
-            .pending
-            .replace((region, FrameRun::single(chunk, frame)))
-        {
-            Some((pending, run)) => self.map(pending, run).inspect_err(|_| self.abandon()),
+        let next = (region, FrameRun::single(chunk, frame));
+        match self.pending.replace(next) {
+            Some((pending, run)) => self.map(pending, run).inspect_err(|_| {
+                self.abandon();
+                self.stopped = true;
+            }),
             None => Ok(()),
         }
     }
 
-    /// Maps the pending run; returns how many chunks were given a frame.
-    pub fn finish(mut self) -> Result<usize, RegionError> {
-        if let Some((region, run)) = self.pending.take() {
-            self.map(region, run)?;
-        }
-        Ok(self.populated)
+    /// Maps the pending run; returns how many chunks were given a frame, and the error of
+    /// that last mapping if it failed.
+    pub fn finish(mut self) -> (usize, Option<RegionError>) {
+        let failed = match self.pending.take() {
+            Some((region, run)) => self.map(region, run).err(),
+            None => None,
+        };
+        (self.populated, failed)
     }
 
     /// Maps the frames of claimed `run` over its chunks and publishes them; on failure gives
