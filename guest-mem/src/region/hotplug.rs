@@ -101,21 +101,8 @@ impl GuestRegion {
     /// Maps the frames of claimed `run` over its chunks and publishes them; on failure gives
     /// the frames back and leaves the chunks unplugged.
     fn map_plugged(&self, run: FrameRun, core: usize) -> Result<(), RegionError> {
-        let (addr, _) = self.chunk_range(run.chunk);
-        // SAFETY: the chunks belong to this region and are claimed by us; they hold the
-        // inaccessible reservation.
-        if let Err(source) = unsafe { self.shared.pool.map_frames(run.first, run.len as u64, addr) }
-        {
-            self.abandon_plug(run, core);
-            return Err(RegionError::MapFrame {
-                chunk: run.chunk,
-                source,
-            });
-        }
-        for (chunk, frame) in run.frames() {
-            self.table.publish(chunk, frame.index);
-        }
-        Ok(())
+        self.map_run(run)
+            .inspect_err(|_| self.abandon_plug(run, core))
     }
 
     /// Gives the fresh frames of claimed `run` back (they never held data) and publishes its

@@ -394,6 +394,25 @@ impl GuestRegion {
         }
     }
 
+    /// Maps the frames of `run`, whose chunks the caller has claimed and which hold no frame
+    /// (a placeholder or the inaccessible reservation), over its chunks with one call and
+    /// publishes them. On failure nothing is published: the caller gives the frames back.
+    fn map_run(&self, run: FrameRun) -> Result<(), RegionError> {
+        let (addr, _) = self.chunk_range(run.chunk);
+        // SAFETY: the chunks belong to this region and are claimed by the caller; nothing the
+        // guest keeps lives in them.
+        unsafe { self.shared.pool.map_frames(run.first, run.len as u64, addr) }.map_err(
+            |source| RegionError::MapFrame {
+                chunk: run.chunk,
+                source,
+            },
+        )?;
+        for (chunk, frame) in run.frames() {
+            self.table.publish(chunk, frame.index);
+        }
+        Ok(())
+    }
+
     /// Puts a fresh placeholder registered with userfaultfd over claimed `chunk`.
     ///
     /// The placeholder can only be registered once it is mapped, and a vCPU or VMM thread that

@@ -78,28 +78,12 @@ impl<'a> Repopulation<'a> {
         (self.populated, failed)
     }
 
-    /// Maps the frames of claimed `run` over its chunks and publishes them; on failure gives
-    /// the frames back and leaves the chunks unpopulated.
+    /// Maps claimed `run` (see [`GuestRegion::map_run`]); on failure gives its frames back
+    /// and leaves its chunks unpopulated.
     fn map(&mut self, region: &GuestRegion, run: FrameRun) -> Result<(), RegionError> {
-        let (addr, _) = region.chunk_range(run.chunk);
-        // SAFETY: the chunks belong to `region` and are claimed by us; they hold placeholders
-        // (an unpopulated chunk's) that nothing the guest keeps lives in.
-        let mapped = unsafe {
-            region
-                .shared
-                .pool
-                .map_frames(run.first, run.len as u64, addr)
-        };
-        if let Err(source) = mapped {
-            give_back(region, run, self.core);
-            return Err(RegionError::MapFrame {
-                chunk: run.chunk,
-                source,
-            });
-        }
-        for (chunk, frame) in run.frames() {
-            region.table.publish(chunk, frame.index);
-        }
+        region
+            .map_run(run)
+            .inspect_err(|_| give_back(region, run, self.core))?;
         self.populated += run.len;
         Ok(())
     }

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use vmm_cli::ApiClient;
 
 use crate::balloon::{self, api_call, poll, GIB_KIB, GIB_MIB};
@@ -98,10 +98,12 @@ impl Control {
         value.ok_or_else(|| "no plugged size".into())
     }
 
-    /// The guest's page faults our VMM resolved so far (none through QMP).
-    fn guest_faults(&self) -> Option<u64> {
+    /// Our VMM's guest memory counters (GET /memory's `guest`; none through QMP).
+    fn guest_memory(&self) -> Option<Value> {
         match self {
-            Control::Api(api) => balloon::guest_faults(api),
+            Control::Api(api) => api_call(api, "GET", "/memory", None)
+                .ok()
+                .map(|memory| memory["guest"].clone()),
             Control::Qmp(_) => None,
         }
     }
@@ -122,21 +124,21 @@ pub fn measure(command: &[String], options: &Options) -> Result<Measured, String
     let mut control = Control::connect(&options.control)?;
     let mut times = Vec::new();
 
-    let before = control.guest_faults();
+    let faults = |memory: &Value| memory["faults"].as_u64();
+    let before = control.guest_memory();
     let asked = Instant::now();
     control.request_plugged(GIB_MIB)?;
     let plugged = poll(|| Ok(control.plugged_mib()? >= GIB_MIB), "plug")?;
     let (grown, _) = vmm.wait_memtotal(|kib| kib >= booted + GIB_KIB)?;
     times.push(("hotplug plug-device", plugged - asked));
     times.push(("hotplug plug", grown - asked));
-    // Ours: the faults of the guest's boot RAM while it adds the memory (its struct pages).
-    if let (Some(before), Some(after)) = (before, control.guest_faults()) {
-        println!("hotplug faults: {} while plugging", after - before);
-        // Since the VMM started: how much of a fault's time its handler thread spends.
-        if let Control::Api(api) = &control {
-            let memory = api_call(api, "GET", "/memory", None)?;
-            println!("fault latency: {}", memory["guest"]["fault_latency"]);
+    // Ours: the faults of the guest's boot RAM while it adds the memory (its struct pages),
+    // and since the VMM started, how much of a fault's time its handler thread spends.
+    if let (Some(before), Some(after)) = (before, control.guest_memory()) {
+        if let (Some(before), Some(after)) = (faults(&before), faults(&after)) {
+            println!("hotplug faults: {} while plugging", after - before);
         }
+        println!("fault latency: {}", after["fault_latency"]);
     }
 
     let asked = Instant::now();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use vmm_cli::ApiClient;
 
-use crate::Args;
+use crate::{summary, Args};
 
 /// The uid and gid the jailed VMMs run as.
 const JAILED_ID: &str = "4242";
@@ -46,17 +46,6 @@ fn stop(mut vmm: Child) {
     let _ = vmm.wait();
 }
 
-fn summary(what: &str, mut times: Vec<Duration>) {
-    times.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "  {what}: median {:.2} ms, min {:.2} ms, max {:.2} ms",
-        ms(times[times.len() / 2]),
-        ms(times[0]),
-        ms(times[times.len() - 1])
-    );
-}
-
 /// Measures plain and jailed starts alternately.
 pub fn jailer(args: &Args) -> Result<(), String> {
     let jailer = args.vmm.with_file_name("vmm-jailer");
@@ -72,7 +61,7 @@ pub fn jailer(args: &Args) -> Result<(), String> {
     let vmm = args.vmm.to_string_lossy().into_owned();
     let base_arg = base.to_string_lossy().into_owned();
     println!(
-        "jailer: spawn to the first answer of GET /, {} runs each:",
+        "jailer: spawn to the first answer of GET /, {} runs each, median (min–max):",
         args.runs
     );
     let (mut plain, mut jailed) = (Vec::new(), Vec::new());
@@ -115,8 +104,8 @@ pub fn jailer(args: &Args) -> Result<(), String> {
         }
         jailed.push(answered);
     }
-    summary("plain vmm --api-sock", plain);
-    summary("through vmm-jailer", jailed);
+    println!("  plain vmm --api-sock, ms: {}", summary(plain));
+    println!("  through vmm-jailer, ms: {}", summary(jailed));
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
