@@ -99,13 +99,17 @@ fn clear(path: &Path) -> Result<(), RootError> {
 
 /// Puts host file `source` into the root at `relative`, owned by root and writable by nobody
 /// else: a hard link where it is such a file on the root's file system (a VMM binary of tens
-/// of MiB is not copied for every VM), else a copy without write bits for others.
+/// of MiB is not copied for every VM), else a copy without write bits for others. A `source`
+/// that is a symbolic link (e.g. `/lib64/ld-linux-x86-64.so.2`) puts the file it names there,
+/// never the link itself (which `link(2)` would make, and which a later jailer with the same
+/// id would then refuse to replace).
 pub fn copy_in(root: &Path, source: &Path, relative: &Path) -> Result<(), RootError> {
     let parent = relative.parent().unwrap_or(Path::new(""));
     let dir = make_dirs(root, parent)?;
     let target = dir.join(relative.file_name().unwrap_or_default());
     clear(&target)?;
     let created = |e| RootError::Create(target.clone(), e);
+    let source = &fs::canonicalize(source).map_err(created)?;
     let (file, dir) = (
         fs::metadata(source).map_err(created)?,
         fs::metadata(&dir).map_err(created)?,
@@ -241,6 +245,31 @@ mod tests {
         // A second copy (the id used again) replaces the file.
         copy_in(&root, &exe, Path::new("lib/x/tool")).unwrap();
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_source_that_is_a_link_puts_the_file_it_names_and_can_be_put_again() {
+        let root = scratch("link-source");
+        let host = scratch("link-host");
+        fs::create_dir_all(&host).unwrap();
+        // On the root's file system and root-owned, so that it is hard-linked (the case where
+        // link(2) would link the symbolic link itself).
+        let real = host.join("ld.so");
+        fs::write(&real, "loader").unwrap();
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o755)).unwrap();
+        let link = host.join("ld-link.so");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        for _ in 0..2 {
+            copy_in(&root, &link, Path::new("lib64/ld.so")).unwrap();
+            let put = fs::symlink_metadata(root.join("lib64/ld.so")).unwrap();
+            assert!(put.is_file(), "{:?}", put.file_type());
+            assert_eq!(
+                fs::read_to_string(root.join("lib64/ld.so")).unwrap(),
+                "loader"
+            );
+        }
+        fs::remove_dir_all(&root).unwrap();
+        fs::remove_dir_all(&host).unwrap();
     }
 
     #[test]
