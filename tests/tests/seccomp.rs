@@ -57,14 +57,19 @@ fn every_thread_is_filtered_once_the_guest_runs_and_no_seccomp_turns_it_off() {
     assert!(process >= 2, "{seen:?}");
     for (name, mode, filters) in &seen {
         assert_eq!(*mode, 2, "{name}: not filtered: {seen:?}");
-        // The fault handler stacked its own when it woke for the guest's first fault.
-        let own = ["vcpu", "api", "guest-mem-fault"]
+        // The fault handler stacked its own when it woke for the guest's first fault, the
+        // event loop before the guest ran.
+        let own = ["vcpu", "api", "guest-mem-fault", "vmm-events"]
             .iter()
             .any(|kind| name.starts_with(kind));
         assert_eq!(*filters, process + u32::from(own), "{name}: {seen:?}");
     }
     assert!(seen.iter().any(|(name, ..)| name == "vcpu0"), "{seen:?}");
     assert!(seen.iter().any(|(name, ..)| name == "api"), "{seen:?}");
+    assert!(
+        seen.iter().any(|(name, ..)| name == "vmm-events"),
+        "{seen:?}"
+    );
     assert!(
         seen.iter()
             .any(|(name, ..)| name.starts_with("guest-mem-fault")),
@@ -154,6 +159,25 @@ fn a_denied_call_ends_the_vmm_with_status_148_naming_its_thread() {
         "fault",
         "thread 'guest-mem-fault' made system call 0",
     );
+
+    // The event loop: stacking its filter before the guest runs, it makes its next call
+    // (waking the start that waits for it), and the guest never runs.
+    let filter = deny_all_but_the_report(&scratch, "devices");
+    let run = VmmRun::run(&[
+        "--memory",
+        "32M",
+        "--workload",
+        "write:2M+2M",
+        "--seccomp-filter",
+        &filter,
+    ]);
+    assert_eq!(run.code, Some(148), "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("vmm: seccomp: thread 'vmm-events' made system call"),
+        "{run:#?}"
+    );
+    assert!(!run.stdout.contains("step 1: ok"), "{run:#?}");
 
     // The whole process: whichever thread calls next.
     let filter = deny_all_but_the_report(&scratch, "vmm");

@@ -86,7 +86,7 @@ pub struct Cli {
 
     /// The seccomp filters of this JSON file (seccompiler's format, as Firecracker's
     /// seccompiler-bin reads; thread kinds "vmm", "vcpu" and "api", and "fault" for the fault
-    /// handler threads) instead of the built-in ones. Each must allow write, exit_group and
+    /// handler threads, "devices" for the event loop) instead of the built-in ones. Each must allow write, exit_group and
     /// prctl, which report a denied call.
     #[arg(
         long,

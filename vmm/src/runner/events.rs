@@ -3,7 +3,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::session::{Session, MEMORY_WAIT_CHECK};
 use super::signals::{SignalFd, StopSignals};
 use super::StopCause;
+use crate::seccomp::ThreadKind;
 
 pub(super) use crate::devices::event_loop::Subscriber;
 
@@ -116,6 +117,66 @@ impl MutEventSubscriber for LegacyInterruptWatch {
     }
 }
 
+/// How long the guest's start waits for the event loop to stack its seccomp filter.
+const CONFINE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The event loop's own seccomp filter (`devices`), stacked on its thread once the process is
+/// locked down and before the guest may run: the start wakes the loop and waits for it.
+struct Confinement {
+    event: EventFd,
+    entered: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Confinement {
+    /// On the loop's thread: stacks the filter (nothing without one) and says so.
+    fn enter(&self) {
+        if let Err(e) = crate::seccomp::enter(ThreadKind::Devices) {
+            log::error!("event loop: {e}");
+        }
+        *self.entered.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// Wakes the loop to [`Self::enter`] and waits until it has, at most [`CONFINE_TIMEOUT`].
+    fn request_and_wait(&self) {
+        if let Err(e) = self.event.write(1) {
+            log::error!("cannot wake the event loop to stack its seccomp filter: {e}");
+            return;
+        }
+        let entered = self.entered.lock().unwrap_or_else(|e| e.into_inner());
+        let (entered, wait) = self
+            .changed
+            .wait_timeout_while(entered, CONFINE_TIMEOUT, |entered| !*entered)
+            .unwrap_or_else(|e| e.into_inner());
+        drop(entered);
+        if wait.timed_out() {
+            log::warn!(
+                "the event loop did not stack its seccomp filter within {CONFINE_TIMEOUT:?}: \
+                 it runs under the process filter"
+            );
+        }
+    }
+}
+
+/// Stacks the event loop's filter when [`Confinement::request_and_wait`] asks.
+struct ConfineSubscriber {
+    confinement: Arc<Confinement>,
+}
+
+impl MutEventSubscriber for ConfineSubscriber {
+    fn init(&mut self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(&self.confinement.event, EventSet::IN)) {
+            log::error!("cannot watch the event loop's seccomp request: {e}");
+        }
+    }
+
+    fn process(&mut self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.confinement.event.read();
+        self.confinement.enter();
+    }
+}
+
 /// Ends the loop when its event is signalled.
 struct QuitSubscriber {
     event: Arc<EventFd>,
@@ -165,6 +226,15 @@ impl EventLoop {
             serial_seen: u64::MAX,
             keyboard_seen: u64::MAX,
         }));
+        let confinement = Arc::new(Confinement {
+            event: EventFd::new(EFD_NONBLOCK)?,
+            entered: Mutex::new(false),
+            changed: Condvar::new(),
+        });
+        manager.add_subscriber(Box::new(ConfineSubscriber {
+            confinement: confinement.clone(),
+        }));
+        session.on_locked_down(Box::new(move || confinement.request_and_wait()));
         if session.config().wait_for_memory {
             manager.add_subscriber(Box::new(MemoryWaitSubscriber {
                 timer: TimerFd::new()?,

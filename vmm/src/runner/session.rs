@@ -122,6 +122,8 @@ pub(super) struct Session {
     waiting_since: Mutex<Vec<Option<Instant>>>,
     /// Called once the guest has started, in order.
     on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// Called once every thread has the process's seccomp filter, before the guest may run.
+    on_locked_down: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     /// When this run last looked for dead VMMs in its zone.
     dead_check: Mutex<Option<std::time::Instant>>,
     /// Held while a snapshot is taken: the VM must stay paused from its vCPUs' state to its
@@ -168,6 +170,7 @@ impl Session {
             wait_summary: Mutex::new(None),
             reclaim: Mutex::new(None),
             on_start: Mutex::new(Vec::new()),
+            on_locked_down: Mutex::new(Vec::new()),
             dead_check: Mutex::new(None),
             snapshotting: Mutex::new(()),
         }
@@ -341,12 +344,22 @@ impl Session {
         if self.stop_cause().is_some() {
             control.request_stop(StopReason::Requested);
         }
-        // Every thread gets the process's seccomp filter before the guest may run.
-        if let Err(e) = crate::seccomp::lock_down() {
-            control.request_stop(StopReason::VcpuFailed {
+        // Every thread gets the process's seccomp filter before the guest may run, and the
+        // threads with a filter of their own that are not the guest's to start stack it.
+        match crate::seccomp::lock_down() {
+            Ok(()) => {
+                let hooks = std::mem::take(
+                    &mut *self
+                        .on_locked_down
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()),
+                );
+                hooks.into_iter().for_each(|hook| hook());
+            }
+            Err(e) => control.request_stop(StopReason::VcpuFailed {
                 vcpu: 0,
                 message: e,
-            });
+            }),
         }
         let mut phase = self.lock_phase();
         if !paused {
@@ -360,6 +373,15 @@ impl Session {
         for hook in hooks {
             hook();
         }
+    }
+
+    /// Calls `hook` once the process is locked down, before the guest may run (see
+    /// [`Self::start_guest`]).
+    pub fn on_locked_down(&self, hook: Box<dyn FnOnce() + Send>) {
+        self.on_locked_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
     }
 
     /// Calls `hook` once the guest has started (see [`Self::start_guest`]).

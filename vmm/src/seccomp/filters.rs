@@ -113,6 +113,16 @@ const API: &[i64] = &[
     libc::SYS_uname,
 ];
 
+/// What the event loop does besides: the devices' host sides (vsock's connections to and from
+/// Unix sockets, a pmem flush), nothing that names a file.
+const DEVICES: &[i64] = &[
+    libc::SYS_accept4,
+    libc::SYS_connect,
+    libc::SYS_getsockopt,
+    libc::SYS_setsockopt,
+    libc::SYS_msync,
+];
+
 /// What only the rest of the process does: set the VM up, open, map and create (zones, pools,
 /// userfaultfd, timers, devices' host sides: taps, vsock's Unix sockets).
 const VMM_ONLY: &[i64] = &[
@@ -187,6 +197,21 @@ fn vcpu_ioctls() -> [libc::c_ulong; 17] {
     ]
 }
 
+/// The ioctls of the event loop: a chunk the balloon or an unplug gave back registered with
+/// userfaultfd again (guest-mem's handler requests), a socket made non-blocking, what logging
+/// asks of a terminal.
+fn devices_ioctls() -> [libc::c_ulong; 6] {
+    let [register, wake, zeropage] = guest_mem::fault_handler_ioctls();
+    [
+        register,
+        wake,
+        zeropage,
+        libc::FIONBIO,
+        libc::TCGETS,
+        libc::TIOCGWINSZ,
+    ]
+}
+
 /// The calls whose arguments are checked: `clone` only for a thread and `prctl` only to name
 /// one, read its name (the SIGSYS handler) or give up privileges (before a filter is stacked),
 /// for every kind; `socket` only in the Unix domain (the process); `ioctl` only with the
@@ -213,13 +238,14 @@ fn checked_rules(
     .map(|option| SeccompRule::new(vec![condition(0, SeccompCmpOp::Eq, option as u64)?]))
     .collect::<Result<_, _>>()?;
     rules.insert(libc::SYS_prctl, prctl);
-    if kind == ThreadKind::Vmm {
+    if matches!(kind, ThreadKind::Vmm | ThreadKind::Devices) {
         let unix = condition(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
         rules.insert(libc::SYS_socket, vec![SeccompRule::new(vec![unix])?]);
     }
     let ioctls: &[libc::c_ulong] = match kind {
         ThreadKind::Vcpu => &vcpu_ioctls(),
         ThreadKind::Fault => &guest_mem::fault_handler_ioctls(),
+        ThreadKind::Devices => &devices_ioctls(),
         ThreadKind::Vmm | ThreadKind::Api => &[],
     };
     if !ioctls.is_empty() {
@@ -239,6 +265,7 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, BackendError> {
         ThreadKind::Api => &[COMMON, ANONYMOUS, API],
         ThreadKind::Vcpu => &[COMMON, ANONYMOUS],
         ThreadKind::Fault => &[COMMON],
+        ThreadKind::Devices => &[COMMON, ANONYMOUS, DEVICES],
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = lists
         .iter()
@@ -280,6 +307,7 @@ mod tests {
             ThreadKind::Vcpu,
             ThreadKind::Api,
             ThreadKind::Fault,
+            ThreadKind::Devices,
         ] {
             assert!(!program(kind).unwrap().is_empty(), "{kind:?}");
         }
@@ -380,6 +408,53 @@ mod tests {
     }
 
     #[test]
+    fn the_event_loop_reaches_unix_sockets_and_userfaultfd_and_names_no_file() {
+        let sigsys = Some(libc::SIGSYS);
+        let ioctl = |request: libc::c_ulong| {
+            // SAFETY: an ioctl on no file descriptor: EBADF if the filter lets it through.
+            unsafe { libc::ioctl(-1, request, 0) };
+        };
+        for request in devices_ioctls() {
+            assert_eq!(killed_by(ThreadKind::Devices, move || ioctl(request)), None);
+        }
+        // KVM_RUN, KVM_SET_USER_MEMORY_REGION, KVM_CREATE_VCPU, TUNSETIFF.
+        for request in [0xae80, 0x4020_ae46, 0xae41, 0x4004_54ca] {
+            assert_eq!(
+                killed_by(ThreadKind::Devices, move || ioctl(request)),
+                sigsys
+            );
+        }
+        assert_eq!(
+            killed_by(ThreadKind::Devices, || socket_of(libc::AF_UNIX)),
+            None
+        );
+        assert_eq!(
+            killed_by(ThreadKind::Devices, || socket_of(libc::AF_INET)),
+            sigsys
+        );
+        let open = || {
+            // SAFETY: NUL-terminated path; the file, if opened, is closed by `_exit`.
+            unsafe { libc::open(c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
+        };
+        assert_eq!(killed_by(ThreadKind::Devices, open), sigsys);
+        let unlink = || {
+            // SAFETY: NUL-terminated path of a file that does not exist.
+            unsafe { libc::unlink(c"/nonexistent/llfree-vmm".as_ptr()) };
+        };
+        assert_eq!(killed_by(ThreadKind::Devices, unlink), sigsys);
+        // SAFETY: a memory file, closed by `_exit`.
+        let memfd = || unsafe {
+            libc::memfd_create(c"x".as_ptr(), 0);
+        };
+        assert_eq!(killed_by(ThreadKind::Devices, memfd), sigsys);
+        // SAFETY: an eventfd, closed by `_exit`.
+        let eventfd = || unsafe {
+            libc::eventfd(0, 0);
+        };
+        assert_eq!(killed_by(ThreadKind::Devices, eventfd), None);
+    }
+
+    #[test]
     fn the_vcpu_ioctls_are_the_kernel_s_numbers() {
         let ioctls = vcpu_ioctls();
         // KVM_RUN, KVM_GET_REGS, KVM_GET_SREGS, KVM_GET_MSRS, TUNSETOFFLOAD, TUNSETVNETHDRSZ
@@ -403,5 +478,7 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), count);
+        // The event loop's own calls are the process's: its filter only narrows.
+        assert!(DEVICES.iter().all(|call| all.contains(call)));
     }
 }

@@ -9,14 +9,16 @@
 //! enter(kind)      each vCPU before its first KVM_RUN (`vcpu`), the API server before it
 //!                  answers its next request (`api`, inherited by the request threads), a
 //!                  guest memory's fault handler thread when it next wakes (`fault`, through
-//!                  [`confine_fault_handler`]): a narrower filter stacked on the process filter
+//!                  [`confine_fault_handler`]), the event loop that runs the devices before
+//!                  it handles its next event (`devices`): a narrower filter stacked on the
+//!                  process filter
 //! ```
 //!
 //! A denied call traps (SIGSYS): the VMM writes which thread made which call to stderr, counts
 //! it (`seccomp.num_faults`) and exits at once with status [`BAD_SYSCALL_EXIT_STATUS`], as
 //! Firecracker does. `--no-seccomp` turns the filters off; `--seccomp-filter FILE` replaces
 //! them with filters in seccompiler's JSON format (Firecracker's, keys `vmm`, `vcpu`, `api`;
-//! and `fault`).
+//! and `fault`, `devices`).
 //!
 //! The policy is off until the front end sets it ([`set_policy`]): library users and unit
 //! tests run without filters.
@@ -82,6 +84,8 @@ pub enum ThreadKind {
     Api,
     /// A guest memory's fault handler thread (populating chunks through userfaultfd).
     Fault,
+    /// The event loop: the devices' queues and host sides, console input, stop signals.
+    Devices,
 }
 
 impl ThreadKind {
@@ -92,6 +96,7 @@ impl ThreadKind {
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::Api => "api",
             ThreadKind::Fault => "fault",
+            ThreadKind::Devices => "devices",
         }
     }
 }
@@ -115,6 +120,7 @@ struct Filters {
     vcpu: Option<BpfProgram>,
     api: Option<BpfProgram>,
     fault: Option<BpfProgram>,
+    devices: Option<BpfProgram>,
 }
 
 static FILTERS: OnceLock<Option<Filters>> = OnceLock::new();
@@ -135,6 +141,7 @@ pub fn set_policy(policy: &Policy) -> Result<(), SeccompError> {
             vcpu: Some(built_in(ThreadKind::Vcpu)?),
             api: Some(built_in(ThreadKind::Api)?),
             fault: Some(built_in(ThreadKind::Fault)?),
+            devices: Some(built_in(ThreadKind::Devices)?),
         }),
         Policy::File(path) => Some(read_file(path)?),
     };
@@ -201,10 +208,11 @@ fn read_file(path: &Path) -> Result<Filters, SeccompError> {
     let mut map: HashMap<String, BpfProgram> =
         seccompiler::compile_from_json(file, TargetArch::x86_64)
             .map_err(|e| error(e.to_string()))?;
-    let known = ["vmm", "vcpu", "api", "fault"];
+    let known = ["vmm", "vcpu", "api", "fault", "devices"];
     if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(error(format!(
-            "unknown thread kind \"{unknown}\" (known: vmm, vcpu, api, fault)"
+            "unknown thread kind \"{unknown}\" (known: {})",
+            known.join(", ")
         )));
     }
     // An empty program (a kind without rules) installs nothing.
@@ -214,6 +222,7 @@ fn read_file(path: &Path) -> Result<Filters, SeccompError> {
         vcpu: take("vcpu"),
         api: take("api"),
         fault: take("fault"),
+        devices: take("devices"),
     })
 }
 
@@ -288,6 +297,7 @@ pub fn enter(kind: ThreadKind) -> Result<(), SeccompError> {
         ThreadKind::Vcpu => f.vcpu.as_ref(),
         ThreadKind::Api => f.api.as_ref(),
         ThreadKind::Fault => f.fault.as_ref(),
+        ThreadKind::Devices => f.devices.as_ref(),
     });
     match program {
         Some(program) => {

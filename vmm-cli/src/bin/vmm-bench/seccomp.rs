@@ -1,9 +1,10 @@
 //! `vmm-bench seccomp`: what the built-in seccomp filters add to one system call, on a thread
-//! without filters, then with the process's filter (every thread: the event loop), then with a
-//! vCPU's stacked on it; and on another thread the same with a fault handler's instead of a
-//! vCPU's. Calls that fail at once (a bad file descriptor) leave the filter's part: `read`
-//! (near the start of the lists), `fallocate` (near their end) and `ioctl` (a vCPU's every
-//! KVM_RUN; a fault handler's UFFDIO_WAKE after each fault).
+//! without filters, then with the process's filter (every thread), then with a vCPU's stacked
+//! on it; and on other threads the same with a fault handler's and the event loop's instead
+//! of a vCPU's. Calls that fail at once (a bad file descriptor) leave the filter's part: `read`
+//! (near the start of the lists; the event loop's read of a queue's notification), `fallocate`
+//! (near their end) and `ioctl` (a vCPU's every KVM_RUN; a fault handler's UFFDIO_WAKE after
+//! each fault; the event loop's UFFDIO_REGISTER of a chunk the balloon gave back).
 
 use std::time::{Duration, Instant};
 
@@ -50,13 +51,14 @@ fn ioctl_bad_fd(request: libc::c_ulong) -> libc::c_long {
 const KVM_RUN: libc::c_ulong = 0xAE80;
 
 /// Measures `--runs` rounds on a thread of its own (the filters stay on that thread) per
-/// stacked kind: a vCPU's, then a fault handler's.
+/// stacked kind: a vCPU's, a fault handler's, then the event loop's.
 pub fn seccomp(args: &Args) -> Result<(), String> {
     println!("seccomp: ns per failing call ({CALLS} calls), without filters / with the process's / with the thread kind's too:");
-    let wake = guest_mem::fault_handler_ioctls()[1];
+    let [register, wake, _] = guest_mem::fault_handler_ioctls();
     for (kind, ioctl, request) in [
         (ThreadKind::Vcpu, "KVM_RUN", KVM_RUN),
         (ThreadKind::Fault, "UFFDIO_WAKE", wake),
+        (ThreadKind::Devices, "UFFDIO_REGISTER", register),
     ] {
         println!("  {}:", kind.name());
         let runs = args.runs;
@@ -72,7 +74,7 @@ pub fn seccomp(args: &Args) -> Result<(), String> {
             };
             let [none, process, own] = [median(&row[0]), median(&row[1]), median(&row[2])];
             println!(
-                "    {name:<11} {none:6.1} / {process:6.1} (+{:.1}) / {own:6.1} (+{:.1})",
+                "    {name:<15} {none:6.1} / {process:6.1} (+{:.1}) / {own:6.1} (+{:.1})",
                 process - none,
                 own - none
             );
