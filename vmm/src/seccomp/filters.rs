@@ -343,6 +343,29 @@ mod tests {
         None
     }
 
+    fn ioctl_bad_fd(request: libc::c_ulong) {
+        // SAFETY: an ioctl on no file descriptor: EBADF if the filter lets it through.
+        unsafe { libc::ioctl(-1, request, 0) };
+    }
+
+    fn open_a_file() {
+        // SAFETY: NUL-terminated path; the file, if opened, is closed by `_exit`.
+        unsafe { libc::open(c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
+    }
+
+    fn eventfd() {
+        // SAFETY: an eventfd, closed by `_exit`.
+        unsafe { libc::eventfd(0, 0) };
+    }
+
+    /// KVM_RUN, KVM_SET_USER_MEMORY_REGION, KVM_CREATE_VCPU.
+    const KVM_IOCTLS: [libc::c_ulong; 3] = [0xae80, 0x4020_ae46, 0xae41];
+
+    /// How a child that makes a socket of `domain` under `kind`'s filter ends.
+    fn socket_killed(kind: ThreadKind, domain: i32) -> Option<i32> {
+        killed_by(kind, move || socket_of(domain))
+    }
+
     fn socket_of(domain: i32) {
         // SAFETY: plain system call; the socket is closed by `_exit`.
         unsafe { libc::socket(domain, libc::SOCK_STREAM, 0) };
@@ -351,22 +374,10 @@ mod tests {
     #[test]
     fn the_process_filter_stops_network_sockets_and_exec_and_lets_unix_sockets_be() {
         let sigsys = Some(libc::SIGSYS);
-        assert_eq!(
-            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_INET)),
-            sigsys
-        );
-        assert_eq!(
-            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_INET6)),
-            sigsys
-        );
-        assert_eq!(
-            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_NETLINK)),
-            sigsys
-        );
-        assert_eq!(
-            killed_by(ThreadKind::Vmm, || socket_of(libc::AF_UNIX)),
-            None
-        );
+        assert_eq!(socket_killed(ThreadKind::Vmm, libc::AF_INET), sigsys);
+        assert_eq!(socket_killed(ThreadKind::Vmm, libc::AF_INET6), sigsys);
+        assert_eq!(socket_killed(ThreadKind::Vmm, libc::AF_NETLINK), sigsys);
+        assert_eq!(socket_killed(ThreadKind::Vmm, libc::AF_UNIX), None);
         let exec = || {
             let path = c"/bin/true";
             let argv = [path.as_ptr(), std::ptr::null()];
@@ -380,77 +391,44 @@ mod tests {
     #[test]
     fn a_fault_handler_makes_userfaultfd_s_ioctls_and_opens_and_runs_nothing() {
         let sigsys = Some(libc::SIGSYS);
-        let ioctl = |request: libc::c_ulong| {
-            // SAFETY: an ioctl on no file descriptor: EBADF if the filter lets it through.
-            unsafe { libc::ioctl(-1, request, 0) };
-        };
         for request in guest_mem::fault_handler_ioctls() {
-            assert_eq!(killed_by(ThreadKind::Fault, move || ioctl(request)), None);
+            let ioctl = move || ioctl_bad_fd(request);
+            assert_eq!(killed_by(ThreadKind::Fault, ioctl), None);
         }
-        // KVM_RUN, KVM_SET_USER_MEMORY_REGION, KVM_CREATE_VCPU.
-        for request in [0xae80, 0x4020_ae46, 0xae41] {
-            assert_eq!(killed_by(ThreadKind::Fault, move || ioctl(request)), sigsys);
+        for request in KVM_IOCTLS {
+            let ioctl = move || ioctl_bad_fd(request);
+            assert_eq!(killed_by(ThreadKind::Fault, ioctl), sigsys);
         }
-        let open = || {
-            // SAFETY: NUL-terminated path; the file, if opened, is closed by `_exit`.
-            unsafe { libc::open(c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
-        };
-        assert_eq!(killed_by(ThreadKind::Fault, open), sigsys);
-        assert_eq!(
-            killed_by(ThreadKind::Fault, || socket_of(libc::AF_UNIX)),
-            sigsys
-        );
-        // SAFETY: an eventfd, closed by `_exit`.
-        let eventfd = || unsafe {
-            libc::eventfd(0, 0);
-        };
+        assert_eq!(killed_by(ThreadKind::Fault, open_a_file), sigsys);
+        assert_eq!(socket_killed(ThreadKind::Fault, libc::AF_UNIX), sigsys);
         assert_eq!(killed_by(ThreadKind::Fault, eventfd), sigsys);
     }
 
     #[test]
     fn the_event_loop_reaches_unix_sockets_and_userfaultfd_and_names_no_file() {
         let sigsys = Some(libc::SIGSYS);
-        let ioctl = |request: libc::c_ulong| {
-            // SAFETY: an ioctl on no file descriptor: EBADF if the filter lets it through.
-            unsafe { libc::ioctl(-1, request, 0) };
-        };
         for request in devices_ioctls() {
-            assert_eq!(killed_by(ThreadKind::Devices, move || ioctl(request)), None);
+            let ioctl = move || ioctl_bad_fd(request);
+            assert_eq!(killed_by(ThreadKind::Devices, ioctl), None);
         }
-        // KVM_RUN, KVM_SET_USER_MEMORY_REGION, KVM_CREATE_VCPU, TUNSETIFF.
-        for request in [0xae80, 0x4020_ae46, 0xae41, 0x4004_54ca] {
-            assert_eq!(
-                killed_by(ThreadKind::Devices, move || ioctl(request)),
-                sigsys
-            );
+        // TUNSETIFF (a tap is set up before the guest runs) and the VM's.
+        for request in KVM_IOCTLS.into_iter().chain([0x4004_54ca]) {
+            let ioctl = move || ioctl_bad_fd(request);
+            assert_eq!(killed_by(ThreadKind::Devices, ioctl), sigsys);
         }
-        assert_eq!(
-            killed_by(ThreadKind::Devices, || socket_of(libc::AF_UNIX)),
-            None
-        );
-        assert_eq!(
-            killed_by(ThreadKind::Devices, || socket_of(libc::AF_INET)),
-            sigsys
-        );
-        let open = || {
-            // SAFETY: NUL-terminated path; the file, if opened, is closed by `_exit`.
-            unsafe { libc::open(c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
-        };
-        assert_eq!(killed_by(ThreadKind::Devices, open), sigsys);
+        assert_eq!(socket_killed(ThreadKind::Devices, libc::AF_UNIX), None);
+        assert_eq!(socket_killed(ThreadKind::Devices, libc::AF_INET), sigsys);
+        assert_eq!(killed_by(ThreadKind::Devices, open_a_file), sigsys);
         let unlink = || {
             // SAFETY: NUL-terminated path of a file that does not exist.
             unsafe { libc::unlink(c"/nonexistent/llfree-vmm".as_ptr()) };
         };
         assert_eq!(killed_by(ThreadKind::Devices, unlink), sigsys);
-        // SAFETY: a memory file, closed by `_exit`.
-        let memfd = || unsafe {
-            libc::memfd_create(c"x".as_ptr(), 0);
+        let memfd = || {
+            // SAFETY: a memory file, closed by `_exit`.
+            unsafe { libc::memfd_create(c"x".as_ptr(), 0) };
         };
         assert_eq!(killed_by(ThreadKind::Devices, memfd), sigsys);
-        // SAFETY: an eventfd, closed by `_exit`.
-        let eventfd = || unsafe {
-            libc::eventfd(0, 0);
-        };
         assert_eq!(killed_by(ThreadKind::Devices, eventfd), None);
     }
 
