@@ -109,10 +109,7 @@ impl GuestRegion {
     /// chunks unplugged behind a new inaccessible reservation (a failed MAP_FIXED may have
     /// removed the old one).
     fn abandon_plug(&self, run: FrameRun, core: usize) {
-        for (chunk, frame) in run.frames() {
-            self.table.unpersist(chunk);
-            let _ = self.shared.pool.free(core, frame);
-        }
+        self.free_fresh_frames(run, core);
         let _ = self.make_inaccessible(run.chunks());
         run.chunks()
             .for_each(|chunk| self.table.publish_unplugged(chunk));

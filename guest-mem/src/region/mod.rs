@@ -413,6 +413,15 @@ impl GuestRegion {
         Ok(())
     }
 
+    /// Frees the frames of claimed `run`, fresh ones that never held data, with `core`, and
+    /// removes them from the zone's record of the VM; its chunks stay claimed.
+    fn free_fresh_frames(&self, run: FrameRun, core: usize) {
+        for (chunk, frame) in run.frames() {
+            self.table.unpersist(chunk);
+            let _ = self.shared.pool.free(core, frame);
+        }
+    }
+
     /// Puts a fresh placeholder registered with userfaultfd over claimed `chunk`.
     ///
     /// The placeholder can only be registered once it is mapped, and a vCPU or VMM thread that

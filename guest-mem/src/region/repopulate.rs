@@ -108,9 +108,8 @@ impl Drop for Repopulation<'_> {
 /// publishes its chunks unpopulated behind fresh placeholders (a failed MAP_FIXED may have
 /// removed the old ones).
 fn give_back(region: &GuestRegion, run: FrameRun, core: usize) {
-    for (chunk, frame) in run.frames() {
-        region.table.unpersist(chunk);
-        let _ = region.shared.pool.free(core, frame);
+    region.free_fresh_frames(run, core);
+    for chunk in run.chunks() {
         let restored = region.restore_placeholder(chunk);
         debug_assert!(
             restored.is_ok(),

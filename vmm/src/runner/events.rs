@@ -3,7 +3,8 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -120,60 +121,42 @@ impl MutEventSubscriber for LegacyInterruptWatch {
 /// How long the guest's start waits for the event loop to stack its seccomp filter.
 const CONFINE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The event loop's own seccomp filter (`devices`), stacked on its thread once the process is
-/// locked down and before the guest may run: the start wakes the loop and waits for it.
-struct Confinement {
-    event: EventFd,
-    entered: Mutex<bool>,
-    changed: Condvar,
-}
-
-impl Confinement {
-    /// On the loop's thread: stacks the filter (nothing without one) and says so.
-    fn enter(&self) {
-        if let Err(e) = crate::seccomp::enter(ThreadKind::Devices) {
-            log::error!("event loop: {e}");
-        }
-        *self.entered.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.changed.notify_all();
-    }
-
-    /// Wakes the loop to [`Self::enter`] and waits until it has, at most [`CONFINE_TIMEOUT`].
-    fn request_and_wait(&self) {
-        if let Err(e) = self.event.write(1) {
-            log::error!("cannot wake the event loop to stack its seccomp filter: {e}");
-            return;
-        }
-        let entered = self.entered.lock().unwrap_or_else(|e| e.into_inner());
-        let (entered, wait) = self
-            .changed
-            .wait_timeout_while(entered, CONFINE_TIMEOUT, |entered| !*entered)
-            .unwrap_or_else(|e| e.into_inner());
-        drop(entered);
-        if wait.timed_out() {
-            log::warn!(
-                "the event loop did not stack its seccomp filter within {CONFINE_TIMEOUT:?}: \
-                 it runs under the process filter"
-            );
-        }
-    }
-}
-
-/// Stacks the event loop's filter when [`Confinement::request_and_wait`] asks.
+/// Stacks the event loop's own seccomp filter (`devices`) on its thread when the guest's start
+/// asks, once the process is locked down and before the guest may run (see
+/// [`request_confinement`]), and says when it has.
 struct ConfineSubscriber {
-    confinement: Arc<Confinement>,
+    request: Arc<EventFd>,
+    entered: SyncSender<()>,
 }
 
 impl MutEventSubscriber for ConfineSubscriber {
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new(&self.confinement.event, EventSet::IN)) {
+        if let Err(e) = ops.add(Events::new(self.request.as_ref(), EventSet::IN)) {
             log::error!("cannot watch the event loop's seccomp request: {e}");
         }
     }
 
     fn process(&mut self, _events: Events, _ops: &mut EventOps) {
-        let _ = self.confinement.event.read();
-        self.confinement.enter();
+        let _ = self.request.read();
+        if let Err(e) = crate::seccomp::enter(ThreadKind::Devices) {
+            log::error!("event loop: {e}");
+        }
+        let _ = self.entered.try_send(());
+    }
+}
+
+/// Wakes the event loop through `request` to stack its filter and waits until it has, at most
+/// [`CONFINE_TIMEOUT`].
+fn request_confinement(request: &EventFd, entered: &Receiver<()>) {
+    if let Err(e) = request.write(1) {
+        log::error!("cannot wake the event loop to stack its seccomp filter: {e}");
+        return;
+    }
+    if entered.recv_timeout(CONFINE_TIMEOUT).is_err() {
+        log::warn!(
+            "the event loop did not stack its seccomp filter within {CONFINE_TIMEOUT:?}: it \
+             runs under the process filter"
+        );
     }
 }
 
@@ -226,15 +209,13 @@ impl EventLoop {
             serial_seen: u64::MAX,
             keyboard_seen: u64::MAX,
         }));
-        let confinement = Arc::new(Confinement {
-            event: EventFd::new(EFD_NONBLOCK)?,
-            entered: Mutex::new(false),
-            changed: Condvar::new(),
-        });
+        let request = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let (entered, confined) = std::sync::mpsc::sync_channel(1);
         manager.add_subscriber(Box::new(ConfineSubscriber {
-            confinement: confinement.clone(),
+            request: request.clone(),
+            entered,
         }));
-        session.on_locked_down(Box::new(move || confinement.request_and_wait()));
+        session.on_locked_down(Box::new(move || request_confinement(&request, &confined)));
         if session.config().wait_for_memory {
             manager.add_subscriber(Box::new(MemoryWaitSubscriber {
                 timer: TimerFd::new()?,

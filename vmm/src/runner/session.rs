@@ -72,6 +72,22 @@ fn summary_due(last: Option<Instant>, now: Instant, waits: bool) -> (Option<Inst
     }
 }
 
+/// Calls to make once, in the order they were added, when a moment of the run comes.
+#[derive(Default)]
+struct Hooks(Mutex<Vec<Box<dyn FnOnce() + Send>>>);
+
+impl Hooks {
+    fn add(&self, hook: Box<dyn FnOnce() + Send>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
+    }
+
+    /// Makes the calls added so far (outside the lock: a call may add another).
+    fn run(&self) {
+        let hooks = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        hooks.into_iter().for_each(|hook| hook());
+    }
+}
+
 /// One VM run's shared state.
 pub(super) struct Session {
     config: VmConfig,
@@ -120,10 +136,10 @@ pub(super) struct Session {
     /// Since when each vCPU (then the other threads) has waited for memory, as
     /// [`Self::watch_memory_waits`] saw it: the time paused is not counted.
     waiting_since: Mutex<Vec<Option<Instant>>>,
-    /// Called once the guest has started, in order.
-    on_start: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// Called once the guest has started.
+    on_start: Hooks,
     /// Called once every thread has the process's seccomp filter, before the guest may run.
-    on_locked_down: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    on_locked_down: Hooks,
     /// When this run last looked for dead VMMs in its zone.
     dead_check: Mutex<Option<std::time::Instant>>,
     /// Held while a snapshot is taken: the VM must stay paused from its vCPUs' state to its
@@ -169,8 +185,8 @@ impl Session {
             waiting_since: Mutex::new(Vec::new()),
             wait_summary: Mutex::new(None),
             reclaim: Mutex::new(None),
-            on_start: Mutex::new(Vec::new()),
-            on_locked_down: Mutex::new(Vec::new()),
+            on_start: Hooks::default(),
+            on_locked_down: Hooks::default(),
             dead_check: Mutex::new(None),
             snapshotting: Mutex::new(()),
         }
@@ -347,15 +363,7 @@ impl Session {
         // Every thread gets the process's seccomp filter before the guest may run, and the
         // threads with a filter of their own that are not the guest's to start stack it.
         match crate::seccomp::lock_down() {
-            Ok(()) => {
-                let hooks = std::mem::take(
-                    &mut *self
-                        .on_locked_down
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()),
-                );
-                hooks.into_iter().for_each(|hook| hook());
-            }
+            Ok(()) => self.on_locked_down.run(),
             Err(e) => control.request_stop(StopReason::VcpuFailed {
                 vcpu: 0,
                 message: e,
@@ -369,27 +377,18 @@ impl Session {
         *phase = Phase::Started;
         self.phase_changed.notify_all();
         drop(phase);
-        let hooks = std::mem::take(&mut *self.on_start.lock().unwrap_or_else(|e| e.into_inner()));
-        for hook in hooks {
-            hook();
-        }
+        self.on_start.run();
     }
 
     /// Calls `hook` once the process is locked down, before the guest may run (see
     /// [`Self::start_guest`]).
     pub fn on_locked_down(&self, hook: Box<dyn FnOnce() + Send>) {
-        self.on_locked_down
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(hook);
+        self.on_locked_down.add(hook);
     }
 
     /// Calls `hook` once the guest has started (see [`Self::start_guest`]).
     pub fn on_start(&self, hook: Box<dyn FnOnce() + Send>) {
-        self.on_start
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(hook);
+        self.on_start.add(hook);
     }
 
     /// Called when the guest has ended (or never started): the control API answers with that.
