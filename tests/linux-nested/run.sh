@@ -200,7 +200,8 @@ build_sdk_program() {
 build_tests() {
     local args=()
     for test in "${TESTS[@]}"; do args+=(--test "$test"); done
-    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p e2e-tests -p guest-mem --bins >&2)
+    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p vmm-jailer -p e2e-tests -p guest-mem \
+        --bins >&2)
     (cd "$ROOT" && cargo test --release -q -p e2e-tests "${args[@]}" --no-run \
         --message-format=json 2>/dev/null) |
         sed -n 's/.*"executable":"\([^"]*\/deps\/[^"]*\)".*/\1/p'
@@ -219,8 +220,9 @@ copy_libraries() {
     done
 }
 
-# The L1 initramfs: busybox, l1-init, the KVM modules, the test binaries and the vmm they
-# spawn (/bin/vmm, LLFREE_VMM_BIN), the L2 kernel and initramfs.
+# The L1 initramfs: busybox, l1-init, the KVM modules, the test binaries and the vmm and
+# vmm-jailer they spawn (/bin/vmm, LLFREE_VMM_BIN; /bin/vmm-jailer, LLFREE_VMM_JAILER_BIN),
+# the L2 kernel and initramfs.
 l1_initramfs() {
     local l1=$1 kernel=$2 root=$WORK/l1-root binary modules release
     shift 2
@@ -248,9 +250,18 @@ l1_initramfs() {
     for binary in "$@"; do
         cp "$binary" "$root/tests/"
         copy_libraries "$binary" "$root"
+        # A rerun: only the tests of the binary that failed (l1-init runs them by exact name).
+        if [ -f "$WORK/rerun-tests" ]; then
+            sed -n "s/^$(basename "$binary") //p" "$WORK/rerun-tests" \
+                >"$root/tests/$(basename "$binary").only"
+            [ -s "$root/tests/$(basename "$binary").only" ] ||
+                rm "$root/tests/$(basename "$binary").only"
+        fi
     done
     cp "$ROOT/target/release/vmm" "$root/bin/vmm"
     copy_libraries "$ROOT/target/release/vmm" "$root"
+    cp "$ROOT/target/release/vmm-jailer" "$root/bin/vmm-jailer"
+    copy_libraries "$ROOT/target/release/vmm-jailer" "$root"
     cp "$WORK/firecracker-sdk" "$root/bin/firecracker-sdk"
     cp "$kernel" "$root/l2/bzImage"
     cp "$WORK/l2-initrd.gz" "$root/l2/initrd.gz"
@@ -339,6 +350,16 @@ unfinished() {
 }
 
 # The binaries of $2... whose names the list $1 ("NAME NAME...", l1-init's failures) gives.
+# The tests that failed in L1's console (file $1), a line "BINARY TEST" each: the names listed
+# under a test binary's last "failures:" before its result line.
+failed_tests() {
+    sed 's/\r$//' "$1" | awk '
+        /^L1: round [0-9]+: running / { binary = $5; listing = 0 }
+        /^failures:$/ { listing = 1; next }
+        /^test result:/ { listing = 0 }
+        listing && /^    [A-Za-z0-9_:]+$/ { print binary, $1 }'
+}
+
 failed_binaries() {
     local failed=" $1 " binary
     shift
@@ -373,14 +394,15 @@ watch_console() {
 # for the binary that ran and those after it, at most L1_RESTARTS times, in one round only.
 # A CPU of L1 looping for minutes can also stall a guest until its test gives up while L1
 # lives on (seen: a VMM whose guest made no progress for 200 s, then L1 panicked in its
-# vCPU's KVM_RUN): binaries that failed run once more on a freshly booted L1, in one round
-# only, and the log names them. Fails if a binary failed twice, or L1 died once more than
-# allowed.
+# vCPU's KVM_RUN): tests that failed run once more on a freshly booted L1 (only they, of
+# their binaries), in one round only, and the log names them. Fails if a test failed twice,
+# or L1 died once more than allowed.
 run_nested() {
     local l1=$1 kernel=$2 output=$3 console=$WORK/l1-console.log boots=0 status=0 rerun=0
     shift 3
     local remaining=("$@")
     : >"$output"
+    rm -f "$WORK/rerun-tests"
     while :; do
         boots=$((boots + 1))
         l1_initramfs "$l1" "$kernel" "${remaining[@]}"
@@ -403,8 +425,10 @@ run_nested() {
                 return 1
             fi
             rerun=1
-            log "failed in L1:$failed; running them once more on a freshly booted L1" \
-                "(QEMU's emulation of SVM stalls L1 now and then; a second failure fails)"
+            failed_tests "$console" >"$WORK/rerun-tests"
+            log "failed in L1: $(cut -d' ' -f2 "$WORK/rerun-tests" | tr '\n' ' ')(of$failed);" \
+                "running them once more on a freshly booted L1 (QEMU's emulation of SVM" \
+                "stalls L1 now and then; a second failure fails)"
             continue
         fi
         # What finished before L1 died counts as it ran.

@@ -47,10 +47,14 @@ pub fn vmm_binary() -> &'static str {
     })
 }
 
-/// The `vmm-jailer` binary cargo built beside the test binaries (`cargo test --workspace`
-/// builds it: vmm-jailer has integration tests). Panics, saying how to build it, if it is
-/// missing or older than a source file of its crate.
+/// The `vmm-jailer` binary: `LLFREE_VMM_JAILER_BIN` if set (the nested run's L1), else the
+/// one cargo built beside the test binaries (`cargo test --workspace` builds it: vmm-jailer
+/// has integration tests). Panics, saying how to build it, if it is missing or older than a
+/// source file of its crate.
 pub fn jailer_binary() -> String {
+    if let Some(path) = std::env::var_os("LLFREE_VMM_JAILER_BIN") {
+        return path.to_string_lossy().into_owned();
+    }
     let test = std::env::current_exe().expect("the test binary's path");
     let deps = test.parent().expect("the test binary's directory");
     let binary = deps.parent().unwrap_or(deps).join("vmm-jailer");

@@ -5,7 +5,8 @@
 //! synced before the kill is intact. (See linux_common for the guest and where this runs.)
 //!
 //! The same with the zone right on a device DAX (`/dev/daxX.Y`: QEMU's second emulated NVDIMM
-//! in the nested run's L1, or `LLFREE_VMM_DEVDAX` on a host that has one).
+//! in the nested run's L1, or `LLFREE_VMM_DEVDAX` on a host that has one), and a zone there
+//! backing a VM jailed by `vmm-jailer`.
 //!
 //! And a zone on a DAX file system (ext4 `-o dax` on QEMU's emulated NVDIMM in the nested run's
 //! L1, or `LLFREE_VMM_DAX_DIR` on a host that has one): mapped with MAP_SYNC, it keeps a test
@@ -19,9 +20,17 @@ mod vmm_common;
 
 use std::time::Duration;
 
-use e2e_tests::kvm_available;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+
+use e2e_tests::{jail_can_run, jailer_binary, kvm_available};
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, get, Scratch, VmmRun};
+use vmm_common::{client, get, vmm_binary, Scratch, VmmRun};
 
 /// Files the guest syncs before the kill, at least.
 const SYNCED_BEFORE_KILL: u64 = 5;
@@ -45,30 +54,146 @@ fn a_dax_file_system_on_pmem_survives_a_vmm_kill() {
 #[test]
 fn a_dax_file_system_on_pmem_in_a_zone_on_device_dax_survives_a_vmm_kill() {
     let name = "a_dax_file_system_on_pmem_in_a_zone_on_device_dax_survives_a_vmm_kill";
-    let Some(device) = std::env::var_os("LLFREE_VMM_DEVDAX") else {
-        eprintln!(
-            "SKIP: {name}: no device DAX (LLFREE_VMM_DEVDAX); tests/linux-nested/run.sh makes \
-             one of QEMU's second emulated NVDIMM"
-        );
+    let Some(device) = device_dax(name) else {
         return;
     };
     let Some(guest) = LinuxGuest::find(name) else {
         return;
     };
-    let device = device.to_str().expect("UTF-8 path").to_owned();
-    let created = client(&["zone", "create", &device, "--size", "512M"]);
-    if created.stderr.contains("already holds a zone") {
-        // An earlier round's (LLFREE_NESTED_ROUNDS): its VM goes, the zone stays.
-        let _ = client(&["zone", "delete-vm", &device, "linux"]);
-    } else {
-        assert_eq!(created.code, Some(0), "{created:#?}");
-    }
+    let _turn = DEVICE_DAX_TURN.lock().unwrap_or_else(|e| e.into_inner());
+    zone_on_device_dax(&device, "linux");
     let scratch = Scratch::new("linux-devdax");
     pmem_survives_a_kill(&guest, &device, &scratch);
     let deleted = client(&["zone", "delete-vm", &device, "linux"]);
     assert_eq!(deleted.code, Some(0), "{deleted:#?}");
     let info = inspect(&device);
     assert_eq!(info["free_frames"], info["frames"], "{info:#}");
+}
+
+/// The device DAX is one zone: its tests take turns.
+static DEVICE_DAX_TURN: Mutex<()> = Mutex::new(());
+
+/// The device DAX to test on (`LLFREE_VMM_DEVDAX`), or None after a SKIP line.
+fn device_dax(test: &str) -> Option<String> {
+    let Some(device) = std::env::var_os("LLFREE_VMM_DEVDAX") else {
+        eprintln!(
+            "SKIP: {test}: no device DAX (LLFREE_VMM_DEVDAX); tests/linux-nested/run.sh makes \
+             one of QEMU's second emulated NVDIMM"
+        );
+        return None;
+    };
+    Some(device.to_str().expect("UTF-8 path").to_owned())
+}
+
+/// Makes a zone on `device`, or, where an earlier round made one (LLFREE_NESTED_ROUNDS),
+/// deletes VM `vm` there.
+fn zone_on_device_dax(device: &str, vm: &str) {
+    let created = client(&["zone", "create", device, "--size", "512M"]);
+    if created.stderr.contains("already holds a zone") {
+        let _ = client(&["zone", "delete-vm", device, vm]);
+    } else {
+        assert_eq!(created.code, Some(0), "{created:#?}");
+    }
+}
+
+/// The uid and gid of the jailed VMM.
+const JAILED_ID: u32 = 4242;
+
+/// A read-only bind mount of the host's /sys, undone when dropped.
+struct SysfsBound(CString);
+
+impl SysfsBound {
+    fn at(dir: &Path) -> Self {
+        fs::create_dir_all(dir).unwrap();
+        let target = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let flags = [
+            libc::MS_BIND | libc::MS_REC,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
+        ];
+        for (n, flags) in flags.into_iter().enumerate() {
+            let source = if n == 0 {
+                c"/sys".as_ptr()
+            } else {
+                std::ptr::null()
+            };
+            // SAFETY: every pointer is a NUL-terminated string or null, as mount(2) takes.
+            let done = unsafe {
+                libc::mount(
+                    source,
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    flags,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(done, 0, "mount: {}", std::io::Error::last_os_error());
+        }
+        SysfsBound(target)
+    }
+}
+
+impl Drop for SysfsBound {
+    fn drop(&mut self) {
+        // SAFETY: the target is a NUL-terminated path.
+        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// A zone on a device DAX in a jail, as README's Sandbox section says: a node of the device in
+/// the root given to the VMM's user, and /sys bound read-only there (the VMM reads the
+/// device's size and alignment from it). The jailed test guest writes and verifies its
+/// memory, the zone then shows its VM, consistent, whose frames come back when it is deleted.
+/// In the nested run's L1, whose root is an initramfs, the jailer enters the root with a move
+/// and chroot (pivot_root refuses an initramfs).
+#[test]
+fn a_zone_on_device_dax_backs_a_jailed_vm_through_a_node_in_its_root() {
+    let name = "a_zone_on_device_dax_backs_a_jailed_vm_through_a_node_in_its_root";
+    let Some(device) = device_dax(name) else {
+        return;
+    };
+    if !jail_can_run(name) {
+        return;
+    }
+    let _turn = DEVICE_DAX_TURN.lock().unwrap_or_else(|e| e.into_inner());
+    zone_on_device_dax(&device, "jailed");
+    let scratch = Scratch::new("jailed-devdax");
+    let base = scratch.path("jail");
+    let root = Path::new(&base).join("vmm/devdax/root");
+    let node = root.join(device.trim_start_matches('/'));
+    fs::create_dir_all(node.parent().unwrap()).unwrap();
+    let path = CString::new(node.as_os_str().as_bytes()).unwrap();
+    let rdev = fs::metadata(&device).unwrap().rdev();
+    // SAFETY: the path is a NUL-terminated string; a character device node of the device.
+    let made = unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o600, rdev) };
+    assert_eq!(made, 0, "mknod: {}", std::io::Error::last_os_error());
+    std::os::unix::fs::chown(&node, Some(JAILED_ID), Some(JAILED_ID)).unwrap();
+    let _sysfs = SysfsBound::at(&root.join("sys"));
+    let id = JAILED_ID.to_string();
+    let run = Command::new(jailer_binary())
+        .args(["--id", "devdax", "--exec-file", vmm_binary()])
+        .args(["--uid", &id, "--gid", &id, "--chroot-base-dir", &base, "--"])
+        .args([
+            "run", "--zone", &device, "--vm", "jailed", "--memory", "32M",
+        ])
+        .args(["--workload", "write:8M+8M,verify:8M+8M"])
+        .output()
+        .expect("run vmm-jailer");
+    let (out, err) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert_eq!(run.status.code(), Some(0), "{out}\n{err}");
+    assert!(out.contains("test guest: done"), "{out}\n{err}");
+    let info = inspect(&device);
+    let vms = info["vms"].as_array().unwrap();
+    assert!(vms.iter().any(|vm| vm["name"] == "jailed"), "{info:#}");
+    assert_eq!(
+        (info["leaked_frames"].as_u64(), info["lost_frames"].as_u64()),
+        (Some(0), Some(0)),
+        "{info:#}"
+    );
+    let deleted = client(&["zone", "delete-vm", &device, "jailed"]);
+    assert_eq!(deleted.code, Some(0), "{deleted:#?}");
 }
 
 fn inspect(zone: &str) -> serde_json::Value {

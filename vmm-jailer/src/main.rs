@@ -3,11 +3,11 @@
 //! VMM copied in with its ELF interpreter and libraries, nodes of /dev/kvm, /dev/net/tun and
 //! /dev/userfaultfd, a `run` directory for the API socket); set the resource limits; place
 //! the process in its cgroups; enter a mount namespace whose root is that directory
-//! (`pivot_root`, the old root detached); join the network namespace; daemonize; start a
-//! PID namespace; become the uid/gid with no capabilities and no_new_privs; exec the VMM with
-//! `--id <id>`, Firecracker's `--start-time-us` and `--start-time-cpu-us` (and
-//! `--parent-cpu-time-us` after a fork into a PID namespace), the arguments after `--` and an
-//! empty environment.
+//! (`pivot_root`, the old root detached; over an initramfs, a move and `chroot`); join the
+//! network namespace; daemonize; start a PID namespace; become the uid/gid with no
+//! capabilities and no_new_privs; exec the VMM with `--id <id>`, Firecracker's
+//! `--start-time-us` and `--start-time-cpu-us` (and `--parent-cpu-time-us` after a fork into a
+//! PID namespace), the arguments after `--` and an empty environment.
 
 mod args;
 mod cgroup;

@@ -1,5 +1,6 @@
 //! The VMM's root: a directory built for it (the exec file, what it needs to start, device
-//! nodes), made the root of a mount namespace of its own with `pivot_root`.
+//! nodes), made the root of a mount namespace of its own with `pivot_root` (on a host whose
+//! root is an initramfs, moved over it and entered with `chroot`).
 //!
 //! A root that exists already (its id used before) may hold what a former jailed VMM, which
 //! owned it, left there: nothing in it is followed as a link, and only regular files and
@@ -10,10 +11,11 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{mknod, Mode, SFlag};
-use nix::unistd::{chdir, chown, pivot_root, Gid, Uid};
+use nix::unistd::{chdir, chown, chroot, pivot_root, Gid, Uid};
 use thiserror::Error;
 
 /// Errors building or entering the root.
@@ -206,11 +208,40 @@ pub fn enter(root: &Path) -> Result<(), RootError> {
     )
     .map_err(fail("bind it onto itself"))?;
     chdir(root).map_err(fail("change into it"))?;
-    // The old root is stacked under the new one and detached from there.
-    pivot_root(".", ".").map_err(fail("pivot_root"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(fail("detach the old root"))?;
+    match pivot_root(".", ".") {
+        // The old root is stacked under the new one and detached from there.
+        Ok(()) => umount2(".", MntFlags::MNT_DETACH).map_err(fail("detach the old root"))?,
+        // The host's root is an initramfs, which pivot_root refuses (it has no parent mount):
+        // the root is moved over it and made this process's root with chroot, as switch_root
+        // and runc's --no-pivot do. What else was mounted stays beneath, where no path
+        // reaches, and leaving a chroot needs the capabilities the VMM has not.
+        Err(Errno::EINVAL)
+            if root_is_initramfs(
+                &fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+            ) =>
+        {
+            mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+                .map_err(fail("move it over the initramfs"))?;
+            chroot(".").map_err(fail("chroot"))?;
+        }
+        Err(e) => return Err(fail("pivot_root")(e)),
+    }
     chdir("/").map_err(fail("change into the new root"))?;
     Ok(())
+}
+
+/// Whether `mountinfo` (a process's /proc/self/mountinfo) shows the kernel's initramfs
+/// (`rootfs`; the fields after ` - ` start with the file system type) at its root.
+fn root_is_initramfs(mountinfo: &str) -> bool {
+    mountinfo.lines().any(|line| {
+        let mut fields = line.split(' ');
+        let at_root = fields.nth(4) == Some("/");
+        let kind = line
+            .split(" - ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next());
+        at_root && kind == Some("rootfs")
+    })
 }
 
 #[cfg(test)]
@@ -221,6 +252,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vmm-jailer-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn only_a_rootfs_mounted_at_the_root_counts_as_an_initramfs() {
+        let initramfs = "1 1 0:2 / / rw - rootfs rootfs rw,size=3014044k\n\
+                         22 1 0:20 / /proc rw,relatime - proc proc rw\n";
+        assert!(root_is_initramfs(initramfs));
+        let disk = "24 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                    25 24 0:22 / /tmp rw - rootfs rootfs rw\n";
+        assert!(!root_is_initramfs(disk));
+        assert!(!root_is_initramfs(""));
     }
 
     #[test]

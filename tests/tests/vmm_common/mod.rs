@@ -13,6 +13,72 @@ use std::time::{Duration, Instant};
 pub use e2e_tests::{vmm_binary, Finished, Scratch};
 use vmm_cli::ApiClient;
 
+/// The output collected so far, also after a test's panic (which does not stop the process
+/// from writing).
+fn lock(so_far: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    so_far.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What each thread of process `pid` is doing, as /proc tells it: its name, its state, the CPU
+/// time it took in one second, the system call it is in (number and first arguments) and, as
+/// root, its kernel stack. Where a VMM stopped making progress this tells a vCPU that runs or
+/// waits in the guest (KVM_RUN) from one stuck in the VMM.
+pub fn threads_report(pid: u32) -> String {
+    let read = |path: String| std::fs::read_to_string(path).unwrap_or_default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("  (no /proc/{pid}/task)\n");
+    };
+    let mut tids: Vec<String> = tasks
+        .flatten()
+        .map(|task| task.file_name().to_string_lossy().into_owned())
+        .collect();
+    tids.sort_by_key(|tid| tid.parse::<u32>().unwrap_or(0));
+    // The fields after the name: state, then (from the 12th on) user and system time in ticks.
+    let stat = |tid: &str| {
+        let stat = read(format!("/proc/{pid}/task/{tid}/stat"));
+        let fields: Vec<String> = stat
+            .rsplit(") ")
+            .next()
+            .unwrap_or_default()
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        let ticks: u64 = fields
+            .iter()
+            .skip(11)
+            .take(2)
+            .filter_map(|t| t.parse::<u64>().ok())
+            .sum();
+        (fields.first().cloned().unwrap_or_default(), ticks)
+    };
+    let before: Vec<u64> = tids.iter().map(|tid| stat(tid).1).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut report = String::new();
+    for (tid, before) in tids.iter().zip(before) {
+        let task = format!("/proc/{pid}/task/{tid}");
+        let (state, ticks) = stat(tid);
+        let syscall: Vec<String> = read(format!("{task}/syscall"))
+            .split_whitespace()
+            .take(3)
+            .map(str::to_owned)
+            .collect();
+        let stack: Vec<String> = read(format!("{task}/stack"))
+            .lines()
+            .filter_map(|frame| frame.split_whitespace().nth(1))
+            .map(|frame| frame.split('+').next().unwrap_or(frame).to_owned())
+            .take(8)
+            .collect();
+        report += &format!(
+            "  {tid} {}: state {state}, {} ticks in 1 s, system call {}, kernel stack [{}]\n",
+            read(format!("{task}/comm")).trim_end(),
+            ticks.saturating_sub(before),
+            syscall.join(" "),
+            stack.join(" < ")
+        );
+    }
+    report
+}
+
 /// Reads `pipe` to its end on a thread of its own, keeping what came so far in `so_far`.
 fn collect(
     mut pipe: impl Read + Send + 'static,
@@ -21,9 +87,9 @@ fn collect(
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n @ 1..) = pipe.read(&mut buf) {
-            so_far.lock().unwrap().extend_from_slice(&buf[..n]);
+            lock(&so_far).extend_from_slice(&buf[..n]);
         }
-        let text = so_far.lock().unwrap();
+        let text = lock(&so_far);
         String::from_utf8_lossy(&text).into_owned()
     })
 }
@@ -93,7 +159,7 @@ impl VmmRun {
         let deadline = Instant::now() + timeout;
         // Whole lines only: the last one may still be on its way.
         let find = |so_far: &Mutex<Vec<u8>>| {
-            String::from_utf8_lossy(&so_far.lock().unwrap())
+            String::from_utf8_lossy(&lock(so_far))
                 .split_inclusive('\n')
                 .find(|line| line.ends_with('\n') && line.contains(text))
                 .map(|line| line.trim_end().to_owned())
@@ -103,14 +169,18 @@ impl VmmRun {
             if ended || Instant::now() >= deadline {
                 // What the process wrote last may still be on its way through the pipe.
                 std::thread::sleep(Duration::from_millis(300));
-                return find(&self.stdout_so_far).unwrap_or_else(|| {
-                    panic!(
-                        "no line with {text:?} after {timeout:?} (the VMM {}; stderr: {}): {}",
-                        if ended { "ended" } else { "runs" },
-                        String::from_utf8_lossy(&self.stderr_so_far.lock().unwrap()),
-                        String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap())
-                    )
-                });
+                if let Some(line) = find(&self.stdout_so_far) {
+                    return line;
+                }
+                let state = match ended {
+                    true => "ended".to_owned(),
+                    false => format!("runs; its threads:\n{}", threads_report(self.pid())),
+                };
+                panic!(
+                    "no line with {text:?} after {timeout:?} (the VMM {state}; stderr: {}): {}",
+                    self.stderr_so_far(),
+                    self.stdout_so_far()
+                );
             }
             if let Some(line) = find(&self.stdout_so_far) {
                 return line;
@@ -121,12 +191,12 @@ impl VmmRun {
 
     /// What the VMM wrote on stdout so far.
     pub fn stdout_so_far(&self) -> String {
-        String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&lock(&self.stdout_so_far)).into_owned()
     }
 
     /// What the VMM wrote on stderr so far.
     pub fn stderr_so_far(&self) -> String {
-        String::from_utf8_lossy(&self.stderr_so_far.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&lock(&self.stderr_so_far)).into_owned()
     }
 
     /// The process id.
@@ -163,13 +233,13 @@ impl VmmRun {
                 break status;
             }
             if Instant::now() >= deadline {
-                let stdout =
-                    String::from_utf8_lossy(&self.stdout_so_far.lock().unwrap()).into_owned();
+                let stdout = self.stdout_so_far();
                 let tail: Vec<&str> = stdout.lines().rev().take(20).collect();
+                let threads = threads_report(self.pid());
                 let _ = self.child.kill();
                 panic!(
-                    "vmm run did not end within {timeout:?}; stderr: {}; the last lines of \
-                     stdout: {:#?}",
+                    "vmm run did not end within {timeout:?}; its threads:\n{threads}stderr: {}; \
+                     the last lines of stdout: {:#?}",
                     self.stderr_so_far(),
                     tail.iter().rev().collect::<Vec<_>>()
                 );
