@@ -181,6 +181,8 @@ fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
     let mut child = start_jailed(&scratch, name, &args, &["--api-sock", "/run/api.sock"]);
     let client = api(&scratch, name, Some(&mut child));
     let pid = child.id();
+    // Its first answer comes under its filters.
+    assert_eq!(client.request("GET", "/", None).unwrap().status, 200);
     assert_confined(pid);
     assert_eq!(limit(pid, "Max open files"), ("1024".into(), "1024".into()));
     assert_eq!(

@@ -87,11 +87,11 @@ where
         eprintln!("error: {e}");
         return ExitStatus::Usage;
     }
+    // A VMM of Firecracker's kind (--api-sock, --config-file) locks down once it listens.
     let runs_a_vm = match &cli.command {
         Some(Command::Run(_)) => true,
         Some(Command::Snapshot(snapshot)) => matches!(snapshot.action, SnapshotAction::Load(_)),
-        Some(_) => false,
-        None => cli.api_sock.is_some() || cli.config_file.is_some(),
+        Some(_) | None => false,
     };
     if runs_a_vm {
         vmm::seccomp::lock_down_early();

@@ -321,6 +321,7 @@ fn serve(
     };
     let mut events = vec![EpollEvent::default(); 64];
     let mut chunk = [0u8; 4096];
+    let mut locked_down = false;
     loop {
         let timeout = connections.next_deadline().map_or(-1, |deadline| {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -335,8 +336,16 @@ fn serve(
                 return;
             }
         };
-        // Once the guest runs, before the next answer: the API's filter, which the request
-        // threads started from here inherit (the process's filter holds if this fails).
+        // Before the first answer: the process filter, whose installation starts as the
+        // socket takes connections (a no-op without filters); failing, the guest cannot start.
+        if !locked_down {
+            locked_down = true;
+            if let Err(e) = crate::seccomp::lock_down() {
+                log::error!("API server: {e}");
+            }
+        }
+        // Then, before the next answer: the API's filter, which the request threads started
+        // from here inherit (the process's filter holds if this fails).
         if let Err(e) = crate::seccomp::enter(ThreadKind::Api) {
             log::error!("API server: {e}");
         }
