@@ -12,23 +12,21 @@
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
 
+mod jail_common;
 mod vmm_common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use e2e_tests::{
-    cgroup_hierarchies, cgroup_v1_hierarchy, ctrl_alt_del_guest_files, jail_can_run, jailer_binary,
-    remove_cgroup,
+    cgroup_hierarchies, cgroup_v1_hierarchy, ctrl_alt_del_guest_files, jail_can_run, remove_cgroup,
 };
+use jail_common::{root_of, run_jailed_guest, start_jailed, GID, UID};
 use vmm_cli::ApiClient;
-use vmm_common::{get, send, vmm_binary, Scratch};
-
-const UID: u32 = 4242;
-const GID: u32 = 4243;
+use vmm_common::{get, send, Scratch};
 
 /// The cgroup a test asks for where the host has it: a v1 memory limit (Firecracker's
 /// default version), else a core file of the unified hierarchy (v2). The flags, and the file
@@ -51,44 +49,6 @@ fn cgroup_flags() -> (Vec<String>, String, String) {
             "0".into(),
         ),
     }
-}
-
-/// A jailer started with `args` then `-- vmm_args`, its stdout and stderr in files of
-/// `scratch`.
-fn start_jailed(scratch: &Scratch, name: &str, args: &[&str], vmm_args: &[&str]) -> Child {
-    let base = scratch.path("jail");
-    let mut command = Command::new(jailer_binary());
-    command
-        .args(["--id", name, "--exec-file", vmm_binary()])
-        .args(["--uid", &UID.to_string(), "--gid", &GID.to_string()])
-        .args(["--chroot-base-dir", &base])
-        .args(args)
-        .arg("--")
-        .args(vmm_args)
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(scratch.path(&format!("{name}.out"))).unwrap())
-        .stderr(fs::File::create(scratch.path(&format!("{name}.err"))).unwrap());
-    command.spawn().expect("start vmm-jailer")
-}
-
-fn root_of(scratch: &Scratch, name: &str) -> PathBuf {
-    Path::new(&scratch.path("jail"))
-        .join("vmm")
-        .join(name)
-        .join("root")
-}
-
-/// Runs the built-in guest jailed (`vmm run MEMORY` writing and verifying 8 MiB) to its end,
-/// which must be status 0 with the guest done.
-fn run_jailed_guest(scratch: &Scratch, name: &str, memory: &[&str]) {
-    let mut vmm = vec!["run"];
-    vmm.extend_from_slice(memory);
-    vmm.extend(["--workload", "write:8M+8M,verify:8M+8M"]);
-    let status = start_jailed(scratch, name, &[], &vmm).wait().unwrap();
-    let out = fs::read_to_string(scratch.path(&format!("{name}.out"))).unwrap();
-    let err = fs::read_to_string(scratch.path(&format!("{name}.err"))).unwrap();
-    assert_eq!(status.code(), Some(0), "{out}\n{err}");
-    assert!(out.contains("test guest: done"), "{out}\n{err}");
 }
 
 /// Waits for the API socket in the jail and returns a client of it; `child`, the jailed VMM

@@ -15,6 +15,7 @@
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
 
+mod jail_common;
 mod linux_common;
 mod vmm_common;
 
@@ -25,12 +26,12 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Mutex;
 
-use e2e_tests::{jail_can_run, jailer_binary, kvm_available};
+use e2e_tests::{jail_can_run, kvm_available};
+use jail_common::{root_of, run_jailed_guest, GID, UID};
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, get, vmm_binary, Scratch, VmmRun};
+use vmm_common::{client, get, Scratch, VmmRun};
 
 /// Files the guest syncs before the kill, at least.
 const SYNCED_BEFORE_KILL: u64 = 5;
@@ -96,9 +97,6 @@ fn zone_on_device_dax(device: &str, vm: &str) {
     }
 }
 
-/// The uid and gid of the jailed VMM.
-const JAILED_ID: u32 = 4242;
-
 /// A read-only bind mount of the host's /sys, undone when dropped.
 struct SysfsBound(CString);
 
@@ -106,16 +104,7 @@ impl SysfsBound {
     fn at(dir: &Path) -> Self {
         fs::create_dir_all(dir).unwrap();
         let target = CString::new(dir.as_os_str().as_bytes()).unwrap();
-        let flags = [
-            libc::MS_BIND | libc::MS_REC,
-            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
-        ];
-        for (n, flags) in flags.into_iter().enumerate() {
-            let source = if n == 0 {
-                c"/sys".as_ptr()
-            } else {
-                std::ptr::null()
-            };
+        let mount = |source: *const libc::c_char, flags| {
             // SAFETY: every pointer is a NUL-terminated string or null, as mount(2) takes.
             let done = unsafe {
                 libc::mount(
@@ -127,7 +116,13 @@ impl SysfsBound {
                 )
             };
             assert_eq!(done, 0, "mount: {}", std::io::Error::last_os_error());
-        }
+        };
+        mount(c"/sys".as_ptr(), libc::MS_BIND | libc::MS_REC);
+        // A bind mount is made read-only by remounting it.
+        mount(
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
+        );
         SysfsBound(target)
     }
 }
@@ -157,8 +152,7 @@ fn a_zone_on_device_dax_backs_a_jailed_vm_through_a_node_in_its_root() {
     let _turn = DEVICE_DAX_TURN.lock().unwrap_or_else(|e| e.into_inner());
     zone_on_device_dax(&device, "jailed");
     let scratch = Scratch::new("jailed-devdax");
-    let base = scratch.path("jail");
-    let root = Path::new(&base).join("vmm/devdax/root");
+    let root = root_of(&scratch, "devdax");
     let node = root.join(device.trim_start_matches('/'));
     fs::create_dir_all(node.parent().unwrap()).unwrap();
     let path = CString::new(node.as_os_str().as_bytes()).unwrap();
@@ -166,24 +160,10 @@ fn a_zone_on_device_dax_backs_a_jailed_vm_through_a_node_in_its_root() {
     // SAFETY: the path is a NUL-terminated string; a character device node of the device.
     let made = unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o600, rdev) };
     assert_eq!(made, 0, "mknod: {}", std::io::Error::last_os_error());
-    std::os::unix::fs::chown(&node, Some(JAILED_ID), Some(JAILED_ID)).unwrap();
+    std::os::unix::fs::chown(&node, Some(UID), Some(GID)).unwrap();
     let _sysfs = SysfsBound::at(&root.join("sys"));
-    let id = JAILED_ID.to_string();
-    let run = Command::new(jailer_binary())
-        .args(["--id", "devdax", "--exec-file", vmm_binary()])
-        .args(["--uid", &id, "--gid", &id, "--chroot-base-dir", &base, "--"])
-        .args([
-            "run", "--zone", &device, "--vm", "jailed", "--memory", "32M",
-        ])
-        .args(["--workload", "write:8M+8M,verify:8M+8M"])
-        .output()
-        .expect("run vmm-jailer");
-    let (out, err) = (
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr),
-    );
-    assert_eq!(run.status.code(), Some(0), "{out}\n{err}");
-    assert!(out.contains("test guest: done"), "{out}\n{err}");
+    let memory = ["--zone", &device, "--vm", "jailed", "--memory", "32M"];
+    run_jailed_guest(&scratch, "devdax", &memory);
     let info = inspect(&device);
     let vms = info["vms"].as_array().unwrap();
     assert!(vms.iter().any(|vm| vm["name"] == "jailed"), "{info:#}");

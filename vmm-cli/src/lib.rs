@@ -87,11 +87,12 @@ where
         eprintln!("error: {e}");
         return ExitStatus::Usage;
     }
-    // A VMM of Firecracker's kind (--api-sock, --config-file) locks down once it listens.
+    // A VMM of Firecracker's kind (--api-sock, --config-file) locks down in `serve`, once its
+    // socket takes connections.
     let runs_a_vm = match &cli.command {
         Some(Command::Run(_)) => true,
         Some(Command::Snapshot(snapshot)) => matches!(snapshot.action, SnapshotAction::Load(_)),
-        Some(_) | None => false,
+        _ => false,
     };
     if runs_a_vm {
         vmm::seccomp::lock_down_early();
