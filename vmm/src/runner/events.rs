@@ -249,6 +249,12 @@ impl EventLoop {
         let thread = std::thread::Builder::new()
             .name("vmm-events".into())
             .spawn(move || {
+                // Where the process is locked down already (a VMM that waited for a snapshot
+                // to load), the loop's filter is stacked now, beside the rest of the setup,
+                // not on the guest's start (see `request_confinement`).
+                if let Err(e) = crate::seccomp::enter(ThreadKind::Devices) {
+                    log::error!("event loop: {e}");
+                }
                 while !quit.load(Ordering::Acquire) {
                     if let Err(e) = manager.run() {
                         log::error!("event loop: {e}");

@@ -542,8 +542,11 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         None => None,
     };
     // Once the socket takes connections (compiling and installing the filters took the CPU
-    // from the process's start on a host with few CPUs); the API answers nothing before.
-    crate::seccomp::lock_down_early();
+    // from the process's start on a host with few CPUs): the API server's thread locks down
+    // before it answers anything; without one, a thread of its own.
+    if server.is_none() {
+        crate::seccomp::lock_down_early();
+    }
     if let Some(config) = file_config {
         super::check_guest(&config)?;
         let frames = super::frames_for(&config)?;

@@ -3,16 +3,18 @@
 //! ```text
 //! lock_down()      the process filter (`vmm`) on every thread at once (TSYNC); threads
 //!                  started later inherit it. A VM's process starts it on a thread of its own
-//!                  (lock_down_early: the setup, opening files, KVM, sockets and memory, needs
-//!                  only calls it allows): `vmm run` at once, a VMM of Firecracker's kind once
-//!                  its socket takes connections, and its API answers nothing before; the
-//!                  guest's first run waits for it (Session::start_guest)
-//! enter(kind)      each vCPU before its first KVM_RUN (`vcpu`), the API server before it
-//!                  answers its next request (`api`, inherited by the request threads), a
-//!                  guest memory's fault handler thread when it next wakes (`fault`, through
-//!                  [`confine_fault_handler`]), the event loop that runs the devices before
-//!                  it handles its next event (`devices`): a narrower filter stacked on the
-//!                  process filter
+//!                  (the setup, opening files, KVM, sockets and memory, needs only calls it
+//!                  allows): `vmm run` at once (lock_down_early), a VMM of Firecracker's kind
+//!                  on its API server's thread once the socket takes connections, and its API
+//!                  answers nothing before; the guest's first run waits for it
+//!                  (Session::start_guest)
+//! enter(kind)      each vCPU before its first KVM_RUN (`vcpu`), the API server once locked
+//!                  down, before it answers anything (`api`, inherited by the request
+//!                  threads), a guest memory's fault handler thread when it next wakes
+//!                  (`fault`, through [`confine_fault_handler`]), the event loop that runs
+//!                  the devices as it starts where the process is locked down, else before
+//!                  the guest's start (`devices`): a narrower filter stacked on the process
+//!                  filter
 //! ```
 //!
 //! A denied call traps (SIGSYS): the VMM writes which thread made which call to stderr, counts
