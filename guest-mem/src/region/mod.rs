@@ -143,7 +143,8 @@ impl GuestRegion {
         hotplug: bool,
     ) -> Result<Self, RegionError> {
         let reserve_err = |source| RegionError::Reserve { len, source };
-        let host = Mapping::anonymous(len as usize, chunk.bytes() as usize).map_err(reserve_err)?;
+        let host =
+            Mapping::placeholder(len as usize, chunk.bytes() as usize).map_err(reserve_err)?;
         shared.uffd.register(host.addr(), host.len())?;
         let chunks = (len / chunk.bytes()) as usize;
         let pieces = (chunk.bytes() / FRAME_SIZE as u64) as usize;
@@ -437,7 +438,7 @@ impl GuestRegion {
         // guest may keep (the caller discards it, or mapping one failed).
         unsafe { mmap::map_placeholder(addr, len) }.map_err(placeholder_err)?;
         self.shared.uffd.register(addr, len)?;
-        // SAFETY: as above; the range is a private anonymous placeholder.
+        // SAFETY: as above; the range is a placeholder.
         unsafe { mmap::drop_pages(addr, len) }.map_err(placeholder_err)
     }
 

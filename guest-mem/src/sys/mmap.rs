@@ -45,6 +45,8 @@ unsafe fn mmap(
 const READ_WRITE: libc::c_int = libc::PROT_READ | libc::PROT_WRITE;
 /// Private anonymous memory without swap reservation.
 const ANONYMOUS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+/// Shared anonymous memory (an object of its own per mapping) without swap reservation.
+const SHARED_ANONYMOUS: libc::c_int = libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
 
 // A mapping is never empty: mmap refuses a length of 0.
 #[allow(clippy::len_without_is_empty)]
@@ -52,6 +54,17 @@ impl Mapping {
     /// Maps `len` bytes of private anonymous read/write memory (no swap reservation) whose start
     /// is a multiple of `align` (a power of two).
     pub fn anonymous(len: usize, align: usize) -> io::Result<Self> {
+        let map = Self::reserve_aligned(len, align, 0)?;
+        let flags = ANONYMOUS | libc::MAP_FIXED;
+        // SAFETY: the range was just reserved by `map` and holds nothing; MAP_FIXED replaces
+        // only that range.
+        unsafe { mmap(map.addr as *mut _, map.len, READ_WRITE, flags, -1, 0) }?;
+        Ok(map)
+    }
+
+    /// Maps `len` bytes of placeholder memory (see [`map_placeholder`]) whose start is a
+    /// multiple of `align` (a power of two).
+    pub fn placeholder(len: usize, align: usize) -> io::Result<Self> {
         let map = Self::reserve_aligned(len, align, 0)?;
         // SAFETY: the range was just reserved by `map` and holds nothing.
         unsafe { map_placeholder(map.addr, map.len) }?;
@@ -141,13 +154,22 @@ impl Drop for Mapping {
     }
 }
 
-/// Replaces `[addr, addr + len)` with fresh private anonymous read/write memory.
+/// Replaces `[addr, addr + len)` with a placeholder: fresh shared anonymous read/write memory
+/// (an object of its own), which reads as zeros until written and on which userfaultfd is
+/// registered where guest memory waits for its frames.
+///
+/// Shared, not private: a fault on shared anonymous memory reaches userfaultfd before the kernel
+/// allocates anything for it, a page table included, so mapping a frame over the range later
+/// unmaps nothing and flushes no other CPU's TLB. On private anonymous memory the fault first
+/// installs a page table (freeing it again when the frame replaces the range sends a
+/// TLB-shootdown IPI to every CPU the process runs on, a vCPU's included), or where transparent
+/// huge pages are always on, allocates and zeroes a 2 MiB page that it then drops.
 ///
 /// # Safety
 /// The range must be owned by the caller (part of one of its `Mapping`s) and hold nothing that
 /// anyone still relies on.
 pub unsafe fn map_placeholder(addr: usize, len: usize) -> io::Result<()> {
-    let flags = ANONYMOUS | libc::MAP_FIXED;
+    let flags = SHARED_ANONYMOUS | libc::MAP_FIXED;
     // SAFETY: the caller owns the range (see above); MAP_FIXED replaces only that range.
     unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, -1, 0) }.map(drop)
 }
@@ -164,14 +186,14 @@ pub unsafe fn map_inaccessible(addr: usize, len: usize) -> io::Result<()> {
     unsafe { mmap(addr as *mut _, len, libc::PROT_NONE, flags, -1, 0) }.map(drop)
 }
 
-/// Drops the pages of `[addr, addr + len)` (MADV_DONTNEED): private anonymous memory reads as
-/// zero again, or faults to userfaultfd where it is registered.
+/// Drops the pages of placeholder `[addr, addr + len)` and what backs them (MADV_REMOVE): it
+/// reads as zero again, or faults to userfaultfd where it is registered.
 ///
 /// # Safety
-/// As for [`map_placeholder`].
+/// As for [`map_placeholder`], and the range is a placeholder.
 pub unsafe fn drop_pages(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range, whose contents nobody relies on.
-    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } < 0 {
+    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_REMOVE) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -361,6 +383,40 @@ mod tests {
         let view = Mapping::shared_file_populated(fd, 0, 64 * PAGE).expect("mmap");
         assert_eq!(resident(view.addr(), view.len()), 64);
         assert_eq!(marker(&view), 0x3C, "the file's contents");
+    }
+
+    #[test]
+    fn a_dropped_placeholder_page_faults_to_userfaultfd_again() {
+        use crate::sys::uffd::{Fault, Uffd};
+        let m = Mapping::placeholder(2 * PAGE, PAGE).expect("placeholder");
+        let page = m.addr() + PAGE;
+        // A page that appeared before the registration (a guest writing the chunk meanwhile).
+        // SAFETY: `page` lies inside `m`.
+        unsafe { (page as *mut u8).write_volatile(9) };
+        let uffd = Uffd::new().expect("userfaultfd");
+        uffd.register(m.addr(), m.len()).expect("register");
+        // SAFETY: `m` is a placeholder that only this test uses.
+        unsafe { drop_pages(m.addr(), m.len()) }.expect("drop");
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: the page lies in `m`, which outlives the thread (joined below).
+            unsafe { (page as *const u8).read_volatile() }
+        });
+        let mut faults = [Fault {
+            address: 0,
+            tid: 0,
+            write: false,
+        }; 1];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while uffd.read_faults(&mut faults).expect("read") == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dropped page came back without a fault"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(faults[0].address, page);
+        uffd.zero_page(page).expect("zeropage");
+        assert_eq!(toucher.join().expect("join"), 0, "the old page is gone");
     }
 
     #[test]
