@@ -39,6 +39,9 @@ use crate::vcpu::FaultError;
 const PAGE: usize = 4096;
 /// How often blocked faults are retried.
 pub const RETRY_MS: i32 = 5;
+/// The most chunks the first handler thread maps ahead (see [`MapAhead`]) before it looks for
+/// faults again.
+const MAP_AHEAD_BATCH: usize = 64;
 
 /// Running handler threads; stopped and joined on drop.
 #[derive(Debug)]
@@ -58,9 +61,12 @@ impl FaultHandlers {
         };
         for i in 0..count {
             let (inner, stop) = (Arc::clone(inner), Arc::clone(&handlers.stop));
+            // One thread maps recorded frames ahead, between faults, where a zone has some.
+            let recorded = inner.regions.iter().any(|r| r.table().is_persistent());
+            let ahead = MapAhead::new(i == 0 && recorded);
             let thread = std::thread::Builder::new()
                 .name(format!("guest-mem-fault-{i}"))
-                .spawn(move || serve(&inner, &stop, confine))?;
+                .spawn(move || serve(&inner, &stop, confine, ahead))?;
             handlers.threads.push(thread);
         }
         Ok(handlers)
@@ -96,7 +102,52 @@ impl VcpuCaches {
     }
 }
 
-fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>) {
+/// Where a handler thread stands in mapping the frames a zone records for the VM ahead of
+/// the guest's touches (see `region::recorded`): the next region and chunk to look at.
+struct MapAhead {
+    region: usize,
+    chunk: usize,
+}
+
+impl MapAhead {
+    /// A cursor at the start, or (`active` false) one that has nothing to do.
+    fn new(active: bool) -> Self {
+        Self {
+            region: if active { 0 } else { usize::MAX },
+            chunk: 0,
+        }
+    }
+
+    fn done(&self, inner: &Inner) -> bool {
+        self.region >= inner.regions.len()
+    }
+
+    /// Maps up to [`MAP_AHEAD_BATCH`] recorded frames. After an error it stops: the rest is
+    /// mapped by the guest's faults, as without it.
+    fn step(&mut self, inner: &Inner) {
+        let counter = &inner.shared.counters.mapped_ahead_chunks;
+        while let Some(region) = inner.regions.get(self.region) {
+            match region.map_recorded(&mut self.chunk, MAP_AHEAD_BATCH) {
+                Ok(mapped) => {
+                    counter.fetch_add(mapped as u64, Ordering::Relaxed);
+                    if self.chunk >= region.table().len() {
+                        self.region += 1;
+                        self.chunk = 0;
+                    }
+                    if mapped > 0 {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    self.region = usize::MAX;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>, mut ahead: MapAhead) {
     let mut caches = VcpuCaches::new(inner.shared.vcpus.len());
     let uffd = &inner.shared.uffd;
     let mut faults = [Fault {
@@ -105,12 +156,13 @@ fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>) {
         write: false,
     }; 16];
     loop {
-        let timeout = if inner.shared.vcpus.any_blocked()
-            || inner.shared.others_wait.load(Ordering::Acquire)
-        {
-            RETRY_MS
-        } else {
-            -1
+        let blocked =
+            inner.shared.vcpus.any_blocked() || inner.shared.others_wait.load(Ordering::Acquire);
+        let timeout = match (blocked, ahead.done(inner)) {
+            (true, _) => RETRY_MS,
+            // Faults first: mapping ahead goes on only while none is pending.
+            (false, false) => 0,
+            (false, true) => -1,
         };
         let readiness = wait_readable(uffd, stop, timeout);
         if let Some(confine) = confine {
@@ -119,7 +171,10 @@ fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>) {
         match readiness {
             Ok(Readiness::Readable) => {}
             Ok(Readiness::TimedOut) => {
-                retry_blocked(inner, &mut caches);
+                if blocked {
+                    retry_blocked(inner, &mut caches);
+                }
+                ahead.step(inner);
                 continue;
             }
             Ok(Readiness::Stopped) | Err(_) => return,

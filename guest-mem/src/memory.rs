@@ -597,6 +597,7 @@ impl GuestMemory {
             waiting_vcpus: self.inner.shared.vcpus.blocked_count(),
             waiting_other_faults: self.inner.shared.lock_waiting_others().len(),
             discarded_chunks: Counters::read(&counters.discarded_chunks),
+            mapped_ahead_chunks: Counters::read(&counters.mapped_ahead_chunks),
             given_away_pieces: regions
                 .iter()
                 .flat_map(|r| (0..r.table().len()).map(|c| r.pieces().count(c) as u64))

@@ -82,6 +82,9 @@ pub struct MemoryStats {
     pub waiting_other_faults: usize,
     /// Chunks whose frame went back to the pool by a discard.
     pub discarded_chunks: u64,
+    /// Chunks whose recorded frame (a VM in a zone taken up again) a fault handler mapped
+    /// before anything touched them.
+    pub mapped_ahead_chunks: u64,
     /// 4 KiB pieces given away (balloon) and not reclaimed yet.
     pub given_away_pieces: u64,
     /// Where the time of populating chunks goes.
@@ -108,6 +111,7 @@ pub(crate) struct Counters {
     pub faults: AtomicU64,
     pub exhausted: AtomicU64,
     pub discarded_chunks: AtomicU64,
+    pub mapped_ahead_chunks: AtomicU64,
     /// Chunks a balloon deflation could not give frames to (mapping failed).
     pub repopulate_failures: AtomicU64,
     pub vcpu_faults: Box<[AtomicU64]>,

@@ -100,6 +100,46 @@ fn a_vm_keeps_its_memory_across_closing_and_reopening_the_zone() {
 }
 
 #[test]
+fn a_vm_taken_up_again_has_its_recorded_frames_mapped_before_any_touch() {
+    let path = TempFile::new("zone-map-ahead");
+    Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 4).expect("open");
+    let memory = open_memory(&zone, "vm1", 32 * MIB);
+    // Two neighbouring chunks (one run of frames, as a core allocates them) and one apart.
+    for (addr, text) in [
+        (2 * MIB, b"chunk one......."),
+        (4 * MIB + 8, b"chunk two......."),
+        (20 * MIB, b"chunk ten......."),
+    ] {
+        memory.write_slice(text, GuestAddress(addr)).expect("write");
+    }
+    drop(memory);
+
+    let memory = open_memory(&zone, "vm1", 32 * MIB);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while memory.stats().mapped_ahead_chunks < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not mapped ahead: {:?}",
+            memory.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let stats = memory.stats();
+    assert_eq!(
+        (stats.mapped_ahead_chunks, stats.faults),
+        (3, 0),
+        "{stats:?}"
+    );
+    assert_eq!(&read_text(&memory, 2 * MIB), b"chunk one.......");
+    assert_eq!(&read_text(&memory, 4 * MIB + 8), b"chunk two.......");
+    assert_eq!(&read_text(&memory, 20 * MIB), b"chunk ten.......");
+    // Nothing else was populated: the other chunks still wait for their first touch.
+    assert_eq!(memory.stats().populated_chunks, 3);
+    assert_eq!(zone.info().expect("info").vms[0].frames, 3);
+}
+
+#[test]
 fn attaching_checks_names_layouts_and_owners() {
     let path = TempFile::new("zone-attach");
     Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");

@@ -160,8 +160,8 @@ impl GuestRegion {
     }
 
     /// Claims plugged `chunk` for unplugging it; returns its frame and whether it is mapped in
-    /// this process (a VM in a zone maps its recorded frames on first touch), or `None` for a
-    /// chunk without a frame.
+    /// this process (a VM in a zone maps its recorded frames ahead or on first touch), or `None`
+    /// for a chunk without a frame.
     fn claim_for_unplug(&self, chunk: usize) -> Result<Option<(Frame, bool)>, RegionError> {
         let frame = |index| Frame {
             index,

@@ -20,6 +20,7 @@ use crate::sys::uffd::UffdError;
 use crate::zone::{VmTable, ZoneWords};
 
 mod hotplug;
+mod recorded;
 mod repopulate;
 mod run;
 
@@ -255,7 +256,7 @@ impl GuestRegion {
         let chunk = (offset / self.chunk.bytes()) as usize;
         let index = match self.table.state(chunk) {
             ChunkState::Mapped(index) => index,
-            // A VM in a zone: its frame, mapped on the chunk's first touch in this process.
+            // A VM in a zone: its frame, not mapped in this process yet (see `recorded`).
             ChunkState::Empty => self.table.persisted(chunk)?,
             ChunkState::Busy | ChunkState::Unplugged => return None,
         };
@@ -383,16 +384,21 @@ impl GuestRegion {
                 Ok(())
             }
             Err(source) => {
-                // MAP_FIXED may have removed the placeholder: put a fresh one back.
-                let restored = self.restore_placeholder(chunk);
-                debug_assert!(
-                    restored.is_ok(),
-                    "cannot restore chunk {chunk}: {restored:?}"
-                );
-                self.table.publish_empty(chunk);
+                self.publish_empty_behind_placeholder(chunk);
                 Err(RegionError::MapFrame { chunk, source })
             }
         }
+    }
+
+    /// Publishes claimed `chunk` unpopulated behind a fresh placeholder, after a MAP_FIXED
+    /// over it failed (which may have removed the old one).
+    fn publish_empty_behind_placeholder(&self, chunk: usize) {
+        let restored = self.restore_placeholder(chunk);
+        debug_assert!(
+            restored.is_ok(),
+            "cannot restore chunk {chunk}: {restored:?}"
+        );
+        self.table.publish_empty(chunk);
     }
 
     /// Maps the frames of `run`, whose chunks the caller has claimed and which hold no frame

@@ -41,7 +41,7 @@ impl<'a> Repopulation<'a> {
             return Ok(());
         }
         if region.table.persisted(chunk).is_some() {
-            // Its own frame, mapped on first touch.
+            // Its own frame, mapped ahead or on first touch.
             region.table.publish_empty(chunk);
             return Ok(());
         }
@@ -110,11 +110,6 @@ impl Drop for Repopulation<'_> {
 fn give_back(region: &GuestRegion, run: FrameRun, core: usize) {
     region.free_fresh_frames(run, core);
     for chunk in run.chunks() {
-        let restored = region.restore_placeholder(chunk);
-        debug_assert!(
-            restored.is_ok(),
-            "cannot restore chunk {chunk}: {restored:?}"
-        );
-        region.table.publish_empty(chunk);
+        region.publish_empty_behind_placeholder(chunk);
     }
 }

@@ -95,6 +95,7 @@ impl VmmControl for TestVmm {
                 waiting_vcpus: 0,
                 waiting_other_faults: 0,
                 discarded_chunks: 0,
+                mapped_ahead_chunks: 0,
                 given_away_4k_pages: 0,
                 fault_latency: FaultLatencyInfo::default(),
             },

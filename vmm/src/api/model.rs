@@ -123,6 +123,9 @@ pub struct GuestMemoryInfo {
     pub waiting_other_faults: usize,
     /// Chunks whose frame went back to the pool by a discard (balloon, free page reporting).
     pub discarded_chunks: u64,
+    /// Chunks whose frame, recorded in a zone (a VM taken up again: restart, snapshot load),
+    /// was mapped before anything touched it.
+    pub mapped_ahead_chunks: u64,
     /// 4 KiB pages given away by the balloon and not reclaimed yet.
     pub given_away_4k_pages: u64,
     /// Where the time of resolving faults goes, in the VMM's fault handler threads.
@@ -313,6 +316,7 @@ impl MemoryInfo {
                 waiting_vcpus: stats.waiting_vcpus,
                 waiting_other_faults: stats.waiting_other_faults,
                 discarded_chunks: stats.discarded_chunks,
+                mapped_ahead_chunks: stats.mapped_ahead_chunks,
                 given_away_4k_pages: stats.given_away_pieces,
                 fault_latency: FaultLatencyInfo {
                     handling: stats.fault_latency.handling.into(),
