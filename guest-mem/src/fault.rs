@@ -14,6 +14,10 @@
 //! once: the kick interrupts the vCPU's wait in the kernel, which then delivers the same fault
 //! again, and that repeat only joins the wait.
 //!
+//! Where a zone records frames for the VM (a restart, a snapshot load), the first handler
+//! thread maps them ahead of the guest's touches while no fault is pending (see
+//! `region::recorded`), [`MAP_AHEAD_BATCH`] chunks at a time.
+//!
 //! A fault of a thread that is no vCPU (KVM's asynchronous page fault worker, which resolves
 //! most faults of a guest running with interrupts on, or a VMM thread) waits the same way and
 //! is reported as the VM's error. Such a wait must end when the VM stops: destroying a KVM VM
@@ -138,7 +142,8 @@ impl MapAhead {
                         return;
                     }
                 }
-                Err(_) => {
+                Err(e) => {
+                    log::warn!("guest memory: mapping recorded frames ahead stopped: {e}");
                     self.region = usize::MAX;
                     return;
                 }
