@@ -63,10 +63,10 @@ impl FaultHandlers {
             stop,
             threads: Vec::with_capacity(count),
         };
+        // One thread maps recorded frames ahead, between faults, where a zone has some.
+        let recorded = inner.regions.iter().any(|r| r.table().is_persistent());
         for i in 0..count {
             let (inner, stop) = (Arc::clone(inner), Arc::clone(&handlers.stop));
-            // One thread maps recorded frames ahead, between faults, where a zone has some.
-            let recorded = inner.regions.iter().any(|r| r.table().is_persistent());
             let ahead = MapAhead::new(i == 0 && recorded);
             let thread = std::thread::Builder::new()
                 .name(format!("guest-mem-fault-{i}"))

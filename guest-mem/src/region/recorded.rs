@@ -44,13 +44,18 @@ impl GuestRegion {
                 index,
                 size: self.chunk,
             };
-            if let Some(run) = &mut pending {
-                if run.extend(chunk, frame) {
-                    continue;
-                }
+            if pending.as_mut().is_some_and(|run| run.extend(chunk, frame)) {
+                continue;
             }
             if let Some(run) = pending.replace(FrameRun::single(chunk, frame)) {
-                mapped += self.map_recorded_run(run)?;
+                match self.map_recorded_run(run) {
+                    Ok(n) => mapped += n,
+                    Err(e) => {
+                        // The chunk claimed for the next run was not touched: give it back.
+                        self.table.publish_empty(chunk);
+                        return Err(e);
+                    }
+                }
             }
         }
         if let Some(run) = pending {

@@ -69,7 +69,7 @@ fn direct(kind: PoolKind, size: u64) -> Result<Vec<(&'static str, Vec<f64>)>, St
         unsafe { std::ptr::write_volatile((at(off) + 8) as *mut u64, 1) };
         Ok(())
     })?;
-    let placeholder = Mapping::anonymous(len, len).map_err(|e| e.to_string())?;
+    let placeholder = Mapping::placeholder(len, len).map_err(|e| e.to_string())?;
     let slot = placeholder.addr();
     let mmap_fixed = per_frame(frames, frame, |off| {
         // SAFETY: the slot is all of `placeholder`, which only this function uses and which
