@@ -5,7 +5,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
+    AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -48,8 +48,7 @@ impl Claim {
     }
 }
 
-/// Per-core values that only the thread holding the core's claim may use, each with a count that
-/// the owner shows to every thread (e.g. the frames a cache holds).
+/// Per-core values that only the thread holding the core's claim may use.
 #[derive(Debug)]
 pub struct Claimed<T> {
     slots: Box<[Slot<T>]>,
@@ -60,8 +59,6 @@ pub struct Claimed<T> {
 #[repr(align(64))]
 struct Slot<T> {
     claim: Claim,
-    /// The owner's count, written with plain stores.
-    shown: AtomicUsize,
     /// The owner uses the value right now (so that a nested use finds it busy).
     in_use: Cell<bool>,
     value: UnsafeCell<T>,
@@ -81,7 +78,6 @@ impl<T> Claimed<T> {
                 .into_iter()
                 .map(|value| Slot {
                     claim: Claim::default(),
-                    shown: AtomicUsize::new(0),
                     in_use: Cell::new(false),
                     value: UnsafeCell::new(value),
                 })
@@ -90,15 +86,9 @@ impl<T> Claimed<T> {
     }
 
     /// Runs `f` on the value of `core` (modulo the cores) if the calling thread holds or can
-    /// take the core's claim, then shows `count(value)`; `None` if another thread holds the
-    /// claim or the value is in use.
+    /// take the core's claim; `None` if another thread holds the claim or the value is in use.
     #[inline]
-    pub fn with<R>(
-        &self,
-        core: usize,
-        f: impl FnOnce(&mut T) -> R,
-        count: impl FnOnce(&T) -> usize,
-    ) -> Option<R> {
+    pub fn with<R>(&self, core: usize, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         let slot = self.slot(core);
         if !slot.claim.claim() {
             return None;
@@ -110,20 +100,14 @@ impl<T> Claimed<T> {
         // `Sync` impl), and `in_use` makes this the only reference until `f` has returned.
         let value = unsafe { &mut *slot.value.get() };
         let result = f(value);
-        slot.shown.store(count(value), Relaxed);
         slot.in_use.set(false);
         Some(result)
     }
 
     /// Gives up the calling thread's claim on `core`, after running `f` on its value; `None`
     /// (and nothing run) if another thread holds the claim.
-    pub fn release<R>(
-        &self,
-        core: usize,
-        f: impl FnOnce(&mut T) -> R,
-        count: impl FnOnce(&T) -> usize,
-    ) -> Option<R> {
-        let result = self.with(core, f, count)?;
+    pub fn release<R>(&self, core: usize, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        let result = self.with(core, f)?;
         self.slot(core).claim.release();
         Some(result)
     }
@@ -135,11 +119,6 @@ impl<T> Claimed<T> {
             Some(slot) => slot,
             None => &self.slots[core % self.slots.len()],
         }
-    }
-
-    /// The sum of the counts the owners show.
-    pub fn shown(&self) -> usize {
-        self.slots.iter().map(|slot| slot.shown.load(Relaxed)).sum()
     }
 
     /// Every value, with exclusive access (no thread can use them).
@@ -155,26 +134,21 @@ mod tests {
     #[test]
     fn a_core_belongs_to_one_thread_until_released() {
         let claimed = Claimed::new([0usize, 0]);
-        let show = |v: &usize| *v;
-        assert_eq!(claimed.with(0, |v| *v += 1, show), Some(()));
-        assert_eq!(claimed.with(2, |v| *v, show), Some(1));
-        assert_eq!(claimed.shown(), 1);
+        assert_eq!(claimed.with(0, |v| *v += 1), Some(()));
+        assert_eq!(claimed.with(2, |v| *v), Some(1));
         // Nested use of the same core finds it busy.
-        assert_eq!(
-            claimed.with(0, |_| claimed.with(0, |_| (), show), show),
-            Some(None)
-        );
+        assert_eq!(claimed.with(0, |_| claimed.with(0, |_| ())), Some(None));
         std::thread::scope(|s| {
             s.spawn(|| {
-                assert_eq!(claimed.with(0, |v| *v, show), None);
-                assert_eq!(claimed.release(0, |_| (), show), None);
-                assert_eq!(claimed.with(1, |v| *v += 2, show), Some(()));
+                assert_eq!(claimed.with(0, |v| *v), None);
+                assert_eq!(claimed.release(0, |_| ()), None);
+                assert_eq!(claimed.with(1, |v| *v += 2), Some(()));
             });
         });
-        assert_eq!(claimed.shown(), 3);
-        assert_eq!(claimed.release(0, |v| *v, show), Some(1));
+        assert_eq!(claimed.release(1, |v| *v), None, "the other thread's");
+        assert_eq!(claimed.release(0, |v| *v), Some(1));
         std::thread::scope(|s| {
-            s.spawn(|| assert_eq!(claimed.with(0, |v| *v, show), Some(1)));
+            s.spawn(|| assert_eq!(claimed.with(0, |v| *v), Some(1)));
         });
     }
 }

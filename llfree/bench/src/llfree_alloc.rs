@@ -72,11 +72,9 @@ impl LLFreeAlloc {
     /// shared path.
     #[inline(never)]
     fn get_through_cache(&self, core: usize, order: usize) -> Result<usize, AllocError> {
-        let cached = self.caches.with(
-            core,
-            |cache| self.llfree.get_cached(cache, Order(order)),
-            CoreCache::frames,
-        );
+        let cached = self
+            .caches
+            .with(core, |cache| self.llfree.get_cached(cache, Order(order)));
         let frame = cached.unwrap_or_else(|| self.llfree.get(CoreId(core), Order(order)))?;
         Ok(frame.0)
     }
@@ -110,7 +108,7 @@ impl FrameAllocator for LLFreeAlloc {
         // Only frames of the core's reserved tree go to its cache: the others skip the claim.
         if self.path == Path::Cached && self.llfree.reserves(CoreId(core), frame) {
             let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
-            match self.caches.with(core, put, CoreCache::frames) {
+            match self.caches.with(core, put) {
                 Some(Ok(())) => return Ok(()),
                 Some(Err(e)) => return Err(e.into()),
                 None => {}
@@ -129,16 +127,14 @@ impl FrameAllocator for LLFreeAlloc {
 
     /// Gives back the caller's cache of `core` and its claim.
     fn leave(&self, core: usize) {
-        self.caches.release(
-            core,
-            |cache| self.llfree.release_cache(cache),
-            CoreCache::frames,
-        );
+        self.caches
+            .release(core, |cache| self.llfree.release_cache(cache));
     }
 
-    /// The allocator's free frames and those the caches hold.
+    /// The allocator's free frames and those the caches hold (counted once where a get
+    /// borrowed them from a cache).
     fn free_frames(&self) -> usize {
-        self.llfree.free_frames() + self.caches.shown()
+        self.llfree.available_frames()
     }
 
     fn frames(&self) -> usize {
@@ -202,6 +198,8 @@ mod tests {
         }
         // The puts went past the cache.
         assert_eq!(alloc.llfree().cached_frames(), cached);
+        // Threads on the same cores beside this thread's cache, which they borrow from.
+        stress(&alloc, 2, &[0, 0, 1, 9], 20_000);
         alloc.drain(0);
         assert_eq!(alloc.llfree().free_frames(), alloc.frames());
         alloc.llfree().validate().unwrap();
