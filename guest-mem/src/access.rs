@@ -32,8 +32,9 @@ impl GuestRegion {
             return Ok(());
         }
         let chunk = self.chunk_size().bytes();
+        let mut core = self.shared.pool.shared_core(self.shared.vmm_core);
         for index in offset.0 / chunk..=(end - 1) / chunk {
-            self.populate(index as usize, self.shared.vmm_core, None)
+            self.populate(index as usize, &mut core)
                 .map_err(|e| GuestMemoryError::IOError(io::Error::other(e)))?;
         }
         Ok(())

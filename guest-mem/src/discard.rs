@@ -7,6 +7,7 @@ use llfree::FRAME_SIZE;
 use vm_memory::GuestAddress;
 
 use crate::memory::{GuestMemory, MemoryError};
+use crate::pool::CoreFrames;
 use crate::region::{GuestRegion, RegionError, Repopulation};
 use crate::stats::Counters;
 
@@ -92,9 +93,10 @@ impl GuestMemory {
         &self,
         addr: GuestAddress,
         len: u64,
-        core: usize,
+        core: &mut CoreFrames,
         mut decide: impl FnMut(&Part<'_>, &mut DiscardStats) -> GiveBack,
     ) -> Result<DiscardStats, MemoryError> {
+        self.check_core(core);
         let mut stats = DiscardStats::default();
         let discarded = &self.inner.shared.counters.discarded_chunks;
         self.for_each_part(addr, len, |part| {
@@ -124,7 +126,7 @@ impl GuestMemory {
         &self,
         addr: GuestAddress,
         len: u64,
-        core: usize,
+        core: &mut CoreFrames,
     ) -> Result<DiscardStats, MemoryError> {
         self.give_back_parts(addr, len, core, |part, _| {
             match part.pieces == part.region.pieces().pieces_per_chunk() {
@@ -141,7 +143,7 @@ impl GuestMemory {
         &self,
         addr: GuestAddress,
         len: u64,
-        core: usize,
+        core: &mut CoreFrames,
     ) -> Result<DiscardStats, MemoryError> {
         self.give_back_parts(addr, len, core, |part, stats| {
             let (newly, full) = part
@@ -184,8 +186,9 @@ impl GuestMemory {
         &self,
         addr: GuestAddress,
         len: u64,
-        core: usize,
+        core: &mut CoreFrames,
     ) -> Result<Reclaimed, MemoryError> {
+        self.check_core(core);
         let mut reclaimed = Reclaimed::default();
         let mut repopulation = Repopulation::new(core);
         self.for_each_part(addr, len, |part| {

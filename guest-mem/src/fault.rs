@@ -87,22 +87,25 @@ impl Drop for FaultHandlers {
     }
 }
 
-/// The core caches a handler thread holds, per vCPU: taken on the first fault it serves for
-/// that vCPU, given back when the thread ends. Per vCPU `None` until that first fault, then
-/// the cache if this thread got it (another handler thread may hold it).
-struct VcpuCaches(Vec<Option<Option<CoreFrames>>>);
+/// The cores a handler thread allocates with: per vCPU its core, taken on the first fault the
+/// thread serves for that vCPU, with the core's cache unless another handler thread holds it
+/// (then the shared path), given back when the thread ends; then the VMM's core, on the shared
+/// path (threads that are no vCPU fault rarely: a cache would keep a batch of frames from other
+/// VMs for nothing).
+struct VcpuCaches(Vec<Option<CoreFrames>>);
 
 impl VcpuCaches {
     fn new(vcpus: usize) -> Self {
-        Self((0..vcpus).map(|_| None).collect())
+        Self((0..=vcpus).map(|_| None).collect())
     }
 
-    /// This thread's cache of vCPU `index`'s core, if it holds it (tried once per vCPU).
-    fn of(&mut self, shared: &Shared, index: usize) -> Option<&mut CoreFrames> {
-        self.0
-            .get_mut(index)?
-            .get_or_insert_with(|| shared.pool.claim_cache(shared.core_base + index))
-            .as_mut()
+    /// This thread's frames of vCPU `vcpu`'s core (`None`: the VMM's core).
+    fn of(&mut self, shared: &Shared, vcpu: Option<usize>) -> &mut CoreFrames {
+        let index = vcpu.unwrap_or(shared.vcpus.len());
+        self.0[index].get_or_insert_with(|| match vcpu {
+            Some(i) => shared.pool.core_frames(shared.core_base + i),
+            None => shared.pool.shared_core(shared.vmm_core),
+        })
     }
 }
 
@@ -204,7 +207,7 @@ fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
             let Some((region, chunk)) = inner.locate(addr) else {
                 return false;
             };
-            resolve(shared, region, chunk, None, None, addr).is_err()
+            resolve(shared, region, chunk, None, caches.of(shared, None), addr).is_err()
         });
         shared
             .others_wait
@@ -229,7 +232,7 @@ fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
             region,
             chunk,
             Some(index),
-            caches.of(shared, index),
+            caches.of(shared, Some(index)),
             addr,
         );
         shared.end_blocked_resolution();
@@ -237,19 +240,17 @@ fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
 }
 
 /// Populates `chunk` of `region` for the fault of `vcpu` (none: a thread that is no vCPU) at
-/// `addr` with the vCPU's core (the VMM's), through `cache` where the thread holds the core's,
-/// ends that vCPU's wait on it and wakes the waiters. Returns when the waiters were woken (for
+/// `addr` with the calling thread's frames of the vCPU's core (the VMM's), ends that vCPU's wait on it and wakes the waiters. Returns when the waiters were woken (for
 /// the wake latency) and whether this call mapped a new frame.
 fn resolve(
     shared: &Shared,
     region: &GuestRegion,
     chunk: usize,
     vcpu: Option<usize>,
-    cache: Option<&mut CoreFrames>,
+    core: &mut CoreFrames,
     addr: usize,
 ) -> Result<(Instant, bool), RegionError> {
-    let core = vcpu.map_or(shared.vmm_core, |i| shared.core_base + i);
-    let fresh = region.populate(chunk, core, cache)?;
+    let fresh = region.populate(chunk, core)?;
     let counters = &shared.counters;
     if fresh {
         Counters::bump(&counters.faults);
@@ -292,7 +293,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant, caches: &mut VcpuCache
         region,
         chunk,
         vcpu,
-        vcpu.and_then(|i| caches.of(shared, i)),
+        caches.of(shared, vcpu),
         fault.address,
     );
     if waits {
@@ -350,8 +351,8 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant, caches: &mut VcpuCache
     // the wait being recorded would otherwise be noticed only by the next retry, and the error
     // would be reported for nothing. Not while the VM is paused: the vCPU waits on.
     if shared.begin_blocked_resolution() {
-        let cache = caches.of(shared, i);
-        let resolved = resolve(shared, region, chunk, vcpu, cache, fault.address).is_ok();
+        let core = caches.of(shared, vcpu);
+        let resolved = resolve(shared, region, chunk, vcpu, core, fault.address).is_ok();
         shared.end_blocked_resolution();
         if resolved {
             return;

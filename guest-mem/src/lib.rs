@@ -33,7 +33,7 @@ pub mod zone;
 pub use discard::{DiscardStats, Reclaimed};
 pub use latency::LatencySummary;
 pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Population, Snapshot};
-pub use pool::{Backing, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
+pub use pool::{Backing, CoreFrames, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
 pub use region::{GuestRegion, RegionError};
 pub use stats::{FaultLatency, MemoryStats, PoolStats};
 pub use sys::uffd::handler_ioctls as fault_handler_ioctls;

@@ -10,7 +10,7 @@ use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::fault::FaultHandlers;
-use crate::pool::{Frame, FrameSize, Pool};
+use crate::pool::{CoreFrames, Frame, FrameSize, Pool};
 use crate::region::{GuestRegion, RegionError};
 use crate::shared::{Inner, Shared};
 use crate::stats::{Counters, MemoryStats};
@@ -334,9 +334,12 @@ impl GuestMemory {
     }
 
     fn populate_all(&self, population: &Population) -> Result<(), MemoryError> {
-        let core = self.inner.shared.vmm_core;
         // One thread allocates every frame: through the core's cache, unless a thread holds it.
-        let mut cache = self.inner.shared.pool.claim_cache(core);
+        let mut core = self
+            .inner
+            .shared
+            .pool
+            .core_frames(self.inner.shared.vmm_core);
         for region in &self.inner.regions {
             for chunk in 0..region.table().len() {
                 if population.cancelled.load(Ordering::Acquire) {
@@ -345,7 +348,7 @@ impl GuestMemory {
                 if !region.is_plugged(chunk) {
                     continue;
                 }
-                region.populate_and_prefault(chunk, core, cache.as_mut())?;
+                region.populate_and_prefault(chunk, &mut core)?;
                 population
                     .populated_bytes
                     .fetch_add(region.chunk_size().bytes(), Ordering::Relaxed);
@@ -384,11 +387,27 @@ impl GuestMemory {
         Ok((region, (offset / chunk) as usize..(end / chunk) as usize))
     }
 
+    /// Checks that `core` is one of this memory's pool: frames of another pool's core would
+    /// go to the wrong allocator (a caller's mistake, not a guest's).
+    pub(crate) fn check_core(&self, core: &CoreFrames) {
+        assert!(
+            core.is_of(&self.inner.shared.pool),
+            "core {} belongs to another pool",
+            core.core()
+        );
+    }
+
     /// Plugs `[addr, addr + len)`, whole unplugged chunks of the hot-pluggable memory: each
     /// gets a frame allocated with `core` (recorded in the zone, for a VM in one) and the guest
     /// may use it. All or nothing: if a chunk is plugged already or the pool runs out, the
     /// chunks this call plugged are unplugged again and the error returned.
-    pub fn plug(&self, addr: GuestAddress, len: u64, core: usize) -> Result<(), MemoryError> {
+    pub fn plug(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        core: &mut CoreFrames,
+    ) -> Result<(), MemoryError> {
+        self.check_core(core);
         let (region, chunks) = self.hotplug_chunks(addr, len)?;
         if let Some(chunk) = chunks.clone().find(|&c| region.is_plugged(c)) {
             return Err(RegionError::Plugged { chunk }.into());
@@ -400,7 +419,13 @@ impl GuestMemory {
     /// becomes inaccessible (to the guest and to device accesses) and its frame, scrubbed, goes
     /// back to the pool with `core`. Returns how many frames went back. Fails before changing
     /// anything if a chunk is not plugged.
-    pub fn unplug(&self, addr: GuestAddress, len: u64, core: usize) -> Result<usize, MemoryError> {
+    pub fn unplug(
+        &self,
+        addr: GuestAddress,
+        len: u64,
+        core: &mut CoreFrames,
+    ) -> Result<usize, MemoryError> {
+        self.check_core(core);
         let (region, chunks) = self.hotplug_chunks(addr, len)?;
         if let Some(chunk) = chunks.clone().find(|&c| !region.is_plugged(c)) {
             return Err(RegionError::Unplugged { chunk }.into());

@@ -69,30 +69,31 @@ fn bad_region_layouts() {
 fn bad_ranges_and_vcpus() {
     let ranges = vec![(GuestAddress(0), 4 * MIB), (GuestAddress(8 * MIB), 4 * MIB)];
     let memory = GuestMemory::new(pool(), MemoryConfig::new(ranges, 2)).expect("memory");
+    let mut core = memory.pool().core_frames(0);
     assert_eq!(
         memory
-            .discard(GuestAddress(100), 4096, 0)
+            .discard(GuestAddress(100), 4096, &mut core)
             .unwrap_err()
             .to_string(),
         "guest range 0x64+0x1000 is empty or not 4 KiB aligned"
     );
     assert_eq!(
         memory
-            .release_pieces(GuestAddress(0), 0, 0)
+            .release_pieces(GuestAddress(0), 0, &mut core)
             .unwrap_err()
             .to_string(),
         "guest range 0x0+0x0 is empty or not 4 KiB aligned"
     );
     assert_eq!(
         memory
-            .discard(GuestAddress(2 * MIB), 4 * MIB, 0)
+            .discard(GuestAddress(2 * MIB), 4 * MIB, &mut core)
             .unwrap_err()
             .to_string(),
         "guest range 0x200000+0x400000 is not RAM"
     );
     assert_eq!(
         memory
-            .discard(GuestAddress(u64::MAX - 4095), 8192, 0)
+            .discard(GuestAddress(u64::MAX - 4095), 8192, &mut core)
             .unwrap_err()
             .to_string(),
         "guest range 0xfffffffffffff000+0x2000 is not RAM"
@@ -112,9 +113,11 @@ fn bad_ranges_and_vcpus() {
         "only the chunk before the hole"
     );
     // A range across the hole is refused as a whole; one inside RAM works.
-    assert!(memory.discard(GuestAddress(0), 12 * MIB, 0).is_err());
+    assert!(memory
+        .discard(GuestAddress(0), 12 * MIB, &mut core)
+        .is_err());
     let stats = memory
-        .discard(GuestAddress(0), 4 * MIB, 0)
+        .discard(GuestAddress(0), 4 * MIB, &mut core)
         .expect("discard");
     assert_eq!(stats.freed_chunks, 1);
 }

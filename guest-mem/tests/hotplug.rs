@@ -44,6 +44,7 @@ fn used(pool: &Pool) -> u64 {
 fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_access() {
     let pool = pool(RAM + HOTPLUG_SIZE);
     let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Eager)).expect("memory");
+    let mut core = memory.pool().core_frames(0);
     // Eager population fills RAM only.
     assert_eq!(used(&pool), RAM);
     let region = memory.hotplug_region().expect("hot-pluggable memory");
@@ -59,7 +60,7 @@ fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_acces
 
     // Plug 4 MiB at 2 MiB in: frames now, the memory usable.
     let at = GuestAddress(HOTPLUG + CHUNK);
-    memory.plug(at, 2 * CHUNK, 0).expect("plug");
+    memory.plug(at, 2 * CHUNK, &mut core).expect("plug");
     assert_eq!(used(&pool), RAM + 2 * CHUNK);
     assert_eq!(all(&memory).unwrap(), 2);
     memory.write_obj(0x5eed_u64, at).expect("write");
@@ -67,7 +68,7 @@ fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_acces
     assert!(memory.read_obj::<u64>(GuestAddress(HOTPLUG)).is_err());
 
     // Plugging a plugged chunk, unplugging an unplugged one: refused, nothing changed.
-    let overlap = memory.plug(GuestAddress(HOTPLUG), 2 * CHUNK, 0);
+    let overlap = memory.plug(GuestAddress(HOTPLUG), 2 * CHUNK, &mut core);
     assert!(
         matches!(
             overlap,
@@ -75,7 +76,7 @@ fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_acces
         ),
         "{overlap:?}"
     );
-    let unplugged = memory.unplug(GuestAddress(HOTPLUG), 2 * CHUNK, 0);
+    let unplugged = memory.unplug(GuestAddress(HOTPLUG), 2 * CHUNK, &mut core);
     assert!(
         matches!(
             unplugged,
@@ -93,7 +94,7 @@ fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_acces
         (0, CHUNK),
         (u64::MAX - CHUNK + 1, CHUNK),
     ] {
-        let result = memory.plug(GuestAddress(addr), len, 0);
+        let result = memory.plug(GuestAddress(addr), len, &mut core);
         assert!(
             matches!(result, Err(MemoryError::NotHotplug { .. })),
             "{addr:#x}+{len:#x}: {result:?}"
@@ -102,10 +103,10 @@ fn plugged_chunks_take_frames_and_unplugged_ones_give_them_back_and_refuse_acces
 
     // Unplugging gives the frames back; the memory is inaccessible again, and a new plug
     // reads zeroes.
-    assert_eq!(memory.unplug(at, 2 * CHUNK, 0).expect("unplug"), 2);
+    assert_eq!(memory.unplug(at, 2 * CHUNK, &mut core).expect("unplug"), 2);
     assert_eq!(used(&pool), RAM);
     assert!(memory.read_obj::<u64>(at).is_err());
-    memory.plug(at, CHUNK, 0).expect("plug again");
+    memory.plug(at, CHUNK, &mut core).expect("plug again");
     assert_eq!(memory.read_obj::<u64>(at).unwrap(), 0);
     drop(memory);
     assert_eq!(
@@ -121,6 +122,7 @@ fn a_request_plugged_with_scattered_frames_keeps_each_chunk_on_its_own_frame() {
     // frames: scatter the pool's free frames so that runs break everywhere.
     let pool = pool(RAM + 2 * HOTPLUG_SIZE);
     let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Eager)).expect("memory");
+    let mut core = memory.pool().core_frames(0);
     let taken: Vec<_> = std::iter::from_fn(|| pool.alloc(0, FrameSize::Huge)).collect();
     let (kept, freed): (Vec<_>, Vec<_>) = taken.iter().enumerate().partition(|(i, _)| {
         // Free 0, 2, 3, 5, 6, 7, 9, ...: runs of one, two and three frames.
@@ -134,7 +136,9 @@ fn a_request_plugged_with_scattered_frames_keeps_each_chunk_on_its_own_frame() {
     let at = |i: u64, offset: u64| GuestAddress(HOTPLUG + i * CHUNK + offset);
     let chunk_at = |i: u64| at(i, 0);
     let fill = |i: u64| 0x0101_0101_0101_0101 * (i + 1);
-    memory.plug(chunk_at(0), HOTPLUG_SIZE, 0).expect("plug");
+    memory
+        .plug(chunk_at(0), HOTPLUG_SIZE, &mut core)
+        .expect("plug");
     assert_eq!(used(&pool), RAM + HOTPLUG_SIZE + kept.len() as u64 * CHUNK);
     let offsets = [0, 4096, CHUNK / 2, CHUNK - 8];
     for i in 0..chunks {
@@ -149,12 +153,19 @@ fn a_request_plugged_with_scattered_frames_keeps_each_chunk_on_its_own_frame() {
         }
     }
     // Unplug three chunks in the middle: their frames only are scrubbed and freed.
-    assert_eq!(memory.unplug(chunk_at(2), 3 * CHUNK, 0).expect("unplug"), 3);
+    assert_eq!(
+        memory
+            .unplug(chunk_at(2), 3 * CHUNK, &mut core)
+            .expect("unplug"),
+        3
+    );
     assert_eq!(
         used(&pool),
         RAM + (chunks - 3) * CHUNK + kept.len() as u64 * CHUNK
     );
-    memory.plug(chunk_at(2), 3 * CHUNK, 0).expect("plug again");
+    memory
+        .plug(chunk_at(2), 3 * CHUNK, &mut core)
+        .expect("plug again");
     for i in 0..chunks {
         let expected = if (2..5).contains(&i) { 0 } else { fill(i) };
         for offset in offsets {
@@ -162,7 +173,9 @@ fn a_request_plugged_with_scattered_frames_keeps_each_chunk_on_its_own_frame() {
         }
     }
     assert_eq!(
-        memory.unplug(chunk_at(0), HOTPLUG_SIZE, 0).expect("unplug"),
+        memory
+            .unplug(chunk_at(0), HOTPLUG_SIZE, &mut core)
+            .expect("unplug"),
         chunks as usize
     );
     for (_, frame) in &kept {
@@ -174,7 +187,9 @@ fn a_request_plugged_with_scattered_frames_keeps_each_chunk_on_its_own_frame() {
     for frame in &all {
         pool.free(0, *frame).expect("free");
     }
-    memory.plug(chunk_at(0), HOTPLUG_SIZE, 0).expect("plug all");
+    memory
+        .plug(chunk_at(0), HOTPLUG_SIZE, &mut core)
+        .expect("plug all");
     for i in 0..chunks {
         for offset in offsets {
             assert_eq!(read(i, offset).unwrap(), 0, "chunk {i} +{offset:#x}");
@@ -187,7 +202,8 @@ fn a_plug_the_pool_cannot_serve_plugs_nothing() {
     // Room for RAM and two hot-pluggable chunks.
     let pool = pool(RAM + 2 * CHUNK);
     let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Eager)).expect("memory");
-    let result = memory.plug(GuestAddress(HOTPLUG), 3 * CHUNK, 0);
+    let mut core = memory.pool().core_frames(0);
+    let result = memory.plug(GuestAddress(HOTPLUG), 3 * CHUNK, &mut core);
     assert!(
         matches!(result, Err(MemoryError::Region(RegionError::Exhausted(_)))),
         "{result:?}"
@@ -200,7 +216,7 @@ fn a_plug_the_pool_cannot_serve_plugs_nothing() {
         0
     );
     memory
-        .plug(GuestAddress(HOTPLUG), 2 * CHUNK, 0)
+        .plug(GuestAddress(HOTPLUG), 2 * CHUNK, &mut core)
         .expect("what fits");
 }
 
@@ -208,11 +224,12 @@ fn a_plug_the_pool_cannot_serve_plugs_nothing() {
 fn a_vcpu_uses_plugged_memory_and_touching_unplugged_memory_fails_without_a_frame() {
     let pool = pool(RAM + HOTPLUG_SIZE);
     let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Lazy)).expect("memory");
+    let mut core = memory.pool().core_frames(0);
     let Some(vm) = Vm::new(&memory) else {
         return;
     };
     let plugged = GuestAddress(HOTPLUG + 4 * CHUNK);
-    memory.plug(plugged, CHUNK, 0).expect("plug");
+    memory.plug(plugged, CHUNK, &mut core).expect("plug");
     let touch = |start: u64| Touch {
         start,
         count: 16,
@@ -230,7 +247,7 @@ fn a_vcpu_uses_plugged_memory_and_touching_unplugged_memory_fails_without_a_fram
     assert!(refused(&result), "touching unplugged memory: {result:?}");
     assert_eq!(used(&pool), before, "no frame for unplugged memory");
     // Unplugged under the guest's feet: the next touch fails too.
-    memory.unplug(plugged, CHUNK, 0).expect("unplug");
+    memory.unplug(plugged, CHUNK, &mut core).expect("unplug");
     let result = vm.run(&memory, 2, touch(plugged.0));
     assert!(
         refused(&result),
@@ -259,17 +276,18 @@ fn a_vm_in_a_zone_keeps_its_plugged_memory_and_nothing_else_across_a_reopen() {
     };
     let zone = Zone::open(&path.0, 2).expect("open");
     let memory = open(&zone);
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     memory
-        .plug(GuestAddress(HOTPLUG), 3 * CHUNK, 0)
+        .plug(GuestAddress(HOTPLUG), 3 * CHUNK, &mut core)
         .expect("plug");
     memory
         .write_slice(b"plugged, kept", GuestAddress(HOTPLUG + CHUNK))
         .expect("write");
     memory
-        .unplug(GuestAddress(HOTPLUG + 2 * CHUNK), CHUNK, 0)
+        .unplug(GuestAddress(HOTPLUG + 2 * CHUNK), CHUNK, &mut core)
         .expect("unplug");
     let free = zone.info().expect("info").free_frames;
-    drop(memory);
+    drop((core, memory));
     drop(zone);
 
     let zone = Zone::open(&path.0, 2).expect("reopen");

@@ -76,7 +76,11 @@ fn a_2m_pool_hands_out_1g_chunks() {
     assert_eq!(frame.size, FrameSize::Giant);
     assert_eq!(pool.stats().free_bytes, 0);
     memory
-        .discard(GuestAddress(0), GIB, pool.claim_cores(1))
+        .discard(
+            GuestAddress(0),
+            GIB,
+            &mut pool.core_frames(pool.claim_cores(1)),
+        )
         .expect("discard");
     assert_eq!(pool.stats().free_giant, 1);
 }
@@ -92,9 +96,9 @@ fn one_gib_pages_populate_discard_and_come_back_zeroed() {
     let Some(vm) = Vm::new(&memory) else { return };
     assert_eq!(vm.run(&memory, 0, touch(GIB, 64 * MIB, 16, 0x77)), Ok(0));
     assert_eq!(memory.stats().populated_chunks, 2);
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let freed = memory
-        .discard(GuestAddress(GIB), GIB, core)
+        .discard(GuestAddress(GIB), GIB, &mut core)
         .expect("discard");
     assert_eq!(freed.freed_chunks, 1);
     let vm = Vm::new(&memory).expect("KVM");

@@ -103,13 +103,25 @@ fn discard_then_touch(scrub: Scrub) {
     let Some(vm) = Vm::new(&memory) else { return };
     assert_eq!(vm.run(&memory, 0, chunks(1, 8, 0x1234_5678)), Ok(0));
     let used = pool.stats().used_bytes;
-    let balloon_core = pool.claim_cores(1);
+    // A device's core through its cache (the VMM's: a pool of two trees has two cores, and the
+    // vCPU's handler holds the other's): the frames wait there, counted as free.
+    let mut balloon_core = pool.core_frames(memory.vmm_core());
+    assert!(balloon_core.is_cached());
+    let cached = pool.allocator().cached_frames();
     let freed = memory
-        .discard(GuestAddress(CHUNK), 8 * CHUNK, balloon_core)
+        .discard(GuestAddress(CHUNK), 8 * CHUNK, &mut balloon_core)
         .expect("discard");
     assert_eq!(freed.freed_chunks, 8);
     assert_eq!(pool.stats().used_bytes, used - 8 * CHUNK);
     assert!(memory.frame_at(GuestAddress(CHUNK)).is_none());
+    assert_eq!(pool.allocator().cached_frames(), cached + 8 * 512);
+    drop(balloon_core);
+    assert_eq!(
+        pool.allocator().cached_frames(),
+        cached,
+        "given to their tree"
+    );
+    assert_eq!(pool.stats().used_bytes, used - 8 * CHUNK);
     // Touching again faults in fresh frames: the old marker is gone.
     let again = std::thread::scope(|s| {
         s.spawn(|| {
@@ -136,18 +148,24 @@ fn given_away_pieces_accumulate_until_the_chunk_goes_back() {
     let memory = memory(&pool, 64 * MIB, 1);
     let Some(vm) = Vm::new(&memory) else { return };
     assert_eq!(vm.run(&memory, 0, chunks(3, 1, 7)), Ok(0));
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let base = GuestAddress(3 * CHUNK);
-    let first = memory.release_pieces(base, MIB, core).expect("inflate");
+    let first = memory
+        .release_pieces(base, MIB, &mut core)
+        .expect("inflate");
     assert_eq!((first.pieces, first.freed_chunks), (256, 0));
-    let deflated = memory.reclaim_pieces(base, 4096, core).expect("deflate");
+    let deflated = memory
+        .reclaim_pieces(base, 4096, &mut core)
+        .expect("deflate");
     assert_eq!((deflated.pieces, deflated.populated_chunks), (1, 0));
     let second = memory
-        .release_pieces(GuestAddress(3 * CHUNK + MIB), MIB, core)
+        .release_pieces(GuestAddress(3 * CHUNK + MIB), MIB, &mut core)
         .expect("inflate");
     assert_eq!((second.pieces, second.freed_chunks), (256, 0));
     assert!(memory.frame_at(base).is_some(), "one piece is still in use");
-    let last = memory.release_pieces(base, 4096, core).expect("inflate");
+    let last = memory
+        .release_pieces(base, 4096, &mut core)
+        .expect("inflate");
     assert_eq!((last.pieces, last.freed_chunks), (1, 1));
     assert!(memory.frame_at(base).is_none());
     assert_eq!(memory.stats().given_away_pieces, 512);
@@ -160,19 +178,19 @@ fn a_chunk_taken_back_from_the_balloon_has_its_frame_before_the_guest_touches_it
     let Some(vm) = Vm::new(&memory) else { return };
     assert_eq!(vm.run(&memory, 0, chunks(3, 4, 0x5555_0001)), Ok(0));
     let faults = memory.stats().faults;
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let inflated = memory
-        .release_pieces(GuestAddress(3 * CHUNK), 4 * CHUNK, core)
+        .release_pieces(GuestAddress(3 * CHUNK), 4 * CHUNK, &mut core)
         .expect("inflate");
     assert_eq!(inflated.freed_chunks, 4);
     let used = pool.stats().used_bytes;
     // Chunks 3 and 4 entirely, and one page of chunk 6 (the guest took back what it asked).
     let deflated = memory
-        .reclaim_pieces(GuestAddress(3 * CHUNK), 2 * CHUNK, core)
+        .reclaim_pieces(GuestAddress(3 * CHUNK), 2 * CHUNK, &mut core)
         .expect("deflate");
     assert_eq!((deflated.pieces, deflated.populated_chunks), (1024, 2));
     let page = memory
-        .reclaim_pieces(GuestAddress(6 * CHUNK + MIB), 4096, core)
+        .reclaim_pieces(GuestAddress(6 * CHUNK + MIB), 4096, &mut core)
         .expect("deflate");
     assert_eq!((page.pieces, page.populated_chunks), (1, 1));
     assert_eq!(pool.stats().used_bytes, used + 3 * CHUNK);
@@ -182,7 +200,7 @@ fn a_chunk_taken_back_from_the_balloon_has_its_frame_before_the_guest_touches_it
     );
     // Pages never given away, deflated by a confused guest, take no frame.
     let never = memory
-        .reclaim_pieces(GuestAddress(20 * CHUNK), CHUNK, core)
+        .reclaim_pieces(GuestAddress(20 * CHUNK), CHUNK, &mut core)
         .expect("deflate");
     assert_eq!(never, Reclaimed::default());
     assert!(memory.frame_at(GuestAddress(20 * CHUNK)).is_none());
@@ -217,8 +235,8 @@ fn two_guests_share_one_pool() {
     let a_frames: Vec<_> = (1..25)
         .map(|c| a.frame_at(GuestAddress(c * CHUNK)).expect("populated"))
         .collect();
-    let core = pool.claim_cores(1);
-    a.discard(GuestAddress(CHUNK), 12 * CHUNK, core)
+    let mut core = pool.core_frames(pool.claim_cores(1));
+    a.discard(GuestAddress(CHUNK), 12 * CHUNK, &mut core)
         .expect("discard");
     std::thread::scope(|s| {
         s.spawn(|| assert_eq!(vm_b.run(&b, 0, chunks(1, 18, 0xB)), Ok(0)));
@@ -294,8 +312,12 @@ fn a_blocked_vcpu_goes_on_when_another_guest_frees_memory() {
             "the VMM is told"
         );
         assert_eq!(memory.take_fault_error(0), Some(FaultError::PoolExhausted));
-        hog.discard(GuestAddress(0), CHUNK, pool.claim_cores(1))
-            .expect("discard");
+        hog.discard(
+            GuestAddress(0),
+            CHUNK,
+            &mut pool.core_frames(pool.claim_cores(1)),
+        )
+        .expect("discard");
         let result = finished.recv_timeout(Duration::from_secs(20));
         if result.is_err() {
             // Failing: let the vCPU run to its end so that the scope can join it.
@@ -365,7 +387,7 @@ fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_p
     let pool = pool(64 * MIB);
     let memory = memory(&pool, 16 * MIB, 1);
     let Some(vm) = Vm::new(&memory) else { return };
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let chunk = &memory.regions()[0];
     let chunk_addr = chunk.host_addr() + CHUNK as usize;
     let done = AtomicBool::new(false);
@@ -379,7 +401,7 @@ fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_p
         let mut discards = 0;
         while !done.load(Ordering::Acquire) {
             memory
-                .discard(GuestAddress(CHUNK), CHUNK, core)
+                .discard(GuestAddress(CHUNK), CHUNK, &mut core)
                 .expect("discard");
             discards += 1;
             std::thread::sleep(Duration::from_micros(200));
@@ -388,7 +410,7 @@ fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_p
         discards
     });
     memory
-        .discard(GuestAddress(CHUNK), CHUNK, core)
+        .discard(GuestAddress(CHUNK), CHUNK, &mut core)
         .expect("discard");
     assert!(discards >= 20, "only {discards} discards raced the guest");
     assert_eq!(
@@ -438,7 +460,11 @@ fn a_thread_that_is_no_vcpu_waits_for_a_frame_instead_of_taking_memory_outside_t
             "no page outside the pool"
         );
         memory
-            .discard(GuestAddress(CHUNK), CHUNK, pool.claim_cores(1))
+            .discard(
+                GuestAddress(CHUNK),
+                CHUNK,
+                &mut pool.core_frames(pool.claim_cores(1)),
+            )
             .expect("discard");
     });
     assert!(done.load(Ordering::Acquire));

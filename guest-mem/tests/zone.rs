@@ -574,27 +574,28 @@ fn balloon_bitmaps_outlive_the_process_until_taken_back() {
     let zone = Zone::open(&path.0, 1).expect("open");
     let memory = open_memory(&zone, "vm", 8 * MIB);
     memory.write_obj(1u8, GuestAddress(2 * MIB)).expect("write");
-    let core = memory.vmm_core();
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     let given = memory
-        .release_pieces(GuestAddress(2 * MIB), MIB, core)
+        .release_pieces(GuestAddress(2 * MIB), MIB, &mut core)
         .expect("inflate");
     assert_eq!((given.pieces, given.freed_chunks), (256, 0));
-    drop((memory, zone));
+    drop((core, memory, zone));
     let zone = Zone::open(&path.0, 1).expect("reopen");
     assert_eq!(zone.info().expect("info").vms[0].given_away_pieces, 256);
     let memory = open_memory(&zone, "vm", 8 * MIB);
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     // The rest of the chunk completes it: its frame goes back to the zone.
     let rest = memory
-        .release_pieces(GuestAddress(3 * MIB), MIB, core)
+        .release_pieces(GuestAddress(3 * MIB), MIB, &mut core)
         .expect("inflate");
     assert_eq!((rest.pieces, rest.freed_chunks), (256, 1));
     let frames = zone.info().expect("info").vms[0].frames;
     // Taking one page back gives the chunk a frame at once, recorded as the VM's.
     let page = memory
-        .reclaim_pieces(GuestAddress(2 * MIB), 4096, core)
+        .reclaim_pieces(GuestAddress(2 * MIB), 4096, &mut core)
         .expect("deflate");
     assert_eq!((page.pieces, page.populated_chunks), (1, 1));
-    drop((memory, zone));
+    drop((core, memory, zone));
     let zone = Zone::open(&path.0, 1).expect("reopen");
     let info = zone.info().expect("info");
     assert_eq!(info.vms[0].frames, frames + 1);

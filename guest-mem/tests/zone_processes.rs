@@ -63,9 +63,9 @@ fn zone_peer() {
     let memory = GuestMemory::new_in_zone(vm, common::memory_config(VM, 1), &Population::default())
         .expect("memory");
     fill(&memory, 0, VM, 0x9e);
-    let core = zone.pool().own_core();
+    let mut core = zone.pool().core_frames(zone.pool().own_core());
     memory
-        .discard(GuestAddress(VM - GIVEN_BACK), GIVEN_BACK, core)
+        .discard(GuestAddress(VM - GIVEN_BACK), GIVEN_BACK, &mut core)
         .expect("discard");
     println!("gave back");
     std::io::stdout().flush().expect("flush");

@@ -170,7 +170,7 @@ pub struct Pool {
     next_core: AtomicUsize,
     /// The allocator cores this process uses (a zone's: the slots it claimed).
     cores: Range<usize>,
-    /// Per core of `cores`: a thread holds its cache ([`Pool::claim_cache`]).
+    /// Per core of `cores`: a thread holds its cache ([`Pool::core_frames`]).
     cache_claims: Box<[AtomicBool]>,
     /// A zone's pool: this process's membership, ended when the pool goes.
     membership: Option<Membership>,

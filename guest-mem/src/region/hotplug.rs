@@ -10,7 +10,7 @@ use std::ops::Range;
 use super::run::FrameRun;
 use super::{GuestRegion, RegionError};
 use crate::frame_table::ChunkState;
-use crate::pool::Frame;
+use crate::pool::{CoreFrames, Frame};
 use crate::sys::mmap;
 
 impl GuestRegion {
@@ -29,7 +29,11 @@ impl GuestRegion {
     /// Plugs unplugged `chunks` of hot-pluggable memory: each gets a frame allocated with
     /// `core`, mapped and recorded (in a zone) as populating does. All or nothing: on an error
     /// the chunks this call plugged are unplugged again.
-    pub(crate) fn plug(&self, chunks: Range<usize>, core: usize) -> Result<(), RegionError> {
+    pub(crate) fn plug(
+        &self,
+        chunks: Range<usize>,
+        core: &mut CoreFrames,
+    ) -> Result<(), RegionError> {
         let Err((plugged, e)) = self.plug_runs(chunks, core) else {
             return Ok(());
         };
@@ -46,7 +50,7 @@ impl GuestRegion {
     fn plug_runs(
         &self,
         chunks: Range<usize>,
-        core: usize,
+        core: &mut CoreFrames,
     ) -> Result<(), (Range<usize>, RegionError)> {
         let mut pending: Option<FrameRun> = None;
         for chunk in chunks.clone() {
@@ -84,13 +88,13 @@ impl GuestRegion {
     /// Claims unplugged `chunk` and gives it a frame allocated with `core`, recorded in the
     /// zone (allocate, then record: a crash in between leaves a frame that the zone's recovery
     /// finds referenced by no VM, and frees).
-    fn claim_for_plug(&self, chunk: usize, core: usize) -> Result<Frame, RegionError> {
+    fn claim_for_plug(&self, chunk: usize, core: &mut CoreFrames) -> Result<Frame, RegionError> {
         if !self.table.claim_unplugged(chunk) {
             return Err(RegionError::Plugged { chunk });
         }
         // Its given-away pieces (a balloon's, while it was unplugged) are the new memory's.
         self.pieces.clear(chunk, 0, self.pieces.pieces_per_chunk());
-        let Some(frame) = self.shared.pool.alloc(core, self.chunk) else {
+        let Some(frame) = core.alloc(self.chunk) else {
             self.table.publish_unplugged(chunk);
             return Err(RegionError::Exhausted(self.chunk.name()));
         };
@@ -100,7 +104,7 @@ impl GuestRegion {
 
     /// Maps the frames of claimed `run` over its chunks and publishes them; on failure gives
     /// the frames back and leaves the chunks unplugged.
-    fn map_plugged(&self, run: FrameRun, core: usize) -> Result<(), RegionError> {
+    fn map_plugged(&self, run: FrameRun, core: &mut CoreFrames) -> Result<(), RegionError> {
         self.map_run(run)
             .inspect_err(|_| self.abandon_plug(run, core))
     }
@@ -108,7 +112,7 @@ impl GuestRegion {
     /// Gives the fresh frames of claimed `run` back (they never held data) and publishes its
     /// chunks unplugged behind a new inaccessible reservation (a failed MAP_FIXED may have
     /// removed the old one).
-    fn abandon_plug(&self, run: FrameRun, core: usize) {
+    fn abandon_plug(&self, run: FrameRun, core: &mut CoreFrames) {
         self.free_fresh_frames(run, core);
         let _ = self.make_inaccessible(run.chunks());
         run.chunks()
@@ -118,7 +122,11 @@ impl GuestRegion {
     /// Unplugs plugged `chunks` of hot-pluggable memory: they become inaccessible and their
     /// frames go back to the pool scrubbed (with `core`). Returns how many frames were freed.
     /// On an error, the chunks before the one that failed are unplugged.
-    pub(crate) fn unplug(&self, chunks: Range<usize>, core: usize) -> Result<usize, RegionError> {
+    pub(crate) fn unplug(
+        &self,
+        chunks: Range<usize>,
+        core: &mut CoreFrames,
+    ) -> Result<usize, RegionError> {
         let mut freed = 0;
         // A run of chunks with frames, and whether they are mapped in this process.
         let mut pending: Option<(FrameRun, bool)> = None;
@@ -188,7 +196,12 @@ impl GuestRegion {
     /// Makes the chunks of claimed `run` inaccessible and gives their frames back scrubbed;
     /// returns how many were freed. If they cannot be made inaccessible, they are put back as
     /// they were (`mapped` or not).
-    fn unplug_run(&self, run: FrameRun, mapped: bool, core: usize) -> Result<usize, RegionError> {
+    fn unplug_run(
+        &self,
+        run: FrameRun,
+        mapped: bool,
+        core: &mut CoreFrames,
+    ) -> Result<usize, RegionError> {
         if let Err(e) = self.make_inaccessible(run.chunks()) {
             for (chunk, frame) in run.frames() {
                 match mapped {

@@ -189,7 +189,7 @@ impl GuestRegion {
     fn give_back_frames(
         &self,
         run: FrameRun,
-        core: usize,
+        core: &mut CoreFrames,
         publish: impl Fn(usize),
         keep: impl Fn(usize),
     ) -> Result<usize, RegionError> {
@@ -204,7 +204,7 @@ impl GuestRegion {
         let (mut freed, mut failed) = (0, None);
         for (chunk, frame) in run.frames() {
             self.table.unpersist(chunk);
-            match pool.free(core, frame) {
+            match core.free(frame) {
                 Ok(()) => freed += 1,
                 Err(e) => {
                     failed.get_or_insert(RegionError::Scrub {
@@ -297,14 +297,13 @@ impl GuestRegion {
         }
     }
 
-    /// Makes sure `chunk` is backed by a frame, allocating it with `core`, through the calling
-    /// thread's `cache` of that core where it has one. Returns `true` when this call mapped a new
-    /// frame, `false` when the chunk was populated already.
+    /// Makes sure `chunk` is backed by a frame, allocating it with the calling thread's `core`.
+    /// Returns `true` when this call mapped a new frame, `false` when the chunk was populated
+    /// already.
     pub(crate) fn populate(
         &self,
         chunk: usize,
-        core: usize,
-        cache: Option<&mut CoreFrames>,
+        core: &mut CoreFrames,
     ) -> Result<bool, RegionError> {
         match self.claim(chunk, false) {
             ChunkState::Mapped(_) => return Ok(false),
@@ -319,12 +318,7 @@ impl GuestRegion {
             };
             return self.map_claimed(chunk, frame).map(|()| true);
         }
-        let pool = &self.shared.pool;
-        let frame = match cache {
-            Some(cache) => cache.alloc(self.chunk),
-            None => pool.alloc(core, self.chunk),
-        };
-        let Some(frame) = frame else {
+        let Some(frame) = core.alloc(self.chunk) else {
             self.table.publish_empty(chunk);
             return Err(RegionError::Exhausted(self.chunk.name()));
         };
@@ -334,7 +328,7 @@ impl GuestRegion {
         if let Err(e) = self.map_claimed(chunk, frame) {
             // The frame never held guest data; unpublish it and give it back as it is.
             self.table.unpersist(chunk);
-            let _ = pool.free(core, frame);
+            let _ = core.free(frame);
             return Err(e);
         }
         Ok(true)
@@ -346,10 +340,9 @@ impl GuestRegion {
     pub(crate) fn populate_and_prefault(
         &self,
         chunk: usize,
-        core: usize,
-        cache: Option<&mut CoreFrames>,
+        core: &mut CoreFrames,
     ) -> Result<(), RegionError> {
-        self.populate(chunk, core, cache)?;
+        self.populate(chunk, core)?;
         let (addr, len) = self.chunk_range(chunk);
         // SAFETY: the chunk is mapped read/write onto a pool frame, whose pages the pool provides
         // (reserved hugetlb pages, a memfd, a file of the pool's size; only a sparse pool file on
@@ -422,10 +415,10 @@ impl GuestRegion {
 
     /// Frees the frames of claimed `run`, fresh ones that never held data, with `core`, and
     /// removes them from the zone's record of the VM; its chunks stay claimed.
-    fn free_fresh_frames(&self, run: FrameRun, core: usize) {
+    fn free_fresh_frames(&self, run: FrameRun, core: &mut CoreFrames) {
         for (chunk, frame) in run.frames() {
             self.table.unpersist(chunk);
-            let _ = self.shared.pool.free(core, frame);
+            let _ = core.free(frame);
         }
     }
 
@@ -478,7 +471,11 @@ impl GuestRegion {
 
     /// Unmaps `chunk` (back to a registered placeholder) and returns its frame to the pool,
     /// scrubbed, using `core`. Returns whether a frame was freed.
-    pub(crate) fn discard_chunk(&self, chunk: usize, core: usize) -> Result<bool, RegionError> {
+    pub(crate) fn discard_chunk(
+        &self,
+        chunk: usize,
+        core: &mut CoreFrames,
+    ) -> Result<bool, RegionError> {
         let Some((frame, mapped)) = self.claim_frame(chunk) else {
             return Ok(false);
         };

@@ -9,11 +9,12 @@
 
 use super::run::FrameRun;
 use super::{GuestRegion, RegionError};
+use crate::pool::CoreFrames;
 
 /// Chunks being given frames, a run of consecutive chunks and frames at a time. Dropping it
 /// maps the pending run (errors ignored); [`Repopulation::finish`] reports them.
 pub(crate) struct Repopulation<'a> {
-    core: usize,
+    core: &'a mut CoreFrames,
     pending: Option<(&'a GuestRegion, FrameRun)>,
     populated: usize,
     /// The pool had no frame, or mapping failed: the other chunks wait for the guest's touch,
@@ -22,8 +23,8 @@ pub(crate) struct Repopulation<'a> {
 }
 
 impl<'a> Repopulation<'a> {
-    /// Allocates frames with LLFree core `core`.
-    pub fn new(core: usize) -> Self {
+    /// Allocates frames with `core`.
+    pub fn new(core: &'a mut CoreFrames) -> Self {
         Self {
             core,
             pending: None,
@@ -45,7 +46,7 @@ impl<'a> Repopulation<'a> {
             region.table.publish_empty(chunk);
             return Ok(());
         }
-        let Some(frame) = region.shared.pool.alloc(self.core, region.chunk) else {
+        let Some(frame) = self.core.alloc(region.chunk) else {
             region.table.publish_empty(chunk);
             self.stopped = true;
             return Ok(());
@@ -107,7 +108,7 @@ impl Drop for Repopulation<'_> {
 /// Gives the fresh frames of claimed `run` (they never held data) back with `core` and
 /// publishes its chunks unpopulated behind fresh placeholders (a failed MAP_FIXED may have
 /// removed the old ones).
-fn give_back(region: &GuestRegion, run: FrameRun, core: usize) {
+fn give_back(region: &GuestRegion, run: FrameRun, core: &mut CoreFrames) {
     region.free_fresh_frames(run, core);
     for chunk in run.chunks() {
         region.publish_empty_behind_placeholder(chunk);

@@ -4,10 +4,10 @@
 //! `core_claim`) and allocates through the core's [`CoreCache`]; other threads on that core id
 //! use the shared per-core path. [`FrameAllocator::drain`] gives the caller's cache and claim
 //! back. [`LLFreeAlloc::shared`] (`llfree-shared`): every thread calls the shared
-//! [`LLFree::get`] and [`LLFree::put`]. [`LLFreeAlloc::vm_path`] (`llfree-vm`): gets through the
-//! core's cache and puts on the shared path, as guest memory takes them (a fault handler thread
-//! populates a vCPU's chunks through its cache of the vCPU's core; discards free frames from a
-//! device's thread).
+//! [`LLFree::get`] and [`LLFree::put`]. [`LLFreeAlloc::vm_path`] (`llfree-vm`): gets and puts
+//! through the core's cache, every put included, as guest memory takes them (a fault handler
+//! thread populates a vCPU's chunks through its cache of the vCPU's core; a device's thread
+//! frees frames through its cache of the device's core, one tree at a time).
 
 use crate::core_claim::Claimed;
 use crate::frame_alloc::{AllocError, FrameAllocator};
@@ -30,7 +30,7 @@ enum Path {
     Cached,
     /// The shared `get` and `put` ([`LLFreeAlloc::shared`]).
     Shared,
-    /// Gets through the cache, puts shared ([`LLFreeAlloc::vm_path`]).
+    /// Gets and every put through the cache ([`LLFreeAlloc::vm_path`]).
     Vm,
 }
 
@@ -55,8 +55,8 @@ impl LLFreeAlloc {
         Ok(alloc)
     }
 
-    /// Creates a volatile LLFree as [`LLFreeAlloc::new`] does, whose threads get through their
-    /// core's cache and put on the shared path, as guest memory does.
+    /// Creates a volatile LLFree as [`LLFreeAlloc::new`] does, whose threads get and put
+    /// through their core's cache whatever a frame's tree, as guest memory does.
     pub fn vm_path(cores: usize, frames: usize) -> Result<Self, InitError> {
         let mut alloc = Self::new(cores, frames)?;
         alloc.path = Path::Vm;
@@ -105,8 +105,14 @@ impl FrameAllocator for LLFreeAlloc {
     #[inline]
     fn put(&self, core: usize, frame: usize, order: usize) -> Result<(), AllocError> {
         let (frame, order) = (FrameId(frame), Order(order));
-        // Only frames of the core's reserved tree go to its cache: the others skip the claim.
-        if self.path == Path::Cached && self.llfree.reserves(CoreId(core), frame) {
+        // The cached path keeps only frames of the core's reserved tree (the others skip the
+        // claim and reserve trees on free); guest memory's path keeps every frame.
+        let through_cache = match self.path {
+            Path::Cached => self.llfree.reserves(CoreId(core), frame),
+            Path::Vm => true,
+            Path::Shared => false,
+        };
+        if through_cache {
             let put = |cache: &mut CoreCache| self.llfree.put_cached(cache, frame, order);
             match self.caches.with(core, put) {
                 Some(Ok(())) => return Ok(()),
@@ -183,7 +189,7 @@ mod tests {
     }
 
     #[test]
-    fn the_vm_path_gets_through_caches_and_puts_shared() {
+    fn the_vm_path_gets_and_puts_through_caches() {
         let alloc = LLFreeAlloc::vm_path(2, 1 << 16).unwrap();
         assert_eq!(alloc.name(), "llfree-vm");
         exhausts_exactly(&alloc);
@@ -196,8 +202,8 @@ mod tests {
         for frame in frames {
             alloc.put(0, frame, 0).unwrap();
         }
-        // The puts went past the cache.
-        assert_eq!(alloc.llfree().cached_frames(), cached);
+        // The puts went to the cache.
+        assert_eq!(alloc.llfree().cached_frames(), cached + 100);
         // Threads on the same cores beside this thread's cache, which they borrow from.
         stress(&alloc, 2, &[0, 0, 1, 9], 20_000);
         alloc.drain(0);

@@ -7,10 +7,12 @@
 //! order-0 get or put then needs two locked instructions (child counter and bitfield) instead of
 //! three, and a huge one needs one instead of two.
 //!
-//! Cached frames are frames of the core's reserved tree, taken from its local counter: the lower
-//! level still has them free. Once the core no longer reserves that tree (another core drained
-//! it, or the reservation moved on), the cache's next operation gives them back to the tree. A
-//! cache holds at most [`LIMIT`] frames that other cores cannot reserve meanwhile.
+//! Cached frames are free in the lower level and counted nowhere else: frames of the core's
+//! reserved tree taken from its local counter, or frames freed through the cache into one tree
+//! (a device's thread gives frames back through its cache one tree at a time). Once the core
+//! does not reserve that tree (another core drained it, the reservation moved on, or it never
+//! had it), the cache's next get gives them back to the tree, as does a free into another
+//! tree. A cache holds at most [`LIMIT`] frames that other cores cannot reserve meanwhile.
 //!
 //! A core has at most one cache at a time (its owner's thread keeps it). The core's slot records
 //! how many frames of which tree the cache holds, with a plain store after each operation, so
@@ -133,14 +135,22 @@ impl LLFree {
         true
     }
 
-    /// Whether `core` reserves the tree of `frame` right now (one plain load): whether
-    /// [`LLFree::put_cached`] would keep the frame in a cache of that core.
+    /// Whether `core` reserves the tree of `frame` right now (one plain load).
     #[inline]
     pub fn reserves(&self, core: CoreId, frame: FrameId) -> bool {
         self.locals.get(core.0).owns(frame.0 / TREE_FRAMES)
     }
 
-    /// [`LLFree::put`] through `cache`: frames of the core's reserved tree go to the cache.
+    /// [`LLFree::put`] through `cache`: the frame goes to the cache, whatever its tree, and only
+    /// the lower level is changed atomically. Frees into the tree the cache holds frames of add
+    /// to them; a frame of another tree first gives those back (one locked instruction for a
+    /// run of frees into one tree, where the shared path takes one per free). Frames of a tree
+    /// the core does not reserve wait in the cache until then: the tree's counter owes them,
+    /// and a get that finds nothing else borrows them (as it borrows the core's own cached
+    /// frames). A tree that owes frames already (its counter below zero: gets borrowed frames
+    /// that caches count) gets the frame at once, so that a frame borrowed from one cache and
+    /// freed into another is never counted by both, and what a tree owes stays below what
+    /// caches took of it.
     #[inline]
     pub fn put_cached(
         &self,
@@ -149,13 +159,16 @@ impl LLFree {
         order: Order,
     ) -> Result<(), Error> {
         let (frame, order) = (frame.0, order.0);
-        let tree = frame / TREE_FRAMES;
-        let local = self.locals.get(cache.core);
-        if order > MAX_ORDER || !local.owns(tree) {
+        if order > MAX_ORDER {
             return self.put_frames(cache.core, frame, order);
         }
         self.check(frame, order)?;
         self.lower.put(frame, order)?;
+        let tree = frame / TREE_FRAMES;
+        if self.trees.load(tree).0 < 0 {
+            self.trees.add(tree, 1 << order);
+            return Ok(());
+        }
         if cache.tree != tree {
             self.release_cache(cache);
             cache.tree = tree;
@@ -163,10 +176,12 @@ impl LLFree {
         }
         cache.frames += 1 << order;
         if cache.frames > LIMIT {
-            self.give_back(local, tree, cache.frames - BATCH);
+            self.give_back(self.locals.get(cache.core), tree, cache.frames - BATCH);
             cache.frames = BATCH;
         }
-        local.set_cached(cache.tree, cache.frames);
+        self.locals
+            .get(cache.core)
+            .set_cached(cache.tree, cache.frames);
         Ok(())
     }
 
@@ -187,7 +202,7 @@ impl LLFree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Config;
+    use crate::{Config, CHILD_FRAMES};
 
     fn zone(cores: usize, trees: usize) -> LLFree {
         LLFree::new(Config::new(cores, trees * TREE_FRAMES)).unwrap()
@@ -253,6 +268,86 @@ mod tests {
             assert!(cache.frames() <= LIMIT);
         }
         alloc.release_cache(&mut cache);
+        alloc.validate().unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+
+    #[test]
+    fn frees_into_a_tree_the_core_does_not_reserve_wait_in_the_cache_one_tree_at_a_time() {
+        let alloc = zone(2, 4);
+        // Another core allocates two trees' worth; this core (a device's) frees them.
+        let taken: Vec<_> = (0..2 * TREE_FRAMES / CHILD_FRAMES)
+            .map(|_| alloc.get(CoreId(1), Order::HUGE).unwrap())
+            .collect();
+        alloc.drain(CoreId(1));
+        let first_tree = taken[0].0 / TREE_FRAMES;
+        let mut cache = alloc.core_cache(CoreId(0));
+        let (first, second) = taken.split_at(taken.len() / 2);
+        assert!(first.iter().all(|f| f.0 / TREE_FRAMES == first_tree));
+        for &frame in first {
+            alloc.put_cached(&mut cache, frame, Order::HUGE).unwrap();
+        }
+        assert!(
+            !alloc.reserves(CoreId(0), first[0]),
+            "frees reserve nothing"
+        );
+        // Free in the lower level, owed by the tree's counter, recorded as the cache's.
+        assert!(alloc.is_free(first[0], Order::HUGE));
+        assert!(cache.frames() > 0 && cache.frames() <= LIMIT);
+        assert_eq!(alloc.cached_frames(), cache.frames());
+        assert_eq!(
+            alloc.available_frames(),
+            alloc.frames() - second.len() * CHILD_FRAMES
+        );
+        // A free into the next tree gives the first tree its frames back.
+        alloc
+            .put_cached(&mut cache, second[0], Order::HUGE)
+            .unwrap();
+        assert_eq!(cache.frames(), CHILD_FRAMES);
+        assert_eq!(
+            alloc.free_frames(),
+            alloc.frames() - second.len() * CHILD_FRAMES,
+            "the first tree counts all its frames again"
+        );
+        for &frame in &second[1..] {
+            alloc.put_cached(&mut cache, frame, Order::HUGE).unwrap();
+        }
+        // The core's own get gives the frames back before it reserves a tree.
+        let frame = alloc.get_cached(&mut cache, Order(0)).unwrap();
+        alloc.put_cached(&mut cache, frame, Order(0)).unwrap();
+        alloc.release_cache(&mut cache);
+        (0..2).for_each(|core| alloc.drain(CoreId(core)));
+        alloc.validate().unwrap();
+        assert_eq!(alloc.free_frames(), alloc.frames());
+    }
+
+    #[test]
+    fn a_frame_borrowed_from_one_cache_and_freed_into_another_is_counted_once() {
+        // One tree, every frame taken: two devices' caches hand the same frames around, as
+        // VMs on one zone do when each reports what it borrowed from the other's balloon.
+        let alloc = LLFree::new(Config::new(3, 16 * CHILD_FRAMES)).unwrap();
+        let mut held: Vec<_> = (0..16)
+            .map(|_| alloc.get(CoreId(0), Order::HUGE).unwrap())
+            .collect();
+        alloc.drain(CoreId(0));
+        let mut caches = [alloc.core_cache(CoreId(1)), alloc.core_cache(CoreId(2))];
+        for round in 0..200 {
+            // A device frees 4 frames, then a VM takes 4 (borrowing what caches count).
+            let cache = &mut caches[round % 2];
+            for frame in held.drain(..4) {
+                alloc.put_cached(cache, frame, Order::HUGE).unwrap();
+            }
+            for _ in 0..4 {
+                held.push(alloc.get(CoreId(0), Order::HUGE).expect("a frame is free"));
+            }
+            assert_eq!(alloc.available_frames(), 0, "round {round}");
+            assert!(alloc.cached_frames() <= 16 * CHILD_FRAMES, "round {round}");
+        }
+        for frame in held {
+            alloc.put(CoreId(0), frame, Order::HUGE).unwrap();
+        }
+        caches.iter_mut().for_each(|c| alloc.release_cache(c));
+        (0..3).for_each(|core| alloc.drain(CoreId(core)));
         alloc.validate().unwrap();
         assert_eq!(alloc.free_frames(), alloc.frames());
     }

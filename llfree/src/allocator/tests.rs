@@ -407,6 +407,17 @@ fn shared(file: &File, frames: usize, init: Init) -> LLFree {
     persistent(file, config, init).unwrap()
 }
 
+/// Two processes on one shared region of `frames`: a survivor holding one slot (owner 7) and
+/// one that is about to die holding `slots` (owner 9); the file, then each with its first slot.
+fn survivor_and_dead(frames: usize, slots: usize) -> (File, (LLFree, CoreId), (LLFree, CoreId)) {
+    let file = temp_file(LLFree::metadata_size(frames) as u64);
+    let survivor = shared(&file, frames, Init::Fresh);
+    let dead = shared(&file, frames, Init::Attach);
+    let live = survivor.claim_slots(7, 1).unwrap();
+    let gone = dead.claim_slots(9, slots).unwrap();
+    (file, (survivor, live), (dead, gone))
+}
+
 #[test]
 fn owners_on_one_shared_region_allocate_side_by_side_and_leave_it_consistent() {
     let frames = 16 * TREE_FRAMES;
@@ -471,11 +482,7 @@ fn owners_on_one_shared_region_allocate_side_by_side_and_leave_it_consistent() {
 #[test]
 fn a_dead_owner_s_reservations_are_recounted_while_others_allocate() {
     let frames = 8 * TREE_FRAMES;
-    let file = temp_file(LLFree::metadata_size(frames) as u64);
-    let survivor = shared(&file, frames, Init::Fresh);
-    let dead = shared(&file, frames, Init::Attach);
-    let live = survivor.claim_slots(7, 1).unwrap();
-    let gone = dead.claim_slots(9, 2).unwrap();
+    let (_file, (survivor, live), (dead, gone)) = survivor_and_dead(frames, 2);
     let mut kept = Vec::new();
     for core in [gone.0, gone.0 + 1] {
         for _ in 0..100 {
@@ -524,11 +531,7 @@ fn a_dead_owner_s_reservations_are_recounted_while_others_allocate() {
 #[test]
 fn a_dead_owner_s_cached_frames_come_back_even_after_survivors_drained_its_reservation() {
     let frames = 4 * TREE_FRAMES;
-    let file = temp_file(LLFree::metadata_size(frames) as u64);
-    let survivor = shared(&file, frames, Init::Fresh);
-    let dead = shared(&file, frames, Init::Attach);
-    let live = survivor.claim_slots(7, 1).unwrap();
-    let gone = dead.claim_slots(9, 1).unwrap();
+    let (_file, (survivor, live), (dead, gone)) = survivor_and_dead(frames, 1);
     let mut cache = dead.core_cache(gone);
     let kept: Vec<_> = (0..100)
         .map(|_| dead.get_cached(&mut cache, Order(0)).unwrap())
@@ -564,6 +567,36 @@ fn a_dead_owner_s_cached_frames_come_back_even_after_survivors_drained_its_reser
     for frame in all.into_iter().chain(kept.into_iter().map(|f| f.0)) {
         survivor.put_frames(live.0, frame, 0).unwrap();
     }
+    survivor.validate().unwrap();
+}
+
+#[test]
+fn frames_a_dead_owner_freed_through_its_cache_come_back_to_their_tree() {
+    let frames = 4 * TREE_FRAMES;
+    let (_file, (survivor, live), (dead, device)) = survivor_and_dead(frames, 1);
+    // The survivor's VM had the frames; the dead process's device freed them through its
+    // cache (a balloon or an unplug) and died before giving them to the tree.
+    let taken: Vec<_> = (0..8)
+        .map(|_| survivor.get_frames(live.0, HUGE_ORDER).unwrap())
+        .collect();
+    let mut cache = dead.core_cache(device);
+    for &frame in &taken {
+        dead.put_cached(&mut cache, FrameId(frame), Order::HUGE)
+            .unwrap();
+    }
+    assert_eq!(cache.frames(), 8 * CHILD_FRAMES);
+    std::mem::forget(cache);
+    drop(dead);
+    survivor.drain(live);
+    assert_eq!(
+        survivor.free_frames(),
+        frames - 8 * CHILD_FRAMES,
+        "owed by the tree"
+    );
+    assert_eq!(survivor.available_frames(), frames, "but free");
+    let report = survivor.recover_slots(9);
+    assert_eq!(report.cached_frames, 8 * CHILD_FRAMES);
+    assert_eq!(survivor.free_frames(), frames);
     survivor.validate().unwrap();
 }
 

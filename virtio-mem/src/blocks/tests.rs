@@ -21,7 +21,8 @@ impl MemBackend for Memory {
     type Error = MemoryError;
 
     fn plug(&self, addr: u64, len: u64) -> Result<(), PlugError<MemoryError>> {
-        match self.0.plug(GuestAddress(addr), len, 0) {
+        let mut core = self.0.pool().core_frames(0);
+        match self.0.plug(GuestAddress(addr), len, &mut core) {
             Ok(()) => Ok(()),
             Err(MemoryError::Region(RegionError::Exhausted(_))) => Err(PlugError::NoMemory),
             Err(e) => Err(PlugError::Failed(e)),
@@ -29,7 +30,8 @@ impl MemBackend for Memory {
     }
 
     fn unplug(&self, addr: u64, len: u64) -> Result<(), MemoryError> {
-        self.0.unplug(GuestAddress(addr), len, 0).map(drop)
+        let mut core = self.0.pool().core_frames(0);
+        self.0.unplug(GuestAddress(addr), len, &mut core).map(drop)
     }
 }
 

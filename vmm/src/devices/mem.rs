@@ -11,9 +11,10 @@
 //! counted as a warning (rate-limited). The device offers VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE
 //! and needs it: a driver that might touch unplugged memory (Linux before 5.16) is refused.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use guest_mem::{GuestMemory, MemoryError, RegionError as MemoryRegionError};
+use guest_mem::{CoreFrames, GuestMemory, MemoryError, RegionError as MemoryRegionError};
 use virtio_mem::spec::{
     REQUEST_SIZE, RESPONSE_SIZE, VIRTIO_ID_MEM, VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE,
 };
@@ -38,18 +39,23 @@ const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
 /// The queues' guest memory.
 pub type Memory = Arc<GuestMemory>;
 
-/// Plugs and unplugs guest-mem's hot-pluggable memory with a core id of its own.
+/// Plugs and unplugs guest-mem's hot-pluggable memory with a core id of its own, through the
+/// core's cache.
 #[derive(Debug)]
 pub struct HotplugBackend {
     memory: Memory,
-    core: usize,
+    /// The device's requests come one at a time (the device is behind its lock).
+    core: RefCell<CoreFrames>,
 }
 
 impl MemBackend for HotplugBackend {
     type Error = MemoryError;
 
     fn plug(&self, addr: u64, len: u64) -> Result<(), PlugError<MemoryError>> {
-        match self.memory.plug(GuestAddress(addr), len, self.core) {
+        let plugged = self
+            .memory
+            .plug(GuestAddress(addr), len, &mut self.core.borrow_mut());
+        match plugged {
             Ok(()) => Ok(()),
             Err(MemoryError::Region(MemoryRegionError::Exhausted(_))) => Err(PlugError::NoMemory),
             Err(e) => Err(PlugError::Failed(e)),
@@ -58,7 +64,7 @@ impl MemBackend for HotplugBackend {
 
     fn unplug(&self, addr: u64, len: u64) -> Result<(), MemoryError> {
         self.memory
-            .unplug(GuestAddress(addr), len, self.core)
+            .unplug(GuestAddress(addr), len, &mut self.core.borrow_mut())
             .map(drop)
     }
 }
@@ -194,9 +200,10 @@ impl MemDevice {
                 .plugged_chunks(GuestAddress(addr), config.block_size)
                 .is_ok_and(|chunks| chunks > 0)
         };
+        let pool = memory.pool();
         let backend = HotplugBackend {
             memory: Arc::clone(&memory),
-            core: memory.pool().claim_cores(1),
+            core: RefCell::new(pool.core_frames(pool.claim_cores(1))),
         };
         let blocks = Blocks::new(layout, backend, plugged)
             .map_err(|e| ActivateError::Device(Box::new(e)))?;

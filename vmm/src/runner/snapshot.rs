@@ -204,13 +204,13 @@ fn plug_saved(memory: &GuestMemory, saved: &SavedHotplug) -> Result<(), Snapshot
         SnapshotError::State("the snapshot has hot-pluggable memory, the VM none".into())
     })?;
     let chunk = region.chunk_size().bytes();
-    let core = memory.vmm_core();
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     // Chunk by chunk: a zone's frames bring back the chunks that held them.
     for block in saved.plugged_blocks(region.start().0) {
         for at in (block..block + saved.config.block_size).step_by(chunk as usize) {
             if matches!(memory.plugged_chunks(GuestAddress(at), chunk), Ok(0)) {
                 memory
-                    .plug(GuestAddress(at), chunk, core)
+                    .plug(GuestAddress(at), chunk, &mut core)
                     .map_err(|e| SnapshotError::State(format!("cannot plug {at:#x}: {e}")))?;
             }
         }

@@ -27,7 +27,7 @@ struct Sample {
 fn cycle(
     ram: &Ram,
     strides: &[Stride],
-    discard: &dyn Fn() -> Result<(), String>,
+    discard: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<Sample, String> {
     let mut guest = Guest::new(ram)?;
     let mut sample = Sample {
@@ -58,12 +58,12 @@ fn pool_once(
 ) -> Result<Sample, String> {
     warm_pool(kind, size)?;
     let pool = pool(kind, size, scrub)?;
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let ram = Ram::Pool(memory(&pool, size, Populate::Eager)?);
     let memory = ram.memory().expect("pool memory");
-    cycle(&ram, strides, &|| {
+    cycle(&ram, strides, &mut || {
         let stats = memory
-            .discard(GuestAddress(0), size, core)
+            .discard(GuestAddress(0), size, &mut core)
             .map_err(|e| e.to_string())?;
         let chunks = (size / kind.frame()) as usize;
         match stats.freed_chunks == chunks {
@@ -80,7 +80,7 @@ fn plain_once(thp: bool, size: u64, strides: &[Stride]) -> Result<Sample, String
     };
     let (ram, _) = Ram::build(subject, size)?;
     let (addr, len) = (ram.host_addr(), size as usize);
-    cycle(&ram, strides, &|| {
+    cycle(&ram, strides, &mut || {
         host::madvise(addr, len, libc::MADV_DONTNEED).map_err(|e| e.to_string())
     })
 }

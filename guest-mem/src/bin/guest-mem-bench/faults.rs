@@ -56,7 +56,7 @@ fn once(
 ) -> Result<(Touches, guest_mem::FaultLatency, u64), String> {
     let stride = Stride::parse(kind.frame_stride())?;
     let pool = pool(kind, size, Scrub::PunchHole)?;
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let mut touches = Touches::default();
     warm_pool(kind, size)?;
     let ram = Ram::Pool(memory(&pool, size, Populate::Lazy)?);
@@ -64,7 +64,7 @@ fn once(
     let mut guest = Guest::new(&ram)?;
     for cycle in 0..cycles {
         if cycle > 0 {
-            lazy.discard(GuestAddress(0), size, core)
+            lazy.discard(GuestAddress(0), size, &mut core)
                 .map_err(|e| e.to_string())?;
         }
         let (times, old) = guest.touch_each(stride, MARKER)?;

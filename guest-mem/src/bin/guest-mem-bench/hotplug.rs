@@ -81,11 +81,13 @@ fn plug_once(size: u64, request: u64) -> Result<[Duration; 3], String> {
         ..MemoryConfig::new(vec![(GuestAddress(0), BLOCK)], 1)
     };
     let memory = GuestMemory::new(Arc::clone(&pool), config).map_err(|e| e.to_string())?;
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let requests = size / request;
     let started = Instant::now();
     for at in (0..requests).map(|i| GuestAddress(REGION + i * request)) {
-        memory.plug(at, request, core).map_err(|e| e.to_string())?;
+        memory
+            .plug(at, request, &mut core)
+            .map_err(|e| e.to_string())?;
     }
     let plug = started.elapsed();
     expect_used(&pool, BLOCK + size, "plugging")?;
@@ -100,7 +102,7 @@ fn plug_once(size: u64, request: u64) -> Result<[Duration; 3], String> {
     let started = Instant::now();
     for at in (0..requests).map(|i| GuestAddress(REGION + i * request)) {
         memory
-            .unplug(at, request, core)
+            .unplug(at, request, &mut core)
             .map_err(|e| e.to_string())?;
     }
     let unplug = started.elapsed();
@@ -117,14 +119,14 @@ fn balloon_once(size: u64) -> Result<[Duration; 3], String> {
         ..MemoryConfig::new(vec![(GuestAddress(0), size)], 1)
     };
     let memory = GuestMemory::new(Arc::clone(&pool), config).map_err(|e| e.to_string())?;
-    let core = pool.claim_cores(1);
+    let mut core = pool.core_frames(pool.claim_cores(1));
     let host = memory.regions()[0].host_addr();
     write_pages(host, size, 0x77);
     let blocks = size / BLOCK;
     let started = Instant::now();
     for block in 0..blocks {
         memory
-            .release_pieces(GuestAddress(block * BLOCK), BLOCK, core)
+            .release_pieces(GuestAddress(block * BLOCK), BLOCK, &mut core)
             .map_err(|e| e.to_string())?;
     }
     let inflate = started.elapsed();
@@ -132,7 +134,7 @@ fn balloon_once(size: u64) -> Result<[Duration; 3], String> {
     let started = Instant::now();
     for block in 0..blocks {
         memory
-            .reclaim_pieces(GuestAddress(block * BLOCK), BLOCK, core)
+            .reclaim_pieces(GuestAddress(block * BLOCK), BLOCK, &mut core)
             .map_err(|e| e.to_string())?;
     }
     let deflate = started.elapsed();
@@ -173,19 +175,23 @@ fn handover_once(handovers: u64) -> Result<Vec<Duration>, String> {
             GuestMemory::new_in_zone(vm, config, &Population::default()).map_err(|e| e.to_string())
         };
         let (giver, taker) = (open("giver")?, open("taker")?);
-        let core = zone.pool().claim_cores(1);
+        let mut core = zone.pool().core_frames(zone.pool().claim_cores(1));
         giver
-            .plug(GuestAddress(REGION), region, core)
+            .plug(GuestAddress(REGION), region, &mut core)
             .map_err(|e| e.to_string())?;
-        if taker.plug(GuestAddress(REGION), BLOCK, core).is_ok() {
+        if taker.plug(GuestAddress(REGION), BLOCK, &mut core).is_ok() {
             return Err("the zone had room for the taker before the hand-over".into());
         }
         let mut times = Vec::new();
         for block in 0..handovers {
             let at = GuestAddress(REGION + block * BLOCK);
             let started = Instant::now();
-            giver.unplug(at, BLOCK, core).map_err(|e| e.to_string())?;
-            taker.plug(at, BLOCK, core).map_err(|e| e.to_string())?;
+            giver
+                .unplug(at, BLOCK, &mut core)
+                .map_err(|e| e.to_string())?;
+            taker
+                .plug(at, BLOCK, &mut core)
+                .map_err(|e| e.to_string())?;
             times.push(started.elapsed());
         }
         let plugged = taker

@@ -119,7 +119,7 @@ fn throughput_worker(path: &Path, name: &str) {
     let vm = zone.attach(name, &layout(PER_PROCESS)).expect("attach");
     let memory = GuestMemory::new_in_zone(vm, memory_config(PER_PROCESS), &Population::default())
         .expect("memory");
-    let core = memory.vmm_core();
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     say("ready");
     assert_eq!(command(), "go");
     let started = Instant::now();
@@ -130,7 +130,7 @@ fn throughput_worker(path: &Path, name: &str) {
                 .expect("write");
         }
         memory
-            .discard(GuestAddress(0), PER_PROCESS, core)
+            .discard(GuestAddress(0), PER_PROCESS, &mut core)
             .expect("discard");
     }
     say(&format!("done {}", started.elapsed().as_nanos()));
@@ -142,7 +142,7 @@ fn holder_worker(path: &Path) {
     let vm = zone.attach("holder", &layout(2 * CHUNK)).expect("attach");
     let memory = GuestMemory::new_in_zone(vm, memory_config(2 * CHUNK), &Population::default())
         .expect("memory");
-    let core = memory.vmm_core();
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     memory.write_obj(1u8, GuestAddress(0)).expect("write");
     memory.write_obj(1u8, GuestAddress(CHUNK)).expect("write");
     say("ready");
@@ -151,7 +151,7 @@ fn holder_worker(path: &Path) {
             "give" => {
                 let at = monotonic_ns();
                 memory
-                    .discard(GuestAddress(CHUNK), CHUNK, core)
+                    .discard(GuestAddress(CHUNK), CHUNK, &mut core)
                     .expect("discard");
                 say(&format!("gave {at}"));
             }
@@ -251,7 +251,7 @@ pub fn handover(args: &Args) {
             .expect("memory"),
     );
     memory.write_obj(1u8, GuestAddress(0)).expect("write");
-    let core = memory.vmm_core();
+    let mut core = memory.pool().core_frames(memory.vmm_core());
     let mut waits = Vec::with_capacity(HANDOVERS);
     for _ in 0..HANDOVERS {
         // The zone is full: this store faults and the fault waits until the holder gives its
@@ -272,7 +272,7 @@ pub fn handover(args: &Args) {
         let served = waiter.join().expect("waiter");
         waits.push((served.saturating_sub(gave)) as f64 / 1e3);
         memory
-            .discard(GuestAddress(CHUNK), CHUNK, core)
+            .discard(GuestAddress(CHUNK), CHUNK, &mut core)
             .expect("discard");
         holder.send("take");
         holder.expect("took");
@@ -294,7 +294,7 @@ pub fn handover(args: &Args) {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 memory
-                    .discard(GuestAddress(0), CHUNK, core)
+                    .discard(GuestAddress(0), CHUNK, &mut core)
                     .expect("discard");
                 memory.write_obj(1u8, GuestAddress(0)).expect("write");
             }

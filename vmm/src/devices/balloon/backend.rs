@@ -1,31 +1,35 @@
 //! The balloon's memory backend over guest-mem: inflation gives 4 KiB pieces away in per-chunk
 //! bitmaps (a chunk given away entirely frees its frame), deflation takes them back (a chunk
 //! without a frame gets one at once, before the guest reuses it), reported
-//! ranges are discarded. Frames go back to the pool under the balloon's own LLFree core id, so
-//! they land in its reservation (reserve-on-free) and not in a vCPU's.
+//! ranges are discarded. Frames go back to the pool through the balloon's own LLFree core id and
+//! its cache, one tree at a time, and not into a vCPU's reservation.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
-use guest_mem::{GuestMemory, MemoryError};
+use guest_mem::{CoreFrames, GuestMemory, MemoryError};
 use virtio_balloon::{BalloonBackend, GuestRange, Inflated};
 
 /// A [`BalloonBackend`] over a guest-mem [`GuestMemory`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct GuestMemBackend {
     memory: Arc<GuestMemory>,
-    core: usize,
+    /// The device's calls come one at a time, from whichever thread runs the device.
+    core: RefCell<CoreFrames>,
 }
 
 impl GuestMemBackend {
-    /// A backend over `memory` that frees with a core id of its own, claimed from the pool.
+    /// A backend over `memory` that frees with a core id of its own, claimed from the pool,
+    /// through the core's cache.
     pub fn new(memory: Arc<GuestMemory>) -> Self {
-        let core = memory.pool().claim_cores(1);
+        let pool = memory.pool();
+        let core = RefCell::new(pool.core_frames(pool.claim_cores(1)));
         Self { memory, core }
     }
 
     /// The LLFree core id that the balloon frees frames with.
     pub fn core(&self) -> usize {
-        self.core
+        self.core.borrow().core()
     }
 
     /// The guest memory.
@@ -42,9 +46,9 @@ impl BalloonBackend for GuestMemBackend {
     }
 
     fn inflate(&self, range: GuestRange) -> Result<Inflated, MemoryError> {
-        let done = self
-            .memory
-            .release_pieces(range.addr, range.len, self.core)?;
+        let done =
+            self.memory
+                .release_pieces(range.addr, range.len, &mut self.core.borrow_mut())?;
         Ok(Inflated {
             new_pages: done.pieces as u64,
             freed_frames: done.freed_chunks as u64,
@@ -52,16 +56,16 @@ impl BalloonBackend for GuestMemBackend {
     }
 
     fn deflate(&self, range: GuestRange) -> Result<u64, MemoryError> {
-        let reclaimed = self
-            .memory
-            .reclaim_pieces(range.addr, range.len, self.core)?;
+        let reclaimed =
+            self.memory
+                .reclaim_pieces(range.addr, range.len, &mut self.core.borrow_mut())?;
         Ok(reclaimed.pieces as u64)
     }
 
     fn discard(&self, range: GuestRange) -> Result<u64, MemoryError> {
         Ok(self
             .memory
-            .discard(range.addr, range.len, self.core)?
+            .discard(range.addr, range.len, &mut self.core.borrow_mut())?
             .freed_chunks as u64)
     }
 
