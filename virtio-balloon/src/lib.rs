@@ -53,16 +53,16 @@
 //!     fn reset(&mut self) { self.0.reset() }
 //! }
 //!
-//! struct GuestMemBackend { memory: Arc<guest_mem::GuestMemory>, core: usize }
-//! // core = memory.pool().claim_cores(1): the balloon's own LLFree core id, so that frames it
-//! // frees land in its own reservation (reserve-on-free) and not in a vCPU's.
+//! struct GuestMemBackend { memory: Arc<guest_mem::GuestMemory>, core: RefCell<CoreFrames> }
+//! // core = pool.core_frames(pool.claim_cores(1)): the balloon's own LLFree core and its cache,
+//! // so that the frames it frees go back one tree at a time and not into a vCPU's reservation.
 //! impl BalloonBackend for GuestMemBackend {
 //!     type Error = guest_mem::MemoryError;
 //!     fn is_ram(&self, r: GuestRange) -> bool   // r lies inside one of memory.regions()
-//!     fn inflate(&self, r) -> memory.release_pieces(r.addr, r.len, core)
+//!     fn inflate(&self, r) -> memory.release_pieces(r.addr, r.len, &mut core.borrow_mut())
 //!                              -> Inflated { new_pages: s.pieces, freed_frames: s.freed_chunks }
-//!     fn deflate(&self, r) -> memory.reclaim_pieces(r.addr, r.len, core).pieces
-//!     fn discard(&self, r) -> memory.discard(r.addr, r.len, core).freed_chunks
+//!     fn deflate(&self, r) -> memory.reclaim_pieces(r.addr, r.len, &mut core.borrow_mut()).pieces
+//!     fn discard(&self, r) -> memory.discard(r.addr, r.len, &mut core.borrow_mut()).freed_chunks
 //!     fn deflate_all(&self) -> reclaim_pieces over every region
 //! }
 //! ```
