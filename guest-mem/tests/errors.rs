@@ -121,3 +121,13 @@ fn bad_ranges_and_vcpus() {
         .expect("discard");
     assert_eq!(stats.freed_chunks, 1);
 }
+
+#[test]
+#[should_panic(expected = "belongs to another pool")]
+fn frames_of_another_pool_s_core_are_refused() {
+    let ranges = vec![(GuestAddress(0), 4 * MIB)];
+    let memory = GuestMemory::new(pool(), MemoryConfig::new(ranges, 1)).expect("memory");
+    let other = pool();
+    // A caller's mistake: the frames would go to the other pool's allocator.
+    let _ = memory.discard(GuestAddress(0), 4 * MIB, &mut other.core_frames(0));
+}
