@@ -92,9 +92,9 @@ impl Drop for FaultHandlers {
 /// (then the shared path), given back when the thread ends; then the VMM's core, on the shared
 /// path (threads that are no vCPU fault rarely: a cache would keep a batch of frames from other
 /// VMs for nothing).
-struct VcpuCaches(Vec<Option<CoreFrames>>);
+struct HandlerCores(Vec<Option<CoreFrames>>);
 
-impl VcpuCaches {
+impl HandlerCores {
     fn new(vcpus: usize) -> Self {
         Self((0..=vcpus).map(|_| None).collect())
     }
@@ -156,7 +156,7 @@ impl MapAhead {
 }
 
 fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>, mut ahead: MapAhead) {
-    let mut caches = VcpuCaches::new(inner.shared.vcpus.len());
+    let mut cores = HandlerCores::new(inner.shared.vcpus.len());
     let uffd = &inner.shared.uffd;
     let mut faults = [Fault {
         address: 0,
@@ -180,7 +180,7 @@ fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>, mut ahead: MapAhe
             Ok(Readiness::Readable) => {}
             Ok(Readiness::TimedOut) => {
                 if blocked {
-                    retry_blocked(inner, &mut caches);
+                    retry_blocked(inner, &mut cores);
                 }
                 ahead.step(inner);
                 continue;
@@ -193,13 +193,13 @@ fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>, mut ahead: MapAhe
         };
         let read_at = Instant::now();
         for fault in &faults[..n] {
-            handle(inner, fault, read_at, &mut caches);
+            handle(inner, fault, read_at, &mut cores);
         }
     }
 }
 
 /// Retries the faults vCPUs and other threads are blocked on.
-fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
+fn retry_blocked(inner: &Inner, cores: &mut HandlerCores) {
     let shared = &inner.shared;
     if shared.others_wait.load(Ordering::Acquire) {
         let mut others = shared.lock_waiting_others();
@@ -207,7 +207,7 @@ fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
             let Some((region, chunk)) = inner.locate(addr) else {
                 return false;
             };
-            resolve(shared, region, chunk, None, caches.of(shared, None), addr).is_err()
+            resolve(shared, region, chunk, None, cores.of(shared, None), addr).is_err()
         });
         shared
             .others_wait
@@ -232,7 +232,7 @@ fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
             region,
             chunk,
             Some(index),
-            caches.of(shared, Some(index)),
+            cores.of(shared, Some(index)),
             addr,
         );
         shared.end_blocked_resolution();
@@ -240,8 +240,9 @@ fn retry_blocked(inner: &Inner, caches: &mut VcpuCaches) {
 }
 
 /// Populates `chunk` of `region` for the fault of `vcpu` (none: a thread that is no vCPU) at
-/// `addr` with the calling thread's frames of the vCPU's core (the VMM's), ends that vCPU's wait on it and wakes the waiters. Returns when the waiters were woken (for
-/// the wake latency) and whether this call mapped a new frame.
+/// `addr` with the calling thread's frames of the vCPU's core (the VMM's), ends that vCPU's
+/// wait on it and wakes the waiters. Returns when the waiters were woken (for the wake latency)
+/// and whether this call mapped a new frame.
 fn resolve(
     shared: &Shared,
     region: &GuestRegion,
@@ -274,7 +275,7 @@ fn resolve(
 
 /// Resolves one fault read at `read_at`: populate the chunk with the faulting vCPU's core, then
 /// wake.
-fn handle(inner: &Inner, fault: &Fault, read_at: Instant, caches: &mut VcpuCaches) {
+fn handle(inner: &Inner, fault: &Fault, read_at: Instant, cores: &mut HandlerCores) {
     let shared = &inner.shared;
     let Some((region, chunk)) = inner.locate(fault.address) else {
         // Not guest memory (cannot happen: only regions are registered); do not leave it hanging.
@@ -293,7 +294,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant, caches: &mut VcpuCache
         region,
         chunk,
         vcpu,
-        caches.of(shared, vcpu),
+        cores.of(shared, vcpu),
         fault.address,
     );
     if waits {
@@ -351,7 +352,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant, caches: &mut VcpuCache
     // the wait being recorded would otherwise be noticed only by the next retry, and the error
     // would be reported for nothing. Not while the VM is paused: the vCPU waits on.
     if shared.begin_blocked_resolution() {
-        let core = caches.of(shared, vcpu);
+        let core = cores.of(shared, vcpu);
         let resolved = resolve(shared, region, chunk, vcpu, core, fault.address).is_ok();
         shared.end_blocked_resolution();
         if resolved {

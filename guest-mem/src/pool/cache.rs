@@ -76,12 +76,10 @@ impl CoreFrames {
     /// Allocates a frame as [`Pool::alloc`] does with this core; `None` when the pool is
     /// exhausted.
     pub fn alloc(&mut self, size: FrameSize) -> Option<Frame> {
-        let llfree = &self.pool.llfree;
-        let got = match &mut self.cache {
-            Some(cache) => llfree.get_cached(cache, size.order()),
-            None => llfree.get(CoreId(self.core), size.order()),
+        let Some(cache) = &mut self.cache else {
+            return self.pool.alloc(self.core, size);
         };
-        let FrameId(index) = got.ok()?;
+        let FrameId(index) = self.pool.llfree.get_cached(cache, size.order()).ok()?;
         Some(Frame {
             index: index as u64,
             size,
@@ -91,11 +89,13 @@ impl CoreFrames {
     /// Returns a frame to the pool as [`Pool::free`] does with this core. Its contents must
     /// have been scrubbed already.
     pub fn free(&mut self, frame: Frame) -> Result<(), llfree::Error> {
-        let (llfree, index) = (&self.pool.llfree, FrameId(frame.index as usize));
-        match &mut self.cache {
-            Some(cache) => llfree.put_cached(cache, index, frame.size.order()),
-            None => llfree.put(CoreId(self.core), index, frame.size.order()),
-        }
+        let Some(cache) = &mut self.cache else {
+            return self.pool.free(self.core, frame);
+        };
+        let index = FrameId(frame.index as usize);
+        self.pool
+            .llfree
+            .put_cached(cache, index, frame.size.order())
     }
 }
 

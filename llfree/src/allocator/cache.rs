@@ -174,14 +174,13 @@ impl LLFree {
             cache.tree = tree;
             cache.hint = frame;
         }
+        let local = self.locals.get(cache.core);
         cache.frames += 1 << order;
         if cache.frames > LIMIT {
-            self.give_back(self.locals.get(cache.core), tree, cache.frames - BATCH);
+            self.give_back(local, tree, cache.frames - BATCH);
             cache.frames = BATCH;
         }
-        self.locals
-            .get(cache.core)
-            .set_cached(cache.tree, cache.frames);
+        local.set_cached(cache.tree, cache.frames);
         Ok(())
     }
 
