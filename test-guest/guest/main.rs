@@ -18,6 +18,7 @@ mod balloon;
 mod driver_memory;
 mod failure;
 mod hotplug;
+mod pvh;
 mod self_boot;
 mod virtio_mmio;
 
@@ -57,12 +58,18 @@ static BARRIER_GENERATION: AtomicU32 = AtomicU32::new(0);
 static STEP_MISMATCHES: [AtomicU64; MAX_STEPS] = [const { AtomicU64::new(0) }; MAX_STEPS];
 /// Whether any step failed.
 static FAILED: AtomicU32 = AtomicU32::new(0);
-/// Whether a loader of Linux's boot protocol started the guest (`self_boot`): no VMM reads
-/// reports, checkpoints wait for the console and the end resets the machine.
-static SELF_BOOTED: AtomicU32 = AtomicU32::new(0);
+/// Whether a loader started the guest (`self_boot`): no VMM reads reports, checkpoints wait for
+/// the console and the end resets the machine. One of the `STARTED_BY_*` values.
+static SELF_BOOTED: AtomicU32 = AtomicU32::new(STARTED_BY_VMM);
+/// [`SELF_BOOTED`]: the VMM started the guest with its descriptor.
+const STARTED_BY_VMM: u32 = 0;
+/// [`SELF_BOOTED`]: a loader of Linux's 64-bit boot protocol started it.
+const STARTED_BY_LINUX_LOADER: u32 = 1;
+/// [`SELF_BOOTED`]: a loader of the PVH boot protocol started it (`pvh`).
+const STARTED_BY_PVH_LOADER: u32 = 2;
 
 fn self_booted() -> bool {
-    SELF_BOOTED.load(Ordering::Relaxed) != 0
+    SELF_BOOTED.load(Ordering::Relaxed) != STARTED_BY_VMM
 }
 
 fn outb(port: u16, value: u8) {
@@ -277,7 +284,13 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
     // SAFETY: RSI points at the VMM's descriptor or at a loader's zero page.
     let magic = unsafe { read_volatile(descriptor as *const u64) };
     if magic != DESCRIPTOR_MAGIC && self_boot::is_zero_page(descriptor) {
-        SELF_BOOTED.store(1, Ordering::Relaxed);
+        // The PVH entry wrote this zero page and said so; otherwise a loader of Linux's did.
+        let _ = SELF_BOOTED.compare_exchange(
+            STARTED_BY_VMM,
+            STARTED_BY_LINUX_LOADER,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         vcpu = 0;
         descriptor = match self_boot::prepare(descriptor) {
             Ok(descriptor) => descriptor,
@@ -302,6 +315,11 @@ extern "C" fn guest_main(vcpu: u64, descriptor: u64) -> ! {
         print(", ");
         print_count(user_steps as u64, "step");
         print("\n");
+        match SELF_BOOTED.load(Ordering::Relaxed) {
+            STARTED_BY_LINUX_LOADER => print("test guest: booted through Linux's boot protocol\n"),
+            STARTED_BY_PVH_LOADER => print("test guest: booted through PVH\n"),
+            _ => {}
+        }
     }
     let mut status = exit_status::SUCCESS;
     // The first step whose result vCPU 0 has not printed, and the user's number of the last

@@ -1,8 +1,10 @@
-//! Self-boot: the test guest started by a loader of Linux's 64-bit boot protocol (Firecracker,
-//! or `vmm run --kernel IMAGE` with `self-boot` on the command line) rather than by its VMM.
+//! Self-boot: the test guest started by a loader of Linux's 64-bit boot protocol (or of PVH,
+//! through `pvh`, which writes a zero page of what its loader gave: Firecracker, Cloud
+//! Hypervisor, `vmm run --kernel IMAGE` with `self-boot` on the command line) rather than by its
+//! VMM.
 //!
-//! Such a loader enters `_start` in long mode on its own page tables (the first GiB), with RSI
-//! at the zero page (`struct boot_params`) and no workload descriptor. The guest then reads the
+//! A loader of Linux's protocol enters `_start` in long mode on its own page tables (the first
+//! GiB), with RSI at the zero page (`struct boot_params`) and no workload descriptor. The guest then reads the
 //! e820 map and the command line from the zero page, maps all RAM itself, and writes the
 //! descriptor of its `workload=` word (the default `write:all,verify:all` without one), in
 //! the subset a guest can parse: comma-separated `write:all`, `verify:all`, `verify-zero:all`,
@@ -27,6 +29,8 @@ const E820_MAX_ENTRIES: u8 = 128;
 const E820_RAM: u32 = 1;
 /// The setup header's magic, "HdrS".
 const HDRS_MAGIC: u32 = u32::from_le_bytes(*b"HdrS");
+/// The workload of a command line without `workload=`.
+const DEFAULT_WORKLOAD: &[u8] = b"write:all,verify:all";
 /// The longest command line read.
 const CMDLINE_MAX: u64 = 2048;
 /// The pattern of write and verify steps (the VMM's default pattern).
@@ -44,6 +48,38 @@ const MAX_MAPPED_GIB: u64 = (STACKS_START - TABLES) / PAGE - 2;
 pub fn is_zero_page(zero_page: u64) -> bool {
     // SAFETY: the loader's RSI points at a page it wrote; reading a word of it has no effect.
     unsafe { read_volatile((zero_page + HEADER_MAGIC) as *const u32) == HDRS_MAGIC }
+}
+
+/// Writes a zero page at `zero_page` (zeroed memory) that names the command line at `cmdline`
+/// and the memory ranges `entry` gives, by index, as (address, size, e820 type), until `None`:
+/// what a loader of another protocol (PVH) gave, as a loader of Linux's would have.
+pub fn write_zero_page(
+    zero_page: u64,
+    cmdline: u64,
+    entry: impl Fn(u32) -> Option<(u64, u64, u32)>,
+) {
+    // A command line above 4 GiB does not fit the field: the guest reads none.
+    let cmdline = u32::try_from(cmdline).unwrap_or(0);
+    let mut count = 0;
+    while let Some((addr, size, kind)) = entry(u32::from(count)) {
+        if count == E820_MAX_ENTRIES {
+            break;
+        }
+        let slot = zero_page + E820_TABLE + u64::from(count) * E820_ENTRY_SIZE;
+        // SAFETY: an entry of the zero page's e820 table (packed: written unaligned).
+        unsafe {
+            (slot as *mut u64).write_unaligned(addr);
+            ((slot + 8) as *mut u64).write_unaligned(size);
+            ((slot + 16) as *mut u32).write_unaligned(kind);
+        }
+        count += 1;
+    }
+    // SAFETY: fields of the zero page, which the caller hands over.
+    unsafe {
+        write_volatile((zero_page + E820_ENTRIES) as *mut u8, count);
+        write_volatile((zero_page + CMD_LINE_PTR) as *mut u32, cmdline);
+        write_volatile((zero_page + HEADER_MAGIC) as *mut u32, HDRS_MAGIC);
+    }
 }
 
 /// Maps all RAM and writes the descriptor of the command line's workload at
@@ -123,6 +159,9 @@ fn usable_ranges(zero_page: u64) -> impl Iterator<Item = (u64, u64)> {
 fn workload(zero_page: u64) -> &'static [u8] {
     // SAFETY: a word of the zero page.
     let cmdline = unsafe { read_volatile((zero_page + CMD_LINE_PTR) as *const u32) } as u64;
+    if cmdline == 0 {
+        return DEFAULT_WORKLOAD;
+    }
     let mut length = 0;
     // SAFETY: the loader's command line, NUL-terminated, in low RAM.
     while length < CMDLINE_MAX && unsafe { read_volatile((cmdline + length) as *const u8) } != 0 {
@@ -133,7 +172,7 @@ fn workload(zero_page: u64) -> &'static [u8] {
     text.split(|&byte| byte == b' ')
         .filter_map(|word| word.strip_prefix(b"workload="))
         .next_back()
-        .unwrap_or(b"write:all,verify:all")
+        .unwrap_or(DEFAULT_WORKLOAD)
 }
 
 fn parse_number(text: &[u8]) -> Option<u64> {

@@ -2,7 +2,8 @@
 //! `vmm run --kernel` and by Firecracker's API (`PUT /boot-source`, then `InstanceStart`) with
 //! its workload from `workload=` on the command line: what a user of Firecracker's tools runs
 //! on a host where no Linux boots. With `self-boot` on its command line the VMM boots the image
-//! as a kernel, through Linux's boot protocol as Firecracker does, and the image runs itself.
+//! as a kernel, through its PVH entry as Firecracker does (or Linux's boot protocol, the note
+//! taken out), and the image runs itself.
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -154,9 +155,34 @@ fn the_image_replaces_only_a_regular_file() {
     assert_eq!(std::fs::read(&file).unwrap(), vmm::testguest::IMAGE);
 }
 
+/// `image` without its PVH entry: its PT_NOTE program header made PT_NULL, so that a loader
+/// boots it through Linux's 64-bit boot protocol.
+fn without_pvh_note(image: &[u8]) -> Vec<u8> {
+    const PT_NULL: u32 = 0;
+    const PT_NOTE: u32 = 4;
+    let read = |offset: usize, size: usize| {
+        let mut bytes = [0u8; 8];
+        bytes[..size].copy_from_slice(&image[offset..offset + size]);
+        u64::from_le_bytes(bytes) as usize
+    };
+    let (phoff, phentsize, phnum) = (read(32, 8), read(54, 2), read(56, 2));
+    let mut stripped = image.to_vec();
+    let mut notes = 0;
+    for index in 0..phnum {
+        let header = phoff + index * phentsize;
+        if read(header, 4) as u32 == PT_NOTE {
+            stripped[header..header + 4].copy_from_slice(&PT_NULL.to_le_bytes());
+            notes += 1;
+        }
+    }
+    assert_eq!(notes, 1, "the image has one note segment, the PVH entry's");
+    stripped
+}
+
 #[test]
-fn the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it() {
-    let test = "the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it";
+fn the_image_boots_itself_through_pvh_and_linux_s_boot_protocol_as_firecracker_boots_it() {
+    let test =
+        "the_image_boots_itself_through_pvh_and_linux_s_boot_protocol_as_firecracker_boots_it";
     if !kvm_available(test) {
         return;
     }
@@ -176,8 +202,14 @@ fn the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it(
     console.write_all(b"\n").unwrap();
     let run = run.wait(TIMEOUT);
     run.assert_guest_reset(THROUGH_THE_KEYBOARD);
-    // Two ranges (below and above the gap) written, the checkpoint, both verified.
+    // Through its PVH entry (an ELF note names it, and this VMM prefers it, as Firecracker and
+    // Cloud Hypervisor do); two ranges (below and above the gap) written, the checkpoint, both
+    // verified.
     assert!(run.stdout.contains("1 vCPU, 5 steps"), "{run:#?}");
+    assert!(
+        run.stdout.contains("test guest: booted through PVH\n"),
+        "{run:#?}"
+    );
     assert!(run.stdout.contains("step 5: ok"), "{run:#?}");
     assert!(run.stdout.ends_with("test guest: done\n"), "{run:#?}");
 
@@ -197,4 +229,23 @@ fn the_image_boots_itself_through_linux_s_boot_protocol_as_firecracker_boots_it(
         ),
         "{run:#?}"
     );
+
+    // Without the note, through Linux's 64-bit boot protocol: the same workload, verified.
+    let linux_image = scratch.path("linux-protocol.elf");
+    std::fs::write(&linux_image, without_pvh_note(vmm::testguest::IMAGE)).unwrap();
+    let run = VmmRun::run(&[
+        "--kernel",
+        &linux_image,
+        "--memory",
+        "64M",
+        "--cmdline",
+        "self-boot workload=write:all,verify:all",
+    ]);
+    run.assert_guest_reset(THROUGH_THE_KEYBOARD);
+    assert!(
+        run.stdout
+            .contains("test guest: booted through Linux's boot protocol\n"),
+        "{run:#?}"
+    );
+    assert!(run.stdout.ends_with("test guest: done\n"), "{run:#?}");
 }

@@ -26,8 +26,15 @@ pub const MAX_MEMORY: u64 = 1 << 40;
 pub const BOOT_GDT_START: u64 = 0x500;
 /// Address of the boot IDT (empty; only its limit matters at boot).
 pub const BOOT_IDT_START: u64 = 0x520;
+/// Address of the PVH start info (`struct hvm_start_info`), for a kernel booted through PVH.
+pub const PVH_INFO_START: u64 = 0x6000;
+/// Address of the PVH module list (the initrd), after the start info.
+pub const PVH_MODLIST_START: u64 = 0x6040;
 /// Address of the Linux zero page (`struct boot_params`).
 pub const ZERO_PAGE_START: u64 = 0x7000;
+/// Address of the PVH memory map: where the zero page goes for Linux's boot protocol (a kernel
+/// gets one or the other).
+pub const PVH_MEMMAP_START: u64 = ZERO_PAGE_START;
 /// Initial stack pointer of the boot vCPU.
 pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
 /// Address of the boot PML4 table.

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 
 use linux_loader::loader::bootparam::setup_header;
-use linux_loader::loader::{BzImage, Elf, KernelLoader};
+use linux_loader::loader::{BzImage, Elf, KernelLoader, PvhBootCapability};
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, ReadVolatile};
 
 use super::BootError;
@@ -41,6 +41,10 @@ pub struct LoadedKernel {
     pub kernel_end: u64,
     /// The bzImage setup header, to be copied into the zero page; `None` for ELF.
     pub setup_header: Option<setup_header>,
+    /// The 32-bit entry point of the PVH boot protocol, where an ELF kernel names one (its
+    /// `XEN_ELFNOTE_PHYS32_ENTRY` note): such a kernel is booted through PVH, as Firecracker
+    /// and Cloud Hypervisor boot it.
+    pub pvh_entry: Option<GuestAddress>,
 }
 
 /// Detects the image format from its first bytes.
@@ -91,11 +95,16 @@ where
     if result.kernel_end > memory.last_addr().0 {
         return Err(BootError::KernelPastMemory);
     }
+    let pvh_entry = match result.pvh_boot_cap {
+        PvhBootCapability::PvhEntryPresent(entry) => Some(entry),
+        PvhBootCapability::PvhEntryNotPresent | PvhBootCapability::PvhEntryIgnored => None,
+    };
     Ok(LoadedKernel {
         format,
         entry,
         kernel_end: result.kernel_end,
         setup_header: result.setup_header,
+        pvh_entry,
     })
 }
 

@@ -1,8 +1,11 @@
 //! Direct Linux boot with the 64-bit boot protocol, as Firecracker does it: load the kernel
-//! (ELF `vmlinux` or `bzImage`), the initrd and the command line, and write the zero page.
+//! (ELF `vmlinux` or `bzImage`), the initrd and the command line, and write the zero page; or,
+//! for an ELF kernel with a PVH entry note, the PVH boot protocol's start info instead (as
+//! Firecracker and Cloud Hypervisor prefer it).
 //!
-//! The boot vCPU must then start in long mode with RIP = [`LinuxBoot::entry`] and
-//! RSI = [`LinuxBoot::zero_page`] (page tables, GDT and registers are set up in `arch`).
+//! The boot vCPU must then start as [`LinuxBoot::entry`] says: in long mode with RSI at the
+//! zero page, or in 32-bit protected mode with EBX at the start info (page tables, GDT and
+//! registers are set up in `arch`).
 //!
 //! Guest kernels: any x86_64 kernel with boot protocol 2.12+ (Linux 3.8+) boots. To see the
 //! virtio-mmio devices it also needs `CONFIG_VIRTIO_MMIO=y` and
@@ -12,6 +15,7 @@
 pub mod cmdline;
 pub mod initrd;
 pub mod kernel;
+pub mod pvh;
 pub mod zero_page;
 
 use std::path::{Path, PathBuf};
@@ -88,6 +92,9 @@ pub enum BootError {
     /// Writing the zero page failed.
     #[error("cannot write the zero page: {0}")]
     ZeroPage(#[source] linux_loader::configurator::Error),
+    /// Writing the PVH start info failed.
+    #[error("cannot write the PVH start info: {0}")]
+    StartInfo(#[source] linux_loader::configurator::Error),
 }
 
 /// What to boot.
@@ -106,13 +113,31 @@ pub struct LinuxBootConfig<'a> {
     pub ram: &'a [(u64, u64)],
 }
 
+/// How the boot vCPU enters the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootEntry {
+    /// Linux's 64-bit boot protocol: long mode at `rip`, RSI at the zero page.
+    Linux64 {
+        /// The 64-bit entry point.
+        rip: GuestAddress,
+        /// Address of the zero page.
+        zero_page: GuestAddress,
+    },
+    /// The PVH boot protocol: 32-bit protected mode without paging at `rip`, EBX at the
+    /// start info.
+    Pvh {
+        /// The 32-bit entry point.
+        rip: GuestAddress,
+        /// Address of the start info.
+        start_info: GuestAddress,
+    },
+}
+
 /// The result of boot setup: how to start the boot vCPU.
 #[derive(Clone, Debug)]
 pub struct LinuxBoot {
-    /// 64-bit entry point (RIP).
-    pub entry: GuestAddress,
-    /// Address of the zero page (RSI).
-    pub zero_page: GuestAddress,
+    /// The entry point and the boot protocol's structure.
+    pub entry: BootEntry,
     /// The loaded kernel.
     pub kernel: LoadedKernel,
     /// Where the initrd went.
@@ -159,18 +184,28 @@ pub fn load_linux<M: GuestMemoryBackend>(
     };
 
     let e820 = zero_page::e820_map(config.ram)?;
-    let params = zero_page::build_zero_page(&zero_page::ZeroPageConfig {
-        setup_header: kernel.setup_header,
-        cmdline_addr: CMDLINE_START,
-        cmdline_len: cmdline.len(),
-        initrd,
-        e820: &e820,
-    })?;
-    let zero_page = zero_page::write_zero_page(memory, &params)?;
+    let entry = match kernel.pvh_entry {
+        Some(rip) => BootEntry::Pvh {
+            rip,
+            start_info: pvh::write_start_info(memory, CMDLINE_START, initrd, &e820)?,
+        },
+        None => {
+            let params = zero_page::build_zero_page(&zero_page::ZeroPageConfig {
+                setup_header: kernel.setup_header,
+                cmdline_addr: CMDLINE_START,
+                cmdline_len: cmdline.len(),
+                initrd,
+                e820: &e820,
+            })?;
+            BootEntry::Linux64 {
+                rip: kernel.entry,
+                zero_page: zero_page::write_zero_page(memory, &params)?,
+            }
+        }
+    };
     log::debug!(
-        "kernel {} loaded: entry {:#x}, initrd {}, command line {:?}",
+        "kernel {} loaded: {entry:x?}, initrd {}, command line {:?}",
         config.kernel.display(),
-        kernel.entry.0,
         initrd.as_ref().map_or("none".to_owned(), |i| format!(
             "{} bytes at {:#x}",
             i.size, i.address
@@ -178,8 +213,7 @@ pub fn load_linux<M: GuestMemoryBackend>(
         config.cmdline.unwrap_or_default()
     );
     Ok(LinuxBoot {
-        entry: kernel.entry,
-        zero_page,
+        entry,
         kernel,
         initrd,
         cmdline,

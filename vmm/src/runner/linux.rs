@@ -20,11 +20,12 @@ use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
 use crate::arch::x86_64::mptable::write_mptable;
 use crate::arch::x86_64::msr::setup_boot_msrs;
-use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
+use crate::arch::x86_64::regs::{setup_long_mode, setup_pvh, EntryPoint};
 use crate::arch::x86_64::{
-    host_has_hardware_virtualization, write_boot_tables, BootLayout, MIN_IDENTITY_MAPPED,
+    host_has_hardware_virtualization, write_boot_tables, write_pvh_tables, BootLayout,
+    MIN_IDENTITY_MAPPED,
 };
-use crate::boot::{add_kernel_arg, load_linux, LinuxBoot, LinuxBootConfig};
+use crate::boot::{add_kernel_arg, load_linux, BootEntry, LinuxBoot, LinuxBootConfig};
 use crate::config::{threads_per_core, LinuxConfig};
 use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use crate::devices::BusDevice;
@@ -202,8 +203,8 @@ fn attach_pio(
         .map_err(DeviceError::Bus)
 }
 
-/// The MP table listing the vCPUs; CPUID, MSRs and LAPIC for every vCPU; long mode at the
-/// kernel's entry for vCPU 0.
+/// The MP table listing the vCPUs; CPUID, MSRs and LAPIC for every vCPU; long mode (or the
+/// 32-bit protected mode of a PVH entry) at the kernel's entry for vCPU 0.
 fn setup_vcpus(
     vm: &Vm<GuestMemory>,
     boot: &LinuxBoot,
@@ -213,12 +214,16 @@ fn setup_vcpus(
     let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
     write_mptable(vm.memory().as_ref(), vm.vcpus().len()).map_err(|e| setup(&e))?;
     let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup(&e))?;
-    // Linux builds its own page tables: the boot map covers the low 4 GiB with 2 MiB pages.
-    let tables = write_boot_tables(
-        vm.memory().as_ref(),
-        &BootLayout::linux(),
-        MIN_IDENTITY_MAPPED,
-    )
+    // Linux builds its own page tables: the boot map covers the low 4 GiB with 2 MiB pages. A
+    // PVH entry starts without paging.
+    let tables = match boot.entry {
+        BootEntry::Linux64 { .. } => write_boot_tables(
+            vm.memory().as_ref(),
+            &BootLayout::linux(),
+            MIN_IDENTITY_MAPPED,
+        ),
+        BootEntry::Pvh { .. } => write_pvh_tables(vm.memory().as_ref(), &BootLayout::linux()),
+    }
     .map_err(|e| setup(&e))?;
     let count = vm.vcpus().len() as u32;
     for vcpu in vm.vcpus() {
@@ -233,15 +238,24 @@ fn setup_vcpus(
             template.apply_msrs(vcpu.fd()).map_err(|e| setup(&e))?;
         }
         setup_lint_pins(vcpu.fd()).map_err(|e| setup(&e))?;
-        if vcpu.index() == 0 {
-            let entry = EntryPoint {
-                rip: boot.entry.0,
-                rsp: BOOT_STACK_POINTER,
-                rdi: 0,
-                rsi: boot.zero_page.0,
-            };
-            setup_long_mode(vcpu.fd(), &tables, &entry).map_err(|e| setup(&e))?;
+        if vcpu.index() != 0 {
+            continue;
         }
+        match boot.entry {
+            BootEntry::Linux64 { rip, zero_page } => {
+                let entry = EntryPoint {
+                    rip: rip.0,
+                    rsp: BOOT_STACK_POINTER,
+                    rdi: 0,
+                    rsi: zero_page.0,
+                };
+                setup_long_mode(vcpu.fd(), &tables, &entry)
+            }
+            BootEntry::Pvh { rip, start_info } => {
+                setup_pvh(vcpu.fd(), &tables, rip.0, start_info.0)
+            }
+        }
+        .map_err(|e| setup(&e))?;
     }
     Ok(())
 }

@@ -3,10 +3,11 @@
 //! boot this file instead. A kernel file that is this image runs as the test guest, with the
 //! workload that `workload=` on its command line gives (the default without it).
 //!
-//! The image also boots itself under any loader of Linux's 64-bit boot protocol, as
-//! Firecracker boots it: it maps its RAM, reads `workload=` (a subset of the grammar, see the
-//! guest's `self_boot` module) and ends by resetting the machine. With the word
-//! [`SELF_BOOT`] on its command line, this VMM boots it that way too, as a kernel.
+//! The image also boots itself under any loader of the PVH boot protocol (its ELF note names
+//! the entry: Firecracker and Cloud Hypervisor boot it so) or of Linux's 64-bit boot protocol:
+//! it maps its RAM, reads `workload=` (a subset of the grammar, see the guest's `self_boot`
+//! module) and ends by resetting the machine. With the word [`SELF_BOOT`] on its command line,
+//! this VMM boots it that way too, as a kernel (through PVH).
 
 use std::fs::OpenOptions;
 use std::io::Read;

@@ -1,5 +1,6 @@
-//! The boot Global Descriptor Table: a flat 64-bit code segment, a flat data segment and a TSS
-//! descriptor, as Firecracker and Cloud Hypervisor set up for Linux's 64-bit boot protocol.
+//! The boot Global Descriptor Tables: a flat 64-bit code segment, a flat data segment and a TSS
+//! descriptor, as Firecracker and Cloud Hypervisor set up for Linux's 64-bit boot protocol, and
+//! the same with a flat 32-bit code segment for the PVH boot protocol.
 
 use kvm_bindings::kvm_segment;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
@@ -27,6 +28,9 @@ pub const TSS_SELECTOR: u16 = 3 << 3;
 /// Access/flags word of a present, ring-0, executable, readable, accessed, 64-bit (L=1) code
 /// segment with 4 KiB granularity.
 const CODE_FLAGS: u16 = 0xa09b;
+/// Access/flags word of a present, ring-0, executable, readable, accessed, 32-bit (D/B=1) code
+/// segment with 4 KiB granularity.
+const CODE32_FLAGS: u16 = 0xc09b;
 /// Access/flags word of a present, ring-0, writable, accessed, 32-bit (D/B=1) data segment with
 /// 4 KiB granularity.
 const DATA_FLAGS: u16 = 0xc093;
@@ -37,6 +41,14 @@ const TSS_FLAGS: u16 = 0x808b;
 pub const BOOT_GDT: [u64; 4] = [
     0,
     gdt_entry(CODE_FLAGS, 0, 0xfffff),
+    gdt_entry(DATA_FLAGS, 0, 0xfffff),
+    gdt_entry(TSS_FLAGS, 0, 0xfffff),
+];
+
+/// The four GDT entries of a PVH entry (32-bit protected mode): null, code, data, TSS.
+pub const PVH_GDT: [u64; 4] = [
+    0,
+    gdt_entry(CODE32_FLAGS, 0, 0xfffff),
     gdt_entry(DATA_FLAGS, 0, 0xfffff),
     gdt_entry(TSS_FLAGS, 0, 0xfffff),
 ];
@@ -81,7 +93,7 @@ pub fn kvm_segment_from_gdt(entry: u64, selector: u16) -> kvm_segment {
     }
 }
 
-/// The segments a vCPU starts with in 64-bit mode.
+/// The segments a vCPU starts with.
 #[derive(Clone, Copy, Debug)]
 pub struct BootSegments {
     /// Code segment.
@@ -93,12 +105,21 @@ pub struct BootSegments {
 }
 
 impl BootSegments {
-    /// The segments described by [`BOOT_GDT`].
+    /// The segments described by [`BOOT_GDT`] (64-bit mode).
     pub fn new() -> Self {
+        Self::of(&BOOT_GDT)
+    }
+
+    /// The segments described by [`PVH_GDT`] (32-bit protected mode).
+    pub fn pvh() -> Self {
+        Self::of(&PVH_GDT)
+    }
+
+    fn of(gdt: &[u64; 4]) -> Self {
         BootSegments {
-            code: kvm_segment_from_gdt(BOOT_GDT[1], CODE_SELECTOR),
-            data: kvm_segment_from_gdt(BOOT_GDT[2], DATA_SELECTOR),
-            tss: kvm_segment_from_gdt(BOOT_GDT[3], TSS_SELECTOR),
+            code: kvm_segment_from_gdt(gdt[1], CODE_SELECTOR),
+            data: kvm_segment_from_gdt(gdt[2], DATA_SELECTOR),
+            tss: kvm_segment_from_gdt(gdt[3], TSS_SELECTOR),
         }
     }
 }
@@ -109,13 +130,15 @@ impl Default for BootSegments {
     }
 }
 
-/// Writes [`BOOT_GDT`] at `gdt_addr` and an empty IDT (one zero entry) at `idt_addr`.
+/// Writes `gdt` ([`BOOT_GDT`] or [`PVH_GDT`]) at `gdt_addr` and an empty IDT (one zero entry)
+/// at `idt_addr`.
 pub fn write_gdt_and_idt<M: GuestMemoryBackend>(
     mem: &M,
+    gdt: &[u64; 4],
     gdt_addr: GuestAddress,
     idt_addr: GuestAddress,
 ) -> Result<(), GdtError> {
-    for (index, entry) in BOOT_GDT.iter().enumerate() {
+    for (index, entry) in gdt.iter().enumerate() {
         let addr = gdt_addr.0 + (index * 8) as u64;
         mem.write_obj(*entry, GuestAddress(addr))
             .map_err(|source| GdtError::Write { addr, source })?;
@@ -158,6 +181,18 @@ mod tests {
     }
 
     #[test]
+    fn pvh_code_segment_is_flat_32_bit_ring_0() {
+        assert_eq!(PVH_GDT[1], 0x00cf_9b00_0000_ffff);
+        let segments = BootSegments::pvh();
+        assert_eq!((segments.code.base, segments.code.limit), (0, 0xffff_ffff));
+        assert_eq!(
+            (segments.code.l, segments.code.db, segments.code.type_),
+            (0, 1, 0xb)
+        );
+        assert_eq!(segments.data.type_, BootSegments::new().data.type_);
+    }
+
+    #[test]
     fn data_and_tss_segments() {
         let segments = BootSegments::new();
         assert_eq!(
@@ -175,14 +210,15 @@ mod tests {
     #[test]
     fn writes_gdt_and_idt_to_guest_memory() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
-        write_gdt_and_idt(&mem, GuestAddress(0x500), GuestAddress(0x520)).unwrap();
+        write_gdt_and_idt(&mem, &BOOT_GDT, GuestAddress(0x500), GuestAddress(0x520)).unwrap();
         for (index, entry) in BOOT_GDT.iter().enumerate() {
             let read: u64 = mem
                 .read_obj(GuestAddress(0x500 + index as u64 * 8))
                 .unwrap();
             assert_eq!(read, *entry);
         }
-        let err = write_gdt_and_idt(&mem, GuestAddress(0xff8), GuestAddress(0x520)).unwrap_err();
+        let err = write_gdt_and_idt(&mem, &PVH_GDT, GuestAddress(0xff8), GuestAddress(0x520))
+            .unwrap_err();
         assert!(err.to_string().contains("0x1000"), "{err}");
     }
 }

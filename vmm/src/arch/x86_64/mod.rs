@@ -1,4 +1,5 @@
-//! x86_64 boot set-up: GDT, identity page tables and the register state for 64-bit entry.
+//! x86_64 boot set-up: GDT, identity page tables and the register state for 64-bit entry (and
+//! for the 32-bit entry of the PVH boot protocol).
 //!
 //! # What this host's KVM (PVM) supports
 //!
@@ -103,7 +104,7 @@ pub fn write_boot_tables<M: GuestMemoryBackend>(
     layout: &BootLayout,
     ram_end: u64,
 ) -> Result<BootTables, ArchError> {
-    gdt::write_gdt_and_idt(mem, layout.gdt, layout.idt)?;
+    gdt::write_gdt_and_idt(mem, &gdt::BOOT_GDT, layout.gdt, layout.idt)?;
     let map = IdentityMap::new(
         layout.page_tables,
         ram_end.max(MIN_IDENTITY_MAPPED),
@@ -115,6 +116,20 @@ pub fn write_boot_tables<M: GuestMemoryBackend>(
         gdt: layout.gdt.0,
         idt: layout.idt.0,
         cr3,
+    })
+}
+
+/// Writes the GDT and IDT of a PVH entry (32-bit protected mode, no paging: no page tables)
+/// where `layout` puts them, and returns the addresses the boot vCPU's registers point at.
+pub fn write_pvh_tables<M: GuestMemoryBackend>(
+    mem: &M,
+    layout: &BootLayout,
+) -> Result<BootTables, ArchError> {
+    gdt::write_gdt_and_idt(mem, &gdt::PVH_GDT, layout.gdt, layout.idt)?;
+    Ok(BootTables {
+        gdt: layout.gdt.0,
+        idt: layout.idt.0,
+        cr3: 0,
     })
 }
 

@@ -1,5 +1,6 @@
 //! Register state of a vCPU entering 64-bit code: general-purpose registers, segment and
-//! control registers (CR0/CR3/CR4/EFER, GDT/IDT) and the FPU, as Firecracker sets them for Linux.
+//! control registers (CR0/CR3/CR4/EFER, GDT/IDT) and the FPU, as Firecracker sets them for Linux;
+//! and of one entering 32-bit code without paging, as the PVH boot protocol starts a kernel.
 
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
@@ -100,6 +101,49 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
     sregs
 }
 
+/// Turns `sregs` into the PVH boot protocol's start: 32-bit protected mode with flat segments,
+/// paging and long mode off.
+pub fn pvh_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
+    let segments = BootSegments::pvh();
+    sregs.gdt.base = tables.gdt;
+    sregs.gdt.limit = BOOT_GDT_SIZE - 1;
+    sregs.idt.base = tables.idt;
+    sregs.idt.limit = 7;
+    sregs.cs = segments.code;
+    sregs.ds = segments.data;
+    sregs.es = segments.data;
+    sregs.fs = segments.data;
+    sregs.gs = segments.data;
+    sregs.ss = segments.data;
+    sregs.tr = segments.tss;
+    sregs.cr0 = CR0_PE | CR0_ET;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+    sregs
+}
+
+/// Puts `vcpu` into 32-bit protected mode at `rip` with EBX at the PVH start info `start_info`,
+/// segments from `tables`' GDT (written by [`super::write_pvh_tables`]).
+pub fn setup_pvh(
+    vcpu: &VcpuFd,
+    tables: &BootTables,
+    rip: u64,
+    start_info: u64,
+) -> Result<(), RegsError> {
+    let sregs = vcpu.get_sregs().map_err(RegsError::GetSregs)?;
+    vcpu.set_sregs(&pvh_sregs(sregs, tables))
+        .map_err(RegsError::SetSregs)?;
+    let regs = kvm_regs {
+        rflags: RFLAGS_RESERVED,
+        rip,
+        rbx: start_info,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(RegsError::SetRegs)?;
+    vcpu.set_fpu(&initial_fpu()).map_err(RegsError::SetFpu)
+}
+
 /// The FPU state after FNINIT, with SIMD exceptions masked.
 pub fn initial_fpu() -> kvm_fpu {
     kvm_fpu {
@@ -160,6 +204,33 @@ mod tests {
         };
         let sregs = long_mode_sregs(fresh, &TABLES);
         assert_eq!(sregs.cr0, 0x6000_0010 | CR0_PE | CR0_PG);
+        assert_eq!(sregs.apic_base, 0xfee0_0900);
+    }
+
+    #[test]
+    fn pvh_sregs_are_32_bit_protected_mode_without_paging() {
+        let fresh = kvm_sregs {
+            cr0: 0x6000_0010,
+            efer: EFER_LME | EFER_LMA,
+            apic_base: 0xfee0_0900,
+            ..Default::default()
+        };
+        let sregs = pvh_sregs(fresh, &TABLES);
+        assert_eq!(
+            (sregs.cr0, sregs.cr3, sregs.cr4, sregs.efer),
+            (CR0_PE | CR0_ET, 0, 0, 0)
+        );
+        assert_eq!(
+            (sregs.cs.selector, sregs.cs.l, sregs.cs.db),
+            (CODE_SELECTOR, 0, 1)
+        );
+        assert_eq!((sregs.gdt.base, sregs.idt.base), (0x500, 0x520));
+        for seg in [sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss] {
+            assert_eq!(
+                (seg.selector, seg.base, seg.limit),
+                (DATA_SELECTOR, 0, 0xffff_ffff)
+            );
+        }
         assert_eq!(sregs.apic_base, 0xfee0_0900);
     }
 

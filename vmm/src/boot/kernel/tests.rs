@@ -6,8 +6,8 @@ use std::io::Cursor;
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 use super::*;
-use crate::boot::{load_linux, LinuxBootConfig, VirtioMmioEntry};
-use crate::layout::{CMDLINE_START, ZERO_PAGE_START};
+use crate::boot::{load_linux, BootEntry, LinuxBootConfig, VirtioMmioEntry};
+use crate::layout::{CMDLINE_START, PVH_INFO_START, ZERO_PAGE_START};
 
 pub(crate) const MEM_SIZE: usize = 64 << 20;
 
@@ -77,6 +77,7 @@ fn loads_an_elf_vmlinux_at_its_physical_address() {
     assert_eq!(kernel.entry, GuestAddress(0x100_0000));
     assert_eq!(kernel.kernel_end, 0x100_0000 + 18 + 0x1000);
     assert!(kernel.setup_header.is_none());
+    assert!(kernel.pvh_entry.is_none());
     let mut back = [0u8; 18];
     memory
         .read_slice(&mut back, GuestAddress(0x100_0000))
@@ -162,8 +163,11 @@ fn full_linux_boot_setup_writes_cmdline_initrd_and_zero_page() {
     .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 
-    assert_eq!(boot.entry, GuestAddress(0x10_0200));
-    assert_eq!(boot.zero_page, GuestAddress(ZERO_PAGE_START));
+    let BootEntry::Linux64 { rip, zero_page } = boot.entry else {
+        panic!("a bzImage boots through Linux's protocol: {:?}", boot.entry);
+    };
+    assert_eq!(rip, GuestAddress(0x10_0200));
+    assert_eq!(zero_page, GuestAddress(ZERO_PAGE_START));
     let expected = "console=ttyS0 virtio_mmio.device=4K@0xc0000000:5";
     assert_eq!(boot.cmdline, expected);
     let mut cmdline = vec![0u8; expected.len() + 1];
@@ -183,13 +187,46 @@ fn full_linux_boot_setup_writes_cmdline_initrd_and_zero_page() {
         .unwrap();
     assert_eq!(first, [0x5a]);
 
-    let params: linux_loader::loader::bootparam::boot_params =
-        memory.read_obj(boot.zero_page).unwrap();
+    let params: linux_loader::loader::bootparam::boot_params = memory.read_obj(zero_page).unwrap();
     assert_eq!({ params.hdr.cmd_line_ptr } as u64, CMDLINE_START);
     assert_eq!({ params.hdr.cmdline_size } as usize, expected.len());
     assert_eq!({ params.hdr.ramdisk_image } as u64, initrd.address);
     assert_eq!({ params.hdr.version }, 0x020f);
     assert_eq!(params.e820_entries, 2);
+}
+
+#[test]
+fn an_elf_kernel_with_a_pvh_note_boots_through_pvh() {
+    // The test guest's image names its 32-bit entry in a Xen note, as Linux with CONFIG_PVH.
+    let dir = std::env::temp_dir().join(format!("llfree-vmm-pvh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel_path = dir.join("guest.elf");
+    std::fs::write(&kernel_path, crate::testguest::IMAGE).unwrap();
+    let memory = memory();
+    let boot = load_linux(
+        &memory,
+        &LinuxBootConfig {
+            kernel: &kernel_path,
+            initrd: None,
+            cmdline: Some("self-boot"),
+            virtio_devices: &[],
+            ram: &[(0, MEM_SIZE as u64)],
+        },
+    )
+    .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let BootEntry::Pvh { rip, start_info } = boot.entry else {
+        panic!("the image boots through PVH: {:?}", boot.entry);
+    };
+    assert_eq!(start_info, GuestAddress(PVH_INFO_START));
+    // The entry lies in the image's code, after its 64-bit entry.
+    assert!(rip > boot.kernel.entry && rip.0 < boot.kernel.kernel_end);
+    let info: linux_loader::loader::elf::start_info::hvm_start_info =
+        memory.read_obj(start_info).unwrap();
+    assert_eq!(
+        (info.cmdline_paddr, info.memmap_entries),
+        (CMDLINE_START, 2)
+    );
 }
 
 #[test]
