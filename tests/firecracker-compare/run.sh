@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Our VMM and Firecracker side by side on this host (tests/src/bin/firecracker-compare.rs): both
-# driven through Firecracker's API, booting the test guest's image, which boots itself through
-# Linux's boot protocol under either; rows interleaved, one table.
+# Our VMM and Firecracker (and Cloud Hypervisor) side by side on this host
+# (tests/src/bin/firecracker-compare.rs): driven through their APIs, booting the test guest's
+# image, which boots itself through its PVH entry under each; rows interleaved, one table per
+# VMM compared.
 #
-# Usage: tests/firecracker-compare/run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR]
-#                                         [--populate lazy|eager]
+# Usage: tests/firecracker-compare/run.sh FIRECRACKER [--cloud-hypervisor CH] [--runs N]
+#                                         [--sizes GIB,...] [--dir DIR] [--populate lazy|eager]
 #   FIRECRACKER  the firecracker binary to measure against
+#   --cloud-hypervisor  a cloud-hypervisor binary for the boot rows (its snapshot fails on PVM)
 #   --dir        where the memory files go (default: the temp directory): our VM's zone and
 #                Firecracker's Full snapshot memory file, on the same file system
 #   --populate   our VM's population (default lazy, as Firecracker's memory)
@@ -19,9 +21,14 @@
 # libclang-dev libseccomp-dev`, then `cargo build --release -p firecracker`. On the gnu target
 # Firecracker has no default seccomp policy and installs resources/seccomp/unimplemented.json,
 # which allows every system call (its build says so).
+#
+# How the Cloud Hypervisor of BENCHMARKS.md was built (never committed here): its public source
+# at tag v53.0, the micro-http crate it takes from git at the commit its Cargo.lock names
+# (5c2254d) as a path dependency through `[patch."https://github.com/firecracker-microvm/micro-http"]`
+# appended to its Cargo.toml, then `cargo build --release --bin cloud-hypervisor`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-FIRECRACKER=${1:?usage: run.sh FIRECRACKER [--runs N] [--sizes GIB,...] [--dir DIR] [--populate MODE]}
+FIRECRACKER=${1:?usage: run.sh FIRECRACKER [--cloud-hypervisor CH] [--runs N] [--sizes GIB,...] [--dir DIR] [--populate MODE]}
 shift
 cd "$ROOT"
 cargo build --release -q -p vmm-cli -p e2e-tests --bin vmm --bin firecracker-compare

@@ -21,7 +21,7 @@ pub fn vmm_beside_this_program() -> PathBuf {
     }
 }
 
-/// A VMM started with `--api-sock` (our `vmm` or Firecracker: both take it), its console
+/// A VMM started with its API socket (`--api-sock` for our `vmm` and Firecracker), its console
 /// (stdout) read on a thread and its stdin (the guest's console input) a pipe.
 #[derive(Debug)]
 pub struct ApiProcess {
@@ -39,10 +39,21 @@ impl ApiProcess {
     /// Spawns `binary --api-sock SOCKET` (SOCKET removed first) with `extra` arguments after
     /// it, stderr discarded.
     pub fn spawn(binary: &Path, socket: &Path, extra: &[&str]) -> Result<Self, String> {
+        Self::spawn_with_flag(binary, "--api-sock", socket, extra)
+    }
+
+    /// [`ApiProcess::spawn`] for a VMM whose socket flag is `flag` (Cloud Hypervisor's is
+    /// `--api-socket`).
+    pub fn spawn_with_flag(
+        binary: &Path,
+        flag: &str,
+        socket: &Path,
+        extra: &[&str],
+    ) -> Result<Self, String> {
         let _ = std::fs::remove_file(socket);
         let spawned = Instant::now();
         let mut child = Command::new(binary)
-            .arg("--api-sock")
+            .arg(flag)
             .arg(socket)
             .args(extra)
             .stdin(Stdio::piped())

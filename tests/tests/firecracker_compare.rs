@@ -45,6 +45,14 @@ fn the_harness_measures_every_row_with_a_vmm_in_firecracker_s_place() {
         String::from_utf8_lossy(&refused.stderr),
         "error: --populate is lazy or eager\n"
     );
+    let refused = Command::new(env!("CARGO_BIN_EXE_firecracker-compare"))
+        .args(["--runs", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr),
+        "error: --firecracker PATH or --cloud-hypervisor PATH (or both) is required\n"
+    );
     // Nothing left behind in the scratch directory.
     let left: Vec<_> = std::fs::read_dir(scratch.path("")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");

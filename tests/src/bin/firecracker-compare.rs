@@ -1,11 +1,12 @@
-//! Our VMM and Firecracker side by side on this host, driven the same way through Firecracker's
-//! API and booting the same guest: the test guest's image (`vmm guest-image`), which boots
-//! itself through Linux's boot protocol under both (the word `self-boot` on its command line
-//! has our VMM boot it as Firecracker does). See `tests/firecracker-compare/run.sh`.
+//! Our VMM and Firecracker (and Cloud Hypervisor) side by side on this host, driven the same
+//! way through their APIs and booting the same guest: the test guest's image (`vmm
+//! guest-image`), which boots itself through the PVH boot protocol under each (the word
+//! `self-boot` on its command line has our VMM boot it as the others do). See
+//! `tests/firecracker-compare/run.sh`.
 //!
 //! ```text
-//! firecracker-compare --firecracker PATH [--runs N] [--sizes GIB,...] [--dir DIR]
-//!                     [--populate lazy|eager]
+//! firecracker-compare [--firecracker PATH] [--cloud-hypervisor PATH] [--runs N]
+//!                     [--sizes GIB,...] [--dir DIR] [--populate lazy|eager]
 //! ```
 //!
 //! `--populate` is our VM's population (`machine-config`'s extension; default lazy, as
@@ -24,14 +25,18 @@
 //!   page and prints its result — "load and read back" is the time from the load request to
 //!   that line, which must say the verification passed.
 //!
-//! Prints a Markdown table: ours, Firecracker's and the ratio (ours / Firecracker) per row.
-//! The `vmm` is the one beside this program, or `LLFREE_VMM_BIN`.
+//! Cloud Hypervisor (through its own API: `vm.create`, then `vm.boot` in `InstanceStart`'s
+//! place) takes the boot rows only: its snapshot fails on this host's PVM `/dev/kvm`
+//! (`KVM_GET_NESTED_STATE` is refused with EINVAL).
+//!
+//! Prints a Markdown table per VMM compared: ours, theirs and the ratio (ours / theirs) per
+//! row. The `vmm` is the one beside this program, or `LLFREE_VMM_BIN`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use e2e_tests::api_process::{median, ms, summary, vmm_beside_this_program, ApiProcess};
+use e2e_tests::api_process::{call, median, ms, summary, vmm_beside_this_program, ApiProcess};
 
 /// How long a boot or a load may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,6 +57,8 @@ struct Vmm {
     /// Firecracker itself (its `--version` says so): its log goes to a file. Another binary in
     /// its place (our `vmm`, as the harness's own test runs it) takes Firecracker's requests.
     firecracker: bool,
+    /// Cloud Hypervisor: its own API.
+    cloud_hypervisor: bool,
 }
 
 /// What one boot measured, from the spawn.
@@ -79,7 +86,12 @@ fn spawn(vmm: &Vmm, dir: &Path, name: &str) -> Result<ApiProcess, String> {
     } else {
         &[]
     };
-    ApiProcess::spawn(&vmm.binary, &dir.join(name), extra)
+    let flag = if vmm.cloud_hypervisor {
+        "--api-socket"
+    } else {
+        "--api-sock"
+    };
+    ApiProcess::spawn_with_flag(&vmm.binary, flag, &dir.join(name), extra)
 }
 
 /// Spawns `vmm`'s API process in `dir` and configures a VM of `mib` MiB booting `image` with
@@ -94,6 +106,18 @@ fn configured(
 ) -> Result<(ApiProcess, Duration), String> {
     let mut process = spawn(vmm, dir, "api.sock")?;
     let socket = process.wait_for_socket(TIMEOUT)?;
+    let cmdline = format!("console=ttyS0 reboot=k panic=1 self-boot workload={workload}");
+    if vmm.cloud_hypervisor {
+        let config = serde_json::json!({
+            "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+            "memory": {"size": mib << 20},
+            "payload": {"kernel": image, "cmdline": cmdline},
+            "serial": {"mode": "Tty"},
+            "console": {"mode": "Off"},
+        });
+        process.call("PUT", "/api/v1/vm.create", &config.to_string())?;
+        return Ok((process, socket));
+    }
     let mut machine = serde_json::json!({"vcpu_count": 1, "mem_size_mib": mib});
     if let Some((zone, populate)) = zone {
         machine["zone"] = serde_json::json!({"path": zone, "vm": "bench"});
@@ -102,7 +126,7 @@ fn configured(
     process.call("PUT", "/machine-config", &machine.to_string())?;
     let boot = serde_json::json!({
         "kernel_image_path": image,
-        "boot_args": format!("console=ttyS0 reboot=k panic=1 self-boot workload={workload}"),
+        "boot_args": cmdline,
     });
     process.call("PUT", "/boot-source", &boot.to_string())?;
     Ok((process, socket))
@@ -110,7 +134,11 @@ fn configured(
 
 fn boot(vmm: &Vmm, dir: &Path, image: &Path) -> Result<Boot, String> {
     let (process, socket) = configured(vmm, dir, image, 128, "write:all,verify:all", None)?;
-    process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
+    if vmm.cloud_hypervisor {
+        call(&process.api, "PUT", "/api/v1/vm.boot", None)?;
+    } else {
+        process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
+    }
     let started = process.spawned.elapsed();
     process.wait_for(FIRST_LINE, TIMEOUT)?;
     let first_line = process.spawned.elapsed();
@@ -197,7 +225,8 @@ fn snapshot(
 
 /// The command line.
 struct Options {
-    firecracker: PathBuf,
+    firecracker: Option<PathBuf>,
+    cloud_hypervisor: Option<PathBuf>,
     runs: usize,
     sizes: Vec<u64>,
     dir: PathBuf,
@@ -206,7 +235,7 @@ struct Options {
 
 /// Parses the command line.
 fn options() -> Result<Options, String> {
-    let mut firecracker = None;
+    let (mut firecracker, mut cloud_hypervisor) = (None, None);
     let (mut runs, mut sizes, mut dir) = (5, vec![1, 8], std::env::temp_dir());
     let mut populate = "lazy".to_owned();
     let mut args = std::env::args().skip(1);
@@ -214,6 +243,7 @@ fn options() -> Result<Options, String> {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
         match arg.as_str() {
             "--firecracker" => firecracker = Some(PathBuf::from(value()?)),
+            "--cloud-hypervisor" => cloud_hypervisor = Some(PathBuf::from(value()?)),
             "--runs" => runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
             "--sizes" => {
                 sizes = value()?
@@ -231,12 +261,15 @@ fn options() -> Result<Options, String> {
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
-    let firecracker = firecracker.ok_or("--firecracker PATH is required")?;
+    if firecracker.is_none() && cloud_hypervisor.is_none() {
+        return Err("--firecracker PATH or --cloud-hypervisor PATH (or both) is required".into());
+    }
     if runs == 0 || sizes.contains(&0) {
         return Err("--runs and --sizes must be at least 1".into());
     }
     Ok(Options {
         firecracker,
+        cloud_hypervisor,
         runs,
         sizes,
         dir,
@@ -244,13 +277,13 @@ fn options() -> Result<Options, String> {
     })
 }
 
-/// A table row: ours, Firecracker's and the ratio of the medians.
-fn row(name: &str, ours: Vec<Duration>, firecracker: Vec<Duration>) {
-    let ratio = ms(median(&ours)) / ms(median(&firecracker));
+/// A table row: ours, theirs and the ratio of the medians.
+fn row(name: &str, ours: Vec<Duration>, theirs: Vec<Duration>) {
+    let ratio = ms(median(&ours)) / ms(median(&theirs));
     println!(
         "| {name} | {} | {} | {ratio:.3} |",
         summary(&ours),
-        summary(&firecracker)
+        summary(&theirs)
     );
 }
 
@@ -265,9 +298,9 @@ fn compare() -> Result<(), String> {
     result
 }
 
-/// Measures both VMMs with scratch files in `dir` and prints the table.
+/// Measures our VMM and the others named with scratch files in `dir` and prints the tables.
 fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
-    let (firecracker, runs, sizes) = (options.firecracker.clone(), options.runs, &options.sizes);
+    let (runs, sizes) = (options.runs, &options.sizes);
     let image = dir.join("guest.elf");
     std::fs::write(&image, vmm::testguest::IMAGE).map_err(|e| e.to_string())?;
     let version = |binary: &Path| -> Result<String, String> {
@@ -275,81 +308,120 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
             .arg("--version")
             .output()
             .map_err(|e| format!("{}: {e}", binary.display()))?;
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        Ok(stdout.lines().next().unwrap_or_default().trim().to_owned())
     };
     let ours = vmm_beside_this_program();
-    let (ours_version, theirs_version) = (version(&ours)?, version(&firecracker)?);
-    println!("llfree-vmm: {} ({ours_version})", ours.display());
-    println!("firecracker: {} ({theirs_version})", firecracker.display());
-    let vmms = [
-        Vmm {
-            name: "llfree-vmm",
-            binary: ours,
-            ours: true,
-            firecracker: false,
-        },
-        Vmm {
-            name: "firecracker",
-            binary: firecracker,
+    println!("llfree-vmm: {} ({})", ours.display(), version(&ours)?);
+    let mut vmms = vec![Vmm {
+        name: "llfree-vmm",
+        binary: ours,
+        ours: true,
+        firecracker: false,
+        cloud_hypervisor: false,
+    }];
+    if let Some(binary) = &options.firecracker {
+        let theirs = version(binary)?;
+        println!("firecracker: {} ({theirs})", binary.display());
+        vmms.push(Vmm {
+            name: "Firecracker",
+            binary: binary.clone(),
             ours: false,
-            firecracker: theirs_version.starts_with("Firecracker"),
-        },
-    ];
-    let mut boots: [Vec<Boot>; 2] = [Vec::new(), Vec::new()];
+            firecracker: theirs.starts_with("Firecracker"),
+            cloud_hypervisor: false,
+        });
+    }
+    if let Some(binary) = &options.cloud_hypervisor {
+        println!(
+            "cloud-hypervisor: {} ({})",
+            binary.display(),
+            version(binary)?
+        );
+        vmms.push(Vmm {
+            name: "Cloud Hypervisor",
+            binary: binary.clone(),
+            ours: false,
+            firecracker: false,
+            cloud_hypervisor: true,
+        });
+    }
+    // Each run boots every VMM once, the order rotating between runs.
+    let mut boots: Vec<Vec<Boot>> = vmms.iter().map(|_| Vec::new()).collect();
     for run in 0..runs {
-        for which in [run % 2, 1 - run % 2] {
+        for offset in 0..vmms.len() {
+            let which = (run + offset) % vmms.len();
             let vmm = &vmms[which];
             let measured =
                 boot(vmm, dir, &image).map_err(|e| format!("{}: boot: {e}", vmm.name))?;
             boots[which].push(measured);
         }
     }
-    let mut snapshots: [Vec<(u64, Snapshot)>; 2] = [Vec::new(), Vec::new()];
+    // Snapshots: ours and Firecracker (the second VMM), where Firecracker was given.
+    let snapshotted = if options.firecracker.is_some() { 2 } else { 0 };
+    let mut snapshots: Vec<Vec<(u64, Snapshot)>> = vec![Vec::new(), Vec::new()];
     for (index, &gib) in sizes.iter().enumerate() {
-        for which in [index % 2, 1 - index % 2] {
+        for offset in 0..snapshotted {
+            let which = (index + offset) % snapshotted;
             let vmm = &vmms[which];
             let measured = snapshot(vmm, dir, &image, gib, &options.populate)
                 .map_err(|e| format!("{}: {gib} GiB snapshot: {e}", vmm.name))?;
             snapshots[which].push((gib, measured));
         }
     }
-    println!(
-        "\n| row, ms: median (min–max) | llfree-vmm | Firecracker | ratio (ours / Firecracker) |"
-    );
-    println!("|---|---|---|---|");
-    let phase = |f: fn(&Boot) -> Duration| -> [Vec<Duration>; 2] {
-        [
-            boots[0].iter().map(f).collect(),
-            boots[1].iter().map(f).collect(),
-        ]
-    };
-    let [ours, theirs] = phase(|b| b.socket);
-    row(&format!("spawn to API socket ({runs} runs)"), ours, theirs);
-    let [ours, theirs] = phase(|b| b.started);
-    row("spawn to InstanceStart answered (128 MiB)", ours, theirs);
-    let [ours, theirs] = phase(|b| b.first_line);
-    row("spawn to the guest's first console line", ours, theirs);
-    for (index, &gib) in sizes.iter().enumerate() {
-        let pick = |f: fn(&Snapshot) -> Duration| -> [Vec<Duration>; 2] {
+    for (other, theirs) in vmms.iter().enumerate().skip(1) {
+        let name = theirs.name;
+        println!("\n| row, ms: median (min–max) | llfree-vmm | {name} | ratio (ours / {name}) |");
+        println!("|---|---|---|---|");
+        let phase = |f: fn(&Boot) -> Duration| -> [Vec<Duration>; 2] {
             [
-                vec![f(&snapshots[0][index].1)],
-                vec![f(&snapshots[1][index].1)],
+                boots[0].iter().map(f).collect(),
+                boots[other].iter().map(f).collect(),
             ]
         };
-        let [ours, theirs] = pick(|s| s.create);
+        let [ours, theirs_times] = phase(|b| b.socket);
         row(
-            &format!("{gib} GiB, every page written: snapshot create (paused)"),
+            &format!("spawn to API socket ({runs} runs)"),
             ours,
-            theirs,
+            theirs_times,
         );
-        let [ours, theirs] = pick(|s| s.load);
-        row(&format!("{gib} GiB: load to running"), ours, theirs);
-        let [ours, theirs] = pick(|s| s.load_and_read_back);
+        let [ours, theirs_times] = phase(|b| b.started);
+        let start = if theirs.cloud_hypervisor {
+            "InstanceStart (vm.boot) answered"
+        } else {
+            "InstanceStart answered"
+        };
+        row(&format!("spawn to {start} (128 MiB)"), ours, theirs_times);
+        let [ours, theirs_times] = phase(|b| b.first_line);
         row(
-            &format!("{gib} GiB: load and read every page back (verified)"),
+            "spawn to the guest's first console line",
             ours,
-            theirs,
+            theirs_times,
         );
+        if other >= snapshotted {
+            continue;
+        }
+        for (index, &gib) in sizes.iter().enumerate() {
+            let pick = |f: fn(&Snapshot) -> Duration| -> [Vec<Duration>; 2] {
+                [
+                    vec![f(&snapshots[0][index].1)],
+                    vec![f(&snapshots[other][index].1)],
+                ]
+            };
+            let [ours, theirs_times] = pick(|s| s.create);
+            row(
+                &format!("{gib} GiB, every page written: snapshot create (paused)"),
+                ours,
+                theirs_times,
+            );
+            let [ours, theirs_times] = pick(|s| s.load);
+            row(&format!("{gib} GiB: load to running"), ours, theirs_times);
+            let [ours, theirs_times] = pick(|s| s.load_and_read_back);
+            row(
+                &format!("{gib} GiB: load and read every page back (verified)"),
+                ours,
+                theirs_times,
+            );
+        }
     }
     Ok(())
 }
