@@ -80,9 +80,8 @@ pub fn entry_regs(entry: &EntryPoint) -> kvm_regs {
     }
 }
 
-/// Turns `sregs` (as read from a fresh vCPU) into 64-bit mode with paging through `tables`.
-pub fn long_mode_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
-    let segments = BootSegments::new();
+/// Points `sregs` at `tables`' GDT and IDT and loads `segments`.
+fn load_segments(sregs: &mut kvm_sregs, tables: &BootTables, segments: BootSegments) {
     sregs.gdt.base = tables.gdt;
     sregs.gdt.limit = BOOT_GDT_SIZE - 1;
     sregs.idt.base = tables.idt;
@@ -94,6 +93,11 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
     sregs.gs = segments.data;
     sregs.ss = segments.data;
     sregs.tr = segments.tss;
+}
+
+/// Turns `sregs` (as read from a fresh vCPU) into 64-bit mode with paging through `tables`.
+pub fn long_mode_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
+    load_segments(&mut sregs, tables, BootSegments::new());
     sregs.cr3 = tables.cr3;
     sregs.cr4 |= CR4_PAE;
     sregs.cr0 |= CR0_PE | CR0_PG | CR0_ET;
@@ -104,18 +108,7 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
 /// Turns `sregs` into the PVH boot protocol's start: 32-bit protected mode with flat segments,
 /// paging and long mode off.
 pub fn pvh_sregs(mut sregs: kvm_sregs, tables: &BootTables) -> kvm_sregs {
-    let segments = BootSegments::pvh();
-    sregs.gdt.base = tables.gdt;
-    sregs.gdt.limit = BOOT_GDT_SIZE - 1;
-    sregs.idt.base = tables.idt;
-    sregs.idt.limit = 7;
-    sregs.cs = segments.code;
-    sregs.ds = segments.data;
-    sregs.es = segments.data;
-    sregs.fs = segments.data;
-    sregs.gs = segments.data;
-    sregs.ss = segments.data;
-    sregs.tr = segments.tss;
+    load_segments(&mut sregs, tables, BootSegments::pvh());
     sregs.cr0 = CR0_PE | CR0_ET;
     sregs.cr3 = 0;
     sregs.cr4 = 0;
