@@ -46,7 +46,7 @@ pub use memory::{ZoneSetupError, SPARE_CORES};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use guest_mem::{FaultError, MemoryError, Pool, PoolError, Population};
+use guest_mem::{FaultError, MemoryError, Pool, PoolError, Populate, Population};
 
 use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
@@ -307,12 +307,19 @@ fn run_checked(
 ) -> Result<RunOutcome, RunError> {
     let signals = signals::StopSignals::block().map_err(RunError::Signals)?;
     // Eager population can take seconds: its progress is shown, and a stop signal cancels it.
+    // A lazy one maps nothing and is not watched (a thread less on the way to the guest's
+    // start): a stop signal waits in the signalfd for the event loop.
     let population = Arc::new(Population::default());
-    let watch = signals
-        .watch(population.clone(), config.memory_size)
-        .map_err(RunError::Signals)?;
+    let watch = match config.populate {
+        Populate::Eager => Some(
+            signals
+                .watch(population.clone(), config.memory_size)
+                .map_err(RunError::Signals)?,
+        ),
+        Populate::Lazy => None,
+    };
     let created = memory::create_memory(&config, frames, &population, resumption.is_none());
-    if let Some(signal) = watch.finish() {
+    if let Some(signal) = watch.and_then(signals::SignalWatch::finish) {
         return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
     }
     let guest_memory = Arc::new(created?);
