@@ -68,9 +68,6 @@ pub enum VmError {
         /// KVM's limit.
         max: usize,
     },
-    /// The page that warms up the memory slots could not be mapped.
-    #[error("cannot map a page for the VM's first memory slot: {0}")]
-    WarmUp(String),
     /// A snapshot's state could not be given to the VM.
     #[error("cannot restore the VM's state: {0}")]
     Restore(String),
@@ -90,13 +87,14 @@ const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
 pub const MAX_VCPUS: usize = 254;
 const HOST_PAGE_SIZE: u64 = 4096;
 
-/// A KVM VM with its in-kernel irqchip and PIT, and no memory or vCPUs yet: what [`Vm::new`]
-/// starts from, made ahead of time where that helps (on a thread while `vmm run` builds guest
-/// memory, or while a VMM waits for its configuration or a snapshot).
+/// A KVM VM without memory, irqchip or vCPUs yet: what [`Vm::new`] starts from, made ahead of
+/// time where that helps (on a thread while `vmm run` builds guest memory, or while a VMM waits
+/// for its configuration or a snapshot).
 ///
-/// On this host's KVM (PVM) the first memory slot of a VM costs about 7 ms, the next ones tens
-/// of microseconds, and a slot deleted again leaves that cost paid: [`KvmVm::new`] pays it with
-/// a one-page slot that it deletes.
+/// On this host's KVM (PVM) the first memory slot set after the in-kernel irqchip was made
+/// waits about 7.5 ms (a grace period the irqchip started: 0.03 ms of CPU; set 8 ms later, or
+/// before the irqchip, it takes tens of microseconds), so [`Vm::with_kvm_vm`] sets the slots
+/// first and makes the irqchip and PIT after them, before the vCPUs.
 pub struct KvmVm {
     kvm: Kvm,
     fd: VmFd,
@@ -109,38 +107,25 @@ impl std::fmt::Debug for KvmVm {
 }
 
 impl KvmVm {
-    /// Creates the VM (TSS, irqchip, PIT) and warms its memory slots.
+    /// Creates the VM and its TSS.
     pub fn new() -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::KvmUnavailable)?;
         let fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
-        fd.create_irq_chip()
-            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-        let page = vm_memory::MmapRegion::<()>::new(HOST_PAGE_SIZE as usize)
-            .map_err(|e| VmError::WarmUp(e.to_string()))?;
-        let mut slot = kvm_userspace_memory_region {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: HOST_PAGE_SIZE,
-            userspace_addr: page.as_ptr() as u64,
-        };
-        // SAFETY: `page` is a mapping of one page that outlives the slot, which is deleted
-        // before it is unmapped and before any vCPU exists.
-        unsafe { fd.set_user_memory_region(slot) }
-            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-        slot.memory_size = 0;
-        // SAFETY: deleting a slot maps nothing.
-        unsafe { fd.set_user_memory_region(slot) }
-            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
         Ok(KvmVm { kvm, fd })
     }
+}
+
+/// Makes the in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT of `fd`, which has no vCPU yet.
+fn create_irqchip_and_pit(fd: &VmFd) -> Result<(), VmError> {
+    fd.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))
 }
 
 /// A VM whose vCPUs have not started yet.
@@ -223,6 +208,9 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
             filter_pmu_msrs(&fd)?;
         }
         register_memslots(&kvm, &fd, memory.as_ref())?;
+        // After the slots: made before them, the irqchip would have the first slot wait for a
+        // grace period (see [`KvmVm`]).
+        create_irqchip_and_pit(&fd)?;
         let msrs_to_save: Arc<[u32]> = kvm
             .get_msr_index_list()
             .map_err(kvm_err("KVM_GET_MSR_INDEX_LIST"))?

@@ -1,7 +1,6 @@
 //! [`EarlyKvmVm`]: the KVM VM of a run made ahead of time, on a thread of its own, while the
 //! VMM waits for its configuration or snapshot (or loads the snapshot's file), so that a start or
-//! load only fills it: on this host's KVM its first memory slot takes milliseconds (see
-//! [`KvmVm`]).
+//! load only fills it (see [`KvmVm`]).
 
 use std::thread::JoinHandle;
 
