@@ -513,8 +513,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     let (requests, incoming): (Sender<Pending>, Receiver<Pending>) = mpsc::channel();
     let front = Arc::new(ApiFront::new(&options, requests.clone()));
     spawn_metrics_flusher(Arc::downgrade(&front));
-    // The KVM VM is made while the VMM waits (its first memory slot takes milliseconds): a
-    // start or load then only fills it.
+    // The KVM VM is made while the VMM waits: a start or load then only fills it.
     let mut kvm_vm = EarlyKvmVm::start();
     // A configuration file boots at once: requests that configure are refused from the start.
     let file_config = match options.config {
