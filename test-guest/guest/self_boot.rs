@@ -61,10 +61,10 @@ pub fn write_zero_page(
     // A command line above 4 GiB does not fit the field: the guest reads none.
     let cmdline = u32::try_from(cmdline).unwrap_or(0);
     let mut count = 0;
-    while let Some((addr, size, kind)) = entry(u32::from(count)) {
-        if count == E820_MAX_ENTRIES {
+    while count < E820_MAX_ENTRIES {
+        let Some((addr, size, kind)) = entry(u32::from(count)) else {
             break;
-        }
+        };
         let slot = zero_page + E820_TABLE + u64::from(count) * E820_ENTRY_SIZE;
         // SAFETY: an entry of the zero page's e820 table (packed: written unaligned).
         unsafe {

@@ -48,17 +48,24 @@ const FIRST_LINE: &str = "llfree-vmm test guest: ";
 /// What the guest prints at its snapshot's checkpoint.
 const CHECKPOINT: &str = "checkpoint 1: waiting for a byte on the console\n";
 
+/// How a VMM under test is driven.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Ours: the VM lives in a zone (zero-copy snapshots).
+    Ours,
+    /// Through Firecracker's API. `log_file`: Firecracker itself (its `--version` says so),
+    /// whose log goes to a file; another binary in its place (our `vmm`, as the harness's own
+    /// test runs it) takes Firecracker's requests.
+    Firecracker { log_file: bool },
+    /// Cloud Hypervisor, through its own API.
+    CloudHypervisor,
+}
+
 /// One VMM under test.
 struct Vmm {
     name: &'static str,
     binary: PathBuf,
-    /// Ours: the VM lives in a zone (zero-copy snapshots).
-    ours: bool,
-    /// Firecracker itself (its `--version` says so): its log goes to a file. Another binary in
-    /// its place (our `vmm`, as the harness's own test runs it) takes Firecracker's requests.
-    firecracker: bool,
-    /// Cloud Hypervisor: its own API.
-    cloud_hypervisor: bool,
+    kind: Kind,
 }
 
 /// What one boot measured, from the spawn.
@@ -80,13 +87,13 @@ struct Snapshot {
 fn spawn(vmm: &Vmm, dir: &Path, name: &str) -> Result<ApiProcess, String> {
     let log = dir.join("firecracker.log");
     let log = log.to_string_lossy();
-    let extra: &[&str] = if vmm.firecracker {
+    let extra: &[&str] = if vmm.kind == (Kind::Firecracker { log_file: true }) {
         std::fs::write(&*log, "").map_err(|e| format!("{log}: {e}"))?;
         &["--log-path", &log]
     } else {
         &[]
     };
-    let flag = if vmm.cloud_hypervisor {
+    let flag = if vmm.kind == Kind::CloudHypervisor {
         "--api-socket"
     } else {
         "--api-sock"
@@ -107,7 +114,7 @@ fn configured(
     let mut process = spawn(vmm, dir, "api.sock")?;
     let socket = process.wait_for_socket(TIMEOUT)?;
     let cmdline = format!("console=ttyS0 reboot=k panic=1 self-boot workload={workload}");
-    if vmm.cloud_hypervisor {
+    if vmm.kind == Kind::CloudHypervisor {
         let config = serde_json::json!({
             "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
             "memory": {"size": mib << 20},
@@ -134,7 +141,7 @@ fn configured(
 
 fn boot(vmm: &Vmm, dir: &Path, image: &Path) -> Result<Boot, String> {
     let (process, socket) = configured(vmm, dir, image, 128, "write:all,verify:all", None)?;
-    if vmm.cloud_hypervisor {
+    if vmm.kind == Kind::CloudHypervisor {
         call(&process.api, "PUT", "/api/v1/vm.boot", None)?;
     } else {
         process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
@@ -163,7 +170,8 @@ fn snapshot(
     for file in [&zone, &memory, &state] {
         let _ = std::fs::remove_file(file);
     }
-    if vmm.ours {
+    let ours = vmm.kind == Kind::Ours;
+    if ours {
         let size = format!("{gib}G");
         let created = Command::new(&vmm.binary)
             .args(["zone", "create"])
@@ -177,13 +185,13 @@ fn snapshot(
     }
     let result = (|| {
         let workload = "write:all,checkpoint:1,verify:all";
-        let zone_option = vmm.ours.then_some((zone.as_path(), populate));
+        let zone_option = ours.then_some((zone.as_path(), populate));
         let (process, _) = configured(vmm, dir, image, gib << 10, workload, zone_option)?;
         process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
         process.wait_for(CHECKPOINT, MEMORY_TIMEOUT)?;
         process.call("PATCH", "/vm", r#"{"state":"Paused"}"#)?;
         let mut create = serde_json::json!({"snapshot_path": state});
-        if vmm.ours {
+        if ours {
             create["mem_file_path"] = serde_json::json!(zone);
         } else {
             create["snapshot_type"] = serde_json::json!("Full");
@@ -196,7 +204,7 @@ fn snapshot(
 
         let mut loaded = spawn(vmm, dir, "load.sock")?;
         loaded.wait_for_socket(TIMEOUT)?;
-        let backing = if vmm.ours { &zone } else { &memory };
+        let backing = if ours { &zone } else { &memory };
         let load = serde_json::json!({
             "snapshot_path": state,
             "mem_backend": {"backend_type": "File", "backend_path": backing},
@@ -316,9 +324,7 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
     let mut vmms = vec![Vmm {
         name: "llfree-vmm",
         binary: ours,
-        ours: true,
-        firecracker: false,
-        cloud_hypervisor: false,
+        kind: Kind::Ours,
     }];
     if let Some(binary) = &options.firecracker {
         let theirs = version(binary)?;
@@ -326,9 +332,9 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
         vmms.push(Vmm {
             name: "Firecracker",
             binary: binary.clone(),
-            ours: false,
-            firecracker: theirs.starts_with("Firecracker"),
-            cloud_hypervisor: false,
+            kind: Kind::Firecracker {
+                log_file: theirs.starts_with("Firecracker"),
+            },
         });
     }
     if let Some(binary) = &options.cloud_hypervisor {
@@ -340,9 +346,7 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
         vmms.push(Vmm {
             name: "Cloud Hypervisor",
             binary: binary.clone(),
-            ours: false,
-            firecracker: false,
-            cloud_hypervisor: true,
+            kind: Kind::CloudHypervisor,
         });
     }
     // Each run boots every VMM once, the order rotating between runs.
@@ -385,7 +389,7 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
             theirs_times,
         );
         let [ours, theirs_times] = phase(|b| b.started);
-        let start = if theirs.cloud_hypervisor {
+        let start = if theirs.kind == Kind::CloudHypervisor {
             "InstanceStart (vm.boot) answered"
         } else {
             "InstanceStart answered"
