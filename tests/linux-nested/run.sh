@@ -109,13 +109,14 @@ install_packages() {
         "$QEMU_MIN_VERSION" || die "qemu-system-x86 older than $QEMU_MIN_VERSION after the install"
 }
 
-# Builds the L2 kernel unless the cache has it; prints its path.
+# Builds the L2 kernel unless the cache has it: bzImage and, beside it, vmlinux (the stripped
+# ELF image the bzImage carries, with its PVH entry note). Prints the bzImage's path.
 l2_kernel() {
     local source=/usr/src/linux-source-6.1.tar.xz version key dir
     version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
     key=$( (echo "$version"; cat "$HERE/l2.config") | sha256sum | cut -c1-16)
     dir=$CACHE/l2-$key
-    if [ ! -f "$dir/bzImage" ]; then
+    if [ ! -f "$dir/bzImage" ] || [ ! -f "$dir/vmlinux" ]; then
         log "building the L2 kernel (linux-source $version, tinyconfig + l2.config)"
         rm -rf "$dir" && mkdir -p "$dir/build"
         tar -xJf "$source" -C "$dir/build" --strip-components=1
@@ -131,6 +132,7 @@ l2_kernel() {
             nice make -s -j"$(nproc)" bzImage
         ) >&2
         cp "$dir/build/arch/x86/boot/bzImage" "$dir/bzImage"
+        cp "$dir/build/arch/x86/boot/compressed/vmlinux.bin" "$dir/vmlinux"
         rm -rf "$dir/build"
     fi
     echo "$dir/bzImage"
@@ -264,6 +266,9 @@ l1_initramfs() {
     copy_libraries "$ROOT/target/release/vmm-jailer" "$root"
     cp "$WORK/firecracker-sdk" "$root/bin/firecracker-sdk"
     cp "$kernel" "$root/l2/bzImage"
+    # The same kernel's ELF image: booted through PVH (and by Firecracker, which loads only
+    # ELF kernels on x86).
+    cp "$(dirname "$kernel")/vmlinux" "$root/l2/vmlinux"
     cp "$WORK/l2-initrd.gz" "$root/l2/initrd.gz"
     cp -r "$WORK/guest" "$root/guest"
     echo "$FILTER" >"$root/tests/filter"
@@ -286,10 +291,6 @@ l1_initramfs() {
             mkdir -p "$root/firecracker"
             cp "$LLFREE_NESTED_FIRECRACKER" "$root/firecracker/firecracker"
             copy_libraries "$LLFREE_NESTED_FIRECRACKER" "$root"
-            # Firecracker loads ELF kernels only on x86: the vmlinux inside the bzImage.
-            tar -xJOf /usr/src/linux-source-6.1.tar.xz --wildcards '*/scripts/extract-vmlinux' \
-                >"$WORK/extract-vmlinux"
-            sh "$WORK/extract-vmlinux" "$kernel" >"$root/l2/vmlinux"
         fi
     fi
     pack "$root" "$WORK/l1-initrd.gz"
@@ -321,7 +322,8 @@ run_in_qemu() {
 run_directly() {
     local kernel=$1 binary status=0
     shift
-    export LLFREE_VMM_TEST_KERNEL=$kernel LLFREE_VMM_TEST_INITRD=$WORK/l2-initrd.gz
+    export LLFREE_VMM_TEST_KERNEL=$kernel LLFREE_VMM_TEST_VMLINUX=$(dirname "$kernel")/vmlinux
+    export LLFREE_VMM_TEST_INITRD=$WORK/l2-initrd.gz
     export LLFREE_VMM_FC_SDK=$WORK/firecracker-sdk LLFREE_VMM_GUEST_FILES=$WORK/guest
     # The vmm that build_tests just built (its own build, whose features differ from the tests').
     export LLFREE_VMM_BIN=$ROOT/target/release/vmm

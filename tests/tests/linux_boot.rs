@@ -2,6 +2,7 @@
 //!
 //! * A real Linux (see `linux_common`) boots to its init with 1, 2 and 4 vCPUs, every CPU
 //!   online, on plain memory and 2 MiB and 1 GiB huge pages, populated lazily and eagerly;
+//!   its ELF vmlinux boots through PVH and its bzImage through Linux's 64-bit boot protocol;
 //!   `reboot` (through the i8042, the default command line's reboot=k), a panic with panic=1
 //!   and Ctrl-Alt-Del from the API end `vmm run` with status 7.
 //! * The guest README documents (`tests/linux-nested/run.sh --guest-files DIR`: its kernel and
@@ -240,6 +241,48 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
             if smt.is_some() { " (SMT)" } else { "" },
             field(&ready, "uptime").unwrap_or("?"),
             to_exit - to_init
+        );
+    }
+}
+
+#[test]
+fn linux_s_elf_vmlinux_boots_through_pvh_and_its_bzimage_through_the_64_bit_protocol() {
+    let test = "linux_s_elf_vmlinux_boots_through_pvh_and_its_bzimage_through_the_64_bit_protocol";
+    let Some(guest) = LinuxGuest::find(test) else {
+        return;
+    };
+    // The zero page's type_of_loader, as the guest sees it: Linux's PVH entry builds the zero
+    // page itself from the start info and writes 0xb0 (PVH, not under Xen); for the 64-bit
+    // protocol our VMM writes the zero page, with 0xff (a loader without an ID).
+    for (kernel, loader) in [
+        (guest.vmlinux.as_str(), "b0"),
+        (guest.kernel.as_str(), "ff"),
+    ] {
+        let started = Instant::now();
+        let args = [
+            "--kernel",
+            kernel,
+            "--initrd",
+            &guest.initrd,
+            "--memory",
+            "256M",
+            "--vcpus",
+            "2",
+        ];
+        let mut vmm = VmmRun::start(&args);
+        // The init ran from the initramfs and the console is the command line's: PVH's module
+        // list and command line arrived.
+        let ready = vmm.wait_for_line("LLFREE-L2 ready", BOOT_TIMEOUT);
+        assert_eq!(field(&ready, "loader"), Some(loader), "{kernel}: {ready}");
+        assert_eq!(field(&ready, "online"), Some("0-1"), "{kernel}: {ready}");
+        // The memory map: all of the RAM but what the kernel keeps for itself.
+        let total: u64 = field(&ready, "memtotal_kib").unwrap().parse().unwrap();
+        assert!(total > 200 * 1024, "{kernel}: {ready}");
+        vmm.wait(Duration::from_secs(60))
+            .assert_guest_reset(THROUGH_THE_KEYBOARD);
+        eprintln!(
+            "{test}: {kernel} (loader {loader}): init after {:.1?}",
+            started.elapsed()
         );
     }
 }

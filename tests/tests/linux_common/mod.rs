@@ -2,7 +2,8 @@
 //!
 //! The guest is the kernel and initramfs that `tests/linux-nested/run.sh` builds (Linux 6.1,
 //! tinyconfig plus `tests/linux-nested/l2.config`, busybox and `tests/linux-nested/l2-init`),
-//! named by `LLFREE_VMM_TEST_KERNEL` and `LLFREE_VMM_TEST_INITRD`. `llfree.test=NAME` on the
+//! named by `LLFREE_VMM_TEST_KERNEL` (its bzImage), `LLFREE_VMM_TEST_VMLINUX` (the same
+//! kernel's ELF image, with a PVH entry note) and `LLFREE_VMM_TEST_INITRD`. `llfree.test=NAME` on the
 //! command line picks what its init does; it reports in lines starting with `LLFREE-L2 `.
 //! Without hardware virtualization (vmx or svm) or without the guest, the tests print SKIP:
 //! run.sh runs them for real, nested in QEMU where the host has neither.
@@ -21,6 +22,8 @@ pub const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 pub struct LinuxGuest {
     /// The kernel (bzImage).
     pub kernel: String,
+    /// The same kernel's ELF image (it boots through PVH).
+    pub vmlinux: String,
     /// The initramfs with `l2-init`.
     pub initrd: String,
 }
@@ -52,6 +55,7 @@ impl LinuxGuest {
         };
         Ok(LinuxGuest {
             kernel: var("LLFREE_VMM_TEST_KERNEL")?,
+            vmlinux: var("LLFREE_VMM_TEST_VMLINUX")?,
             initrd: var("LLFREE_VMM_TEST_INITRD")?,
         })
     }
