@@ -27,6 +27,11 @@ pub enum Populate {
     /// On first touch, through userfaultfd, with the toucher's core id.
     #[default]
     Lazy,
+    /// Every chunk at creation, mapped without touching a page: the host kernel allocates and
+    /// zeroes pages at the guest's first touches, with no round trip through userfaultfd (as
+    /// for memory that is not a pool's). Nothing is overcommitted; a chunk discarded later (the
+    /// balloon, free page reporting) gets its next frame lazily.
+    Mapped,
 }
 
 /// Eager population seen from another thread: how far it is, and a way to stop it.
@@ -212,9 +217,7 @@ impl GuestMemory {
         population: &Population,
     ) -> Result<Self, MemoryError> {
         let memory = Self::build(pool, &config)?;
-        if config.populate == Populate::Eager {
-            memory.populate_all(population)?;
-        }
+        memory.populate_ahead(config.populate, population)?;
         Ok(memory)
     }
 
@@ -250,9 +253,7 @@ impl GuestMemory {
                 region.adopt(chunk, frame)?;
             }
         }
-        if config.populate == Populate::Eager {
-            memory.populate_all(&Population::default())?;
-        }
+        memory.populate_ahead(config.populate, &Population::default())?;
         Ok(memory)
     }
 
@@ -272,9 +273,7 @@ impl GuestMemory {
         }
         let pool = Arc::clone(vm.zone().pool());
         let memory = Self::build_with(pool, &config, Some(vm))?;
-        if config.populate == Populate::Eager {
-            memory.populate_all(population)?;
-        }
+        memory.populate_ahead(config.populate, population)?;
         Ok(memory)
     }
 
@@ -331,6 +330,35 @@ impl GuestMemory {
         let handlers = FaultHandlers::spawn(&inner, config.fault_threads, config.confine_handler)
             .map_err(MemoryError::Handlers)?;
         Ok(Self { handlers, inner })
+    }
+
+    /// What `populate` does when the memory is made: eager population, mapping every chunk
+    /// ahead, or nothing (lazy).
+    fn populate_ahead(
+        &self,
+        populate: Populate,
+        population: &Population,
+    ) -> Result<(), MemoryError> {
+        match populate {
+            Populate::Eager => self.populate_all(population),
+            Populate::Mapped => self.map_all(),
+            Populate::Lazy => Ok(()),
+        }
+    }
+
+    /// Maps every chunk's frame without touching a page ([`Populate::Mapped`]): the frames a
+    /// zone recorded for the VM, fresh ones from the VMM's core for the others.
+    fn map_all(&self) -> Result<(), MemoryError> {
+        let mut core = self
+            .inner
+            .shared
+            .pool
+            .core_frames(self.inner.shared.vmm_core);
+        for region in &self.inner.regions {
+            region.map_recorded(&mut 0, usize::MAX)?;
+            region.map_fresh_frames(&mut core)?;
+        }
+        Ok(())
     }
 
     fn populate_all(&self, population: &Population) -> Result<(), MemoryError> {

@@ -135,6 +135,29 @@ fn eager_memory_on_2m_pages_is_faulted_in_before_the_guest_runs() {
 }
 
 #[test]
+fn mapped_memory_on_2m_pages_gets_its_huge_pages_at_the_guest_s_first_touches() {
+    let Some(_pages) = reserve(2048, 8) else {
+        return;
+    };
+    let pool = Pool::new(PoolConfig::new(Backing::Hugetlb2M, 16 * MIB)).expect("pool");
+    let mut config = memory_config(16 * MIB, 1);
+    config.populate = Populate::Mapped;
+    let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
+    assert_eq!(memory.stats().populated_chunks, 8);
+    let region = &memory.regions()[0];
+    let resident = || common::resident_pages(region.host_addr(), region.size());
+    assert_eq!(resident(), 0, "no huge page allocated yet");
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 3, 9)), Ok(0));
+    assert_eq!(memory.stats().faults, 0, "no fault through userfaultfd");
+    assert_eq!(
+        resident(),
+        (4 * 2 * MIB / 4096) as usize,
+        "the touch program's chunk and the three touched"
+    );
+}
+
+#[test]
 fn missing_huge_pages_give_a_clear_error() {
     let _lock = reserve(2048, 0);
     let err = Pool::new(PoolConfig::new(Backing::Hugetlb2M, 1 << 40)).expect_err("1 TiB");

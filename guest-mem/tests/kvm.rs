@@ -376,6 +376,62 @@ fn eager_memory_is_populated_up_front() {
     );
 }
 
+#[test]
+fn mapped_memory_has_every_frame_before_the_guest_runs_and_no_page_touched() {
+    let pool = pool(64 * MIB);
+    let mut config = memory_config(16 * MIB, 1);
+    config.populate = Populate::Mapped;
+    config.chunk_size = Some(FrameSize::Huge);
+    let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
+    assert_eq!(memory.stats().populated_chunks, 8);
+    assert_eq!(pool.stats().used_bytes, 16 * MIB);
+    let region = &memory.regions()[0];
+    assert_eq!(
+        common::resident_pages(region.host_addr(), region.size()),
+        0,
+        "the kernel fills the pages at the first touches"
+    );
+    let Some(vm) = Vm::new(&memory) else { return };
+    assert_eq!(vm.run(&memory, 0, chunks(1, 7, 3)), Ok(0));
+    assert_eq!(memory.stats().faults, 0, "no fault through userfaultfd");
+    assert_eq!(memory.read_obj::<u32>(GuestAddress(CHUNK + 8)).unwrap(), 3);
+    // A discarded chunk goes back to lazy population: its next touch faults in a frame.
+    let mut core = pool.core_frames(memory.vmm_core());
+    let freed = memory
+        .discard(GuestAddress(CHUNK), CHUNK, &mut core)
+        .expect("discard");
+    assert_eq!(freed.freed_chunks, 1);
+    drop(core);
+    let again = std::thread::scope(|s| {
+        s.spawn(|| vm_again(&memory).run(&memory, 0, chunks(1, 1, 4)))
+            .join()
+            .expect("join")
+    });
+    assert_eq!(again, Ok(0));
+    assert_eq!(memory.stats().faults, 1);
+    drop(vm);
+    drop(memory);
+    assert_eq!(
+        pool.stats().free_bytes,
+        64 * MIB,
+        "dropping frees every frame"
+    );
+}
+
+#[test]
+fn mapped_memory_larger_than_its_pool_fails_and_gives_every_frame_back() {
+    let pool = pool(8 * MIB);
+    let mut config = memory_config(16 * MIB, 1);
+    config.populate = Populate::Mapped;
+    config.chunk_size = Some(FrameSize::Huge);
+    let err = GuestMemory::new(Arc::clone(&pool), config).expect_err("more than the pool");
+    assert_eq!(
+        err.to_string(),
+        "guest memory pool exhausted: no free 2 MiB frame"
+    );
+    assert_eq!(pool.stats().free_bytes, 8 * MIB);
+}
+
 /// A guest that keeps writing a chunk while the VMM discards it, over and over (a balloon
 /// driver reporting memory it still uses): whatever the interleaving, the guest's memory comes
 /// from the pool. A page the guest touches between the placeholder's mapping and its

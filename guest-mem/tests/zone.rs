@@ -140,6 +140,35 @@ fn a_vm_taken_up_again_has_its_recorded_frames_mapped_before_any_touch() {
 }
 
 #[test]
+fn a_vm_mapped_ahead_keeps_its_recorded_frames_and_records_fresh_ones_for_the_rest() {
+    let path = TempFile::new("zone-mapped");
+    Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");
+    let zone = Zone::open(&path.0, 4).expect("open");
+    let memory = open_memory(&zone, "vm1", 32 * MIB);
+    memory
+        .write_slice(b"recorded before.", GuestAddress(6 * MIB))
+        .expect("write");
+    drop(memory);
+    assert_eq!(zone.info().expect("info").vms[0].frames, 1);
+
+    let vm = zone.attach("vm1", &layout(32 * MIB)).expect("attach");
+    let mut config = memory_config(32 * MIB);
+    config.populate = Populate::Mapped;
+    let memory = GuestMemory::new_in_zone(vm, config, &Population::default()).expect("mapped");
+    let stats = memory.stats();
+    assert_eq!((stats.populated_chunks, stats.faults), (16, 0), "{stats:?}");
+    assert_eq!(zone.info().expect("info").vms[0].frames, 16);
+    assert_eq!(&read_text(&memory, 6 * MIB), b"recorded before.");
+    assert_eq!(read_text(&memory, 8 * MIB), [0; 16], "a fresh frame");
+    assert_eq!(memory.stats().faults, 0);
+    drop(memory);
+    // Every frame recorded stays the VM's: taken up again lazily, it has them all.
+    let memory = open_memory(&zone, "vm1", 32 * MIB);
+    assert_eq!(&read_text(&memory, 6 * MIB), b"recorded before.");
+    assert_eq!(zone.info().expect("info").vms[0].frames, 16);
+}
+
+#[test]
 fn attaching_checks_names_layouts_and_owners() {
     let path = TempFile::new("zone-attach");
     Zone::create(&path.0, &zone_config(64 * MIB)).expect("create");

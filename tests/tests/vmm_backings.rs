@@ -1,5 +1,6 @@
 //! End-to-end: `vmm run` boots the built-in test guest and runs its memory workload on every
-//! backing (plain memory, hugetlb with 2 MiB and 1 GiB pages, a pool file), eager and lazy.
+//! backing (plain memory, hugetlb with 2 MiB and 1 GiB pages, a pool file), populated eagerly,
+//! lazily and mapped ahead.
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -10,9 +11,9 @@ use e2e_tests::kvm_available;
 use guest_mem::testing::HugePages;
 use vmm_common::{Scratch, VmmRun};
 
-/// Runs the workload with `--populate eager` and `--populate lazy`: both must pass.
-fn eager_and_lazy(args: &[&str]) {
-    for populate in ["eager", "lazy"] {
+/// Runs the workload with `--populate eager`, `lazy` and `mapped`: each must pass.
+fn every_population(args: &[&str]) {
+    for populate in ["eager", "lazy", "mapped"] {
         let run = VmmRun::run(&[args, &["--populate", populate]].concat());
         run.assert_success();
         assert!(
@@ -26,7 +27,7 @@ fn eager_and_lazy(args: &[&str]) {
 fn plain_memory_on_two_vcpus() {
     if kvm_available("plain_memory_on_two_vcpus") {
         // The default workload writes and verifies every page above 2 MiB.
-        eager_and_lazy(&["--memory", "64M", "--vcpus", "2", "--backing", "anon"]);
+        every_population(&["--memory", "64M", "--vcpus", "2", "--backing", "anon"]);
     }
 }
 
@@ -35,7 +36,7 @@ fn plain_memory_above_the_mmio_gap() {
     if kvm_available("plain_memory_above_the_mmio_gap") {
         // 4 GiB of RAM: 3 GiB below the gap, 1 GiB from 4 GiB on; touch both ends.
         let workload = "write:2M+8M,write:4G+8M:7,verify:2M+8M,verify:4G+8M:7,verify-zero:5112M+8M";
-        eager_and_lazy(&["--memory", "4G", "--workload", workload]);
+        every_population(&["--memory", "4G", "--workload", workload]);
     }
 }
 
@@ -47,7 +48,7 @@ fn a_pool_file_and_its_reuse() {
     let scratch = Scratch::new("pool-file");
     let pool = scratch.path("pool");
     let backing = format!("file:{pool}");
-    eager_and_lazy(&["--memory", "32M", "--vcpus", "2", "--backing", &backing]);
+    every_population(&["--memory", "32M", "--vcpus", "2", "--backing", &backing]);
     let size = std::fs::metadata(&pool).unwrap().len();
     assert!(size > 32 << 20, "header and 32 MiB of frames: {size}");
     // Clean exits gave every frame back: the pool is whole for an eager guest, and what the
@@ -84,7 +85,7 @@ fn hugetlb_with_2m_pages() {
     let Some(_pages) = huge_pages("hugetlb_with_2m_pages", 2048, 32) else {
         return;
     };
-    eager_and_lazy(&["--memory", "64M", "--vcpus", "2", "--backing", "hugetlb-2m"]);
+    every_population(&["--memory", "64M", "--vcpus", "2", "--backing", "hugetlb-2m"]);
 }
 
 #[test]
@@ -94,7 +95,7 @@ fn hugetlb_with_1g_pages() {
     };
     // One 1 GiB chunk: touch a part of it (every page would take the emulator long).
     let workload = "write:2M+62M:3,verify:2M+62M:3,verify-zero:960M+64M";
-    eager_and_lazy(&[
+    every_population(&[
         "--memory",
         "1G",
         "--vcpus",

@@ -330,10 +330,13 @@ pub enum ZoneAction {
 /// When guest memory is populated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PopulateArg {
-    /// Every chunk gets its pool frame before the guest starts.
+    /// Every chunk gets its pool frame before the guest starts, with every page faulted in.
     Eager,
     /// A chunk gets its frame on the first touch, allocated on the touching vCPU's LLFree core.
     Lazy,
+    /// Every chunk gets its pool frame before the guest starts, mapped without touching it:
+    /// the host kernel fills a page at the guest's first touch, with no userfaultfd round trip.
+    Mapped,
 }
 
 /// Options of `vmm run`.
@@ -461,7 +464,8 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u8).range(0..=50))]
     pub reclaim_below: u8,
 
-    /// When guest memory gets its host frames: all at start (eager) or on first touch (lazy).
+    /// When guest memory gets its host frames: all at start and touched (eager), on first touch
+    /// (lazy), or all at start and mapped untouched (mapped).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
     pub populate: PopulateArg,
 

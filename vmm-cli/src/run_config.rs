@@ -110,6 +110,7 @@ impl TryFrom<RunArgs> for VmConfig {
             populate: match args.populate {
                 PopulateArg::Eager => guest_mem::Populate::Eager,
                 PopulateArg::Lazy => guest_mem::Populate::Lazy,
+                PopulateArg::Mapped => guest_mem::Populate::Mapped,
             },
             vcpus: args.vcpus,
             smt: args.smt,

@@ -59,6 +59,7 @@ pub fn machine(json: &Value) -> String {
         match str_of(json, "populate") {
             Some("eager") => text.push_str(", populated eagerly (all at the start)"),
             Some("lazy") => text.push_str(", populated lazily (on first touch)"),
+            Some("mapped") => text.push_str(", frames mapped at the start, pages on first touch"),
             _ => {}
         }
         rows.push(("memory".into(), text));

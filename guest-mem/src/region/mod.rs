@@ -19,6 +19,7 @@ use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
 use crate::zone::{VmTable, ZoneWords};
 
+mod ahead;
 mod hotplug;
 mod recorded;
 mod repopulate;

@@ -38,6 +38,8 @@ pub enum PopulateMode {
     Eager,
     /// On first touch.
     Lazy,
+    /// Frames mapped before the guest starts, pages filled at first touch.
+    Mapped,
 }
 
 impl From<Populate> for PopulateMode {
@@ -45,6 +47,7 @@ impl From<Populate> for PopulateMode {
         match populate {
             Populate::Eager => PopulateMode::Eager,
             Populate::Lazy => PopulateMode::Lazy,
+            Populate::Mapped => PopulateMode::Mapped,
         }
     }
 }
@@ -68,7 +71,7 @@ pub struct MachineInfo {
     pub zone_vm: Option<String>,
     /// Frame (and chunk) size of the pool, in KiB.
     pub frame_size_kib: u64,
-    /// Eager or lazy population.
+    /// Eager, lazy or mapped-ahead population.
     pub populate: PopulateMode,
     /// `test-guest` or `linux`.
     pub guest: String,

@@ -508,7 +508,8 @@ impl VmResources {
             scrub: Scrub::PunchHole,
             populate: match machine.populate {
                 Some(PopulateMode::Eager) => Populate::Eager,
-                _ => Populate::Lazy,
+                Some(PopulateMode::Mapped) => Populate::Mapped,
+                Some(PopulateMode::Lazy) | None => Populate::Lazy,
             },
             vcpus: usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
             smt: machine.smt,

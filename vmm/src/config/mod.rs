@@ -189,7 +189,7 @@ pub struct VmConfig {
     /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
     /// punching otherwise.
     pub scrub: Scrub,
-    /// Eager or lazy population.
+    /// Eager, lazy or mapped-ahead population.
     pub populate: Populate,
     /// Number of vCPUs.
     pub vcpus: usize,

@@ -170,6 +170,7 @@ pub(super) fn create_memory(
         match config.populate {
             guest_mem::Populate::Eager => "eagerly",
             guest_mem::Populate::Lazy => "lazily",
+            guest_mem::Populate::Mapped => "mapped ahead",
         },
     );
     let ranges = regions

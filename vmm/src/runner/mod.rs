@@ -316,7 +316,7 @@ fn run_checked(
                 .watch(population.clone(), config.memory_size)
                 .map_err(RunError::Signals)?,
         ),
-        Populate::Lazy => None,
+        Populate::Lazy | Populate::Mapped => None,
     };
     let created = memory::create_memory(&config, frames, &population, resumption.is_none());
     if let Some(signal) = watch.and_then(signals::SignalWatch::finish) {

@@ -49,6 +49,12 @@ fn machine_info_follows_the_config() {
     let json = serde_json::to_value(&info).unwrap();
     assert_eq!(json["state"], "Paused");
     assert_eq!(json["populate"], "eager");
+    let mapped = VmConfig {
+        populate: Populate::Mapped,
+        ..config
+    };
+    let info = MachineInfo::new(&mapped, guest_mem::FrameSize::Huge, VmState::Paused);
+    assert_eq!(serde_json::to_value(&info).unwrap()["populate"], "mapped");
 }
 
 #[test]

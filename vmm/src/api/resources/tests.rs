@@ -251,6 +251,32 @@ fn drives_are_checked_and_the_root_drive_comes_first() {
 }
 
 #[test]
+fn each_population_mode_reaches_the_vm_config() {
+    let files = Files::new("populate");
+    for (mode, populate) in [
+        (None, Populate::Lazy),
+        (Some(PopulateMode::Lazy), Populate::Lazy),
+        (Some(PopulateMode::Eager), Populate::Eager),
+        (Some(PopulateMode::Mapped), Populate::Mapped),
+    ] {
+        let mut resources = VmResources::default();
+        resources
+            .put_boot_source(BootSource {
+                kernel_image_path: files.path("vmlinux"),
+                initrd_path: None,
+                boot_args: None,
+            })
+            .unwrap();
+        let machine = MachineConfiguration {
+            populate: mode,
+            ..machine(1, 128)
+        };
+        resources.put_machine(machine).unwrap();
+        assert_eq!(resources.vm_config(None).unwrap().populate, populate);
+    }
+}
+
+#[test]
 fn pmem_lives_in_the_vms_zone() {
     let files = Files::new("pmem");
     let mut resources = VmResources::default();
