@@ -346,14 +346,19 @@ impl GuestMemory {
         }
     }
 
+    /// The VMM's own core, through its cache unless a thread holds it: the frames of eager and
+    /// mapped-ahead population come from there.
+    fn vmm_core_frames(&self) -> CoreFrames {
+        self.inner
+            .shared
+            .pool
+            .core_frames(self.inner.shared.vmm_core)
+    }
+
     /// Maps every chunk's frame without touching a page ([`Populate::Mapped`]): the frames a
     /// zone recorded for the VM, fresh ones from the VMM's core for the others.
     fn map_all(&self) -> Result<(), MemoryError> {
-        let mut core = self
-            .inner
-            .shared
-            .pool
-            .core_frames(self.inner.shared.vmm_core);
+        let mut core = self.vmm_core_frames();
         for region in &self.inner.regions {
             region.map_recorded(&mut 0, usize::MAX)?;
             region.map_fresh_frames(&mut core)?;
@@ -362,12 +367,7 @@ impl GuestMemory {
     }
 
     fn populate_all(&self, population: &Population) -> Result<(), MemoryError> {
-        // One thread allocates every frame: through the core's cache, unless a thread holds it.
-        let mut core = self
-            .inner
-            .shared
-            .pool
-            .core_frames(self.inner.shared.vmm_core);
+        let mut core = self.vmm_core_frames();
         for region in &self.inner.regions {
             for chunk in 0..region.table().len() {
                 if population.cancelled.load(Ordering::Acquire) {

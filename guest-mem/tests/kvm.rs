@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{memory_config, RunError, Touch, Vm, MIB};
 use guest_mem::{
-    Backing, FaultError, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate,
+    Backing, FaultError, FrameSize, GuestMemory, MemoryError, Pool, PoolConfig, Populate,
     Reclaimed, Scrub,
 };
 use llfree::TREE_FRAMES;
@@ -351,13 +351,22 @@ fn give_up<T>(memory: &GuestMemory, finished: &mpsc::Receiver<T>) {
         .expect("the vCPUs end once their faults are released");
 }
 
+/// Memory of `size` bytes in 2 MiB chunks for one vCPU, populated as `populate` says.
+fn populated_memory(
+    pool: &Arc<Pool>,
+    size: u64,
+    populate: Populate,
+) -> Result<GuestMemory, MemoryError> {
+    let mut config = memory_config(size, 1);
+    config.populate = populate;
+    config.chunk_size = Some(FrameSize::Huge);
+    GuestMemory::new(Arc::clone(pool), config)
+}
+
 #[test]
 fn eager_memory_is_populated_up_front() {
     let pool = pool(64 * MIB);
-    let mut config = MemoryConfig::new(vec![(GuestAddress(0), 16 * MIB)], 1);
-    config.populate = Populate::Eager;
-    config.chunk_size = Some(FrameSize::Huge);
-    let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
+    let memory = populated_memory(&pool, 16 * MIB, Populate::Eager).expect("memory");
     assert_eq!(memory.stats().populated_chunks, 8);
     let region = &memory.regions()[0];
     assert_eq!(
@@ -379,10 +388,7 @@ fn eager_memory_is_populated_up_front() {
 #[test]
 fn mapped_memory_has_every_frame_before_the_guest_runs_and_no_page_touched() {
     let pool = pool(64 * MIB);
-    let mut config = memory_config(16 * MIB, 1);
-    config.populate = Populate::Mapped;
-    config.chunk_size = Some(FrameSize::Huge);
-    let memory = GuestMemory::new(Arc::clone(&pool), config).expect("memory");
+    let memory = populated_memory(&pool, 16 * MIB, Populate::Mapped).expect("memory");
     assert_eq!(memory.stats().populated_chunks, 8);
     assert_eq!(pool.stats().used_bytes, 16 * MIB);
     let region = &memory.regions()[0];
@@ -421,10 +427,7 @@ fn mapped_memory_has_every_frame_before_the_guest_runs_and_no_page_touched() {
 #[test]
 fn mapped_memory_larger_than_its_pool_fails_and_gives_every_frame_back() {
     let pool = pool(8 * MIB);
-    let mut config = memory_config(16 * MIB, 1);
-    config.populate = Populate::Mapped;
-    config.chunk_size = Some(FrameSize::Huge);
-    let err = GuestMemory::new(Arc::clone(&pool), config).expect_err("more than the pool");
+    let err = populated_memory(&pool, 16 * MIB, Populate::Mapped).expect_err("more than the pool");
     assert_eq!(
         err.to_string(),
         "guest memory pool exhausted: no free 2 MiB frame"

@@ -1,7 +1,8 @@
 //! End-to-end: `vmm run --kernel` through the Linux boot path.
 //!
 //! * A real Linux (see `linux_common`) boots to its init with 1, 2 and 4 vCPUs, every CPU
-//!   online, on plain memory and 2 MiB and 1 GiB huge pages, populated lazily and eagerly;
+//!   online, on plain memory and 2 MiB and 1 GiB huge pages, populated lazily, eagerly and
+//!   mapped ahead;
 //!   its ELF vmlinux boots through PVH and its bzImage through Linux's 64-bit boot protocol;
 //!   `reboot` (through the i8042, the default command line's reboot=k), a panic with panic=1
 //!   and Ctrl-Alt-Del from the API end `vmm run` with status 7.
@@ -202,6 +203,7 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
         ("4", "anon", "eager", None),
         ("4", "hugetlb-2m", "lazy", None),
         ("4", "anon", "lazy", Some("--smt")),
+        ("2", "hugetlb-2m", "mapped", None),
     ];
     for (vcpus, backing, populate, smt) in cases {
         let started = Instant::now();
