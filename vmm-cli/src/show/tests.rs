@@ -20,6 +20,11 @@ fn machine_starts_with_the_state() {
          balloon  yes\n\
          version  0.1.0\n"
     );
+    let mapped = machine(&json!({"mem_size_mib": 64, "populate": "mapped", "state": "Running"}));
+    assert_eq!(
+        mapped,
+        "state   Running\nmemory  64 MiB, frames mapped at the start, pages on first touch\n"
+    );
 }
 
 #[test]
