@@ -363,6 +363,11 @@ fn populated_memory(
     GuestMemory::new(Arc::clone(pool), config)
 }
 
+/// After the memory is dropped, the `size` bytes of `pool` are free.
+fn assert_every_frame_free(pool: &Pool, size: u64) {
+    assert_eq!(pool.stats().free_bytes, size, "dropping frees every frame");
+}
+
 #[test]
 fn eager_memory_is_populated_up_front() {
     let pool = pool(64 * MIB);
@@ -378,11 +383,7 @@ fn eager_memory_is_populated_up_front() {
     assert_eq!(vm.run(&memory, 0, chunks(1, 7, 3)), Ok(0));
     assert_eq!(memory.stats().faults, 0);
     drop(memory);
-    assert_eq!(
-        pool.stats().free_bytes,
-        64 * MIB,
-        "dropping frees every frame"
-    );
+    assert_every_frame_free(&pool, 64 * MIB);
 }
 
 #[test]
@@ -417,11 +418,7 @@ fn mapped_memory_has_every_frame_before_the_guest_runs_and_no_page_touched() {
     assert_eq!(memory.stats().faults, 1);
     drop(vm);
     drop(memory);
-    assert_eq!(
-        pool.stats().free_bytes,
-        64 * MIB,
-        "dropping frees every frame"
-    );
+    assert_every_frame_free(&pool, 64 * MIB);
 }
 
 #[test]
