@@ -14,12 +14,11 @@ use crate::pool::CoreFrames;
 
 impl GuestRegion {
     /// Gives every unpopulated chunk a fresh frame allocated with `core` and maps the frames, a
-    /// run per `mmap`, touching no page; returns how many chunks it mapped. Chunks with a frame
+    /// run per `mmap`, touching no page. Chunks with a frame
     /// recorded in a zone are left to [`GuestRegion::map_recorded`] and their faults, unplugged
     /// ones stay unplugged. On an error the chunks mapped so far stay mapped (the caller drops
     /// the memory, which gives their frames back); the others stay unpopulated.
-    pub(crate) fn map_fresh_frames(&self, core: &mut CoreFrames) -> Result<usize, RegionError> {
-        let mut mapped = 0;
+    pub(crate) fn map_fresh_frames(&self, core: &mut CoreFrames) -> Result<(), RegionError> {
         let mut pending: Option<FrameRun> = None;
         for chunk in 0..self.table.len() {
             if !self.table.claim_empty(chunk) {
@@ -47,21 +46,16 @@ impl GuestRegion {
                     self.abandon_fresh_run(next, core);
                     return Err(e);
                 }
-                mapped += run.len;
             }
         }
-        if let Some(run) = pending {
-            mapped += self.map_fresh_run(run, core)?;
-        }
-        Ok(mapped)
+        pending.map_or(Ok(()), |run| self.map_fresh_run(run, core))
     }
 
     /// Maps claimed `run` of fresh frames; on failure gives them back and leaves its chunks
     /// unpopulated.
-    fn map_fresh_run(&self, run: FrameRun, core: &mut CoreFrames) -> Result<usize, RegionError> {
+    fn map_fresh_run(&self, run: FrameRun, core: &mut CoreFrames) -> Result<(), RegionError> {
         self.map_run(run)
-            .inspect_err(|_| self.abandon_fresh_run(run, core))?;
-        Ok(run.len)
+            .inspect_err(|_| self.abandon_fresh_run(run, core))
     }
 
     /// Gives the fresh frames of claimed `run` back (they never held data) and publishes its

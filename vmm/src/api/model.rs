@@ -42,6 +42,16 @@ pub enum PopulateMode {
     Mapped,
 }
 
+impl From<PopulateMode> for Populate {
+    fn from(mode: PopulateMode) -> Self {
+        match mode {
+            PopulateMode::Eager => Populate::Eager,
+            PopulateMode::Lazy => Populate::Lazy,
+            PopulateMode::Mapped => Populate::Mapped,
+        }
+    }
+}
+
 impl From<Populate> for PopulateMode {
     fn from(populate: Populate) -> Self {
         match populate {

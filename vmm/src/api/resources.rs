@@ -10,7 +10,7 @@ use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
-    MmdsConfigRequest, NetworkInterface, Pmem, PopulateMode, Vsock, ZoneAttachment,
+    MmdsConfigRequest, NetworkInterface, Pmem, Vsock, ZoneAttachment,
 };
 use crate::arch::x86_64::cpu_template::{CpuTemplate, CustomCpuTemplate};
 use crate::config::{
@@ -506,11 +506,7 @@ impl VmResources {
                 .map(std::time::Duration::from_secs),
             reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
             scrub: Scrub::PunchHole,
-            populate: match machine.populate {
-                Some(PopulateMode::Eager) => Populate::Eager,
-                Some(PopulateMode::Mapped) => Populate::Mapped,
-                Some(PopulateMode::Lazy) | None => Populate::Lazy,
-            },
+            populate: machine.populate.map(Populate::from).unwrap_or_default(),
             vcpus: usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
             smt: machine.smt,
             // The test guest's image (`vmm guest-image`) runs as the test guest.

@@ -8,7 +8,9 @@
 //!                                                  that lies before the guest kernel's clock
 //!                                                  (the VMM's start, loading, the kernel's
 //!                                                  entry: the time less the ready line's
-//!                                                  uptime)
+//!                                                  uptime; only as good as the guest's clock,
+//!                                                  which nested under TCG does not keep the
+//!                                                  wall clock's rate)
 //! linux-guest-bench reporting RUNS -- VMM ARGS...  time from the guest's "LLFREE-L2 freed"
 //!                                                  until the VMM's resident memory (VmRSS)
 //!                                                  is 96 MiB below what it was at "filled"
@@ -218,6 +220,7 @@ impl Drop for Vmm {
 fn boot(command: &[String]) -> Result<Measured, String> {
     let started = Instant::now();
     let vmm = Vmm::start(command)?;
+    // Every line contains "": the first one, whatever it says.
     let (first, _) = vmm.wait_for("")?;
     let (ready, line) = vmm.wait_for("LLFREE-L2 ready")?;
     let uptime = line
