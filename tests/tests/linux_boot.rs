@@ -233,10 +233,17 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
         // CPU 0 shares its core with CPU 1 under SMT, with nobody otherwise.
         let siblings = if smt.is_some() { "0-1" } else { "0" };
         assert_eq!(field(&ready, "siblings"), Some(siblings), "{ready}");
+        // Linux's timer is the TSC-deadline timer our CPUID offers (where KVM emulates it,
+        // as every KVM with an in-kernel LAPIC does), not the LAPIC's one-shot count.
+        assert_eq!(field(&ready, "timer"), Some("lapic-deadline"), "{ready}");
         let run = vmm.wait(Duration::from_secs(60));
         let to_exit = started.elapsed();
         run.assert_guest_reset(THROUGH_THE_KEYBOARD);
         assert!(run.stdout.contains("smp: Brought up 1 node"), "{run:#?}");
+        assert!(
+            run.stdout.contains("TSC deadline timer available"),
+            "{run:#?}"
+        );
         eprintln!(
             "{test}: {vcpus} vCPUs{}, {backing}, {populate}: init after {to_init:.1?} (guest \
              uptime {}), vmm ended {:.1?} after the reboot",

@@ -268,5 +268,10 @@ fn kvm_accepts_the_filtered_cpuid() {
         let leaf = find(&back, 1, 0);
         assert_eq!(leaf.ebx >> 24, vcpu_id);
         assert_ne!(leaf.ecx & leaf1_ecx::HYPERVISOR, 0);
+        // The TSC-deadline timer is offered exactly where KVM emulates it.
+        assert_eq!(
+            leaf.ecx & leaf1_ecx::TSC_DEADLINE != 0,
+            kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer)
+        );
     }
 }
