@@ -44,10 +44,23 @@ func (c *console) String() string {
 	return c.buf.String()
 }
 
-// waitFor waits until the console shows text.
-func (c *console) waitFor(text string, timeout time.Duration) error {
+// waitFor waits until the console shows text; it gives up at once when m's VMM ends first
+// (a guest that reset or crashed), not after the timeout.
+func (c *console) waitFor(text string, timeout time.Duration, m *firecracker.Machine) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ended := make(chan error, 1)
+	go func() { ended <- m.Wait(ctx) }()
 	deadline := time.Now().Add(timeout)
 	for !strings.Contains(c.String(), text) {
+		select {
+		case err := <-ended:
+			if strings.Contains(c.String(), text) {
+				return nil
+			}
+			return fmt.Errorf("the VMM ended (%v) before %q came on the console; it shows %q", err, text, c.String())
+		default:
+		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("no %q on the console after %v; it shows %q", text, timeout, c.String())
 		}
@@ -157,7 +170,7 @@ func main() {
 	began := time.Now()
 	check(m.Start(ctx), "Start (logger, metrics, machine-config, boot-source, drives, balloon, InstanceStart)")
 	startTime := time.Since(began)
-	check(out.waitFor(o.ready, bootTimeout), "the guest runs")
+	check(out.waitFor(o.ready, bootTimeout, m), "the guest runs")
 	readyTime := time.Since(began)
 	expect(strings.Contains(out.String(), "root=/dev/vda rw"), "the root drive is on the command line", "console: %q", out.String())
 
@@ -291,7 +304,7 @@ func devices(o options) {
 	m.Handlers.FcInit = m.Handlers.FcInit.AppendAfter(firecracker.CreateMachineHandlerName,
 		firecracker.NewSetMetadataHandler(document))
 	check(m.Start(ctx), "Start (network-interfaces, vsock, mmds/config, mmds, InstanceStart)")
-	check(out.waitFor("LLFREE-L2 sdk-ready", bootTimeout), "the guest is up")
+	check(out.waitFor("LLFREE-L2 sdk-ready", bootTimeout, m), "the guest is up")
 	expect(strings.Contains(out.String(), "LLFREE-L2 mmds instance-id=i-sdk"),
 		"the guest read its MMDS V2 document", "console: %q", out.String())
 
@@ -375,7 +388,7 @@ func jailed(o options) {
 	check(err, "NewMachine with JailerCfg")
 	started = append(started, m)
 	check(m.Start(ctx), "Start through the jailer (links into the chroot, boot-source, drives, InstanceStart)")
-	check(out.waitFor(o.ready, bootTimeout), "the jailed guest runs")
+	check(out.waitFor(o.ready, bootTimeout, m), "the jailed guest runs")
 	info, err := m.DescribeInstanceInfo(ctx)
 	check(err, "DescribeInstanceInfo")
 	expect(*info.State == "Running" && *info.ID == "sdk-jailed", "instance info", "state %q, id %q", *info.State, *info.ID)

@@ -8,8 +8,10 @@
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use e2e_tests::{
     cgroup_v1_hierarchy, ctrl_alt_del_guest_files, jail_can_run, jailer_binary, kvm_available,
@@ -139,4 +141,60 @@ fn the_firecracker_go_sdk_starts_the_vmm_through_the_jailer_with_its_jailer_cfg(
         assert!(root.join(file).exists(), "{file} not in {}", root.display());
     }
     remove_cgroup("vmm", "sdk-jailed");
+}
+
+#[test]
+fn the_sdk_program_stops_waiting_for_the_guest_once_its_vmm_ended() {
+    let test = "the_sdk_program_stops_waiting_for_the_guest_once_its_vmm_ended";
+    if !kvm_available(test) || !tool_available(test, "go", "version") {
+        return;
+    }
+    let scratch = Scratch::new("fc-sdk-ended");
+    let guest = SdkGuest::new(&scratch);
+    // A line the guest never prints: the program waits for it until the VMM ends.
+    let mut args = guest.args();
+    let ready = args.iter().position(|arg| *arg == "-ready").unwrap() + 1;
+    args[ready] = "a line the guest never prints";
+    let started = Instant::now();
+    let mut program = Command::new(&guest.program)
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the SDK program");
+    let mut stdout = BufReader::new(program.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("ok: Start") {
+        assert_ne!(stdout.read_line(&mut seen).unwrap(), 0, "{seen}");
+    }
+    // The VM runs; its VMM is the one process whose command line names the program's socket.
+    let socket = Path::new(&guest.dir).join("first.sock");
+    let vmm = process_naming(&socket.to_string_lossy()).expect("the SDK's VMM process");
+    let killed = Command::new("kill")
+        .args(["-KILL", &vmm.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = program.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("FAILED: the guest runs: the VMM ended"),
+        "{seen}\n{stderr}"
+    );
+    // Not after the program's boot timeout of ten minutes.
+    assert!(started.elapsed() < Duration::from_secs(120), "{stderr}");
+}
+
+/// The process whose command line holds `text`, other than this one.
+fn process_naming(text: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (pid != std::process::id() && String::from_utf8_lossy(&cmdline).contains(text))
+                .then_some(pid)
+        })
 }
