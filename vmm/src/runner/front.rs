@@ -512,7 +512,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     let signals = StopSignals::block().map_err(RunError::Signals)?;
     let (requests, incoming): (Sender<Pending>, Receiver<Pending>) = mpsc::channel();
     let front = Arc::new(ApiFront::new(&options, requests.clone()));
-    spawn_metrics_flusher(Arc::downgrade(&front));
+    let mut flusher = MetricsFlusher::default();
     // The KVM VM is made while the VMM waits: a start or load then only fills it.
     let mut kvm_vm = EarlyKvmVm::start();
     // A configuration file boots at once: requests that configure are refused from the start.
@@ -550,6 +550,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         super::check_guest(&config)?;
         let frames = super::frames_for(&config)?;
         drop(signals);
+        flusher.start_once_configured(&front);
         let outcome = super::run_front(config, frames, None, front.clone(), kvm_vm);
         front.flush_metrics_at_exit();
         drop(server);
@@ -559,6 +560,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         if let Some(signal) = signals.fd().take() {
             return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
         }
+        flusher.start_once_configured(&front);
         let pending = match incoming.recv_timeout(SIGNAL_POLL) {
             Ok(pending) => pending,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -597,6 +599,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
         };
         *lock(&front.pending) = Some(pending.answer.clone());
         drop(signals);
+        flusher.start_once_configured(&front);
         let outcome = super::run_front(config, frames, resumption, front.clone(), kvm_vm.take());
         if let Err(e) = &outcome {
             // Unless the VM started and the request was answered already.
@@ -610,8 +613,25 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     }
 }
 
-/// Writes the metrics every [`FLUSH_INTERVAL`] once they are configured, as Firecracker does,
-/// for as long as the front lives.
+/// The thread that writes the metrics every [`FLUSH_INTERVAL`], as Firecracker does: started by
+/// the main thread once `PUT /metrics` or the configuration file configured them (before the
+/// VM starts; they cannot be configured later), so that a VMM without metrics has no such
+/// thread and none competes with the API thread's start for the CPU.
+#[derive(Default)]
+struct MetricsFlusher {
+    started: bool,
+}
+
+impl MetricsFlusher {
+    fn start_once_configured(&mut self, front: &Arc<ApiFront>) {
+        if !self.started && lock(&front.metrics).is_some() {
+            self.started = true;
+            spawn_metrics_flusher(Arc::downgrade(front));
+        }
+    }
+}
+
+/// Writes the metrics every [`FLUSH_INTERVAL`] for as long as the front lives.
 fn spawn_metrics_flusher(front: Weak<ApiFront>) {
     let spawned = std::thread::Builder::new()
         .name("metrics".into())
