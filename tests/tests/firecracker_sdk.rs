@@ -170,11 +170,8 @@ fn the_sdk_program_stops_waiting_for_the_guest_once_its_vmm_ended() {
     // The VM runs; its VMM is the one process whose command line names the program's socket.
     let socket = Path::new(&guest.dir).join("first.sock");
     let vmm = process_naming(&socket.to_string_lossy()).expect("the SDK's VMM process");
-    let killed = Command::new("kill")
-        .args(["-KILL", &vmm.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    // SAFETY: kill takes a pid and a signal.
+    assert_eq!(unsafe { libc::kill(vmm, libc::SIGKILL) }, 0);
     let output = program.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
@@ -187,14 +184,15 @@ fn the_sdk_program_stops_waiting_for_the_guest_once_its_vmm_ended() {
 }
 
 /// The process whose command line holds `text`, other than this one.
-fn process_naming(text: &str) -> Option<u32> {
+fn process_naming(text: &str) -> Option<libc::pid_t> {
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()
         .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            (pid != std::process::id() && String::from_utf8_lossy(&cmdline).contains(text))
-                .then_some(pid)
+            (u32::try_from(pid) != Ok(std::process::id())
+                && String::from_utf8_lossy(&cmdline).contains(text))
+            .then_some(pid)
         })
 }
