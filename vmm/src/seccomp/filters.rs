@@ -10,6 +10,7 @@ use seccompiler::{
     SeccompFilter, SeccompRule, TargetArch,
 };
 
+use super::search;
 use super::ThreadKind;
 
 /// What every thread does: memory (the allocator, thread stacks), locks, time, randomness
@@ -258,8 +259,35 @@ fn checked_rules(
     Ok(())
 }
 
-/// The filter of `kind`: its calls allowed, every other one traps.
+/// The filter of `kind`: its calls allowed, every other one traps. A search finds the call
+/// among the rules (see [`search`]); seccompiler compiles the rules that check arguments.
 pub fn program(kind: ThreadKind) -> Result<BpfProgram, BackendError> {
+    let rules = rules(kind)?;
+    let calls: Vec<(i64, search::Rule)> = rules
+        .iter()
+        .map(|(&call, checks)| {
+            let rule = if checks.is_empty() {
+                search::Rule::Allow
+            } else {
+                search::Rule::Checked
+            };
+            (call, rule)
+        })
+        .collect();
+    let checked = rules
+        .into_iter()
+        .filter(|(_, checks)| !checks.is_empty())
+        .collect();
+    Ok(search::in_front_of(
+        compile(checked)?,
+        &calls,
+        SeccompAction::Trap.into(),
+        SeccompAction::Allow.into(),
+    ))
+}
+
+/// The rules of `kind`: per call, none where it is allowed whatever its arguments.
+fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, BackendError> {
     let lists: &[&[i64]] = match kind {
         ThreadKind::Vmm => &[COMMON, ANONYMOUS, API, VMM_ONLY],
         ThreadKind::Api => &[COMMON, ANONYMOUS, API],
@@ -267,12 +295,17 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, BackendError> {
         ThreadKind::Fault => &[COMMON],
         ThreadKind::Devices => &[COMMON, ANONYMOUS, DEVICES],
     };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = lists
+    let mut rules = lists
         .iter()
         .flat_map(|list| list.iter())
         .map(|&call| (call, Vec::new()))
         .collect();
     checked_rules(kind, &mut rules)?;
+    Ok(rules)
+}
+
+/// `rules` compiled by seccompiler: matches allowed, every other call traps.
+fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, BackendError> {
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Trap,
@@ -302,13 +335,7 @@ mod tests {
 
     #[test]
     fn every_kind_builds() {
-        for kind in [
-            ThreadKind::Vmm,
-            ThreadKind::Vcpu,
-            ThreadKind::Api,
-            ThreadKind::Fault,
-            ThreadKind::Devices,
-        ] {
+        for kind in ThreadKind::ALL {
             assert!(!program(kind).unwrap().is_empty(), "{kind:?}");
         }
         assert!(!clone3_enosys().unwrap().is_empty());
@@ -430,6 +457,74 @@ mod tests {
         };
         assert_eq!(killed_by(ThreadKind::Devices, memfd), sigsys);
         assert_eq!(killed_by(ThreadKind::Devices, eventfd), None);
+    }
+
+    /// Argument vectors that reach each checked rule's either side.
+    fn argument_vectors() -> Vec<[u64; 6]> {
+        let high = 1 << 32;
+        let mut firsts = vec![
+            0,
+            libc::CLONE_THREAD as u64,
+            (libc::CLONE_THREAD | libc::CLONE_VM) as u64,
+            libc::CLONE_VM as u64,
+            libc::AF_UNIX as u64,
+            high | libc::AF_UNIX as u64,
+            libc::AF_INET as u64,
+        ];
+        firsts.extend(
+            [
+                libc::PR_SET_NAME,
+                libc::PR_GET_NAME,
+                libc::PR_SET_NO_NEW_PRIVS,
+                libc::PR_SET_SECCOMP,
+            ]
+            .map(|option| option as u64),
+        );
+        let mut vectors: Vec<[u64; 6]> = firsts.into_iter().map(|a| [a, 0, 0, 0, 0, 0]).collect();
+        let requests = vcpu_ioctls()
+            .into_iter()
+            .chain(devices_ioctls())
+            .chain(guest_mem::fault_handler_ioctls())
+            .chain(KVM_IOCTLS);
+        for request in requests {
+            vectors.push([0, request, 0, 0, 0, 0]);
+            vectors.push([0, high | request, 0, 0, 0, 0]);
+        }
+        vectors
+    }
+
+    #[test]
+    fn the_search_decides_every_call_as_the_compiled_filter_does() {
+        use search::tests::{run, Call};
+        let vectors = argument_vectors();
+        for kind in ThreadKind::ALL {
+            let compiled = compile(rules(kind).unwrap()).unwrap();
+            let searched = program(kind).unwrap();
+            for nr in (0..=500).chain([0x4000_0000, 0x4000_0001, 0x4000_0010]) {
+                for args in &vectors {
+                    let call = Call::x86_64(nr, *args);
+                    assert_eq!(
+                        run(&searched, &call).0,
+                        run(&compiled, &call).0,
+                        "{kind:?}: call {nr} with {args:x?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_without_a_rule_is_refused_in_a_few_instructions() {
+        use search::tests::{run, Call};
+        let execve = Call::x86_64(libc::SYS_execve as u32, [0; 6]);
+        let compiled = compile(rules(ThreadKind::Vmm).unwrap()).unwrap();
+        let (action, searched_steps) = run(&program(ThreadKind::Vmm).unwrap(), &execve);
+        assert_eq!(action, libc::SECCOMP_RET_TRAP);
+        let (_, compiled_steps) = run(&compiled, &execve);
+        assert!(
+            searched_steps <= 20 && compiled_steps > 100,
+            "{searched_steps} instructions, {compiled_steps} without the search"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! of a vCPU's. Calls that fail at once (a bad file descriptor) leave the filter's part: `read`
 //! (near the start of the lists; the event loop's read of a queue's notification), `fallocate`
 //! (near their end) and `ioctl` (a vCPU's every KVM_RUN; a fault handler's UFFDIO_WAKE after
-//! each fault; the event loop's UFFDIO_REGISTER of a chunk the balloon gave back).
+//! each fault; the event loop's UFFDIO_REGISTER of a chunk the balloon gave back). First, what
+//! installing each kind's filters takes (the process's is on the way to the API's first
+//! answer and to the guest's start, a vCPU's on the way to its first KVM_RUN).
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,7 @@ const KVM_RUN: libc::c_ulong = 0xAE80;
 /// Measures `--runs` rounds on a thread of its own (the filters stay on that thread) per
 /// stacked kind: a vCPU's, a fault handler's, then the event loop's.
 pub fn seccomp(args: &Args) -> Result<(), String> {
+    install_times(args.runs)?;
     println!("seccomp: ns per failing call ({CALLS} calls), without filters / with the process's / with the thread kind's too:");
     let [register, wake, _] = guest_mem::fault_handler_ioctls();
     for (kind, ioctl, request) in [
@@ -78,6 +81,40 @@ pub fn seccomp(args: &Args) -> Result<(), String> {
                 process - none,
                 own - none
             );
+        }
+    }
+    Ok(())
+}
+
+/// The time to install each kind's built-in filters on a new thread, alone and stacked on the
+/// process's (as a VMM's threads stack them); median of `runs`, in µs.
+fn install_times(runs: usize) -> Result<(), String> {
+    println!("seccomp: µs to install a kind's filters on a new thread, alone / on the process's (median of {runs}):");
+    for kind in ThreadKind::ALL {
+        let median = |stacked: bool| -> Result<f64, String> {
+            let mut times = Vec::with_capacity(runs);
+            for _ in 0..runs {
+                let time = std::thread::spawn(move || {
+                    if stacked {
+                        install_built_in(ThreadKind::Vmm)?;
+                    }
+                    let started = Instant::now();
+                    install_built_in(kind)?;
+                    Ok::<_, vmm::seccomp::SeccompError>(started.elapsed())
+                })
+                .join()
+                .map_err(|_| "the installing thread panicked".to_string())?
+                .map_err(|e| e.to_string())?;
+                times.push(time);
+            }
+            times.sort();
+            Ok(times[times.len() / 2].as_secs_f64() * 1e6)
+        };
+        let alone = median(false)?;
+        if kind == ThreadKind::Vmm {
+            println!("  {:<8} {alone:6.1}", kind.name());
+        } else {
+            println!("  {:<8} {alone:6.1} / {:6.1}", kind.name(), median(true)?);
         }
     }
     Ok(())
