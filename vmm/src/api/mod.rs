@@ -16,6 +16,7 @@
 pub mod control;
 pub mod http;
 pub mod model;
+mod request_threads;
 pub mod resources;
 pub mod routes;
 pub mod server;

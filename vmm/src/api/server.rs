@@ -4,7 +4,8 @@
 //! One thread waits on every connection at once (epoll): it accepts them, reads what each
 //! sends without blocking, and keeps no thread and no buffer for a connection that sends
 //! nothing. A connection whose request is complete goes to a thread of its own, which answers
-//! it, so a slow request (a snapshot) holds up nobody else; at most [`MAX_REQUESTS`] are
+//! it, so a slow request (a snapshot) holds up nobody else (a thread that answered waits a
+//! while for the next request, see `request_threads`); at most [`MAX_REQUESTS`] are
 //! answered at once; then the connection comes back to wait for the client's next request,
 //! unless the client closes it (`Connection: close`, HTTP/1.0). A client gets
 //! [`REQUEST_TIMEOUT`] to send a whole request, from its connection or from the first byte of a
@@ -33,6 +34,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::control::VmmControl;
 use super::http::{Progress, Request, RequestError, RequestReader, Response, CONTINUE};
+use super::request_threads::RequestThreads;
 use super::routes;
 use crate::config::MAX_SOCKET_PATH;
 use crate::metrics::METRICS;
@@ -44,8 +46,6 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CONNECTIONS: usize = 4096;
 /// Most requests answered at once (each on a thread of its own).
 pub const MAX_REQUESTS: usize = 64;
-/// Stack of a request's thread: answering one small request.
-const REQUEST_STACK: usize = 256 << 10;
 /// The epoll tokens of the listening socket, the stop event and the event of kept connections
 /// coming back; connections count from 3.
 const LISTENER: u64 = 0;
@@ -278,6 +278,8 @@ struct Connections {
     /// Requests being answered, on threads of their own.
     answering: Arc<AtomicUsize>,
     kept: Arc<KeptConnections>,
+    /// The threads that answer requests, kept between them.
+    threads: RequestThreads,
 }
 
 /// Waits for connections and their requests until `stop` is signalled; a complete request is
@@ -318,6 +320,7 @@ fn serve(
         idle: BTreeSet::new(),
         answering,
         kept,
+        threads: RequestThreads::new(),
     };
     // Before the first answer, while no request waits yet: the process filter, whose
     // installation starts as the socket takes connections (a no-op without filters; failing,
@@ -568,19 +571,16 @@ impl Connections {
         let slot = RequestSlot(self.answering.clone());
         let control = control.clone();
         let kept = self.kept.clone();
-        let spawned = std::thread::Builder::new()
-            .name("api-request".into())
-            .stack_size(REQUEST_STACK)
-            .spawn(move || {
-                let _slot = slot;
-                let answered = connection.answered + 1;
-                let kept_stream =
-                    answer_request(connection.stream, answered, &request, control.as_ref());
-                if let Some(stream) = kept_stream {
-                    kept.hand_back(stream, answered);
-                }
-            });
-        if let Err(e) = spawned {
+        let started = self.threads.run(Box::new(move || {
+            let _slot = slot;
+            let answered = connection.answered + 1;
+            let kept_stream =
+                answer_request(connection.stream, answered, &request, control.as_ref());
+            if let Some(stream) = kept_stream {
+                kept.hand_back(stream, answered);
+            }
+        }));
+        if let Err(e) = started {
             // The closure, with the stream and the slot, was dropped: the client sees a close.
             log::warn!("API server: cannot start a request thread: {e}");
         }
