@@ -176,19 +176,19 @@ impl ApiServer {
             streams: Mutex::new(Vec::new()),
             event: EventFd::new(libc::EFD_NONBLOCK).map_err(ServerError::Thread)?,
         });
+        // Noted before the thread starts: its first answer (the metrics flushed) may come
+        // before this thread runs again.
+        METRICS.api_ready();
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || serve(listener, &thread_stop, control, thread_answering, kept));
         match thread {
-            Ok(thread) => {
-                METRICS.api_ready();
-                Ok(ApiServer {
-                    path,
-                    stop,
-                    thread: Some(thread),
-                    answering,
-                })
-            }
+            Ok(thread) => Ok(ApiServer {
+                path,
+                stop,
+                thread: Some(thread),
+                answering,
+            }),
             Err(e) => {
                 let _ = fs::remove_file(&path);
                 Err(ServerError::Thread(e))
