@@ -44,8 +44,9 @@ use clap::Parser;
 
 pub use api_client::{ApiClient, ApiResponse, ClientError};
 pub use args::{
-    ApiArgs, BalloonAction, BalloonArgs, Cli, Command, FrameSizeArg, PopulateArg, RunArgs,
-    SnapshotAction, SnapshotArgs, SnapshotLoadArgs, SocketArgs, ZoneAction, ZoneArgs,
+    ApiArgs, BalloonAction, BalloonArgs, Cli, Command, CtrlAltDelArgs, FrameSizeArg, InfoArgs,
+    MemoryArgs, PauseArgs, PopulateArg, ResumeArgs, RunArgs, ShutdownArgs, SnapshotAction,
+    SnapshotArgs, SnapshotLoadArgs, SocketArgs, ZoneAction, ZoneArgs,
 };
 pub use exit::{run_error_status, zone_error_status, ExitStatus, EXIT_STATUS_HELP};
 pub use run_config::RunConfigError;
@@ -125,28 +126,28 @@ where
             &args.path,
             args.body.as_deref(),
         ),
-        Command::Info(args) => {
+        Command::Info(InfoArgs { show: args }) => {
             commands::show(&args.socket.socket, "/machine", args.json, show::machine)
         }
-        Command::Memory(args) => {
+        Command::Memory(MemoryArgs { show: args }) => {
             commands::show(&args.socket.socket, "/memory", args.json, show::memory)
         }
-        Command::Pause(socket) => commands::action(
+        Command::Pause(PauseArgs { socket }) => commands::action(
             &socket.socket,
             ("PATCH", "/vm", r#"{"state":"Paused"}"#),
             "paused: every vCPU is out of the guest",
         ),
-        Command::Resume(socket) => commands::action(
+        Command::Resume(ResumeArgs { socket }) => commands::action(
             &socket.socket,
             ("PATCH", "/vm", r#"{"state":"Resumed"}"#),
             "resumed",
         ),
-        Command::Shutdown(socket) => commands::action(
+        Command::Shutdown(ShutdownArgs { socket }) => commands::action(
             &socket.socket,
             ("PUT", "/actions", r#"{"action_type":"Shutdown"}"#),
             "shutdown requested: the VM stops and `vmm run` exits",
         ),
-        Command::CtrlAltDel(socket) => commands::action(
+        Command::CtrlAltDel(CtrlAltDelArgs { socket }) => commands::action(
             &socket.socket,
             ("PUT", "/actions", r#"{"action_type":"SendCtrlAltDel"}"#),
             "Ctrl-Alt-Del sent to the guest's keyboard",
