@@ -193,7 +193,13 @@ pub(super) mod tests {
     }
 
     fn program_of(calls: &[(i64, Rule)]) -> BpfProgram {
-        let plain = vec![jump_if(RETURN, libc::SECCOMP_RET_ERRNO, 0, 0)];
+        // A compiled program that answers every call it gets with ERRNO.
+        let plain = vec![sock_filter {
+            code: RETURN,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO,
+        }];
         in_front_of(
             plain,
             calls,
