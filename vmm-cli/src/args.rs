@@ -178,7 +178,6 @@ pub enum Command {
     /// `vmm run` (PUT /actions {"action_type":"SendCtrlAltDel"}).
     CtrlAltDel(CtrlAltDelArgs),
     /// Set or show the balloon (/balloon resources).
-    #[command(arg_required_else_help = false)]
     Balloon(BalloonArgs),
     /// Set or show the hot-pluggable memory's requested size (/hotplug/memory).
     Hotplug(HotplugArgs),
@@ -698,6 +697,7 @@ pub enum HotplugAction {
 
 /// Set or show the balloon (/balloon resources).
 #[derive(Debug, Args)]
+#[command(arg_required_else_help = false)]
 pub struct BalloonArgs {
     /// The running VMM's API socket (its `vmm run --api-socket`); before or after the action,
     /// as with every other subcommand.

@@ -248,12 +248,17 @@ mod tests {
             main(["vmm", "--api-sock", "s", "info", "-s", "t"]),
             ExitStatus::Usage
         );
-        let err = Cli::try_parse_from(["vmm", "balloon", "--socket", "s"]).unwrap_err();
-        let line = one_line(&err.render().to_string());
-        assert!(
-            line.starts_with("error: 'vmm balloon' requires a subcommand"),
-            "{line}"
-        );
+        for args in [
+            &["vmm", "balloon", "--socket", "s"][..],
+            &["vmm", "balloon"],
+        ] {
+            let err = Cli::try_parse_from(args).unwrap_err();
+            let line = one_line(&err.render().to_string());
+            assert!(
+                line.starts_with("error: 'vmm balloon' requires a subcommand"),
+                "{args:?}: {line}"
+            );
+        }
     }
 
     #[test]
