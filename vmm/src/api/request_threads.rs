@@ -20,12 +20,11 @@ const STACK: usize = 256 << 10;
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// The request threads of one API server.
-#[derive(Debug)]
 pub struct RequestThreads {
     shared: Arc<Shared>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Shared {
     queue: Mutex<Queue>,
     /// Signalled when a job is queued for an idle thread, or the server stops.
@@ -40,16 +39,6 @@ struct Queue {
     idle: usize,
     /// The server stopped: idle threads end.
     stopped: bool,
-}
-
-impl std::fmt::Debug for Queue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Queue")
-            .field("jobs", &self.jobs.len())
-            .field("idle", &self.idle)
-            .field("stopped", &self.stopped)
-            .finish()
-    }
 }
 
 impl RequestThreads {
@@ -77,12 +66,6 @@ impl RequestThreads {
             .stack_size(STACK)
             .spawn(move || shared.serve(job))
             .map(drop)
-    }
-}
-
-impl Default for RequestThreads {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
