@@ -2,7 +2,8 @@
 //! filter, each vCPU, the API server and the fault handler one more of their own, and `--no-seccomp` leaves them
 //! without; a call a filter denies ends the VMM with status 148 and a line naming the thread
 //! and the call, for each thread kind (custom filters in seccompiler's JSON format deny what
-//! the kind surely calls); a bad filter file is a usage error.
+//! the kind surely calls), and leaves none of its socket files behind; a bad filter file is a
+//! usage error.
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -165,6 +166,50 @@ fn a_denied_call_ends_the_vmm_with_status_148_naming_its_thread() {
     let run = VmmRun::run(&["--memory", "32M", "--seccomp-filter", &filter]);
     assert_eq!(run.code, Some(148), "{run:#?}");
     assert!(run.stderr.contains("which its filter denies"), "{run:#?}");
+}
+
+#[test]
+fn a_denied_call_leaves_no_socket_file_behind() {
+    if !kvm_available("a_denied_call_leaves_no_socket_file_behind") {
+        return;
+    }
+    let scratch = Scratch::new("seccomp-sockets");
+    // The event loop may do all but accept a vsock client, which a host client then makes it
+    // do.
+    let filter = scratch.path("devices.json");
+    std::fs::write(
+        &filter,
+        r#"{"devices": {"default_action": "allow", "filter_action": "trap",
+            "filter": [{"syscall": "accept4"}]}}"#,
+    )
+    .unwrap();
+    let (api, vsock) = (scratch.path("api.sock"), scratch.path("v.sock"));
+    let vsock_flag = format!("cid=3,uds={vsock}");
+    let (vmm, _client) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "32M",
+            "--workload",
+            "checkpoint:1",
+            "--vsock",
+            &vsock_flag,
+            "--seccomp-filter",
+            &filter,
+        ],
+        &api,
+    );
+    assert!(std::path::Path::new(&vsock).exists());
+    let _client = std::os::unix::net::UnixStream::connect(&vsock).unwrap();
+    let run = vmm.wait(Duration::from_secs(60));
+    assert_eq!(run.code, Some(148), "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("thread 'vmm-events' made system call 288"),
+        "{run:#?}"
+    );
+    for socket in [&api, &vsock] {
+        assert!(!std::path::Path::new(socket).exists(), "{socket} left");
+    }
 }
 
 #[test]

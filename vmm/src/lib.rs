@@ -13,6 +13,7 @@ pub mod runner;
 pub mod seccomp;
 pub mod size;
 pub mod snapshot;
+pub mod socket_files;
 pub mod testguest;
 pub mod vcpu;
 pub mod vm;

@@ -39,6 +39,7 @@ use super::routes;
 use crate::config::MAX_SOCKET_PATH;
 use crate::metrics::METRICS;
 use crate::seccomp::ThreadKind;
+use crate::socket_files::SocketFile;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,6 +85,8 @@ pub enum ServerError {
 #[derive(Debug)]
 pub struct ApiServer {
     path: PathBuf,
+    /// The socket's file, removed once the server stops.
+    socket_file: Option<SocketFile>,
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
     /// Requests being answered, on threads of their own.
@@ -184,6 +187,7 @@ impl ApiServer {
             .spawn(move || serve(listener, &thread_stop, control, thread_answering, kept));
         match thread {
             Ok(thread) => Ok(ApiServer {
+                socket_file: Some(SocketFile::adopt(&path)),
                 path,
                 stop,
                 thread: Some(thread),
@@ -212,7 +216,7 @@ impl Drop for ApiServer {
                 log::error!("the API server thread panicked");
             }
         }
-        let _ = fs::remove_file(&self.path);
+        drop(self.socket_file.take());
         // The answers on their way get a moment to reach their clients before the VMM ends.
         let deadline = Instant::now() + FINISH_GRACE;
         while self.answering.load(Ordering::Acquire) > 0 {

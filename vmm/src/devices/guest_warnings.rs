@@ -16,10 +16,18 @@ impl GuestWarnings {
     /// Counts one warning and logs it if its number is a power of two; returns whether it
     /// was logged.
     pub fn warn(&self, what: fmt::Arguments<'_>) -> bool {
+        self.warn_of("guest", what)
+    }
+
+    /// As [`Self::warn`], for warnings that `source` (e.g. "host client": whoever can reach a
+    /// device's socket) can trigger at will.
+    pub fn warn_of(&self, source: &str, what: fmt::Arguments<'_>) -> bool {
         let count = self.count.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         let logged = count.is_power_of_two();
         if logged {
-            log::warn!("{what} (guest warning {count} of this device; repeats are rate-limited)");
+            log::warn!(
+                "{what} ({source} warning {count} of this device; repeats are rate-limited)"
+            );
         }
         logged
     }

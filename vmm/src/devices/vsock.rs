@@ -16,9 +16,13 @@
 //! Everything the guest writes is checked: a packet is a 44-byte header and at most
 //! [`MAX_PAYLOAD`] bytes in device-readable buffers inside guest memory, from the guest's own
 //! CID to the host's, of the stream type; anything else is dropped or refused and counted as a
-//! warning (rate-limited). At most [`MAX_CONNECTIONS`] connections live at once, and a host
-//! client that does not finish its `CONNECT` line, or whose port the guest does not answer,
-//! within [`HANDSHAKE_TIMEOUT`] each, is dropped: an idle client cannot hold a place forever.
+//! warning (rate-limited). At most [`MAX_CONNECTIONS`] connections live at once, and none holds
+//! its place for ever: a host client that does not finish its `CONNECT` line, or whose port
+//! the guest does not answer, within [`HANDSHAKE_TIMEOUT`] each, is dropped, as is one whose
+//! host side closed before the guest answered, and one the guest does not close within
+//! [`SHUTDOWN_TIMEOUT`] of its host side's end (Firecracker's 2 s). A connection that ends
+//! closes its host socket at once, whether or not the guest is there to hear of it (its reset
+//! waits for the guest among a bounded number of such).
 //!
 //! A snapshot keeps no connection (as Firecracker): after a restore the device sends the
 //! guest the transport-reset event, and Linux drops its sockets' connections.
@@ -51,6 +55,7 @@ use crate::devices::virtio::{
     ActivateError, Activation, DeviceState, Interrupt, VirtioDevice, WakeSource,
 };
 use crate::devices::GuestWarnings;
+use crate::socket_files::SocketFile;
 use connection::{Broken, Connection, State};
 use packet::{Header, HEADER_SIZE, HOST_CID, TYPE_STREAM};
 
@@ -60,6 +65,11 @@ pub const MAX_PAYLOAD: usize = 64 << 10;
 pub const MAX_CONNECTIONS: usize = 1024;
 /// How long a host client may take to send its `CONNECT` line, and the guest to answer it.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the guest may take to close a connection whose host side ended (told by a
+/// SHUTDOWN) before the device resets it.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the listener rests after an accept failed for want of descriptors or memory.
+const LISTENER_PAUSE: Duration = Duration::from_millis(100);
 /// Most refusals of packets that belong to no connection that wait for the guest.
 const MAX_STRAY_RSTS: usize = 256;
 /// Size of each queue.
@@ -72,11 +82,11 @@ const TX: u16 = 1;
 const EVENT: u16 = 2;
 /// The event that tells the driver its connections are gone.
 const TRANSPORT_RESET: u32 = 0;
-/// Tokens of the device's epoll: the listener, the restore kick, the handshake timer, then
+/// Tokens of the device's epoll: the listener, the restore kick, the deadline timer, then
 /// connections.
 const LISTENER: u64 = 0;
 const KICK: u64 = 1;
-const HANDSHAKE_TIMER: u64 = 2;
+const DEADLINE_TIMER: u64 = 2;
 const FIRST_CONNECTION: u64 = 3;
 /// Rounds of the device's epoll taken per wake.
 const MAX_EVENT_ROUNDS: usize = 8;
@@ -139,13 +149,16 @@ pub struct VsockDevice {
     cid: u64,
     uds_path: PathBuf,
     listener: UnixListener,
-    /// The listener's identity, to remove only our own socket at the end.
-    listener_id: (u64, u64),
+    /// The listener's socket file, removed at the end.
+    _socket_file: SocketFile,
     epoll: Epoll,
     kick: EventFd,
-    /// Expires when the earliest handshake deadline passes (armed while one is set).
-    handshake_timer: TimerFd,
-    handshake_timer_armed: bool,
+    /// Expires when the earliest connection's deadline passes (armed while one is set).
+    deadline_timer: TimerFd,
+    /// When it expires, while armed.
+    timer_expires: Option<Instant>,
+    /// Until when the listener is not watched (an accept failed for want of descriptors).
+    listener_paused_until: Option<Instant>,
     conns: HashMap<u64, Connection>,
     by_ports: HashMap<(u32, u32), u64>,
     next_token: u64,
@@ -161,6 +174,8 @@ pub struct VsockDevice {
     scratch: Vec<u8>,
     counters: Arc<VsockCounters>,
     warnings: GuestWarnings,
+    /// Warnings host clients trigger (connections past the limit).
+    client_warnings: GuestWarnings,
 }
 
 /// Connects to the Unix socket at `path` without waiting (a full backlog is a refusal).
@@ -205,14 +220,6 @@ fn connect_now(path: &Path) -> io::Result<UnixStream> {
     Ok(UnixStream::from(socket))
 }
 
-/// A socket's (device, inode).
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|meta| (meta.dev(), meta.ino()))
-}
-
 impl VsockDevice {
     /// A device of `config`, listening on its `uds_path` (which must not exist), its queues in
     /// `memory`.
@@ -223,14 +230,14 @@ impl VsockDevice {
         };
         let listener = UnixListener::bind(&config.uds_path).map_err(listen_error)?;
         listener.set_nonblocking(true).map_err(listen_error)?;
-        let listener_id = identity(&config.uds_path).unwrap_or_default();
+        let socket_file = SocketFile::adopt(&config.uds_path);
         let epoll = Epoll::new().map_err(VsockError::Epoll)?;
         let kick = EventFd::new(EFD_NONBLOCK).map_err(VsockError::Epoll)?;
-        let handshake_timer = TimerFd::new().map_err(|e| VsockError::Epoll(e.into()))?;
+        let deadline_timer = TimerFd::new().map_err(|e| VsockError::Epoll(e.into()))?;
         for (fd, token) in [
             (listener.as_raw_fd(), LISTENER),
             (kick.as_raw_fd(), KICK),
-            (handshake_timer.as_raw_fd(), HANDSHAKE_TIMER),
+            (deadline_timer.as_raw_fd(), DEADLINE_TIMER),
         ] {
             epoll
                 .ctl(
@@ -245,11 +252,12 @@ impl VsockDevice {
             cid: u64::from(config.guest_cid),
             uds_path: config.uds_path.clone(),
             listener,
-            listener_id,
+            _socket_file: socket_file,
             epoll,
             kick,
-            handshake_timer,
-            handshake_timer_armed: false,
+            deadline_timer,
+            timer_expires: None,
+            listener_paused_until: None,
             conns: HashMap::new(),
             by_ports: HashMap::new(),
             next_token: FIRST_CONNECTION,
@@ -261,6 +269,7 @@ impl VsockDevice {
             scratch: vec![0; MAX_PAYLOAD],
             counters: Arc::default(),
             warnings: GuestWarnings::default(),
+            client_warnings: GuestWarnings::default(),
         })
     }
 
@@ -305,9 +314,11 @@ impl VsockDevice {
         }
     }
 
-    /// Ends connection `token` for `why`: the guest is told (RST) unless it never heard of it.
+    /// Ends connection `token` for `why`: its host socket closes now, and the guest is told
+    /// (RST) unless it never heard of it.
     fn kill(&mut self, token: u64, why: &Broken) {
         self.counters.conns_killed.fetch_add(1, Ordering::Relaxed);
+        let cid = self.cid;
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
@@ -316,15 +327,29 @@ impl VsockDevice {
             conn.local_port,
             conn.peer_port
         );
-        if conn.state == State::AwaitingConnect {
-            self.remove(token);
-        } else {
-            conn.owed = connection::Owed {
-                rst: true,
-                ..connection::Owed::default()
-            };
-            self.queue(token);
+        let guest_heard = match conn.state {
+            State::AwaitingConnect => false,
+            State::Requested => !conn.owed.request,
+            State::Established => true,
+        };
+        let reset = conn.header(cid, packet::OP_RST, 0, 0);
+        self.remove(token);
+        if guest_heard {
+            self.owe_guest(reset);
         }
+    }
+
+    /// Keeps `header` (a reset) for the guest's next receive buffer, among at most
+    /// [`MAX_STRAY_RSTS`]; past that it is dropped (the guest's next packet on that
+    /// connection is refused with another).
+    fn owe_guest(&mut self, header: Header) {
+        if self.stray.len() == MAX_STRAY_RSTS {
+            self.warnings.warn(format_args!(
+                "vsock: too many refusals waiting for the guest"
+            ));
+            return;
+        }
+        self.stray.push_back(header);
     }
 
     /// Puts connection `token` in line for the receive queue.
@@ -342,13 +367,7 @@ impl VsockDevice {
         if header.op == packet::OP_RST {
             return;
         }
-        if self.stray.len() == MAX_STRAY_RSTS {
-            self.warnings.warn(format_args!(
-                "vsock: too many refusals waiting for the guest"
-            ));
-            return;
-        }
-        self.stray.push_back(Header {
+        self.owe_guest(Header {
             src_cid: HOST_CID,
             dst_cid: self.cid,
             src_port: header.dst_port,
@@ -432,6 +451,7 @@ impl VsockDevice {
         let result = match header.op {
             packet::OP_RESPONSE if conn.state == State::Requested => {
                 conn.state = State::Established;
+                conn.deadline = None;
                 let line = format!("OK {}\n", conn.local_port);
                 conn.say(line.as_bytes())
             }
@@ -562,10 +582,15 @@ impl VsockDevice {
             match usize::try_from(read) {
                 Ok(0) => {
                     // The host side sends no more: the guest hears it and may still answer
-                    // (its SHUTDOWN or RST ends the connection).
+                    // (its SHUTDOWN or RST ends the connection), in time.
                     conn.readable = false;
                     conn.host_done_sending = true;
-                    (packet::OP_SHUTDOWN, packet::SHUTDOWN_SEND)
+                    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+                    conn.deadline = Some(deadline);
+                    let header = conn.header(cid, packet::OP_SHUTDOWN, 0, packet::SHUTDOWN_SEND);
+                    buffers.write_at(0, &header.to_bytes());
+                    self.arm_deadline_timer(deadline);
+                    return Some((header, 0));
                 }
                 Ok(read) => {
                     let len = u32::try_from(read).unwrap_or(u32::MAX);
@@ -734,7 +759,7 @@ impl VsockDevice {
                         let _ = self.kick.read();
                         self.send_reset_event();
                     }
-                    HANDSHAKE_TIMER => self.end_late_handshakes(),
+                    DEADLINE_TIMER => self.end_overdue_connections(),
                     token => self.socket_event(token, set),
                 }
             }
@@ -747,71 +772,129 @@ impl VsockDevice {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     if self.conns.len() >= MAX_CONNECTIONS {
-                        log::warn!("vsock: {MAX_CONNECTIONS} connections: a host client refused");
+                        self.client_warnings.warn_of(
+                            "host client",
+                            format_args!(
+                                "vsock: {MAX_CONNECTIONS} connections: a host client refused"
+                            ),
+                        );
                         continue;
                     }
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
                     let mut conn = Connection::new(stream, State::AwaitingConnect, 0, 0);
-                    conn.handshake_deadline = Some(Instant::now() + HANDSHAKE_TIMEOUT);
-                    self.arm_handshake_timer(HANDSHAKE_TIMEOUT);
+                    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+                    conn.deadline = Some(deadline);
+                    self.arm_deadline_timer(deadline);
                     if let Some(token) = self.add(conn) {
                         // Its line may be there already.
                         self.socket_event(token, EventSet::IN);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log::warn!("vsock: accept on {}: {e}", self.uds_path.display());
+                    self.client_warnings.warn_of(
+                        "host client",
+                        format_args!(
+                            "vsock: accept on {}: {e}; new clients wait {} ms",
+                            self.uds_path.display(),
+                            LISTENER_PAUSE.as_millis()
+                        ),
+                    );
+                    // Out of descriptors or memory: the client stays in the backlog, and the
+                    // listener would wake the loop at once again. It rests a while.
+                    self.pause_listener();
                     return;
                 }
             }
         }
     }
 
-    /// Makes the handshake timer fire in `wait`, unless it is armed already (for an earlier
-    /// deadline).
-    fn arm_handshake_timer(&mut self, wait: Duration) {
-        if self.handshake_timer_armed {
+    /// Stops watching the listener for [`LISTENER_PAUSE`].
+    fn pause_listener(&mut self) {
+        let unwatched = self.epoll.ctl(
+            ControlOperation::Delete,
+            self.listener.as_raw_fd(),
+            EpollEvent::default(),
+        );
+        if let Err(e) = unwatched {
+            log::error!("vsock: cannot stop watching the listener: {e}");
             return;
         }
-        // At least a millisecond: a zero would disarm the timer.
-        match self
-            .handshake_timer
-            .reset(wait.max(Duration::from_millis(1)), None)
-        {
-            Ok(()) => self.handshake_timer_armed = true,
-            Err(e) => log::error!("vsock: cannot arm the handshake timer: {e}"),
+        self.rest_listener(Instant::now());
+    }
+
+    /// Leaves the listener unwatched until [`LISTENER_PAUSE`] after `now`.
+    fn rest_listener(&mut self, now: Instant) {
+        let until = now + LISTENER_PAUSE;
+        self.listener_paused_until = Some(until);
+        self.arm_deadline_timer(until);
+    }
+
+    /// Watches the listener again once its pause is over.
+    fn resume_listener(&mut self, now: Instant) {
+        match self.listener_paused_until {
+            Some(until) if until <= now => {}
+            Some(until) => return self.arm_deadline_timer(until),
+            None => return,
+        }
+        let watched = self.epoll.ctl(
+            ControlOperation::Add,
+            self.listener.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, LISTENER),
+        );
+        match watched {
+            Ok(()) => self.listener_paused_until = None,
+            Err(e) => {
+                log::error!("vsock: cannot watch the listener again: {e}");
+                self.rest_listener(now);
+            }
         }
     }
 
-    /// Ends the host-initiated connections whose handshake is past its deadline (the guest is
-    /// sent a reset where it was asked to accept), and arms the timer for the next deadline.
-    fn end_late_handshakes(&mut self) {
-        let _ = self.handshake_timer.wait();
-        self.handshake_timer_armed = false;
+    /// Makes the deadline timer fire at `deadline`, unless it is armed already for an earlier
+    /// one.
+    fn arm_deadline_timer(&mut self, deadline: Instant) {
+        if self.timer_expires.is_some_and(|armed| armed <= deadline) {
+            return;
+        }
+        // At least a millisecond: a zero would disarm the timer.
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        match self.deadline_timer.reset(wait, None) {
+            Ok(()) => self.timer_expires = Some(deadline),
+            Err(e) => log::error!("vsock: cannot arm the deadline timer: {e}"),
+        }
+    }
+
+    /// Ends the connections past their deadline (a handshake not done in time, a guest that did
+    /// not close after the host side's end), and arms the timer for the next deadline.
+    fn end_overdue_connections(&mut self) {
+        let _ = self.deadline_timer.wait();
+        self.timer_expires = None;
         let now = Instant::now();
-        let mut late = Vec::new();
+        self.resume_listener(now);
+        let mut overdue = Vec::new();
         let mut next: Option<Instant> = None;
-        for (&token, conn) in &mut self.conns {
-            let Some(deadline) = conn.handshake_deadline else {
-                continue;
-            };
-            if conn.state == State::Established {
-                conn.handshake_deadline = None;
-            } else if deadline <= now {
-                conn.handshake_deadline = None;
-                late.push(token);
-            } else {
-                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+        for (&token, conn) in &self.conns {
+            match conn.deadline {
+                Some(deadline) if deadline <= now => overdue.push((token, conn.state)),
+                Some(deadline) => next = Some(next.map_or(deadline, |n| n.min(deadline))),
+                None => {}
             }
         }
-        for token in late {
-            self.kill(token, &Broken::HandshakeTimeout);
+        for (token, state) in overdue {
+            let why = match state {
+                State::Established => Broken::ShutdownTimeout,
+                State::AwaitingConnect | State::Requested => Broken::HandshakeTimeout,
+            };
+            self.kill(token, &why);
         }
         if let Some(next) = next {
-            self.arm_handshake_timer(next.saturating_duration_since(now));
+            self.arm_deadline_timer(next);
         }
     }
 
@@ -829,13 +912,21 @@ impl VsockDevice {
                     conn.local_port = local;
                     conn.peer_port = port;
                     conn.state = State::Requested;
-                    conn.handshake_deadline = Some(Instant::now() + HANDSHAKE_TIMEOUT);
+                    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+                    conn.deadline = Some(deadline);
                     conn.owed.request = true;
                     self.by_ports.insert((local, port), token);
+                    self.arm_deadline_timer(deadline);
                     self.queue(token);
                 }
                 Err(why) => self.kill(token, &why),
             }
+            return;
+        }
+        if conn.state == State::Requested && set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
+            // The client closed (both ways, not only its sending side) before the guest
+            // answered.
+            self.kill(token, &Broken::Host(io::ErrorKind::UnexpectedEof));
             return;
         }
         if set.intersects(EventSet::OUT | EventSet::ERROR | EventSet::HANG_UP) {
@@ -878,15 +969,6 @@ impl VsockDevice {
         }
         self.ready.clear();
         self.stray.clear();
-    }
-}
-
-impl Drop for VsockDevice {
-    fn drop(&mut self) {
-        // Our socket, not one put there since.
-        if identity(&self.uds_path) == Some(self.listener_id) {
-            let _ = std::fs::remove_file(&self.uds_path);
-        }
     }
 }
 

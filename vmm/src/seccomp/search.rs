@@ -6,8 +6,9 @@
 //! whatever their arguments, and lets those through later without running it), so that row
 //! was walked some 450 times: the process filter took 0.29 ms to install, 0.09 ms with the
 //! search (BENCHMARKS.md, seccomp). The search decides in a few comparisons: a call without a
-//! rule gets the filter's default action, a call allowed whatever its arguments is allowed,
-//! and a call whose arguments are checked goes on to the compiled program of those rules.
+//! rule gets the filter's default action, a call allowed whatever its arguments is allowed, a
+//! call refused with an error returns it, and a call whose arguments are checked goes on to the
+//! compiled program of those rules.
 
 use seccompiler::{sock_filter, BpfProgram};
 
@@ -35,6 +36,9 @@ pub enum Rule {
     Allow,
     /// Its arguments are checked: the compiled program decides.
     Checked,
+    /// Not made: it fails with this action (`SECCOMP_RET_ERRNO` and an errno), whatever its
+    /// arguments, and the thread goes on.
+    Fail(u32),
 }
 
 /// `program` (compiled by seccompiler for x86_64, whose calls without a rule get
@@ -105,6 +109,7 @@ impl Search {
                 match rule {
                     Rule::Allow => self.statement(RETURN, self.allow),
                     Rule::Checked => self.jump_to_program(),
+                    Rule::Fail(action) => self.statement(RETURN, action),
                 }
             }
             self.statement(RETURN, self.otherwise);
@@ -192,6 +197,9 @@ pub(super) mod tests {
         }
     }
 
+    /// A failure with EACCES.
+    const EACCES: u32 = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
+
     fn program_of(calls: &[(i64, Rule)]) -> BpfProgram {
         // A compiled program that answers every call it gets with ERRNO.
         let plain = vec![sock_filter {
@@ -235,10 +243,10 @@ pub(super) mod tests {
                 .map(|(i, &nr)| {
                     (
                         nr,
-                        if i % 3 == 0 {
-                            Rule::Checked
-                        } else {
-                            Rule::Allow
+                        match i % 4 {
+                            0 => Rule::Checked,
+                            1 => Rule::Fail(EACCES),
+                            _ => Rule::Allow,
                         },
                     )
                 })
@@ -248,6 +256,7 @@ pub(super) mod tests {
                 let expected = match calls.iter().find(|&&(call, _)| call as u32 == nr) {
                     Some((_, Rule::Allow)) => libc::SECCOMP_RET_ALLOW,
                     Some((_, Rule::Checked)) => libc::SECCOMP_RET_ERRNO,
+                    Some((_, Rule::Fail(action))) => *action,
                     None => libc::SECCOMP_RET_TRAP,
                 };
                 let (action, _) = run(&program, &Call::x86_64(nr, [0; 6]));

@@ -1,11 +1,21 @@
 //! What a denied system call does: the kernel sends the thread SIGSYS, whose handler writes a
-//! line to stderr naming the thread and the call, counts it and ends the process at once with
+//! line to stderr naming the thread and the call, counts it and ends the process with
 //! [`BAD_SYSCALL_EXIT_STATUS`]. It does only what a signal handler may: no allocation, no lock;
 //! its calls (`write`, `exit_group`, and `prctl` where the thread's name is not noted) must be
 //! allowed by every filter, or the kernel ends the process with SIGSYS itself.
+//!
+//! Where the VMM has socket files ([`crate::socket_files`]), the process ends through its exit
+//! watcher instead, a thread under the process filter alone that the handler wakes: it removes
+//! them (the thread that made the call may not be allowed to) and exits. Should it not within
+//! about a second (the handler counts the time stamp counter, which takes no system call), or
+//! should the watcher itself be denied a call, the handler exits.
 
 use std::cell::Cell;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::metrics::METRICS;
 
@@ -13,6 +23,8 @@ use crate::metrics::METRICS;
 pub const BAD_SYSCALL_EXIT_STATUS: i32 = 148;
 
 thread_local! {
+    /// Whether the calling thread is the exit watcher.
+    static IS_EXIT_WATCHER: Cell<bool> = const { Cell::new(false) };
     /// The calling thread's name, as the kernel knows it (NUL-padded), once it stacked a filter
     /// that may deny asking for it.
     static THREAD_NAME: Cell<[u8; 16]> = const { Cell::new([0; 16]) };
@@ -27,8 +39,36 @@ pub(super) fn note_thread_name() {
     }
 }
 
-/// Installs the handler for the whole process.
+/// Time stamp counter ticks the handler waits for the exit watcher: about a second at 2-4 GHz.
+const WATCHER_WAIT_TICKS: u64 = 3_000_000_000;
+
+/// The exit watcher's eventfd, -1 before it runs.
+static EXIT_WATCHER: AtomicI32 = AtomicI32::new(-1);
+
+/// Starts the exit watcher: it waits on an eventfd the handler writes to, then removes the
+/// socket files and ends the process.
+fn start_exit_watcher() -> io::Result<()> {
+    let event = EventFd::new(libc::EFD_CLOEXEC)?;
+    let fd = event.as_raw_fd();
+    std::thread::Builder::new()
+        .name("vmm-exit".into())
+        .spawn(move || {
+            IS_EXIT_WATCHER.set(true);
+            loop {
+                if event.read().is_ok() {
+                    crate::socket_files::remove_all();
+                    // SAFETY: ends the process, as the handler would.
+                    unsafe { libc::_exit(BAD_SYSCALL_EXIT_STATUS) };
+                }
+            }
+        })?;
+    EXIT_WATCHER.store(fd, Ordering::Release);
+    Ok(())
+}
+
+/// Installs the handler for the whole process, and its exit watcher.
 pub(super) fn install_handler() -> io::Result<()> {
+    start_exit_watcher()?;
     // SAFETY: an all-zero sigaction is valid (no flags, empty mask), and the handler is
     // filled in below.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -73,11 +113,22 @@ extern "C" fn handle(
     line.push(b"' made system call ");
     line.push_number(call);
     line.push(b", which its filter denies: the VMM stops (exit status 148)\n");
-    // SAFETY: `line` holds `len` initialised bytes; write and _exit are async-signal-safe.
-    unsafe {
-        libc::write(2, line.bytes.as_ptr().cast(), line.len);
-        libc::_exit(BAD_SYSCALL_EXIT_STATUS);
+    // SAFETY: `line` holds `len` initialised bytes; write is async-signal-safe.
+    unsafe { libc::write(2, line.bytes.as_ptr().cast(), line.len) };
+    let watcher = EXIT_WATCHER.load(Ordering::Acquire);
+    if watcher >= 0 && crate::socket_files::any() && !IS_EXIT_WATCHER.get() {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes to the watcher's eventfd; async-signal-safe.
+        unsafe { libc::write(watcher, one.as_ptr().cast(), one.len()) };
+        // SAFETY: reading the time stamp counter has no precondition.
+        let start = unsafe { core::arch::x86_64::_rdtsc() };
+        // SAFETY: as above.
+        while unsafe { core::arch::x86_64::_rdtsc() }.wrapping_sub(start) < WATCHER_WAIT_TICKS {
+            std::hint::spin_loop();
+        }
     }
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(BAD_SYSCALL_EXIT_STATUS) };
 }
 
 /// A line built without allocating.

@@ -84,8 +84,9 @@ pub struct Connection {
     peer_fwd_cnt: u32,
     /// A host client's `CONNECT` line so far.
     line: Vec<u8>,
-    /// When a host-initiated connection that is not established yet is given up.
-    pub handshake_deadline: Option<Instant>,
+    /// When the connection is given up: a host-initiated one not established by then, or one
+    /// whose host side ended and that the guest has not closed by then.
+    pub deadline: Option<Instant>,
 }
 
 /// Why a connection ends.
@@ -99,6 +100,8 @@ pub enum Broken {
     BadConnectLine,
     /// A host client's `CONNECT` line, or the guest's answer to it, took too long.
     HandshakeTimeout,
+    /// The guest did not close the connection in time after its host side ended.
+    ShutdownTimeout,
     /// The guest sent a packet the connection's state does not allow.
     Protocol,
 }
@@ -126,7 +129,7 @@ impl Connection {
             peer_buf_alloc: 0,
             peer_fwd_cnt: 0,
             line: Vec::new(),
-            handshake_deadline: None,
+            deadline: None,
         }
     }
 

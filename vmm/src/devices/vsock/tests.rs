@@ -291,6 +291,110 @@ fn a_host_client_that_never_finishes_its_handshake_is_dropped() {
     );
 }
 
+/// Whether `client`'s connection was closed by the device (its read ends at once).
+fn closed(client: &mut UnixStream) -> bool {
+    client.set_nonblocking(true).unwrap();
+    matches!(client.read(&mut [0u8; 8]), Ok(0))
+}
+
+#[test]
+fn a_device_without_a_driver_drops_every_client_in_time_and_at_once_when_it_leaves() {
+    let memory = testing::memory(16 * MIB);
+    let dir = Scratch(std::env::temp_dir().join(format!("vsock-no-driver-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let config = VsockConfig {
+        guest_cid: GUEST_CID as u32,
+        uds_path: dir.0.join("v.sock"),
+    };
+    // The guest never activates the device.
+    let mut device = VsockDevice::new(memory.clone(), &config).unwrap();
+    let mut clients: Vec<UnixStream> = (0..50)
+        .map(|_| {
+            let mut client = UnixStream::connect(&config.uds_path).unwrap();
+            client.write_all(b"CONNECT 52\n").unwrap();
+            client
+        })
+        .collect();
+    let mut leaving = UnixStream::connect(&config.uds_path).unwrap();
+    leaving.write_all(b"CONNECT 53\n").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    device.wake(0);
+    assert_eq!(device.conns.len(), 51);
+    // A client that closes is released at once, not at its deadline.
+    drop(leaving);
+    std::thread::sleep(Duration::from_millis(20));
+    device.wake(0);
+    assert_eq!(device.conns.len(), 50);
+    // The rest are closed at their deadline, though nobody is there to hear the reset.
+    std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_millis(100));
+    device.wake(0);
+    assert!(device.conns.is_empty());
+    assert!(clients.iter_mut().all(closed));
+    // Their places are free: a new client is taken.
+    let _again = UnixStream::connect(&config.uds_path).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    device.wake(0);
+    assert_eq!(device.conns.len(), 1);
+}
+
+#[test]
+fn a_client_that_leaves_before_the_guest_answers_is_released_and_the_guest_reset() {
+    let memory = testing::memory(16 * MIB);
+    let mut guest = Guest::new(&memory, "leaves");
+    guest.give_rx_buffers(8);
+    let mut client = UnixStream::connect(guest.uds()).unwrap();
+    client.write_all(b"CONNECT 81\n").unwrap();
+    guest.host_side();
+    let request = guest.received()[0].0;
+    assert_eq!(request.op, OP_REQUEST);
+    drop(client);
+    guest.host_side();
+    assert!(guest.device.conns.is_empty());
+    let packets = guest.received();
+    assert_eq!(packets.len(), 1, "{packets:?}");
+    assert_eq!(
+        (
+            packets[0].0.op,
+            packets[0].0.src_port,
+            packets[0].0.dst_port
+        ),
+        (OP_RST, request.src_port, 81)
+    );
+}
+
+#[test]
+fn a_guest_that_does_not_close_after_the_host_side_ended_is_reset_in_time() {
+    let memory = testing::memory(16 * MIB);
+    let mut guest = Guest::new(&memory, "shutdown-timeout");
+    let mut port_path = guest.uds().into_os_string();
+    port_path.push("_52");
+    let listener = UnixListener::bind(&port_path).unwrap();
+    guest.give_rx_buffers(8);
+    guest.send(from_guest(1234, 52, OP_REQUEST, 1 << 16), &[]);
+    assert_eq!(guest.received()[0].0.op, OP_RESPONSE);
+    let (host, _) = listener.accept().unwrap();
+    drop(host);
+    guest.host_side();
+    let packets = guest.received();
+    assert_eq!(packets.last().unwrap().0.op, OP_SHUTDOWN, "{packets:?}");
+    assert_eq!(guest.device.conns.len(), 1);
+    // The guest says nothing.
+    std::thread::sleep(SHUTDOWN_TIMEOUT + Duration::from_millis(100));
+    guest.host_side();
+    assert!(guest.device.conns.is_empty());
+    let packets = guest.received();
+    assert_eq!(packets.len(), 1, "{packets:?}");
+    assert_eq!(
+        (
+            packets[0].0.op,
+            packets[0].0.src_port,
+            packets[0].0.dst_port
+        ),
+        (OP_RST, 52, 1234)
+    );
+}
+
 #[test]
 fn the_device_sends_no_more_than_the_guest_s_credit() {
     let memory = testing::memory(16 * MIB);
