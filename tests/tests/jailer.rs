@@ -217,6 +217,38 @@ fn a_jailed_vmm_is_confined_and_reaches_only_what_is_put_in_its_root() {
 }
 
 #[test]
+fn a_planted_link_to_another_root_is_refused_and_its_target_left_as_it_was() {
+    let test = "a_planted_link_to_another_root_is_refused_and_its_target_left_as_it_was";
+    if !jail_can_run(test) {
+        return;
+    }
+    let scratch = Scratch::new("jailer-planted");
+    let name = "jail-planted";
+    let target = Path::new(&scratch.path("elsewhere")).to_owned();
+    fs::create_dir_all(&target).unwrap();
+    let root = root_of(&scratch, name);
+    fs::create_dir_all(root.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, &root).unwrap();
+    let before = fs::metadata(&target).unwrap();
+    let status = start_jailed(&scratch, name, &[], &["--version"])
+        .wait()
+        .unwrap();
+    let err = fs::read_to_string(scratch.path(&format!("{name}.err"))).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is a symbolic link: refused") && err.contains("root"),
+        "{err}"
+    );
+    let after = fs::metadata(&target).unwrap();
+    assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+    assert_eq!(
+        fs::read_dir(&target).unwrap().count(),
+        0,
+        "the jail was built there"
+    );
+}
+
+#[test]
 fn the_built_in_guest_runs_jailed_with_lazy_population() {
     let test = "the_built_in_guest_runs_jailed_with_lazy_population";
     if !jail_can_run(test) {

@@ -117,10 +117,9 @@ pub const DEFAULT_OPEN_FILES: u64 = 2048;
 /// What the flags ask for, checked and derived once: everything the jailer builds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// The exec file's name: the VMM's path in its root and the chroot's middle directory.
+    /// The exec file's name: the VMM's path in its root and the chroot's middle directory
+    /// (the root is `<base>/<exec file name>/<id>/root`).
     pub exec_name: String,
-    /// The VMM's root: `<base>/<exec file name>/<id>/root`.
-    pub root: PathBuf,
     /// The `--cgroup` settings.
     pub cgroups: Vec<CgroupSetting>,
     /// The parent cgroup (relative), the exec file's name by default.
@@ -156,11 +155,6 @@ impl Args {
             limits.push(ResourceLimit::OpenFiles(DEFAULT_OPEN_FILES));
         }
         Ok(Plan {
-            root: self
-                .chroot_base_dir
-                .join(&exec_name)
-                .join(&self.id)
-                .join("root"),
             exec_name,
             cgroups,
             parent_cgroup,
@@ -308,10 +302,6 @@ mod tests {
         assert_eq!(parsed.chroot_base_dir, Path::new("/srv/jailer"));
         let name = &plan.exec_name;
         assert_eq!(plan.parent_cgroup, Path::new(name));
-        assert_eq!(
-            plan.root,
-            Path::new("/srv/jailer").join(name).join("vm-1/root")
-        );
         assert_eq!(plan.limits, [ResourceLimit::OpenFiles(DEFAULT_OPEN_FILES)]);
     }
 

@@ -28,6 +28,7 @@ use nix::unistd::{Gid, Uid};
 use thiserror::Error;
 
 use args::{Args, ArgsError};
+use root::Root;
 
 /// Every way the jailer fails (it then exits with status 1 and says why on stderr).
 #[derive(Debug, Error)]
@@ -80,16 +81,17 @@ fn main() -> ExitCode {
 fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
     let plan = args.validate()?;
     close_inherited_files();
-    let (root, exec_name) = (&plan.root, &plan.exec_name);
+    let exec_name = &plan.exec_name;
     let (uid, gid) = (Uid::from_raw(args.uid), Gid::from_raw(args.gid));
+    let root = Root::open(&args.chroot_base_dir, &[exec_name, &args.id], uid, gid)?;
 
-    root::copy_in(root, &args.exec_file, Path::new(exec_name))?;
+    root.copy_in(&args.exec_file, Path::new(exec_name))?;
     for file in libraries::needed_by(&args.exec_file)? {
-        root::copy_in(root, &file, file.strip_prefix("/").unwrap_or(&file))?;
+        root.copy_in(&file, file.strip_prefix("/").unwrap_or(&file))?;
     }
-    root::make_devices(root, uid, gid)?;
-    root::own_dir(root, "run", uid, gid)?;
-    root::own_dir(root, "", uid, gid)?;
+    root.make_devices()?;
+    root.give_dir("run")?;
+    root.give_dir("")?;
 
     privileges::set_limits(&plan.limits)?;
     cgroup::place(
@@ -122,7 +124,7 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
         false => None,
     };
 
-    root::enter(root)?;
+    root.enter()?;
     if let (Some(netns), Some(path)) = (netns, &args.netns) {
         setns(netns, CloneFlags::CLONE_NEWNET)
             .map_err(|e| JailError::Netns(path.display().to_string(), e))?;
@@ -141,8 +143,8 @@ fn jail(args: &Args, started_us: u64) -> Result<(), JailError> {
         // SAFETY: the jailer has one thread; the child only drops privileges and execs.
         match unsafe { fork() }.map_err(|e| JailError::Process("fork", e))? {
             ForkResult::Parent { child } => {
-                let pid_file = format!("/{exec_name}.pid");
-                root::write_new(Path::new(&pid_file), &child.to_string())?;
+                let pid_file = format!("{exec_name}.pid");
+                root::write_new(Path::new("/"), &pid_file, &child.to_string())?;
                 return Ok(());
             }
             ForkResult::Child => {}
