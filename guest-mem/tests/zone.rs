@@ -438,6 +438,78 @@ fn memory_recovery_cannot_find_marks_the_vm_damaged_until_the_loss_is_accepted()
     assert!(matches!(err, ZoneError::Truncated { .. }), "{err}");
 }
 
+/// Each word of the first directory slot, damaged in a zone that holds VM "vm" with texts:
+/// the damage is found, nothing is done to the VM and its frames stay allocated, no VM is
+/// created while the slot is there; accepting the slot (where its record reads) gives the VM
+/// back with its memory, deleting it frees its frames.
+#[test]
+fn a_damaged_directory_slot_is_reported_and_its_vm_kept_for_a_person_to_decide() {
+    const SLOT_WORDS: u64 = 36;
+    let texts: &[(u64, &[u8; 16])] = &[(0, b"chunk 0 precious"), (6 * MIB, b"chunk 3 precious")];
+    for word in 0..SLOT_WORDS {
+        for damaged in [u64::MAX, 0] {
+            let path = zone_with_texts("zone-slot-damage", texts);
+            let file = ZoneFile::open(&path.0);
+            let at = file.word(8 * 8) + word * 8;
+            let kept = file.word(at);
+            if kept == damaged {
+                continue;
+            }
+            file.set_word(at, damaged);
+            let case = format!("word {word} = {damaged:#x}");
+            let zone = Zone::open(&path.0, 1).expect("open");
+            let recovery = zone.recovery();
+            assert_eq!(
+                (recovery.leaked_frames, recovery.lost_frames),
+                (0, 0),
+                "{case}: {recovery:?}"
+            );
+            let info = zone.info().expect("info");
+            assert!(info.vms.is_empty(), "{case}: {info:?}");
+            assert_eq!(info.damaged_slots.len(), 1, "{case}: {info:?}");
+            assert_eq!(info.damaged_slots[0].frames, 2, "{case}: {info:?}");
+            assert_eq!(info.free_frames, info.frames - 2, "{case}: {info:?}");
+            let refused = zone.attach("vm", &layout(16 * MIB)).unwrap_err();
+            assert!(
+                matches!(refused, ZoneError::SlotDamaged { slot: 0, .. }),
+                "{case}: {refused}"
+            );
+            let other = zone.attach("other", &layout(2 * MIB)).unwrap_err();
+            assert!(
+                matches!(other, ZoneError::SlotDamaged { .. }),
+                "{case}: {other}"
+            );
+            match zone.accept_slot(0) {
+                Ok(name) => {
+                    assert_eq!(name, "vm", "{case}");
+                    let memory = open_memory(&zone, "vm", 16 * MIB);
+                    assert_eq!(&read_text(&memory, 0), b"chunk 0 precious", "{case}");
+                    assert_eq!(&read_text(&memory, 6 * MIB), b"chunk 3 precious", "{case}");
+                }
+                // The name or layout itself is what was damaged: only deletion is left.
+                Err(ZoneError::CannotAccept { .. }) => {
+                    assert_eq!(zone.delete_slot(0).expect("delete"), 2, "{case}");
+                    let info = zone.info().expect("info");
+                    assert_eq!(info.free_frames, info.frames, "{case}: {info:?}");
+                    assert!(info.damaged_slots.is_empty(), "{case}: {info:?}");
+                }
+                Err(e) => panic!("{case}: {e}"),
+            }
+            drop(zone);
+            let info = Zone::open(&path.0, 1).expect("open").info().expect("info");
+            assert_eq!(
+                (
+                    info.leaked_frames,
+                    info.lost_frames,
+                    info.damaged_slots.len()
+                ),
+                (0, 0, 0),
+                "{case}: {info:?}"
+            );
+        }
+    }
+}
+
 /// Runs [`crashing_child`] in a child process on `zone`, waits until it is ready and kills it
 /// with SIGKILL.
 fn crash_child(zone: &Path) {

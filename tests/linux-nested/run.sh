@@ -44,8 +44,13 @@
 #                          one; its contents are overwritten (nested, L1 makes QEMU's second
 #                          emulated NVDIMM one)
 set -euo pipefail
+# A command substitution (`kernel=$(l2_kernel)`) stops at its first failure too, and so fails
+# the assignment: without this, bash runs it without -e, and a failed stage went on. (Nothing
+# that must stop at a failure may stand left of `||` or `&&`, or in a condition: bash ignores
+# -e there, in every function and subshell it runs.)
+shopt -s inherit_errexit
 
-HERE=$(cd "$(dirname "$0")" && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 CACHE=${LLFREE_NESTED_CACHE:-/var/cache/llfree-vmm-nested}
 WORK=$ROOT/target/linux-nested
@@ -110,18 +115,23 @@ install_packages() {
 }
 
 # Builds the L2 kernel unless the cache has it: bzImage and, beside it, vmlinux (the stripped
-# ELF image the bzImage carries, with its PVH entry note). Prints the bzImage's path.
+# ELF image the bzImage carries, with its PVH entry note). Prints the bzImage's path. It is
+# built in a directory of its own beside the cache's and moved into place once complete: a
+# build that fails (or is stopped) stops the harness with its error, leaves the cache as it
+# was, and keeps its tree for a look.
 l2_kernel() {
-    local source=/usr/src/linux-source-6.1.tar.xz version key dir
+    local source=/usr/src/linux-source-6.1.tar.xz version key dir partial
     version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
     key=$( (echo "$version"; cat "$HERE/l2.config") | sha256sum | cut -c1-16)
     dir=$CACHE/l2-$key
+    partial=$CACHE/building-l2-$key
     if [ ! -f "$dir/bzImage" ] || [ ! -f "$dir/vmlinux" ]; then
-        log "building the L2 kernel (linux-source $version, tinyconfig + l2.config)"
-        rm -rf "$dir" && mkdir -p "$dir/build"
-        tar -xJf "$source" -C "$dir/build" --strip-components=1
+        log "building the L2 kernel (linux-source $version, tinyconfig + l2.config) in $partial"
+        rm -rf "$partial" && mkdir -p "$partial/build"
+        tar -xJf "$source" -C "$partial/build" --strip-components=1 ||
+            die "cannot unpack $source into $partial/build"
         (
-            cd "$dir/build"
+            cd "$partial/build"
             make -s tinyconfig
             scripts/kconfig/merge_config.sh -m .config "$HERE/l2.config" >/dev/null
             make -s olddefconfig
@@ -131,9 +141,10 @@ l2_kernel() {
             done
             nice make -s -j"$(nproc)" bzImage
         ) >&2
-        cp "$dir/build/arch/x86/boot/bzImage" "$dir/bzImage"
-        cp "$dir/build/arch/x86/boot/compressed/vmlinux.bin" "$dir/vmlinux"
-        rm -rf "$dir/build"
+        cp "$partial/build/arch/x86/boot/bzImage" "$partial/bzImage"
+        cp "$partial/build/arch/x86/boot/compressed/vmlinux.bin" "$partial/vmlinux"
+        rm -rf "$partial/build" "$dir"
+        mv "$partial" "$dir"
     fi
     echo "$dir/bzImage"
 }
@@ -513,4 +524,7 @@ main() {
     return $status
 }
 
-main
+# Sourced (a test of the harness's stages), it only defines them.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main
+fi

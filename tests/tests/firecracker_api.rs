@@ -964,9 +964,15 @@ fn vsock_mmds_and_cpu_templates_are_configured_as_firecracker_configures_them() 
     // vsock: the CID and a path nothing is at.
     let taken = scratch.path("taken");
     std::fs::write(&taken, b"keep").unwrap();
+    let nowhere = scratch.path("missing/v.sock");
     for (body, message) in [
         (json!({"guest_cid": 2, "uds_path": uds}), "guest_cid 2"),
         (json!({"guest_cid": 3, "uds_path": taken}), "already"),
+        // As Firecracker, which binds the socket at once: refused now, not at InstanceStart.
+        (
+            json!({"guest_cid": 3, "uds_path": nowhere}),
+            "does not exist",
+        ),
     ] {
         refused(&api, "PUT", "/vsock", Some(&body.to_string()), message);
     }

@@ -1,7 +1,8 @@
 //! End-to-end: snapshot paths that name something other than a regular file. A FIFO, a
 //! character device, a socket or a symbolic link named as `snapshot_path` or `mem_file_path`
 //! is refused with 400 and left exactly as it was (never renamed over, truncated or waited
-//! on), as is an empty path; a VMM waiting for a snapshot to load stays responsive and ends
+//! on), as is an empty path, a path in a directory that does not exist (before any memory is
+//! copied, leaving no file) and one path for both; a VMM waiting for a snapshot to load stays responsive and ends
 //! at once on SIGTERM.
 
 // An integration test crate: its tests are the crate.
@@ -110,6 +111,55 @@ fn snapshot_create_refuses_paths_that_are_not_regular_files_and_leaves_them_alon
     let response = api.request("PUT", "/snapshot/create", Some(&body)).unwrap();
     assert_eq!(response.status, 204, "{}", response.body);
     assert_eq!(get(&api, "/machine")["state"], "Paused");
+    vmm.kill();
+}
+
+#[test]
+fn snapshot_create_refuses_a_missing_directory_before_any_work_and_leaves_no_file() {
+    if !kvm_available("snapshot_create_refuses_a_missing_directory_before_any_work") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-paths-directory");
+    let socket = scratch.path("api.sock");
+    // 256 MiB written: copying it took a second before the state's file failed to be made.
+    let (vmm, api) = VmmRun::start_paused(
+        &["--memory", "256M", "--workload", "write:all,checkpoint:1"],
+        &socket,
+    );
+    let (snapshot, memory) = (scratch.path("vm.snap"), scratch.path("vm.mem"));
+    let missing = scratch.path("missing/vm.snap");
+    let under_a_file = format!("{memory}.file/vm.mem");
+    std::fs::write(format!("{memory}.file"), b"a file").unwrap();
+    let cases = [
+        (missing.clone(), memory.clone(), "does not exist"),
+        (
+            snapshot.clone(),
+            scratch.path("missing/vm.mem"),
+            "does not exist",
+        ),
+        (snapshot.clone(), under_a_file, "is not a directory"),
+        (snapshot.clone(), snapshot.clone(), "is snapshot_path too"),
+    ];
+    for (snapshot_path, mem_file_path, expected) in cases {
+        let body =
+            format!(r#"{{"snapshot_path":"{snapshot_path}","mem_file_path":"{mem_file_path}"}}"#);
+        let asked = Instant::now();
+        refused(&api, "/snapshot/create", &body, expected);
+        let took = asked.elapsed();
+        eprintln!("{expected}: refused in {took:?}");
+        assert!(took < Duration::from_millis(200), "{body}: {took:?}");
+        assert!(
+            !std::path::Path::new(&memory).exists(),
+            "{body}: memory left"
+        );
+        assert!(
+            !std::path::Path::new(&snapshot).exists(),
+            "{body}: state left"
+        );
+    }
+    let body = format!(r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{memory}"}}"#);
+    let response = api.request("PUT", "/snapshot/create", Some(&body)).unwrap();
+    assert_eq!(response.status, 204, "{}", response.body);
     vmm.kill();
 }
 

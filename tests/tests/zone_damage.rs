@@ -2,7 +2,8 @@
 //! changes a VM's memory silently. A damaged frame-table entry is repaired from its frame's
 //! owner and the guest finds its memory as it was; memory that recovery cannot find marks the VM
 //! damaged: `vmm zone inspect` lists the lost ranges, `vmm run` refuses the VM until
-//! `--accept-damaged` says to go on with zeroes there.
+//! `--accept-damaged` says to go on with zeroes there. A damaged word of the VM directory keeps
+//! the VM and its memory as they are until `vmm zone accept-slot` (or `delete-vm --slot`).
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -20,8 +21,9 @@ const REPAIRED: &str = "2M+4M:0xA11CE";
 /// Chunk 4: its entry and its frame's owner are both damaged, and its memory is lost.
 const LOST: &str = "8M+2M:0xB0B";
 
-/// The header words (at these word indices) that give the offsets of the frame tables (slot 0
-/// first) and of the owner map.
+/// The header words (at these word indices) that give the offsets of the directory, of the
+/// frame tables (slot 0 first) and of the owner map.
+const DIRECTORY_WORD: u64 = 8;
 const TABLES_WORD: u64 = 9;
 const OWNERS_WORD: u64 = 19;
 
@@ -144,4 +146,65 @@ fn damaged_zone_metadata_is_repaired_or_the_loss_is_reported_and_must_be_accepte
         (Some(0), Some(0)),
         "{info:#}"
     );
+}
+
+#[test]
+fn a_damaged_directory_word_keeps_the_vm_and_its_memory_until_a_person_decides() {
+    if !kvm_available("a_damaged_directory_word_keeps_the_vm_and_its_memory_until_a_person_decides")
+    {
+        return;
+    }
+    let scratch = Scratch::new("zone-slot-damage");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "64M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    run_vm(&zone, &format!("write:{REPAIRED}"), &[]).assert_success();
+    let file = ZoneFile(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&zone)
+            .unwrap(),
+    );
+    // All ones in the first slot's flags word (which read as "ephemeral" made the VM vanish
+    // at the end of its next run).
+    file.set_word(file.word(DIRECTORY_WORD * 8) + 0xf8, u64::MAX);
+    let info = inspect(&zone);
+    assert_eq!(info["vms"], serde_json::json!([]), "{info:#}");
+    let slot = &info["damaged_slots"][0];
+    assert_eq!(
+        (
+            &slot["slot"],
+            &slot["recorded_name"],
+            &slot["damage"],
+            &slot["frames"]
+        ),
+        (
+            &serde_json::json!(0),
+            &serde_json::json!("precious"),
+            &serde_json::json!("its flags word fails its check"),
+            // Chunks 1 and 2, and chunk 0 with the guest's own code and page tables.
+            &serde_json::json!(3)
+        ),
+        "{info:#}"
+    );
+    assert_eq!(info["free_frames"], 29, "{info:#}");
+    let refused = run_vm(&zone, &format!("verify:{REPAIRED}"), &[]);
+    assert_eq!(refused.code, Some(2), "{refused:#?}");
+    assert!(
+        refused
+            .stderr
+            .contains("VM slot 0 (recorded name 'precious') is damaged")
+            && refused.stderr.contains("vmm zone accept-slot"),
+        "{refused:#?}"
+    );
+    // Still there after the refused run, and given back as it reads.
+    assert_eq!(inspect(&zone)["damaged_slots"][0]["frames"], 3);
+    let accepted = client(&["zone", "accept-slot", &zone, "0"]);
+    assert_eq!(accepted.code, Some(0), "{accepted:#?}");
+    run_vm(&zone, &format!("verify:{REPAIRED}"), &[]).assert_success();
+    let info = inspect(&zone);
+    assert_eq!(info["vms"][0]["name"], "precious", "{info:#}");
+    assert_eq!(info["damaged_slots"], serde_json::json!([]), "{info:#}");
+    run_vm(&zone, &format!("verify:{REPAIRED}"), &[]).assert_success();
 }

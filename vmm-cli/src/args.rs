@@ -320,9 +320,29 @@ pub enum ZoneAction {
         /// The zone file.
         #[arg(value_name = "PATH")]
         path: PathBuf,
-        /// The VM's name.
-        #[arg(value_name = "NAME")]
-        name: String,
+        /// The VM's name (a damaged slot's as it is recorded).
+        #[arg(
+            value_name = "NAME",
+            required_unless_present = "slot",
+            conflicts_with = "slot"
+        )]
+        name: Option<String>,
+        /// The VM of this directory slot instead (`vmm zone inspect` names a damaged one's).
+        #[arg(long, value_name = "SLOT")]
+        slot: Option<u64>,
+    },
+    /// Take a damaged directory slot as it reads, after `vmm zone inspect` showed what is
+    /// damaged in it: its checksum is written anew and each damaged word reset to what a VM
+    /// without a process has (no owner, no seal, not ephemeral); its VM can then be attached
+    /// again with its memory. Refused where its name or RAM layout cannot be read (delete it
+    /// then: `vmm zone delete-vm PATH --slot SLOT`).
+    AcceptSlot {
+        /// The zone file.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// The slot.
+        #[arg(value_name = "SLOT")]
+        slot: u64,
     },
     /// Recover a zone (after a crash) and give the host memory of its free frames back to the
     /// file system.

@@ -23,13 +23,29 @@ pub(super) fn run(action: ZoneAction) -> ExitStatus {
             max_vms,
         } => create(&path, size, frame_size, max_vms),
         ZoneAction::Inspect { path, json } => inspect(&path, json),
-        ZoneAction::DeleteVm { path, name } => Zone::open(&path, CORES)
-            .and_then(|zone| zone.delete_vm(&name))
+        ZoneAction::DeleteVm { path, name, slot } => Zone::open(&path, CORES)
+            .and_then(|zone| match slot {
+                Some(slot) => zone.delete_slot(slot),
+                // clap asks for a name where no slot is given.
+                None => zone.delete_vm(name.as_deref().unwrap_or_default()),
+            })
             .map(|frames| {
+                let which = match (name, slot) {
+                    (_, Some(slot)) => format!("the VM of slot {slot}"),
+                    (name, None) => format!("VM '{}'", name.unwrap_or_default()),
+                };
                 println!(
-                    "deleted VM '{name}' from {}: {} freed",
+                    "deleted {which} from {}: {} freed",
                     path.display(),
                     count(frames, "frame", "frames")
+                )
+            }),
+        ZoneAction::AcceptSlot { path, slot } => Zone::open(&path, CORES)
+            .and_then(|zone| zone.accept_slot(slot))
+            .map(|name| {
+                println!(
+                    "accepted slot {slot} of {} as it reads: VM '{name}' can be attached again",
+                    path.display()
                 )
             }),
         ZoneAction::Gc { path } => Zone::open(&path, CORES).and_then(|zone| {
@@ -116,6 +132,12 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
             "orphaned_frames": info.recovery.orphaned_frames,
             "micros": info.recovery.nanos / 1000,
         },
+        "damaged_slots": info.damaged_slots.iter().map(|slot| json!({
+            "slot": slot.slot,
+            "recorded_name": slot.name,
+            "damage": slot.what,
+            "frames": slot.frames,
+        })).collect::<Vec<_>>(),
         "damaged_vms": info.vms.iter().filter(|vm| !vm.damaged.is_empty()).map(|vm| json!({
             "name": vm.name,
             "lost": vm.damaged.iter()
@@ -239,6 +261,23 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         count(info.lost_frames, "lost frame", "lost frames")
     );
     println!("  VMs: {} of {}", info.vms.len(), info.max_vms);
+    for slot in &info.damaged_slots {
+        println!(
+            "    DAMAGED slot {}{}: {}; its {} stay allocated, and no VM is attached to it or \
+             created until you decide: `vmm zone accept-slot {} {}` takes it as it reads, `vmm \
+             zone delete-vm {} --slot {}` deletes it",
+            slot.slot,
+            slot.name
+                .as_ref()
+                .map_or(String::new(), |name| format!(" (recorded name '{name}')")),
+            slot.what,
+            count(slot.frames, "frame", "frames"),
+            path.display(),
+            slot.slot,
+            path.display(),
+            slot.slot
+        );
+    }
     for vm in &info.vms {
         let owner = vm
             .owner

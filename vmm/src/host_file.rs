@@ -27,6 +27,18 @@ pub enum HostFileError {
         /// What it is, e.g. "a FIFO".
         kind: &'static str,
     },
+    /// The directory an output would be made in is missing, or no directory.
+    #[error("{what} {}: the directory {} {why}", .path.display(), .dir.display())]
+    NoDirectory {
+        /// What the path is for.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// "does not exist", "is not a directory".
+        why: &'static str,
+    },
     /// The file cannot be opened or inspected.
     #[error("{what} {}: {source}", .path.display())]
     Io {
@@ -105,12 +117,35 @@ fn check_regular(
 }
 
 /// Checks that `path` may be written as an output (`what` it is for, in errors): nothing is
-/// there, or a regular file is (which the output replaces).
+/// there, in a directory that exists, or a regular file is (which the output replaces).
 pub fn check_output(what: &'static str, path: &Path) -> Result<(), HostFileError> {
     check_named(what, path)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) => check_regular(what, path, meta.file_type()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent,
+                _ => Path::new("."),
+            };
+            let why = match std::fs::metadata(dir) {
+                Ok(meta) if meta.is_dir() => return Ok(()),
+                Ok(_) => "is not a directory",
+                Err(e) if e.kind() == io::ErrorKind::NotFound => "does not exist",
+                Err(source) => {
+                    return Err(HostFileError::Io {
+                        what,
+                        path: dir.to_owned(),
+                        source,
+                    })
+                }
+            };
+            Err(HostFileError::NoDirectory {
+                what,
+                path: path.to_owned(),
+                dir: dir.to_owned(),
+                why,
+            })
+        }
         Err(source) => Err(HostFileError::Io {
             what,
             path: path.to_owned(),
@@ -193,6 +228,35 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_in_a_missing_directory_or_under_a_file_is_refused() {
+        let missing = Path::new("/nonexistent-llfree-vmm/snap");
+        let err = check_output("snapshot_path", missing).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HostFileError::NoDirectory {
+                    why: "does not exist",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let under_a_file = Path::new("/etc/hostname/snap");
+        let err = check_output("snapshot_path", under_a_file).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HostFileError::NoDirectory {
+                    why: "is not a directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        check_output("snapshot_path", Path::new("relative-new-file")).unwrap();
+    }
 
     /// A scratch directory, removed on drop.
     struct Scratch(PathBuf);

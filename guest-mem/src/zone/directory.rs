@@ -1,10 +1,19 @@
 //! The VM directory of a zone: one 4 KiB slot per VM, with its name, RAM layout, owner and state.
 //!
 //! A slot changes state with one atomic store, after everything it publishes was written:
-//! * `FREE` → `ACTIVE`: the slot's tables are zeroed and its fields written (and synced) first, so
-//!   a crash in between leaves a free slot.
+//! * `FREE` → `CREATING` → `ACTIVE`: the slot's tables are zeroed and its fields written (and
+//!   synced) while it is `CREATING`; an open finds a creation cut short and frees the slot.
 //! * `ACTIVE` → `DELETING` → `FREE`: every frame-table entry is cleared (its frame freed) while the
-//!   slot is `DELETING`; an open finds a deletion cut short and finishes it.
+//!   slot is `DELETING`; an open finds a deletion cut short and finishes it. The record's
+//!   checksum is cleared before the slot is free, so that a free slot whose record checks is
+//!   one whose state word was damaged.
+//!
+//! Every word of an active slot can be checked, so that damage to the directory is found, never
+//! acted on: the state is one of three magic values; the record written once at creation (name,
+//! layout, identity) has a checksum word; each word that changes later (owner, seal, flags,
+//! the balloon's spare bytes, the wait) holds a 48-bit value and a 16-bit check of it and of
+//! its place, in one store, so that a crash between two stores never looks like damage.
+//! [`Slot::damage`] says what does not check.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,6 +21,7 @@ use super::layout::{Layout, PAGE};
 use crate::pool::FrameSize;
 
 const FREE: u64 = 0;
+const CREATING: u64 = u64::from_le_bytes(*b"LLFVMNEW");
 const ACTIVE: u64 = u64::from_le_bytes(*b"LLFVMOK1");
 const DELETING: u64 = u64::from_le_bytes(*b"LLFVMDEL");
 
@@ -33,7 +43,58 @@ const FLAGS: usize = SEAL + 1;
 const SPARE: usize = FLAGS + 1;
 const WAITING_SINCE: usize = SPARE + 1;
 const WAITING_BYTES: usize = WAITING_SINCE + 1;
-const SLOT_WORDS: usize = WAITING_BYTES + 1;
+const CHECKSUM: usize = WAITING_BYTES + 1;
+const SLOT_WORDS: usize = CHECKSUM + 1;
+/// The record's words, written once at creation and covered by [`CHECKSUM`].
+const RECORD: std::ops::RangeInclusive<usize> = NAME_LEN..=ID;
+/// The words that change after creation, each checked on its own.
+const CHECKED_WORDS: [(usize, &str); 6] = [
+    (OWNER, "owner"),
+    (SEAL, "seal"),
+    (FLAGS, "flags"),
+    (SPARE, "spare bytes"),
+    (WAITING_SINCE, "wait start"),
+    (WAITING_BYTES, "wait size"),
+];
+
+/// The largest value a checked word holds (48 bits): tokens and seals are drawn below it, byte
+/// counts and times saturate at it.
+pub const MAX_CHECKED_VALUE: u64 = (1 << 48) - 1;
+
+/// The 16-bit check of `value` in word `index` of a slot: never all zeroes or all ones, so that
+/// a zeroed or all-ones word fails it whatever its value bits.
+fn check_of(index: usize, value: u64) -> u64 {
+    let mut hash = (value ^ ((index as u64) << 52) ^ 0x9e37_79b9_7f4a_7c15)
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 31;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    match hash >> 48 {
+        0 | 0xffff => 0x5a5a,
+        check => check,
+    }
+}
+
+/// Word `index` holding `value` (at most [`MAX_CHECKED_VALUE`]) and its check.
+fn checked(index: usize, value: u64) -> u64 {
+    let value = value.min(MAX_CHECKED_VALUE);
+    value | check_of(index, value) << 48
+}
+
+/// The value of checked word `index`, if its check holds.
+fn unchecked(index: usize, word: u64) -> Option<u64> {
+    let value = word & MAX_CHECKED_VALUE;
+    (word >> 48 == check_of(index, value)).then_some(value)
+}
+
+/// The checksum of a record's words: never 0, so that a zeroed checksum fails.
+fn record_checksum(words: impl Iterator<Item = u64>) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for word in words {
+        hash = (hash ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+        hash ^= hash >> 29;
+    }
+    hash.max(1)
+}
 
 /// Slot flag: the VM is deleted when its process leaves or dies.
 const EPHEMERAL: u64 = 1;
@@ -67,6 +128,8 @@ impl VmLayout {
 pub enum SlotState {
     /// Nothing.
     Free,
+    /// A VM being created.
+    Creating,
     /// A VM.
     Active,
     /// A VM being deleted.
@@ -96,14 +159,74 @@ impl<'a> Slot<'a> {
         self.words[index].store(value, Ordering::Release);
     }
 
+    /// The value of checked word `index`, its check bits dropped (see [`Self::damage`]).
+    fn get_checked(&self, index: usize) -> u64 {
+        self.get(index) & MAX_CHECKED_VALUE
+    }
+
+    fn set_checked(&self, index: usize, value: u64) {
+        self.set(index, checked(index, value));
+    }
+
+    /// What of the slot does not check, `None` if all does (or it is being created or
+    /// deleted, which recovery finishes without its record): an active slot's every word; a
+    /// free slot's record, which must not check. A slot with damage must not be acted on: its
+    /// VM is neither attached nor deleted, and its frames stay its, until a person decides.
+    pub fn damage(&self) -> Option<String> {
+        let record_checks = record_checksum(RECORD.map(|i| self.get(i))) == self.get(CHECKSUM);
+        match self.state() {
+            SlotState::Creating | SlotState::Deleting => return None,
+            SlotState::Corrupted(state) => {
+                return Some(format!("its state word is unknown ({state:#x})"));
+            }
+            SlotState::Free if record_checks => {
+                return Some("its state word reads free, yet its VM's record checks".into());
+            }
+            SlotState::Free => return None,
+            SlotState::Active if !record_checks => {
+                return Some("its record (name, RAM layout, identity) fails its checksum".into());
+            }
+            SlotState::Active => {}
+        }
+        let bad: Vec<&str> = CHECKED_WORDS
+            .iter()
+            .filter(|&&(index, _)| unchecked(index, self.get(index)).is_none())
+            .map(|&(_, name)| name)
+            .collect();
+        match bad.is_empty() {
+            true => None,
+            false => Some(format!("its {} word fails its check", bad.join(", "))),
+        }
+    }
+
+    /// Makes a damaged slot whose record checks (or whose record a person accepts as it
+    /// reads) hold again: the record's checksum written anew, and every checked word that
+    /// fails reset to what a VM without a process has (no owner, no seal, not ephemeral, no
+    /// spare bytes, no wait); a state word that reads anything but active, active again.
+    pub fn accept_as_read(&self) {
+        self.set(CHECKSUM, record_checksum(RECORD.map(|i| self.get(i))));
+        for (index, _) in CHECKED_WORDS {
+            if unchecked(index, self.get(index)).is_none() {
+                self.set_checked(index, 0);
+            }
+        }
+        self.set(STATE, ACTIVE);
+    }
+
     /// The state.
     pub fn state(&self) -> SlotState {
         match self.get(STATE) {
             FREE => SlotState::Free,
+            CREATING => SlotState::Creating,
             ACTIVE => SlotState::Active,
             DELETING => SlotState::Deleting,
             other => SlotState::Corrupted(other),
         }
+    }
+
+    /// Marks a free slot as being created (its tables and fields are written next).
+    pub fn begin_creation(&self) {
+        self.set(STATE, CREATING);
     }
 
     /// Publishes the slot as active (its fields written before).
@@ -116,19 +239,20 @@ impl<'a> Slot<'a> {
         self.set(STATE, DELETING);
     }
 
-    /// Frees the slot.
+    /// Frees the slot (being created or deleted): its record's checksum is cleared first.
     pub fn release(&self) {
+        self.set(CHECKSUM, 0);
         self.set(STATE, FREE);
     }
 
     /// The token of the VMM process attached to the VM (see `processes`), 0 for none.
     pub fn owner(&self) -> u64 {
-        self.get(OWNER)
+        self.get_checked(OWNER)
     }
 
-    /// Records the attached VMM's token (0: none).
+    /// Records the attached VMM's token (0: none; at most [`MAX_CHECKED_VALUE`]).
     pub fn set_owner(&self, token: u64) {
-        self.set(OWNER, token);
+        self.set_checked(OWNER, token);
     }
 
     /// The name; `None` if the recorded one is not a valid name.
@@ -189,18 +313,19 @@ impl<'a> Slot<'a> {
             self.set(REGIONS + 2 * i + 1, *size);
         }
         self.set(ID, id);
-        self.set(SEAL, 0);
-        self.set(FLAGS, 0);
-        self.set(SPARE, 0);
-        self.set(WAITING_SINCE, 0);
-        self.set(WAITING_BYTES, 0);
-        self.set(OWNER, 0);
+        for (index, _) in CHECKED_WORDS {
+            self.set_checked(index, 0);
+        }
+        self.set(CHECKSUM, record_checksum(RECORD.map(|i| self.get(i))));
     }
 
     /// Since when (milliseconds since the Unix epoch) the VM has waited for how many bytes of
     /// memory, as its VMM last recorded; `None` when it does not wait.
     pub fn waiting(&self) -> Option<(u64, u64)> {
-        match (self.get(WAITING_SINCE), self.get(WAITING_BYTES)) {
+        match (
+            self.get_checked(WAITING_SINCE),
+            self.get_checked(WAITING_BYTES),
+        ) {
             (0, _) => None,
             (since, bytes) => Some((since, bytes)),
         }
@@ -209,40 +334,41 @@ impl<'a> Slot<'a> {
     /// Records that the VM waits for memory (see [`Self::waiting`]), or no longer does.
     pub fn set_waiting(&self, waiting: Option<(u64, u64)>) {
         let (since, bytes) = waiting.unwrap_or((0, 0));
-        self.set(WAITING_BYTES, bytes);
-        self.set(WAITING_SINCE, since);
+        self.set_checked(WAITING_BYTES, bytes);
+        self.set_checked(WAITING_SINCE, since);
     }
 
     /// The bytes the VM's guest could give back, as its VMM last saw them (see
     /// `ZoneVm::set_spare`).
     pub fn spare(&self) -> u64 {
-        self.get(SPARE)
+        self.get_checked(SPARE)
     }
 
-    /// Records the bytes the VM's guest could give back.
+    /// Records the bytes the VM's guest could give back (saturating at
+    /// [`MAX_CHECKED_VALUE`]).
     pub fn set_spare(&self, bytes: u64) {
-        self.set(SPARE, bytes);
+        self.set_checked(SPARE, bytes);
     }
 
     /// The seal of the VM's memory: set by a snapshot, cleared when the guest runs again; 0
     /// for none.
     pub fn seal(&self) -> u64 {
-        self.get(SEAL)
+        self.get_checked(SEAL)
     }
 
     /// Whether the VM is deleted when its process leaves or dies.
     pub fn ephemeral(&self) -> bool {
-        self.get(FLAGS) & EPHEMERAL != 0
+        self.get_checked(FLAGS) & EPHEMERAL != 0
     }
 
     /// Makes the VM ephemeral.
     pub fn set_ephemeral(&self) {
-        self.set(FLAGS, self.get(FLAGS) | EPHEMERAL);
+        self.set_checked(FLAGS, self.get_checked(FLAGS) | EPHEMERAL);
     }
 
-    /// Sets (or, with 0, clears) the seal.
+    /// Sets (or, with 0, clears) the seal (at most [`MAX_CHECKED_VALUE`]).
     pub fn set_seal(&self, seal: u64) {
-        self.set(SEAL, seal);
+        self.set_checked(SEAL, seal);
     }
 }
 
@@ -356,6 +482,74 @@ mod tests {
         assert_eq!(slot.layout(&zone), None, "more RAM than the zone");
         words[REGIONS + 1].store(3 << 20, Ordering::Relaxed);
         assert_eq!(slot.layout(&zone), None, "not whole chunks");
+    }
+
+    #[test]
+    fn any_damaged_word_of_an_active_slot_is_found_and_accepting_it_resets_the_word() {
+        let zone = Layout::new(FrameSize::Huge, 512 * 64, 4, 4096);
+        let words = slot_words();
+        let slot = Slot::new(&words);
+        let layout = VmLayout {
+            chunk_size: FrameSize::Huge,
+            regions: vec![(0, 32 << 20)],
+        };
+        slot.begin_creation();
+        slot.write("precious", &layout, 42);
+        slot.activate();
+        slot.set_owner(7);
+        slot.set_seal(MAX_CHECKED_VALUE);
+        slot.set_spare(u64::MAX);
+        assert_eq!(slot.spare(), MAX_CHECKED_VALUE);
+        slot.set_waiting(Some((1, 2)));
+        assert_eq!(slot.damage(), None);
+        // Every word of the slot, zeroed, all ones, or one bit flipped.
+        for index in 0..SLOT_WORDS {
+            for damaged in [0, u64::MAX, words[index].load(Ordering::Relaxed) ^ 1 << 60] {
+                let kept = words[index].swap(damaged, Ordering::Relaxed);
+                if kept == damaged {
+                    continue;
+                }
+                let found = slot.damage();
+                // A name byte past the name's end is not part of what the name reads.
+                assert!(found.is_some(), "word {index} = {damaged:#x} not found");
+                words[index].store(kept, Ordering::Relaxed);
+            }
+        }
+        assert_eq!(slot.damage(), None);
+        // All ones in the flags (which would make the VM ephemeral): found; accepted, the VM
+        // is not ephemeral and keeps its name and layout.
+        words[FLAGS].store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(
+            slot.damage().as_deref(),
+            Some("its flags word fails its check")
+        );
+        slot.accept_as_read();
+        assert_eq!(slot.damage(), None);
+        assert!(!slot.ephemeral());
+        assert_eq!(slot.owner(), 7);
+        assert_eq!(slot.name().as_deref(), Some("precious"));
+        assert_eq!(slot.layout(&zone).as_ref(), Some(&layout));
+        // Released, its record no longer checks: free; a creation cut short is not damage.
+        slot.mark_deleting();
+        assert_eq!(slot.damage(), None);
+        slot.release();
+        assert_eq!((slot.state(), slot.damage()), (SlotState::Free, None));
+        slot.begin_creation();
+        slot.write("again", &layout, 43);
+        assert_eq!(slot.damage(), None);
+    }
+
+    #[test]
+    fn a_checked_word_is_never_all_zeroes_or_all_ones() {
+        for index in 0..SLOT_WORDS {
+            for value in [0, 1, MAX_CHECKED_VALUE, 0xdead_beef] {
+                let word = checked(index, value);
+                assert!(word != 0 && word != u64::MAX, "{index} {value:#x}");
+                assert_eq!(unchecked(index, word), Some(value));
+            }
+            assert_eq!(unchecked(index, 0), None);
+            assert_eq!(unchecked(index, u64::MAX), None);
+        }
     }
 
     #[test]

@@ -30,8 +30,9 @@ pub const CREATING_MAGIC: u64 = u64::from_le_bytes(*b"LLFZONE~");
 /// The layout version (2: the allocator's upper level and a process table are in the zone, so
 /// that several VMM processes use it at once; 3: every frame records the VM chunk it backs, so
 /// that recovery repairs a damaged frame-table entry or tells which memory it lost; 4: the
-/// allocator's tree entries take a cache line each, which moves what follows them).
-pub const VERSION: u64 = 4;
+/// allocator's tree entries take a cache line each, which moves what follows them; 5: every
+/// directory slot's words can be checked, so that damage to one is found).
+pub const VERSION: u64 = 5;
 /// Size of the header and of one directory slot.
 pub const PAGE: u64 = 4096;
 /// The most VMs one zone can hold.

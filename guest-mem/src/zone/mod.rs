@@ -133,6 +133,34 @@ pub enum ZoneError {
         /// The lost guest-physical ranges.
         ranges: String,
     },
+    /// A directory slot is damaged (see `directory`): nothing is done to it, and no VM is
+    /// created while it is there, until a person decides.
+    #[error(
+        "zone {path}: VM slot {slot} (recorded name '{name}') is damaged: {what}; its frames are \
+         kept, and no VM is attached to it or created beside it until you decide: `vmm zone \
+         inspect` shows it, `vmm zone accept-slot {path} {slot}` takes it as it reads, `vmm zone \
+         delete-vm {path} --slot {slot}` deletes it"
+    )]
+    SlotDamaged {
+        /// The zone file.
+        path: PathBuf,
+        /// The slot.
+        slot: u64,
+        /// Its name as recorded (perhaps damaged too).
+        name: String,
+        /// What is damaged.
+        what: String,
+    },
+    /// `accept-slot` on a slot whose name or layout cannot be read, or that has no damage.
+    #[error("zone {path}: VM slot {slot}: {why}")]
+    CannotAccept {
+        /// The zone file.
+        path: PathBuf,
+        /// The slot.
+        slot: u64,
+        /// Why.
+        why: &'static str,
+    },
     /// The zone's metadata is inconsistent.
     #[error("zone {path} is corrupted: {what}")]
     Corrupted {
@@ -341,6 +369,19 @@ pub struct VmInfo {
     pub damaged: Vec<(u64, u64)>,
 }
 
+/// A directory slot with damage, as `vmm zone inspect` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedSlot {
+    /// The slot.
+    pub slot: u64,
+    /// Its VM's name as recorded, if it reads as one (perhaps damaged too).
+    pub name: Option<String>,
+    /// What is damaged.
+    pub what: String,
+    /// The frames its table names, which stay allocated.
+    pub frames: u64,
+}
+
 /// What `vmm zone inspect` shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZoneInfo {
@@ -358,6 +399,8 @@ pub struct ZoneInfo {
     pub max_vms: u64,
     /// The VMs, by name.
     pub vms: Vec<VmInfo>,
+    /// The slots with damage, which hold their frames until a person decides.
+    pub damaged_slots: Vec<DamagedSlot>,
     /// What opening the zone recovered.
     pub recovery: RecoveryReport,
     /// Frames allocated that no VM references, now (after recovery: 0).
@@ -532,7 +575,8 @@ impl Zone {
             table.clear();
         }
         let token = loop {
-            let token = sys::random_u64().map_err(io_err("cannot draw a process token"))?;
+            let token = sys::random_u64().map_err(io_err("cannot draw a process token"))?
+                & directory::MAX_CHECKED_VALUE;
             if token != 0 {
                 break token;
             }
@@ -618,7 +662,8 @@ impl Zone {
             let slots = self.pool.allocator().recover_slots(process.token);
             for index in 0..self.layout.max_vms {
                 let slot = self.slot(index);
-                if slot.state() != SlotState::Active || slot.owner() != process.token {
+                let usage = self.slot_use(index);
+                if !matches!(usage, recovery::SlotUse::Vm(_)) || slot.owner() != process.token {
                     continue;
                 }
                 match slot.ephemeral() {
@@ -773,12 +818,31 @@ impl Zone {
         Ok(ranges)
     }
 
-    /// The slot index of the VM called `name`.
+    /// The slot index of the VM called `name` (its slot without damage).
     fn find(&self, name: &str) -> Option<u64> {
         (0..self.layout.max_vms).find(|&i| {
-            let slot = self.slot(i);
-            slot.state() == SlotState::Active && slot.name().as_deref() == Some(name)
+            matches!(self.slot_use(i), recovery::SlotUse::Vm(_))
+                && self.slot(i).name().as_deref() == Some(name)
         })
+    }
+
+    /// The quarantined slots: the one whose recorded name is `name` first, if any.
+    fn quarantined(&self, name: &str) -> Vec<u64> {
+        let mut slots: Vec<u64> = (0..self.layout.max_vms)
+            .filter(|&i| self.slot_use(i) == recovery::SlotUse::Quarantined)
+            .collect();
+        slots.sort_by_key(|&i| self.slot(i).name().as_deref() != Some(name));
+        slots
+    }
+
+    /// The error of attaching or creating `name` beside quarantined slot `index`.
+    fn slot_damaged(&self, index: u64) -> ZoneError {
+        ZoneError::SlotDamaged {
+            path: self.path.clone(),
+            slot: index,
+            name: self.slot(index).name().unwrap_or_default(),
+            what: self.slot_damage(index),
+        }
     }
 
     fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> ZoneError + '_ {
@@ -834,7 +898,12 @@ impl Zone {
                 }
                 index
             }
-            None => self.create_vm(name, layout)?,
+            // A VM of a damaged slot would start anew in another: no VM is created while one
+            // is there.
+            None => match self.quarantined(name).first() {
+                Some(&index) => return Err(self.slot_damaged(index)),
+                None => self.create_vm(name, layout)?,
+            },
         };
         self.slot(index).set_owner(self.token);
         Ok(ZoneVm {
@@ -849,12 +918,13 @@ impl Zone {
     /// synced) before it is published.
     fn create_vm(&self, name: &str, layout: &VmLayout) -> Result<u64, ZoneError> {
         let index = (0..self.layout.max_vms)
-            .find(|&i| self.slot(i).state() == SlotState::Free)
+            .find(|&i| self.slot(i).state() == SlotState::Free && self.slot(i).damage().is_none())
             .ok_or(ZoneError::Full {
                 path: self.path.clone(),
                 max: self.layout.max_vms,
             })?;
         let slot = self.slot(index);
+        slot.begin_creation();
         let tables = self.table_offset(index);
         self.map.zero(tables, self.layout.slot_tables);
         let id = sys::random_u64().map_err(self.io_err("cannot draw the VM's identity"))?;
@@ -876,10 +946,46 @@ impl Zone {
     pub fn delete_vm(&self, name: &str) -> Result<u64, ZoneError> {
         let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
             .map_err(self.io_err("cannot lock"))?;
-        let index = self.find(name).ok_or_else(|| ZoneError::NoSuchVm {
-            path: self.path.clone(),
-            name: name.to_owned(),
-        })?;
+        let damaged = self
+            .quarantined(name)
+            .into_iter()
+            .find(|&i| self.slot(i).name().as_deref() == Some(name));
+        let index = self
+            .find(name)
+            .or(damaged)
+            .ok_or_else(|| ZoneError::NoSuchVm {
+                path: self.path.clone(),
+                name: name.to_owned(),
+            })?;
+        self.delete_locked(index, name)
+    }
+
+    /// Deletes the VM of directory slot `slot`, damaged or not (see [`Self::delete_vm`]).
+    pub fn delete_slot(&self, slot: u64) -> Result<u64, ZoneError> {
+        let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
+            .map_err(self.io_err("cannot lock"))?;
+        let name = self.slot_name(slot)?;
+        if self.slot_use(slot) == recovery::SlotUse::Unused {
+            return Err(ZoneError::NoSuchVm {
+                path: self.path.clone(),
+                name: format!("#{slot}"),
+            });
+        }
+        self.delete_locked(slot, &name)
+    }
+
+    /// The name slot `slot` records, for messages ("#N" where it reads as none).
+    fn slot_name(&self, slot: u64) -> Result<String, ZoneError> {
+        if slot >= self.layout.max_vms {
+            return Err(ZoneError::NoSuchVm {
+                path: self.path.clone(),
+                name: format!("#{slot}"),
+            });
+        }
+        Ok(self.slot(slot).name().unwrap_or_else(|| format!("#{slot}")))
+    }
+
+    fn delete_locked(&self, index: u64, name: &str) -> Result<u64, ZoneError> {
         let slot = self.slot(index);
         if let Some(pid) = self.live_pid(slot.owner()) {
             return Err(ZoneError::VmInUse {
@@ -888,11 +994,75 @@ impl Zone {
                 pid,
             });
         }
+        let quarantined = self.slot_use(index) == recovery::SlotUse::Quarantined;
         slot.mark_deleting();
         self.map
             .sync(self.layout.dir_off + index * PAGE, PAGE)
             .map_err(self.io_err("cannot sync the directory"))?;
-        Ok(self.finish_deletion(index, true))
+        let mut frames = 0;
+        if quarantined {
+            // Its table may be what was damaged: the frames whose owners name it go too.
+            frames += self.free_owned_by(index);
+        }
+        Ok(frames + self.finish_deletion(index, true))
+    }
+
+    /// Scrubs and frees every frame whose owner names slot `index` (being deleted); returns how
+    /// many. Its table's entries for them are cleared.
+    fn free_owned_by(&self, index: u64) -> u64 {
+        let base = self.layout.frame_size.base_frames();
+        let mut freed = 0;
+        for (bit, owner) in self.owners().iter().enumerate() {
+            let Some(named) = Owner::from_word(owner.load(Ordering::Acquire)) else {
+                continue;
+            };
+            if named.slot != index {
+                continue;
+            }
+            let frame = Frame {
+                index: bit as u64 * base,
+                size: self.layout.frame_size,
+            };
+            if let Some(entry) = self.table(index).get(named.chunk as usize) {
+                entry.store(EMPTY, Ordering::Release);
+            }
+            let scrubbed = self.pool.scrub(frame).is_ok();
+            owner.store(0, Ordering::Release);
+            if scrubbed {
+                let _ = self.pool.free(self.pool.own_core(), frame);
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// Takes damaged directory slot `slot` as it reads (see [`ZoneError::SlotDamaged`]): its
+    /// record's checksum is written anew and every other damaged word reset to what a VM
+    /// without a process has (no owner, no seal, not ephemeral); its VM can be attached again.
+    /// Returns its name. Refused where its name or RAM layout cannot be read.
+    pub fn accept_slot(&self, slot: u64) -> Result<String, ZoneError> {
+        let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
+            .map_err(self.io_err("cannot lock"))?;
+        let refuse = |why| ZoneError::CannotAccept {
+            path: self.path.clone(),
+            slot,
+            why,
+        };
+        self.slot_name(slot)?;
+        if self.slot_use(slot) != recovery::SlotUse::Quarantined {
+            return Err(refuse("it has no damage"));
+        }
+        let entry = self.slot(slot);
+        let (Some(name), Some(_)) = (entry.name(), entry.layout(&self.layout)) else {
+            return Err(refuse(
+                "its name or RAM layout cannot be read; delete it (`vmm zone delete-vm --slot`)",
+            ));
+        };
+        entry.accept_as_read();
+        self.map
+            .sync(self.layout.dir_off + slot * PAGE, PAGE)
+            .map_err(self.io_err("cannot sync the directory"))?;
+        Ok(name)
     }
 
     /// Clears the frame table of slot `index` (being deleted), scrubbing each frame its owner
@@ -983,8 +1153,8 @@ impl Zone {
     /// by.
     pub fn spare_total(&self) -> u64 {
         (0..self.layout.max_vms)
+            .filter(|&index| matches!(self.slot_use(index), recovery::SlotUse::Vm(_)))
             .map(|index| self.slot(index))
-            .filter(|slot| slot.state() == SlotState::Active)
             .filter(|slot| self.live_pid(slot.owner()).is_some())
             .map(|slot| slot.spare())
             .fold(0, u64::saturating_add)
@@ -994,8 +1164,9 @@ impl Zone {
     pub fn info(&self) -> Result<ZoneInfo, ZoneError> {
         let check = self.check()?;
         let pieces = self.layout.frame_size.base_frames();
+        let uses = self.slot_uses();
         let vms = (0..self.layout.max_vms)
-            .filter(|&i| self.slot(i).state() == SlotState::Active)
+            .filter(|&i| matches!(uses[i as usize], recovery::SlotUse::Vm(_)))
             .map(|i| {
                 let slot = self.slot(i);
                 let layout = slot.layout(&self.layout).expect("checked when opened");
@@ -1024,6 +1195,23 @@ impl Zone {
             .collect();
         let mut vms: Vec<VmInfo> = vms;
         vms.sort_by(|a, b| a.name.cmp(&b.name));
+        let damaged_slots = (0..self.layout.max_vms)
+            .filter(|&i| uses[i as usize] == recovery::SlotUse::Quarantined)
+            .map(|i| DamagedSlot {
+                slot: i,
+                name: self.slot(i).name(),
+                what: self.slot_damage(i),
+                frames: self
+                    .table(i)
+                    .iter()
+                    .filter(|e| {
+                        let value = e.load(Ordering::Relaxed);
+                        let base = self.layout.frame_size.base_frames();
+                        vm_table::entry_frame(value, base, self.layout.frames).is_some()
+                    })
+                    .count() as u64,
+            })
+            .collect();
         Ok(ZoneInfo {
             id: self.id(),
             size: self.layout.data_len(),
@@ -1032,6 +1220,7 @@ impl Zone {
             free_frames: self.pool.free_frames() / self.layout.frame_size.base_frames(),
             max_vms: self.layout.max_vms,
             vms,
+            damaged_slots,
             recovery: self.recovery,
             leaked_frames: check.leaked.len() as u64,
             lost_frames: check.lost.len() as u64,
@@ -1081,8 +1270,9 @@ impl ZoneVm {
     /// and returns it.
     pub fn seal_memory(&self) -> Result<u64, ZoneError> {
         let seal = loop {
-            let seal =
-                sys::random_u64().map_err(self.zone.io_err("cannot draw the memory's seal"))?;
+            let seal = sys::random_u64()
+                .map_err(self.zone.io_err("cannot draw the memory's seal"))?
+                & directory::MAX_CHECKED_VALUE;
             if seal != 0 {
                 break seal;
             }
@@ -1189,6 +1379,16 @@ impl Drop for ZoneVm {
     /// unmapped its frames by now).
     fn drop(&mut self) {
         let slot = self.zone.slot(self.index);
+        if let Some(damage) = slot.damage() {
+            log::error!(
+                "zone {}: VM '{}' (slot {}) was damaged while attached: {damage}; left as it is \
+                 for a person to decide (`vmm zone inspect`)",
+                self.zone.path.display(),
+                self.name,
+                self.index
+            );
+            return;
+        }
         if !slot.ephemeral() {
             slot.set_owner(0);
             return;

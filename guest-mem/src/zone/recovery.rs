@@ -122,31 +122,63 @@ pub(super) struct Recovered {
     pub repair: Repair,
 }
 
+/// What a directory slot is to recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotUse {
+    /// No VM (free, or being created or deleted).
+    Unused,
+    /// An active VM of this many chunks, its every word checked.
+    Vm(u64),
+    /// A slot with damage (see `Slot::damage`): its frames, whichever its table or their
+    /// owners name, stay allocated and untouched until a person decides.
+    Quarantined,
+}
+
 impl Zone {
-    /// The chunk count of every slot: `Some` for an active VM (its name and layout checked),
-    /// `None` for a free slot or one being deleted.
-    fn active_slots(&self) -> Result<Vec<Option<u64>>, ZoneError> {
+    /// What every slot is.
+    pub(super) fn slot_uses(&self) -> Vec<SlotUse> {
         (0..self.layout.max_vms)
-            .map(|index| {
-                let slot = self.slot(index);
-                match slot.state() {
-                    SlotState::Free | SlotState::Deleting => Ok(None),
-                    SlotState::Corrupted(state) => Err(corrupted(
-                        &self.path,
-                        format!("VM slot {index} has the unknown state {state:#x}"),
-                    )),
-                    SlotState::Active => {
-                        let bad =
-                            |what: &str| corrupted(&self.path, format!("VM slot {index}: {what}"));
-                        slot.name().ok_or_else(|| bad("invalid name"))?;
-                        let layout = slot
-                            .layout(&self.layout)
-                            .ok_or_else(|| bad("invalid RAM layout"))?;
-                        Ok(Some(layout.chunks()))
-                    }
-                }
+            .map(|index| self.slot_use(index))
+            .collect()
+    }
+
+    /// What slot `index` is.
+    pub(super) fn slot_use(&self, index: u64) -> SlotUse {
+        let slot = self.slot(index);
+        if slot.damage().is_some() {
+            return SlotUse::Quarantined;
+        }
+        match slot.state() {
+            SlotState::Active => match (slot.name(), slot.layout(&self.layout)) {
+                (Some(_), Some(layout)) => SlotUse::Vm(layout.chunks()),
+                _ => SlotUse::Quarantined,
+            },
+            _ => SlotUse::Unused,
+        }
+    }
+
+    /// The chunk count of every slot: `Some` for an active VM, `None` for anything else.
+    fn active_slots(&self) -> Vec<Option<u64>> {
+        self.slot_uses()
+            .into_iter()
+            .map(|usage| match usage {
+                SlotUse::Vm(chunks) => Some(chunks),
+                SlotUse::Unused | SlotUse::Quarantined => None,
             })
             .collect()
+    }
+
+    /// What is damaged in quarantined slot `index`.
+    pub(super) fn slot_damage(&self, index: u64) -> String {
+        self.slot(index)
+            .damage()
+            .unwrap_or_else(|| "its name or RAM layout cannot be read".into())
+    }
+
+    /// Whether frame-owner word `word` names a quarantined slot.
+    fn names_quarantined(&self, word: u64, uses: &[SlotUse]) -> bool {
+        Owner::from_word(word)
+            .is_some_and(|owner| uses.get(owner.slot as usize) == Some(&SlotUse::Quarantined))
     }
 
     /// The frame-table entry of `owner` (a chunk of an active VM).
@@ -160,8 +192,14 @@ impl Zone {
         let size = self.layout.frame_size;
         let count = self.layout.vm_chunks();
         let mut referenced = vec![0u64; count.div_ceil(64) as usize];
-        for (index, chunks) in self.active_slots()?.into_iter().enumerate() {
-            let Some(chunks) = chunks else { continue };
+        let uses = self.slot_uses();
+        for (index, usage) in uses.iter().enumerate() {
+            let chunks = match *usage {
+                SlotUse::Vm(chunks) => chunks,
+                // Every entry its table may hold.
+                SlotUse::Quarantined => count,
+                SlotUse::Unused => continue,
+            };
             let table: &[AtomicU64] = &self.table(index as u64)[..chunks as usize];
             for (chunk, entry) in table.iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
@@ -170,6 +208,9 @@ impl Zone {
                 }
                 let name = || self.slot(index as u64).name().unwrap_or_default();
                 let Some(frame) = entry_frame(value, size.base_frames(), self.layout.frames) else {
+                    if *usage == SlotUse::Quarantined {
+                        continue;
+                    }
                     return Err(corrupted(
                         &self.path,
                         format!(
@@ -190,6 +231,12 @@ impl Zone {
                     ));
                 }
                 *word |= 1 << (bit % 64);
+            }
+        }
+        // A frame whose owner names a quarantined slot is its too, whatever its table says.
+        for (bit, owner) in self.owners().iter().enumerate() {
+            if self.names_quarantined(owner.load(Ordering::Acquire), &uses) {
+                referenced[bit / 64] |= 1 << (bit % 64);
             }
         }
         let (mut leaked, mut lost) = (Vec::new(), Vec::new());
@@ -222,11 +269,16 @@ impl Zone {
     /// unless the zone was damaged); only the rest is looked at closer.
     fn repair_tables(&self) -> Result<Repair, ZoneError> {
         let base = self.layout.frame_size.base_frames();
-        let slots = self.active_slots()?;
+        let uses = self.slot_uses();
+        let slots = self.active_slots();
         let owners = self.owners();
         let frame_of = |value: u64| entry_frame(value, base, self.layout.frames);
-        // Pairs that agree, and the entries that do not.
-        let mut settled = vec![false; owners.len()];
+        // Pairs that agree, and the entries that do not; the owners that name a quarantined
+        // slot stand as they are.
+        let mut settled: Vec<bool> = owners
+            .iter()
+            .map(|owner| self.names_quarantined(owner.load(Ordering::Acquire), &uses))
+            .collect();
         let mut odd_entries = Vec::new();
         for (slot, chunks) in slots.iter().enumerate() {
             let Some(chunks) = *chunks else { continue };
@@ -362,7 +414,25 @@ impl Zone {
     pub(super) fn recover(&self) -> Result<Recovered, ZoneError> {
         for index in 0..self.layout.max_vms {
             let slot = self.slot(index);
+            if self.slot_use(index) == SlotUse::Quarantined {
+                log::warn!(
+                    "zone {}: VM slot {index} (recorded name '{}') is damaged: {}; its frames \
+                     are kept and nothing is done to it until a person decides (`vmm zone \
+                     inspect`)",
+                    self.path.display(),
+                    slot.name().unwrap_or_default(),
+                    self.slot_damage(index),
+                );
+                continue;
+            }
             match slot.state() {
+                SlotState::Creating => {
+                    log::info!(
+                        "zone {}: freeing VM slot {index}, whose creation was cut short",
+                        self.path.display()
+                    );
+                    self.finish_deletion(index, false);
+                }
                 SlotState::Deleting => {
                     log::info!(
                         "zone {}: finishing the deletion of VM slot {index}",

@@ -1,7 +1,7 @@
 //! A virtio-vsock device: its configuration and checks (Firecracker's `PUT /vsock`,
 //! `vmm run --vsock`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +71,19 @@ impl VsockConfig {
                 path.display()
             )));
         }
+        // The socket is bound once the VM starts; its directory is checked now, as Firecracker
+        // (which binds it at once) refuses such a request.
+        let dir = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        if !std::fs::metadata(dir).is_ok_and(|meta| meta.is_dir()) {
+            return Err(ConfigError::Vsock(format!(
+                "uds_path {}: the directory {} does not exist",
+                path.display(),
+                dir.display()
+            )));
+        }
         // A socket path is at most 107 bytes, and guest ports add up to 11 more.
         if path.as_os_str().len() > 96 {
             return Err(ConfigError::Vsock(format!(
@@ -102,6 +115,11 @@ mod tests {
         let refused = VsockConfig::parse(&format!("cid=3,uds={}", taken.display()));
         assert!(refused.unwrap_err().to_string().contains("already"));
         assert_eq!(std::fs::read(&taken).unwrap(), b"", "left as it was");
+        let nowhere = VsockConfig::parse("cid=3,uds=/nonexistent-llfree-vmm/v.sock");
+        assert!(
+            nowhere.unwrap_err().to_string().contains("does not exist"),
+            "a socket in a missing directory"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -96,9 +96,6 @@ impl std::fmt::Debug for ApiFront {
     }
 }
 
-/// How long `InstanceStart` and `PUT /snapshot/load` wait for the VM to be set up.
-const ANSWER_WAIT: Duration = Duration::from_secs(60);
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -162,7 +159,10 @@ impl ApiFront {
         Ok(())
     }
 
-    /// Sends `request` to the main thread and waits for its answer; only one is taken.
+    /// Sends `request` to the main thread and waits for its answer, however long the start or
+    /// load takes (a client is never told a request failed while it is still under way, nor
+    /// can a success follow a failure); only one is taken. Should the main thread drop the
+    /// request unanswered, the VM did not start.
     fn submit(&self, request: Request) -> Result<(), ControlError> {
         let (answer, answered) = mpsc::channel();
         let sent = lock(&self.requests)
@@ -172,7 +172,7 @@ impl ApiFront {
             return Err(ControlError::InvalidState(NOT_AFTER_START.into()));
         }
         answered
-            .recv_timeout(ANSWER_WAIT)
+            .recv()
             .unwrap_or_else(|_| Err(ControlError::Internal("the VM did not start".into())))
     }
 
@@ -646,5 +646,49 @@ fn spawn_metrics_flusher(front: Weak<ApiFront>) {
         });
     if let Err(e) = spawned {
         log::warn!("cannot start writing the metrics every minute: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_front() -> (ApiFront, mpsc::Receiver<Pending>) {
+        let options = ServeOptions {
+            api_socket: None,
+            id: "test".into(),
+            config: None,
+            logger: None,
+        };
+        let (requests, incoming) = mpsc::channel();
+        (ApiFront::new(&options, requests), incoming)
+    }
+
+    fn load() -> Request {
+        let params = r#"{"snapshot_path": "/snap", "mem_file_path": "/mem"}"#;
+        Request::Load(serde_json::from_str(params).unwrap())
+    }
+
+    /// A load that takes longer than a minute (ten parallel loads on a loaded host did) is
+    /// answered when it is done, with its outcome, not with a failure while it goes on.
+    #[test]
+    fn a_start_is_answered_when_it_is_done_however_long_it_takes() {
+        let (front, incoming) = api_front();
+        let main = std::thread::spawn(move || {
+            let pending = incoming.recv().unwrap();
+            std::thread::sleep(Duration::from_secs(61));
+            pending.answer.send(Ok(())).unwrap();
+        });
+        assert_eq!(front.submit(load()), Ok(()));
+        main.join().unwrap();
+        // A request the main thread drops unanswered did not start.
+        let (front, incoming) = api_front();
+        let main = std::thread::spawn(move || drop(incoming.recv().unwrap()));
+        let answer = front.submit(load());
+        assert!(
+            matches!(answer, Err(ControlError::Internal(_))),
+            "{answer:?}"
+        );
+        main.join().unwrap();
     }
 }

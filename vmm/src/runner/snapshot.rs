@@ -276,6 +276,24 @@ impl Session {
             ));
         }
         let started = Instant::now();
+        // Both paths are checked before any work: a request that cannot end well is refused
+        // before guest memory is copied.
+        host_file::check_output("snapshot_path", &params.snapshot_path)?;
+        let into_zone = match (self.memory().zone_vm(), &self.config().zone) {
+            (Some(_), Some(zone)) => host_file::same_file(&params.mem_file_path, &zone.path),
+            _ => false,
+        };
+        if !into_zone {
+            check_copy_target(&params.mem_file_path)?;
+        }
+        if params.snapshot_path == params.mem_file_path
+            || host_file::same_file(&params.snapshot_path, &params.mem_file_path)
+        {
+            return Err(SnapshotError::WrongMemory {
+                path: params.mem_file_path.clone(),
+                why: "is snapshot_path too: the state and the memory need a file each".into(),
+            });
+        }
         // Until the snapshot is complete, nothing resumes the VM: its memory must be what the
         // vCPU states saved below belong to.
         let _taking = self.begin_snapshot().ok_or_else(|| {
@@ -314,7 +332,7 @@ impl Session {
         };
         let devices_done = Instant::now();
         let memory = match (self.memory().zone_vm(), &self.config().zone) {
-            (Some(vm), Some(zone)) if host_file::same_file(&params.mem_file_path, &zone.path) => {
+            (Some(vm), Some(zone)) if into_zone => {
                 let seal = vm.seal_memory().map_err(|source| SnapshotError::Zone {
                     path: zone.path.clone(),
                     source,
@@ -333,7 +351,10 @@ impl Session {
                         .into(),
                 ))
             }
-            _ => copy_memory_out(self.memory(), &params.mem_file_path)?,
+            _ => copy_memory_out(self.memory(), &params.mem_file_path).inspect_err(|_| {
+                // What a failed copy wrote goes.
+                let _ = std::fs::remove_file(&params.mem_file_path);
+            })?,
         };
         let memory_done = Instant::now();
         let kind = match memory {
@@ -347,7 +368,13 @@ impl Session {
             vm,
             devices,
         };
-        file::write(&params.snapshot_path, &snapshot)?;
+        if let Err(e) = file::write(&params.snapshot_path, &snapshot) {
+            // A memory file without its state is of no use: it goes too.
+            if matches!(snapshot.memory, MemorySource::File { .. }) {
+                let _ = std::fs::remove_file(&params.mem_file_path);
+            }
+            return Err(e.into());
+        }
         let done = Instant::now();
         log::info!(
             "snapshot created in {:?}: vCPUs {:?}, VM and devices {:?}, memory {:?} ({kind}), \
