@@ -15,6 +15,11 @@ use test_guest::protocol::*;
 const CONFIG_NUM_PAGES: u64 = reg::CONFIG;
 /// `actual` in the balloon's configuration space.
 const CONFIG_ACTUAL: u64 = reg::CONFIG + 4;
+/// `free_page_hint_cmd_id` in the balloon's configuration space.
+const CONFIG_HINT_CMD: u64 = reg::CONFIG + 8;
+/// Free page hinting commands: the guest is through with a run; the host ended the run.
+const HINT_STOP: u32 = 0;
+const HINT_DONE: u32 = 1;
 
 const BALLOON_DEVICE_ID: u32 = 5;
 const ACKNOWLEDGE: u32 = 1;
@@ -25,6 +30,7 @@ const DEVICE_NEEDS_RESET: u32 = 64;
 const FAILED: u32 = 128;
 const VERSION_1: u64 = 1 << 32;
 const F_STATS_VQ: u64 = 1 << 1;
+const F_FREE_PAGE_HINT: u64 = 1 << 3;
 const F_PAGE_REPORTING: u64 = 1 << 5;
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
@@ -94,14 +100,21 @@ impl Driver {
         self.features & feature != 0
     }
 
-    /// Queue indices: inflate 0, deflate 1, then statistics and reporting when negotiated.
+    /// Queue indices: inflate 0, deflate 1, then statistics, free page hinting and reporting
+    /// as negotiated (virtio 1.2 §5.5.2).
     fn stats_queue(&self) -> Option<usize> {
         self.has(F_STATS_VQ).then_some(2)
     }
 
-    fn report_queue(&self) -> Option<usize> {
-        self.has(F_PAGE_REPORTING)
+    fn hint_queue(&self) -> Option<usize> {
+        self.has(F_FREE_PAGE_HINT)
             .then_some(2 + usize::from(self.has(F_STATS_VQ)))
+    }
+
+    fn report_queue(&self) -> Option<usize> {
+        self.has(F_PAGE_REPORTING).then_some(
+            2 + usize::from(self.has(F_STATS_VQ)) + usize::from(self.has(F_FREE_PAGE_HINT)),
+        )
     }
 
     /// Reset, feature negotiation, queues, DRIVER_OK (virtio 1.2 §3.1.1).
@@ -137,8 +150,10 @@ impl Driver {
             self.write(reg::STATUS, ACKNOWLEDGE | DRIVER | FAILED);
             return Err(Failure(balloon_error::FEATURES_REJECTED, self.features));
         }
-        self.queue_count =
-            2 + usize::from(self.has(F_STATS_VQ)) + usize::from(self.has(F_PAGE_REPORTING));
+        self.queue_count = 2
+            + usize::from(self.has(F_STATS_VQ))
+            + usize::from(self.has(F_FREE_PAGE_HINT))
+            + usize::from(self.has(F_PAGE_REPORTING));
         for index in 0..self.queue_count {
             self.setup_queue(index)?;
         }
@@ -326,6 +341,48 @@ impl Driver {
         let Some(queue) = self.report_queue() else {
             return Err(Failure(balloon_error::NO_FEATURE, 5));
         };
+        self.send_ranges(queue, addr, size)
+    }
+
+    /// Hints `[addr, addr + size)` free in the host's hinting run (the VMM was asked to start
+    /// one): its id, the ranges as [`Self::report`] sends them, STOP; then waits until the
+    /// host ends the run, after which the pages are the guest's again.
+    fn hint(&mut self, addr: u64, size: u64) -> Outcome {
+        let Some(queue) = self.hint_queue() else {
+            return Err(Failure(balloon_error::NO_FEATURE, 3));
+        };
+        let mut run = self.read(CONFIG_HINT_CMD);
+        for _ in 0..POLL_LIMIT {
+            if run > HINT_DONE {
+                break;
+            }
+            run = self.read(CONFIG_HINT_CMD);
+        }
+        if run <= HINT_DONE {
+            return Err(Failure(balloon_error::NO_HINTING_RUN, run.into()));
+        }
+        self.hint_command(queue, run)?;
+        self.send_ranges(queue, addr, size)?;
+        self.hint_command(queue, HINT_STOP)?;
+        for _ in 0..POLL_LIMIT {
+            let now = self.read(CONFIG_HINT_CMD);
+            if now != run {
+                return Ok(size / PAGE_SIZE);
+            }
+        }
+        Err(Failure(balloon_error::NO_HINTING_RUN, run.into()))
+    }
+
+    /// Sends free page hinting command `cmd` (a device-readable `le32`).
+    fn hint_command(&mut self, queue: usize, cmd: u32) -> Outcome {
+        write32(BALLOON_HINT_CMD_BUFFER, cmd);
+        self.descriptor(queue, 0, BALLOON_HINT_CMD_BUFFER, 4, 0, true);
+        self.submit(queue)
+    }
+
+    /// Sends `[addr, addr + size)` on `queue` as device-writable ranges that do not cross a
+    /// 4 MiB boundary, up to 32 in a chain.
+    fn send_ranges(&mut self, queue: usize, addr: u64, size: u64) -> Outcome {
         let end = addr + size;
         let mut at = addr;
         while at < end {
@@ -412,6 +469,7 @@ impl Driver {
             step_kind::BALLOON_DEFLATE => self.deflate(step.size / PAGE_SIZE),
             step_kind::BALLOON_TO_TARGET => self.to_target(),
             step_kind::BALLOON_REPORT => self.report(step.addr, step.size),
+            step_kind::BALLOON_HINT => self.hint(step.addr, step.size),
             step_kind::BALLOON_BREAK => self.break_queue(),
             _ => self.raw(step),
         }
@@ -421,6 +479,7 @@ impl Driver {
 /// Whether `kind` is a balloon step.
 pub fn is_balloon_step(kind: u32) -> bool {
     (step_kind::BALLOON_PROBE..=step_kind::BALLOON_BREAK).contains(&kind)
+        || kind == step_kind::BALLOON_HINT
 }
 
 /// Runs a balloon step; returns the pages handled, or the failure.

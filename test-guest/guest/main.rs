@@ -200,6 +200,9 @@ fn run_device_step(step: &Step, vcpu: u32, tally: &mut Tally) {
     let (device, result) = if hotplug::is_hotplug_step(step.kind) {
         ("hotplug", hotplug::run_step(step))
     } else {
+        if step.kind == step_kind::BALLOON_HINT {
+            report(vcpu, report_code::HINTING_RUN, 0);
+        }
         ("balloon", balloon::run_step(step))
     };
     match result {

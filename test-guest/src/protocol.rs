@@ -88,6 +88,8 @@ pub const BALLOON_PFN_BUFFER: u64 = BALLOON_AREA_START + 4 * BALLOON_QUEUE_STRID
 pub const BALLOON_PFN_BUFFER_ENTRIES: u64 = 1024;
 /// The statistics buffer.
 pub const BALLOON_STATS_BUFFER: u64 = BALLOON_PFN_BUFFER + 0x1000;
+/// The free page hinting command buffer (an `le32`: the run the guest hints for, or STOP).
+pub const BALLOON_HINT_CMD_BUFFER: u64 = BALLOON_STATS_BUFFER + 0x100;
 /// The largest queue size the driver uses (Linux over virtio-mmio takes 1024 when offered).
 pub const BALLOON_QUEUE_SIZE: u32 = 1024;
 /// Page frame numbers per inflate or deflate buffer (as Linux: `VIRTIO_BALLOON_ARRAY_PFNS_MAX`).
@@ -98,8 +100,8 @@ pub const BALLOON_REPORT_BATCH: u64 = 32;
 /// multiple of it.
 pub const BALLOON_REPORT_MAX_RANGE: u64 = 0x40_0000;
 /// Features the balloon driver understands (VERSION_1, MUST_TELL_HOST, STATS_VQ,
-/// DEFLATE_ON_OOM, PAGE_REPORTING); a probe step's `pattern` selects a subset.
-pub const BALLOON_DRIVER_FEATURES: u64 = 1 << 32 | 1 << 0 | 1 << 1 | 1 << 2 | 1 << 5;
+/// DEFLATE_ON_OOM, FREE_PAGE_HINT, PAGE_REPORTING); a probe step's `pattern` selects a subset.
+pub const BALLOON_DRIVER_FEATURES: u64 = 1 << 32 | 1 << 0 | 1 << 1 | 1 << 2 | 1 << 3 | 1 << 5;
 /// Start of the virtio-mem driver's area: its queue's descriptor table, then the rings at
 /// [`HOTPLUG_AVAIL_OFFSET`] and [`HOTPLUG_USED_OFFSET`], then the request and the response.
 pub const HOTPLUG_AREA_START: u64 = 0x1f_0000;
@@ -230,6 +232,13 @@ pub mod step_kind {
     /// step fails unless the answer's type is `(pattern >> 32) & 0xffff`. It needs a
     /// [`HOTPLUG_TO_REQUESTED`] step before it (which probes the device).
     pub const HOTPLUG_RAW: u32 = 15;
+    /// Hint `[addr, addr + size)` free in a free page hinting run (virtio 1.2 §5.5.6.6): the
+    /// guest asks the VMM for a run (report code HINTING_RUN; a VMM that does not take the
+    /// code, e.g. another one booting the image, starts runs through its API), waits for its
+    /// id in the configuration space, sends the id, chains of up to 32 device-writable ranges
+    /// of up to 4 MiB, and STOP, then waits until the host ends the run (DONE), after which
+    /// the pages are the guest's again.
+    pub const BALLOON_HINT: u32 = 16;
 }
 
 /// Error codes of virtio-mem steps (reported as FIRST_MISMATCH_ADDR).
@@ -265,6 +274,9 @@ pub mod balloon_error {
     pub const TIMEOUT: u64 = 6;
     /// The step needs a feature that was not negotiated; detail: the feature bit.
     pub const NO_FEATURE: u64 = 7;
+    /// No free page hinting run started, or the run did not end; detail: the host's
+    /// command last read.
+    pub const NO_HINTING_RUN: u64 = 8;
 }
 
 /// Raw chain options (`Step::pattern` of [`step_kind::BALLOON_RAW`]).
@@ -314,8 +326,11 @@ pub mod report_code {
     pub const EXIT: u64 = 7;
     /// Pages this vCPU handled so far in the current step (all its runs).
     pub const STEP_PROGRESS: u64 = 8;
+    /// A hint step asks for a free page hinting run, which ends once the guest says STOP; the
+    /// VMM starts it before the write returns. Value: unused.
+    pub const HINTING_RUN: u64 = 9;
     /// Number of codes.
-    pub const COUNT: u64 = 9;
+    pub const COUNT: u64 = 10;
 }
 
 /// Exit statuses.
@@ -375,7 +390,7 @@ pub const fn step_is_valid(step: &Step, vcpus: u32) -> bool {
         step_kind::BALLOON_INFLATE | step_kind::BALLOON_DEFLATE => aligned,
         step_kind::HOTPLUG_TO_REQUESTED => aligned && step.size > 0,
         step_kind::HOTPLUG_RAW => true,
-        step_kind::BALLOON_REPORT => {
+        step_kind::BALLOON_REPORT | step_kind::BALLOON_HINT => {
             aligned
                 && step.size > 0
                 && step.addr >= WORKLOAD_MIN_ADDR

@@ -230,6 +230,60 @@ fn the_guest_inflates_to_the_target_set_from_the_command_line_and_frames_return_
 }
 
 #[test]
+fn a_hint_step_gives_the_hinted_frames_back_in_a_run_it_asks_the_vmm_for() {
+    if !kvm_available("a_hint_step_gives_the_hinted_frames_back") {
+        return;
+    }
+    let scratch = Scratch::new("balloon-hint-step");
+    let socket = scratch.path("api.sock");
+    let (vmm, api) = VmmRun::start_paused(
+        &[
+            "--memory",
+            "128M",
+            "--balloon",
+            "free_page_hinting=on",
+            "--workload",
+            "write:2M+64M,checkpoint:1,hint:2M+64M,checkpoint:2,verify-zero:2M+64M,\
+             write:2M+64M:7,verify:2M+64M:7",
+        ],
+        &socket,
+    );
+    let before = pool_free(&api).1;
+    assert_eq!(
+        get(&api, "/balloon/hinting/status"),
+        serde_json::json!({"host_cmd": 0})
+    );
+    resume_to_next_checkpoint(&api);
+    // The guest asked for a run, hinted, said STOP; the run ended by itself (acknowledged on
+    // stop) and the 32 hinted chunks are back in the pool.
+    assert_eq!(
+        get(&api, "/balloon/hinting/status"),
+        serde_json::json!({"host_cmd": 1, "guest_cmd": 0})
+    );
+    assert_eq!(pool_free(&api).1 - before, 32);
+    assert_eq!(get(&api, "/memory")["guest"]["discarded_chunks"], 32);
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let run = vmm.wait(Duration::from_secs(120));
+    run.assert_success();
+    // Without free_page_hinting=on the step is refused before the VM starts.
+    let refused = VmmRun::run(&[
+        "--memory",
+        "64M",
+        "--balloon",
+        "size=0",
+        "--workload",
+        "hint:2M+16M",
+    ]);
+    assert_eq!(refused.code, Some(2), "{refused:#?}");
+    assert!(
+        refused
+            .stderr
+            .contains("needs --balloon free_page_hinting=on"),
+        "{refused:#?}"
+    );
+}
+
+#[test]
 fn bad_balloon_options_and_balloon_steps_without_a_balloon_exit_with_status_2() {
     let cases: [(&[&str], &str); 9] = [
         (

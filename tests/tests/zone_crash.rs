@@ -1,6 +1,7 @@
 //! End-to-end: a VM's memory in a persistent zone survives SIGKILLs of its VMM at random
-//! moments (during zone creation, population, free page reporting, balloon inflation and
-//! deflation), with no frame lost or leaked, and the guest finds its RAM as it was.
+//! moments (during zone creation, population, free page reporting, free page hinting, balloon
+//! inflation and deflation), with no frame lost or leaked, and the guest finds its RAM as it
+//! was.
 //!
 //! `LLFREE_VMM_CRASHES=N` sets the number of kills (default 100); `LLFREE_VMM_CRASH_SEED=S`
 //! repeats a run's random choices (its seed is printed).
@@ -22,10 +23,12 @@ const MEMORY: &str = "160M";
 const STABLE: &str = "2M+16M";
 const STABLE_PATTERN: &str = "0x57AB1E";
 /// What the VM does while it is killed: population (first writes after discards), free page
-/// reporting (discards), balloon inflation and deflation, over RAM outside the stable part.
+/// reporting and hinting (discards), balloon inflation and deflation, over RAM outside the
+/// stable part.
 const CHAOS: &str = "write:18M+64M:0xC4A05,report:18M+64M,inflate:32M,write:18M+64M:0xC4A06,\
-                     deflate:32M,report:18M+32M,write:18M+64M:0xC4A07";
-const BALLOON: &str = "free_page_reporting=on";
+                     deflate:32M,hint:18M+64M,write:18M+64M:0xC4A08,report:18M+32M,\
+                     write:18M+64M:0xC4A07";
+const BALLOON: &str = "free_page_reporting=on,free_page_hinting=on";
 
 fn vmm(args: &[&str]) -> vmm_common::Finished {
     client(args)
@@ -46,11 +49,9 @@ fn assert_consistent(info: &serde_json::Value, what: &str) {
     for damage in ["repaired_entries", "damaged_chunks", "orphaned_frames"] {
         assert_eq!(info["recovery"][damage], 0, "{what}: {info:#}");
     }
-    assert_eq!(
-        info["damaged_vms"],
-        serde_json::json!([]),
-        "{what}: {info:#}"
-    );
+    for damaged in ["damaged_vms", "damaged_slots"] {
+        assert_eq!(info[damaged], serde_json::json!([]), "{what}: {info:#}");
+    }
     let owned: u64 = info["vms"]
         .as_array()
         .unwrap()

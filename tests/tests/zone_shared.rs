@@ -100,8 +100,9 @@ fn four_vmms_overcommit_one_zone_and_finish_because_they_report() {
 
 /// Written first by every VM, verified at its end and after a restart.
 const STABLE: &str = "2M+8M";
-/// After the stable part: churn that allocates and gives back.
-const CHURN: &str = "write:10M+16M:0xc4,report:10M+16M,write:10M+16M:0xc5,report:10M+16M,\
+/// After the stable part: churn that allocates and gives back (free page reporting and
+/// hinting).
+const CHURN: &str = "write:10M+16M:0xc4,report:10M+16M,write:10M+16M:0xc5,hint:10M+16M,\
                      write:10M+16M:0xc6,report:10M+16M,write:10M+16M:0xc7";
 
 fn vm_args<'a>(zone: &'a str, name: &'a str, workload: &'a str) -> Vec<&'a str> {
@@ -113,7 +114,7 @@ fn vm_args<'a>(zone: &'a str, name: &'a str, workload: &'a str) -> Vec<&'a str> 
         "--memory",
         "32M",
         "--balloon",
-        "free_page_reporting=on",
+        "free_page_reporting=on,free_page_hinting=on",
         "--workload",
         workload,
     ]

@@ -543,6 +543,8 @@ pub struct RunArgs {
     ///   balloon-target[@VCPU]          inflate or deflate to the target (--balloon size=,
     ///                                  `vmm balloon set`, PATCH /balloon)
     ///   report[@VCPU]:RANGE            report RANGE free (needs free_page_reporting=on)
+    ///   hint[@VCPU]:RANGE              hint RANGE free in a free page hinting run the VMM
+    ///                                  starts (needs free_page_hinting=on)
     ///   answer-stats[@VCPU][:COUNT]    answer COUNT (default 1) statistics requests, waiting
     ///                                  for each (needs stats_polling_interval_s=N)
     /// The guest probes the balloon before its first balloon step; the balloon takes its pages

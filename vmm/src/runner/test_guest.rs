@@ -31,8 +31,9 @@ pub(super) fn run(
 ) -> Result<RunOutcome, RunError> {
     let start_session = session.clone();
     let devices_session = session.clone();
-    // Weak: the session keeps the report device, which keeps this hook.
+    // Weak: the session keeps the report device, which keeps these hooks.
     let checkpoint_session = Arc::downgrade(session);
+    let hinting_session = Arc::downgrade(session);
     let paused = resumed.as_ref().is_some_and(|r| r.paused);
     let resumption = match resumed {
         Some(resumed) => Some(Resumption {
@@ -69,6 +70,17 @@ pub(super) fn run(
                         ));
                     }
                 }
+            }
+        })),
+        // A hint step's run ends once the guest says STOP.
+        on_hinting_run: Some(Arc::new(move || {
+            let Some(session) = hinting_session.upgrade() else {
+                return;
+            };
+            match session.balloon_handle().map(|b| b.start_hinting(true)) {
+                Some(Ok(run)) => log::debug!("free page hinting run {run} started for the guest"),
+                Some(Err(e)) => log::warn!("the test guest asked for a hinting run: {e}"),
+                None => log::warn!("the test guest asked for a hinting run, but has no balloon"),
             }
         })),
         on_progress: Some({
@@ -151,7 +163,9 @@ fn verify_failure(report: &Report, workload: &Workload) -> String {
         None if kind == step_kind::BALLOON_PROBE => "the balloon probe".to_owned(),
         None => format!("step {}", step + 1),
     };
-    if (step_kind::BALLOON_PROBE..=step_kind::BALLOON_BREAK).contains(&kind) {
+    if (step_kind::BALLOON_PROBE..=step_kind::BALLOON_BREAK).contains(&kind)
+        || kind == step_kind::BALLOON_HINT
+    {
         return format!(
             "{name}: the balloon driver failed: {}",
             first.map_or_else(|| "no reason given".into(), balloon_failure)
@@ -187,6 +201,10 @@ fn balloon_failure(report: Mismatch) -> String {
         ),
         balloon_error::TIMEOUT => format!("the device did not return a buffer on queue {detail}"),
         balloon_error::NO_FEATURE => format!("feature bit {detail} was not negotiated"),
+        balloon_error::NO_HINTING_RUN => format!(
+            "no free page hinting run started, or the run did not end (the host's command was \
+             {detail})"
+        ),
         code => format!("error {code} ({detail:#x})"),
     }
 }

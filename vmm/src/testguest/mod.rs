@@ -21,7 +21,8 @@ pub mod workload;
 pub use test_guest::{protocol, IMAGE};
 
 pub use report::{
-    exit_code, CheckpointHook, Mismatch, Progress, Report, ReportSnapshot, StepReport, VcpuReport,
+    exit_code, CheckpointHook, HintingHook, Mismatch, Progress, Report, ReportSnapshot, StepReport,
+    VcpuReport,
 };
 pub use spec::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 pub use workload::{Workload, WorkloadError};
@@ -150,6 +151,8 @@ pub struct RunOptions {
     pub on_start: Option<StartHook>,
     /// Called at every checkpoint step.
     pub on_checkpoint: Option<CheckpointHook>,
+    /// Called when a hint step asks for a free page hinting run.
+    pub on_hinting_run: Option<HintingHook>,
     /// Called about every [`PROGRESS_INTERVAL`] with how far the guest is.
     pub on_progress: Option<ProgressHook>,
     /// Where the guest's serial output goes as it is written; `None` collects it in
@@ -178,6 +181,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             on_start: None,
             on_checkpoint: None,
+            on_hinting_run: None,
             on_progress: None,
             serial_output: None,
             add_devices: None,
@@ -263,11 +267,10 @@ where
     vm.fd()
         .register_irqfd(serial.irq_evt(), SERIAL_IRQ)
         .map_err(|e| TestGuestError::Devices(format!("KVM_IRQFD: {e}")))?;
-    let reports = Arc::new(ReportDevice::new(
-        vcpus,
-        workload.steps().len(),
-        options.on_checkpoint,
-    ));
+    let reports = Arc::new(
+        ReportDevice::new(vcpus, workload.steps().len(), options.on_checkpoint)
+            .with_hinting_hook(options.on_hinting_run),
+    );
     if let Some(resumption) = &options.resumption {
         let restore_error = |e: &dyn std::fmt::Display| TestGuestError::Devices(e.to_string());
         serial

@@ -16,6 +16,10 @@ use crate::vm::control::{StopReason, VmControl};
 /// wait at the guest's barrier.
 pub type CheckpointHook = Arc<dyn Fn(u64) + Send + Sync>;
 
+/// A hinting hook: runs on the vCPU thread of a hint step that asks for a free page hinting
+/// run, before the guest looks for it.
+pub type HintingHook = Arc<dyn Fn() + Send + Sync>;
+
 /// The first page a verification found wrong.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mismatch {
@@ -178,6 +182,7 @@ pub struct ReportDevice {
     restored_protocol_errors: AtomicU64,
     control: OnceLock<Arc<VmControl>>,
     on_checkpoint: Option<CheckpointHook>,
+    on_hinting_run: Option<HintingHook>,
 }
 
 impl std::fmt::Debug for ReportDevice {
@@ -210,7 +215,14 @@ impl ReportDevice {
             restored_protocol_errors: AtomicU64::new(0),
             control: OnceLock::new(),
             on_checkpoint,
+            on_hinting_run: None,
         }
+    }
+
+    /// The device with `hook` run when the guest asks for a free page hinting run.
+    pub fn with_hinting_hook(mut self, hook: Option<HintingHook>) -> Self {
+        self.on_hinting_run = hook;
+        self
     }
 
     /// Connects the device to the VM it stops when the guest exits.
@@ -364,6 +376,12 @@ impl ReportDevice {
                     hook(value);
                 }
             }
+            report_code::HINTING_RUN => {
+                drop(state);
+                if let Some(hook) = &self.on_hinting_run {
+                    hook();
+                }
+            }
             report_code::EXIT => {
                 if state.report.exit_status.is_some() {
                     drop(state);
@@ -507,6 +525,28 @@ mod tests {
             report.exit_code(),
             exit_code::GUEST_ERROR,
             "vCPU 0 never exited"
+        );
+    }
+
+    #[test]
+    fn a_hinting_request_calls_its_hook_and_counts_as_no_step() {
+        let asked = Arc::new(AtomicU64::new(0));
+        let hook_asked = asked.clone();
+        let hook: HintingHook = Arc::new(move || {
+            hook_asked.fetch_add(1, Ordering::Relaxed);
+        });
+        let device = ReportDevice::new(1, 1, None).with_hinting_hook(Some(hook));
+        send(&device, 0, report_code::HINTING_RUN, 0);
+        send(&device, 0, report_code::STEP_DONE, 0);
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+        let (reports, errors) = device.reports();
+        assert_eq!((reports[0].steps[0].done, errors), (true, 0));
+        // Without a hook, the request is taken and nothing happens.
+        send(
+            &ReportDevice::new(1, 1, None),
+            0,
+            report_code::HINTING_RUN,
+            0,
         );
     }
 

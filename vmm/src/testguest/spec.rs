@@ -8,7 +8,8 @@
 //! BASE     := KIND[@VCPU]:RANGE[:PATTERN]  |  checkpoint[@VCPU]:ID  |  BALLOON  |  HOTPLUG
 //! KIND     := write | verify | verify-zero | read
 //! BALLOON  := inflate[@VCPU]:SIZE | deflate[@VCPU]:SIZE | balloon-target[@VCPU]
-//!           | report[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT] | break-balloon[@VCPU]
+//!           | report[@VCPU]:RANGE | hint[@VCPU]:RANGE | answer-stats[@VCPU][:COUNT]
+//!           | break-balloon[@VCPU]
 //! HOTPLUG  := hotplug-target[@VCPU]
 //!           | hotplug-request[@VCPU]:REQUEST:ADDRESS:BLOCKS:ANSWER
 //! REQUEST  := plug | unplug | unplug-all | state | a number (any request type)
@@ -60,7 +61,7 @@ pub enum WorkloadSpecError {
     /// A step's kind is unknown.
     #[error(
         "unknown workload step '{0}': expected write, verify, verify-zero, read, checkpoint, \
-         inflate, deflate, balloon-target, report, answer-stats, break-balloon, \
+         inflate, deflate, balloon-target, report, hint, answer-stats, break-balloon, \
          hotplug-target or hotplug-request"
     )]
     UnknownKind(String),
@@ -146,6 +147,7 @@ enum Action {
     Deflate(u64),
     BalloonTarget,
     Report(Range),
+    Hint(Range),
     AnswerStats(u64),
     BreakBalloon,
     HotplugTarget,
@@ -317,6 +319,7 @@ fn parse_base(text: &str, base: &str) -> Result<StepSpec, WorkloadSpecError> {
         "inflate" => no_pattern(Action::Inflate(size()?))?,
         "deflate" => no_pattern(Action::Deflate(size()?))?,
         "report" => no_pattern(Action::Report(range()?))?,
+        "hint" => no_pattern(Action::Hint(range()?))?,
         _ => return Err(WorkloadSpecError::UnknownKind(text.to_owned())),
     };
     Ok(StepSpec {
@@ -546,6 +549,10 @@ fn resolve_step(
         Action::Report(range) => {
             let (start, size) = resolve(range)?;
             workload.report(start, size)
+        }
+        Action::Hint(range) => {
+            let (start, size) = resolve(range)?;
+            workload.hint(start, size)
         }
         Action::AnswerStats(count) => workload.balloon_stats(count),
         Action::BreakBalloon => workload.balloon_break(),

@@ -127,6 +127,7 @@ pub fn kind_name(kind: u32) -> &'static str {
         step_kind::BALLOON_STATS => "balloon-stats",
         step_kind::BALLOON_RAW => "balloon-raw",
         step_kind::BALLOON_BREAK => "break-balloon",
+        step_kind::BALLOON_HINT => "hint",
         step_kind::HOTPLUG_TO_REQUESTED => "hotplug-target",
         step_kind::HOTPLUG_RAW => "hotplug-request",
         _ => "unknown",
@@ -212,6 +213,11 @@ impl Workload {
     /// Reports `[addr, addr + size)` free through free page reporting.
     pub fn report(self, addr: u64, size: u64) -> Self {
         self.push(step_kind::BALLOON_REPORT, addr, size, 0)
+    }
+
+    /// Hints `[addr, addr + size)` free in a free page hinting run the VMM is asked to start.
+    pub fn hint(self, addr: u64, size: u64) -> Self {
+        self.push(step_kind::BALLOON_HINT, addr, size, 0)
     }
 
     /// Answers `count` statistics requests of the device, waiting for each.
@@ -345,7 +351,8 @@ fn ram_range(step: &Step) -> Option<(u64, u64)> {
         | step_kind::VERIFY
         | step_kind::VERIFY_ZERO
         | step_kind::READ
-        | step_kind::BALLOON_REPORT => Some((step.addr, step.size)),
+        | step_kind::BALLOON_REPORT
+        | step_kind::BALLOON_HINT => Some((step.addr, step.size)),
         step_kind::BALLOON_PROBE => Some((WORKLOAD_MIN_ADDR, step.size - WORKLOAD_MIN_ADDR)),
         _ => None,
     }

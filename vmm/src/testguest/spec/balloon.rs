@@ -16,6 +16,8 @@ pub(super) enum Need {
     Device,
     /// Free page reporting.
     Reporting,
+    /// Free page hinting.
+    Hinting,
     /// Statistics.
     Statistics,
 }
@@ -27,6 +29,7 @@ pub(super) fn need(action: Action) -> Need {
             Need::Device
         }
         Action::Report(_) => Need::Reporting,
+        Action::Hint(_) => Need::Hinting,
         Action::AnswerStats(_) => Need::Statistics,
         Action::Write(..)
         | Action::Verify(..)
@@ -59,6 +62,7 @@ pub(super) fn check(
     };
     match need {
         Need::Reporting if !balloon.free_page_reporting => off("free_page_reporting=on"),
+        Need::Hinting if !balloon.free_page_hinting => off("free_page_hinting=on"),
         Need::Statistics if balloon.stats_polling_interval_s == 0 => {
             off("stats_polling_interval_s=N (N > 0)")
         }

@@ -201,7 +201,7 @@ fn ranges_are_checked_against_memory_and_vcpus() {
 #[test]
 fn balloon_steps_are_preceded_by_one_probe_of_the_balloon_slot() {
     let text = "write:all,inflate:64M,checkpoint:1,balloon-target@1,deflate:4K,report:8M+16M,\
-                answer-stats,answer-stats@1:3";
+                answer-stats,answer-stats@1:3,hint@1:4M+8M";
     let workload = resolve(text, 128 * MIB, 2).unwrap();
     let kinds: Vec<u32> = workload.steps().iter().map(|s| s.kind).collect();
     assert_eq!(
@@ -216,6 +216,7 @@ fn balloon_steps_are_preceded_by_one_probe_of_the_balloon_slot() {
             step_kind::BALLOON_REPORT,
             step_kind::BALLOON_STATS,
             step_kind::BALLOON_STATS,
+            step_kind::BALLOON_HINT,
         ]
     );
     let steps = workload.steps();
@@ -232,6 +233,10 @@ fn balloon_steps_are_preceded_by_one_probe_of_the_balloon_slot() {
     assert_eq!((steps[6].addr, steps[6].size), (8 * MIB, 16 * MIB));
     assert_eq!((steps[7].pattern, steps[8].pattern), (1, 3));
     assert_eq!(steps[8].vcpu, 1);
+    assert_eq!(
+        (steps[9].addr, steps[9].size, steps[9].vcpu),
+        (4 * MIB, 8 * MIB, 1)
+    );
     // Above 3 GiB of RAM the balloon's area ends at the MMIO gap.
     let big = resolve("inflate:4K", 6 << 30, 1).unwrap();
     assert_eq!(big.steps()[0].size, 3 << 30);
