@@ -122,7 +122,13 @@ pub fn check_output(what: &'static str, path: &Path) -> Result<(), HostFileError
     check_named(what, path)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) => check_regular(what, path, meta.file_type()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        // Missing, or under something that is no directory.
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
             let dir = match path.parent() {
                 Some(parent) if !parent.as_os_str().is_empty() => parent,
                 _ => Path::new("."),
@@ -131,6 +137,7 @@ pub fn check_output(what: &'static str, path: &Path) -> Result<(), HostFileError
                 Ok(meta) if meta.is_dir() => return Ok(()),
                 Ok(_) => "is not a directory",
                 Err(e) if e.kind() == io::ErrorKind::NotFound => "does not exist",
+                Err(e) if e.kind() == io::ErrorKind::NotADirectory => "is not a directory",
                 Err(source) => {
                     return Err(HostFileError::Io {
                         what,

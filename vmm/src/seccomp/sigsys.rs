@@ -53,6 +53,14 @@ fn start_exit_watcher() -> io::Result<()> {
     std::thread::Builder::new()
         .name("vmm-exit".into())
         .spawn(move || {
+            // Process-directed signals (SIGINT, SIGTERM) are for the threads that wait for
+            // them: blocked here, whichever thread started this one.
+            // SAFETY: a full signal set, initialised by sigfillset, blocked on this thread.
+            unsafe {
+                let mut all = std::mem::zeroed::<libc::sigset_t>();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
             IS_EXIT_WATCHER.set(true);
             loop {
                 if event.read().is_ok() {
