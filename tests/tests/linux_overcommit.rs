@@ -20,9 +20,9 @@ use clap::Parser;
 use guest_mem::{Backing, Pool, PoolConfig, Scrub};
 use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
 use vmm::config::VmConfig;
-use vmm::devices::serial::SharedBuffer;
 use vmm::runner::{run_on, ResetCause, RunOutcome, SPARE_CORES};
 use vmm_cli::{ApiClient, Cli, Command};
+use vmm_devices::serial::SharedBuffer;
 
 const MIB: u64 = 1 << 20;
 

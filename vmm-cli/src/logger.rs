@@ -232,7 +232,7 @@ mod tests {
             for (target, level, line) in [
                 ("virtio_queue::queue", Level::Error, 100),
                 ("virtio_balloon::device", Level::Error, 384),
-                ("vmm::devices::balloon::device", Level::Warn, 100),
+                ("vmm_devices::balloon::device", Level::Warn, 100),
             ] {
                 logger.log(
                     &Record::builder()

@@ -7,9 +7,9 @@ use vmm::config::{
 };
 
 use crate::args::{PopulateArg, RunArgs};
-use vmm::devices::rate_limiter::RateLimiterConfig;
 use vmm::testguest::image::{guest_for_kernel, ImageError};
 use vmm::testguest::WorkloadSpecError;
+use vmm_devices::rate_limiter::RateLimiterConfig;
 
 /// Errors of `vmm run`'s flags.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +54,8 @@ impl TryFrom<RunArgs> for VmConfig {
             .hotplug
             .as_deref()
             .map(|text| HotplugConfig::parse(text, args.backing.frame_size()))
-            .transpose()?;
+            .transpose()
+            .map_err(ConfigError::from)?;
         let hotplug_region =
             hotplug.map(|h| vmm::layout::hotplug_region(args.memory, args.pmem, h.total_size));
         let guest = match args.kernel {
@@ -81,17 +82,18 @@ impl TryFrom<RunArgs> for VmConfig {
             check_api_socket(socket)?;
         }
         if let Some(balloon) = &args.balloon {
-            balloon.check_fits(args.memory)?;
+            balloon.check_fits(args.memory).map_err(ConfigError::from)?;
         }
         let network_interfaces = args
             .net
             .iter()
             .enumerate()
             .map(|(index, text)| NetConfig::parse(text, index))
-            .collect::<Result<Vec<_>, _>>()?;
-        check_network_interfaces(&network_interfaces)?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConfigError::from)?;
+        check_network_interfaces(&network_interfaces).map_err(ConfigError::from)?;
         let mut drives = args.drives;
-        check_drives(&drives)?;
+        check_drives(&drives).map_err(ConfigError::from)?;
         // The root drive comes first: it is /dev/vda.
         drives.sort_by_key(|drive| !drive.root);
         Ok(VmConfig {

@@ -1,5 +1,6 @@
 //! The VMM's own counters for Firecracker's metrics (`PUT /metrics`): what the API served, what
-//! the vCPUs exited for, what the legacy devices did, how long pauses and snapshots took. One
+//! the vCPUs exited for, how long pauses and snapshots took (the devices count theirs:
+//! [`vmm_devices::metrics`]). One
 //! VMM process runs one VM, so they are process-wide, as Firecracker's are; every counter is a
 //! relaxed atomic add (no lock, no allocation on a vCPU's exit path). The counters only grow:
 //! the metrics writer (`runner::metrics`) turns them into Firecracker's per-flush deltas.
@@ -8,37 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A count that only grows.
-#[derive(Debug)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Zero.
-    pub const fn new() -> Self {
-        Counter(AtomicU64::new(0))
-    }
-
-    /// Adds one.
-    pub fn inc(&self) {
-        self.add(1);
-    }
-
-    /// Adds `n`.
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// The count so far.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-impl Default for Counter {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+pub use vmm_devices::metrics::Counter;
 
 /// The shortest, longest and total time of something that happens often (Firecracker's
 /// `LatencyAggregateMetrics`), in microseconds.
@@ -196,39 +167,6 @@ pub struct VcpuMetrics {
     pub exit_mmio_write_agg: Durations,
 }
 
-/// What a legacy device (the i8042, the serial port) did, with Firecracker's names.
-#[derive(Debug)]
-pub struct LegacyDeviceMetrics {
-    /// Reads of its registers.
-    pub read_count: Counter,
-    /// Writes to its registers.
-    pub write_count: Counter,
-    /// Reads it could not answer (e.g. of the wrong size).
-    pub missed_read_count: Counter,
-    /// Writes it could not take (e.g. of the wrong size).
-    pub missed_write_count: Counter,
-    /// CPU resets the guest asked for (the i8042 only).
-    pub reset_count: Counter,
-    /// Errors (e.g. the serial port's output could not be written).
-    pub error_count: Counter,
-    /// Output bytes a rate limiter dropped (the serial port's, `PUT /serial`).
-    pub rate_limiter_dropped_bytes: Counter,
-}
-
-impl LegacyDeviceMetrics {
-    const fn new() -> Self {
-        LegacyDeviceMetrics {
-            read_count: Counter::new(),
-            write_count: Counter::new(),
-            missed_read_count: Counter::new(),
-            missed_write_count: Counter::new(),
-            reset_count: Counter::new(),
-            error_count: Counter::new(),
-            rate_limiter_dropped_bytes: Counter::new(),
-        }
-    }
-}
-
 /// Operations whose last duration Firecracker reports in `latencies_us`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operation {
@@ -345,10 +283,6 @@ pub struct ProcessMetrics {
     pub api: ApiMetrics,
     /// The vCPUs.
     pub vcpu: VcpuMetrics,
-    /// The i8042 controller.
-    pub i8042: LegacyDeviceMetrics,
-    /// The serial port.
-    pub uart: LegacyDeviceMetrics,
     /// Pauses, resumes and snapshots.
     pub latencies: Latencies,
     /// API requests whose handling panicked (answered 500).
@@ -382,8 +316,6 @@ pub static METRICS: ProcessMetrics = ProcessMetrics {
         exit_mmio_read_agg: Durations::new(),
         exit_mmio_write_agg: Durations::new(),
     },
-    i8042: LegacyDeviceMetrics::new(),
-    uart: LegacyDeviceMetrics::new(),
     latencies: Latencies {
         api_us: [const { AtomicU64::new(0) }; Operation::ALL.len()],
         vmm_us: [const { AtomicU64::new(0) }; Operation::ALL.len()],

@@ -15,10 +15,10 @@ use kvm_bindings::kvm_run;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::arch::x86_64::state::VcpuState;
-use crate::devices::Bus;
 use crate::metrics::METRICS;
 use crate::seccomp::ThreadKind;
 use crate::vm::control::{Checkpoint, StopReason, VmControl};
+use vmm_devices::Bus;
 
 /// The device buses vCPUs dispatch exits to.
 #[derive(Debug, Default)]

@@ -11,12 +11,12 @@ use std::time::Duration;
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig, PoolStats};
 use virtio_balloon::BalloonConfig;
 use vm_memory::GuestAddress;
-use vmm::devices::balloon::testing::EventLoopThread;
-use vmm::devices::balloon::BalloonHandle;
 use vmm::layout::{virtio_mmio_base, BALLOON_SLOT};
 use vmm::runner::VirtioMmioDevices;
 use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
 use vmm::testguest::{self, Report, RunOptions, Workload};
+use vmm_devices::balloon::testing::EventLoopThread;
+use vmm_devices::balloon::BalloonHandle;
 
 pub const MIB: u64 = 1 << 20;
 

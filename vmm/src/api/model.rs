@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use virtio_balloon::Violations;
 
 use crate::config::{GuestConfig, VmConfig};
-use crate::devices::pmem::PmemHandle;
+use vmm_devices::pmem::PmemHandle;
 
 mod preboot;
 

@@ -17,15 +17,15 @@ use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
     ConfigError, DriveConfig, GuestConfig, HotplugConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
-use crate::devices::rate_limiter::RateLimiterConfig;
 use crate::testguest::image::guest_for_kernel;
 use crate::testguest::WorkloadSpec;
+use vmm_devices::rate_limiter::RateLimiterConfig;
 
 /// MiB in bytes.
 const MIB: u64 = 1 << 20;
 
-fn invalid(error: ConfigError) -> ControlError {
-    ControlError::InvalidArgument(error.to_string())
+fn invalid(error: impl Into<ConfigError>) -> ControlError {
+    ControlError::InvalidArgument(error.into().to_string())
 }
 
 fn refuse(why: impl Into<String>) -> ControlError {
@@ -181,7 +181,7 @@ pub struct VmResources {
     cpu_config: Option<CustomCpuTemplate>,
     hotplug: Option<MemoryHotplugConfig>,
     /// The MMDS document: set before the start or after, served once the VM runs.
-    mmds_store: std::sync::Arc<std::sync::Mutex<crate::mmds::Store>>,
+    mmds_store: std::sync::Arc<std::sync::Mutex<vmm_devices::mmds::Store>>,
     logger: Option<Logger>,
     metrics: Option<Metrics>,
     /// Whether anything that only a boot uses was configured (a snapshot is then refused).
@@ -315,11 +315,8 @@ impl VmResources {
             .iter()
             .find(|c| c.id == id)
             .ok_or_else(|| refuse("the interface vanished"))?;
-        crate::devices::net::tap::Tap::open(
-            &config.host_dev_name,
-            crate::devices::net::HEADER_SIZE,
-        )
-        .map_err(|e| refuse(format!("Could not create the network device: {e}")))?;
+        vmm_devices::net::tap::Tap::open(&config.host_dev_name, vmm_devices::net::HEADER_SIZE)
+            .map_err(|e| refuse(format!("Could not create the network device: {e}")))?;
         self.network_interfaces = interfaces;
         self.boot_specific = true;
         Ok(())
@@ -375,7 +372,7 @@ impl VmResources {
     }
 
     /// The MMDS document, which `PUT`/`PATCH /mmds` change before the start.
-    pub fn mmds_store(&self) -> &std::sync::Arc<std::sync::Mutex<crate::mmds::Store>> {
+    pub fn mmds_store(&self) -> &std::sync::Arc<std::sync::Mutex<vmm_devices::mmds::Store>> {
         &self.mmds_store
     }
 
@@ -542,10 +539,13 @@ impl VmResources {
                 Some("T2A") => Some(crate::arch::x86_64::cpu_template::t2a()),
                 _ => self.cpu_config.clone(),
             },
-            mmds: self.mmds_config.as_ref().map(|request| crate::mmds::Mmds {
-                config: request.config(),
-                store: self.mmds_store.clone(),
-            }),
+            mmds: self
+                .mmds_config
+                .as_ref()
+                .map(|request| vmm_devices::mmds::Mmds {
+                    config: request.config(),
+                    store: self.mmds_store.clone(),
+                }),
         })
     }
 

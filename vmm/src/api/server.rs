@@ -39,7 +39,7 @@ use super::routes;
 use crate::config::MAX_SOCKET_PATH;
 use crate::metrics::METRICS;
 use crate::seccomp::ThreadKind;
-use crate::socket_files::SocketFile;
+use vmm_devices::socket_files::SocketFile;
 
 /// Time a client has to send its request, and again to take the response.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

@@ -7,20 +7,21 @@
 //! front end can name the setting its own way in front of it.
 
 mod backing;
-mod balloon;
-mod drive;
-mod hotplug;
-mod net;
-mod vsock;
 
 pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
-pub use crate::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
 pub use backing::{BackingError, BackingKind};
-pub use balloon::{BalloonDeviceConfig, BalloonError};
-pub use drive::{check_drive_id, check_drives, open_image, DriveConfig, MAX_DRIVE_ID};
-pub use hotplug::{HotplugConfig, DEFAULT_BLOCK_SIZE, DEFAULT_SLOT_SIZE, MIN_SLOT_SIZE};
-pub use net::{check_network_interfaces, MacAddr, NetConfig, MAX_IFACE_ID, MIN_MTU};
-pub use vsock::{VsockConfig, MIN_GUEST_CID};
+pub use vmm_devices::balloon::config::{BalloonConfigError, BalloonDeviceConfig};
+pub use vmm_devices::block::config::{
+    check_drive_id, check_drives, open_image, DriveConfig, DriveError, MAX_DRIVE_ID,
+};
+pub use vmm_devices::mem::config::{
+    HotplugConfig, HotplugConfigError, DEFAULT_BLOCK_SIZE, DEFAULT_SLOT_SIZE, MIN_SLOT_SIZE,
+};
+pub use vmm_devices::net::config::{
+    check_network_interfaces, MacAddr, NetConfig, NetConfigError, MAX_IFACE_ID, MIN_MTU,
+};
+pub use vmm_devices::size::{format_size, format_size_approx, parse_mib, parse_size, SizeError};
+pub use vmm_devices::vsock::config::{VsockConfig, VsockConfigError, MIN_GUEST_CID};
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -29,9 +30,9 @@ use std::path::{Path, PathBuf};
 use guest_mem::{Populate, Scrub};
 
 use crate::boot::cmdline::DEFAULT_CMDLINE;
-use crate::devices::rate_limiter::RateLimiterConfig;
 use crate::layout::{ram_regions, RamRegion, CMDLINE_MAX_SIZE};
 use crate::testguest::{protocol, Workload};
+use vmm_devices::rate_limiter::RateLimiterConfig;
 
 /// Most vCPUs a VM can have: xAPIC ids are 8 bits and 0xff is the broadcast id.
 pub const MAX_VCPUS: usize = 254;
@@ -96,29 +97,21 @@ pub enum ConfigError {
     /// The virtio-pmem size is not a positive multiple of 2 MiB, or too large.
     #[error("pmem {}: must be a multiple of 2 MiB, at most 1 TiB", format_size(*.0))]
     PmemSize(u64),
-    /// A drive id is not one Firecracker takes.
-    #[error("drive id {0:?}: {1}")]
-    DriveId(String, &'static str),
-    /// A drive does not fit the others, or its options do not fit together.
-    #[error("drive: {0}")]
-    Drive(String),
-    /// A network interface's settings are invalid or clash with another's.
-    #[error("network interface: {0}")]
-    Net(String),
-    /// The vsock device's settings are invalid.
-    #[error("vsock: {0}")]
-    Vsock(String),
-    /// The hot-pluggable memory's settings are invalid.
-    #[error("hotplug: {0}")]
-    Hotplug(String),
-    /// The balloon is larger than guest RAM.
-    #[error("balloon size={}: larger than guest RAM ({})", format_size(*.size), format_size(*.memory))]
-    BalloonTooLarge {
-        /// The balloon size.
-        size: u64,
-        /// Guest RAM.
-        memory: u64,
-    },
+    /// A drive's settings.
+    #[error(transparent)]
+    Drive(#[from] DriveError),
+    /// A network interface's settings.
+    #[error(transparent)]
+    Net(#[from] NetConfigError),
+    /// The vsock device's settings.
+    #[error(transparent)]
+    Vsock(#[from] VsockConfigError),
+    /// The hot-pluggable memory's settings.
+    #[error(transparent)]
+    Hotplug(#[from] HotplugConfigError),
+    /// The balloon's settings.
+    #[error(transparent)]
+    Balloon(#[from] BalloonConfigError),
 }
 
 /// A Linux guest: kernel, initrd and command line.
@@ -210,7 +203,7 @@ pub struct VmConfig {
     /// A virtio-vsock device.
     pub vsock: Option<VsockConfig>,
     /// The metadata service and the interfaces it answers on.
-    pub mmds: Option<crate::mmds::Mmds>,
+    pub mmds: Option<vmm_devices::mmds::Mmds>,
     /// Firecracker's custom CPU template, applied to every vCPU.
     pub cpu_template: Option<crate::arch::x86_64::cpu_template::CustomCpuTemplate>,
 }

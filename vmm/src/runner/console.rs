@@ -10,11 +10,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::events::Subscriber;
 use crate::api::model::SerialConfig;
-use crate::devices::event_loop::SerialInput;
-use crate::devices::rate_limiter::{RateLimiter, RateLimiterConfig};
-use crate::devices::serial::{SerialDevice, SerialError, SerialOutput};
 use crate::host_file::{self, HostFileError};
-use crate::metrics::METRICS;
+use vmm_devices::event_loop::SerialInput;
+use vmm_devices::metrics::UART;
+use vmm_devices::rate_limiter::{RateLimiter, RateLimiterConfig};
+use vmm_devices::serial::{SerialDevice, SerialError, SerialOutput};
 
 /// The name every line a VMM prints starts with (`[NAME] `), set once by the front end from
 /// `--vm` or `--id`: several VMMs on one terminal then write whole lines, each saying whose.
@@ -228,16 +228,16 @@ impl Write for SerialFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let bytes = u64::try_from(buf.len()).unwrap_or(u64::MAX);
         if self.limiter.consume(bytes, Instant::now()).is_err() {
-            METRICS.uart.rate_limiter_dropped_bytes.add(bytes);
+            UART.rate_limiter_dropped_bytes.add(bytes);
             return Ok(buf.len());
         }
         match self.file.write(buf) {
-            Ok(n) if n < buf.len() => METRICS.uart.missed_write_count.inc(),
+            Ok(n) if n < buf.len() => UART.missed_write_count.inc(),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                METRICS.uart.missed_write_count.inc();
+                UART.missed_write_count.inc();
             }
-            Err(_) => METRICS.uart.error_count.inc(),
+            Err(_) => UART.error_count.inc(),
         }
         // The guest's output is taken either way: a UART does not wait for its cable.
         Ok(buf.len())

@@ -12,10 +12,10 @@ use crate::api::model::{
 };
 use crate::api::resources::{check_path_id, full_configuration, machine_configuration};
 use crate::api::{ControlError, VmmControl};
-use crate::devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
-use crate::devices::block::BlockHandle;
-use crate::devices::mem::MemControlError;
 use crate::vm::control::{self, RunState, VmControl};
+use vmm_devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
+use vmm_devices::block::BlockHandle;
+use vmm_devices::mem::MemControlError;
 
 use super::session::{Phase, Session};
 use super::StopCause;
@@ -38,7 +38,7 @@ fn api_error(error: control::ControlError) -> ControlError {
 
 /// `PUT /mmds` (`patch`: `PATCH /mmds`) on `store`.
 pub(super) fn update_store(
-    store: &std::sync::Mutex<crate::mmds::Store>,
+    store: &std::sync::Mutex<vmm_devices::mmds::Store>,
     data: serde_json::Value,
     patch: bool,
 ) -> Result<(), ControlError> {
@@ -533,7 +533,7 @@ mod tests {
     #[test]
     fn the_balloon_may_take_plugged_memory_too() {
         use crate::config::{HotplugConfig, DEFAULT_BLOCK_SIZE, DEFAULT_SLOT_SIZE};
-        use crate::devices::virtio::VirtioDevice;
+        use vmm_devices::virtio::VirtioDevice;
         let mut config = VmConfig::test_guest(16 << 20, 2).with_balloon("size=0");
         config.hotplug = Some(HotplugConfig {
             total_size: 32 << 20,
@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn sizes_the_guest_wrote_beyond_its_ram_are_clamped_and_flagged() {
-        use crate::devices::virtio::VirtioDevice;
+        use vmm_devices::virtio::VirtioDevice;
         let session = session_with(Some("size=0,stats_polling_interval_s=1"));
         let balloon = session.balloon_handle().unwrap();
         // A hostile driver claims a balloon of 2^32 - 1 pages in a 16 MiB guest.

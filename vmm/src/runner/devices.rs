@@ -17,21 +17,21 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::boot::VirtioMmioEntry;
 use crate::config::{open_image, ConfigError, DriveConfig, VmConfig};
-use crate::devices::balloon::{self, BalloonHandle, CreateError};
-use crate::devices::block::{BlockDevice, BlockHandle};
-use crate::devices::entropy::{EntropyDevice, EntropyHandle};
-use crate::devices::event_loop::{QueueSubscriber, Subscriber};
-use crate::devices::mem::{MemDevice, MemHandle, UnpluggedMemory};
-use crate::devices::net::{NetDevice, NetError, NetHandle};
-use crate::devices::pmem::{PmemDevice, PmemHandle};
-use crate::devices::serial::SerialError;
-use crate::devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
-use crate::devices::virtio::state::MmioSnapshot;
-use crate::devices::virtio::VirtioDevice;
-use crate::devices::vsock::{VsockCounters, VsockDevice, VsockError};
-use crate::devices::{BusDevice, BusError};
 use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
 use crate::vcpu::Buses;
+use vmm_devices::balloon::{self, BalloonHandle, CreateError};
+use vmm_devices::block::{BlockDevice, BlockHandle};
+use vmm_devices::entropy::{EntropyDevice, EntropyHandle};
+use vmm_devices::event_loop::{QueueSubscriber, Subscriber};
+use vmm_devices::mem::{MemDevice, MemHandle, UnpluggedMemory};
+use vmm_devices::net::{NetDevice, NetError, NetHandle};
+use vmm_devices::pmem::{PmemDevice, PmemHandle};
+use vmm_devices::serial::SerialError;
+use vmm_devices::virtio::mmio::{registers, MmioError, MmioTransport, StatefulTransport};
+use vmm_devices::virtio::state::MmioSnapshot;
+use vmm_devices::virtio::VirtioDevice;
+use vmm_devices::vsock::{VsockCounters, VsockDevice, VsockError};
+use vmm_devices::{BusDevice, BusError};
 
 /// Errors of creating and wiring devices.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ pub enum DeviceError {
     Vsock(#[from] VsockError),
     /// The virtio-mem device could not be made.
     #[error("virtio-mem: {0}")]
-    Mem(#[source] crate::devices::virtio::ActivateError),
+    Mem(#[source] vmm_devices::virtio::ActivateError),
     /// Every virtio-mmio slot is taken.
     #[error("no free virtio-mmio slot (there are {VIRTIO_MMIO_SLOTS})")]
     NoSlot,
@@ -291,7 +291,7 @@ fn create_drive(
     let (image, size) =
         open_image(&drive.path, drive.read_only).map_err(|source| DeviceError::Drive {
             id: drive.id.clone(),
-            source,
+            source: source.into(),
         })?;
     BlockDevice::new(memory.clone(), drive.clone(), image, size).map_err(|source| {
         DeviceError::Timer {
@@ -397,10 +397,10 @@ mod tests {
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use super::*;
-    use crate::devices::balloon::BalloonControlError;
-    use crate::devices::virtio::mmio::tests::TestDevice;
     use crate::layout::BALLOON_SLOT;
     use crate::runner::memory::{create_memory, create_pool, Frames};
+    use vmm_devices::balloon::BalloonControlError;
+    use vmm_devices::virtio::mmio::testing::TestDevice;
 
     fn memory() -> Arc<GuestMemoryMmap<()>> {
         Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap())

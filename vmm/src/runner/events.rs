@@ -17,7 +17,7 @@ use super::signals::{SignalFd, StopSignals};
 use super::StopCause;
 use crate::seccomp::ThreadKind;
 
-pub(super) use crate::devices::event_loop::Subscriber;
+pub(super) use vmm_devices::event_loop::Subscriber;
 
 /// Stops the VM on SIGINT or SIGTERM.
 struct StopSignalSubscriber {

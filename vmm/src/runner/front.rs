@@ -32,8 +32,8 @@ use crate::api::model::{
 use crate::api::resources::{VmResources, DEFAULT_PMEM_ID};
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use crate::config::VmConfig;
-use crate::devices::serial::SerialOutput;
 use crate::metrics::{Level, Operation, METRICS};
+use vmm_devices::serial::SerialOutput;
 
 /// What the API thread asks the main thread to do.
 enum Request {

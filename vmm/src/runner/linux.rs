@@ -27,12 +27,12 @@ use crate::arch::x86_64::{
 };
 use crate::boot::{add_kernel_arg, load_linux, BootEntry, LinuxBoot, LinuxBootConfig};
 use crate::config::{threads_per_core, LinuxConfig};
-use crate::devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
-use crate::devices::BusDevice;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vcpu::Buses;
 use crate::vm::control::StopReason;
 use crate::vm::{KvmVm, Vm};
+use vmm_devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
+use vmm_devices::BusDevice;
 
 /// Boots `linux` over the session's memory (or, with no kernel, resumes the guest of a
 /// snapshot from its `resumed` states) in `kvm_vm` (or a new KVM VM) and runs it to its end.

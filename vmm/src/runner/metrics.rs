@@ -19,12 +19,11 @@ use serde_json::{json, Map, Value};
 use super::session::Session;
 use crate::api::model::{InstanceState, Metrics};
 use crate::api::VmmControl;
-use crate::devices::block::BlockCounters;
-use crate::devices::net::NetCounters;
 use crate::host_file::{self, HostFileError};
-use crate::metrics::{
-    Durations, LegacyDeviceMetrics, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS,
-};
+use crate::metrics::{Durations, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS};
+use vmm_devices::block::BlockCounters;
+use vmm_devices::metrics::{LegacyDeviceMetrics, I8042, UART};
+use vmm_devices::net::NetCounters;
 
 /// How often the metrics are written without being asked (Firecracker's interval).
 pub(super) const FLUSH_INTERVAL: Duration = Duration::from_secs(60);
@@ -216,13 +215,13 @@ fn add_process(line: &mut Line<'_>) {
     line.section("seccomp")
         .count("num_faults", METRICS.seccomp_faults.get())
         .done();
-    legacy(line, "i8042", &METRICS.i8042)
-        .count("reset_count", METRICS.i8042.reset_count.get())
+    legacy(line, "i8042", &I8042)
+        .count("reset_count", I8042.reset_count.get())
         .done();
-    legacy(line, "uart", &METRICS.uart)
+    legacy(line, "uart", &UART)
         .count(
             "rate_limiter_dropped_bytes",
-            METRICS.uart.rate_limiter_dropped_bytes.get(),
+            UART.rate_limiter_dropped_bytes.get(),
         )
         .done();
 }

@@ -51,13 +51,13 @@ use guest_mem::{FaultError, MemoryError, Pool, PoolError, Populate, Population};
 use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
 use crate::config::{GuestConfig, LinuxConfig, VmConfig};
-use crate::devices::serial::SerialOutput;
 use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
 use early_vm::EarlyKvmVm;
 use memory::Frames;
 use session::Session;
 use snapshot::Resumption;
+use vmm_devices::serial::SerialOutput;
 
 pub use console::{line_prefix, name_lines, say};
 pub use front::{serve, ServeOptions};

@@ -34,8 +34,8 @@ use guest_mem::GuestMemory;
 use virtio_balloon::spec::{FREE_PAGE_HINT_DONE, VIRTIO_BALLOON_F_FREE_PAGE_HINT};
 use virtio_balloon::BalloonInfo;
 
-use crate::devices::balloon::BalloonHandle;
 use crate::vm::control::{RunState, VmControl};
+use vmm_devices::balloon::BalloonHandle;
 
 /// How often the policy looks at the zone.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -379,11 +379,11 @@ mod tests {
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     use super::*;
-    use crate::devices::balloon::testing::MmioDriver;
-    use crate::devices::balloon::{create, BalloonTransport};
-    use crate::devices::virtio::mmio::{registers as reg, MmioTransport};
-    use crate::devices::virtio::VirtioDevice;
     use crate::layout::MMIO_GAP_START;
+    use vmm_devices::balloon::testing::MmioDriver;
+    use vmm_devices::balloon::{create, BalloonTransport};
+    use vmm_devices::virtio::mmio::{registers as reg, MmioTransport};
+    use vmm_devices::virtio::VirtioDevice;
 
     fn zone(free_mib: u64, spare_total_mib: u64) -> ZoneMemory {
         ZoneMemory {

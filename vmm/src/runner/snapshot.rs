@@ -32,10 +32,6 @@ use crate::api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
 use crate::api::ControlError;
 use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
-use crate::devices::block::BlockHandle;
-use crate::devices::i8042::I8042Snapshot;
-use crate::devices::pmem::PmemHandle;
-use crate::devices::serial::SerialSnapshot;
 use crate::host_file::{self, HostFileError};
 use crate::snapshot::file::{self, SnapshotFileError};
 use crate::snapshot::memory_file::{self, MemoryChecksum};
@@ -44,6 +40,10 @@ use crate::snapshot::{
 };
 use crate::testguest::ReportSnapshot;
 use crate::vm::control;
+use vmm_devices::block::BlockHandle;
+use vmm_devices::i8042::I8042Snapshot;
+use vmm_devices::pmem::PmemHandle;
+use vmm_devices::serial::SerialSnapshot;
 
 /// Errors of taking or loading a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -489,7 +489,7 @@ impl LoadTiming {
 #[derive(Debug)]
 pub(super) struct Resumption {
     states: ResumedStates,
-    virtio: Vec<crate::devices::virtio::state::MmioSnapshot>,
+    virtio: Vec<vmm_devices::virtio::state::MmioSnapshot>,
     balloon_stats_interval_s: u32,
     /// The memory file to fill guest memory from (a snapshot that copied it), and the
     /// checksum its memory must have.
@@ -601,7 +601,7 @@ pub(super) fn prepare(
         vsock: machine.vsock,
         // The vCPUs' saved CPUID and MSRs have the template's changes.
         cpu_template: None,
-        mmds: machine.mmds.map(|config| crate::mmds::Mmds {
+        mmds: machine.mmds.map(|config| vmm_devices::mmds::Mmds {
             config,
             store: Default::default(),
         }),

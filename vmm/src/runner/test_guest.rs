@@ -10,7 +10,6 @@ use super::session::Session;
 use super::snapshot::ResumedStates;
 use super::{RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpu_template::CpuTemplate;
-use crate::devices::serial::SerialOutput;
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
 use crate::testguest::{
@@ -18,6 +17,7 @@ use crate::testguest::{
 };
 use crate::vm::control::StopReason;
 use crate::vm::KvmVm;
+use vmm_devices::serial::SerialOutput;
 
 /// Boots the test guest over the session's memory (or resumes it from a snapshot's
 /// `resumed` states) and runs `workload` to its end.

@@ -4,7 +4,7 @@
 //! its calls (`write`, `exit_group`, and `prctl` where the thread's name is not noted) must be
 //! allowed by every filter, or the kernel ends the process with SIGSYS itself.
 //!
-//! Where the VMM has socket files ([`crate::socket_files`]), the process ends through its exit
+//! Where the VMM has socket files ([`vmm_devices::socket_files`]), the process ends through its exit
 //! watcher instead, a thread under the process filter alone that the handler wakes: it removes
 //! them (the thread that made the call may not be allowed to) and exits. Should it not within
 //! about a second (the handler counts the time stamp counter, which takes no system call), or
@@ -64,7 +64,7 @@ fn start_exit_watcher() -> io::Result<()> {
             IS_EXIT_WATCHER.set(true);
             loop {
                 if event.read().is_ok() {
-                    crate::socket_files::remove_all();
+                    vmm_devices::socket_files::remove_all();
                     // SAFETY: ends the process, as the handler would.
                     unsafe { libc::_exit(BAD_SYSCALL_EXIT_STATUS) };
                 }
@@ -124,7 +124,7 @@ extern "C" fn handle(
     // SAFETY: `line` holds `len` initialised bytes; write is async-signal-safe.
     unsafe { libc::write(2, line.bytes.as_ptr().cast(), line.len) };
     let watcher = EXIT_WATCHER.load(Ordering::Acquire);
-    if watcher >= 0 && crate::socket_files::any() && !IS_EXIT_WATCHER.get() {
+    if watcher >= 0 && vmm_devices::socket_files::any() && !IS_EXIT_WATCHER.get() {
         let one = 1u64.to_ne_bytes();
         // SAFETY: writes 8 bytes to the watcher's eventfd; async-signal-safe.
         unsafe { libc::write(watcher, one.as_ptr().cast(), one.len()) };

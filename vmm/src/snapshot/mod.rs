@@ -12,15 +12,15 @@
 pub mod file;
 pub mod memory_file;
 
-use crate::devices::rate_limiter::RateLimiterConfig;
 use serde::{Deserialize, Serialize};
+use vmm_devices::rate_limiter::RateLimiterConfig;
 
 use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::config::{BalloonDeviceConfig, DriveConfig, HotplugConfig};
-use crate::devices::i8042::I8042Snapshot;
-use crate::devices::serial::SerialSnapshot;
-use crate::devices::virtio::state::MmioSnapshot;
 use crate::testguest::{ReportSnapshot, Workload};
+use vmm_devices::i8042::I8042Snapshot;
+use vmm_devices::serial::SerialSnapshot;
+use vmm_devices::virtio::state::MmioSnapshot;
 
 /// Errors of a snapshot's contents, checked after it was read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub struct Machine {
     /// The vsock device, last.
     pub vsock: Option<crate::config::VsockConfig>,
     /// How the guest reaches MMDS (its document is not kept, as in Firecracker).
-    pub mmds: Option<crate::mmds::MmdsConfig>,
+    pub mmds: Option<vmm_devices::mmds::MmdsConfig>,
     /// The hot-pluggable memory, after the vsock device, and which of its blocks are plugged.
     #[serde(default)]
     pub hotplug: Option<SavedHotplug>,

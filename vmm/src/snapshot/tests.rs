@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::file::{self, SnapshotFileError, HEADER_LEN};
 use super::*;
-use crate::devices::virtio::state::{DeviceState, InterruptSnapshot};
+use vmm_devices::virtio::state::{DeviceState, InterruptSnapshot};
 
 /// A file in the temporary directory, removed when dropped.
 struct TempPath(PathBuf);

@@ -43,7 +43,6 @@ use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
 use crate::config::threads_per_core;
-use crate::devices::serial::{SerialDevice, SerialOutput, SerialSnapshot, SharedBuffer};
 use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
 };
@@ -55,6 +54,7 @@ use protocol::{
     REPORT_MMIO_SIZE, STACKS_START, STACK_SIZE, WORKLOAD_MIN_ADDR,
 };
 pub use report::ReportDevice;
+use vmm_devices::serial::{SerialDevice, SerialOutput, SerialSnapshot, SharedBuffer};
 
 /// Errors of setting up a test guest run (the guest's own outcome is in the [`Report`]).
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub enum TestGuestError {
             PageSize::Size2M => "2 MiB pages: KVM offers no 1 GiB pages here",
             PageSize::Size1G => "1 GiB pages",
         },
-        crate::size::format_size(*.memory)
+        vmm_devices::size::format_size(*.memory)
     )]
     MemoryTooLarge {
         /// The RAM asked for.
@@ -287,7 +287,7 @@ where
         });
     }
     let mut buses = Buses::default();
-    let devices_err = |e: crate::devices::BusError| TestGuestError::Devices(e.to_string());
+    let devices_err = |e: vmm_devices::BusError| TestGuestError::Devices(e.to_string());
     buses
         .pio
         .insert(serial, SERIAL_PORT_BASE, SERIAL_PORT_SIZE)

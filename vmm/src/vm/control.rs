@@ -458,7 +458,7 @@ impl VmControl {
     }
 }
 
-impl crate::devices::ResetLine for VmControl {
+impl vmm_devices::ResetLine for VmControl {
     /// The guest reset the VM through a device: the VM stops with [`StopReason::GuestReset`].
     fn reset(&self) {
         self.request_stop(StopReason::GuestReset);
@@ -492,6 +492,13 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn a_device_s_reset_stops_the_vm_as_a_guest_reset() {
+        let control = Arc::new(VmControl::new(1));
+        vmm_devices::ResetLine::reset(&*control);
+        assert_eq!(control.stop_reason(), Some(StopReason::GuestReset));
     }
 
     #[test]

@@ -9,11 +9,11 @@ use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate};
 use virtio_balloon::spec::{VIRTIO_BALLOON_F_PAGE_REPORTING, VIRTIO_F_VERSION_1};
 use virtio_balloon::BalloonConfig;
 use vm_memory::{Bytes, GuestAddress};
-use vmm::devices::balloon::testing::{EventLoopThread, MmioDriver};
-use vmm::devices::balloon::{BalloonDevice, BalloonTransport};
-use vmm::devices::event_loop::QueueSubscriber;
-use vmm::devices::virtio::mmio::MmioTransport;
-use vmm::devices::virtio::VirtioDevice;
+use vmm_devices::balloon::testing::{EventLoopThread, MmioDriver};
+use vmm_devices::balloon::{BalloonDevice, BalloonTransport};
+use vmm_devices::event_loop::QueueSubscriber;
+use vmm_devices::virtio::mmio::MmioTransport;
+use vmm_devices::virtio::VirtioDevice;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::{Order, HUGE, MIB, PAGE};

@@ -220,7 +220,7 @@ pub struct Drive {
     pub path_on_host: Option<PathBuf>,
     /// Caps the bytes read and written and the requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
     /// The I/O engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_engine: Option<IoEngine>,
@@ -249,7 +249,7 @@ pub struct Pmem {
     pub read_only: bool,
     /// Caps the flush requests (each an operation of no bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PUT /serial`: Firecracker's `SerialDevice`, where the guest's console output goes.
@@ -260,7 +260,7 @@ pub struct SerialConfig {
     pub serial_out_path: PathBuf,
     /// Caps the bytes per second; output beyond it is dropped and counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<crate::devices::rate_limiter::TokenBucketConfig>,
+    pub rate_limiter: Option<vmm_devices::rate_limiter::TokenBucketConfig>,
 }
 
 /// `PUT /entropy`: Firecracker's `EntropyDevice`, a virtio-rng device.
@@ -269,7 +269,7 @@ pub struct SerialConfig {
 pub struct EntropyDevice {
     /// Caps the random bytes and requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PUT /network-interfaces/{iface_id}`: Firecracker's `NetworkInterface`, a virtio-net device
@@ -289,10 +289,10 @@ pub struct NetworkInterface {
     pub mtu: Option<u16>,
     /// Caps what the guest receives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rx_rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
     /// Caps what the guest sends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub tx_rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
 }
 
 impl NetworkInterface {
@@ -310,7 +310,7 @@ impl NetworkInterface {
 
     /// The API's view of a device's configuration.
     pub fn from_config(config: &crate::config::NetConfig) -> Self {
-        let limiter = |l: crate::devices::rate_limiter::RateLimiterConfig| {
+        let limiter = |l: vmm_devices::rate_limiter::RateLimiterConfig| {
             (l != Default::default()).then_some(l)
         };
         NetworkInterface {
@@ -333,10 +333,10 @@ pub struct PartialNetworkInterface {
     pub iface_id: String,
     /// Replaces the receive limiter.
     #[serde(default)]
-    pub rx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rx_rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
     /// Replaces the transmit limiter.
     #[serde(default)]
-    pub tx_rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub tx_rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PATCH /drives/{drive_id}` after the start: Firecracker's `PartialDrive`, a new image
@@ -351,7 +351,7 @@ pub struct PartialDrive {
     pub path_on_host: Option<PathBuf>,
     /// Replaces the rate limiter.
     #[serde(default)]
-    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PATCH /pmem/{id}` after the start: Firecracker's `PartialPmem`, a new rate limiter.
@@ -362,7 +362,7 @@ pub struct PartialPmem {
     pub id: String,
     /// Replaces the rate limiter.
     #[serde(default)]
-    pub rate_limiter: Option<crate::devices::rate_limiter::RateLimiterConfig>,
+    pub rate_limiter: Option<vmm_devices::rate_limiter::RateLimiterConfig>,
 }
 
 /// `PUT /vsock`: Firecracker's `Vsock`, a virtio-vsock device whose host side is Unix sockets.
@@ -394,7 +394,7 @@ impl Vsock {
 pub struct MmdsConfigRequest {
     /// V1 (default) or V2.
     #[serde(default)]
-    pub version: crate::mmds::Version,
+    pub version: vmm_devices::mmds::Version,
     /// The interfaces MMDS answers on (they must exist).
     pub network_interfaces: Vec<String>,
     /// Its address (default 169.254.169.254; link-local).
@@ -407,17 +407,17 @@ pub struct MmdsConfigRequest {
 
 impl MmdsConfigRequest {
     /// The configuration it asks for.
-    pub fn config(&self) -> crate::mmds::MmdsConfig {
-        crate::mmds::MmdsConfig {
+    pub fn config(&self) -> vmm_devices::mmds::MmdsConfig {
+        vmm_devices::mmds::MmdsConfig {
             version: self.version,
-            ipv4_address: self.ipv4_address.unwrap_or(crate::mmds::DEFAULT_IPV4),
+            ipv4_address: self.ipv4_address.unwrap_or(vmm_devices::mmds::DEFAULT_IPV4),
             network_interfaces: self.network_interfaces.clone(),
             imds_compat: self.imds_compat,
         }
     }
 
     /// The API's view of a configuration.
-    pub fn from_config(config: &crate::mmds::MmdsConfig) -> Self {
+    pub fn from_config(config: &vmm_devices::mmds::MmdsConfig) -> Self {
         MmdsConfigRequest {
             version: config.version,
             network_interfaces: config.network_interfaces.clone(),

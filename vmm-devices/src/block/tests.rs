@@ -1,0 +1,361 @@
+use std::io::{Read, Write};
+
+use virtio_queue::mock::MockSplitQueue;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::tempfile::TempFile;
+
+use super::*;
+use crate::rate_limiter::TokenBucketConfig;
+use crate::virtio::request_queue::testing::{self, activation, add_chain, used_len, wait_readable};
+
+const MIB: u64 = 1 << 20;
+const RING: u64 = MIB;
+const HEADER: u64 = 2 * MIB;
+const DATA: u64 = 3 * MIB;
+const STATUS: u64 = 4 * MIB;
+/// The disk: 64 sectors.
+const DISK_SIZE: u64 = 64 * SECTOR_SIZE;
+
+/// An image of [`DISK_SIZE`] bytes (plus a partial sector), sector `n` filled with byte `n`.
+fn image() -> TempFile {
+    let file = TempFile::new().unwrap();
+    let mut contents: Vec<u8> = (0..DISK_SIZE).map(|at| (at / SECTOR_SIZE) as u8).collect();
+    contents.extend_from_slice(&[0xee; 100]);
+    file.as_file().write_all(&contents).unwrap();
+    file
+}
+
+/// The drive `rootfs` over `image`.
+fn drive(image: &TempFile, read_only: bool, rate_limiter: RateLimiterConfig) -> DriveConfig {
+    DriveConfig {
+        id: "rootfs".into(),
+        path: image.as_path().to_owned(),
+        read_only,
+        root: true,
+        partuuid: None,
+        rate_limiter,
+    }
+}
+
+/// A device of `config`, activated with the queue of `mock`; and its interrupt's eventfd.
+fn activated_drive(
+    memory: &Memory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+    config: DriveConfig,
+) -> (BlockDevice, EventFd) {
+    let (file, size) = open_image(&config.path, config.read_only).unwrap();
+    let mut device = BlockDevice::new(memory.clone(), config, file, size).unwrap();
+    let (activation, irq) = activation(memory, mock);
+    device.activate(activation).unwrap();
+    (device, irq)
+}
+
+/// A device over `image` without a rate limiter, activated with the queue of `mock`; and its
+/// interrupt's eventfd.
+fn activated(
+    memory: &Memory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+    image: &TempFile,
+    read_only: bool,
+) -> (BlockDevice, EventFd) {
+    activated_drive(memory, mock, drive(image, read_only, Default::default()))
+}
+
+fn header(memory: &Memory, kind: u32, sector: u64) {
+    memory
+        .write_obj(kind.to_le(), GuestAddress(HEADER))
+        .unwrap();
+    memory
+        .write_obj(sector.to_le(), GuestAddress(HEADER + 8))
+        .unwrap();
+}
+
+fn status(memory: &Memory) -> u8 {
+    memory.read_obj(GuestAddress(STATUS)).unwrap()
+}
+
+#[test]
+fn capacity_is_whole_sectors_and_features_follow_the_mode() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    let (device, _) = activated(&memory, &mock, &image, true);
+    let mut config = [0u8; 8];
+    device.read_config(0, &mut config);
+    assert_eq!(u64::from_le_bytes(config), 64);
+    let mut past = [0xffu8; 4];
+    device.read_config(u64::MAX, &mut past);
+    assert_eq!(past, [0; 4]);
+    assert_eq!(device.device_type(), 2);
+    assert_ne!(device.device_features() & 1 << VIRTIO_BLK_F_RO, 0);
+    let (writable, _) = activated(&memory, &mock, &image, false);
+    assert_eq!(writable.device_features() & 1 << VIRTIO_BLK_F_RO, 0);
+    assert_ne!(writable.device_features() & 1 << VIRTIO_BLK_F_FLUSH, 0);
+}
+
+#[test]
+fn reads_writes_flushes_and_the_id_reach_the_image_and_the_guest() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 32);
+    let image = image();
+    let (mut device, irq) = activated(&memory, &mock, &image, false);
+    // Read sectors 3 and 4 into two buffers.
+    header(&memory, VIRTIO_BLK_T_IN, 3);
+    add_chain(
+        &mock,
+        0,
+        0,
+        &[
+            (HEADER, 16, false),
+            (DATA, 512, true),
+            (DATA + 4096, 512, true),
+            (STATUS, 1, true),
+        ],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    assert_eq!(used_len(&mock, 0), 1025);
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(), 3);
+    assert_eq!(memory.read_obj::<u8>(GuestAddress(DATA + 4096)).unwrap(), 4);
+    assert_eq!(irq.read().unwrap(), 1);
+    // Write one sector at the last sector.
+    memory
+        .write_slice(&[0xab; 512], GuestAddress(DATA))
+        .unwrap();
+    header(&memory, VIRTIO_BLK_T_OUT, 63);
+    add_chain(
+        &mock,
+        4,
+        1,
+        &[(HEADER, 16, false), (DATA, 512, false), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    let mut contents = Vec::new();
+    std::fs::File::open(image.as_path())
+        .unwrap()
+        .read_to_end(&mut contents)
+        .unwrap();
+    assert!(contents[63 * 512..64 * 512].iter().all(|&b| b == 0xab));
+    assert_eq!(contents[62 * 512], 62);
+    // Flush, then GET_ID into a 20-byte buffer.
+    header(&memory, VIRTIO_BLK_T_FLUSH, 0);
+    add_chain(&mock, 8, 2, &[(HEADER, 16, false), (STATUS, 1, true)]);
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    header(&memory, VIRTIO_BLK_T_GET_ID, 0);
+    add_chain(
+        &mock,
+        10,
+        3,
+        &[(HEADER, 16, false), (DATA, 20, true), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    let mut id = [0u8; 20];
+    memory.read_slice(&mut id, GuestAddress(DATA)).unwrap();
+    assert_eq!(&id[..7], b"rootfs\0");
+    let counters = &device.counters;
+    assert_eq!(counters.reads.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.writes.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.flushes.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.failed.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_read_only_drive_refuses_writes() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    let (mut device, _) = activated(&memory, &mock, &image, true);
+    header(&memory, VIRTIO_BLK_T_OUT, 0);
+    add_chain(
+        &mock,
+        0,
+        0,
+        &[(HEADER, 16, false), (DATA, 512, false), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
+    let mut first = [0u8; 1];
+    std::fs::File::open(image.as_path())
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    assert_eq!(first, [0]);
+}
+
+#[test]
+fn hostile_requests_get_an_error_status_or_are_dropped_and_never_panic() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 64);
+    let image = image();
+    let (mut device, _) = activated(&memory, &mock, &image, false);
+    let expect = |device: &mut BlockDevice, chain: &[(u64, u32, bool)], slot: u16, want: u32| {
+        add_chain(&mock, slot * 4, slot, chain);
+        memory.write_obj(0x77u8, GuestAddress(STATUS)).unwrap();
+        device.process_queue(0);
+        assert_eq!(u32::from(status(&memory)), want, "chain {slot}: {chain:?}");
+    };
+    let read = |sectors: u32| {
+        [
+            (HEADER, 16, false),
+            (DATA, sectors * 512, true),
+            (STATUS, 1, true),
+        ]
+    };
+    // Past the end (the partial last sector is not part of the disk), and wrapping around.
+    header(&memory, VIRTIO_BLK_T_IN, 63);
+    expect(&mut device, &read(2), 0, VIRTIO_BLK_S_IOERR);
+    header(&memory, VIRTIO_BLK_T_IN, u64::MAX);
+    expect(&mut device, &read(1), 1, VIRTIO_BLK_S_IOERR);
+    // Not whole sectors; data outside guest memory.
+    header(&memory, VIRTIO_BLK_T_IN, 0);
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (DATA, 100, true), (STATUS, 1, true)],
+        2,
+        VIRTIO_BLK_S_IOERR,
+    );
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (1 << 40, 512, true), (STATUS, 1, true)],
+        3,
+        VIRTIO_BLK_S_IOERR,
+    );
+    // An unknown type, and GET_ID without a buffer.
+    header(&memory, 0x1234, 0);
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (STATUS, 1, true)],
+        4,
+        VIRTIO_BLK_S_UNSUPP,
+    );
+    header(&memory, VIRTIO_BLK_T_GET_ID, 0);
+    expect(
+        &mut device,
+        &[(HEADER, 16, false), (STATUS, 1, true)],
+        5,
+        VIRTIO_BLK_S_IOERR,
+    );
+    // No status byte, a read-only status, a short header, a header outside memory: dropped.
+    header(&memory, VIRTIO_BLK_T_IN, 0);
+    for (slot, chain) in [
+        vec![(HEADER, 16, false)],
+        vec![(HEADER, 16, false), (STATUS, 1, false)],
+        vec![(HEADER, 8, false), (STATUS, 1, true)],
+        vec![(DATA, 512, true), (STATUS, 1, true)],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let slot = 6 + slot as u16;
+        add_chain(&mock, slot * 4, slot, chain);
+        device.process_queue(0);
+        assert_eq!(used_len(&mock, slot), 0);
+    }
+    add_chain(&mock, 40, 10, &[(1 << 40, 16, false), (STATUS, 1, true)]);
+    memory.write_obj(0x77u8, GuestAddress(STATUS)).unwrap();
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
+    assert_eq!(mock.used().idx().load(), 11);
+    assert!(device.warnings.count() >= 10);
+    assert_eq!(device.counters.reads.load(Ordering::Relaxed), 0);
+    // Notifications for other queues, and after a reset, are ignored.
+    device.process_queue(3);
+    device.reset();
+    device.process_queue(0);
+}
+
+#[test]
+fn the_rate_limiter_holds_a_request_in_the_queue_until_its_timer() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    // Two sectors' worth of bytes every 100 ms.
+    let limiter = RateLimiterConfig {
+        bandwidth: Some(TokenBucketConfig {
+            size: 1024,
+            one_time_burst: None,
+            refill_time: 100,
+        }),
+        ops: None,
+    };
+    let (mut device, irq) = activated_drive(&memory, &mock, drive(&image, false, limiter));
+    for slot in 0..2u16 {
+        header(&memory, VIRTIO_BLK_T_IN, u64::from(slot));
+        add_chain(
+            &mock,
+            slot * 3,
+            slot,
+            &[(HEADER, 16, false), (DATA, 1024, true), (STATUS, 1, true)],
+        );
+    }
+    device.process_queue(0);
+    assert_eq!(mock.used().idx().load(), 1, "the second read waits");
+    assert_eq!(irq.read().unwrap(), 1);
+    // A notification while it waits changes nothing.
+    device.process_queue(0);
+    assert_eq!(mock.used().idx().load(), 1);
+    wait_readable(device.wake_sources()[0].fd);
+    device.wake(0);
+    assert_eq!(mock.used().idx().load(), 2);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    let counters = &device.counters;
+    assert_eq!(counters.reads.load(Ordering::Relaxed), 2);
+    assert_eq!(counters.rate_limiter_throttled.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_new_image_from_the_api_is_served_and_announced_and_a_bad_one_changes_nothing() {
+    let memory = testing::memory(16 * MIB);
+    let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), 16);
+    let image = image();
+    let (device, irq) = activated(&memory, &mock, &image, true);
+    let (device, handle) = device.into_shared();
+    // The new image: 8 sectors of 0x5a, read-only to this process (the drive is read-only).
+    let media = TempFile::new().unwrap();
+    media.as_file().write_all(&[0x5a; 8 * 512]).unwrap();
+    let mut permissions = media.as_file().metadata().unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o400);
+    media.as_file().set_permissions(permissions).unwrap();
+    let fifo = std::env::temp_dir().join(format!("llfree-blk-fifo-{}", std::process::id()));
+    let c_fifo = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    for bad in [fifo.as_path(), Path::new("/nonexistent/image")] {
+        assert!(handle.update(Some(bad), None).is_err(), "{}", bad.display());
+    }
+    std::fs::remove_file(&fifo).unwrap();
+    assert_eq!(handle.config().path, image.as_path());
+    handle.update(Some(media.as_path()), None).unwrap();
+    assert_eq!(handle.config().path, media.as_path());
+    let mut device = device.lock().unwrap();
+    let mut capacity = [0u8; 8];
+    device.read_config(0, &mut capacity);
+    assert_eq!(u64::from_le_bytes(capacity), 8);
+    // The driver is told (nothing else raised the interrupt yet: a configuration change).
+    assert_eq!(irq.read().unwrap(), 1);
+    header(&memory, VIRTIO_BLK_T_IN, 7);
+    add_chain(
+        &mock,
+        0,
+        0,
+        &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_OK as u8);
+    assert_eq!(
+        memory.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(),
+        0x5a
+    );
+    // Sector 8 was on the old disk, not on this one.
+    header(&memory, VIRTIO_BLK_T_IN, 8);
+    add_chain(
+        &mock,
+        3,
+        1,
+        &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+    );
+    device.process_queue(0);
+    assert_eq!(status(&memory), VIRTIO_BLK_S_IOERR as u8);
+}
