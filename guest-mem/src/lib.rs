@@ -26,6 +26,7 @@ mod region;
 mod shared;
 pub mod stats;
 mod sys;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod vcpu;
 pub mod zone;

@@ -213,7 +213,7 @@ build_sdk_program() {
 build_tests() {
     local args=()
     for test in "${TESTS[@]}"; do args+=(--test "$test"); done
-    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p vmm-jailer -p e2e-tests -p guest-mem \
+    (cd "$ROOT" && cargo build --release -q -p vmm-cli -p vmm-jailer -p e2e-tests -p guest-mem-bench \
         --bins >&2)
     (cd "$ROOT" && cargo test --release -q -p e2e-tests "${args[@]}" --no-run \
         --message-format=json 2>/dev/null) |

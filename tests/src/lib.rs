@@ -30,6 +30,7 @@ pub fn vmm_binary() -> &'static str {
             "guest-mem/src",
             "virtio-balloon/src",
             "test-guest",
+            "vmm-devices/src",
             "vmm/src",
             "vmm-cli/src",
         ];

@@ -52,7 +52,8 @@ const SHARED_ANONYMOUS: libc::c_int = libc::MAP_SHARED | libc::MAP_ANONYMOUS | l
 #[allow(clippy::len_without_is_empty)]
 impl Mapping {
     /// Maps `len` bytes of private anonymous read/write memory (no swap reservation) whose start
-    /// is a multiple of `align` (a power of two).
+    /// is a multiple of `align` (a power of two): for tests and benchmarks.
+    #[cfg(any(test, feature = "testing"))]
     pub fn anonymous(len: usize, align: usize) -> io::Result<Self> {
         let map = Self::reserve_aligned(len, align, 0)?;
         let flags = ANONYMOUS | libc::MAP_FIXED;
