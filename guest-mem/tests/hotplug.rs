@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{memory_config, RunError, TempFile, Touch, Vm, MIB};
+use common::{memory_config, TempFile, Touch, TouchError, Vm, MIB};
 use guest_mem::zone::{VmLayout, Zone, ZoneConfig, DEFAULT_MAX_VMS};
 use guest_mem::{
     Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, Populate,
@@ -242,7 +242,7 @@ fn a_vcpu_uses_plugged_memory_and_touching_unplugged_memory_fails_without_a_fram
     let before = used(&pool);
     // KVM fails the access (EFAULT), or (PVM) leaves it to the VMM as an MMIO exit: either
     // way the guest reaches no memory.
-    let refused = |result: &Result<u32, RunError>| matches!(result, Err(RunError::Other(e)) if e.contains("Bad address") || e.contains("Mmio"));
+    let refused = |result: &Result<u32, TouchError>| matches!(result, Err(TouchError::Other(e)) if e.contains("Bad address") || e.contains("Mmio"));
     let result = vm.run(&memory, 1, touch(HOTPLUG));
     assert!(refused(&result), "touching unplugged memory: {result:?}");
     assert_eq!(used(&pool), before, "no frame for unplugged memory");

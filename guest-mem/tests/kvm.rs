@@ -8,7 +8,7 @@ mod common;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::{memory_config, RunError, Touch, Vm, MIB};
+use common::{memory_config, Touch, TouchError, Vm, MIB};
 use guest_mem::{
     Backing, FaultError, FrameSize, GuestMemory, MemoryError, Pool, PoolConfig, Populate,
     Reclaimed, Scrub,
@@ -282,7 +282,7 @@ fn exhaustion_gives_the_vcpu_and_the_vmm_an_error() {
         memory.release_faults();
         vcpu.join().expect("join")
     });
-    assert_eq!(result, Err(RunError::Fault(FaultError::PoolExhausted)));
+    assert_eq!(result, Err(TouchError::Fault(FaultError::PoolExhausted)));
     assert_eq!(memory.stats().populated_chunks, 8);
     assert!(memory.stats().exhausted >= 1);
     assert_eq!(pool.stats().free_bytes, 0);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use e2e_tests::kvm_available;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::testguest::{self, exit_code, RunOptions, TestGuestError, Workload, WorkloadError};
-use vmm::vm::control::{ControlError, RunState, StopReason};
+use vmm::vm::run_control::{RunControlError, RunState, StopReason};
 
 const MIB: u64 = 1 << 20;
 const RAM: u64 = 64 * MIB;
@@ -153,7 +153,7 @@ fn pause_resume_and_stop_a_running_guest() {
                 control.resume().unwrap();
                 std::thread::sleep(Duration::from_millis(100));
                 control.request_stop(StopReason::Requested);
-                assert_eq!(control.pause(), Err(ControlError::Stopped));
+                assert_eq!(control.pause(), Err(RunControlError::Stopped));
             });
         })),
         ..Default::default()

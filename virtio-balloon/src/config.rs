@@ -16,7 +16,7 @@ pub const DEFAULT_QUEUE_SIZE: u16 = 1024;
 
 /// Errors of device options and balloon targets.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum ConfigError {
+pub enum OptionsError {
     /// The queue size is zero, not a power of two or larger than virtio allows.
     #[error("balloon queue size {0} must be a power of two between 1 and {MAX_QUEUE_SIZE}")]
     QueueSize(u16),
@@ -73,13 +73,13 @@ impl Default for BalloonConfig {
 
 impl BalloonConfig {
     /// Checks the options.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), OptionsError> {
         let size = self.queue_size;
         if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
-            return Err(ConfigError::QueueSize(size));
+            return Err(OptionsError::QueueSize(size));
         }
         if self.stats_interval == Some(Duration::ZERO) {
-            return Err(ConfigError::ZeroStatsInterval);
+            return Err(OptionsError::ZeroStatsInterval);
         }
         Ok(())
     }
@@ -100,20 +100,20 @@ impl BalloonConfig {
 pub const MAX_TARGET_BYTES: u64 = u32::MAX as u64 * BALLOON_PAGE_SIZE;
 
 /// Converts a target in MiB to 4 KiB balloon pages.
-pub fn pages_from_mib(mib: u64) -> Result<u32, ConfigError> {
+pub fn pages_from_mib(mib: u64) -> Result<u32, OptionsError> {
     let bytes = u128::from(mib) << 20;
-    u32::try_from(bytes / u128::from(BALLOON_PAGE_SIZE)).map_err(|_| ConfigError::TargetTooLarge {
+    u32::try_from(bytes / u128::from(BALLOON_PAGE_SIZE)).map_err(|_| OptionsError::TargetTooLarge {
         bytes,
         max: MAX_TARGET_BYTES,
     })
 }
 
 /// Converts a target in bytes (a multiple of 4 KiB) to balloon pages.
-pub fn pages_from_bytes(bytes: u64) -> Result<u32, ConfigError> {
+pub fn pages_from_bytes(bytes: u64) -> Result<u32, OptionsError> {
     if !bytes.is_multiple_of(BALLOON_PAGE_SIZE) {
-        return Err(ConfigError::UnalignedTarget(bytes));
+        return Err(OptionsError::UnalignedTarget(bytes));
     }
-    u32::try_from(bytes / BALLOON_PAGE_SIZE).map_err(|_| ConfigError::TargetTooLarge {
+    u32::try_from(bytes / BALLOON_PAGE_SIZE).map_err(|_| OptionsError::TargetTooLarge {
         bytes: u128::from(bytes),
         max: MAX_TARGET_BYTES,
     })
@@ -195,13 +195,13 @@ mod tests {
                 queue_size: size,
                 ..config
             };
-            assert_eq!(bad.validate(), Err(ConfigError::QueueSize(size)));
+            assert_eq!(bad.validate(), Err(OptionsError::QueueSize(size)));
         }
         let zero = BalloonConfig {
             stats_interval: Some(Duration::ZERO),
             ..config
         };
-        assert_eq!(zero.validate(), Err(ConfigError::ZeroStatsInterval));
+        assert_eq!(zero.validate(), Err(OptionsError::ZeroStatsInterval));
     }
 
     #[test]
@@ -210,16 +210,16 @@ mod tests {
         assert_eq!(pages_from_mib(16 * 1024 * 1024 - 1), Ok(u32::MAX - 255));
         assert!(matches!(
             pages_from_mib(16 * 1024 * 1024),
-            Err(ConfigError::TargetTooLarge { .. })
+            Err(OptionsError::TargetTooLarge { .. })
         ));
         assert!(matches!(
             pages_from_mib(u64::MAX),
-            Err(ConfigError::TargetTooLarge { .. })
+            Err(OptionsError::TargetTooLarge { .. })
         ));
         assert_eq!(pages_from_bytes(8192), Ok(2));
         assert_eq!(
             pages_from_bytes(100),
-            Err(ConfigError::UnalignedTarget(100))
+            Err(OptionsError::UnalignedTarget(100))
         );
         assert_eq!(pages_from_bytes(MAX_TARGET_BYTES), Ok(u32::MAX));
     }

@@ -19,7 +19,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddressSpace;
 
 use crate::backend::{BalloonBackend, GuestNotifier};
-use crate::config::{pages_from_mib, BalloonConfig, ConfigError, ConfigSpace};
+use crate::config::{pages_from_mib, BalloonConfig, ConfigSpace, OptionsError};
 use crate::queues::{QueueLayout, QueueRole};
 use crate::spec::{
     FREE_PAGE_HINT_DONE, FREE_PAGE_HINT_STOP, VIRTIO_BALLOON_F_FREE_PAGE_HINT, VIRTIO_ID_BALLOON,
@@ -34,7 +34,7 @@ pub use state::{ActiveState, BalloonState, Reactivation};
 pub enum BalloonError {
     /// The options or a target are invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] OptionsError),
     /// `activate` was called on an active device.
     #[error("the balloon is active already; reset it first")]
     AlreadyActive,

@@ -97,7 +97,7 @@ mod violations;
 
 pub use backend::{BalloonBackend, GuestNotifier, GuestRange, Inflated};
 pub use config::{
-    pages_from_bytes, pages_from_mib, BalloonConfig, ConfigError, ConfigSpace, DEFAULT_QUEUE_SIZE,
+    pages_from_bytes, pages_from_mib, BalloonConfig, ConfigSpace, OptionsError, DEFAULT_QUEUE_SIZE,
     MAX_TARGET_BYTES,
 };
 pub use device::{

@@ -40,7 +40,7 @@ pub enum PlugError<E: Display> {
 
 /// A region layout that cannot be served.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum RegionError {
+pub enum LayoutError {
     /// The block size is not a power of two of at least 4 KiB.
     #[error("block size {0:#x} is not a power of two of at least 4 KiB")]
     BlockSize(u64),
@@ -80,17 +80,17 @@ pub struct RegionLayout {
 impl RegionLayout {
     /// Checks the layout: a power-of-two block size of at least 4 KiB, and a non-empty region
     /// of aligned whole blocks that does not wrap.
-    pub fn check(&self) -> Result<(), RegionError> {
+    pub fn check(&self) -> Result<(), LayoutError> {
         let block = self.block_size;
         if !block.is_power_of_two() || block < 4096 {
-            return Err(RegionError::BlockSize(block));
+            return Err(LayoutError::BlockSize(block));
         }
         let bad = self.size == 0
             || !self.size.is_multiple_of(block)
             || !self.addr.is_multiple_of(block)
             || self.addr.checked_add(self.size).is_none();
         match bad {
-            true => Err(RegionError::Region {
+            true => Err(LayoutError::Region {
                 addr: self.addr,
                 size: self.size,
                 block,
@@ -161,7 +161,7 @@ impl<B: MemBackend> Blocks<B> {
         layout: RegionLayout,
         backend: B,
         plugged: impl Fn(u64) -> bool,
-    ) -> Result<Self, RegionError> {
+    ) -> Result<Self, LayoutError> {
         layout.check()?;
         let count = layout.blocks();
         let mut bits = vec![0u64; index(count.div_ceil(64))];
@@ -209,10 +209,10 @@ impl<B: MemBackend> Blocks<B> {
 
     /// Sets the size the driver should plug: whole blocks, at most the region. (The caller
     /// tells the driver with a configuration change notification.)
-    pub fn set_requested_size(&mut self, bytes: u64) -> Result<(), RegionError> {
+    pub fn set_requested_size(&mut self, bytes: u64) -> Result<(), LayoutError> {
         let block = self.layout.block_size;
         if !bytes.is_multiple_of(block) || bytes > self.layout.size {
-            return Err(RegionError::RequestedSize {
+            return Err(LayoutError::RequestedSize {
                 requested: bytes,
                 block,
                 size: self.layout.size,

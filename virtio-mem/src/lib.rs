@@ -32,5 +32,5 @@ mod blocks;
 mod request;
 pub mod spec;
 
-pub use blocks::{BlockState, Blocks, MemBackend, PlugError, RegionError, RegionLayout};
+pub use blocks::{BlockState, Blocks, LayoutError, MemBackend, PlugError, RegionLayout};
 pub use request::{Request, Response};

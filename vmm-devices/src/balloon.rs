@@ -39,7 +39,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use backend::GuestMemBackend;
 pub use device::{BalloonDevice, BalloonTransport, Memory};
 pub use handle::{
-    create, device_config, BalloonControlError, BalloonHandle, CreateError, NewBalloon,
+    create, device_config, BalloonControlError, BalloonCreateError, BalloonHandle, NewBalloon,
 };
 pub use stats_timer::{StatsInterval, StatsTimer, StatsTimerError};
 

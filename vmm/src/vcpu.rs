@@ -17,7 +17,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use crate::arch::x86_64::state::VcpuState;
 use crate::metrics::METRICS;
 use crate::seccomp::ThreadKind;
-use crate::vm::control::{Checkpoint, StopReason, VmControl};
+use crate::vm::run_control::{Checkpoint, StopReason, VmControl};
 use vmm_devices::Bus;
 
 /// The device buses vCPUs dispatch exits to.

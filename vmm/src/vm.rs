@@ -11,7 +11,7 @@
 //! The vCPUs start paused so that a lazy guest-memory backend can map each vCPU thread id to its
 //! vCPU (and its allocator core) before the guest touches memory.
 
-pub mod control;
+pub mod run_control;
 #[cfg(test)]
 mod tests;
 
@@ -28,7 +28,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::vcpu::{Buses, Vcpu, VcpuExitReason};
-use control::{StopReason, VmControl};
+use run_control::{StopReason, VmControl};
 
 /// Errors of VM creation and start.
 #[derive(Debug, thiserror::Error)]
@@ -448,7 +448,7 @@ impl RunningVm {
     }
 
     /// Lets the vCPUs run (they start paused).
-    pub fn resume(&self) -> Result<(), control::ControlError> {
+    pub fn resume(&self) -> Result<(), run_control::RunControlError> {
         self.control.resume()
     }
 

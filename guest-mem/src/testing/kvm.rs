@@ -33,7 +33,7 @@ pub enum KvmError {
 
 /// How a vCPU run ended, if not with the program's result.
 #[derive(Debug, PartialEq, Eq)]
-pub enum RunError {
+pub enum TouchError {
     /// KVM_RUN was interrupted because a fault could not be resolved.
     Fault(FaultError),
     /// Anything else.
@@ -144,17 +144,17 @@ impl Vm {
     }
 
     /// Registers the calling thread as vCPU `index` of `memory` and creates that vCPU.
-    pub fn vcpu_of(&self, memory: &GuestMemory, index: usize) -> Result<TouchVcpu, RunError> {
+    pub fn vcpu_of(&self, memory: &GuestMemory, index: usize) -> Result<TouchVcpu, TouchError> {
         memory
             .register_vcpu(index)
-            .map_err(|e| RunError::Other(format!("register: {e}")))?;
+            .map_err(|e| TouchError::Other(format!("register: {e}")))?;
         self.create_vcpu(index)
-            .map_err(|e| RunError::Other(e.to_string()))
+            .map_err(|e| TouchError::Other(e.to_string()))
     }
 
     /// Registers the calling thread as vCPU `index` of `memory`, creates that vCPU and runs
     /// `touch` on it. Returns the OR of the old values.
-    pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, RunError> {
+    pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, TouchError> {
         self.vcpu_of(memory, index)?.run(touch, Some(memory))
     }
 }
@@ -169,8 +169,8 @@ pub struct TouchVcpu {
 
 impl TouchVcpu {
     /// Runs the plain program over `touch`; returns the OR of the old values. A fault of
-    /// `memory` that cannot be resolved ends the run with [`RunError::Fault`].
-    pub fn run(&mut self, touch: Touch, memory: Option<&GuestMemory>) -> Result<u32, RunError> {
+    /// `memory` that cannot be resolved ends the run with [`TouchError::Fault`].
+    pub fn run(&mut self, touch: Touch, memory: Option<&GuestMemory>) -> Result<u32, TouchError> {
         self.execute(0, touch, memory, &mut || {})
     }
 
@@ -180,7 +180,7 @@ impl TouchVcpu {
         touch: Touch,
         memory: Option<&GuestMemory>,
         each: &mut dyn FnMut(),
-    ) -> Result<u32, RunError> {
+    ) -> Result<u32, TouchError> {
         self.execute(STEPPED, touch, memory, each)
     }
 
@@ -190,8 +190,9 @@ impl TouchVcpu {
         touch: Touch,
         memory: Option<&GuestMemory>,
         each: &mut dyn FnMut(),
-    ) -> Result<u32, RunError> {
-        let other = |what: &str, e: &dyn std::fmt::Display| RunError::Other(format!("{what}: {e}"));
+    ) -> Result<u32, TouchError> {
+        let other =
+            |what: &str, e: &dyn std::fmt::Display| TouchError::Other(format!("{what}: {e}"));
         let regs = kvm_regs {
             rip: self.code + entry,
             rflags: 2,
@@ -211,13 +212,13 @@ impl TouchVcpu {
                     result = bytes.map(u32::from_le_bytes);
                 }
                 Ok(VcpuExit::Hlt) => {
-                    return result.ok_or_else(|| RunError::Other("halted early".into()));
+                    return result.ok_or_else(|| TouchError::Other("halted early".into()));
                 }
                 Ok(VcpuExit::Intr) => {}
-                Ok(exit) => return Err(RunError::Other(format!("unexpected exit {exit:?}"))),
+                Ok(exit) => return Err(TouchError::Other(format!("unexpected exit {exit:?}"))),
                 Err(e) if e.errno() == libc::EINTR => {
                     if let Some(error) = memory.and_then(|m| m.take_fault_error(self.index)) {
-                        return Err(RunError::Fault(error));
+                        return Err(TouchError::Fault(error));
                     }
                 }
                 Err(e) => return Err(other("KVM_RUN", &e)),

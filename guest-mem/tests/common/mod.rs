@@ -9,7 +9,7 @@ use guest_mem::testing::{self, KvmError};
 use guest_mem::{GuestMemory, MemoryConfig};
 use vm_memory::GuestAddress;
 
-pub use guest_mem::testing::{touch, HugePages, RunError, Touch};
+pub use guest_mem::testing::{touch, HugePages, Touch, TouchError};
 
 /// 1 MiB.
 pub const MIB: u64 = 1 << 20;
@@ -63,7 +63,7 @@ impl Vm {
 
     /// Runs the touch program on a new vCPU `index`, on the calling thread (registered with
     /// `memory` as that vCPU). Returns the OR of the old values.
-    pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, RunError> {
+    pub fn run(&self, memory: &GuestMemory, index: usize, touch: Touch) -> Result<u32, TouchError> {
         self.0.run(memory, index, touch)
     }
 
@@ -74,7 +74,7 @@ impl Vm {
         memory: &GuestMemory,
         index: usize,
         touch: Touch,
-    ) -> Result<u32, RunError> {
+    ) -> Result<u32, TouchError> {
         self.0.vcpu_of(memory, index)?.run(touch, None)
     }
 
@@ -84,7 +84,7 @@ impl Vm {
         &self,
         memory: &GuestMemory,
         touches: &[Touch],
-    ) -> Vec<Result<u32, RunError>> {
+    ) -> Vec<Result<u32, TouchError>> {
         std::thread::scope(|s| {
             let handles: Vec<_> = touches
                 .iter()

@@ -92,7 +92,7 @@ fn offers_features_and_queues_from_its_options() {
     };
     assert!(matches!(
         TestBalloon::new(bad, RecordingBackend::default()),
-        Err(BalloonError::Config(ConfigError::QueueSize(100)))
+        Err(BalloonError::Config(OptionsError::QueueSize(100)))
     ));
 }
 
@@ -270,7 +270,7 @@ fn targets_update_the_config_space_and_notify_an_active_driver() {
     assert_eq!(s.notifier.config(), 1);
     assert!(matches!(
         s.balloon.set_target_mib(1 << 40),
-        Err(BalloonError::Config(ConfigError::TargetTooLarge { .. }))
+        Err(BalloonError::Config(OptionsError::TargetTooLarge { .. }))
     ));
     assert_eq!(s.balloon.target_pages(), 65536);
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use guest_mem::GuestMemory;
 use virtio_balloon::{
-    pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonInfo, ConfigError,
-    HintingStatus,
+    pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonInfo, HintingStatus,
+    OptionsError,
 };
 
 use super::config::BalloonDeviceConfig;
@@ -19,7 +19,7 @@ use super::{lock, BalloonDevice};
 
 /// Errors of creating a balloon.
 #[derive(Debug, thiserror::Error)]
-pub enum CreateError {
+pub enum BalloonCreateError {
     /// The balloon options are invalid.
     #[error("virtio-balloon: {0}")]
     Device(#[source] BalloonError),
@@ -156,7 +156,7 @@ impl BalloonHandle {
 
 /// The virtio-balloon options of a configured balloon device: the initial target, deflate-on-OOM, free page
 /// reporting, statistics (an interval of 0 turns them off), MUST_TELL_HOST and 1024-entry queues.
-pub fn device_config(balloon: &BalloonDeviceConfig) -> Result<BalloonConfig, ConfigError> {
+pub fn device_config(balloon: &BalloonDeviceConfig) -> Result<BalloonConfig, OptionsError> {
     let interval = balloon.stats_polling_interval_s;
     Ok(BalloonConfig {
         target_pages: pages_from_bytes(balloon.size)?,
@@ -180,9 +180,12 @@ pub struct NewBalloon {
 }
 
 /// Creates a balloon with `config` over `memory`, with its statistics timer and API handle.
-pub fn create(memory: Arc<GuestMemory>, config: BalloonConfig) -> Result<NewBalloon, CreateError> {
+pub fn create(
+    memory: Arc<GuestMemory>,
+    config: BalloonConfig,
+) -> Result<NewBalloon, BalloonCreateError> {
     let memory_bytes = memory.regions().iter().map(|r| r.size()).sum();
-    let device = BalloonDevice::new(config, memory).map_err(CreateError::Device)?;
+    let device = BalloonDevice::new(config, memory).map_err(BalloonCreateError::Device)?;
     let device = Arc::new(Mutex::new(device));
     let (stats_timer, stats) = StatsTimer::new(device.clone())?;
     let handle = BalloonHandle {

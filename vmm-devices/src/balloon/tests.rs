@@ -210,7 +210,10 @@ fn the_balloon_option_becomes_device_options() {
         queue_size: 3,
         ..config
     };
-    assert!(matches!(create(memory(), bad), Err(CreateError::Device(_))));
+    assert!(matches!(
+        create(memory(), bad),
+        Err(BalloonCreateError::Device(_))
+    ));
 }
 
 #[test]

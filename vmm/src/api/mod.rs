@@ -13,13 +13,13 @@
 //! curl --unix-socket /tmp/vmm.sock -X PATCH -d '{"state":"Paused"}' http://localhost/vm
 //! ```
 
-pub mod control;
 pub mod http;
 pub mod model;
 mod request_threads;
 pub mod resources;
 pub mod routes;
 pub mod server;
+pub mod vmm_control;
 
-pub use control::{ControlError, LogControl, PreBoot, VmmControl};
 pub use server::{ApiServer, ServerError};
+pub use vmm_control::{ControlError, LogControl, PreBoot, VmmControl};

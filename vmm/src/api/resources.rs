@@ -6,12 +6,12 @@ use std::path::Path;
 
 use guest_mem::{Populate, Scrub};
 
-use super::control::ControlError;
 use super::model::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
     MmdsConfigRequest, NetworkInterface, Pmem, Vsock, ZoneAttachment,
 };
+use super::vmm_control::ControlError;
 use crate::arch::x86_64::cpu_template::{CpuTemplate, CustomCpuTemplate};
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,

@@ -77,13 +77,13 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::control::{ControlError, PreBoot, VmmControl};
 use super::http::{Method, Request, Response};
 use super::model::{
     ActionRequest, ActionType, BalloonStartCmd, BalloonStatsUpdate, BalloonUpdate, PartialDrive,
     PartialNetworkInterface, PartialPmem, RequestedState, SnapshotCreateParams, SnapshotLoadParams,
     VersionInfo, VmStateRequest,
 };
+use super::vmm_control::{ControlError, PreBoot, VmmControl};
 use crate::metrics::{Level, Operation, METRICS};
 
 fn fault(error: ControlError) -> Response {

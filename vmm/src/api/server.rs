@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::control::VmmControl;
 use super::http::{Progress, Request, RequestError, RequestReader, Response, CONTINUE};
 use super::request_threads::RequestThreads;
 use super::routes;
+use super::vmm_control::VmmControl;
 use crate::config::MAX_SOCKET_PATH;
 use crate::metrics::METRICS;
 use crate::seccomp::ThreadKind;

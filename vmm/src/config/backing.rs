@@ -9,7 +9,7 @@ use guest_mem::{Backing, FrameSize};
 
 /// Errors of parsing `--backing`.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum BackingError {
+pub enum BackingKindError {
     /// The kind is unknown.
     #[error("unknown backing '{0}': expected anon, hugetlb-2m, hugetlb-1g, file:PATH or dax:PATH")]
     Unknown(String),
@@ -64,12 +64,12 @@ impl BackingKind {
 }
 
 impl FromStr for BackingKind {
-    type Err = BackingError;
+    type Err = BackingKindError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let path = |rest: &str| {
             if rest.is_empty() {
-                Err(BackingError::MissingPath(text.to_owned()))
+                Err(BackingKindError::MissingPath(text.to_owned()))
             } else {
                 Ok(PathBuf::from(rest))
             }
@@ -84,7 +84,7 @@ impl FromStr for BackingKind {
                 } else if let Some(rest) = text.strip_prefix("dax:") {
                     path(rest).map(BackingKind::Dax)
                 } else {
-                    Err(BackingError::Unknown(text.to_owned()))
+                    Err(BackingKindError::Unknown(text.to_owned()))
                 }
             }
         }
@@ -137,13 +137,13 @@ mod tests {
         ] {
             assert_eq!(
                 bad.parse::<BackingKind>(),
-                Err(BackingError::Unknown(bad.to_owned()))
+                Err(BackingKindError::Unknown(bad.to_owned()))
             );
         }
         for bad in ["file:", "dax:"] {
             assert_eq!(
                 bad.parse::<BackingKind>(),
-                Err(BackingError::MissingPath(bad.to_owned()))
+                Err(BackingKindError::MissingPath(bad.to_owned()))
             );
         }
     }

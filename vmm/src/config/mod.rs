@@ -9,7 +9,7 @@
 mod backing;
 
 pub use crate::layout::{MAX_MEMORY, MIN_MEMORY};
-pub use backing::{BackingError, BackingKind};
+pub use backing::{BackingKind, BackingKindError};
 pub use vmm_devices::balloon::config::{BalloonConfigError, BalloonDeviceConfig};
 pub use vmm_devices::block::config::{
     check_drive_id, check_drives, open_image, DriveConfig, DriveError, MAX_DRIVE_ID,

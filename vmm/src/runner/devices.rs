@@ -19,7 +19,7 @@ use crate::boot::VirtioMmioEntry;
 use crate::config::{open_image, ConfigError, DriveConfig, VmConfig};
 use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
 use crate::vcpu::Buses;
-use vmm_devices::balloon::{self, BalloonHandle, CreateError};
+use vmm_devices::balloon::{self, BalloonCreateError, BalloonHandle};
 use vmm_devices::block::{BlockDevice, BlockHandle};
 use vmm_devices::entropy::{EntropyDevice, EntropyHandle};
 use vmm_devices::event_loop::{QueueSubscriber, Subscriber};
@@ -78,10 +78,10 @@ pub enum DeviceError {
     Bus(#[from] BusError),
     /// The `--balloon` options do not make a valid device.
     #[error("--balloon: {0}")]
-    BalloonOption(#[source] virtio_balloon::ConfigError),
+    BalloonOption(#[source] virtio_balloon::OptionsError),
     /// The balloon could not be created.
     #[error(transparent)]
-    Balloon(#[from] CreateError),
+    Balloon(#[from] BalloonCreateError),
     /// A drive's image could not be opened.
     #[error("drive {id}: {source}")]
     Drive {

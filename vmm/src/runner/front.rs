@@ -15,14 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::console::SerialFile;
-use super::control::update_store;
 use super::early_vm::EarlyKvmVm;
 use super::metrics::{MetricsSink, FLUSH_INTERVAL};
 use super::session::Session;
+use super::session_api::update_store;
 use super::signals::StopSignals;
 use super::snapshot::{prepare, SnapshotError};
 use super::{RunError, RunOutcome, StopCause};
-use crate::api::control::{HOTPLUG_NOT_CONFIGURED, NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::model::{
     BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
     FullVmConfiguration, InstanceInfo, MachineConfiguration, MachineInfo, MemoryHotplugSizeUpdate,
@@ -30,6 +29,7 @@ use crate::api::model::{
     SnapshotCreateParams, SnapshotLoadParams, VmState,
 };
 use crate::api::resources::{VmResources, DEFAULT_PMEM_ID};
+use crate::api::vmm_control::{HOTPLUG_NOT_CONFIGURED, NOT_AFTER_START, NOT_BEFORE_START};
 use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use crate::config::VmConfig;
 use crate::metrics::{Level, Operation, METRICS};

@@ -29,7 +29,7 @@ use crate::boot::{add_kernel_arg, load_linux, BootEntry, LinuxBoot, LinuxBootCon
 use crate::config::{threads_per_core, LinuxConfig};
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vcpu::Buses;
-use crate::vm::control::StopReason;
+use crate::vm::run_control::StopReason;
 use crate::vm::{KvmVm, Vm};
 use vmm_devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use vmm_devices::BusDevice;

@@ -25,7 +25,6 @@
 //! the guest goes on.
 
 mod console;
-mod control;
 mod devices;
 mod early_vm;
 mod events;
@@ -36,6 +35,7 @@ mod metrics;
 mod progress;
 mod reclaim;
 mod session;
+mod session_api;
 mod signals;
 mod snapshot;
 mod test_guest;

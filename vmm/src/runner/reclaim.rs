@@ -34,7 +34,7 @@ use guest_mem::GuestMemory;
 use virtio_balloon::spec::{FREE_PAGE_HINT_DONE, VIRTIO_BALLOON_F_FREE_PAGE_HINT};
 use virtio_balloon::BalloonInfo;
 
-use crate::vm::control::{RunState, VmControl};
+use crate::vm::run_control::{RunState, VmControl};
 use vmm_devices::balloon::BalloonHandle;
 
 /// How often the policy looks at the zone.

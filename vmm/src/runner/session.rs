@@ -13,7 +13,7 @@ use super::{FaultingThread, RunError, RunOutcome, StopCause};
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::testguest::ReportDevice;
 use crate::testguest::TestGuestError;
-use crate::vm::control::{RunState, StopReason, VmControl};
+use crate::vm::run_control::{RunState, StopReason, VmControl};
 use crate::vm::RunningVm;
 use vmm_devices::balloon::BalloonHandle;
 use vmm_devices::block::BlockHandle;

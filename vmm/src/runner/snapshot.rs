@@ -39,7 +39,7 @@ use crate::snapshot::{
     DeviceStates, InconsistentSnapshot, Machine, MemorySource, SavedGuest, SavedHotplug, VmSnapshot,
 };
 use crate::testguest::ReportSnapshot;
-use crate::vm::control;
+use crate::vm::run_control;
 use vmm_devices::block::BlockHandle;
 use vmm_devices::i8042::I8042Snapshot;
 use vmm_devices::pmem::PmemHandle;
@@ -53,7 +53,7 @@ pub enum SnapshotError {
     State(String),
     /// A vCPU could not read its state.
     #[error("cannot read the vCPUs' state: {0}")]
-    Vcpus(#[source] control::ControlError),
+    Vcpus(#[source] run_control::RunControlError),
     /// KVM could not give the VM's state.
     #[error("cannot read the VM's state: {0}")]
     Vm(#[source] StateError),
@@ -312,9 +312,11 @@ impl Session {
             .wait_parked()
             .and_then(|()| control.save_vcpus())
             .map_err(|e| match e {
-                control::ControlError::NotPaused => not_paused(),
-                control::ControlError::Stopped => SnapshotError::State("the VM has stopped".into()),
-                e @ control::ControlError::WaitsForMemory { .. } => {
+                run_control::RunControlError::NotPaused => not_paused(),
+                run_control::RunControlError::Stopped => {
+                    SnapshotError::State("the VM has stopped".into())
+                }
+                e @ run_control::RunControlError::WaitsForMemory { .. } => {
                     SnapshotError::State(e.to_string())
                 }
                 e => SnapshotError::Vcpus(e),

@@ -15,7 +15,7 @@ use crate::testguest::workload::kind_name;
 use crate::testguest::{
     self, exit_code, Mismatch, Report, Resumption, RunOptions, TestGuestDevices, Workload,
 };
-use crate::vm::control::StopReason;
+use crate::vm::run_control::StopReason;
 use crate::vm::KvmVm;
 use vmm_devices::serial::SerialOutput;
 

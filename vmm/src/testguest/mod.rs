@@ -47,7 +47,7 @@ use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
 };
 use crate::vcpu::Buses;
-use crate::vm::control::ControlError;
+use crate::vm::run_control::RunControlError;
 use crate::vm::{KvmVm, RunningVm, Vm, VmError};
 use protocol::{
     DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,
@@ -309,7 +309,7 @@ where
     if !options.start_paused {
         match running.resume() {
             // Stopped by its owner (e.g. from the start hook) before it ran: the report says so.
-            Ok(()) | Err(ControlError::Stopped) => {}
+            Ok(()) | Err(RunControlError::Stopped) => {}
             Err(e) => return Err(TestGuestError::Setup(e.to_string())),
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::protocol::{exit_status, report_code, REPORT_STRIDE};
-use crate::vm::control::{StopReason, VmControl};
+use crate::vm::run_control::{StopReason, VmControl};
 use vmm_devices::{BusDevice, GuestWarnings};
 
 /// A checkpoint hook: runs on the vCPU thread that reached the checkpoint, while the other vCPUs

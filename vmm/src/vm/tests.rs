@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::control::{ControlError, RunState, StopReason};
+use super::run_control::{RunControlError, RunState, StopReason};
 use super::{Vm, VmError};
 use crate::arch::x86_64::paging::PageSize;
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
@@ -93,7 +93,7 @@ fn vcpus_start_paused_and_stop_while_spinning() {
     assert_eq!((reason, timed_out), (StopReason::Requested, false));
     let exits = control.vcpu_exits();
     assert!(exits.iter().all(|e| *e == Some(VcpuExitReason::Stopped)));
-    assert_eq!(control.resume(), Err(ControlError::Stopped));
+    assert_eq!(control.resume(), Err(RunControlError::Stopped));
 }
 
 #[test]

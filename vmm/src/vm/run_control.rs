@@ -14,7 +14,7 @@ use crate::vcpu::{self, VcpuExitReason};
 
 /// Errors of run control requests.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ControlError {
+pub enum RunControlError {
     /// The VM has stopped (or is stopping) and cannot be paused or resumed.
     #[error("the VM has stopped")]
     Stopped,
@@ -256,13 +256,16 @@ impl VmControl {
 
     /// Asks all vCPUs to pause and returns at once; each parks when it next leaves `KVM_RUN`.
     /// Safe to call from a vCPU thread (e.g. from a device); [`Self::pause`] also waits.
-    pub fn request_pause(&self) -> Result<(), ControlError> {
+    pub fn request_pause(&self) -> Result<(), RunControlError> {
         Self::request_pause_locked(&mut self.lock(), &self.pending)
     }
 
-    fn request_pause_locked(state: &mut State, pending: &AtomicBool) -> Result<(), ControlError> {
+    fn request_pause_locked(
+        state: &mut State,
+        pending: &AtomicBool,
+    ) -> Result<(), RunControlError> {
         if state.requested == RunState::Stopped {
-            return Err(ControlError::Stopped);
+            return Err(RunControlError::Stopped);
         }
         state.requested = RunState::Paused;
         pending.store(true, Ordering::SeqCst);
@@ -272,9 +275,9 @@ impl VmControl {
 
     /// Pauses all vCPUs and returns once every running vCPU waits outside `KVM_RUN`, or is held
     /// where it waits for memory (see [`Self::on_pause_count`]).
-    pub fn pause(&self) -> Result<(), ControlError> {
+    pub fn pause(&self) -> Result<(), RunControlError> {
         if vcpu::current_vcpu_index().is_some() {
-            return Err(ControlError::CalledFromVcpu);
+            return Err(RunControlError::CalledFromVcpu);
         }
         let mut state = self.lock();
         Self::request_pause_locked(&mut state, &self.pending)?;
@@ -282,7 +285,7 @@ impl VmControl {
             state = self.wait_for_change(state);
         }
         match state.requested {
-            RunState::Stopped => Err(ControlError::Stopped),
+            RunState::Stopped => Err(RunControlError::Stopped),
             _ => Ok(()),
         }
     }
@@ -302,10 +305,10 @@ impl VmControl {
     }
 
     /// Lets paused vCPUs run (again).
-    pub fn resume(&self) -> Result<(), ControlError> {
+    pub fn resume(&self) -> Result<(), RunControlError> {
         let mut state = self.lock();
         if state.requested == RunState::Stopped {
-            return Err(ControlError::Stopped);
+            return Err(RunControlError::Stopped);
         }
         state.requested = RunState::Running;
         self.pending.store(false, Ordering::SeqCst);
@@ -346,13 +349,13 @@ impl VmControl {
     /// parked; fails if no pause is asked for, or the VM stops or resumes meanwhile.
     /// A vCPU held where it waits for memory (see [`Self::on_pause_count`]) never parks: then
     /// this fails at once.
-    pub fn wait_parked(&self) -> Result<(), ControlError> {
+    pub fn wait_parked(&self) -> Result<(), RunControlError> {
         let mut state = self.lock();
         while state.requested == RunState::Paused && !state.all_paused(false) {
             if state.all_paused(true) {
                 let held = (0..state.exits.len())
                     .find(|&index| !state.parked_vcpus[index] && state.exits[index].is_none());
-                return Err(ControlError::WaitsForMemory {
+                return Err(RunControlError::WaitsForMemory {
                     vcpu: held.unwrap_or_default(),
                 });
             }
@@ -360,19 +363,19 @@ impl VmControl {
         }
         match state.requested {
             RunState::Paused => Ok(()),
-            RunState::Stopped => Err(ControlError::Stopped),
-            RunState::Running => Err(ControlError::NotPaused),
+            RunState::Stopped => Err(RunControlError::Stopped),
+            RunState::Running => Err(RunControlError::NotPaused),
         }
     }
 
     /// Reads the state of every vCPU of a paused VM: each vCPU thread reads its own, where it
     /// waits. Fails when the VM is not paused (or stops meanwhile) or a vCPU cannot read it.
-    pub fn save_vcpus(&self) -> Result<Vec<VcpuState>, ControlError> {
+    pub fn save_vcpus(&self) -> Result<Vec<VcpuState>, RunControlError> {
         let mut state = self.lock();
         let count = state.exits.len();
         let all_parked = |state: &State| state.parked + state.exited() == count;
         if state.requested != RunState::Paused || !all_parked(&state) || state.exited() > 0 {
-            return Err(ControlError::NotPaused);
+            return Err(RunControlError::NotPaused);
         }
         state.save_requested.fill(true);
         state.saved.iter_mut().for_each(|saved| *saved = None);
@@ -382,7 +385,7 @@ impl VmControl {
         }
         state.save_requested.fill(false);
         if state.requested != RunState::Paused {
-            return Err(ControlError::Stopped);
+            return Err(RunControlError::Stopped);
         }
         // Wait until every vCPU is parked again, so that a resume finds them all where it expects.
         while state.requested == RunState::Paused && !all_parked(&state) {
@@ -395,8 +398,8 @@ impl VmControl {
             .enumerate()
             .map(|(vcpu, saved)| match saved {
                 Some(Ok(vcpu_state)) => Ok(vcpu_state),
-                Some(Err(message)) => Err(ControlError::SaveFailed { vcpu, message }),
-                None => Err(ControlError::Stopped),
+                Some(Err(message)) => Err(RunControlError::SaveFailed { vcpu, message }),
+                None => Err(RunControlError::Stopped),
             })
             .collect()
     }
@@ -548,14 +551,17 @@ mod tests {
         // Each parked vCPU answers a save request (these fake ones with an error).
         assert_eq!(
             control.save_vcpus().unwrap_err(),
-            ControlError::SaveFailed {
+            RunControlError::SaveFailed {
                 vcpu: 0,
                 message: "fake vCPU 0".into()
             }
         );
         assert_eq!(control.lock().parked, 2, "parked again");
         control.resume().unwrap();
-        assert_eq!(control.save_vcpus().unwrap_err(), ControlError::NotPaused);
+        assert_eq!(
+            control.save_vcpus().unwrap_err(),
+            RunControlError::NotPaused
+        );
         control.request_stop(StopReason::GuestExit(3));
         control.request_stop(StopReason::Requested);
         assert!(control.wait_for_exit(Some(Duration::from_secs(10))));
@@ -565,8 +571,8 @@ mod tests {
             Some(StopReason::GuestExit(3)),
             "first wins"
         );
-        assert_eq!(control.pause(), Err(ControlError::Stopped));
-        assert_eq!(control.resume(), Err(ControlError::Stopped));
+        assert_eq!(control.pause(), Err(RunControlError::Stopped));
+        assert_eq!(control.resume(), Err(RunControlError::Stopped));
     }
 
     #[test]
@@ -580,7 +586,7 @@ mod tests {
             std::thread::yield_now();
         }
         control.request_stop(StopReason::Requested);
-        assert_eq!(control.request_pause(), Err(ControlError::Stopped));
+        assert_eq!(control.request_pause(), Err(RunControlError::Stopped));
         threads.into_iter().for_each(|t| t.join().unwrap());
     }
 

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use crate::api::control::HOTPLUG_NOT_CONFIGURED;
 use crate::api::model::{
     BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
     FullVmConfiguration, MachineConfiguration, MachineInfo, MemoryHotplugSizeUpdate,
@@ -11,8 +10,9 @@ use crate::api::model::{
     SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
 use crate::api::resources::{check_path_id, full_configuration, machine_configuration};
+use crate::api::vmm_control::HOTPLUG_NOT_CONFIGURED;
 use crate::api::{ControlError, VmmControl};
-use crate::vm::control::{self, RunState, VmControl};
+use crate::vm::run_control::{self, RunState, VmControl};
 use vmm_devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
 use vmm_devices::block::BlockHandle;
 use vmm_devices::mem::MemControlError;
@@ -21,16 +21,19 @@ use super::session::{Phase, Session};
 use super::StopCause;
 
 /// What a run control error means to an API client.
-fn api_error(error: control::ControlError) -> ControlError {
+fn api_error(error: run_control::RunControlError) -> ControlError {
     match error {
-        control::ControlError::Stopped => ControlError::InvalidState("the VM has stopped".into()),
-        control::ControlError::NotPaused => ControlError::InvalidState(
+        run_control::RunControlError::Stopped => {
+            ControlError::InvalidState("the VM has stopped".into())
+        }
+        run_control::RunControlError::NotPaused => ControlError::InvalidState(
             "the VM is not paused (PATCH /vm {\"state\":\"Paused\"})".into(),
         ),
-        control::ControlError::WaitsForMemory { .. } => {
+        run_control::RunControlError::WaitsForMemory { .. } => {
             ControlError::InvalidState(error.to_string())
         }
-        control::ControlError::CalledFromVcpu | control::ControlError::SaveFailed { .. } => {
+        run_control::RunControlError::CalledFromVcpu
+        | run_control::RunControlError::SaveFailed { .. } => {
             ControlError::Internal(error.to_string())
         }
     }
@@ -320,14 +323,14 @@ impl VmmControl for Session {
 
     fn update_mmds(&self, data: serde_json::Value, patch: bool) -> Result<(), ControlError> {
         let mmds = self.config().mmds.as_ref().ok_or_else(|| {
-            ControlError::InvalidArgument(crate::api::control::MMDS_NOT_CONFIGURED.into())
+            ControlError::InvalidArgument(crate::api::vmm_control::MMDS_NOT_CONFIGURED.into())
         })?;
         update_store(&mmds.store, data, patch)
     }
 
     fn mmds(&self) -> Result<serde_json::Value, ControlError> {
         let mmds = self.config().mmds.as_ref().ok_or_else(|| {
-            ControlError::InvalidArgument(crate::api::control::MMDS_NOT_CONFIGURED.into())
+            ControlError::InvalidArgument(crate::api::vmm_control::MMDS_NOT_CONFIGURED.into())
         })?;
         let value = mmds
             .store
