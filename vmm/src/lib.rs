@@ -11,7 +11,6 @@ pub mod runner;
 pub mod seccomp;
 pub mod snapshot;
 pub mod testguest;
-pub mod vcpu;
 pub mod vm;
 
 pub use runner::run;

@@ -11,9 +11,11 @@
 //! The vCPUs start paused so that a lazy guest-memory backend can map each vCPU thread id to its
 //! vCPU (and its allocator core) before the guest touches memory.
 
+pub mod kick;
 pub mod run_control;
 #[cfg(test)]
 mod tests;
+pub mod vcpu;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,8 +29,9 @@ use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRang
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::arch::x86_64::state::{VcpuState, VmState};
-use crate::vcpu::{Buses, Vcpu, VcpuExitReason};
+use run_control::VcpuExitReason;
 use run_control::{StopReason, VmControl};
+use vcpu::{Buses, Vcpu};
 
 /// Errors of VM creation and start.
 #[derive(Debug, thiserror::Error)]

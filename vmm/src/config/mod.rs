@@ -295,15 +295,6 @@ pub fn check_smt(vcpus: usize, smt: bool) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Threads per core of a VM: 2 with SMT.
-pub fn threads_per_core(smt: bool) -> u32 {
-    if smt {
-        2
-    } else {
-        1
-    }
-}
-
 /// Checks a guest RAM size: within [`MIN_MEMORY`, `MAX_MEMORY`] and a whole number of the
 /// backing's frames.
 pub fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError> {

@@ -18,7 +18,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::boot::VirtioMmioEntry;
 use crate::config::{open_image, ConfigError, DriveConfig, VmConfig};
 use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
-use crate::vcpu::Buses;
+use crate::vm::vcpu::Buses;
 use vmm_devices::balloon::{self, BalloonCreateError, BalloonHandle};
 use vmm_devices::block::{BlockDevice, BlockHandle};
 use vmm_devices::entropy::{EntropyDevice, EntropyHandle};

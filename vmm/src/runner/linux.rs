@@ -16,6 +16,7 @@ use super::session::Session;
 use super::snapshot::ResumedStates;
 use super::{DeviceError, ResetCause, RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpu_template::CpuTemplate;
+use crate::arch::x86_64::cpuid::threads_per_core;
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::lapic::setup_lint_pins;
 use crate::arch::x86_64::mptable::write_mptable;
@@ -26,10 +27,10 @@ use crate::arch::x86_64::{
     MIN_IDENTITY_MAPPED,
 };
 use crate::boot::{add_kernel_arg, load_linux, BootEntry, LinuxBoot, LinuxBootConfig};
-use crate::config::{threads_per_core, LinuxConfig};
+use crate::config::LinuxConfig;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
-use crate::vcpu::Buses;
 use crate::vm::run_control::StopReason;
+use crate::vm::vcpu::Buses;
 use crate::vm::{KvmVm, Vm};
 use vmm_devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
 use vmm_devices::BusDevice;

@@ -8,7 +8,7 @@ use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolEr
 use vm_memory::GuestAddress;
 
 use crate::config::{format_size, VmConfig, ZoneTarget};
-use crate::vcpu::kick_signal;
+use crate::vm::kick::kick_signal;
 
 /// Where a VM's frames come from.
 #[derive(Debug)]

@@ -37,17 +37,17 @@ use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::x86_64::cpu_template::CpuTemplate;
+use crate::arch::x86_64::cpuid::threads_per_core;
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::paging::{IdentityMap, PageSize};
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::state::{VcpuState, VmState};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
-use crate::config::threads_per_core;
 use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
 };
-use crate::vcpu::Buses;
 use crate::vm::run_control::RunControlError;
+use crate::vm::vcpu::Buses;
 use crate::vm::{KvmVm, RunningVm, Vm, VmError};
 use protocol::{
     DESCRIPTOR_ADDR, IMAGE_START, MAX_VCPUS, PAGE_TABLES_END, PAGE_TABLES_START, REPORT_MMIO_BASE,

@@ -3,14 +3,27 @@
 //!
 //! The vCPUs poll one atomic flag after every exit (lock-free on the hot path); only when a
 //! request is pending do they take the lock. A request also kicks every vCPU thread out of
-//! `KVM_RUN` with a signal (see [`crate::vcpu`]), so a guest spinning without exits stops too.
+//! `KVM_RUN` with a signal (see [`super::kick`]), so a guest spinning without exits stops too.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::kick;
 use crate::arch::x86_64::state::VcpuState;
-use crate::vcpu::{self, VcpuExitReason};
+
+/// How a vCPU thread ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VcpuExitReason {
+    /// It saw a stop request.
+    Stopped,
+    /// The guest executed HLT (only exits without an in-kernel irqchip).
+    Halted,
+    /// The guest triple-faulted or asked for a reset or power-off.
+    Shutdown,
+    /// KVM reported an error; the message says which.
+    Failed(String),
+}
 
 /// Errors of run control requests.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -196,7 +209,7 @@ impl VmControl {
     fn kick_all(state: &State) {
         for (thread, exit) in state.threads.iter().zip(&state.exits) {
             if exit.is_none() {
-                vcpu::kick_thread(*thread);
+                kick::kick_thread(*thread);
             }
         }
     }
@@ -276,7 +289,7 @@ impl VmControl {
     /// Pauses all vCPUs and returns once every running vCPU waits outside `KVM_RUN`, or is held
     /// where it waits for memory (see [`Self::on_pause_count`]).
     pub fn pause(&self) -> Result<(), RunControlError> {
-        if vcpu::current_vcpu_index().is_some() {
+        if kick::current_vcpu_index().is_some() {
             return Err(RunControlError::CalledFromVcpu);
         }
         let mut state = self.lock();

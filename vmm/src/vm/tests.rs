@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use super::run_control::VcpuExitReason;
 use super::run_control::{RunControlError, RunState, StopReason};
+use super::vcpu::Buses;
 use super::{Vm, VmError};
 use crate::arch::x86_64::paging::PageSize;
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
 use crate::arch::x86_64::{write_boot_tables, BootLayout};
-use crate::vcpu::{Buses, VcpuExitReason};
 
 const CODE: u64 = 0x10_0000;
 const JMP_SELF: &[u8] = &[0xeb, 0xfe];

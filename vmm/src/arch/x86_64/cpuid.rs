@@ -55,6 +55,15 @@ pub struct VcpuTopology {
     pub threads_per_core: u32,
 }
 
+/// Threads per core of a VM: 2 with SMT.
+pub fn threads_per_core(smt: bool) -> u32 {
+    if smt {
+        2
+    } else {
+        1
+    }
+}
+
 impl VcpuTopology {
     /// Threads per core as the guest sees them.
     fn threads(self) -> u32 {

@@ -96,7 +96,7 @@ fn read_msrs(vcpu: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, State
 
 impl VcpuState {
     /// Reads the state of `vcpu`, which must be out of `KVM_RUN` with no I/O left to complete
-    /// (see [`crate::vcpu`]). `msrs` lists the MSRs KVM asks VMMs to save
+    /// (see [`crate::vm::vcpu`]). `msrs` lists the MSRs KVM asks VMMs to save
     /// (`KVM_GET_MSR_INDEX_LIST`).
     pub fn save(vcpu: &VcpuFd, msrs: &[u32]) -> Result<Self, StateError> {
         let cpuid = vcpu

@@ -1,23 +1,17 @@
 //! A vCPU and its run loop: one thread per vCPU enters `KVM_RUN`, dispatches port I/O and MMIO
-//! exits to the device buses, and leaves on HLT, shutdown, errors or a stop request.
-//!
-//! Kicking: to get a thread out of `KVM_RUN`, `kick_thread` sends it [`kick_signal`]. The
-//! handler sets `immediate_exit` in that thread's own `kvm_run` (found through a thread-local
-//! pointer), so a kick that lands just before `KVM_RUN` is not lost: `KVM_RUN` returns `EINTR`
-//! at once and the loop looks at the pending request.
+//! exits to the device buses, and leaves on HLT, shutdown, errors or a stop request (a kick,
+//! [`super::kick`], gets it out of `KVM_RUN`).
 
-use std::cell::Cell;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Once;
 use std::time::Instant;
 
-use kvm_bindings::kvm_run;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
+use super::kick::{self, ClearKvmRun};
+use super::run_control::{Checkpoint, StopReason, VcpuExitReason, VmControl};
 use crate::arch::x86_64::state::VcpuState;
 use crate::metrics::METRICS;
 use crate::seccomp::ThreadKind;
-use crate::vm::run_control::{Checkpoint, StopReason, VmControl};
 use vmm_devices::Bus;
 
 /// The device buses vCPUs dispatch exits to.
@@ -29,19 +23,6 @@ pub struct Buses {
     pub mmio: Bus,
 }
 
-/// How a vCPU thread ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum VcpuExitReason {
-    /// It saw a stop request.
-    Stopped,
-    /// The guest executed HLT (only exits without an in-kernel irqchip).
-    Halted,
-    /// The guest triple-faulted or asked for a reset or power-off.
-    Shutdown,
-    /// KVM reported an error; the message says which.
-    Failed(String),
-}
-
 /// A vCPU of a [`crate::vm::Vm`], not yet running.
 #[derive(Debug)]
 pub struct Vcpu {
@@ -49,59 +30,6 @@ pub struct Vcpu {
     fd: VcpuFd,
     /// The MSRs its state includes, for snapshots.
     msrs_to_save: std::sync::Arc<[u32]>,
-}
-
-thread_local! {
-    /// The `kvm_run` of the vCPU this thread runs, for the kick signal handler.
-    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
-    /// Index of the vCPU this thread runs.
-    static VCPU_INDEX: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// The signal that kicks vCPU threads out of `KVM_RUN`: the first real-time signal.
-pub fn kick_signal() -> libc::c_int {
-    vmm_sys_util::signal::SIGRTMIN()
-}
-
-extern "C" fn handle_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // Only async-signal-safe work: one thread-local read and one volatile store.
-    let run = KVM_RUN.with(Cell::get);
-    if !run.is_null() {
-        // SAFETY: `run` points at this thread's mapped `kvm_run`; the pointer is cleared before
-        // the mapping goes away, and a signal handler runs on the thread it interrupts.
-        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
-    }
-}
-
-/// Installs the kick signal handler once per process.
-fn install_kick_handler() -> Result<(), vmm_sys_util::errno::Error> {
-    static INSTALL: Once = Once::new();
-    let mut result = Ok(());
-    INSTALL.call_once(|| {
-        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), handle_kick);
-    });
-    result
-}
-
-/// Sends the kick signal to a vCPU thread.
-pub(crate) fn kick_thread(thread: libc::pthread_t) {
-    // SAFETY: `thread` is a vCPU thread that has not been joined (the caller checks it has not
-    // ended under the control lock), and the kick signal has a handler.
-    unsafe { libc::pthread_kill(thread, kick_signal()) };
-}
-
-/// The index of the vCPU the calling thread runs, if it is a vCPU thread.
-pub fn current_vcpu_index() -> Option<usize> {
-    VCPU_INDEX.with(Cell::get)
-}
-
-/// Clears the thread's `kvm_run` pointer when dropped.
-struct ClearKvmRun;
-
-impl Drop for ClearKvmRun {
-    fn drop(&mut self) {
-        KVM_RUN.with(|r| r.set(std::ptr::null_mut()));
-    }
 }
 
 impl Vcpu {
@@ -125,17 +53,15 @@ impl Vcpu {
 
     /// Prepares the calling thread to run this vCPU: installs the kick handler.
     pub(crate) fn prepare_thread() -> Result<(), vmm_sys_util::errno::Error> {
-        install_kick_handler()
+        kick::install_handler()
     }
 
     /// The run loop; returns when the vCPU stops. Asks `control` to stop the whole VM when the
     /// guest shut down or the vCPU failed.
     pub(crate) fn run(mut self, buses: &Buses, control: &VmControl) -> VcpuExitReason {
-        VCPU_INDEX.with(|i| i.set(Some(self.index)));
-        KVM_RUN.with(|r| r.set(self.fd.get_kvm_run()));
         // Locals drop before parameters: the pointer is cleared before `self.fd` unmaps
         // `kvm_run`, even when unwinding.
-        let _clear = ClearKvmRun;
+        let _clear = ClearKvmRun::set(self.index, self.fd.get_kvm_run());
         log::debug!("vCPU {}: running", self.index);
         let reason = self.run_loop(buses, control);
         log::debug!("vCPU {}: ended: {reason:?}", self.index);
