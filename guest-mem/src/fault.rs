@@ -33,8 +33,9 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::pool::CoreFrames;
+use crate::region::Inner;
 use crate::region::{GuestRegion, RegionError};
-use crate::shared::{Inner, Shared};
+use crate::shared::Shared;
 use crate::stats::Counters;
 use crate::sys::uffd::Fault;
 use crate::sys::{wait_readable, Readiness};

@@ -34,9 +34,11 @@ pub mod zone;
 pub use discard::{DiscardStats, Reclaimed};
 pub use latency::LatencySummary;
 pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Population, Snapshot};
-pub use pool::{Backing, CoreFrames, Frame, FrameSize, Pool, PoolConfig, PoolError, Scrub};
+pub use pool::{
+    Backing, CoreFrames, Frame, FrameSize, Pool, PoolConfig, PoolError, PoolStats, Scrub, TreeUsage,
+};
 pub use region::{GuestRegion, RegionError};
-pub use stats::{FaultLatency, MemoryStats, PoolStats};
+pub use stats::{FaultLatency, MemoryStats};
 pub use sys::uffd::handler_ioctls as fault_handler_ioctls;
 pub use sys::{gettid, random_u64, wait_readable, Readiness};
 pub use vcpu::FaultError;

@@ -11,8 +11,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::fault::FaultHandlers;
 use crate::pool::{CoreFrames, Frame, FrameSize, Pool};
+use crate::region::Inner;
 use crate::region::{GuestRegion, RegionError};
-use crate::shared::{Inner, Shared};
+use crate::shared::Shared;
 use crate::stats::{Counters, MemoryStats};
 use crate::sys::uffd::{Uffd, UffdError};
 use crate::vcpu::{FaultError, VcpuRegistry};

@@ -1,12 +1,11 @@
 //! The state a guest memory's regions and its fault handler threads share: the pool, the
-//! userfaultfd, the vCPU registry and the counters ([`Shared`]), and the regions themselves
-//! ([`Inner`]), which the memory and the handlers keep alive together.
+//! userfaultfd, the vCPU registry and the counters ([`Shared`]; the regions themselves, which
+//! the memory and the handlers keep alive together, are `region::Inner`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::pool::Pool;
-use crate::region::GuestRegion;
 use crate::stats::Counters;
 use crate::sys::uffd::Uffd;
 use crate::vcpu::VcpuRegistry;
@@ -67,21 +66,5 @@ impl Shared {
         self.waiting_others
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// The regions, kept alive by the memory and its fault handlers.
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub regions: Vec<GuestRegion>,
-    pub shared: Arc<Shared>,
-}
-
-impl Inner {
-    /// The region and chunk of host address `addr`.
-    pub fn locate(&self, addr: usize) -> Option<(&GuestRegion, usize)> {
-        self.regions
-            .iter()
-            .find_map(|r| r.chunk_of_host(addr).map(|chunk| (r, chunk)))
     }
 }

@@ -4,10 +4,12 @@ mod backing;
 mod cache;
 mod header;
 mod persistent;
+mod stats;
 
 pub use backing::{available_huge_pages, sysfs_visible, Backing, BackingError};
 pub use cache::CoreFrames;
 pub use header::HeaderError;
+pub use stats::{PoolStats, TreeUsage};
 
 use std::io;
 use std::ops::Range;
@@ -18,9 +20,7 @@ use std::sync::Arc;
 use llfree::{Config, CoreId, FrameId, InitError, LLFree, Order, FRAME_SIZE, GIANT_ORDER};
 use thiserror::Error;
 
-use crate::stats::PoolStats;
 use crate::sys::{self, mmap};
-use crate::zone::Membership;
 pub(crate) use backing::BackingFile;
 use persistent::{open_file, Opened};
 
@@ -173,7 +173,14 @@ pub struct Pool {
     /// Per core of `cores`: a thread holds its cache ([`Pool::core_frames`]).
     cache_claims: Box<[AtomicBool]>,
     /// A zone's pool: this process's membership, ended when the pool goes.
-    membership: Option<Membership>,
+    membership: Option<Box<dyn Member>>,
+}
+
+/// A process's membership in what shares a pool's allocator (a zone's other processes), ended
+/// when the pool goes, after every user of the pool.
+pub(crate) trait Member: Send + Sync + std::fmt::Debug {
+    /// Leaves: gives back what this process holds of `llfree`, whose metadata lies in `file`.
+    fn leave(&self, llfree: &LLFree, file: &std::fs::File);
 }
 
 /// A claim flag per core of `cores`, none taken.
@@ -263,7 +270,7 @@ impl Pool {
         data_offset: u64,
         frame_size: FrameSize,
         cores: Range<usize>,
-        membership: Option<Membership>,
+        membership: Option<Box<dyn Member>>,
     ) -> Arc<Self> {
         let scrub = match file.can_punch {
             true => Scrub::PunchHole,

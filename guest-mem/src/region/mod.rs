@@ -565,3 +565,19 @@ impl Drop for GuestRegion {
         }
     }
 }
+
+/// The regions, kept alive by the memory and its fault handlers.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub regions: Vec<GuestRegion>,
+    pub shared: Arc<Shared>,
+}
+
+impl Inner {
+    /// The region and chunk of host address `addr`.
+    pub fn locate(&self, addr: usize) -> Option<(&GuestRegion, usize)> {
+        self.regions
+            .iter()
+            .find_map(|r| r.chunk_of_host(addr).map(|chunk| (r, chunk)))
+    }
+}

@@ -42,7 +42,7 @@ use std::time::Instant;
 use llfree::{Config, Init, InitError, LLFree, FRAME_SIZE};
 use thiserror::Error;
 
-use crate::pool::{BackingError, BackingFile, Frame, FrameSize, Pool};
+use crate::pool::{BackingError, BackingFile, Frame, FrameSize, Member, Pool};
 use crate::sys;
 use directory::{Slot, SlotState};
 use layout::{Layout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
@@ -329,9 +329,9 @@ impl std::fmt::Debug for Membership {
     }
 }
 
-impl Membership {
+impl Member for Membership {
     /// Leaves the zone (see the type's docs).
-    pub(crate) fn leave(&self, llfree: &LLFree, file: &std::fs::File) {
+    fn leave(&self, llfree: &LLFree, file: &std::fs::File) {
         let Ok(guard) = OpenGuard::lock(file) else {
             // The process exits soon: the kernel drops its locks, the next open recovers.
             return;
@@ -603,7 +603,7 @@ impl Zone {
             layout.data_off,
             layout.frame_size,
             first_core.0..first_core.0 + cores,
-            Some(membership),
+            Some(Box::new(membership)),
         );
         let mut zone = Self {
             path: path.to_owned(),

@@ -1,4 +1,4 @@
-//! Kicking a vCPU thread out of `KVM_RUN`: [`kick_thread`] sends it [`kick_signal`], whose
+//! Kicking a vCPU thread out of `KVM_RUN`: `kick_thread` sends it [`kick_signal`], whose
 //! handler sets `immediate_exit` in that thread's own `kvm_run` (found through a thread-local
 //! pointer), so a kick that lands just before `KVM_RUN` is not lost: `KVM_RUN` returns `EINTR`
 //! at once and the run loop looks at the pending request. Also which vCPU the calling thread
