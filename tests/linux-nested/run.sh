@@ -17,8 +17,8 @@
 #   or: tests/linux-nested/run.sh --guest-files DIR
 #     only builds a Linux guest for a host with hardware virtualisation and leaves it in DIR:
 #     bzImage (the L2 kernel) and rootfs.ext4 (busybox; its init, guest-init, says which Linux
-#     booted and gives a shell on the console; Ctrl-Alt-Del reboots), as README's "Linux
-#     guests" boots them. The nested tests boot the same files.
+#     booted and gives a shell on the console; Ctrl-Alt-Del reboots), as docs/linux-guests.md
+#     boots them. The nested tests boot the same files.
 # Environment:
 #   LLFREE_NESTED_CACHE    cache of kernels (default /var/cache/llfree-vmm-nested)
 #   LLFREE_NESTED_TIMEOUT  hard limit of one QEMU run in seconds (default 2400)

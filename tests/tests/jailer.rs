@@ -342,7 +342,7 @@ fn a_zone_put_into_the_root_backs_the_jailed_vm_and_gets_its_frames_back() {
     let zone = scratch.path("zone");
     let created = vmm_common::client(&["zone", "create", &zone, "--size", "64M"]);
     assert_eq!(created.code, Some(0), "{created:#?}");
-    // As README's Sandbox section says: the root made beforehand, the zone linked into it
+    // As docs/security.md says: the root made beforehand, the zone linked into it
     // and given to the VMM's user.
     let root = root_of(&scratch, name);
     fs::create_dir_all(&root).unwrap();

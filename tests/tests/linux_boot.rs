@@ -6,7 +6,7 @@
 //!   its ELF vmlinux boots through PVH and its bzImage through Linux's 64-bit boot protocol;
 //!   `reboot` (through the i8042, the default command line's reboot=k), a panic with panic=1
 //!   and Ctrl-Alt-Del from the API end `vmm run` with status 7.
-//! * The guest README documents (`tests/linux-nested/run.sh --guest-files DIR`: its kernel and
+//! * The guest docs/linux-guests.md documents (`tests/linux-nested/run.sh --guest-files DIR`: its kernel and
 //!   ext4 root file system) boots from its root drive to its shell, and reboots on Ctrl-Alt-Del.
 //! * A minimal 64-bit ELF "kernel" (hand-assembled below) runs everywhere KVM does: it takes
 //!   the command line from the zero page the VMM wrote (with `virtio_mmio.device=` for a
@@ -371,7 +371,7 @@ fn the_documented_guest_files_boot_linux_from_its_root_drive_to_a_shell() {
     if LinuxGuest::find(test).is_none() {
         return;
     }
-    // `tests/linux-nested/run.sh --guest-files DIR`, as README gives it; run.sh passes its DIR.
+    // `tests/linux-nested/run.sh --guest-files DIR`, as docs/linux-guests.md gives it; run.sh passes its DIR.
     let Some(dir) = std::env::var("LLFREE_VMM_GUEST_FILES").ok() else {
         return eprintln!(
             "SKIP: {test}: LLFREE_VMM_GUEST_FILES names no directory; tests/linux-nested/run.sh \

@@ -134,7 +134,7 @@ impl Drop for SysfsBound {
     }
 }
 
-/// A zone on a device DAX in a jail, as README's Sandbox section says: a node of the device in
+/// A zone on a device DAX in a jail, as docs/security.md says: a node of the device in
 /// the root given to the VMM's user, and /sys bound read-only there (the VMM reads the
 /// device's size and alignment from it). The jailed test guest writes and verifies its
 /// memory, the zone then shows its VM, consistent, whose frames come back when it is deleted.

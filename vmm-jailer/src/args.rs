@@ -41,7 +41,7 @@ pub enum CgroupVersion {
 
 /// `vmm-jailer`: builds a chroot for a VMM, places it in cgroups and a network namespace,
 /// drops to an unprivileged uid/gid without capabilities, and execs it (Firecracker's jailer
-/// flags; see README, Sandbox).
+/// flags; see docs/security.md).
 #[derive(Debug, Parser)]
 #[command(name = "vmm-jailer", version)]
 pub struct Args {

@@ -64,7 +64,7 @@ pub(super) fn run(
         log::warn!(
             "this host's CPU has no hardware virtualization (no vmx or svm flag in /proc/cpuinfo: \
              KVM is a software one, such as PVM): a stock Linux kernel does not boot here and \
-             may spin without output (Ctrl-C stops it; see README, Linux guests)"
+             may spin without output (Ctrl-C stops it; see docs/linux-guests.md)"
         );
     }
 
