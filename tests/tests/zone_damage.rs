@@ -73,6 +73,22 @@ fn run_vm(zone: &str, workload: &str, extra: &[&str]) -> vmm_common::Finished {
     VmmRun::run(&args)
 }
 
+/// A new 64 MiB zone in a scratch directory named after `test`, whose VM ran `workload`: the
+/// directory, the zone's path and the zone file to damage.
+fn zone_with_vm(test: &str, workload: &str) -> (Scratch, String, ZoneFile) {
+    let scratch = Scratch::new(test);
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "64M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    run_vm(&zone, workload, &[]).assert_success();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&zone)
+        .unwrap();
+    (scratch, zone, ZoneFile(file))
+}
+
 #[test]
 fn damaged_zone_metadata_is_repaired_or_the_loss_is_reported_and_must_be_accepted() {
     if !kvm_available(
@@ -80,18 +96,8 @@ fn damaged_zone_metadata_is_repaired_or_the_loss_is_reported_and_must_be_accepte
     ) {
         return;
     }
-    let scratch = Scratch::new("zone-damage");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "64M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
-    run_vm(&zone, &format!("write:{REPAIRED},write:{LOST}"), &[]).assert_success();
-    let file = ZoneFile(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&zone)
-            .unwrap(),
-    );
+    let (_scratch, zone, file) =
+        zone_with_vm("zone-damage", &format!("write:{REPAIRED},write:{LOST}"));
 
     // One entry zeroed: repaired from its frame's owner; the guest finds its memory.
     file.set_word(file.entry(2), 0);
@@ -154,18 +160,7 @@ fn a_damaged_directory_word_keeps_the_vm_and_its_memory_until_a_person_decides()
     {
         return;
     }
-    let scratch = Scratch::new("zone-slot-damage");
-    let zone = scratch.path("zone");
-    let created = client(&["zone", "create", &zone, "--size", "64M"]);
-    assert_eq!(created.code, Some(0), "{created:#?}");
-    run_vm(&zone, &format!("write:{REPAIRED}"), &[]).assert_success();
-    let file = ZoneFile(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&zone)
-            .unwrap(),
-    );
+    let (_scratch, zone, file) = zone_with_vm("zone-slot-damage", &format!("write:{REPAIRED}"));
     // All ones in the first slot's flags word (which read as "ephemeral" made the VM vanish
     // at the end of its next run).
     file.set_word(file.word(DIRECTORY_WORD * 8) + 0xf8, u64::MAX);

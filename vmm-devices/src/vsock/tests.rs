@@ -135,6 +135,19 @@ impl<'a> Guest<'a> {
         packets
     }
 
+    /// The device has no connection left and sent the guest one reset since the last look,
+    /// from host port `src` to guest port `dst`.
+    fn assert_reset_alone(&mut self, src: u32, dst: u32) {
+        assert!(self.device.conns.is_empty());
+        let packets = self.received();
+        assert_eq!(packets.len(), 1, "{packets:?}");
+        let header = packets[0].0;
+        assert_eq!(
+            (header.op, header.src_port, header.dst_port),
+            (OP_RST, src, dst)
+        );
+    }
+
     /// Lets the device take what its sockets have, as the event loop would.
     fn host_side(&mut self) {
         std::thread::sleep(Duration::from_millis(20));
@@ -350,17 +363,7 @@ fn a_client_that_leaves_before_the_guest_answers_is_released_and_the_guest_reset
     assert_eq!(request.op, OP_REQUEST);
     drop(client);
     guest.host_side();
-    assert!(guest.device.conns.is_empty());
-    let packets = guest.received();
-    assert_eq!(packets.len(), 1, "{packets:?}");
-    assert_eq!(
-        (
-            packets[0].0.op,
-            packets[0].0.src_port,
-            packets[0].0.dst_port
-        ),
-        (OP_RST, request.src_port, 81)
-    );
+    guest.assert_reset_alone(request.src_port, 81);
 }
 
 #[test]
@@ -382,17 +385,7 @@ fn a_guest_that_does_not_close_after_the_host_side_ended_is_reset_in_time() {
     // The guest says nothing.
     std::thread::sleep(SHUTDOWN_TIMEOUT + Duration::from_millis(100));
     guest.host_side();
-    assert!(guest.device.conns.is_empty());
-    let packets = guest.received();
-    assert_eq!(packets.len(), 1, "{packets:?}");
-    assert_eq!(
-        (
-            packets[0].0.op,
-            packets[0].0.src_port,
-            packets[0].0.dst_port
-        ),
-        (OP_RST, 52, 1234)
-    );
+    guest.assert_reset_alone(52, 1234);
 }
 
 #[test]
