@@ -43,6 +43,15 @@ pub(super) fn attach_zone(
     config: &VmConfig,
     target: &ZoneTarget,
 ) -> Result<ZoneVm, ZoneSetupError> {
+    attach_vm(&open_zone(config, target)?, config, target)
+}
+
+/// Opens the zone of `target` for a VM of `config` (recovering it after a crash), and says
+/// what its recovery did.
+pub(super) fn open_zone(
+    config: &VmConfig,
+    target: &ZoneTarget,
+) -> Result<Arc<Zone>, ZoneSetupError> {
     let zone = Zone::open(&target.path, config.vcpus + SPARE_CORES)?;
     let recovery = zone.recovery();
     log::debug!(
@@ -75,6 +84,16 @@ pub(super) fn attach_zone(
             recovery.orphaned_frames
         );
     }
+    Ok(zone)
+}
+
+/// Attaches this process to the VM of `target` in `zone`, creating it with `config`'s RAM if the
+/// zone has none of that name.
+pub(super) fn attach_vm(
+    zone: &Arc<Zone>,
+    config: &VmConfig,
+    target: &ZoneTarget,
+) -> Result<ZoneVm, ZoneSetupError> {
     if target.accept_damaged {
         let lost = zone.accept_damage(&target.vm)?;
         if !lost.is_empty() {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use guest_mem::zone::{Zone, ZoneError};
+use guest_mem::zone::ZoneError;
 use guest_mem::{GuestMemory, Populate, Scrub};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -659,21 +659,15 @@ pub(super) fn prepare(
                 accept_damaged: params.accept_damaged,
             };
             config.zone = Some(target.clone());
-            let zone =
-                Zone::open(&memory_path, config.vcpus + super::SPARE_CORES).map_err(|source| {
-                    SnapshotError::Zone {
-                        path: memory_path.clone(),
-                        source,
-                    }
-                })?;
+            // Opened once: its identity checked, then the snapshot's VM attached.
+            let zone = memory::open_zone(&config, &target)?;
             if zone.id() != zone_id {
                 return Err(wrong(format!(
                     "the snapshot's memory is in zone {zone_id:032x}, this is zone {:032x}",
                     zone.id()
                 )));
             }
-            drop(zone);
-            let attached = memory::attach_zone(&config, &target)?;
+            let attached = memory::attach_vm(&zone, &config, &target)?;
             if attached.id() != vm_id {
                 return Err(wrong(format!(
                     "VM '{vm}' of this zone is another VM than the snapshot's (it was deleted \
