@@ -18,7 +18,6 @@ pub mod config;
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,12 +30,13 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{DescriptorChain, QueueState};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use virtio_queue::DescriptorChain;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
-use crate::virtio::request_queue::{read_config, RequestQueue};
-use crate::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
+use crate::virtio::request_queue::read_config;
+pub use crate::virtio::throttled::Memory;
+use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
 use crate::GuestWarnings;
 use config::{open_image, DriveConfig, DriveError};
 
@@ -46,10 +46,6 @@ pub const SECTOR_SIZE: u64 = 512;
 const HEADER_SIZE: u32 = 16;
 /// Size of the request queue.
 const QUEUE_SIZE: u16 = 256;
-const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
-
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
 
 /// Requests served, for the control API and metrics.
 #[derive(Debug, Default)]
@@ -150,10 +146,9 @@ pub struct BlockDevice {
     /// Capacity in sectors (a partial last sector is not part of the disk).
     sectors: u64,
     memory: Memory,
-    active: Option<RequestQueue>,
+    queue: ThrottledQueue,
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
-    throttle: Throttle,
     /// Scratch space for one request's data buffers, reused.
     buffers: Box<[Buffer; MAX_DATA_BUFFERS]>,
 }
@@ -163,12 +158,11 @@ impl BlockDevice {
     /// `size` bytes, serving requests in `memory`.
     pub fn new(memory: Memory, config: DriveConfig, image: File, size: u64) -> io::Result<Self> {
         Ok(Self {
-            throttle: Throttle::new(config.rate_limiter, "virtio-blk")?,
+            queue: ThrottledQueue::new(Throttle::new(config.rate_limiter, "virtio-blk")?),
             config,
             image,
             sectors: size / SECTOR_SIZE,
             memory,
-            active: None,
             warnings: GuestWarnings::default(),
             counters: Arc::default(),
             buffers: Box::new([Buffer::default(); MAX_DATA_BUFFERS]),
@@ -200,7 +194,7 @@ impl BlockDevice {
             path.display(),
             self.sectors
         );
-        if let Some(active) = &self.active {
+        if let Some(active) = self.queue.active() {
             if let Err(e) = active.signal_config_change() {
                 log::error!("virtio-blk {}: cannot tell the guest: {e}", self.config.id);
             }
@@ -211,12 +205,16 @@ impl BlockDevice {
     /// the old one is tried again at once.
     fn set_rate_limiter(&mut self, config: RateLimiterConfig) {
         self.config.rate_limiter = config;
-        self.throttle.set(config);
+        self.queue.throttle().set(config);
     }
 
     /// Serves one request chain; returns the bytes written into the guest's buffers, or
     /// `None` when the rate limiter says to wait (the chain stays in the queue).
-    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+    fn serve_request(
+        &mut self,
+        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemory>,
+    ) -> Option<u32> {
         let mut header: Option<Descriptor> = None;
         let mut status: Option<Descriptor> = None;
         let mut data = 0usize;
@@ -268,7 +266,7 @@ impl BlockDevice {
                 }
                 _ => 0,
             };
-            if !self.throttle.admit(moved) {
+            if !self.queue.throttle().admit(moved) {
                 self.counters
                     .rate_limiter_throttled
                     .fetch_add(1, Ordering::Relaxed);
@@ -414,12 +412,12 @@ impl BlockDevice {
     }
 }
 
-impl VirtioDevice<Memory> for BlockDevice {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_BLOCK
-    }
+impl ThrottledDevice for BlockDevice {
+    const NAME: &'static str = "virtio-blk";
+    const TYPE: u32 = VIRTIO_ID_BLOCK;
+    const QUEUE_SIZES: &'static [u16] = &[QUEUE_SIZE];
 
-    fn device_features(&self) -> u64 {
+    fn offered_features(&self) -> u64 {
         let read_only = if self.config.read_only {
             1 << VIRTIO_BLK_F_RO
         } else {
@@ -428,86 +426,36 @@ impl VirtioDevice<Memory> for BlockDevice {
         read_only | 1 << VIRTIO_BLK_F_FLUSH
     }
 
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
         // `le64 capacity`; the other fields belong to features the device does not offer.
         read_config(&self.sectors.to_le_bytes(), offset, data);
     }
 
-    fn write_config(&mut self, offset: u64, _data: &[u8]) {
+    fn config_write(&mut self, offset: u64) {
         self.warnings.warn(format_args!(
             "virtio-blk {}: write to the read-only config space at {offset}",
             self.config.id
         ));
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
-        self.active = Some(RequestQueue::take(activation)?);
-        Ok(())
+    fn queue(&self) -> &ThrottledQueue {
+        &self.queue
     }
 
-    fn process_queue(&mut self, index: u16) {
-        let Some(mut active) = self.active.take() else {
-            return;
-        };
-        if index == 0 && !self.throttle.is_waiting() {
-            let memory = Arc::clone(&self.memory);
-            let mem = memory.memory();
-            if let Err(e) = active.drain_until(&mem, "virtio-blk", |chain| self.serve(&mem, chain))
-            {
-                self.warnings.warn(format_args!("virtio-blk: {e}"));
-            }
-        }
-        self.active = Some(active);
+    fn queue_mut(&mut self) -> &mut ThrottledQueue {
+        &mut self.queue
     }
 
-    fn reset(&mut self) {
-        self.active = None;
-        self.throttle.reset();
+    fn guest_memory(&self) -> &Memory {
+        &self.memory
     }
 
-    fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.throttle.as_raw_fd())]
+    fn warnings(&self) -> &GuestWarnings {
+        &self.warnings
     }
 
-    fn wake(&mut self, _source: usize) {
-        self.throttle.fired();
-        self.process_queue(0);
-    }
-
-    fn queue_states(&self) -> Vec<(u16, QueueState)> {
-        self.active
-            .iter()
-            .map(|active| (0, active.state()))
-            .collect()
-    }
-
-    fn save_state(&self) -> DeviceState {
-        // Requests are served to the end before the device yields: nothing is in flight (one
-        // that waits for the rate limiter is still in the queue).
-        DeviceState::Plain
-    }
-
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation<Memory>>,
-    ) -> Result<(), ActivateError> {
-        if *state != DeviceState::Plain {
-            return Err(ActivateError::Device(
-                format!("a virtio-blk device cannot take the state {state:?}").into(),
-            ));
-        }
-        if let Some(activation) = activation {
-            self.activate(activation)?;
-            // A request may have waited for the rate limiter when the state was saved: look
-            // at the queue once the VM runs.
-            self.throttle.wake_soon();
-        }
-        Ok(())
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+        self.serve_request(mem, chain)
     }
 }
 

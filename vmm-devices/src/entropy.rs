@@ -11,29 +11,23 @@
 //! buffer outside guest memory or a device-readable one ends the request there; such requests
 //! are counted as warnings (rate-limited).
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use virtio_queue::{DescriptorChain, QueueState};
-use vm_memory::{Bytes, GuestAddressSpace};
+use virtio_queue::DescriptorChain;
+use vm_memory::Bytes;
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
-use crate::virtio::request_queue::RequestQueue;
-use crate::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
+pub use crate::virtio::throttled::Memory;
+use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
 use crate::GuestWarnings;
 
 /// Most random bytes one request gets (Linux asks for at most a few dozen at a time).
 pub const MAX_BYTES_PER_REQUEST: u32 = 64 << 10;
-/// Size of the request queue.
-const QUEUE_SIZES: [u16; 1] = [256];
 /// Bytes asked of `getrandom` at a time.
 const CHUNK: u32 = 4096;
-
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
 
 /// What the control API and the metrics see of the device: the random bytes it gave.
 #[derive(Debug, Clone, Default)]
@@ -70,10 +64,9 @@ impl EntropyHandle {
 #[derive(Debug)]
 pub struct EntropyDevice {
     memory: Memory,
-    active: Option<RequestQueue>,
+    queue: ThrottledQueue,
     warnings: GuestWarnings,
     handle: EntropyHandle,
-    throttle: Throttle,
 }
 
 /// Fills `buffer` from the host's `getrandom`.
@@ -102,10 +95,9 @@ impl EntropyDevice {
     pub fn new(memory: Memory, limiter: RateLimiterConfig) -> std::io::Result<Self> {
         Ok(Self {
             memory,
-            active: None,
+            queue: ThrottledQueue::new(Throttle::new(limiter, "virtio-rng")?),
             warnings: GuestWarnings::default(),
             handle: EntropyHandle::default(),
-            throttle: Throttle::new(limiter, "virtio-rng")?,
         })
     }
 
@@ -118,27 +110,13 @@ impl EntropyDevice {
             .min(MAX_BYTES_PER_REQUEST)
     }
 
-    /// Answers `chain` if the rate limiter lets it through; else arms the wake timer and
-    /// leaves it for later.
-    fn answer_limited(
-        &mut self,
-        mem: &GuestMemory,
-        chain: DescriptorChain<&GuestMemory>,
-    ) -> Option<u32> {
-        if !self.throttle.admit(|| u64::from(Self::asked(&chain))) {
-            self.handle.throttled.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(self.answer(mem, chain))
-    }
-
     /// The device's handle, for the control API and the metrics.
     pub fn handle(&self) -> EntropyHandle {
         self.handle.clone()
     }
 
     /// Fills the writable buffers of one request; returns the bytes written.
-    fn answer(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
+    fn fill(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
         let mut written: u32 = 0;
         let mut random = [0u8; CHUNK as usize];
         for desc in chain {
@@ -179,93 +157,49 @@ impl EntropyDevice {
     }
 }
 
-impl VirtioDevice<Memory> for EntropyDevice {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_RNG
-    }
+impl ThrottledDevice for EntropyDevice {
+    const NAME: &'static str = "virtio-rng";
+    const TYPE: u32 = VIRTIO_ID_RNG;
+    const QUEUE_SIZES: &'static [u16] = &[256];
 
-    fn device_features(&self) -> u64 {
-        0
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-
-    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+    fn config_read(&self, _offset: u64, data: &mut [u8]) {
         // No config space.
         data.fill(0);
     }
 
-    fn write_config(&mut self, offset: u64, _data: &[u8]) {
+    fn config_write(&mut self, offset: u64) {
         self.warnings.warn(format_args!(
             "virtio-rng: write to the config space it does not have, at {offset}"
         ));
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
-        self.active = Some(RequestQueue::take(activation)?);
-        Ok(())
+    fn queue(&self) -> &ThrottledQueue {
+        &self.queue
     }
 
-    fn process_queue(&mut self, index: u16) {
-        let Some(mut active) = self.active.take() else {
-            return;
-        };
-        if index == 0 && !self.throttle.is_waiting() {
-            let memory = Arc::clone(&self.memory);
-            let mem = memory.memory();
-            let drained =
-                active.drain_until(&mem, "virtio-rng", |chain| self.answer_limited(&mem, chain));
-            if let Err(e) = drained {
-                self.warnings.warn(format_args!("virtio-rng: {e}"));
-            }
+    fn queue_mut(&mut self) -> &mut ThrottledQueue {
+        &mut self.queue
+    }
+
+    fn guest_memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    fn warnings(&self) -> &GuestWarnings {
+        &self.warnings
+    }
+
+    /// Fills the request's buffers if the rate limiter lets it through.
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+        if !self
+            .queue
+            .throttle()
+            .admit(|| u64::from(Self::asked(&chain)))
+        {
+            self.handle.throttled.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        self.active = Some(active);
-    }
-
-    fn reset(&mut self) {
-        self.active = None;
-        self.throttle.reset();
-    }
-
-    fn queue_states(&self) -> Vec<(u16, QueueState)> {
-        self.active
-            .iter()
-            .map(|active| (0, active.state()))
-            .collect()
-    }
-
-    fn save_state(&self) -> DeviceState {
-        DeviceState::Plain
-    }
-
-    fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.throttle.as_raw_fd())]
-    }
-
-    fn wake(&mut self, _source: usize) {
-        self.throttle.fired();
-        self.process_queue(0);
-    }
-
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation<Memory>>,
-    ) -> Result<(), ActivateError> {
-        if *state != DeviceState::Plain {
-            return Err(ActivateError::Device(
-                format!("a virtio-rng device cannot take the state {state:?}").into(),
-            ));
-        }
-        if let Some(activation) = activation {
-            self.activate(activation)?;
-            // A request may have waited for the rate limiter when the state was saved: look
-            // at the queue once the VM runs.
-            self.throttle.wake_soon();
-        }
-        Ok(())
+        Some(self.fill(mem, chain))
     }
 }
 

@@ -13,18 +13,19 @@
 //! in the used ring unanswered and counted as a warning (rate-limited).
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_PMEM;
-use virtio_queue::{DescriptorChain, QueueState};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use virtio_queue::DescriptorChain;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
-use crate::virtio::request_queue::{read_config, request_and_answer, RequestQueue};
-use crate::virtio::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
+use crate::virtio::request_queue::{read_config, request_and_answer};
+pub use crate::virtio::throttled::Memory;
+use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
+use crate::virtio::{ActivateError, DeviceState};
 use crate::GuestWarnings;
 
 /// The only request type: make everything written so far durable.
@@ -33,12 +34,6 @@ pub const REQ_TYPE_FLUSH: u32 = 0;
 pub const RESP_OK: u32 = 0;
 /// Answer: the flush failed.
 pub const RESP_EIO: u32 = 1;
-/// Size of the request queue.
-const QUEUE_SIZE: u16 = 256;
-const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
-
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
 
 /// What the control API shows of a virtio-pmem device: where its memory is and how often the
 /// guest flushed it; and its rate limiter.
@@ -72,12 +67,12 @@ impl PmemHandle {
 
     /// Firecracker's `PATCH /pmem/{id}`: a new rate limiter, its buckets full.
     pub fn update_rate_limiter(&self, config: RateLimiterConfig) {
-        self.lock().throttle.set(config);
+        self.lock().queue.throttle().set(config);
     }
 
     /// The rate limiter as the API last set it.
     pub fn rate_limiter(&self) -> RateLimiterConfig {
-        self.lock().throttle.config()
+        self.lock().queue.throttle().config()
     }
 }
 
@@ -87,11 +82,10 @@ pub struct PmemDevice {
     start: u64,
     size: u64,
     memory: Memory,
-    active: Option<RequestQueue>,
+    queue: ThrottledQueue,
     warnings: GuestWarnings,
     flushes: Arc<AtomicU64>,
     throttled: Arc<AtomicU64>,
-    throttle: Throttle,
 }
 
 impl PmemDevice {
@@ -107,11 +101,10 @@ impl PmemDevice {
             start,
             size,
             memory,
-            active: None,
+            queue: ThrottledQueue::new(Throttle::new(limiter, "virtio-pmem")?),
             warnings: GuestWarnings::default(),
             flushes: Arc::default(),
             throttled: Arc::default(),
-            throttle: Throttle::new(limiter, "virtio-pmem")?,
         })
     }
 
@@ -131,20 +124,6 @@ impl PmemDevice {
         (device, handle)
     }
 
-    /// Answers one request if the rate limiter lets it through; else arms the wake timer and
-    /// leaves it in the queue.
-    fn answer_limited(
-        &mut self,
-        mem: &GuestMemory,
-        chain: DescriptorChain<&GuestMemory>,
-    ) -> Option<u32> {
-        if !self.throttle.admit(|| 0) {
-            self.throttled.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(self.answer(mem, chain))
-    }
-
     /// The config space: `le64 start; le64 size`.
     fn config(&self) -> [u8; 16] {
         let mut config = [0u8; 16];
@@ -153,8 +132,8 @@ impl PmemDevice {
         config
     }
 
-    /// Answers one request; returns the bytes written to the guest.
-    fn answer(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
+    /// Answers one flush request; returns the bytes written to the guest.
+    fn flush(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> u32 {
         let Some((request, response)) = request_and_answer(chain, 4, 4) else {
             self.warnings.warn(format_args!(
                 "virtio-pmem: a request lacks its 4-byte type or its 4-byte answer buffer"
@@ -196,94 +175,53 @@ impl PmemDevice {
     }
 }
 
-impl VirtioDevice<Memory> for PmemDevice {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_PMEM
-    }
+impl ThrottledDevice for PmemDevice {
+    const NAME: &'static str = "virtio-pmem";
+    const TYPE: u32 = VIRTIO_ID_PMEM;
+    const QUEUE_SIZES: &'static [u16] = &[256];
 
-    fn device_features(&self) -> u64 {
-        0
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
         read_config(&self.config(), offset, data);
     }
 
-    fn write_config(&mut self, offset: u64, _data: &[u8]) {
-        self.warnings.warn(format_args!(
-            "virtio-pmem: write to the read-only config space at {offset}"
-        ));
+    fn queue(&self) -> &ThrottledQueue {
+        &self.queue
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
-        self.active = Some(RequestQueue::take(activation)?);
-        Ok(())
+    fn queue_mut(&mut self) -> &mut ThrottledQueue {
+        &mut self.queue
     }
 
-    fn process_queue(&mut self, index: u16) {
-        let Some(mut active) = self.active.take() else {
-            return;
-        };
-        if index == 0 && !self.throttle.is_waiting() {
-            let memory = Arc::clone(&self.memory);
-            let mem = memory.memory();
-            let drained = active.drain_until(&mem, "virtio-pmem", |chain| {
-                self.answer_limited(&mem, chain)
-            });
-            if let Err(e) = drained {
-                self.warnings.warn(format_args!("virtio-pmem: {e}"));
-            }
+    fn guest_memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    fn warnings(&self) -> &GuestWarnings {
+        &self.warnings
+    }
+
+    /// Answers the request if the rate limiter lets it through (each is an operation of no
+    /// bytes).
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+        if !self.queue.throttle().admit(|| 0) {
+            self.throttled.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        self.active = Some(active);
+        Some(self.flush(mem, chain))
     }
 
-    fn reset(&mut self) {
-        self.active = None;
-        self.throttle.reset();
-    }
-
-    fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.throttle.as_raw_fd())]
-    }
-
-    fn wake(&mut self, _source: usize) {
-        self.throttle.fired();
-        self.process_queue(0);
-    }
-
-    fn queue_states(&self) -> Vec<(u16, QueueState)> {
-        self.active
-            .iter()
-            .map(|active| (0, active.state()))
-            .collect()
-    }
-
-    fn save_state(&self) -> DeviceState {
+    fn saved_state(&self) -> DeviceState {
         DeviceState::Pmem {
             flushes: self.flushes.load(Ordering::Relaxed),
         }
     }
 
-    fn restore_state(
-        &mut self,
-        state: &DeviceState,
-        activation: Option<Activation<Memory>>,
-    ) -> Result<(), ActivateError> {
+    fn restore_saved(&mut self, state: &DeviceState) -> Result<(), ActivateError> {
         let DeviceState::Pmem { flushes } = state else {
             return Err(ActivateError::Device(
                 format!("a virtio-pmem device cannot take the state {state:?}").into(),
             ));
         };
-        if let Some(activation) = activation {
-            self.activate(activation)?;
-            // A request may have waited for the rate limiter when the state was saved: look
-            // at the queue once the VM runs.
-            self.throttle.wake_soon();
-        }
         self.flushes.store(*flushes, Ordering::Relaxed);
         Ok(())
     }
@@ -297,6 +235,7 @@ mod tests {
 
     use super::*;
     use crate::virtio::request_queue::testing::{activation, add_chain, wait_readable};
+    use crate::virtio::VirtioDevice;
 
     const MIB: u64 = 1 << 20;
     /// The pmem region: 4 MiB at 64 MiB, above 16 MiB of RAM.

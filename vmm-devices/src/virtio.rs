@@ -10,6 +10,7 @@ pub mod interrupt;
 pub mod mmio;
 pub mod request_queue;
 pub mod state;
+pub mod throttled;
 
 use std::sync::Arc;
 

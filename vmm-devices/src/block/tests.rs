@@ -7,6 +7,7 @@ use vmm_sys_util::tempfile::TempFile;
 use super::*;
 use crate::rate_limiter::TokenBucketConfig;
 use crate::virtio::request_queue::testing::{self, activation, add_chain, used_len, wait_readable};
+use crate::virtio::VirtioDevice;
 
 const MIB: u64 = 1 << 20;
 const RING: u64 = MIB;
