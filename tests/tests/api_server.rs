@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use api_common::{serve, socket_path, TestVmm, PANIC_ON_PURPOSE};
 use serde_json::Value;
-use vmm::api::model::VmState;
-use vmm::api::{ApiServer, ServerError};
+use vmm_api::model::VmState;
+use vmm_api::{ApiServer, ServerError};
 use vmm_cli::{ApiClient, ApiResponse};
 
 fn call(socket: &Path, method: &str, path: &str, body: Option<&str>) -> ApiResponse {
@@ -517,7 +517,7 @@ fn an_idle_kept_connection_makes_room_for_a_new_one_at_the_limit() {
     kept.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     read_response(&mut kept);
     // Fill the server up with new connections that send nothing yet.
-    let fresh: Vec<UnixStream> = (1..vmm::api::server::MAX_CONNECTIONS)
+    let fresh: Vec<UnixStream> = (1..vmm_api::server::MAX_CONNECTIONS)
         .map(|_| UnixStream::connect(socket).unwrap())
         .collect();
     // One more: the idle kept connection closes for it, and it is served.

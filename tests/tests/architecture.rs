@@ -19,6 +19,7 @@ const CRATES: &[&str] = &[
     "virtio-balloon",
     "virtio-mem",
     "vmm-devices",
+    "vmm-api",
     "vmm",
     "vmm-cli",
     "vmm-cli/bench",

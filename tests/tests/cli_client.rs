@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use api_common::{serve, socket_path, TestVmm};
 use e2e_tests::Finished;
 use serde_json::Value;
-use vmm::api::model::VmState;
+use vmm_api::model::VmState;
 
 fn vmm(args: &[&str]) -> Finished {
     Command::new(e2e_tests::vmm_binary())
@@ -161,7 +161,7 @@ fn idle_and_slow_clients_do_not_hold_up_the_api() {
     eprintln!("vmm info with 100 idle connections open: {took:?}");
 
     // Past the limit a connection is told so at once; a freed slot serves again.
-    let mut more: Vec<UnixStream> = (idle.len() + 1..vmm::api::server::MAX_CONNECTIONS)
+    let mut more: Vec<UnixStream> = (idle.len() + 1..vmm_api::server::MAX_CONNECTIONS)
         .map(|_| UnixStream::connect(server.path()).unwrap())
         .collect();
     let mut refused = UnixStream::connect(server.path()).unwrap();

@@ -495,7 +495,7 @@ fn debug_logging_says_what_the_vmm_does() {
     let debug = run("debug");
     assert_eq!(debug.code, Some(0), "{debug:#?}");
     for said in [
-        "debug: vmm::runner::memory: zone ",
+        "debug: vmm::build::memory: zone ",
         "recovery in ",
         "attached to VM 'dbg' (32 MiB in frames of 2 MiB)",
         "guest memory: 32 MiB in 1 region(s), populated lazily",

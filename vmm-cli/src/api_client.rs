@@ -5,8 +5,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use vmm::api::http::is_token;
-use vmm::api::model::Fault;
+use vmm_api::http::is_token;
+use vmm_api::model::Fault;
 
 /// Largest response the client accepts.
 pub const MAX_RESPONSE_BYTES: usize = 16 << 20;

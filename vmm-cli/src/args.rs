@@ -14,8 +14,8 @@ use vmm::config::{
 };
 
 use crate::exit::EXIT_STATUS_HELP;
-use vmm::api::model::NetworkOverride;
 use vmm::testguest::WorkloadSpec;
+use vmm_api::model::NetworkOverride;
 
 /// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
 ///
@@ -46,7 +46,7 @@ pub struct Cli {
     #[arg(
         long,
         value_name = "ID",
-        default_value = vmm::api::model::DEFAULT_INSTANCE_ID,
+        default_value = vmm_api::model::DEFAULT_INSTANCE_ID,
         value_parser = parse_instance_id
     )]
     pub id: String,

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vmm::api::model::{
-    FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams, VsockOverride,
-};
 use vmm::config::{format_size, VmConfig};
 use vmm::runner::{say, RunError, RunOutcome, ServeOptions, StopCause};
+use vmm_api::model::{
+    FullVmConfiguration, MemoryBackend, MemoryBackendType, SnapshotLoadParams, VsockOverride,
+};
 
 use crate::api_client::{ApiClient, ApiResponse, ClientError};
 use crate::args::{BalloonAction, HotplugAction, RunArgs, SnapshotLoadArgs};

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 use guest_mem::pool::BackingError;
 use guest_mem::zone::ZoneError;
 use guest_mem::PoolError;
-use vmm::api::ServerError;
 use vmm::runner::{DeviceError, RunError, SnapshotError, ZoneSetupError};
 use vmm::testguest::TestGuestError;
 use vmm::vm::VmError;
+use vmm_api::ServerError;
 
 /// The help text that lists the exit statuses (shown by `vmm --help` and `vmm run --help`).
 pub const EXIT_STATUS_HELP: &str = "\

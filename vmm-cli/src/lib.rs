@@ -10,7 +10,7 @@
 //! `vmm run` parses its flags into the library's [`VmConfig`](vmm::config::VmConfig), checked
 //! with the library's checks ([`run_config`]), checks the host ([`host::check_host`]) and hands
 //! the config to [`vmm::run`]. The other subcommands are clients ([`ApiClient`]) of a running
-//! VMM's control API ([`vmm::api`]).
+//! VMM's control API ([`vmm_api`]).
 //!
 //! Every error prints one line, `error: ...`, on stderr. Exit statuses ([`ExitStatus`]):
 //!
@@ -70,14 +70,14 @@ where
         _ => None,
     };
     if let Some(name) =
-        vm_name.or_else(|| (cli.id != vmm::api::model::DEFAULT_INSTANCE_ID).then(|| cli.id.clone()))
+        vm_name.or_else(|| (cli.id != vmm_api::model::DEFAULT_INSTANCE_ID).then(|| cli.id.clone()))
     {
         vmm::runner::name_lines(&name);
     }
     logger::init(cli.log_level);
     if let (Some(start), Some(cpu)) = (cli.start_time_us, cli.start_time_cpu_us) {
         let parent_cpu = cli.parent_cpu_time_us.unwrap_or(0);
-        vmm::metrics::METRICS.started_by_jailer(start, cpu.saturating_add(parent_cpu));
+        vmm_api::metrics::METRICS.started_by_jailer(start, cpu.saturating_add(parent_cpu));
     }
     let seccomp = match (cli.no_seccomp, &cli.seccomp_filter) {
         (true, _) => vmm::seccomp::Policy::Off,

@@ -8,8 +8,8 @@ use std::sync::{Once, OnceLock, RwLock};
 use std::time::Instant;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
-use vmm::api::model::{LogLevel, Logger};
-use vmm::api::LogControl;
+use vmm_api::model::{LogLevel, Logger};
+use vmm_api::LogControl;
 
 use crate::log_limit::{LogLimiter, WINDOW};
 

@@ -4,6 +4,6 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     // Firecracker's `process_startup_time_us` counts from here.
-    vmm::metrics::METRICS.process_started();
+    vmm_api::metrics::METRICS.process_started();
     vmm_cli::main(std::env::args_os()).into()
 }

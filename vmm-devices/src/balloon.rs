@@ -37,7 +37,7 @@ mod tests;
 use std::sync::{Mutex, MutexGuard};
 
 pub use backend::GuestMemBackend;
-pub use device::{BalloonDevice, BalloonTransport, Memory};
+pub use device::{BalloonDevice, BalloonTransport};
 pub use handle::{
     create, device_config, BalloonControlError, BalloonCreateError, BalloonHandle, NewBalloon,
 };

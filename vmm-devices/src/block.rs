@@ -35,8 +35,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
 use crate::virtio::request_queue::read_config;
-pub use crate::virtio::throttled::Memory;
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
+use crate::virtio::DeviceMemory;
 use crate::GuestWarnings;
 use config::{open_image, DriveConfig, DriveError};
 
@@ -145,7 +145,7 @@ pub struct BlockDevice {
     image: File,
     /// Capacity in sectors (a partial last sector is not part of the disk).
     sectors: u64,
-    memory: Memory,
+    memory: DeviceMemory,
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
@@ -156,7 +156,12 @@ pub struct BlockDevice {
 impl BlockDevice {
     /// The drive `config` over `image` (opened read-only or read-write as the drive is) of
     /// `size` bytes, serving requests in `memory`.
-    pub fn new(memory: Memory, config: DriveConfig, image: File, size: u64) -> io::Result<Self> {
+    pub fn new(
+        memory: DeviceMemory,
+        config: DriveConfig,
+        image: File,
+        size: u64,
+    ) -> io::Result<Self> {
         Ok(Self {
             queue: ThrottledQueue::new(Throttle::new(config.rate_limiter, "virtio-blk")?),
             config,
@@ -446,7 +451,7 @@ impl ThrottledDevice for BlockDevice {
         &mut self.queue
     }
 
-    fn guest_memory(&self) -> &Memory {
+    fn guest_memory(&self) -> &DeviceMemory {
         &self.memory
     }
 

@@ -20,8 +20,8 @@ use virtio_queue::DescriptorChain;
 use vm_memory::Bytes;
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
-pub use crate::virtio::throttled::Memory;
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
+use crate::virtio::DeviceMemory;
 use crate::GuestWarnings;
 
 /// Most random bytes one request gets (Linux asks for at most a few dozen at a time).
@@ -63,7 +63,7 @@ impl EntropyHandle {
 /// A virtio-rng device.
 #[derive(Debug)]
 pub struct EntropyDevice {
-    memory: Memory,
+    memory: DeviceMemory,
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     handle: EntropyHandle,
@@ -92,7 +92,7 @@ pub fn host_random(buffer: &mut [u8]) -> std::io::Result<()> {
 
 impl EntropyDevice {
     /// A device whose queue lives in `memory`, its bytes and requests capped by `limiter`.
-    pub fn new(memory: Memory, limiter: RateLimiterConfig) -> std::io::Result<Self> {
+    pub fn new(memory: DeviceMemory, limiter: RateLimiterConfig) -> std::io::Result<Self> {
         Ok(Self {
             memory,
             queue: ThrottledQueue::new(Throttle::new(limiter, "virtio-rng")?),
@@ -181,7 +181,7 @@ impl ThrottledDevice for EntropyDevice {
         &mut self.queue
     }
 
-    fn guest_memory(&self) -> &Memory {
+    fn guest_memory(&self) -> &DeviceMemory {
         &self.memory
     }
 

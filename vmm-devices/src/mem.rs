@@ -25,6 +25,7 @@ use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use crate::virtio::request_queue::{read_config, request_and_answer, RequestQueue};
+use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
 use crate::{BusDevice, GuestWarnings};
 use config::{HotplugConfig, HotplugConfigError};
@@ -38,14 +39,11 @@ const _: () =
 const QUEUE_SIZE: u16 = 128;
 const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
 
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
-
 /// Plugs and unplugs guest-mem's hot-pluggable memory with a core id of its own, through the
 /// core's cache.
 #[derive(Debug)]
 pub struct HotplugBackend {
-    memory: Memory,
+    memory: DeviceMemory,
     /// The device's requests come one at a time (the device is behind its lock).
     core: RefCell<CoreFrames>,
 }
@@ -179,7 +177,7 @@ impl BusDevice for UnpluggedMemory {
 #[derive(Debug)]
 pub struct MemDevice {
     blocks: Blocks<HotplugBackend>,
-    memory: Memory,
+    memory: DeviceMemory,
     active: Option<RequestQueue>,
     warnings: GuestWarnings,
 }
@@ -188,7 +186,7 @@ impl MemDevice {
     /// The device of `config` over `memory`'s hot-pluggable region, which must be there; the
     /// blocks plugged in it (a VM in a zone, plugged before this process) stay plugged and
     /// requested.
-    pub fn new(memory: Memory, config: HotplugConfig) -> Result<Self, ActivateError> {
+    pub fn new(memory: DeviceMemory, config: HotplugConfig) -> Result<Self, ActivateError> {
         let region = memory.hotplug_region().ok_or_else(|| {
             ActivateError::Device("the guest memory has no hot-pluggable region".into())
         })?;
@@ -277,7 +275,7 @@ impl MemDevice {
     }
 }
 
-impl VirtioDevice<Memory> for MemDevice {
+impl VirtioDevice<DeviceMemory> for MemDevice {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_MEM
     }
@@ -300,7 +298,7 @@ impl VirtioDevice<Memory> for MemDevice {
         ));
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn activate(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         if activation.acked_features & (1 << VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE) == 0 {
             return Err(ActivateError::Device(
                 "the driver does not take VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE (Linux 5.16 or \
@@ -344,12 +342,12 @@ impl VirtioDevice<Memory> for MemDevice {
         }
     }
 
-    /// The plugged blocks came back with the memory (see `runner::snapshot`); the requested
+    /// The plugged blocks came back with the memory (see `runner::restore`); the requested
     /// size comes from the state.
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        activation: Option<Activation<Memory>>,
+        activation: Option<Activation<DeviceMemory>>,
     ) -> Result<(), ActivateError> {
         let DeviceState::Mem { requested_size } = state else {
             return Err(ActivateError::Device(

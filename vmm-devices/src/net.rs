@@ -48,6 +48,7 @@ use crate::mmds::Mmds;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::virtio::buffers::{BufferError, Buffers};
 use crate::virtio::request_queue::read_config;
+use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice, WakeSource};
 use crate::GuestWarnings;
 use config::{MacAddr, NetConfig};
@@ -84,9 +85,6 @@ const WAKE_RX_TIMER: usize = 1;
 const WAKE_TX_TIMER: usize = 2;
 /// MMDS's stack must run (a retransmission, a connection that timed out).
 const WAKE_MMDS_TIMER: usize = 3;
-
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
 
 /// Errors of creating a device.
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +173,7 @@ struct Deferred {
 /// A virtio-net device.
 #[derive(Debug)]
 pub struct NetDevice {
-    memory: Memory,
+    memory: DeviceMemory,
     id: String,
     tap: Tap,
     mac: Option<MacAddr>,
@@ -267,7 +265,11 @@ fn arm(timer: &mut TimerFd, wait: Duration, id: &str) {
 impl NetDevice {
     /// The interface `config` over its tap, its queues in `memory`.
     /// MMDS answers the guest on it if `mmds` names it.
-    pub fn new(memory: Memory, config: &NetConfig, mmds: Option<&Mmds>) -> Result<Self, NetError> {
+    pub fn new(
+        memory: DeviceMemory,
+        config: &NetConfig,
+        mmds: Option<&Mmds>,
+    ) -> Result<Self, NetError> {
         let tap = Tap::open(&config.host_dev_name, HEADER_SIZE)?;
         let now = Instant::now();
         Ok(NetDevice {
@@ -552,7 +554,7 @@ impl NetDevice {
         config
     }
 
-    fn start(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn start(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         let mut rx = None;
         let mut tx = None;
         for queue in activation.queues {
@@ -575,7 +577,7 @@ impl NetDevice {
     }
 }
 
-impl VirtioDevice<Memory> for NetDevice {
+impl VirtioDevice<DeviceMemory> for NetDevice {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_NET
     }
@@ -608,7 +610,7 @@ impl VirtioDevice<Memory> for NetDevice {
         ));
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn activate(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         self.start(activation)?;
         // Frames may wait in the tap, and its edge may be gone.
         self.receive();
@@ -689,7 +691,7 @@ impl VirtioDevice<Memory> for NetDevice {
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        activation: Option<Activation<Memory>>,
+        activation: Option<Activation<DeviceMemory>>,
     ) -> Result<(), ActivateError> {
         let DeviceState::Net { deferred_rx } = state else {
             return Err(ActivateError::Device(

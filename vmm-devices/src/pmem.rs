@@ -23,8 +23,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
 use crate::virtio::request_queue::{read_config, request_and_answer};
-pub use crate::virtio::throttled::Memory;
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
+use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, DeviceState};
 use crate::GuestWarnings;
 
@@ -81,7 +81,7 @@ impl PmemHandle {
 pub struct PmemDevice {
     start: u64,
     size: u64,
-    memory: Memory,
+    memory: DeviceMemory,
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     flushes: Arc<AtomicU64>,
@@ -92,7 +92,7 @@ impl PmemDevice {
     /// A device whose memory is `[start, start + size)` of `memory` (which must hold it), its
     /// requests capped by `limiter`.
     pub fn new(
-        memory: Memory,
+        memory: DeviceMemory,
         start: u64,
         size: u64,
         limiter: RateLimiterConfig,
@@ -192,7 +192,7 @@ impl ThrottledDevice for PmemDevice {
         &mut self.queue
     }
 
-    fn guest_memory(&self) -> &Memory {
+    fn guest_memory(&self) -> &DeviceMemory {
         &self.memory
     }
 
@@ -244,7 +244,7 @@ mod tests {
     const REQUEST: u64 = 2 * MIB;
     const ANSWER: u64 = 2 * MIB + 0x100;
 
-    fn memory() -> Memory {
+    fn memory() -> DeviceMemory {
         let pool = Pool::new(PoolConfig::new(Backing::Anonymous, 32 * MIB)).unwrap();
         let ranges = vec![(GuestAddress(0), 16 * MIB), (GuestAddress(PMEM.0), PMEM.1)];
         let config = MemoryConfig {
@@ -257,7 +257,7 @@ mod tests {
     /// A device with `limiter`, activated with the queue of `mock`; returns it and its
     /// interrupt's eventfd.
     fn limited(
-        memory: &Memory,
+        memory: &DeviceMemory,
         mock: &MockSplitQueue<'_, GuestMemory>,
         limiter: RateLimiterConfig,
     ) -> (PmemDevice, EventFd) {
@@ -268,7 +268,10 @@ mod tests {
     }
 
     /// A device without a limiter, activated with the queue of `mock`.
-    fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (PmemDevice, EventFd) {
+    fn activated(
+        memory: &DeviceMemory,
+        mock: &MockSplitQueue<'_, GuestMemory>,
+    ) -> (PmemDevice, EventFd) {
         limited(memory, mock, RateLimiterConfig::default())
     }
 

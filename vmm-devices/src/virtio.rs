@@ -14,12 +14,17 @@ pub mod throttled;
 
 use std::sync::Arc;
 
+use guest_mem::GuestMemory;
 use virtio_queue::{Queue, QueueState};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use interrupt::Interrupt;
 pub use state::DeviceState;
+
+/// The guest memory the VMM's virtio devices work on: guest-mem's, shared with the vCPUs and
+/// the fault handlers.
+pub type DeviceMemory = Arc<GuestMemory>;
 
 /// Device status bits (virtio 1.2 §2.1), from virtio-bindings.
 pub mod status {

@@ -41,7 +41,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest_mem::GuestMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::GuestAddressSpace;
@@ -52,6 +51,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use crate::socket_files::SocketFile;
 use crate::virtio::buffers::Buffers;
 use crate::virtio::request_queue::read_config;
+use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice, WakeSource};
 use crate::GuestWarnings;
 use config::VsockConfig;
@@ -91,9 +91,6 @@ const FIRST_CONNECTION: u64 = 3;
 const MAX_EVENT_ROUNDS: usize = 8;
 /// Where host-initiated connections' host ports start (below: ports guests connect to).
 const FIRST_LOCAL_PORT: u32 = 1 << 30;
-
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
 
 /// Errors of creating a device.
 #[derive(Debug, thiserror::Error)]
@@ -144,7 +141,7 @@ struct Queues {
 /// A virtio-vsock device.
 #[derive(Debug)]
 pub struct VsockDevice {
-    memory: Memory,
+    memory: DeviceMemory,
     cid: u64,
     uds_path: PathBuf,
     listener: UnixListener,
@@ -222,7 +219,7 @@ fn connect_now(path: &Path) -> io::Result<UnixStream> {
 impl VsockDevice {
     /// A device of `config`, listening on its `uds_path` (which must not exist), its queues in
     /// `memory`.
-    pub fn new(memory: Memory, config: &VsockConfig) -> Result<Self, VsockError> {
+    pub fn new(memory: DeviceMemory, config: &VsockConfig) -> Result<Self, VsockError> {
         let listen_error = |source| VsockError::Listen {
             path: config.uds_path.clone(),
             source,
@@ -943,7 +940,7 @@ impl VsockDevice {
         self.queue(token);
     }
 
-    fn start(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn start(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         let mut queues: [Option<Queue>; 3] = [None, None, None];
         for queue in activation.queues {
             if let Some(slot) = queues.get_mut(usize::from(queue.index)) {
@@ -971,7 +968,7 @@ impl VsockDevice {
     }
 }
 
-impl VirtioDevice<Memory> for VsockDevice {
+impl VirtioDevice<DeviceMemory> for VsockDevice {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_VSOCK
     }
@@ -995,7 +992,7 @@ impl VirtioDevice<Memory> for VsockDevice {
         ));
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn activate(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         self.start(activation)?;
         self.receive();
         Ok(())
@@ -1047,7 +1044,7 @@ impl VirtioDevice<Memory> for VsockDevice {
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        activation: Option<Activation<Memory>>,
+        activation: Option<Activation<DeviceMemory>>,
     ) -> Result<(), ActivateError> {
         if *state != DeviceState::Vsock {
             return Err(ActivateError::Device(

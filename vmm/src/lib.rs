@@ -1,12 +1,11 @@
 //! llfree-vmm: a KVM microVM monitor whose guest memory is managed by LLFree.
 
-pub mod api;
 pub mod arch;
 pub mod boot;
+pub mod build;
 pub mod config;
 pub mod host_file;
 pub mod layout;
-pub mod metrics;
 pub mod runner;
 pub mod seccomp;
 pub mod snapshot;

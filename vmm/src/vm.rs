@@ -28,7 +28,7 @@ use kvm_bindings::{
 use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
-use crate::arch::x86_64::state::{VcpuState, VmState};
+use crate::arch::x86_64::state::{KvmVcpuState, KvmVmState};
 use run_control::VcpuExitReason;
 use run_control::{StopReason, VmControl};
 use vcpu::{Buses, Vcpu};
@@ -257,7 +257,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
 
     /// Gives the VM and its vCPUs the states a snapshot saved, instead of setting them up for
     /// a boot.
-    pub fn restore(&mut self, vcpus: &[VcpuState], vm: &VmState) -> Result<(), VmError> {
+    pub fn restore(&mut self, vcpus: &[KvmVcpuState], vm: &KvmVmState) -> Result<(), VmError> {
         if vcpus.len() != self.vcpus.len() {
             return Err(VmError::Restore(format!(
                 "{} vCPU states for {} vCPUs",

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use vmm::api::model::{
+use vmm_api::model::{
     BalloonInfo, BalloonStatistics, BalloonUpdate, CoreReservation, FaultLatencyInfo,
     GuestMemoryInfo, MachineInfo, MemoryInfo, PoolInfo, PopulateMode, VmState,
 };
-use vmm::api::{ApiServer, ControlError, VmmControl};
+use vmm_api::{ApiServer, ControlError, VmmControl};
 
 /// What `memory_info` panics with when told to.
 pub const PANIC_ON_PURPOSE: &str = "memory_info failed on purpose";

@@ -11,13 +11,11 @@ use virtio_queue::QueueState;
 
 use super::backend::GuestMemBackend;
 use crate::virtio::mmio::MmioTransport;
+use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice};
 
-/// The queues' guest memory.
-pub type Memory = Arc<GuestMemory>;
-
 /// The balloon behind its virtio-mmio transport.
-pub type BalloonTransport = MmioTransport<Memory, BalloonDevice>;
+pub type BalloonTransport = MmioTransport<DeviceMemory, BalloonDevice>;
 
 /// Raises the transport's interrupt for the balloon.
 struct InterruptNotifier(Arc<Interrupt>);
@@ -39,7 +37,7 @@ impl GuestNotifier for InterruptNotifier {
 /// A virtio-balloon device on guest-mem memory.
 #[derive(Debug)]
 pub struct BalloonDevice {
-    balloon: Balloon<Memory, GuestMemBackend>,
+    balloon: Balloon<DeviceMemory, GuestMemBackend>,
 }
 
 impl BalloonDevice {
@@ -51,17 +49,17 @@ impl BalloonDevice {
     }
 
     /// The device logic: target, statistics requests, information.
-    pub fn balloon(&self) -> &Balloon<Memory, GuestMemBackend> {
+    pub fn balloon(&self) -> &Balloon<DeviceMemory, GuestMemBackend> {
         &self.balloon
     }
 
     /// The device logic, mutably.
-    pub fn balloon_mut(&mut self) -> &mut Balloon<Memory, GuestMemBackend> {
+    pub fn balloon_mut(&mut self) -> &mut Balloon<DeviceMemory, GuestMemBackend> {
         &mut self.balloon
     }
 }
 
-impl VirtioDevice<Memory> for BalloonDevice {
+impl VirtioDevice<DeviceMemory> for BalloonDevice {
     fn device_type(&self) -> u32 {
         self.balloon.device_type()
     }
@@ -82,7 +80,7 @@ impl VirtioDevice<Memory> for BalloonDevice {
         self.balloon.write_config(offset, data);
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn activate(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         let queues = activation.queues.into_iter().map(|q| (q.index, q.queue));
         let notifier = Arc::new(InterruptNotifier(activation.interrupt));
         self.balloon
@@ -116,7 +114,7 @@ impl VirtioDevice<Memory> for BalloonDevice {
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        activation: Option<Activation<Memory>>,
+        activation: Option<Activation<DeviceMemory>>,
     ) -> Result<(), ActivateError> {
         let DeviceState::Balloon(state) = state else {
             return Err(ActivateError::Device(

@@ -40,7 +40,7 @@ fn drive(image: &TempFile, read_only: bool, rate_limiter: RateLimiterConfig) -> 
 
 /// A device of `config`, activated with the queue of `mock`; and its interrupt's eventfd.
 fn activated_drive(
-    memory: &Memory,
+    memory: &DeviceMemory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     config: DriveConfig,
 ) -> (BlockDevice, EventFd) {
@@ -54,7 +54,7 @@ fn activated_drive(
 /// A device over `image` without a rate limiter, activated with the queue of `mock`; and its
 /// interrupt's eventfd.
 fn activated(
-    memory: &Memory,
+    memory: &DeviceMemory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     image: &TempFile,
     read_only: bool,
@@ -62,7 +62,7 @@ fn activated(
     activated_drive(memory, mock, drive(image, read_only, Default::default()))
 }
 
-fn header(memory: &Memory, kind: u32, sector: u64) {
+fn header(memory: &DeviceMemory, kind: u32, sector: u64) {
     memory
         .write_obj(kind.to_le(), GuestAddress(HEADER))
         .unwrap();
@@ -71,7 +71,7 @@ fn header(memory: &Memory, kind: u32, sector: u64) {
         .unwrap();
 }
 
-fn status(memory: &Memory) -> u8 {
+fn status(memory: &DeviceMemory) -> u8 {
     memory.read_obj(GuestAddress(STATUS)).unwrap()
 }
 

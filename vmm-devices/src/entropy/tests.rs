@@ -16,7 +16,7 @@ const BUFFER: u64 = 2 * MIB;
 /// A device limited by `limiter`, activated with the queue of `mock`; returns it and its
 /// interrupt's eventfd.
 fn limited(
-    memory: &Memory,
+    memory: &DeviceMemory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     limiter: RateLimiterConfig,
 ) -> (EntropyDevice, EventFd) {
@@ -27,7 +27,10 @@ fn limited(
 }
 
 /// An unlimited device activated with the queue of `mock`.
-fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (EntropyDevice, EventFd) {
+fn activated(
+    memory: &DeviceMemory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+) -> (EntropyDevice, EventFd) {
     limited(memory, mock, RateLimiterConfig::default())
 }
 

@@ -28,7 +28,7 @@ fn config() -> HotplugConfig {
 }
 
 /// RAM populated up front and the hot-pluggable memory, on a pool with `frames_mib` for it.
-fn memory(frames_mib: u64) -> (Memory, Arc<Pool>) {
+fn memory(frames_mib: u64) -> (DeviceMemory, Arc<Pool>) {
     let pool = Pool::new(PoolConfig::new(Backing::Anonymous, RAM + frames_mib * MIB)).unwrap();
     let config = MemoryConfig {
         populate: Populate::Eager,
@@ -42,7 +42,10 @@ fn memory(frames_mib: u64) -> (Memory, Arc<Pool>) {
 }
 
 /// A device activated as Linux activates it, with the queue of `mock`.
-fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (MemHandle, EventFd) {
+fn activated(
+    memory: &DeviceMemory,
+    mock: &MockSplitQueue<'_, GuestMemory>,
+) -> (MemHandle, EventFd) {
     let device = MemDevice::new(memory.clone(), config()).unwrap();
     let (mut activation, irq) = activation(memory, mock);
     activation.acked_features = 1 << VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE;
@@ -54,7 +57,7 @@ fn activated(memory: &Memory, mock: &MockSplitQueue<'_, GuestMemory>) -> (MemHan
 /// Sends `request` as the `avail`-th chain and returns the answer's type.
 fn send(
     handle: &MemHandle,
-    memory: &Memory,
+    memory: &DeviceMemory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     avail: u16,
     request: Request,

@@ -63,7 +63,7 @@ fn private_tap() -> bool {
 /// A device on `tap0` with `config`'s limiters, activated with the rings of `rx` and `tx` and
 /// the features `features`; returns it and its interrupt's eventfd.
 fn activated(
-    memory: &Memory,
+    memory: &DeviceMemory,
     rx: &MockSplitQueue<'_, GuestMemory>,
     tx: &MockSplitQueue<'_, GuestMemory>,
     features: u64,

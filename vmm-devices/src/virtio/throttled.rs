@@ -13,12 +13,10 @@ use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::GuestAddressSpace;
 
 use super::request_queue::RequestQueue;
+use super::DeviceMemory;
 use super::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::rate_limiter::Throttle;
 use crate::GuestWarnings;
-
-/// The guest memory such a device's queue lives in.
-pub type Memory = Arc<GuestMemory>;
 
 /// A device's request queue (once the driver made it ready) and its rate limiter.
 #[derive(Debug)]
@@ -79,7 +77,7 @@ pub trait ThrottledDevice: Send {
     fn queue_mut(&mut self) -> &mut ThrottledQueue;
 
     /// The guest memory its queue lives in.
-    fn guest_memory(&self) -> &Memory;
+    fn guest_memory(&self) -> &DeviceMemory;
 
     /// Its guest-triggered warnings.
     fn warnings(&self) -> &GuestWarnings;
@@ -105,7 +103,7 @@ pub trait ThrottledDevice: Send {
     }
 }
 
-impl<D: ThrottledDevice> VirtioDevice<Memory> for D {
+impl<D: ThrottledDevice> VirtioDevice<DeviceMemory> for D {
     fn device_type(&self) -> u32 {
         Self::TYPE
     }
@@ -126,7 +124,7 @@ impl<D: ThrottledDevice> VirtioDevice<Memory> for D {
         self.config_write(offset);
     }
 
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn activate(&mut self, activation: Activation<DeviceMemory>) -> Result<(), ActivateError> {
         self.queue_mut().active = Some(RequestQueue::take(activation)?);
         Ok(())
     }
@@ -178,7 +176,7 @@ impl<D: ThrottledDevice> VirtioDevice<Memory> for D {
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        activation: Option<Activation<Memory>>,
+        activation: Option<Activation<DeviceMemory>>,
     ) -> Result<(), ActivateError> {
         self.restore_saved(state)?;
         if let Some(activation) = activation {

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
+use guest_mem::GuestMemory;
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -23,7 +24,7 @@ const RX_BUFFER_SIZE: u32 = 4096 + HEADER_SIZE as u32;
 
 /// A guest driving a device: its three rings and where the next chains go.
 struct Guest<'a> {
-    memory: &'a Memory,
+    memory: &'a DeviceMemory,
     rx: MockSplitQueue<'a, GuestMemory>,
     tx: MockSplitQueue<'a, GuestMemory>,
     event: MockSplitQueue<'a, GuestMemory>,
@@ -44,7 +45,7 @@ impl Drop for Scratch {
 }
 
 impl<'a> Guest<'a> {
-    fn new(memory: &'a Memory, name: &str) -> Self {
+    fn new(memory: &'a DeviceMemory, name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("vsock-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

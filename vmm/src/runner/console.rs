@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::events::Subscriber;
-use crate::api::model::SerialConfig;
 use crate::host_file::{self, HostFileError};
+use vmm_api::model::SerialConfig;
 use vmm_devices::event_loop::SerialInput;
 use vmm_devices::metrics::UART;
 use vmm_devices::rate_limiter::{RateLimiter, RateLimiterConfig};

@@ -15,24 +15,24 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::console::SerialFile;
-use super::early_vm::EarlyKvmVm;
-use super::metrics::{MetricsSink, FLUSH_INTERVAL};
+use super::metrics_file::{MetricsSink, FLUSH_INTERVAL};
+use super::restore::{prepare, SnapshotError};
 use super::session::Session;
 use super::session_api::update_store;
 use super::signals::StopSignals;
-use super::snapshot::{prepare, SnapshotError};
 use super::{RunError, RunOutcome, StopCause};
-use crate::api::model::{
+use crate::build::early_vm::EarlyKvmVm;
+use crate::build::resources::{VmResources, DEFAULT_PMEM_ID};
+use crate::config::VmConfig;
+use vmm_api::metrics::{Level, Operation, METRICS};
+use vmm_api::model::{
     BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
     FullVmConfiguration, InstanceInfo, MachineConfiguration, MachineInfo, MemoryHotplugSizeUpdate,
     MemoryHotplugStatus, MemoryInfo, PartialDrive, PartialNetworkInterface, PartialPmem,
     SnapshotCreateParams, SnapshotLoadParams, VmState,
 };
-use crate::api::resources::{VmResources, DEFAULT_PMEM_ID};
-use crate::api::vmm_control::{HOTPLUG_NOT_CONFIGURED, NOT_AFTER_START, NOT_BEFORE_START};
-use crate::api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
-use crate::config::VmConfig;
-use crate::metrics::{Level, Operation, METRICS};
+use vmm_api::vmm_control::{HOTPLUG_NOT_CONFIGURED, NOT_AFTER_START, NOT_BEFORE_START};
+use vmm_api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use vmm_devices::serial::SerialOutput;
 
 /// What the API thread asks the main thread to do.
@@ -233,6 +233,10 @@ impl ApiFront {
 }
 
 impl VmmControl for ApiFront {
+    fn confine_api_thread(&self) {
+        crate::seccomp::confine_api_thread();
+    }
+
     fn machine_info(&self) -> Result<MachineInfo, ControlError> {
         self.started()?.machine_info()
     }

@@ -11,9 +11,8 @@ use guest_mem::GuestMemory;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::console::Console;
-use super::devices::VirtioMmioDevices;
+use super::restore::ResumedStates;
 use super::session::Session;
-use super::snapshot::ResumedStates;
 use super::{DeviceError, ResetCause, RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpu_template::CpuTemplate;
 use crate::arch::x86_64::cpuid::threads_per_core;
@@ -27,6 +26,7 @@ use crate::arch::x86_64::{
     MIN_IDENTITY_MAPPED,
 };
 use crate::boot::{add_kernel_arg, load_linux, BootEntry, LinuxBoot, LinuxBootConfig};
+use crate::build::devices::VirtioMmioDevices;
 use crate::config::LinuxConfig;
 use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
 use crate::vm::run_control::StopReason;

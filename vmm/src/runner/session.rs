@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use guest_mem::{FaultError, GuestMemory};
 use kvm_ioctls::VmFd;
 
-use super::devices::Devices;
 use super::reclaim::{Reclaim, ReclaimThread};
 use super::{FaultingThread, RunError, RunOutcome, StopCause};
+use crate::build::devices::Devices;
 use crate::config::{format_size, BackingKind, VmConfig};
 use crate::testguest::ReportDevice;
 use crate::testguest::TestGuestError;

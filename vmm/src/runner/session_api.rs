@@ -3,16 +3,19 @@
 
 use std::time::Duration;
 
-use crate::api::model::{
+use guest_mem::FrameSize;
+use vmm_api::model::{
     BalloonHintingStatus, BalloonInfo, BalloonStartCmd, BalloonStatistics, BalloonUpdate,
     FullVmConfiguration, MachineConfiguration, MachineInfo, MemoryHotplugSizeUpdate,
     MemoryHotplugStatus, MemoryInfo, PartialDrive, PartialNetworkInterface, PartialPmem,
     SnapshotCreateParams, VmState, DEFAULT_INSTANCE_ID,
 };
-use crate::api::resources::{check_path_id, full_configuration, machine_configuration};
-use crate::api::vmm_control::HOTPLUG_NOT_CONFIGURED;
-use crate::api::{ControlError, VmmControl};
+
+use crate::build::resources::{check_path_id, full_configuration, machine_configuration};
+use crate::config::{GuestConfig, VmConfig};
 use crate::vm::run_control::{self, RunState, VmControl};
+use vmm_api::vmm_control::HOTPLUG_NOT_CONFIGURED;
+use vmm_api::{ControlError, VmmControl};
 use vmm_devices::balloon::{BalloonControlError, BalloonHandle, StatsTimerError};
 use vmm_devices::block::BlockHandle;
 use vmm_devices::mem::MemControlError;
@@ -100,6 +103,10 @@ impl Session {
 }
 
 impl VmmControl for Session {
+    fn confine_api_thread(&self) {
+        crate::seccomp::confine_api_thread();
+    }
+
     /// A VM in a zone is its name there.
     fn instance_id(&self) -> String {
         match &self.config().zone {
@@ -116,7 +123,7 @@ impl VmmControl for Session {
             _ => VmState::Stopped,
         };
         let frame_size = self.memory().pool().frame_size();
-        Ok(MachineInfo::new(self.config(), frame_size, state))
+        Ok(machine_info(self.config(), frame_size, state))
     }
 
     fn machine_config(&self) -> Result<MachineConfiguration, ControlError> {
@@ -323,14 +330,14 @@ impl VmmControl for Session {
 
     fn update_mmds(&self, data: serde_json::Value, patch: bool) -> Result<(), ControlError> {
         let mmds = self.config().mmds.as_ref().ok_or_else(|| {
-            ControlError::InvalidArgument(crate::api::vmm_control::MMDS_NOT_CONFIGURED.into())
+            ControlError::InvalidArgument(vmm_api::vmm_control::MMDS_NOT_CONFIGURED.into())
         })?;
         update_store(&mmds.store, data, patch)
     }
 
     fn mmds(&self) -> Result<serde_json::Value, ControlError> {
         let mmds = self.config().mmds.as_ref().ok_or_else(|| {
-            ControlError::InvalidArgument(crate::api::vmm_control::MMDS_NOT_CONFIGURED.into())
+            ControlError::InvalidArgument(vmm_api::vmm_control::MMDS_NOT_CONFIGURED.into())
         })?;
         let value = mmds
             .store
@@ -405,14 +412,43 @@ impl GuestValues {
     }
 }
 
+/// The info of a VM configured by `config`, with frames of `frame_size`, now in `state`.
+pub(crate) fn machine_info(
+    config: &VmConfig,
+    frame_size: FrameSize,
+    state: VmState,
+) -> MachineInfo {
+    MachineInfo {
+        vmm_version: env!("CARGO_PKG_VERSION").to_owned(),
+        state,
+        vcpu_count: config.vcpus,
+        mem_size_mib: config.memory_size >> 20,
+        backing: match &config.zone {
+            Some(zone) => format!("zone:{}", zone.path.display()),
+            None => config.backing.to_string(),
+        },
+        zone_vm: config.zone.as_ref().map(|zone| zone.vm.clone()),
+        frame_size_kib: frame_size.bytes() >> 10,
+        populate: config.populate.into(),
+        guest: match config.guest {
+            GuestConfig::TestGuest(_) => "test-guest",
+            GuestConfig::Linux(_) | GuestConfig::RestoredLinux => "linux",
+        }
+        .to_owned(),
+        balloon: config.balloon.is_some(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
+    use guest_mem::Populate;
+
     use super::*;
+    use crate::build::devices::create_devices;
+    use crate::build::memory::{create_memory, create_pool, Frames};
     use crate::config::VmConfig;
-    use crate::runner::devices::create_devices;
-    use crate::runner::memory::{create_memory, create_pool, Frames};
 
     /// A session of a 16 MiB VM with 2 vCPUs and the balloon `balloon` (if any).
     fn session_with(balloon: Option<&str>) -> Session {
@@ -580,5 +616,26 @@ mod tests {
         assert!(!honest.clamped.get());
         assert_eq!(honest.bytes(Some(u64::MAX)), Some(16 << 20));
         assert!(honest.clamped.get());
+    }
+
+    #[test]
+    fn machine_info_follows_the_config() {
+        let config = VmConfig {
+            populate: Populate::Eager,
+            ..VmConfig::test_guest(1 << 30, 3)
+        };
+        let info = machine_info(&config, FrameSize::Huge, VmState::Paused);
+        assert_eq!((info.vcpu_count, info.mem_size_mib), (3, 1024));
+        assert_eq!((info.backing.as_str(), info.frame_size_kib), ("anon", 2048));
+        assert_eq!((info.guest.as_str(), info.balloon), ("test-guest", false));
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["state"], "Paused");
+        assert_eq!(json["populate"], "eager");
+        let mapped = VmConfig {
+            populate: Populate::Mapped,
+            ..config
+        };
+        let info = machine_info(&mapped, FrameSize::Huge, VmState::Paused);
+        assert_eq!(serde_json::to_value(&info).unwrap()["populate"], "mapped");
     }
 }

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::devices::VirtioMmioDevices;
 use super::progress::{ProgressDisplay, StepProgress};
+use super::restore::ResumedStates;
 use super::session::Session;
-use super::snapshot::ResumedStates;
 use super::{RunError, RunOutcome, StopCause};
 use crate::arch::x86_64::cpu_template::CpuTemplate;
+use crate::build::devices::VirtioMmioDevices;
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
 use crate::testguest::{
-    self, exit_code, Mismatch, Report, Resumption, RunOptions, TestGuestDevices, Workload,
+    self, exit_code, Mismatch, Report, RunOptions, TestGuestDevices, TestGuestResumption, Workload,
 };
 use crate::vm::run_control::StopReason;
 use crate::vm::KvmVm;
@@ -36,7 +36,7 @@ pub(super) fn run(
     let hinting_session = Arc::downgrade(session);
     let paused = resumed.as_ref().is_some_and(|r| r.paused);
     let resumption = match resumed {
-        Some(resumed) => Some(Resumption {
+        Some(resumed) => Some(TestGuestResumption {
             vcpus: resumed.vcpus,
             vm: resumed.vm,
             serial: resumed.serial,

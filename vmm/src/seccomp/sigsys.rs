@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::metrics::METRICS;
+use vmm_api::metrics::METRICS;
 
 /// The exit status of a VMM that made a system call its filter denies (Firecracker's).
 pub const BAD_SYSCALL_EXIT_STATUS: i32 = 148;

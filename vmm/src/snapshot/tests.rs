@@ -26,8 +26,8 @@ impl Drop for TempPath {
     }
 }
 
-fn vcpu_state() -> VcpuState {
-    VcpuState {
+fn vcpu_state() -> KvmVcpuState {
+    KvmVcpuState {
         cpuid: vec![Default::default(); 3],
         mp_state: Default::default(),
         regs: kvm_bindings::kvm_regs {
@@ -72,7 +72,7 @@ fn snapshot() -> VmSnapshot {
             seal: 77,
         },
         vcpus: vec![vcpu_state(), vcpu_state()],
-        vm: VmState {
+        vm: KvmVmState {
             irqchips: vec![Default::default(); 3],
             pit: Default::default(),
             clock: Default::default(),

@@ -162,19 +162,19 @@ pub struct ReportStateError(String);
 
 /// Per-vCPU state of the device: the report so far and the step being reported.
 #[derive(Debug, Default)]
-struct VcpuState {
+struct ReportedVcpu {
     report: VcpuReport,
     current: StepReport,
 }
 
 /// Locks a vCPU's state; a panic elsewhere left it usable (plain counters).
-fn lock(state: &Mutex<VcpuState>) -> std::sync::MutexGuard<'_, VcpuState> {
+fn lock(state: &Mutex<ReportedVcpu>) -> std::sync::MutexGuard<'_, ReportedVcpu> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The MMIO device receiving the guest's reports.
 pub struct ReportDevice {
-    vcpus: Vec<Mutex<VcpuState>>,
+    vcpus: Vec<Mutex<ReportedVcpu>>,
     exited: AtomicU64,
     /// Malformed reports: counted, and warned about rate-limited.
     protocol_errors: GuestWarnings,
@@ -200,7 +200,7 @@ impl ReportDevice {
     /// A device for `vcpus` vCPUs running a workload of `steps` steps.
     pub fn new(vcpus: usize, steps: usize, on_checkpoint: Option<CheckpointHook>) -> Self {
         let state = || {
-            Mutex::new(VcpuState {
+            Mutex::new(ReportedVcpu {
                 report: VcpuReport {
                     steps: vec![StepReport::default(); steps],
                     ..Default::default()

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::kick;
-use crate::arch::x86_64::state::VcpuState;
+use crate::arch::x86_64::state::KvmVcpuState;
 
 /// How a vCPU thread ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,7 +131,7 @@ struct State {
     /// Per vCPU: asked to read its state (while paused).
     save_requested: Vec<bool>,
     /// Per vCPU: the state it read, once it has.
-    saved: Vec<Option<Result<VcpuState, String>>>,
+    saved: Vec<Option<Result<KvmVcpuState, String>>>,
     /// Called whenever the VM is stopped (see [`VmControl::on_stop`]).
     stop_hook: Option<StopHook>,
 }
@@ -383,7 +383,7 @@ impl VmControl {
 
     /// Reads the state of every vCPU of a paused VM: each vCPU thread reads its own, where it
     /// waits. Fails when the VM is not paused (or stops meanwhile) or a vCPU cannot read it.
-    pub fn save_vcpus(&self) -> Result<Vec<VcpuState>, RunControlError> {
+    pub fn save_vcpus(&self) -> Result<Vec<KvmVcpuState>, RunControlError> {
         let mut state = self.lock();
         let count = state.exits.len();
         let all_parked = |state: &State| state.parked + state.exited() == count;
@@ -418,7 +418,7 @@ impl VmControl {
     }
 
     /// Called by a vCPU thread with the state it read after [`Checkpoint::Save`].
-    pub(crate) fn vcpu_saved(&self, index: usize, saved: Result<VcpuState, String>) {
+    pub(crate) fn vcpu_saved(&self, index: usize, saved: Result<KvmVcpuState, String>) {
         let mut state = self.lock();
         if let Some(slot) = state.saved.get_mut(index) {
             *slot = Some(saved);

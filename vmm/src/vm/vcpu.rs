@@ -9,9 +9,9 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use super::kick::{self, ClearKvmRun};
 use super::run_control::{Checkpoint, StopReason, VcpuExitReason, VmControl};
-use crate::arch::x86_64::state::VcpuState;
-use crate::metrics::METRICS;
+use crate::arch::x86_64::state::KvmVcpuState;
 use crate::seccomp::ThreadKind;
+use vmm_api::metrics::METRICS;
 use vmm_devices::Bus;
 
 /// The device buses vCPUs dispatch exits to.
@@ -96,7 +96,7 @@ impl Vcpu {
     /// Completes the I/O of the last exit (KVM finishes an emulated instruction, such as a port
     /// read, on the next `KVM_RUN`: one with `immediate_exit` set does only that) and reads the
     /// vCPU's state.
-    fn save_state(&mut self) -> Result<VcpuState, String> {
+    fn save_state(&mut self) -> Result<KvmVcpuState, String> {
         self.fd.set_kvm_immediate_exit(1);
         let completed = match self.fd.run() {
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Ok(()),
@@ -105,7 +105,7 @@ impl Vcpu {
         };
         self.fd.set_kvm_immediate_exit(0);
         completed?;
-        VcpuState::save(&self.fd, &self.msrs_to_save).map_err(|e| e.to_string())
+        KvmVcpuState::save(&self.fd, &self.msrs_to_save).map_err(|e| e.to_string())
     }
 
     fn run_loop(&mut self, buses: &Buses, control: &VmControl) -> VcpuExitReason {

@@ -11,7 +11,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::virtio::{ActivateError, Activation, DeviceState, VirtioDevice};
 
 /// The memory the test device's queues live in.
-pub type Memory = Arc<GuestMemoryMmap<()>>;
+pub type MmapMemory = Arc<GuestMemoryMmap<()>>;
 
 /// The test device's virtio device type (none of the spec's).
 pub const TEST_DEVICE_TYPE: u32 = 42;
@@ -33,7 +33,7 @@ pub struct TestDevice {
     pub(crate) fail_activation: bool,
 }
 
-impl VirtioDevice<Memory> for TestDevice {
+impl VirtioDevice<MmapMemory> for TestDevice {
     fn device_type(&self) -> u32 {
         TEST_DEVICE_TYPE
     }
@@ -61,7 +61,7 @@ impl VirtioDevice<Memory> for TestDevice {
             }
         }
     }
-    fn activate(&mut self, activation: Activation<Memory>) -> Result<(), ActivateError> {
+    fn activate(&mut self, activation: Activation<MmapMemory>) -> Result<(), ActivateError> {
         if self.fail_activation {
             return Err(ActivateError::MissingQueue(1));
         }
@@ -95,7 +95,7 @@ impl VirtioDevice<Memory> for TestDevice {
     fn restore_state(
         &mut self,
         state: &DeviceState,
-        activation: Option<Activation<Memory>>,
+        activation: Option<Activation<MmapMemory>>,
     ) -> Result<(), ActivateError> {
         assert_eq!(state, &DeviceState::Plain);
         activation.map_or(Ok(()), |activation| self.activate(activation))

@@ -11,7 +11,7 @@ const BASE: u64 = 0xc000_0000;
 const MEM_SIZE: usize = 0x10_0000;
 
 pub(crate) struct Fixture {
-    pub(crate) transport: MmioTransport<Memory, TestDevice>,
+    pub(crate) transport: MmioTransport<MmapMemory, TestDevice>,
 }
 
 impl Fixture {

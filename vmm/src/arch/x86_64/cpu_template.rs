@@ -11,7 +11,7 @@ pub use static_templates::t2a;
 
 use kvm_bindings::{kvm_cpuid_entry2, kvm_msr_entry, CpuId, Msrs, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 use kvm_ioctls::{Kvm, VcpuFd};
-use serde::{Deserialize, Serialize};
+use vmm_api::model::{CpuidLeafModifier, CpuidRegisterModifier, CustomCpuTemplate};
 
 /// Errors of a template.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -37,61 +37,6 @@ pub enum TemplateError {
     /// KVM refused an MSR.
     #[error("KVM refused MSR {0:#x} of the CPU template")]
     Msr(u32),
-}
-
-/// One register's change in a CPUID leaf.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CpuidRegisterModifier {
-    /// `eax`, `ebx`, `ecx` or `edx`.
-    pub register: String,
-    /// The bits (32).
-    pub bitmap: String,
-}
-
-/// The changes to one CPUID leaf and subleaf.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CpuidLeafModifier {
-    /// The leaf.
-    pub leaf: String,
-    /// The subleaf.
-    pub subleaf: String,
-    /// KVM's flags of the entry (1: the subleaf matters).
-    pub flags: u32,
-    /// The registers' changes.
-    pub modifiers: Vec<CpuidRegisterModifier>,
-}
-
-/// The change to one MSR.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MsrModifier {
-    /// The MSR's address.
-    pub addr: String,
-    /// The bits (64).
-    pub bitmap: String,
-}
-
-/// Firecracker's `CpuConfig` (a custom CPU template).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CustomCpuTemplate {
-    /// KVM capabilities the VM needs ("N"), or that need not be checked ("!N").
-    #[serde(default)]
-    pub kvm_capabilities: Vec<String>,
-    /// CPUID changes.
-    #[serde(default)]
-    pub cpuid_modifiers: Vec<CpuidLeafModifier>,
-    /// MSR changes.
-    #[serde(default)]
-    pub msr_modifiers: Vec<MsrModifier>,
-    /// aarch64 only: refused unless empty.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub reg_modifiers: Vec<serde_json::Value>,
-    /// aarch64 only: refused unless empty.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub vcpu_features: Vec<serde_json::Value>,
 }
 
 /// Bits to change: where `mask` is set, the result takes `value`'s bit.

@@ -1,5 +1,5 @@
-//! The architectural state of a paused VM, as KVM holds it: per vCPU ([`VcpuState`]) and per VM
-//! ([`VmState`]), read for a snapshot and written back in another process.
+//! The architectural state of a paused VM, as KVM holds it: per vCPU ([`KvmVcpuState`]) and per VM
+//! ([`KvmVmState`]), read for a snapshot and written back in another process.
 //!
 //! The order of the writes follows Firecracker's and Cloud Hypervisor's: CPUID first (it
 //! decides which XSAVE components and MSRs the vCPU has), then MP state, registers, special
@@ -49,7 +49,7 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> StateError {
 
 /// Everything KVM holds about one vCPU.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct VcpuState {
+pub struct KvmVcpuState {
     /// The CPUID table the vCPU was given.
     pub cpuid: Vec<kvm_cpuid_entry2>,
     /// Running, halted, waiting for SIPI.
@@ -94,7 +94,7 @@ fn read_msrs(vcpu: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, State
     Ok(saved)
 }
 
-impl VcpuState {
+impl KvmVcpuState {
     /// Reads the state of `vcpu`, which must be out of `KVM_RUN` with no I/O left to complete
     /// (see [`crate::vm::vcpu`]). `msrs` lists the MSRs KVM asks VMMs to save
     /// (`KVM_GET_MSR_INDEX_LIST`).
@@ -102,7 +102,7 @@ impl VcpuState {
         let cpuid = vcpu
             .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_CPUID2"))?;
-        Ok(VcpuState {
+        Ok(KvmVcpuState {
             cpuid: cpuid.as_slice().to_vec(),
             mp_state: vcpu.get_mp_state().map_err(kvm_err("KVM_GET_MP_STATE"))?,
             regs: vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?,
@@ -155,7 +155,7 @@ impl VcpuState {
 /// What KVM holds about the VM beyond its vCPUs: the in-kernel PICs and IOAPIC, the PIT and
 /// the kvmclock.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct VmState {
+pub struct KvmVmState {
     /// Master PIC, slave PIC, IOAPIC.
     pub irqchips: Vec<kvm_irqchip>,
     /// The PIT's channels.
@@ -170,7 +170,7 @@ const IRQCHIPS: [u32; 3] = [
     KVM_IRQCHIP_IOAPIC,
 ];
 
-impl VmState {
+impl KvmVmState {
     /// Reads the state of `vm`, whose vCPUs are paused.
     pub fn save(vm: &VmFd) -> Result<Self, StateError> {
         let irqchips = IRQCHIPS
@@ -185,7 +185,7 @@ impl VmState {
                 Ok(chip)
             })
             .collect::<Result<_, StateError>>()?;
-        Ok(VmState {
+        Ok(KvmVmState {
             irqchips,
             pit: vm.get_pit2().map_err(kvm_err("KVM_GET_PIT2"))?,
             clock: vm.get_clock().map_err(kvm_err("KVM_GET_CLOCK"))?,
@@ -234,13 +234,13 @@ mod tests {
         regs.rip = 0x10_0000;
         vcpu.set_regs(&regs).unwrap();
         let msrs = kvm.get_msr_index_list().unwrap().as_slice().to_vec();
-        let state = VcpuState::save(&vcpu, &msrs).unwrap();
+        let state = KvmVcpuState::save(&vcpu, &msrs).unwrap();
         assert!(!state.msrs.is_empty() && !state.cpuid.is_empty());
-        let vm_state = VmState::save(&vm).unwrap();
+        let vm_state = KvmVmState::save(&vm).unwrap();
         assert_eq!(vm_state.irqchips.len(), 3);
 
         let bytes = postcard::to_stdvec(&state).unwrap();
-        let back: VcpuState = postcard::from_bytes(&bytes).unwrap();
+        let back: KvmVcpuState = postcard::from_bytes(&bytes).unwrap();
         let (other_vm, other) = new_vm();
         back.restore(&other).unwrap();
         vm_state.restore(&other_vm).unwrap();

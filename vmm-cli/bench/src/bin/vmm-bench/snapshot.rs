@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn the_vmm_s_log_lines_give_their_durations() {
-        let log = "info: vmm::runner::snapshot: snapshot loaded in 5.292233ms: file 112.6µs, \
+        let log = "info: vmm::runner::restore: snapshot loaded in 5.292233ms: file 112.6µs, \
                    zone 126.9µs, start 4.768412ms";
         let (ms, line) = logged(log, "snapshot loaded in ").unwrap();
         assert!((ms - 5.292233).abs() < 1e-9);

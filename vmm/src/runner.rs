@@ -25,43 +25,40 @@
 //! the guest goes on.
 
 mod console;
-mod devices;
-mod early_vm;
 mod events;
 mod front;
 mod linux;
-mod memory;
-mod metrics;
+mod metrics_file;
 mod progress;
 mod reclaim;
+mod restore;
 mod session;
 mod session_api;
 mod signals;
-mod snapshot;
 mod test_guest;
 
-pub use devices::{DeviceError, VirtioMmioDevices};
-pub use memory::{ZoneSetupError, SPARE_CORES};
+pub use crate::build::devices::{DeviceError, VirtioMmioDevices};
+pub use crate::build::memory::{ZoneSetupError, SPARE_CORES};
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use guest_mem::{FaultError, MemoryError, Pool, PoolError, Populate, Population};
 
-use crate::api::{ApiServer, ServerError};
 use crate::boot::BootError;
+use crate::build::early_vm::EarlyKvmVm;
+use crate::build::memory::Frames;
 use crate::config::{GuestConfig, LinuxConfig, VmConfig};
 use crate::testguest::{self, TestGuestError, Workload};
 use crate::vm::VmError;
-use early_vm::EarlyKvmVm;
-use memory::Frames;
+use restore::Resumption;
 use session::Session;
-use snapshot::Resumption;
+use vmm_api::{ApiServer, ServerError};
 use vmm_devices::serial::SerialOutput;
 
 pub use console::{line_prefix, name_lines, say};
 pub use front::{serve, ServeOptions};
-pub use snapshot::{load, SnapshotError};
+pub use restore::{load, SnapshotError};
 
 /// How a VM run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,8 +236,8 @@ pub fn run(config: VmConfig) -> Result<RunOutcome, RunError> {
 /// The frames of a VM to boot: its zone's, or a new pool.
 fn frames_for(config: &VmConfig) -> Result<Frames, RunError> {
     Ok(match &config.zone {
-        Some(target) => Frames::Zone(memory::attach_zone(config, target)?),
-        None => Frames::Pool(memory::create_pool(config)?),
+        Some(target) => Frames::Zone(crate::build::memory::attach_zone(config, target)?),
+        None => Frames::Pool(crate::build::memory::create_pool(config)?),
     })
 }
 
@@ -318,7 +315,8 @@ fn run_checked(
         ),
         Populate::Lazy | Populate::Mapped => None,
     };
-    let created = memory::create_memory(&config, frames, &population, resumption.is_none());
+    let created =
+        crate::build::memory::create_memory(&config, frames, &population, resumption.is_none());
     if let Some(signal) = watch.and_then(signals::SignalWatch::finish) {
         return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
     }
@@ -327,7 +325,7 @@ fn run_checked(
         resumption.fill_memory(&guest_memory)?;
         resumption.timing().mark("memory");
     }
-    let devices = devices::create_devices(&config, &guest_memory)?;
+    let devices = crate::build::devices::create_devices(&config, &guest_memory)?;
     if let Some(resumption) = &resumption {
         resumption.restore_devices(&devices)?;
         resumption.timing().mark("devices");

@@ -6,19 +6,20 @@ use std::path::Path;
 
 use guest_mem::{Populate, Scrub};
 
-use super::model::{
-    Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
-    MmdsConfigRequest, NetworkInterface, Pmem, Vsock, ZoneAttachment,
-};
-use super::vmm_control::ControlError;
-use crate::arch::x86_64::cpu_template::{CpuTemplate, CustomCpuTemplate};
+use crate::arch::x86_64::cpu_template::CpuTemplate;
 use crate::config::{
     check_memory, check_pmem, check_smt, check_vcpus, check_zone, BackingKind, BalloonDeviceConfig,
     ConfigError, DriveConfig, GuestConfig, HotplugConfig, LinuxConfig, VmConfig, ZoneTarget,
 };
 use crate::testguest::image::guest_for_kernel;
 use crate::testguest::WorkloadSpec;
+use vmm_api::model::CustomCpuTemplate;
+use vmm_api::model::{
+    Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
+    Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
+    MmdsConfigRequest, NetworkInterface, Pmem, Vsock, ZoneAttachment,
+};
+use vmm_api::vmm_control::ControlError;
 use vmm_devices::rate_limiter::RateLimiterConfig;
 
 /// MiB in bytes.

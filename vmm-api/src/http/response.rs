@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::api::model::Fault;
+use crate::model::Fault;
 
 /// A response to send.
 #[derive(Clone, Debug, PartialEq, Eq)]

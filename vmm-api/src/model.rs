@@ -1,14 +1,15 @@
 //! The JSON bodies of the control API: what the VMM reports and what clients send.
 
-use guest_mem::{FrameSize, GuestMemory, Pool, Populate};
+use guest_mem::{GuestMemory, Pool, Populate};
 use serde::{Deserialize, Serialize};
 use virtio_balloon::Violations;
 
-use crate::config::{GuestConfig, VmConfig};
 use vmm_devices::pmem::PmemHandle;
 
+mod cpu_template;
 mod preboot;
 
+pub use cpu_template::{CpuidLeafModifier, CpuidRegisterModifier, CustomCpuTemplate, MsrModifier};
 pub use preboot::{
     Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
     LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig,
@@ -87,31 +88,6 @@ pub struct MachineInfo {
     pub guest: String,
     /// Whether a balloon device is configured.
     pub balloon: bool,
-}
-
-impl MachineInfo {
-    /// The info of a VM configured by `config`, with frames of `frame_size`, now in `state`.
-    pub fn new(config: &VmConfig, frame_size: FrameSize, state: VmState) -> Self {
-        MachineInfo {
-            vmm_version: env!("CARGO_PKG_VERSION").to_owned(),
-            state,
-            vcpu_count: config.vcpus,
-            mem_size_mib: config.memory_size >> 20,
-            backing: match &config.zone {
-                Some(zone) => format!("zone:{}", zone.path.display()),
-                None => config.backing.to_string(),
-            },
-            zone_vm: config.zone.as_ref().map(|zone| zone.vm.clone()),
-            frame_size_kib: frame_size.bytes() >> 10,
-            populate: config.populate.into(),
-            guest: match config.guest {
-                GuestConfig::TestGuest(_) => "test-guest",
-                GuestConfig::Linux(_) | GuestConfig::RestoredLinux => "linux",
-            }
-            .to_owned(),
-            balloon: config.balloon.is_some(),
-        }
-    }
 }
 
 /// Guest memory counters.

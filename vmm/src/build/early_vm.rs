@@ -8,7 +8,7 @@ use crate::vm::{KvmVm, VmError};
 
 /// A KVM VM being made on a thread of its own.
 #[derive(Debug)]
-pub(super) struct EarlyKvmVm(JoinHandle<Result<KvmVm, VmError>>);
+pub(crate) struct EarlyKvmVm(JoinHandle<Result<KvmVm, VmError>>);
 
 impl EarlyKvmVm {
     /// Starts making one; `None` if no thread could be started (the run makes its own then).

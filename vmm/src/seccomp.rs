@@ -327,6 +327,19 @@ pub fn confine_fault_handler() {
     }
 }
 
+/// Confines the API server's thread (its `VmmControl::confine_api_thread`): the process
+/// filter (a no-op without filters; failing, the guest cannot start), then the API's own, which
+/// the request threads started from that thread inherit (the process's filter holds if this
+/// fails). Failures are logged.
+pub fn confine_api_thread() {
+    if let Err(e) = lock_down() {
+        log::error!("API server: {e}");
+    }
+    if let Err(e) = enter(ThreadKind::Api) {
+        log::error!("API server: {e}");
+    }
+}
+
 /// Stacks `kind`'s filter on the calling thread once the process is locked down (see
 /// [`lock_down`]); does nothing before that, after the thread did it already, or without a
 /// filter for `kind`.

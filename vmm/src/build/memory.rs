@@ -12,7 +12,7 @@ use crate::vm::kick::kick_signal;
 
 /// Where a VM's frames come from.
 #[derive(Debug)]
-pub(super) enum Frames {
+pub(crate) enum Frames {
     /// A pool (its own or shared).
     Pool(Arc<Pool>),
     /// Its VM in a zone, attached to this process.
@@ -39,7 +39,7 @@ pub enum ZoneSetupError {
 
 /// Opens the zone of `target` (recovering it after a crash) and attaches this process to its VM,
 /// creating the VM with `config`'s RAM if the zone has none of that name.
-pub(super) fn attach_zone(
+pub(crate) fn attach_zone(
     config: &VmConfig,
     target: &ZoneTarget,
 ) -> Result<ZoneVm, ZoneSetupError> {
@@ -48,7 +48,7 @@ pub(super) fn attach_zone(
 
 /// Opens the zone of `target` for a VM of `config` (recovering it after a crash), and says
 /// what its recovery did.
-pub(super) fn open_zone(
+pub(crate) fn open_zone(
     config: &VmConfig,
     target: &ZoneTarget,
 ) -> Result<Arc<Zone>, ZoneSetupError> {
@@ -89,7 +89,7 @@ pub(super) fn open_zone(
 
 /// Attaches this process to the VM of `target` in `zone`, creating it with `config`'s RAM if the
 /// zone has none of that name.
-pub(super) fn attach_vm(
+pub(crate) fn attach_vm(
     zone: &Arc<Zone>,
     config: &VmConfig,
     target: &ZoneTarget,
@@ -151,7 +151,7 @@ const MAX_FAULT_THREADS: usize = 4;
 
 /// Creates the pool: guest RAM's size and the hot-pluggable memory's of the configured
 /// backing, one core per vCPU plus [`SPARE_CORES`].
-pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
+pub(crate) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
     let hotplug = config.hotplug.map_or(0, |h| h.total_size);
     let pool = Pool::new(PoolConfig {
         backing: config.backing.pool_backing(config.format_pool),
@@ -174,7 +174,7 @@ pub(super) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
 /// Eager population counts its progress in `population` and stops once it is cancelled. A VM in
 /// a zone that boots afresh (`boot`) takes its old balloon back; one resumed from a snapshot
 /// keeps it.
-pub(super) fn create_memory(
+pub(crate) fn create_memory(
     config: &VmConfig,
     frames: Frames,
     population: &Population,

@@ -22,15 +22,13 @@ use guest_mem::zone::ZoneError;
 use guest_mem::{GuestMemory, Populate, Scrub};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::devices::{DeviceError, Devices};
-use super::early_vm::EarlyKvmVm;
-use super::memory::{self, Frames, ZoneSetupError};
 use super::progress::LoopProgress;
 use super::session::Session;
 use super::{RunError, RunOutcome};
-use crate::api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
-use crate::api::ControlError;
-use crate::arch::x86_64::state::{StateError, VcpuState, VmState};
+use crate::arch::x86_64::state::{KvmVcpuState, KvmVmState, StateError};
+use crate::build::devices::{DeviceError, Devices};
+use crate::build::early_vm::EarlyKvmVm;
+use crate::build::memory::{self, Frames, ZoneSetupError};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
 use crate::host_file::{self, HostFileError};
 use crate::snapshot::file::{self, SnapshotFileError};
@@ -40,6 +38,8 @@ use crate::snapshot::{
 };
 use crate::testguest::ReportSnapshot;
 use crate::vm::run_control;
+use vmm_api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
+use vmm_api::ControlError;
 use vmm_devices::block::BlockHandle;
 use vmm_devices::i8042::I8042Snapshot;
 use vmm_devices::pmem::PmemHandle;
@@ -322,7 +322,7 @@ impl Session {
                 e => SnapshotError::Vcpus(e),
             })?;
         let vcpus_done = Instant::now();
-        let vm = VmState::save(vm_fd).map_err(SnapshotError::Vm)?;
+        let vm = KvmVmState::save(vm_fd).map_err(SnapshotError::Vm)?;
         let serial = self
             .serial()
             .ok_or_else(|| SnapshotError::State("the VM has no serial port yet".into()))?;
@@ -432,9 +432,9 @@ impl Session {
 #[derive(Debug)]
 pub(super) struct ResumedStates {
     /// Each vCPU's.
-    pub vcpus: Vec<VcpuState>,
+    pub vcpus: Vec<KvmVcpuState>,
     /// The VM's.
-    pub vm: VmState,
+    pub vm: KvmVmState,
     /// The serial port's.
     pub serial: SerialSnapshot,
     /// The i8042's (Linux).

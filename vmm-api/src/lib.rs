@@ -2,8 +2,9 @@
 //! errors, and this VMM's own views.
 //!
 //! * [`VmmControl`] is what the VMM implements; [`ApiServer`] serves it on a socket.
-//! * [`routes`] lists the resources; [`model`] holds their JSON bodies, [`resources`] the
-//!   pre-boot configuration of a VMM started without a VM (`vmm --api-sock`). Besides
+//! * [`routes`] lists the resources; [`model`] holds their JSON bodies (the VMM's builder turns
+//!   the pre-boot ones into a VM's configuration); [`metrics`] the process's counters that
+//!   Firecracker's metrics report. Besides
 //!   Firecracker's actions, `PUT /actions {"action_type": "Shutdown"}` stops the VM from the host
 //!   (not Firecracker's guest-cooperative SendCtrlAltDel).
 //! * The `vmm` command (the vmm-cli crate) has the client: `vmm api`, `vmm info`, `vmm pause`.
@@ -14,9 +15,9 @@
 //! ```
 
 pub mod http;
+pub mod metrics;
 pub mod model;
 mod request_threads;
-pub mod resources;
 pub mod routes;
 pub mod server;
 pub mod vmm_control;

@@ -36,8 +36,7 @@ use vmm_devices::rate_limiter::RateLimiterConfig;
 
 /// Most vCPUs a VM can have: xAPIC ids are 8 bits and 0xff is the broadcast id.
 pub const MAX_VCPUS: usize = 254;
-/// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
+pub use vmm_devices::socket_files::MAX_SOCKET_PATH;
 
 /// Errors of checking a VM configuration; each message starts with the setting's name.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +204,7 @@ pub struct VmConfig {
     /// The metadata service and the interfaces it answers on.
     pub mmds: Option<vmm_devices::mmds::Mmds>,
     /// Firecracker's custom CPU template, applied to every vCPU.
-    pub cpu_template: Option<crate::arch::x86_64::cpu_template::CustomCpuTemplate>,
+    pub cpu_template: Option<vmm_api::model::CustomCpuTemplate>,
 }
 
 impl VmConfig {

@@ -41,7 +41,7 @@ use crate::arch::x86_64::cpuid::threads_per_core;
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
 use crate::arch::x86_64::paging::{IdentityMap, PageSize};
 use crate::arch::x86_64::regs::{setup_long_mode, EntryPoint};
-use crate::arch::x86_64::state::{VcpuState, VmState};
+use crate::arch::x86_64::state::{KvmVcpuState, KvmVmState};
 use crate::arch::x86_64::{cpuid_has_1g_pages, write_boot_tables, BootLayout};
 use crate::layout::{
     BOOT_GDT_START, BOOT_IDT_START, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE,
@@ -127,11 +127,11 @@ pub struct TestGuestDevices {
 /// A test guest VM as a snapshot left it: instead of booting, its vCPUs, VM and devices get
 /// these states (its memory must be the snapshot's).
 #[derive(Debug)]
-pub struct Resumption {
+pub struct TestGuestResumption {
     /// Each vCPU's state.
-    pub vcpus: Vec<VcpuState>,
+    pub vcpus: Vec<KvmVcpuState>,
     /// The VM's state.
-    pub vm: VmState,
+    pub vm: KvmVmState,
     /// The serial port's.
     pub serial: SerialSnapshot,
     /// The report device's.
@@ -163,7 +163,7 @@ pub struct RunOptions {
     /// Called with the serial port and the report device once they exist.
     pub on_devices: Option<DevicesReadyHook>,
     /// Resume a VM from a snapshot instead of booting the guest.
-    pub resumption: Option<Resumption>,
+    pub resumption: Option<TestGuestResumption>,
     /// The KVM VM to build on, made ahead of time; a new one otherwise.
     pub kvm_vm: Option<KvmVm>,
     /// The vCPUs are the two threads of each core (SMT), not a core each.

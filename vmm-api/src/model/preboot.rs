@@ -283,7 +283,7 @@ pub struct NetworkInterface {
     pub host_dev_name: String,
     /// The guest's Ethernet address; none: the guest picks one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guest_mac: Option<crate::config::MacAddr>,
+    pub guest_mac: Option<vmm_devices::net::config::MacAddr>,
     /// The MTU the guest is told (VIRTIO_NET_F_MTU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
@@ -297,8 +297,8 @@ pub struct NetworkInterface {
 
 impl NetworkInterface {
     /// The device's configuration.
-    pub fn config(&self) -> crate::config::NetConfig {
-        crate::config::NetConfig {
+    pub fn config(&self) -> vmm_devices::net::config::NetConfig {
+        vmm_devices::net::config::NetConfig {
             id: self.iface_id.clone(),
             host_dev_name: self.host_dev_name.clone(),
             guest_mac: self.guest_mac,
@@ -309,7 +309,7 @@ impl NetworkInterface {
     }
 
     /// The API's view of a device's configuration.
-    pub fn from_config(config: &crate::config::NetConfig) -> Self {
+    pub fn from_config(config: &vmm_devices::net::config::NetConfig) -> Self {
         let limiter = |l: vmm_devices::rate_limiter::RateLimiterConfig| {
             (l != Default::default()).then_some(l)
         };
@@ -380,8 +380,8 @@ pub struct Vsock {
 
 impl Vsock {
     /// The device's configuration.
-    pub fn config(&self) -> crate::config::VsockConfig {
-        crate::config::VsockConfig {
+    pub fn config(&self) -> vmm_devices::vsock::config::VsockConfig {
+        vmm_devices::vsock::config::VsockConfig {
             guest_cid: self.guest_cid,
             uds_path: self.uds_path.clone(),
         }
@@ -603,7 +603,7 @@ pub struct FullVmConfiguration {
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    pub cpu_config: Option<crate::arch::x86_64::cpu_template::CustomCpuTemplate>,
+    pub cpu_config: Option<crate::model::CustomCpuTemplate>,
     /// The entropy device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyDevice>,
@@ -617,11 +617,11 @@ pub struct FullVmConfiguration {
 }
 
 const fn default_slot_size_mib() -> u64 {
-    crate::config::DEFAULT_SLOT_SIZE >> 20
+    vmm_devices::mem::config::DEFAULT_SLOT_SIZE >> 20
 }
 
 const fn default_block_size_mib() -> u64 {
-    crate::config::DEFAULT_BLOCK_SIZE >> 20
+    vmm_devices::mem::config::DEFAULT_BLOCK_SIZE >> 20
 }
 
 /// `PUT /hotplug/memory` and `memory-hotplug`: Firecracker's `MemoryHotplugConfig`, the
@@ -641,9 +641,9 @@ pub struct MemoryHotplugConfig {
 
 impl MemoryHotplugConfig {
     /// The configuration in bytes; `None` if a size overflows.
-    pub fn config(&self) -> Option<crate::config::HotplugConfig> {
+    pub fn config(&self) -> Option<vmm_devices::mem::config::HotplugConfig> {
         let bytes = |mib: u64| mib.checked_mul(1 << 20);
-        Some(crate::config::HotplugConfig {
+        Some(vmm_devices::mem::config::HotplugConfig {
             total_size: bytes(self.total_size_mib)?,
             block_size: bytes(self.block_size_mib)?,
             slot_size: bytes(self.slot_size_mib)?,
@@ -651,7 +651,7 @@ impl MemoryHotplugConfig {
     }
 
     /// The API's view of `config`.
-    pub fn from_config(config: &crate::config::HotplugConfig) -> Self {
+    pub fn from_config(config: &vmm_devices::mem::config::HotplugConfig) -> Self {
         Self {
             total_size_mib: config.total_size >> 20,
             slot_size_mib: config.slot_size >> 20,

@@ -47,7 +47,7 @@ pub enum PreBoot {
     /// `PUT /mmds/config`.
     MmdsConfig(MmdsConfigRequest),
     /// `PUT /cpu-config`.
-    CpuConfig(crate::arch::x86_64::cpu_template::CustomCpuTemplate),
+    CpuConfig(crate::model::CustomCpuTemplate),
     /// `PUT /serial`.
     Serial(SerialConfig),
     /// `PUT /balloon`.
@@ -103,6 +103,11 @@ pub trait LogControl: Send + Sync {
 /// The balloon methods default to [`ControlError::BalloonNotConfigured`], which is right for a
 /// VM without a balloon device.
 pub trait VmmControl: Send + Sync {
+    /// Confines the API server's thread before its first answer: where the VMM installs its
+    /// seccomp filters (the request threads, started from that thread, inherit them). A
+    /// failure is the VMM's to log; the server serves on.
+    fn confine_api_thread(&self) {}
+
     /// The machine and its run state (`GET /machine`).
     fn machine_info(&self) -> Result<MachineInfo, ControlError>;
 

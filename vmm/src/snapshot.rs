@@ -15,7 +15,7 @@ pub mod memory_file;
 use serde::{Deserialize, Serialize};
 use vmm_devices::rate_limiter::RateLimiterConfig;
 
-use crate::arch::x86_64::state::{VcpuState, VmState};
+use crate::arch::x86_64::state::{KvmVcpuState, KvmVmState};
 use crate::config::{BalloonDeviceConfig, DriveConfig, HotplugConfig};
 use crate::testguest::{ReportSnapshot, Workload};
 use vmm_devices::i8042::I8042Snapshot;
@@ -152,9 +152,9 @@ pub struct VmSnapshot {
     /// Where its memory is.
     pub memory: MemorySource,
     /// Each vCPU, by index.
-    pub vcpus: Vec<VcpuState>,
+    pub vcpus: Vec<KvmVcpuState>,
     /// The interrupt controllers, PIT and clock.
-    pub vm: VmState,
+    pub vm: KvmVmState,
     /// The devices.
     pub devices: DeviceStates,
 }

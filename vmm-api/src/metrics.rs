@@ -3,7 +3,7 @@
 //! [`vmm_devices::metrics`]). One
 //! VMM process runs one VM, so they are process-wide, as Firecracker's are; every counter is a
 //! relaxed atomic add (no lock, no allocation on a vCPU's exit path). The counters only grow:
-//! the metrics writer (`runner::metrics`) turns them into Firecracker's per-flush deltas.
+//! the VMM's metrics writer (`vmm::runner::metrics_file`) turns them into Firecracker's per-flush deltas.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

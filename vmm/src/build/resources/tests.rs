@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::api::model::PopulateMode;
+use vmm_api::model::PopulateMode;
 
 /// A scratch directory with a kernel file and two disk images.
 struct Files {

@@ -37,27 +37,6 @@ fn memory_info_reports_a_real_eager_guest_memory_and_its_pool() {
 }
 
 #[test]
-fn machine_info_follows_the_config() {
-    let config = VmConfig {
-        populate: Populate::Eager,
-        ..VmConfig::test_guest(1 << 30, 3)
-    };
-    let info = MachineInfo::new(&config, guest_mem::FrameSize::Huge, VmState::Paused);
-    assert_eq!((info.vcpu_count, info.mem_size_mib), (3, 1024));
-    assert_eq!((info.backing.as_str(), info.frame_size_kib), ("anon", 2048));
-    assert_eq!((info.guest.as_str(), info.balloon), ("test-guest", false));
-    let json = serde_json::to_value(&info).unwrap();
-    assert_eq!(json["state"], "Paused");
-    assert_eq!(json["populate"], "eager");
-    let mapped = VmConfig {
-        populate: Populate::Mapped,
-        ..config
-    };
-    let info = MachineInfo::new(&mapped, guest_mem::FrameSize::Huge, VmState::Paused);
-    assert_eq!(serde_json::to_value(&info).unwrap()["populate"], "mapped");
-}
-
-#[test]
 fn request_bodies_are_strict() {
     let parse = |text: &str| serde_json::from_str::<BalloonUpdate>(text);
     assert_eq!(

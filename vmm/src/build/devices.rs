@@ -264,7 +264,7 @@ impl VirtioMmioDevices {
 }
 
 /// The VM's virtio devices, before they are attached, and the balloon's handle if it has one.
-pub(super) struct Devices {
+pub(crate) struct Devices {
     /// The virtio-mmio devices.
     pub mmio: VirtioMmioDevices,
     /// The balloon, for the control API.
@@ -303,7 +303,7 @@ fn create_drive(
 
 /// Creates the devices `config` asks for over `memory`: the balloon first (in
 /// [`BALLOON_SLOT`](crate::layout::BALLOON_SLOT), where the test guest's balloon steps look).
-pub(super) fn create_devices(
+pub(crate) fn create_devices(
     config: &VmConfig,
     memory: &Arc<GuestMemory>,
 ) -> Result<Devices, DeviceError> {
@@ -397,8 +397,8 @@ mod tests {
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use super::*;
+    use crate::build::memory::{create_memory, create_pool, Frames};
     use crate::layout::BALLOON_SLOT;
-    use crate::runner::memory::{create_memory, create_pool, Frames};
     use vmm_devices::balloon::BalloonControlError;
     use vmm_devices::virtio::mmio::testing::TestDevice;
 

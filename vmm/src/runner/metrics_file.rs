@@ -17,10 +17,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use super::session::Session;
-use crate::api::model::{InstanceState, Metrics};
-use crate::api::VmmControl;
 use crate::host_file::{self, HostFileError};
-use crate::metrics::{Durations, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS};
+use vmm_api::metrics::{Durations, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS};
+use vmm_api::model::{InstanceState, Metrics};
+use vmm_api::VmmControl;
 use vmm_devices::block::BlockCounters;
 use vmm_devices::metrics::{LegacyDeviceMetrics, I8042, UART};
 use vmm_devices::net::NetCounters;
