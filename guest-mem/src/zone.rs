@@ -55,6 +55,11 @@ use vm_table::{Owner, DAMAGED, EMPTY};
 /// The default number of VM slots of a new zone.
 pub const DEFAULT_MAX_VMS: u64 = 16;
 
+/// How many more looks a view of a zone that other processes use takes at frames that look
+/// leaked or lost, and the pause before each: a frame must stay so for about half a second.
+const SETTLE_LOOKS: usize = 10;
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Errors of creating, opening and changing zones.
 #[derive(Debug, Error)]
 pub enum ZoneError {
@@ -1160,21 +1165,47 @@ impl Zone {
             .fold(0, u64::saturating_add)
     }
 
-    /// The zone's size, VMs, and the state of its frames.
+    /// The frames [`Self::check`] finds leaked or lost, where other processes run VMs in the
+    /// zone: only those found so on every look for a while. A frame on its way into or out of
+    /// a VM (allocated, not yet published; unpublished, not yet freed) looks leaked for the
+    /// moment its thread takes, which on a loaded host may be a scheduling slice or more.
+    fn settled_check(&self, others: bool) -> Result<recovery::Check, ZoneError> {
+        let mut check = self.check()?;
+        for _ in 0..SETTLE_LOOKS {
+            if !others || (check.leaked.is_empty() && check.lost.is_empty()) {
+                break;
+            }
+            std::thread::sleep(SETTLE_PAUSE);
+            let again = self.check()?;
+            check.leaked.retain(|frame| again.leaked.contains(frame));
+            check.lost.retain(|frame| again.lost.contains(frame));
+        }
+        Ok(check)
+    }
+
+    /// The zone's size, VMs, and the state of its frames. Where other processes run VMs in
+    /// the zone, it is a view of a moving zone: a VM created or deleted meanwhile may be
+    /// missing, and a frame counts as leaked or lost only if it stays so (see
+    /// [`Self::settled_check`]).
     pub fn info(&self) -> Result<ZoneInfo, ZoneError> {
-        let check = self.check()?;
+        let processes = self.processes()?;
+        let check = self.settled_check(processes.iter().any(|process| !process.this))?;
         let pieces = self.layout.frame_size.base_frames();
         let uses = self.slot_uses();
         let vms = (0..self.layout.max_vms)
             .filter(|&i| matches!(uses[i as usize], recovery::SlotUse::Vm(_)))
-            .map(|i| {
+            .filter_map(|i| {
                 let slot = self.slot(i);
-                let layout = slot.layout(&self.layout).expect("checked when opened");
+                // Read again: another process may have deleted the VM, or made another in its
+                // slot, since its use was read.
+                let (Some(layout), Some(name)) = (slot.layout(&self.layout), slot.name()) else {
+                    return None;
+                };
                 let chunks = layout.chunks();
                 let table = &self.table(i)[..chunks as usize];
                 let bitmap = self.map.words(self.pieces_offset(i), chunks * pieces / 64);
-                VmInfo {
-                    name: slot.name().expect("checked when opened"),
+                Some(VmInfo {
+                    name,
                     id: slot.id(),
                     frames: table
                         .iter()
@@ -1190,7 +1221,7 @@ impl Zone {
                         .waiting()
                         .filter(|_| self.live_pid(slot.owner()).is_some()),
                     layout,
-                }
+                })
             })
             .collect();
         let mut vms: Vec<VmInfo> = vms;
@@ -1225,7 +1256,7 @@ impl Zone {
             leaked_frames: check.leaked.len() as u64,
             lost_frames: check.lost.len() as u64,
             map_sync: self.pool.uses_map_sync(),
-            processes: self.processes()?,
+            processes,
         })
     }
 }

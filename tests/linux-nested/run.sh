@@ -521,6 +521,12 @@ main() {
         status=1
     fi
     grep -aE '^test result:' "$output" || { log "no test ran"; status=1; }
+    # Where a test failed, where and why, first lines only: its message may carry a guest's
+    # whole console, which would push the reason out of a log's tail.
+    if grep -aq 'panicked at' "$output"; then
+        log "failures (where each test panicked, and the first line of its message)"
+        grep -a -A1 'panicked at' "$output" | grep -av '^--$' | cut -c1-300 || true
+    fi
     return $status
 }
 
