@@ -2,8 +2,9 @@
 //!
 //! Every change is one atomic store or compare-and-swap of one entry. An entry is `EMPTY`
 //! (unpopulated), `BUSY` (one thread is mapping or unmapping the chunk), `UNPLUGGED` (a chunk
-//! of hot-pluggable memory the guest may not use: inaccessible) or `frame index + 1` (mapped
-//! onto that frame) in this process.
+//! of hot-pluggable memory the guest may not use: inaccessible), `FILE` (mapped privately from
+//! a snapshot's memory file: no pool frame) or `frame index + 1` (mapped onto that frame) in
+//! this process.
 //!
 //! The memory of a VM in a zone also has a **persistent** table in the zone file (see
 //! `zone::vm_table`), changed only by the thread that holds the chunk `BUSY` here: a frame is
@@ -18,6 +19,7 @@ use crate::zone::VmTable;
 const EMPTY: u64 = 0;
 const BUSY: u64 = u64::MAX;
 const UNPLUGGED: u64 = u64::MAX - 1;
+const FILE: u64 = u64::MAX - 2;
 
 /// What a chunk is backed by now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,10 @@ pub enum ChunkState {
     Mapped(u64),
     /// Hot-pluggable memory that is not plugged: inaccessible, never populated.
     Unplugged,
+    /// Mapped privately from a snapshot's memory file (a copy snapshot loaded by mapping): the
+    /// page cache, shared with every VM loaded from the file, holds what the guest has not
+    /// written; what it wrote is this process's own. No pool frame.
+    File,
 }
 
 /// Chunk-to-frame entries of one region.
@@ -91,6 +97,7 @@ impl FrameTable {
             EMPTY => ChunkState::Empty,
             BUSY => ChunkState::Busy,
             UNPLUGGED => ChunkState::Unplugged,
+            FILE => ChunkState::File,
             entry => ChunkState::Mapped(entry - 1),
         }
     }
@@ -106,6 +113,13 @@ impl FrameTable {
     pub fn claim_unplugged(&self, chunk: usize) -> bool {
         self.entries[chunk]
             .compare_exchange(UNPLUGGED, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Claims a chunk mapped from a memory file for unmapping it.
+    pub fn claim_file(&self, chunk: usize) -> bool {
+        self.entries[chunk]
+            .compare_exchange(FILE, BUSY, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
@@ -126,6 +140,11 @@ impl FrameTable {
         self.entries[chunk].store(EMPTY, Ordering::Release);
     }
 
+    /// Publishes a claimed chunk as mapped from a memory file.
+    pub fn publish_file(&self, chunk: usize) {
+        self.entries[chunk].store(FILE, Ordering::Release);
+    }
+
     /// Publishes a claimed chunk as unplugged.
     pub fn publish_unplugged(&self, chunk: usize) {
         self.entries[chunk].store(UNPLUGGED, Ordering::Release);
@@ -138,6 +157,13 @@ impl FrameTable {
             .filter(|&c| {
                 matches!(self.state(c), ChunkState::Mapped(_)) || self.persisted(c).is_some()
             })
+            .count()
+    }
+
+    /// Chunks mapped from a memory file.
+    pub fn file_backed(&self) -> usize {
+        (0..self.len())
+            .filter(|&c| self.state(c) == ChunkState::File)
             .count()
     }
 }

@@ -386,6 +386,21 @@ impl GuestMemory {
         Ok(())
     }
 
+    /// Maps the RAM regions (not hot-pluggable memory) privately from `file`, one after the
+    /// other from its start, as a copy snapshot's memory file holds them: nothing is copied,
+    /// every VM loaded from the file shares its page cache until its guest writes a page (a
+    /// write copies that page into memory of this process's own; the file never changes). The
+    /// regions must be unpopulated. Returns where hot-pluggable memory starts in the file.
+    pub fn map_file(&self, file: &std::fs::File) -> Result<u64, MemoryError> {
+        use std::os::fd::AsRawFd;
+        let mut offset = 0;
+        for region in self.inner.regions.iter().filter(|r| !r.is_hotplug()) {
+            region.map_file(file.as_raw_fd(), offset)?;
+            offset += region.size();
+        }
+        Ok(offset)
+    }
+
     /// The regions, in guest address order.
     pub fn regions(&self) -> &[GuestRegion] {
         &self.inner.regions
@@ -590,6 +605,16 @@ impl GuestMemory {
         region.frame_at(addr.0 - region.start().0)
     }
 
+    /// Whether the chunk holding guest address `addr` may hold data: it has a pool frame, or it
+    /// is mapped from a memory file. An unpopulated chunk reads as zero.
+    pub fn holds_data(&self, addr: GuestAddress) -> bool {
+        let Some(region) = self.locate_guest(addr) else {
+            return false;
+        };
+        let offset = addr.0 - region.start().0;
+        region.frame_at(offset).is_some() || region.is_file_backed(offset)
+    }
+
     /// Whether every byte of `[addr, addr + len)` is guest RAM: a non-empty range inside the
     /// regions (it may span adjacent ones). The one answer to "is this RAM" for devices and
     /// for this crate's discards.
@@ -644,6 +669,7 @@ impl GuestMemory {
         MemoryStats {
             chunks: regions.iter().map(|r| r.table().len()).sum(),
             populated_chunks: regions.iter().map(|r| r.table().populated()).sum(),
+            file_backed_chunks: regions.iter().map(|r| r.table().file_backed()).sum(),
             populated_bytes,
             faults: Counters::read(&counters.faults),
             vcpu_faults: counters.vcpu_faults.iter().map(Counters::read).collect(),

@@ -1,5 +1,6 @@
 //! One guest RAM region: a contiguous host virtual range made of chunks, each unpopulated (an
-//! anonymous placeholder registered with userfaultfd) or mapped onto exactly one pool frame.
+//! anonymous placeholder registered with userfaultfd), mapped onto exactly one pool frame, or
+//! mapped privately from a copy snapshot's memory file (loaded by mapping).
 //! In hot-pluggable memory (virtio-mem) a chunk may also be unplugged: an inaccessible
 //! (PROT_NONE) reservation that nothing populates until it is plugged.
 
@@ -99,6 +100,19 @@ pub enum RegionError {
     Protect {
         /// The chunk.
         chunk: usize,
+        /// The mmap error.
+        #[source]
+        source: io::Error,
+    },
+    /// A chunk to be mapped from a memory file was populated already.
+    #[error("guest chunk {chunk} is populated: a memory file maps only over unpopulated memory")]
+    NotEmpty {
+        /// The chunk.
+        chunk: usize,
+    },
+    /// Mapping a memory file over a region failed.
+    #[error("cannot map the memory file over guest memory: {source}")]
+    MapFile {
         /// The mmap error.
         #[source]
         source: io::Error,
@@ -259,12 +273,18 @@ impl GuestRegion {
             ChunkState::Mapped(index) => index,
             // A VM in a zone: its frame, not mapped in this process yet (see `recorded`).
             ChunkState::Empty => self.table.persisted(chunk)?,
-            ChunkState::Busy | ChunkState::Unplugged => return None,
+            ChunkState::Busy | ChunkState::Unplugged | ChunkState::File => return None,
         };
         Some(Frame {
             index,
             size: self.chunk,
         })
+    }
+
+    /// Whether byte `offset` of the region lies in a chunk mapped from a memory file.
+    pub fn is_file_backed(&self, offset: u64) -> bool {
+        offset < self.size()
+            && self.table.state((offset / self.chunk.bytes()) as usize) == ChunkState::File
     }
 
     /// The chunk holding host address `addr`.
@@ -307,7 +327,7 @@ impl GuestRegion {
         core: &mut CoreFrames,
     ) -> Result<bool, RegionError> {
         match self.claim(chunk, false) {
-            ChunkState::Mapped(_) => return Ok(false),
+            ChunkState::Mapped(_) | ChunkState::File => return Ok(false),
             ChunkState::Unplugged => return Err(RegionError::Unplugged { chunk }),
             _ => {}
         }
@@ -362,6 +382,37 @@ impl GuestRegion {
         match self.claim(chunk, false) {
             ChunkState::Empty => self.map_claimed(chunk, frame),
             _ => Ok(()),
+        }
+    }
+
+    /// Maps the whole region privately from `fd` at `offset` (a copy snapshot's memory file,
+    /// loaded by mapping): nothing is copied, and the page cache of the file holds the guest's
+    /// memory, shared with every VM loaded from it, until the guest writes a page. Every chunk
+    /// must be unpopulated; they are then file-backed ([`ChunkState::File`]).
+    pub(crate) fn map_file(&self, fd: std::os::fd::RawFd, offset: u64) -> Result<(), RegionError> {
+        let chunks = self.table.len();
+        for chunk in 0..chunks {
+            if !self.table.claim_empty(chunk) {
+                for claimed in 0..chunk {
+                    self.table.publish_empty(claimed);
+                }
+                return Err(RegionError::NotEmpty { chunk });
+            }
+        }
+        // SAFETY: the range is this region's, every chunk claimed by us and unpopulated: the
+        // placeholder holds nothing anyone relies on. The new mapping is not registered with
+        // userfaultfd: the kernel serves its faults from the file.
+        let mapped =
+            unsafe { mmap::map_private_fixed(self.host.addr(), self.host.len(), fd, offset) };
+        match mapped {
+            Ok(()) => {
+                (0..chunks).for_each(|chunk| self.table.publish_file(chunk));
+                Ok(())
+            }
+            Err(source) => {
+                (0..chunks).for_each(|chunk| self.publish_empty_behind_placeholder(chunk));
+                Err(RegionError::MapFile { source })
+            }
         }
     }
 
@@ -477,6 +528,16 @@ impl GuestRegion {
         chunk: usize,
         core: &mut CoreFrames,
     ) -> Result<bool, RegionError> {
+        if self.table.claim_file(chunk) {
+            // No pool frame: the chunk becomes an unpopulated one, whose next touch takes a
+            // frame from the pool; what the guest wrote in it goes back to the host.
+            if let Err(e) = self.restore_placeholder(chunk) {
+                self.table.publish_file(chunk);
+                return Err(e);
+            }
+            self.table.publish_empty(chunk);
+            return Ok(false);
+        }
         let Some((frame, mapped)) = self.claim_frame(chunk) else {
             return Ok(false);
         };
@@ -507,6 +568,17 @@ impl GuestRegion {
         first: usize,
         count: usize,
     ) -> Result<(), RegionError> {
+        if self.table.claim_file(chunk) {
+            // The guest gave these pages away: their private copies go back to the host (they
+            // read as the file again, which is as good as any content for a free page).
+            let (addr, _) = self.chunk_range(chunk);
+            let piece = FRAME_SIZE;
+            // SAFETY: the pieces lie in this claimed file-backed chunk, and the guest gave
+            // them away: nobody relies on what was written there.
+            let dropped = unsafe { mmap::drop_private_copies(addr + first * piece, count * piece) };
+            self.table.publish_file(chunk);
+            return dropped.map_err(|source| RegionError::Punch { chunk, source });
+        }
         let pool = &self.shared.pool;
         if pool.is_hugetlb() || pool.scrub_policy() != crate::pool::Scrub::PunchHole {
             return Ok(());

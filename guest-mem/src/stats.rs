@@ -13,6 +13,9 @@ pub struct MemoryStats {
     pub populated_chunks: usize,
     /// Bytes backed by pool frames now.
     pub populated_bytes: u64,
+    /// Chunks mapped privately from a copy snapshot's memory file (no pool frame; what the
+    /// guest has not written is the file's page cache, shared with other VMs loaded from it).
+    pub file_backed_chunks: usize,
     /// userfaultfd faults resolved with a new frame.
     pub faults: u64,
     /// Faults resolved per vCPU (index = vCPU index).

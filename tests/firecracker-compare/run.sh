@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Our VMM and Firecracker (and Cloud Hypervisor) side by side on this host
-# (tests/src/bin/firecracker-compare.rs): driven through their APIs, booting the test guest's
+# (tests/src/bin/firecracker-compare/): driven through their APIs, booting the test guest's
 # image, which boots itself through its PVH entry under each; rows interleaved, one table per
 # VMM compared.
 #

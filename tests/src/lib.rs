@@ -29,8 +29,10 @@ pub fn vmm_binary() -> &'static str {
             "llfree/src",
             "guest-mem/src",
             "virtio-balloon/src",
+            "virtio-mem/src",
             "test-guest",
             "vmm-devices/src",
+            "vmm-api/src",
             "vmm/src",
             "vmm-cli/src",
         ];

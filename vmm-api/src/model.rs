@@ -101,6 +101,9 @@ pub struct GuestMemoryInfo {
     pub populated_chunks: usize,
     /// Bytes backed by pool frames now.
     pub populated_bytes: u64,
+    /// Chunks mapped privately from a copy snapshot's memory file (no pool frame: the file's
+    /// page cache, shared with every VM loaded from it, until the guest writes).
+    pub file_backed_chunks: usize,
     /// userfaultfd faults resolved with a new frame.
     pub faults: u64,
     /// Faults that found the pool exhausted.
@@ -300,6 +303,7 @@ impl MemoryInfo {
                 chunks: stats.chunks,
                 populated_chunks: stats.populated_chunks,
                 populated_bytes: stats.populated_bytes,
+                file_backed_chunks: stats.file_backed_chunks,
                 faults: stats.faults,
                 exhausted_faults: stats.exhausted,
                 waiting_vcpus: stats.waiting_vcpus,
@@ -623,6 +627,10 @@ pub struct SnapshotLoadParams {
     /// ranges read as zeroes.
     #[serde(default)]
     pub accept_damaged: bool,
+    /// This VMM's: check a memory file's contents against the snapshot's checksum before the
+    /// VM runs (which reads all of it; a load maps the file and reads nothing otherwise).
+    #[serde(default)]
+    pub verify_memory: bool,
 }
 
 impl SnapshotLoadParams {

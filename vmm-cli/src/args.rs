@@ -253,6 +253,10 @@ pub struct SnapshotLoadArgs {
     /// inspect` lists the ranges): the guest reads zeroes there.
     #[arg(long)]
     pub accept_damaged: bool,
+    /// Check a memory file's contents against the snapshot's checksum before the VM runs
+    /// (reads all of it; the load maps the file and reads nothing otherwise).
+    #[arg(long)]
+    pub verify_memory: bool,
 
     /// Give the loaded VM's network interface ID the host's tap TAP instead of the one it had
     /// (Firecracker's network_overrides; repeatable).

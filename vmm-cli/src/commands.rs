@@ -58,6 +58,7 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
             .map(|uds_path| VsockOverride { uds_path }),
         clock_realtime: false,
         accept_damaged: args.accept_damaged,
+        verify_memory: args.verify_memory,
     };
     if let (false, Some(socket)) = (args.resume, &args.api_socket) {
         say(format!(

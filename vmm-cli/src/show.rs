@@ -100,6 +100,17 @@ pub fn memory(json: &Value) -> String {
                 u64_of(guest, "discarded_chunks").unwrap_or(0)
             ),
         ));
+        if let Some(file) = u64_of(guest, "file_backed_chunks").filter(|&n| n > 0) {
+            rows.push((
+                "memory file".into(),
+                format!(
+                    "{} mapped from the snapshot's memory file ({}; shared with every VM loaded \
+                     from it until written)",
+                    count(file, "chunk"),
+                    mib(file * chunk)
+                ),
+            ));
+        }
         if let Some(faults) = u64_of(guest, "faults") {
             // Faults count what vCPUs populated; the VMM populates the rest itself.
             let by_vmm = populated.saturating_sub(faults);

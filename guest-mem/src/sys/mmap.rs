@@ -222,6 +222,32 @@ pub unsafe fn map_shared_fixed(
     unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, fd, offset) }.map(drop)
 }
 
+/// Maps `len` bytes of `fd` at `offset` over `[addr, addr + len)`, private, read/write: reads
+/// share the file's page cache with every other private mapping of it, a write copies the page
+/// into memory of this process's own (the file never changes).
+///
+/// # Safety
+/// As for [`map_placeholder`].
+pub unsafe fn map_private_fixed(addr: usize, len: usize, fd: RawFd, offset: u64) -> io::Result<()> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE;
+    // SAFETY: the caller owns the range; MAP_FIXED replaces only that range.
+    unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, fd, offset) }.map(drop)
+}
+
+/// Drops the private copies of `[addr, addr + len)` of a private file mapping (MADV_DONTNEED):
+/// the range reads as the file again, and its written pages' memory goes back to the host.
+///
+/// # Safety
+/// The range must be part of a private file mapping of the caller's whose written contents
+/// nobody relies on.
+pub unsafe fn drop_private_copies(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the range, whose written contents nobody relies on.
+    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Faults `[addr, addr + len)` in for writing, keeping its contents, so that later accesses find
 /// every page allocated, zeroed and mapped: MADV_POPULATE_WRITE (Linux 5.14), or where the kernel
 /// does not know it (EINVAL), a write of one byte per 4 KiB page that stores what is there.

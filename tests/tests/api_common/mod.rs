@@ -90,6 +90,7 @@ impl VmmControl for TestVmm {
                 chunks: 128,
                 populated_chunks: 3,
                 populated_bytes: 3 << 21,
+                file_backed_chunks: 0,
                 faults: 3,
                 exhausted_faults: 0,
                 waiting_vcpus: 0,

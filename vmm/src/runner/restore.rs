@@ -167,7 +167,7 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, Sn
         let chunk = region.chunk_size().bytes();
         let mut buffer = vec![0u8; chunk as usize];
         for at in (start..start + size).step_by(chunk as usize) {
-            if memory.frame_at(GuestAddress(at)).is_none() {
+            if !memory.holds_data(GuestAddress(at)) {
                 checksum.add_zero_chunk(buffer.len());
                 continue;
             }
@@ -218,38 +218,81 @@ fn plug_saved(memory: &GuestMemory, saved: &SavedHotplug) -> Result<(), Snapshot
     Ok(())
 }
 
-/// Copies a memory file into fresh guest memory (chunks that read as zero stay untouched) and
-/// checks its checksum against `expected`.
-fn copy_memory_in(memory: &GuestMemory, path: &Path, expected: u32) -> Result<(), SnapshotError> {
-    let mut file = host_file::open_input("mem_file_path", path)?;
+/// Loads a memory file into fresh guest memory by mapping it, as Firecracker's File backend
+/// does: RAM privately from the file, so that nothing is copied and every VM loaded from the
+/// file shares its page cache until its guest writes a page (the file never changes);
+/// hot-pluggable memory's plugged chunks (frames of the pool, which unplugging gives back) are
+/// copied from the file. With `verify`, the memory is then checked against the snapshot's
+/// checksum, which reads it all.
+fn map_memory_file(
+    memory: &GuestMemory,
+    path: &Path,
+    verify: Option<u32>,
+) -> Result<(), SnapshotError> {
+    let file = host_file::open_input("mem_file_path", path)?;
+    let hotplug_at = memory
+        .map_file(&file)
+        .map_err(|e| SnapshotError::MemoryFile {
+            path: path.to_owned(),
+            what: "cannot map the memory file",
+            source: io::Error::other(e.to_string()),
+        })?;
+    if let Some(region) = memory.hotplug_region() {
+        let chunk = region.chunk_size().bytes();
+        let mut buffer = vec![0u8; chunk as usize];
+        let (start, size) = (region.start().0, region.size());
+        for at in (start..start + size).step_by(chunk as usize) {
+            if !matches!(memory.plugged_chunks(GuestAddress(at), chunk), Ok(1)) {
+                continue;
+            }
+            file.read_exact_at(&mut buffer, hotplug_at + at - start)
+                .map_err(memory_file_error(path, "cannot read"))?;
+            if buffer.iter().any(|&byte| byte != 0) {
+                memory.write_slice(&buffer, GuestAddress(at)).map_err(|e| {
+                    SnapshotError::MemoryFile {
+                        path: path.to_owned(),
+                        what: "cannot fill guest memory",
+                        source: io::Error::other(e.to_string()),
+                    }
+                })?;
+            }
+        }
+    }
+    match verify {
+        Some(expected) => verify_memory(memory, path, expected),
+        None => Ok(()),
+    }
+}
+
+/// Checks `memory`, just loaded from the memory file at `path`, against the snapshot's
+/// checksum `expected` (every chunk read).
+fn verify_memory(memory: &GuestMemory, path: &Path, expected: u32) -> Result<(), SnapshotError> {
     let mut checksum = MemoryChecksum::default();
     let total = memory.regions().iter().map(|r| r.size()).sum();
-    let mut progress = LoopProgress::new(
-        format!("copying guest memory from {}", path.display()),
-        total,
-    );
+    let mut progress = LoopProgress::new(format!("verifying {}", path.display()), total);
     let mut done = 0;
     for region in memory.regions() {
         let chunk = region.chunk_size().bytes() as usize;
         let mut buffer = vec![0u8; chunk];
         let (start, size) = (region.start().0, region.size());
         for at in (start..start + size).step_by(chunk) {
-            file.read_exact(&mut buffer)
-                .map_err(memory_file_error(path, "cannot read"))?;
             done += chunk as u64;
             progress.at(done);
-            if buffer.iter().all(|&byte| byte == 0) {
+            if !memory.holds_data(GuestAddress(at)) {
                 checksum.add_zero_chunk(chunk);
                 continue;
             }
-            checksum.add(&buffer);
-            memory.write_slice(&buffer, GuestAddress(at)).map_err(|e| {
-                SnapshotError::MemoryFile {
+            memory
+                .read_slice(&mut buffer, GuestAddress(at))
+                .map_err(|e| SnapshotError::MemoryFile {
                     path: path.to_owned(),
-                    what: "cannot fill guest memory",
+                    what: "cannot read guest memory",
                     source: io::Error::other(e.to_string()),
-                }
-            })?;
+                })?;
+            match buffer.iter().all(|&byte| byte == 0) {
+                true => checksum.add_zero_chunk(chunk),
+                false => checksum.add(&buffer),
+            }
         }
     }
     if checksum.value() != expected {
@@ -493,9 +536,9 @@ pub(super) struct Resumption {
     states: ResumedStates,
     virtio: Vec<vmm_devices::virtio::state::MmioSnapshot>,
     balloon_stats_interval_s: u32,
-    /// The memory file to fill guest memory from (a snapshot that copied it), and the
-    /// checksum its memory must have.
-    memory_file: Option<(PathBuf, u32)>,
+    /// The memory file guest memory is loaded from (a snapshot that copied it), and the
+    /// checksum its memory must have where the load verifies it.
+    memory_file: Option<(PathBuf, Option<u32>)>,
     /// The hot-pluggable memory's plugged blocks.
     hotplug: Option<SavedHotplug>,
     /// When the load's phases ended.
@@ -504,15 +547,15 @@ pub(super) struct Resumption {
 
 impl Resumption {
     /// Plugs the hot-pluggable blocks the snapshot says were plugged (a chunk with a frame of
-    /// the zone is plugged already), then fills fresh guest memory from the memory file the
-    /// snapshot copied it into, if it did.
+    /// the zone is plugged already), then loads fresh guest memory from the memory file the
+    /// snapshot copied it into, if it did (by mapping it).
     pub fn fill_memory(&self, memory: &GuestMemory) -> Result<(), RunError> {
         if let Some(hotplug) = &self.hotplug {
             plug_saved(memory, hotplug).map_err(RunError::Snapshot)?;
         }
         match &self.memory_file {
-            Some((path, checksum)) => {
-                copy_memory_in(memory, path, *checksum).map_err(RunError::Snapshot)
+            Some((path, verify)) => {
+                map_memory_file(memory, path, *verify).map_err(RunError::Snapshot)
             }
             None => Ok(()),
         }
@@ -712,7 +755,11 @@ pub(super) fn prepare(
             }
             let pool = memory::create_pool(&config)
                 .map_err(|e| SnapshotError::State(format!("cannot create the frame pool: {e}")))?;
-            (Frames::Pool(pool), Some((memory_path.clone(), checksum)))
+            // The file's page cache populates RAM: no pool frame until the guest gives a
+            // chunk back and touches it again.
+            config.populate = Populate::Lazy;
+            let verify = params.verify_memory.then_some(checksum);
+            (Frames::Pool(pool), Some((memory_path.clone(), verify)))
         }
     };
     let resumption = Resumption {

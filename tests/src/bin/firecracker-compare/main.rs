@@ -7,6 +7,7 @@
 //! ```text
 //! firecracker-compare [--firecracker PATH] [--cloud-hypervisor PATH] [--runs N]
 //!                     [--sizes GIB,...] [--dir DIR] [--populate lazy|eager]
+//!                     [--clones N [--clone-mib MIB]]
 //! ```
 //!
 //! `--populate` is our VM's population (`machine-config`'s extension; default lazy, as
@@ -23,7 +24,9 @@
 //!   backend maps the memory file MAP_PRIVATE, ours the zone) — "load to running" is the
 //!   client's time of that request; the guest is then let go at its checkpoint, verifies every
 //!   page and prints its result — "load and read back" is the time from the load request to
-//!   that line, which must say the verification passed.
+//!   that line, which must say the verification passed;
+//! * clones (`--clones N`, with Firecracker): N VMs loaded at once from one copy snapshot of a
+//!   `--clone-mib` guest (see `clones`).
 //!
 //! Cloud Hypervisor (through its own API: `vm.create`, then `vm.boot` in `InstanceStart`'s
 //! place) takes the boot rows only: its snapshot fails on this host's PVM `/dev/kvm`
@@ -31,6 +34,8 @@
 //!
 //! Prints a Markdown table per VMM compared: ours, theirs and the ratio (ours / theirs) per
 //! row. The `vmm` is the one beside this program, or `LLFREE_VMM_BIN`.
+
+mod clones;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -239,6 +244,9 @@ struct Options {
     sizes: Vec<u64>,
     dir: PathBuf,
     populate: String,
+    /// Clones loaded at once from one copy snapshot (0: none), of a guest of `clone_mib`.
+    clones: usize,
+    clone_mib: u64,
 }
 
 /// Parses the command line.
@@ -246,6 +254,7 @@ fn options() -> Result<Options, String> {
     let (mut firecracker, mut cloud_hypervisor) = (None, None);
     let (mut runs, mut sizes, mut dir) = (5, vec![1, 8], std::env::temp_dir());
     let mut populate = "lazy".to_owned();
+    let (mut clones, mut clone_mib) = (0, 128);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -260,6 +269,10 @@ fn options() -> Result<Options, String> {
                     .collect::<Result<_, _>>()?
             }
             "--dir" => dir = PathBuf::from(value()?),
+            "--clones" => clones = value()?.parse().map_err(|e| format!("--clones: {e}"))?,
+            "--clone-mib" => {
+                clone_mib = value()?.parse().map_err(|e| format!("--clone-mib: {e}"))?
+            }
             "--populate" => {
                 populate = value()?;
                 if populate != "lazy" && populate != "eager" {
@@ -282,6 +295,8 @@ fn options() -> Result<Options, String> {
         sizes,
         dir,
         populate,
+        clones,
+        clone_mib,
     })
 }
 
@@ -372,6 +387,18 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
             snapshots[which].push((gib, measured));
         }
     }
+    // Clones: ours and Firecracker, Firecracker first (the page cache warm for neither: each
+    // writes its own memory file).
+    let cloned = match (options.clones, snapshotted) {
+        (0, _) | (_, 0) => None,
+        (count, _) => {
+            let theirs = clones::measure(&vmms[1], dir, &image, options.clone_mib, count)
+                .map_err(|e| format!("{}: clones: {e}", vmms[1].name))?;
+            let ours = clones::measure(&vmms[0], dir, &image, options.clone_mib, count)
+                .map_err(|e| format!("{}: clones: {e}", vmms[0].name))?;
+            Some((ours, theirs))
+        }
+    };
     for (other, theirs) in vmms.iter().enumerate().skip(1) {
         let name = theirs.name;
         println!("\n| row, ms: median (min–max) | llfree-vmm | {name} | ratio (ours / {name}) |");
@@ -426,6 +453,15 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
                 theirs_times,
             );
         }
+    }
+    if let Some((ours, theirs)) = &cloned {
+        clones::print(
+            vmms[1].name,
+            options.clones,
+            options.clone_mib,
+            ours,
+            theirs,
+        );
     }
     Ok(())
 }

@@ -1,0 +1,173 @@
+//! Many VMs loaded at once from one copy snapshot (a memory file), as code sandboxes restore
+//! one warmed VM: each VMM's guest writes every page of its RAM, is snapshotted into a memory
+//! file (ours a copy snapshot, Firecracker a Full one), and `clones` new processes load it at
+//! the same moment (`mem_backend` File, `resume_vm`). Measured: each load's time, the time
+//! until all run, each clone's proportional set size (PSS) idle, and again after its guest read
+//! all its memory back and verified it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use e2e_tests::api_process::{call, median, ms, summary, ApiProcess};
+
+use super::{configured, spawn, Kind, Vmm, CHECKPOINT, MEMORY_TIMEOUT, TIMEOUT};
+
+/// What one round of clones of one VMM measured.
+pub struct Clones {
+    /// Each load request, as its client saw it.
+    pub loads: Vec<Duration>,
+    /// From the first load request to the last answer.
+    pub all_running: Duration,
+    /// Each clone's PSS, idle after its load, in KiB.
+    pub idle_pss_kib: Vec<u64>,
+    /// Each clone's PSS after its guest read all its memory back, in KiB.
+    pub read_back_pss_kib: Vec<u64>,
+}
+
+/// The proportional set size of process `pid`, in KiB.
+fn pss_kib(pid: u32) -> Result<u64, String> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .map_err(|e| format!("/proc/{pid}/smaps_rollup: {e}"))?;
+    rollup
+        .lines()
+        .find_map(|line| line.strip_prefix("Pss:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| format!("no Pss line in /proc/{pid}/smaps_rollup"))
+}
+
+/// Snapshots a `mib` MiB guest of `vmm` whose every page was written, then loads `count`
+/// clones of it at once, with scratch files in `dir`.
+pub fn measure(
+    vmm: &Vmm,
+    dir: &Path,
+    image: &Path,
+    mib: u64,
+    count: usize,
+) -> Result<Clones, String> {
+    let memory = dir.join("clones.mem");
+    let state = dir.join("clones.snap");
+    for file in [&memory, &state] {
+        let _ = std::fs::remove_file(file);
+    }
+    let workload = "write:all,checkpoint:1,verify:all";
+    let (process, _) = configured(vmm, dir, image, mib, workload, None)?;
+    process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
+    process.wait_for(CHECKPOINT, MEMORY_TIMEOUT)?;
+    process.call("PATCH", "/vm", r#"{"state":"Paused"}"#)?;
+    let mut create = serde_json::json!({"snapshot_path": state, "mem_file_path": memory});
+    if vmm.kind != Kind::Ours {
+        create["snapshot_type"] = serde_json::json!("Full");
+    }
+    process.call("PUT", "/snapshot/create", &create.to_string())?;
+    drop(process);
+
+    let mut clones = Vec::with_capacity(count);
+    for index in 0..count {
+        let mut clone = spawn(vmm, dir, &format!("clone-{index}.sock"))?;
+        clone.wait_for_socket(TIMEOUT)?;
+        clones.push(clone);
+    }
+    let load = serde_json::json!({
+        "snapshot_path": state,
+        "mem_backend": {"backend_type": "File", "backend_path": memory},
+        "resume_vm": true,
+    })
+    .to_string();
+    let sockets: Vec<_> = (0..count)
+        .map(|index| dir.join(format!("clone-{index}.sock")))
+        .collect();
+    let started = Instant::now();
+    let loads: Vec<Result<Duration, String>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = sockets
+            .iter()
+            .map(|socket| {
+                let load = &load;
+                scope.spawn(move || {
+                    let api = vmm_cli::ApiClient::new(socket);
+                    let asked = Instant::now();
+                    call(&api, "PUT", "/snapshot/load", Some(load)).map(|()| asked.elapsed())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err("a load thread panicked".into()))
+            })
+            .collect()
+    });
+    let all_running = started.elapsed();
+    let loads = loads.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // Idle: the guests wait at their checkpoint.
+    std::thread::sleep(Duration::from_millis(500));
+    let idle_pss_kib = pss_of(&clones)?;
+    for clone in &mut clones {
+        clone.type_in(b"\n")?;
+    }
+    for clone in &clones {
+        let steps = clone.wait_for("test guest: ", MEMORY_TIMEOUT)?;
+        if clone.wait_for("\n", TIMEOUT)? != "done\n" {
+            return Err(format!("a clone's verification failed: {steps}"));
+        }
+    }
+    let read_back_pss_kib = pss_of(&clones)?;
+    drop(clones);
+    for file in [&memory, &state] {
+        let _ = std::fs::remove_file(file);
+    }
+    Ok(Clones {
+        loads,
+        all_running,
+        idle_pss_kib,
+        read_back_pss_kib,
+    })
+}
+
+fn pss_of(clones: &[ApiProcess]) -> Result<Vec<u64>, String> {
+    clones
+        .iter()
+        .map(|clone| pss_kib(clone.child.id()))
+        .collect()
+}
+
+/// The median of `values` KiB, in MiB.
+fn median_mib(values: &[u64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted[sorted.len() / 2] as f64 / 1024.0
+}
+
+/// Prints the clone rows of ours beside `theirs` (named `name`).
+pub fn print(name: &str, count: usize, mib: u64, ours: &Clones, theirs: &Clones) {
+    println!("\n| {count} clones of a {mib} MiB guest, every page written | llfree-vmm | {name} | ratio (ours / {name}) |");
+    println!("|---|---|---|---|");
+    let ratio = ms(median(&ours.loads)) / ms(median(&theirs.loads));
+    println!(
+        "| each load to running, ms | {} | {} | {ratio:.3} |",
+        summary(&ours.loads),
+        summary(&theirs.loads)
+    );
+    println!(
+        "| all {count} running, ms | {:.1} | {:.1} | {:.3} |",
+        ms(ours.all_running),
+        ms(theirs.all_running),
+        ms(ours.all_running) / ms(theirs.all_running)
+    );
+    for (row, ours, theirs) in [
+        (
+            "PSS per idle clone, MiB (median)",
+            &ours.idle_pss_kib,
+            &theirs.idle_pss_kib,
+        ),
+        (
+            "PSS per clone after reading all its memory back, MiB (median)",
+            &ours.read_back_pss_kib,
+            &theirs.read_back_pss_kib,
+        ),
+    ] {
+        let (a, b) = (median_mib(ours), median_mib(theirs));
+        println!("| {row} | {a:.1} | {b:.1} | {:.3} |", a / b);
+    }
+}
