@@ -7,12 +7,13 @@ Every row sets ours beside a baseline or a peer measured in the same run, interl
   * LLFree against the spin-locked buddy allocator and the buddy with Linux's per-CPU lists
     (`llfree-bench`, 8 GiB, orders 0 and 9, one and two threads);
   * our VMM against Firecracker (`firecracker-compare`: boot of the built-in guest's image,
-    snapshot create and load of a guest with every page written), where `--firecracker` names
+    snapshot create and load of a guest with every page written, `--clones` VMs loaded at once
+    from one copy snapshot with their memory use), where `--firecracker` names
     a Firecracker binary (tests/firecracker-compare/run.sh says how the one of the report was
     built); without it those rows say that they were not measured.
 
 Usage: scripts/benchmark-report.py [--firecracker PATH] [--runs N] [--sizes GIB,...]
-                                   [--iterations N] [--print]
+                                   [--clones N] [--iterations N] [--print]
   --print   prints the section instead of writing it into BENCHMARKS.md
 Takes about 5 minutes on 2 cores with Firecracker at 1 GiB, once the release build is done.
 """
@@ -69,8 +70,10 @@ def allocator_rows(iterations):
         for record in csv.DictReader(io.StringIO(out)):
             key = (record["alloc"], int(record["order"]), int(record["threads"]))
             times.setdefault(key, {"get": [], "put": []})
-            times[key]["get"].append(float(record["get_ns"]))
-            times[key]["put"].append(float(record["put_ns"]))
+            # rand times only its frees: its get column is empty.
+            for op in ("get", "put"):
+                if record[f"{op}_ns"]:
+                    times[key][op].append(float(record[f"{op}_ns"]))
         for (alloc, order, threads), values in sorted(times.items()):
             if alloc == "llfree":
                 continue
@@ -83,12 +86,22 @@ def allocator_rows(iterations):
     return rows
 
 
-def firecracker_table(firecracker, runs, sizes):
-    """`firecracker-compare`'s table (ours, Firecracker, ratio), its header lines first."""
+def firecracker_rows(firecracker, runs, sizes, clones):
+    """`firecracker-compare`'s rows: (name, ours, theirs, ratio), each name prefixed with its
+    table's subject where the table has one (the clones')."""
     compare = os.path.join(RELEASE, "firecracker-compare")
     out = run([compare, "--firecracker", firecracker, "--runs", str(runs), "--sizes", sizes,
-               "--dir", "/dev/shm"])
-    return [line for line in out.splitlines() if line.startswith("|")]
+               "--dir", "/dev/shm", "--clones", str(clones), "--clone-mib", "128"])
+    rows, subject = [], ""
+    for line in out.splitlines():
+        if not line.startswith("|") or line.startswith("|---"):
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[1] == "llfree-vmm":
+            subject = "" if cells[0].startswith("row") else cells[0] + ": "
+            continue
+        rows.append((subject + cells[0], cells[1], cells[2], cells[3]))
+    return rows
 
 
 def section(args):
@@ -107,10 +120,10 @@ def section(args):
     for name, ours, theirs, which, ratio in allocator_rows(args.iterations):
         lines.append(f"| LLFree {name} | {ours} | {theirs} | {which} | {ratio:.2f} |")
     if args.firecracker:
-        table = firecracker_table(args.firecracker, args.runs, args.sizes)
-        for line in table[2:]:
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            lines.append(f"| VMM {cells[0]} | {cells[1]} | {cells[2]} | Firecracker | {cells[3]} |")
+        peer = run([args.firecracker, "--version"]).splitlines()[0].strip()
+        for name, ours, theirs, ratio in firecracker_rows(args.firecracker, args.runs,
+                                                          args.sizes, args.clones):
+            lines.append(f"| VMM {name} | {ours} | {theirs} | {peer} | {ratio} |")
     else:
         lines.append("| VMM rows beside Firecracker | not measured in this run (no "
                      "`--firecracker`) | | | |")
@@ -124,6 +137,8 @@ def main():
     parser.add_argument("--runs", type=int, default=10, help="boots of each VMM")
     parser.add_argument("--sizes", default="1", help="snapshot sizes in GiB, comma-separated")
     parser.add_argument("--iterations", type=int, default=5, help="allocator iterations")
+    parser.add_argument("--clones", type=int, default=10,
+                        help="VMs loaded at once from one copy snapshot of a 128 MiB guest")
     parser.add_argument("--print", action="store_true", help="print instead of writing")
     args = parser.parse_args()
     run(["cargo", "build", "--release", "-q", "-p", "llfree-bench", "-p", "vmm-cli",

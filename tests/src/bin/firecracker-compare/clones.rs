@@ -49,7 +49,8 @@ pub fn measure(
     for file in [&memory, &state] {
         let _ = std::fs::remove_file(file);
     }
-    let workload = "write:all,checkpoint:1,verify:all";
+    // The second checkpoint holds each clone after its read-back, for its PSS.
+    let workload = "write:all,checkpoint:1,verify:all,checkpoint:2";
     let (process, _) = configured(vmm, dir, image, mib, workload, None)?;
     process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
     process.wait_for(CHECKPOINT, MEMORY_TIMEOUT)?;
@@ -61,9 +62,14 @@ pub fn measure(
     process.call("PUT", "/snapshot/create", &create.to_string())?;
     drop(process);
 
+    // Each clone in a directory of its own (its socket, Firecracker's log file).
+    let dirs: Vec<_> = (0..count)
+        .map(|index| dir.join(format!("clone-{index}")))
+        .collect();
     let mut clones = Vec::with_capacity(count);
-    for index in 0..count {
-        let mut clone = spawn(vmm, dir, &format!("clone-{index}.sock"))?;
+    for clone_dir in &dirs {
+        std::fs::create_dir_all(clone_dir).map_err(|e| format!("{}: {e}", clone_dir.display()))?;
+        let mut clone = spawn(vmm, clone_dir, "api.sock")?;
         clone.wait_for_socket(TIMEOUT)?;
         clones.push(clone);
     }
@@ -73,8 +79,9 @@ pub fn measure(
         "resume_vm": true,
     })
     .to_string();
-    let sockets: Vec<_> = (0..count)
-        .map(|index| dir.join(format!("clone-{index}.sock")))
+    let sockets: Vec<_> = dirs
+        .iter()
+        .map(|clone_dir| clone_dir.join("api.sock"))
         .collect();
     let started = Instant::now();
     let loads: Vec<Result<Duration, String>> = std::thread::scope(|scope| {
@@ -102,20 +109,23 @@ pub fn measure(
     let loads = loads.into_iter().collect::<Result<Vec<_>, _>>()?;
     // Idle: the guests wait at their checkpoint.
     std::thread::sleep(Duration::from_millis(500));
-    let idle_pss_kib = pss_of(&clones)?;
+    let idle_pss_kib = pss_of(&clones, &dirs)?;
     for clone in &mut clones {
         clone.type_in(b"\n")?;
     }
     for clone in &clones {
-        let steps = clone.wait_for("test guest: ", MEMORY_TIMEOUT)?;
-        if clone.wait_for("\n", TIMEOUT)? != "done\n" {
+        let steps = clone.wait_for("checkpoint 2: ", MEMORY_TIMEOUT)?;
+        if !steps.contains("step 2: ok") {
             return Err(format!("a clone's verification failed: {steps}"));
         }
     }
-    let read_back_pss_kib = pss_of(&clones)?;
+    let read_back_pss_kib = pss_of(&clones, &dirs)?;
     drop(clones);
     for file in [&memory, &state] {
         let _ = std::fs::remove_file(file);
+    }
+    for clone_dir in &dirs {
+        let _ = std::fs::remove_dir_all(clone_dir);
     }
     Ok(Clones {
         loads,
@@ -125,10 +135,19 @@ pub fn measure(
     })
 }
 
-fn pss_of(clones: &[ApiProcess]) -> Result<Vec<u64>, String> {
+/// Each clone's PSS; where one ended, the end of its log (Firecracker's) says why.
+fn pss_of(clones: &[ApiProcess], dirs: &[std::path::PathBuf]) -> Result<Vec<u64>, String> {
     clones
         .iter()
-        .map(|clone| pss_kib(clone.child.id()))
+        .zip(dirs)
+        .map(|(clone, clone_dir)| {
+            pss_kib(clone.child.id()).map_err(|e| {
+                let log =
+                    std::fs::read_to_string(clone_dir.join("firecracker.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                format!("{e}; the clone ended: {}", tail.join(" / "))
+            })
+        })
         .collect()
 }
 
