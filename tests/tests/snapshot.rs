@@ -57,9 +57,9 @@ fn waiting_vmm(socket: &str) -> (VmmRun, ApiClient) {
     (vmm, api)
 }
 
-/// `vmm snapshot load ... --resume` to its end.
-fn load_and_run(snapshot: &str, memory: &str) -> Finished {
-    VmmRun::start_command(&[
+/// Starts `vmm snapshot load ... --resume` with `extra` arguments.
+fn start_load(snapshot: &str, memory: &str, extra: &[&str]) -> VmmRun {
+    let mut args = vec![
         "snapshot",
         "load",
         "--snapshot-path",
@@ -67,8 +67,14 @@ fn load_and_run(snapshot: &str, memory: &str) -> Finished {
         "--mem-file-path",
         memory,
         "--resume",
-    ])
-    .wait(TIMEOUT)
+    ];
+    args.extend_from_slice(extra);
+    VmmRun::start_command(&args)
+}
+
+/// `vmm snapshot load ... --resume` to its end.
+fn load_and_run(snapshot: &str, memory: &str) -> Finished {
+    start_load(snapshot, memory, &[]).wait(TIMEOUT)
 }
 
 /// Asserts that the workload's steps after checkpoint 1 ran in this process and passed.
@@ -359,17 +365,7 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_many_times_at_onc
     // that their guests share its pages until they write, and the file never changes.
     let before = std::fs::read(&memory).unwrap();
     let clones: Vec<VmmRun> = (0..4)
-        .map(|_| {
-            VmmRun::start_command(&[
-                "snapshot",
-                "load",
-                "--snapshot-path",
-                &snapshot,
-                "--mem-file-path",
-                &memory,
-                "--resume",
-            ])
-        })
+        .map(|_| start_load(&snapshot, &memory, &[]))
         .collect();
     for clone in clones {
         assert_finished_after_the_checkpoint(&clone.wait(TIMEOUT), 3);
@@ -399,17 +395,7 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_many_times_at_onc
     let mut bytes = std::fs::read(&memory).unwrap();
     bytes[5 << 20] ^= 0x40;
     std::fs::write(&memory, &bytes).unwrap();
-    let damaged = VmmRun::start_command(&[
-        "snapshot",
-        "load",
-        "--snapshot-path",
-        &snapshot,
-        "--mem-file-path",
-        &memory,
-        "--resume",
-        "--verify-memory",
-    ])
-    .wait(TIMEOUT);
+    let damaged = start_load(&snapshot, &memory, &["--verify-memory"]).wait(TIMEOUT);
     assert_eq!(damaged.code, Some(2), "{damaged:#?}");
     assert!(
         damaged.stderr.contains("the memory's checksum is"),

@@ -126,6 +126,20 @@ fn memory_file_error(path: &Path, what: &'static str) -> impl FnOnce(io::Error) 
     move |source| SnapshotError::MemoryFile { path, what, source }
 }
 
+/// The [`SnapshotError`] of a guest memory operation (`what`) on behalf of the memory file at
+/// `path` that failed with `error`.
+fn guest_memory_error<E: std::fmt::Display>(
+    path: &Path,
+    what: &'static str,
+) -> impl FnOnce(E) -> SnapshotError {
+    let path = path.to_owned();
+    move |error| SnapshotError::MemoryFile {
+        path,
+        what,
+        source: io::Error::other(error.to_string()),
+    }
+}
+
 /// The first bytes of every file this VMM lays out: zones, pool files, snapshots.
 const OWN_FILE_MAGIC: &[u8] = b"LLF";
 
@@ -173,11 +187,7 @@ fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, Sn
             }
             memory
                 .read_slice(&mut buffer, GuestAddress(at))
-                .map_err(|e| SnapshotError::MemoryFile {
-                    path: path.to_owned(),
-                    what: "cannot read guest memory",
-                    source: io::Error::other(e.to_string()),
-                })?;
+                .map_err(guest_memory_error(path, "cannot read guest memory"))?;
             checksum.add(&buffer);
             file.write_all_at(&buffer, offset + at - start)
                 .map_err(memory_file_error(path, "cannot write"))?;
@@ -232,11 +242,7 @@ fn map_memory_file(
     let file = host_file::open_input("mem_file_path", path)?;
     let hotplug_at = memory
         .map_file(&file)
-        .map_err(|e| SnapshotError::MemoryFile {
-            path: path.to_owned(),
-            what: "cannot map the memory file",
-            source: io::Error::other(e.to_string()),
-        })?;
+        .map_err(guest_memory_error(path, "cannot map the memory file"))?;
     if let Some(region) = memory.hotplug_region() {
         let chunk = region.chunk_size().bytes();
         let mut buffer = vec![0u8; chunk as usize];
@@ -248,13 +254,9 @@ fn map_memory_file(
             file.read_exact_at(&mut buffer, hotplug_at + at - start)
                 .map_err(memory_file_error(path, "cannot read"))?;
             if buffer.iter().any(|&byte| byte != 0) {
-                memory.write_slice(&buffer, GuestAddress(at)).map_err(|e| {
-                    SnapshotError::MemoryFile {
-                        path: path.to_owned(),
-                        what: "cannot fill guest memory",
-                        source: io::Error::other(e.to_string()),
-                    }
-                })?;
+                memory
+                    .write_slice(&buffer, GuestAddress(at))
+                    .map_err(guest_memory_error(path, "cannot fill guest memory"))?;
             }
         }
     }
@@ -284,11 +286,7 @@ fn verify_memory(memory: &GuestMemory, path: &Path, expected: u32) -> Result<(),
             }
             memory
                 .read_slice(&mut buffer, GuestAddress(at))
-                .map_err(|e| SnapshotError::MemoryFile {
-                    path: path.to_owned(),
-                    what: "cannot read guest memory",
-                    source: io::Error::other(e.to_string()),
-                })?;
+                .map_err(guest_memory_error(path, "cannot read guest memory"))?;
             match buffer.iter().all(|&byte| byte == 0) {
                 true => checksum.add_zero_chunk(chunk),
                 false => checksum.add(&buffer),
