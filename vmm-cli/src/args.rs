@@ -71,6 +71,63 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub config_file: Option<PathBuf>,
 
+    /// Firecracker's: start without an API socket (needs --config-file, which then boots the
+    /// VM; without --api-sock no socket is served either way).
+    #[arg(long, requires = "config_file")]
+    pub no_api: bool,
+
+    /// Firecracker's logger from the start, as `PUT /logger` sets it: a file or named pipe for
+    /// the log lines (Firecracker's format: time, instance id, message).
+    #[arg(long, value_name = "PATH")]
+    pub log_path: Option<PathBuf>,
+
+    /// Firecracker's logger level: Error, Warning, Info, Debug, Trace or Off (any case).
+    #[arg(long, value_name = "LEVEL", value_parser = parse_log_level)]
+    pub level: Option<vmm_api::model::LogLevel>,
+
+    /// Firecracker's logger module filter: only messages of this module path.
+    #[arg(long, value_name = "MODULE")]
+    pub module: Option<String>,
+
+    /// Firecracker's logger: show each message's level.
+    #[arg(long)]
+    pub show_level: bool,
+
+    /// Firecracker's logger: show each message's origin (file and line).
+    #[arg(long)]
+    pub show_log_origin: bool,
+
+    /// Firecracker's metrics from the start, as `PUT /metrics` sets them: a file or named pipe
+    /// that gets a JSON line per flush.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_path: Option<PathBuf>,
+
+    /// Firecracker's boot timer device: accepted; this VMM has none (a guest's write to its
+    /// address is an unhandled MMIO access), and says so once.
+    #[arg(long)]
+    pub boot_timer: bool,
+
+    /// Print the snapshot format version this VMM writes and loads, as Firecracker does.
+    #[arg(long)]
+    pub snapshot_version: bool,
+
+    /// Print the format version of this snapshot file, as Firecracker does.
+    #[arg(long, value_name = "PATH")]
+    pub describe_snapshot: Option<PathBuf>,
+
+    /// Firecracker's largest API request body, in bytes (this VMM's default: 65536).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_api_max_payload_size: Option<u64>,
+
+    /// Firecracker's MMDS data store limit, in bytes (default 51200).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub mmds_size_limit: Option<u64>,
+
+    /// Firecracker's PCIe transport: accepted; this VMM's devices are on virtio-mmio (Linux
+    /// finds them through the command line it gets), and says so once.
+    #[arg(long)]
+    pub enable_pci: bool,
+
     /// Messages on stderr from this level up: off, error, warn, info, debug or trace.
     ///
     /// Default: warn, or what RUST_LOG says (env_logger syntax, e.g. RUST_LOG=vmm=debug);
@@ -95,6 +152,11 @@ pub struct Cli {
         conflicts_with = "no_seccomp"
     )]
     pub seccomp_filter: Option<PathBuf>,
+}
+
+/// A Firecracker log level (`--level`), in any case.
+fn parse_log_level(text: &str) -> Result<vmm_api::model::LogLevel, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|e| e.to_string())
 }
 
 /// A duration: a number with ms, s, m or h (a bare number is seconds), more than zero.

@@ -132,6 +132,7 @@ pub(super) fn serve(
     api_socket: Option<PathBuf>,
     id: &str,
     config_file: Option<&Path>,
+    command_line: Vec<vmm_api::PreBoot>,
 ) -> ExitStatus {
     if let Some(socket) = &api_socket {
         if let Err(e) = vmm::config::check_api_socket(socket) {
@@ -147,6 +148,7 @@ pub(super) fn serve(
         id: id.to_owned(),
         config,
         logger: Some(Arc::new(ApiLogControl { id: id.to_owned() })),
+        command_line,
     });
     // As Firecracker's: a guest that rebooted (Ctrl-Alt-Del, `reboot`) ends the VMM normally.
     if let Ok(RunOutcome::GuestReset(cause)) = &outcome {

@@ -52,6 +52,53 @@ pub use exit::{run_error_status, zone_error_status, ExitStatus, EXIT_STATUS_HELP
 pub use run_config::RunConfigError;
 pub use vmm::testguest::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 
+/// What Firecracker's own flags set: the process-wide limits (`--http-api-max-payload-size`,
+/// `--mmds-size-limit`), warnings for the devices this VMM lacks (`--boot-timer`,
+/// `--enable-pci`), and the pre-boot requests of its logger and metrics flags, which
+/// `serve` applies first.
+fn firecracker_settings(cli: &Cli) -> Vec<vmm_api::PreBoot> {
+    if let Some(bytes) = cli.http_api_max_payload_size {
+        vmm_api::http::set_max_body_bytes(usize::try_from(bytes).unwrap_or(usize::MAX));
+    }
+    if let Some(bytes) = cli.mmds_size_limit {
+        vmm_devices::mmds::store::set_size_limit(usize::try_from(bytes).unwrap_or(usize::MAX));
+    }
+    if cli.boot_timer {
+        log::warn!(
+            "--boot-timer: this VMM has no boot timer device; the guest's boot time is not logged"
+        );
+    }
+    if cli.enable_pci {
+        log::warn!(
+            "--enable-pci: this VMM has no PCI transport; its virtio devices are on virtio-mmio, \
+             which the guest's command line names"
+        );
+    }
+    let mut requests = Vec::new();
+    let logger = cli.log_path.is_some()
+        || cli.level.is_some()
+        || cli.module.is_some()
+        || cli.show_level
+        || cli.show_log_origin;
+    if logger {
+        requests.push(vmm_api::PreBoot::Logger(vmm_api::model::Logger {
+            log_path: cli.log_path.clone(),
+            level: cli.level,
+            show_level: cli.show_level.then_some(true),
+            show_log_origin: cli.show_log_origin.then_some(true),
+            module: cli.module.clone(),
+        }));
+    }
+    if let Some(path) = &cli.metrics_path {
+        requests.push(vmm_api::PreBoot::Metrics(vmm_api::model::Metrics {
+            metrics_path: path.clone(),
+            emit_id: false,
+            properties: None,
+        }));
+    }
+    requests
+}
+
 /// Runs the `vmm` command with `args` (the first is the program name) and returns its exit
 /// status.
 pub fn main<I, T>(args: I) -> ExitStatus
@@ -98,6 +145,31 @@ where
     if runs_a_vm {
         vmm::seccomp::lock_down_early();
     }
+    if cli.snapshot_version {
+        println!("v{}.0.0", vmm::snapshot::file::VERSION);
+        return ExitStatus::Success;
+    }
+    if let Some(path) = &cli.describe_snapshot {
+        return match vmm::snapshot::file::version(path) {
+            Ok(version) => {
+                println!("v{version}.0.0");
+                ExitStatus::Success
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitStatus::Usage
+            }
+        };
+    }
+    let command_line = firecracker_settings(&cli);
+    if cli.command.is_some() && !command_line.is_empty() {
+        eprintln!(
+            "error: --log-path, --level, --module, --show-level, --show-log-origin and \
+             --metrics-path configure a VMM of Firecracker's kind (--api-sock, --config-file): \
+             not with a subcommand"
+        );
+        return ExitStatus::Usage;
+    }
     let command = match (cli.command, cli.api_sock, cli.config_file) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             eprintln!(
@@ -108,7 +180,7 @@ where
         }
         (Some(command), None, None) => command,
         (None, socket, config_file) if socket.is_some() || config_file.is_some() => {
-            return commands::serve(socket, &cli.id, config_file.as_deref())
+            return commands::serve(socket, &cli.id, config_file.as_deref(), command_line)
         }
         (None, _, _) => {
             eprintln!(

@@ -216,6 +216,9 @@ pub enum RunError {
     /// The configuration file (`--config-file`) was refused.
     #[error("--config-file: {0}")]
     ConfigFile(String),
+    /// A pre-boot setting of the command line (`--log-path`, `--metrics-path`, ...) was refused.
+    #[error("{0}")]
+    CommandLine(String),
 }
 
 /// Boots and runs the VM `config` describes, until the guest ends or is shut down, on a pool of

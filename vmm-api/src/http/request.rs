@@ -9,8 +9,22 @@ use std::io::{self, Read, Write};
 
 /// Largest request line plus headers.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
-/// Largest body.
+/// Largest body, unless the process sets another limit ([`set_max_body_bytes`]).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The process's limit on a request's body (Firecracker's `--http-api-max-payload-size`).
+static MAX_BODY: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(MAX_BODY_BYTES);
+
+/// Sets the largest body a request may have, for every API server of the process.
+pub fn set_max_body_bytes(bytes: usize) {
+    MAX_BODY.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The largest body a request may have.
+pub fn max_body_bytes() -> usize {
+    MAX_BODY.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Where a PATCH may come without Content-Length (as curl sends `-X PATCH` without `-d`).
 pub const NO_BODY_PATCHES: &str = "/balloon/hinting/";
@@ -35,8 +49,8 @@ pub enum RequestError {
     #[error("request line and headers exceed {MAX_HEAD_BYTES} bytes")]
     HeadTooLarge,
     /// The body is too long.
-    #[error("body of {0} bytes exceeds {MAX_BODY_BYTES} bytes")]
-    BodyTooLarge(u64),
+    #[error("body of {0} bytes exceeds {1} bytes")]
+    BodyTooLarge(u64, usize),
     /// A PUT or PATCH came without Content-Length (answered 400, as Firecracker answers an
     /// empty body), except a PATCH under `/balloon/hinting/`.
     #[error("the request has no body (PUT and PATCH need one, with Content-Length)")]
@@ -54,7 +68,7 @@ impl RequestError {
             RequestError::Timeout => Some(408),
             RequestError::Malformed(_) => Some(400),
             RequestError::HeadTooLarge => Some(431),
-            RequestError::BodyTooLarge(_) => Some(413),
+            RequestError::BodyTooLarge(..) => Some(413),
             RequestError::LengthRequired => Some(400),
             RequestError::Version(_) => Some(505),
         }
@@ -291,8 +305,8 @@ impl RequestReader {
                 (None, _) => 0,
             };
             let length = match usize::try_from(length) {
-                Ok(length) if length <= MAX_BODY_BYTES => length,
-                _ => return Err(RequestError::BodyTooLarge(length)),
+                Ok(length) if length <= max_body_bytes() => length,
+                _ => return Err(RequestError::BodyTooLarge(length, max_body_bytes())),
             };
             self.buf.drain(..end);
             self.head = Some((head, length));

@@ -9,6 +9,19 @@ use serde_json::Value;
 
 /// Most bytes of the document, serialised (Firecracker's default `mmds_size_limit`).
 pub const MAX_DATA_BYTES: usize = 51200;
+
+/// The process's limit on the document (Firecracker's `--mmds-size-limit`).
+static LIMIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(MAX_DATA_BYTES);
+
+/// Sets the largest document, serialised, for every MMDS of the process.
+pub fn set_size_limit(bytes: usize) {
+    LIMIT.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The largest document, serialised.
+pub fn size_limit() -> usize {
+    LIMIT.load(std::sync::atomic::Ordering::Relaxed)
+}
 /// Longest life of a session token (Firecracker's and IMDS's: six hours).
 pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(21600);
 /// Most tokens alive at once; the oldest goes for a new one.
@@ -17,9 +30,9 @@ const MAX_TOKENS: usize = 1024;
 /// Why the store refused a change.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StoreError {
-    /// The document would be larger than [`MAX_DATA_BYTES`].
-    #[error("the MMDS data store's limit of {MAX_DATA_BYTES} bytes would be exceeded ({0} bytes)")]
-    TooLarge(usize),
+    /// The document would be larger than the limit ([`size_limit`]): its size and the limit.
+    #[error("the MMDS data store's limit of {1} bytes would be exceeded ({0} bytes)")]
+    TooLarge(usize, usize),
     /// A `PATCH` before any `PUT`.
     #[error("The MMDS data store is not initialized.")]
     NotInitialized,
@@ -98,8 +111,8 @@ impl Store {
 
 fn check_size(data: &Value) -> Result<(), StoreError> {
     let size = serde_json::to_vec(data).map_or(usize::MAX, |bytes| bytes.len());
-    if size > MAX_DATA_BYTES {
-        return Err(StoreError::TooLarge(size));
+    if size > size_limit() {
+        return Err(StoreError::TooLarge(size, size_limit()));
     }
     Ok(())
 }
@@ -159,7 +172,7 @@ mod tests {
         let big = "x".repeat(MAX_DATA_BYTES);
         assert!(matches!(
             store.put(json!({ "big": big })),
-            Err(StoreError::TooLarge(_))
+            Err(StoreError::TooLarge(..))
         ));
         store.put(json!({"small": 1})).unwrap();
         assert!(store.patch(&json!({ "big": big })).is_err());

@@ -59,6 +59,9 @@ pub struct ServeOptions {
     pub config: Option<FullVmConfiguration>,
     /// The front end's logger, for `PUT /logger`.
     pub logger: Option<Arc<dyn LogControl>>,
+    /// Pre-boot requests the command line makes (Firecracker's `--log-path`, `--level`, ...,
+    /// `--metrics-path`), applied before the configuration file and the API.
+    pub command_line: Vec<PreBoot>,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -68,6 +71,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("id", &self.id)
             .field("config", &self.config)
             .field("logger", &self.logger.is_some())
+            .field("command_line", &self.command_line)
             .finish()
     }
 }
@@ -519,6 +523,11 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     let mut flusher = MetricsFlusher::default();
     // The KVM VM is made while the VMM waits: a start or load then only fills it.
     let mut kvm_vm = EarlyKvmVm::start();
+    for request in options.command_line {
+        front
+            .configure(request)
+            .map_err(|e| RunError::CommandLine(e.to_string()))?;
+    }
     // A configuration file boots at once: requests that configure are refused from the start.
     let file_config = match options.config {
         Some(config) => {
@@ -663,6 +672,7 @@ mod tests {
             id: "test".into(),
             config: None,
             logger: None,
+            command_line: Vec::new(),
         };
         let (requests, incoming) = mpsc::channel();
         (ApiFront::new(&options, requests), incoming)

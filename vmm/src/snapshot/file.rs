@@ -138,16 +138,25 @@ pub fn write(path: &Path, snapshot: &VmSnapshot) -> Result<(), SnapshotFileError
         .map_err(io_error(path, "cannot sync its directory"))
 }
 
-/// Reads and checks the snapshot at `path`.
-pub fn read(path: &Path) -> Result<VmSnapshot, SnapshotFileError> {
+/// The format version of the snapshot at `path`, from its checked header (Firecracker's
+/// `--describe-snapshot`): also of a version this VMM cannot load.
+pub fn version(path: &Path) -> Result<u32, SnapshotFileError> {
+    let mut file = host_file::open_input("snapshot_path", path)?;
+    let header = read_header(path, &mut file)?;
+    Ok(u32::from_le_bytes(
+        header[8..12].try_into().expect("4 bytes"),
+    ))
+}
+
+/// Reads the header of the snapshot file `file` at `path` and checks its magic, length and
+/// checksum.
+fn read_header(path: &Path, file: &mut std::fs::File) -> Result<Vec<u8>, SnapshotFileError> {
     let damaged = |what: String| SnapshotFileError::Damaged {
         path: path.to_owned(),
         what,
     };
-    let mut file = host_file::open_input("snapshot_path", path)?;
     let mut header = Vec::with_capacity(HEADER_LEN);
-    (&mut file)
-        .take(HEADER_LEN as u64)
+    file.take(HEADER_LEN as u64)
         .read_to_end(&mut header)
         .map_err(io_error(path, "cannot read"))?;
     if !header.starts_with(&MAGIC) {
@@ -166,6 +175,18 @@ pub fn read(path: &Path) -> Result<VmSnapshot, SnapshotFileError> {
     if word(28) != crc32fast::hash(&header[..28]) {
         return Err(damaged("the header's checksum does not match".into()));
     }
+    Ok(header)
+}
+
+/// Reads and checks the snapshot at `path`.
+pub fn read(path: &Path) -> Result<VmSnapshot, SnapshotFileError> {
+    let damaged = |what: String| SnapshotFileError::Damaged {
+        path: path.to_owned(),
+        what,
+    };
+    let mut file = host_file::open_input("snapshot_path", path)?;
+    let header = read_header(path, &mut file)?;
+    let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
     let version = word(8);
     if version != VERSION {
         return Err(SnapshotFileError::Version {

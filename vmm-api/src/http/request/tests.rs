@@ -193,7 +193,7 @@ fn bounds_head_and_body_sizes() {
     assert!(matches!(err, RequestError::HeadTooLarge));
     assert_eq!(err.status(), Some(431));
     let err = parse(b"PUT / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n").unwrap_err();
-    assert!(matches!(err, RequestError::BodyTooLarge(65537)));
+    assert!(matches!(err, RequestError::BodyTooLarge(65537, _)));
     assert_eq!(err.status(), Some(413));
     let err =
         parse(b"PUT / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n").unwrap_err();
