@@ -117,8 +117,10 @@ fn a_minimal_elf_kernel_gets_its_command_line_and_console() {
 }
 
 #[test]
-fn the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_needs_a_keyboard() {
-    if !kvm_available("the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_needs_a_keyboard") {
+fn the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_is_answered_without_a_keyboard() {
+    if !kvm_available(
+        "the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_is_answered_without_a_keyboard",
+    ) {
         return;
     }
     let scratch = Scratch::new("i8042-reset");
@@ -127,13 +129,20 @@ fn the_i8042_reset_command_ends_the_vmm_and_ctrl_alt_del_needs_a_keyboard() {
     let started = Instant::now();
     VmmRun::run(&["--kernel", &kernel, "--memory", "64M"]).assert_guest_reset(THROUGH_THE_KEYBOARD);
     eprintln!("i8042 reset: vmm ran {:.1?}", started.elapsed());
-    // The test guest has no keyboard controller.
+    // The test guest has no keyboard controller: the press is answered as Firecracker answers
+    // it (204), goes nowhere, and says so.
     let socket = scratch.path("api.sock");
-    let (_vmm, _api) =
+    let (mut vmm, _api) =
         VmmRun::start_paused(&["--memory", "16M", "--workload", "checkpoint:1"], &socket);
-    client(&["ctrl-alt-del", "--socket", &socket]).assert_fails(
-        5,
-        "the VM has no keyboard controller (only Linux guests have an i8042)",
+    client(&["ctrl-alt-del", "--socket", &socket]).assert_success();
+    assert!(
+        vmm.running(),
+        "the test guest's VMM ended on a Ctrl-Alt-Del"
+    );
+    assert!(
+        vmm.stderr_so_far().contains("no keyboard controller"),
+        "{}",
+        vmm.stderr_so_far()
     );
 }
 

@@ -190,7 +190,15 @@ impl VmmControl for Session {
 
     fn send_ctrl_alt_del(&self) -> Result<(), ControlError> {
         self.started_control()?;
-        let keyboard = self.keyboard().ok_or(ControlError::NoKeyboard)?;
+        // Firecracker answers 204 whatever the guest: its i8042 is always there, read or not.
+        // The test guest has none; the press is answered the same, and said to go nowhere.
+        let Some(keyboard) = self.keyboard() else {
+            log::warn!(
+                "SendCtrlAltDel: the built-in test guest has no keyboard controller; nothing \
+                 was pressed"
+            );
+            return Ok(());
+        };
         if keyboard.send_ctrl_alt_del() {
             Ok(())
         } else {
