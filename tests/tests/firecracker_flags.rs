@@ -1,6 +1,6 @@
 //! End-to-end: Firecracker's command line. A VMM started with every flag of Firecracker's
 //! that a client library may pass serves the API, with what those flags set: the logger and
-//! the metrics from the start, the API's body limit and the MMDS store's; the snapshot format
+//! the metrics from the start, the MMDS's document, the API's body limit and the MMDS store's; the snapshot format
 //! flags print versions as Firecracker's do; `--no-api` needs `--config-file`.
 
 // An integration test crate: its tests are the crate.
@@ -28,11 +28,13 @@ fn wait_for_file(path: &str, accept: impl Fn(&str) -> bool) -> String {
 #[test]
 fn every_flag_a_firecracker_client_passes_is_taken_with_its_meaning() {
     let scratch = Scratch::new("firecracker-flags");
-    let (socket, log, metrics) = (
+    let (socket, log, metrics, metadata) = (
         scratch.path("api.sock"),
         scratch.path("fc.log"),
         scratch.path("fc.metrics"),
+        scratch.path("metadata.json"),
     );
+    std::fs::write(&metadata, r#"{"latest":{"meta-data":{"ami-id":"ami-1"}}}"#).unwrap();
     let mut vmm = VmmRun::start_command(&[
         "--api-sock",
         &socket,
@@ -52,6 +54,8 @@ fn every_flag_a_firecracker_client_passes_is_taken_with_its_meaning() {
         "--mmds-size-limit",
         "1000",
         "--enable-pci",
+        "--metadata",
+        &metadata,
         "--start-time-us",
         "1",
         "--start-time-cpu-us",
@@ -71,6 +75,9 @@ fn every_flag_a_firecracker_client_passes_is_taken_with_its_meaning() {
     send(&api, "PUT", "/actions", r#"{"action_type":"FlushMetrics"}"#);
     let flushed = wait_for_file(&metrics, |text| text.contains("\"api_server\""));
     assert!(flushed.contains("\"api_server\""), "{flushed}");
+    // The MMDS holds the --metadata document.
+    let mmds = vmm_common::get(&api, "/mmds");
+    assert_eq!(mmds["latest"]["meta-data"]["ami-id"], "ami-1", "{mmds}");
     // Bodies over the API's limit are refused, and documents over the MMDS store's.
     let big = format!(r#"{{"k":"{}"}}"#, "x".repeat(3000));
     let refused = api.request("PUT", "/mmds", Some(&big)).unwrap();

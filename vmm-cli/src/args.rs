@@ -71,6 +71,10 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub config_file: Option<PathBuf>,
 
+    /// Firecracker's: a JSON file whose document the MMDS holds from the start (as `PUT /mmds`).
+    #[arg(long, value_name = "FILE")]
+    pub metadata: Option<PathBuf>,
+
     /// Firecracker's: start without an API socket (needs --config-file, which then boots the
     /// VM; without --api-sock no socket is served either way).
     #[arg(long, requires = "config_file")]

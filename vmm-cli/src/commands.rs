@@ -131,7 +131,7 @@ fn vm_zone(socket: &Path) -> Option<PathBuf> {
 pub(super) fn serve(
     api_socket: Option<PathBuf>,
     id: &str,
-    config_file: Option<&Path>,
+    (config_file, metadata): (Option<&Path>, Option<&Path>),
     command_line: Vec<vmm_api::PreBoot>,
 ) -> ExitStatus {
     if let Some(socket) = &api_socket {
@@ -143,12 +143,17 @@ pub(super) fn serve(
         Ok(config) => config,
         Err(e) => return fail(ExitStatus::Usage, e),
     };
+    let metadata = match metadata.map(read_metadata).transpose() {
+        Ok(metadata) => metadata,
+        Err(e) => return fail(ExitStatus::Usage, e),
+    };
     let outcome = vmm::runner::serve(ServeOptions {
         api_socket,
         id: id.to_owned(),
         config,
         logger: Some(Arc::new(ApiLogControl { id: id.to_owned() })),
         command_line,
+        metadata,
     });
     // As Firecracker's: a guest that rebooted (Ctrl-Alt-Del, `reboot`) ends the VMM normally.
     if let Ok(RunOutcome::GuestReset(cause)) = &outcome {
@@ -156,6 +161,13 @@ pub(super) fn serve(
         return ExitStatus::Success;
     }
     outcome_status(outcome)
+}
+
+/// Reads the MMDS document of `--metadata`.
+fn read_metadata(path: &Path) -> Result<serde_json::Value, String> {
+    let file = vmm::host_file::open_input("--metadata", path).map_err(|e| e.to_string())?;
+    serde_json::from_reader(std::io::BufReader::new(file))
+        .map_err(|e| format!("--metadata {}: {e}", path.display()))
 }
 
 /// Reads a Firecracker configuration file.

@@ -180,7 +180,12 @@ where
         }
         (Some(command), None, None) => command,
         (None, socket, config_file) if socket.is_some() || config_file.is_some() => {
-            return commands::serve(socket, &cli.id, config_file.as_deref(), command_line)
+            return commands::serve(
+                socket,
+                &cli.id,
+                (config_file.as_deref(), cli.metadata.as_deref()),
+                command_line,
+            )
         }
         (None, _, _) => {
             eprintln!(

@@ -62,6 +62,8 @@ pub struct ServeOptions {
     /// Pre-boot requests the command line makes (Firecracker's `--log-path`, `--level`, ...,
     /// `--metrics-path`), applied before the configuration file and the API.
     pub command_line: Vec<PreBoot>,
+    /// The MMDS document of the command line (Firecracker's `--metadata`).
+    pub metadata: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -72,6 +74,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("config", &self.config)
             .field("logger", &self.logger.is_some())
             .field("command_line", &self.command_line)
+            .field("metadata", &self.metadata.is_some())
             .finish()
     }
 }
@@ -528,6 +531,11 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
             .configure(request)
             .map_err(|e| RunError::CommandLine(e.to_string()))?;
     }
+    if let Some(metadata) = options.metadata {
+        front
+            .update_mmds(metadata, false)
+            .map_err(|e| RunError::CommandLine(format!("--metadata: {e}")))?;
+    }
     // A configuration file boots at once: requests that configure are refused from the start.
     let file_config = match options.config {
         Some(config) => {
@@ -673,6 +681,7 @@ mod tests {
             config: None,
             logger: None,
             command_line: Vec::new(),
+            metadata: None,
         };
         let (requests, incoming) = mpsc::channel();
         (ApiFront::new(&options, requests), incoming)
