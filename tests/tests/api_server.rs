@@ -537,3 +537,30 @@ fn an_idle_kept_connection_makes_room_for_a_new_one_at_the_limit() {
     assert!(rest.is_empty(), "the kept connection was closed");
     drop(fresh);
 }
+
+#[test]
+fn requests_firecracker_routes_on_their_first_segment_are_taken_with_any_path_after_it() {
+    let (server, _vmm) = serve("first-segment", TestVmm::new());
+    let socket = server.path();
+    // Firecracker's parser routes these on their first path segment and ignores the rest.
+    assert_eq!(call(socket, "GET", "/version/anything", None).status, 200);
+    assert_eq!(
+        call(socket, "GET", "/machine-config/x/y/z", None).status,
+        200
+    );
+    let vsock = r#"{"guest_cid":3,"uds_path":"/tmp/first-segment.vsock","vsock_id":"vsock0"}"#;
+    let request = format!(
+        "PUT /vsock/vsock0 HTTP/1.1\r\nContent-Length: {}\r\n\r\n{vsock}",
+        vsock.len()
+    );
+    let response = raw(socket, request.as_bytes());
+    assert!(
+        !response.contains("Invalid request method and/or path"),
+        "{response}"
+    );
+    // The deprecated vsock_id is answered with Firecracker's Deprecation header.
+    assert!(response.contains("\r\nDeprecation: true\r\n"), "{response}");
+    // Routes that take an id still refuse a longer path.
+    let (status, fault) = raw_fault(socket, b"GET /drives/a/b HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 400, "{fault}");
+}

@@ -81,7 +81,7 @@ use super::http::{Method, Request, Response};
 use super::model::{
     ActionRequest, ActionType, BalloonStartCmd, BalloonStatsUpdate, BalloonUpdate, PartialDrive,
     PartialNetworkInterface, PartialPmem, RequestedState, SnapshotCreateParams, SnapshotLoadParams,
-    VersionInfo, VmStateRequest,
+    VersionInfo, VmStateRequest, Vsock,
 };
 use super::vmm_control::{ControlError, PreBoot, VmmControl};
 use crate::metrics::{Level, Operation, METRICS};
@@ -128,6 +128,28 @@ fn path_id(id: Option<&str>) -> Result<&str, Response> {
     }
 }
 
+/// The requests Firecracker routes on the first path segment alone, ignoring the rest of the
+/// path (its `parsed_request.rs`).
+const FIRST_SEGMENT_ONLY: [(Method, &str); 17] = [
+    (Method::Get, ""),
+    (Method::Get, "version"),
+    (Method::Get, "machine-config"),
+    (Method::Get, "mmds"),
+    (Method::Put, "actions"),
+    (Method::Put, "balloon"),
+    (Method::Put, "boot-source"),
+    (Method::Put, "cpu-config"),
+    (Method::Put, "logger"),
+    (Method::Put, "serial"),
+    (Method::Put, "machine-config"),
+    (Method::Put, "metrics"),
+    (Method::Put, "vsock"),
+    (Method::Put, "entropy"),
+    (Method::Patch, "machine-config"),
+    (Method::Patch, "mmds"),
+    (Method::Patch, "vm"),
+];
+
 /// Answers `request` by calling `control`.
 pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
     let target = request.target.as_str();
@@ -137,11 +159,20 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
     let path = target.trim_start_matches('/');
     let path = path.strip_suffix('/').unwrap_or(path);
     let mut tokens = path.split('/');
-    let (first, second, rest) = (tokens.next().unwrap_or(""), tokens.next(), tokens.next());
-    if tokens.next().is_some() {
-        return invalid_path(&request.method, path);
-    }
     let method = &request.method;
+    let first = tokens.next().unwrap_or("");
+    // Firecracker routes these on their first segment alone and ignores the rest of the path
+    // (`PUT /vsock/vsock0` is `PUT /vsock`); clients depend on it.
+    let (second, rest) = match FIRST_SEGMENT_ONLY.contains(&(method.clone(), first)) {
+        true => (None, None),
+        false => {
+            let (second, rest) = (tokens.next(), tokens.next());
+            if tokens.next().is_some() {
+                return invalid_path(method, path);
+            }
+            (second, rest)
+        }
+    };
     let has_body = !request.body.is_empty();
     match method {
         Method::Get if has_body => return Response::fault(400, "GET request cannot have a body."),
@@ -218,7 +249,18 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         }
         (Method::Get, "mmds", None, _) => Ok(reply(control.mmds())),
         (Method::Put, "cpu-config", None, _) => configure(body(request).map(PreBoot::CpuConfig)),
-        (Method::Put, "vsock", None, _) => configure(body(request).map(PreBoot::Vsock)),
+        (Method::Put, "vsock", None, _) => body::<Vsock>(request).map(|vsock| {
+            // Firecracker's deprecation: the field is ignored, the answer says so.
+            let deprecated = vsock.vsock_id.is_some();
+            let answer = done(control.configure(PreBoot::Vsock(vsock)));
+            match deprecated {
+                true => {
+                    log::warn!("PUT /vsock: vsock_id field is deprecated.");
+                    answer.deprecated()
+                }
+                false => answer,
+            }
+        }),
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
         (Method::Put, "entropy", None, _) => configure(body(request).map(PreBoot::Entropy)),

@@ -13,6 +13,9 @@ pub struct Response {
     pub status: u16,
     /// The JSON body, if any.
     pub body: Option<String>,
+    /// The request used something Firecracker deprecates: the response says so with a
+    /// `Deprecation: true` header, as Firecracker's does.
+    pub deprecated: bool,
 }
 
 /// The reason phrase of the statuses the server sends.
@@ -40,6 +43,7 @@ impl Response {
             Ok(body) => Response {
                 status: 200,
                 body: Some(body),
+                deprecated: false,
             },
             Err(e) => Response::fault(500, format!("cannot serialise the response: {e}")),
         }
@@ -50,6 +54,7 @@ impl Response {
         Response {
             status: 204,
             body: None,
+            deprecated: false,
         }
     }
 
@@ -62,6 +67,15 @@ impl Response {
             status,
             // A struct with one string field always serialises.
             body: serde_json::to_string(&fault).ok(),
+            deprecated: false,
+        }
+    }
+
+    /// This response with Firecracker's `Deprecation: true` header.
+    pub fn deprecated(self) -> Self {
+        Response {
+            deprecated: true,
+            ..self
         }
     }
 
@@ -74,6 +88,9 @@ impl Response {
             head.push_str("Content-Type: application/json\r\n");
         }
         head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        if self.deprecated {
+            head.push_str("Deprecation: true\r\n");
+        }
         if !keep_alive {
             head.push_str("Connection: close\r\n");
         }
