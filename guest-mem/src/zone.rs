@@ -1185,8 +1185,8 @@ impl Zone {
 
     /// The zone's size, VMs, and the state of its frames. Where other processes run VMs in
     /// the zone, it is a view of a moving zone: a VM created or deleted meanwhile may be
-    /// missing, and a frame counts as leaked or lost only if it stays so (see
-    /// [`Self::settled_check`]).
+    /// missing, and a frame counts as leaked or lost only if it stays so for about half a
+    /// second (a frame on its way into or out of a VM looks leaked for a moment).
     pub fn info(&self) -> Result<ZoneInfo, ZoneError> {
         let processes = self.processes()?;
         let check = self.settled_check(processes.iter().any(|process| !process.this))?;
