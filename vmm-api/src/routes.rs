@@ -163,7 +163,10 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
     let first = tokens.next().unwrap_or("");
     // Firecracker routes these on their first segment alone and ignores the rest of the path
     // (`PUT /vsock/vsock0` is `PUT /vsock`); clients depend on it.
-    let (second, rest) = match FIRST_SEGMENT_ONLY.contains(&(method.clone(), first)) {
+    let first_segment_only = FIRST_SEGMENT_ONLY
+        .iter()
+        .any(|(routed, segment)| routed == method && *segment == first);
+    let (second, rest) = match first_segment_only {
         true => (None, None),
         false => {
             let (second, rest) = (tokens.next(), tokens.next());

@@ -145,7 +145,6 @@ pub struct BlockDevice {
     image: File,
     /// Capacity in sectors (a partial last sector is not part of the disk).
     sectors: u64,
-    memory: DeviceMemory,
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
@@ -163,11 +162,10 @@ impl BlockDevice {
         size: u64,
     ) -> io::Result<Self> {
         Ok(Self {
-            queue: ThrottledQueue::new(Throttle::new(config.rate_limiter, "virtio-blk")?),
+            queue: ThrottledQueue::new(memory, Throttle::new(config.rate_limiter, "virtio-blk")?),
             config,
             image,
             sectors: size / SECTOR_SIZE,
-            memory,
             warnings: GuestWarnings::default(),
             counters: Arc::default(),
             buffers: Box::new([Buffer::default(); MAX_DATA_BUFFERS]),
@@ -449,10 +447,6 @@ impl ThrottledDevice for BlockDevice {
 
     fn queue_mut(&mut self) -> &mut ThrottledQueue {
         &mut self.queue
-    }
-
-    fn guest_memory(&self) -> &DeviceMemory {
-        &self.memory
     }
 
     fn warnings(&self) -> &GuestWarnings {

@@ -63,7 +63,6 @@ impl EntropyHandle {
 /// A virtio-rng device.
 #[derive(Debug)]
 pub struct EntropyDevice {
-    memory: DeviceMemory,
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     handle: EntropyHandle,
@@ -94,8 +93,7 @@ impl EntropyDevice {
     /// A device whose queue lives in `memory`, its bytes and requests capped by `limiter`.
     pub fn new(memory: DeviceMemory, limiter: RateLimiterConfig) -> std::io::Result<Self> {
         Ok(Self {
-            memory,
-            queue: ThrottledQueue::new(Throttle::new(limiter, "virtio-rng")?),
+            queue: ThrottledQueue::new(memory, Throttle::new(limiter, "virtio-rng")?),
             warnings: GuestWarnings::default(),
             handle: EntropyHandle::default(),
         })
@@ -179,10 +177,6 @@ impl ThrottledDevice for EntropyDevice {
 
     fn queue_mut(&mut self) -> &mut ThrottledQueue {
         &mut self.queue
-    }
-
-    fn guest_memory(&self) -> &DeviceMemory {
-        &self.memory
     }
 
     fn warnings(&self) -> &GuestWarnings {

@@ -81,7 +81,6 @@ impl PmemHandle {
 pub struct PmemDevice {
     start: u64,
     size: u64,
-    memory: DeviceMemory,
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     flushes: Arc<AtomicU64>,
@@ -100,8 +99,7 @@ impl PmemDevice {
         Ok(Self {
             start,
             size,
-            memory,
-            queue: ThrottledQueue::new(Throttle::new(limiter, "virtio-pmem")?),
+            queue: ThrottledQueue::new(memory, Throttle::new(limiter, "virtio-pmem")?),
             warnings: GuestWarnings::default(),
             flushes: Arc::default(),
             throttled: Arc::default(),
@@ -141,7 +139,11 @@ impl PmemDevice {
             return 0;
         };
         let answer = match mem.read_obj::<u32>(request).map(u32::from_le) {
-            Ok(REQ_TYPE_FLUSH) => match self.memory.sync(GuestAddress(self.start), self.size) {
+            Ok(REQ_TYPE_FLUSH) => match self
+                .queue
+                .memory()
+                .sync(GuestAddress(self.start), self.size)
+            {
                 Ok(()) => {
                     self.flushes.fetch_add(1, Ordering::Relaxed);
                     RESP_OK
@@ -190,10 +192,6 @@ impl ThrottledDevice for PmemDevice {
 
     fn queue_mut(&mut self) -> &mut ThrottledQueue {
         &mut self.queue
-    }
-
-    fn guest_memory(&self) -> &DeviceMemory {
-        &self.memory
     }
 
     fn warnings(&self) -> &GuestWarnings {

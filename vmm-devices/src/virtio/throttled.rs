@@ -18,20 +18,28 @@ use super::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::rate_limiter::Throttle;
 use crate::GuestWarnings;
 
-/// A device's request queue (once the driver made it ready) and its rate limiter.
+/// A device's request queue (once the driver made it ready), the guest memory it lives in,
+/// and its rate limiter.
 #[derive(Debug)]
 pub struct ThrottledQueue {
     active: Option<RequestQueue>,
+    memory: DeviceMemory,
     throttle: Throttle,
 }
 
 impl ThrottledQueue {
-    /// A queue not ready yet behind `throttle`.
-    pub fn new(throttle: Throttle) -> Self {
+    /// A queue in `memory`, not ready yet, behind `throttle`.
+    pub fn new(memory: DeviceMemory, throttle: Throttle) -> Self {
         Self {
             active: None,
+            memory,
             throttle,
         }
+    }
+
+    /// The guest memory the queue and its requests' buffers live in.
+    pub fn memory(&self) -> &DeviceMemory {
+        &self.memory
     }
 
     /// The rate limiter, which a request is admitted by.
@@ -75,9 +83,6 @@ pub trait ThrottledDevice: Send {
 
     /// Its queue and limiter, to change.
     fn queue_mut(&mut self) -> &mut ThrottledQueue;
-
-    /// The guest memory its queue lives in.
-    fn guest_memory(&self) -> &DeviceMemory;
 
     /// Its guest-triggered warnings.
     fn warnings(&self) -> &GuestWarnings;
@@ -137,7 +142,7 @@ impl<D: ThrottledDevice> VirtioDevice<DeviceMemory> for D {
         let Some(mut active) = queue.active.take() else {
             return;
         };
-        let memory = Arc::clone(self.guest_memory());
+        let memory = Arc::clone(queue.memory());
         let mem = memory.memory();
         let drained = active.drain_until(&mem, Self::NAME, |chain| self.serve(&mem, chain));
         if let Err(e) = drained {
