@@ -53,15 +53,21 @@ fn start_exit_watcher() -> io::Result<()> {
     std::thread::Builder::new()
         .name("vmm-exit".into())
         .spawn(move || {
+            // First, so that the handler knows this thread should a filter deny it even its
+            // next call.
+            IS_EXIT_WATCHER.set(true);
             // Process-directed signals (SIGINT, SIGTERM) are for the threads that wait for
-            // them: blocked here, whichever thread started this one.
-            // SAFETY: a full signal set, initialised by sigfillset, blocked on this thread.
+            // them: blocked here, whichever thread started this one. SIGSYS is not: a denied
+            // call with SIGSYS blocked makes the kernel kill the process without the handler's
+            // line, and the filters may be installed before this thread first waits.
+            // SAFETY: a full signal set, initialised by sigfillset, less SIGSYS, blocked on
+            // this thread.
             unsafe {
                 let mut all = std::mem::zeroed::<libc::sigset_t>();
                 libc::sigfillset(&mut all);
+                libc::sigdelset(&mut all, libc::SIGSYS);
                 libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
             }
-            IS_EXIT_WATCHER.set(true);
             loop {
                 if event.read().is_ok() {
                     vmm_devices::socket_files::remove_all();
