@@ -35,9 +35,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::pool::CoreFrames;
 use crate::region::Inner;
 use crate::region::{GuestRegion, RegionError};
-use crate::shared::Shared;
+use crate::shared::SharedState;
 use crate::stats::Counters;
-use crate::sys::uffd::Fault;
+use crate::sys::uffd::UffdFault;
 use crate::sys::{wait_readable, Readiness};
 use crate::vcpu::FaultError;
 
@@ -101,7 +101,7 @@ impl HandlerCores {
     }
 
     /// This thread's frames of vCPU `vcpu`'s core (`None`: the VMM's core).
-    fn of(&mut self, shared: &Shared, vcpu: Option<usize>) -> &mut CoreFrames {
+    fn of(&mut self, shared: &SharedState, vcpu: Option<usize>) -> &mut CoreFrames {
         let index = vcpu.unwrap_or(shared.vcpus.len());
         self.0[index].get_or_insert_with(|| match vcpu {
             Some(i) => shared.pool.core_frames(shared.core_base + i),
@@ -159,7 +159,7 @@ impl MapAhead {
 fn serve(inner: &Inner, stop: &EventFd, confine: Option<fn()>, mut ahead: MapAhead) {
     let mut cores = HandlerCores::new(inner.shared.vcpus.len());
     let uffd = &inner.shared.uffd;
-    let mut faults = [Fault {
+    let mut faults = [UffdFault {
         address: 0,
         tid: 0,
         write: false,
@@ -223,7 +223,7 @@ fn retry_blocked(inner: &Inner, cores: &mut HandlerCores) {
             shared.vcpus.resolve(index, addr);
             continue;
         };
-        // The VM is paused: the vCPU keeps waiting (see `Shared::held`).
+        // The VM is paused: the vCPU keeps waiting (see `SharedState::held`).
         if !shared.begin_blocked_resolution() {
             return;
         }
@@ -245,7 +245,7 @@ fn retry_blocked(inner: &Inner, cores: &mut HandlerCores) {
 /// wait on it and wakes the waiters. Returns when the waiters were woken (for the wake latency)
 /// and whether this call mapped a new frame.
 fn resolve(
-    shared: &Shared,
+    shared: &SharedState,
     region: &GuestRegion,
     chunk: usize,
     vcpu: Option<usize>,
@@ -276,7 +276,7 @@ fn resolve(
 
 /// Resolves one fault read at `read_at`: populate the chunk with the faulting vCPU's core, then
 /// wake.
-fn handle(inner: &Inner, fault: &Fault, read_at: Instant, cores: &mut HandlerCores) {
+fn handle(inner: &Inner, fault: &UffdFault, read_at: Instant, cores: &mut HandlerCores) {
     let shared = &inner.shared;
     let Some((region, chunk)) = inner.locate(fault.address) else {
         // Not guest memory (cannot happen: only regions are registered); do not leave it hanging.
@@ -285,7 +285,7 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant, cores: &mut HandlerCor
     };
     let vcpu = shared.vcpus.index_of(fault.tid);
     // A vCPU that waits already (the kernel delivers its fault anew when its wait is
-    // interrupted) waits on while the VM is paused (see `Shared::held`).
+    // interrupted) waits on while the VM is paused (see `SharedState::held`).
     let waits = vcpu.is_some_and(|i| shared.vcpus.blocked_on(i).is_some());
     if waits && !shared.begin_blocked_resolution() {
         return;
@@ -372,19 +372,19 @@ fn handle(inner: &Inner, fault: &Fault, read_at: Instant, cores: &mut HandlerCor
 }
 
 /// Ends vCPU `index`'s wait on `addr` with the zero page, unless it no longer waits on it.
-fn release_vcpu(shared: &Shared, index: usize, addr: usize) -> bool {
+fn release_vcpu(shared: &SharedState, index: usize, addr: usize) -> bool {
     shared.vcpus.take_blocked_on(index, addr) && answer_with_zero_page(shared, addr)
 }
 
 /// Answers the fault at `addr` with the shared zero page (outside the pool); false if that
 /// failed (the memory is being torn down).
-fn answer_with_zero_page(shared: &Shared, addr: usize) -> bool {
+fn answer_with_zero_page(shared: &SharedState, addr: usize) -> bool {
     shared.uffd.zero_page(addr & !(PAGE - 1)).is_ok()
 }
 
 /// Ends every wait for a frame, now and from now on, with the zero page; returns how many
 /// waits it ended (see [`crate::GuestMemory::release_faults`]).
-pub(crate) fn release(shared: &Shared) -> usize {
+pub(crate) fn release(shared: &SharedState) -> usize {
     let others = {
         let mut waiting = shared.lock_waiting_others();
         shared.released.store(true, Ordering::SeqCst);

@@ -13,7 +13,7 @@ use crate::fault::FaultHandlers;
 use crate::pool::{CoreFrames, Frame, FrameSize, Pool};
 use crate::region::Inner;
 use crate::region::{GuestRegion, RegionError};
-use crate::shared::Shared;
+use crate::shared::SharedState;
 use crate::stats::{Counters, MemoryStats};
 use crate::sys::uffd::{Uffd, UffdError};
 use crate::vcpu::{FaultError, VcpuRegistry};
@@ -299,7 +299,7 @@ impl GuestMemory {
             return Err(MemoryError::NoFaultThreads);
         }
         let core_base = pool.claim_cores(config.vcpus + 1);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(SharedState {
             vmm_core: core_base + config.vcpus,
             core_base,
             pool,

@@ -15,7 +15,7 @@ use vm_memory::GuestAddress;
 use crate::frame_table::{ChunkState, FrameTable};
 use crate::pieces::PieceMap;
 use crate::pool::{CoreFrames, Frame, FrameSize};
-use crate::shared::Shared;
+use crate::shared::SharedState;
 use crate::sys::mmap::{self, Mapping};
 use crate::sys::uffd::UffdError;
 use crate::zone::{VmTable, ZoneWords};
@@ -141,7 +141,7 @@ pub struct GuestRegion {
     pieces: PieceMap,
     /// Hot-pluggable memory: its chunks are plugged and unplugged one by one.
     hotplug: bool,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<SharedState>,
 }
 
 impl GuestRegion {
@@ -154,7 +154,7 @@ impl GuestRegion {
         start: GuestAddress,
         len: u64,
         chunk: FrameSize,
-        shared: Arc<Shared>,
+        shared: Arc<SharedState>,
         persistent: Option<(VmTable, ZoneWords)>,
         hotplug: bool,
     ) -> Result<Self, RegionError> {
@@ -642,7 +642,7 @@ impl Drop for GuestRegion {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub regions: Vec<GuestRegion>,
-    pub shared: Arc<Shared>,
+    pub shared: Arc<SharedState>,
 }
 
 impl Inner {

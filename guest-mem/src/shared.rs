@@ -1,5 +1,5 @@
 //! The state a guest memory's regions and its fault handler threads share: the pool, the
-//! userfaultfd, the vCPU registry and the counters ([`Shared`]; the regions themselves, which
+//! userfaultfd, the vCPU registry and the counters ([`SharedState`]; the regions themselves, which
 //! the memory and the handlers keep alive together, are `region::Inner`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,7 +13,7 @@ use crate::zone::ZoneVm;
 
 /// State shared by the regions and the fault handler threads.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct SharedState {
     pub pool: Arc<Pool>,
     pub uffd: Uffd,
     pub vcpus: VcpuRegistry,
@@ -39,7 +39,7 @@ pub(crate) struct Shared {
     pub zone_vm: Option<ZoneVm>,
 }
 
-impl Shared {
+impl SharedState {
     /// Whether the faults have been released (see `released`).
     pub fn released(&self) -> bool {
         self.released.load(Ordering::SeqCst)

@@ -6,8 +6,8 @@ mod hugepages;
 mod kvm;
 mod program;
 
-pub use hugepages::{restore_huge_pages_now, HugePages};
-pub use kvm::{KvmError, TouchError, TouchVcpu, Vm, CODE};
+pub use hugepages::{restore_huge_pages_now, HugePageReservation};
+pub use kvm::{KvmError, TouchError, TouchVcpu, TouchVm, CODE};
 pub use program::{touch, Touch, PROGRAMS};
 
 pub use crate::sys::mmap::{map_placeholder, map_shared_fixed, Mapping};

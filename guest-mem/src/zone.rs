@@ -44,11 +44,11 @@ use thiserror::Error;
 
 use crate::pool::{BackingError, BackingFile, Frame, FrameSize, Member, Pool};
 use crate::sys;
-use directory::{Slot, SlotState};
-use layout::{Layout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
+use directory::{DirectorySlot, SlotState};
+use layout::{ZoneLayout, CREATING_MAGIC, MAGIC, PAGE, VERSION};
 pub(crate) use map::ZoneWords;
 use map::{ZoneMap, ZoneMetaRegion};
-use processes::{Entry, OpenGuard, Table, MAX_PROCESSES, TABLE_OFFSET};
+use processes::{OpenGuard, ProcessEntry, Table, MAX_PROCESSES, TABLE_OFFSET};
 pub(crate) use vm_table::VmTable;
 use vm_table::{Owner, DAMAGED, EMPTY};
 
@@ -303,7 +303,7 @@ pub struct Zone {
     path: PathBuf,
     pool: Arc<Pool>,
     map: Arc<ZoneMap>,
-    layout: Layout,
+    layout: ZoneLayout,
     /// This process's token in the zone (see `processes`).
     token: u64,
     recovery: RecoveryReport,
@@ -323,7 +323,7 @@ pub struct ZoneProcess {
 /// the last process to leave marks the allocator shut down cleanly.
 pub(crate) struct Membership {
     map: Arc<ZoneMap>,
-    entry: Entry,
+    entry: ProcessEntry,
 }
 
 impl std::fmt::Debug for Membership {
@@ -469,7 +469,7 @@ impl Zone {
             }
         }
         let frames = config.size / FRAME_SIZE as u64;
-        let layout = Layout::new(frame, frames, config.max_vms, file.page_size);
+        let layout = ZoneLayout::new(frame, frames, config.max_vms, file.page_size);
         file.ensure_len(path, layout.total_len(), true)?;
         let map = Arc::new(
             ZoneMap::of_file(&file, layout.data_off).map_err(io_err("cannot map the metadata"))?,
@@ -752,8 +752,8 @@ impl Zone {
         u128::from(low.load(Ordering::Relaxed)) | u128::from(high.load(Ordering::Relaxed)) << 64
     }
 
-    fn slot(&self, index: u64) -> Slot<'_> {
-        Slot::new(self.map.words(self.layout.dir_off + index * PAGE, PAGE / 8))
+    fn slot(&self, index: u64) -> DirectorySlot<'_> {
+        DirectorySlot::new(self.map.words(self.layout.dir_off + index * PAGE, PAGE / 8))
     }
 
     /// The frame-table words of slot `index` (one per chunk the zone allows).
@@ -1455,7 +1455,7 @@ pub fn format_ranges(ranges: &[(u64, u64)]) -> String {
 }
 
 /// Reads and checks the header of a zone.
-fn read_header(path: &Path, header: &layout::Header) -> Result<Layout, ZoneError> {
+fn read_header(path: &Path, header: &layout::ZoneHeader) -> Result<ZoneLayout, ZoneError> {
     match header.magic.load(Ordering::Acquire) {
         MAGIC => {}
         CREATING_MAGIC => return Err(ZoneError::HalfCreated(path.to_owned())),
@@ -1473,7 +1473,7 @@ fn read_header(path: &Path, header: &layout::Header) -> Result<Layout, ZoneError
             found: version,
         });
     }
-    Layout::read(header).map_err(|what| corrupted(path, what))
+    ZoneLayout::read(header).map_err(|what| corrupted(path, what))
 }
 
 /// Frames must be whole pages of the file system (hugetlbfs).

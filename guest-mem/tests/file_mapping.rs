@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{touch, TempFile, Vm, MIB};
+use common::{touch, RegionVm, TempFile, MIB};
 use guest_mem::{Backing, GuestMemory, Pool, PoolConfig};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -85,7 +85,9 @@ fn two_memories_share_a_file_each_writing_its_own_pages() {
 fn a_guest_reads_and_writes_the_mapped_file_and_gives_its_copies_back() {
     let (_path, file) = memory_file("guest-file");
     let memory = mapped_memory(&file);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     // The guest reads and writes one dword per 4 KiB page of the second and third chunks: it
     // sees the file's bytes (the program answers the OR of what it read).
     let seen = (0..1024u64)

@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{touch, TempFile, Vm, MIB};
+use common::{touch, RegionVm, TempFile, MIB};
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -32,7 +32,9 @@ fn contents_survive_unmapping_closing_and_reopening() {
     let pool = Pool::new(file_config(&file, 64 * MIB, false)).expect("new pool");
     eprintln!("MAP_SYNC (DAX): {}", pool.uses_map_sync());
     let memory = GuestMemory::new(Arc::clone(&pool), memory_config()).expect("memory");
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(
         vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 8, 0xC0FFEE)),
         Ok(0)
@@ -57,7 +59,9 @@ fn contents_survive_unmapping_closing_and_reopening() {
         .read_slice(&mut text, GuestAddress(20 * MIB + 4096))
         .expect("read");
     assert_eq!(&text, b"persistent hello");
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     // The guest finds its markers again (the program ORs the old values).
     assert_eq!(
         vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 8, 0xC0FFEE)),

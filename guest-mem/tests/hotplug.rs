@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{memory_config, TempFile, Touch, TouchError, Vm, MIB};
+use common::{memory_config, RegionVm, TempFile, Touch, TouchError, MIB};
 use guest_mem::zone::{VmLayout, Zone, ZoneConfig, DEFAULT_MAX_VMS};
 use guest_mem::{
     Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, Populate,
@@ -225,7 +225,7 @@ fn a_vcpu_uses_plugged_memory_and_touching_unplugged_memory_fails_without_a_fram
     let pool = pool(RAM + HOTPLUG_SIZE);
     let memory = GuestMemory::new(Arc::clone(&pool), config(Populate::Lazy)).expect("memory");
     let mut core = memory.pool().core_frames(0);
-    let Some(vm) = Vm::new(&memory) else {
+    let Some(vm) = RegionVm::new(&memory) else {
         return;
     };
     let plugged = GuestAddress(HOTPLUG + 4 * CHUNK);

@@ -7,15 +7,15 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{memory_config, touch, HugePages, Vm, GIB, MIB};
+use common::{memory_config, touch, HugePageReservation, RegionVm, GIB, MIB};
 use guest_mem::{
     Backing, FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, Populate,
 };
 use llfree::TREE_FRAMES;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-fn reserve(kb: u64, count: u64) -> Option<HugePages> {
-    match HugePages::reserve(kb, count) {
+fn reserve(kb: u64, count: u64) -> Option<HugePageReservation> {
+    match HugePageReservation::reserve(kb, count) {
         Ok(pages) => Some(pages),
         Err(why) => {
             eprintln!("SKIP: {why}");
@@ -44,7 +44,9 @@ fn two_vcpus_on_2m_pages_fill_their_own_reservations() {
         memory.iter().next().map(|r| r.is_hugetlbfs()),
         Some(Some(true))
     );
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     let jobs = [
         touch(2 * MIB, 2 * MIB, 10, 0xA),
         touch(64 * MIB, 2 * MIB, 10, 0xB),
@@ -70,7 +72,9 @@ fn a_2m_pool_hands_out_1g_chunks() {
     };
     let pool = Pool::new(PoolConfig::new(Backing::Hugetlb2M, GIB)).expect("pool");
     let memory = memory(&pool, GIB, FrameSize::Giant, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, touch(4 * MIB, 4 * MIB, 200, 5)), Ok(0));
     let frame = memory.frame_at(GuestAddress(0)).expect("populated");
     assert_eq!(frame.size, FrameSize::Giant);
@@ -93,7 +97,9 @@ fn one_gib_pages_populate_discard_and_come_back_zeroed() {
     let pool = Pool::new(PoolConfig::new(Backing::Hugetlb1G, 2 * GIB)).expect("pool");
     assert_eq!(pool.frame_size(), FrameSize::Giant);
     let memory = memory(&pool, 2 * GIB, FrameSize::Giant, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, touch(GIB, 64 * MIB, 16, 0x77)), Ok(0));
     assert_eq!(memory.stats().populated_chunks, 2);
     let mut core = pool.core_frames(pool.claim_cores(1));
@@ -101,7 +107,7 @@ fn one_gib_pages_populate_discard_and_come_back_zeroed() {
         .discard(GuestAddress(GIB), GIB, &mut core)
         .expect("discard");
     assert_eq!(freed.freed_chunks, 1);
-    let vm = Vm::new(&memory).expect("KVM");
+    let vm = RegionVm::new(&memory).expect("KVM");
     assert_eq!(vm.run(&memory, 0, touch(GIB, 64 * MIB, 16, 0x78)), Ok(0));
     // 2 MiB chunks cannot come from a 1 GiB pool.
     let mut config = MemoryConfig::new(vec![(GuestAddress(0), 2 * MIB)], 1);
@@ -129,7 +135,9 @@ fn eager_memory_on_2m_pages_is_faulted_in_before_the_guest_runs() {
         (16 * MIB / 4096) as usize,
         "the kernel has allocated, zeroed and mapped every huge page"
     );
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 7, 9)), Ok(0));
     assert_eq!(memory.stats().faults, 0);
 }
@@ -147,7 +155,9 @@ fn mapped_memory_on_2m_pages_gets_its_huge_pages_at_the_guest_s_first_touches() 
     let region = &memory.regions()[0];
     let resident = || common::resident_pages(region.host_addr(), region.size());
     assert_eq!(resident(), 0, "no huge page allocated yet");
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, touch(2 * MIB, 2 * MIB, 3, 9)), Ok(0));
     assert_eq!(memory.stats().faults, 0, "no fault through userfaultfd");
     assert_eq!(

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::{memory_config, Touch, TouchError, Vm, MIB};
+use common::{memory_config, RegionVm, Touch, TouchError, MIB};
 use guest_mem::{
     Backing, FaultError, FrameSize, GuestMemory, MemoryError, Pool, PoolConfig, Populate,
     Reclaimed, Scrub,
@@ -49,7 +49,9 @@ fn tree_of(memory: &GuestMemory, chunk: u64) -> usize {
 fn two_vcpus_populate_lazily_into_their_own_reservations() {
     let pool = pool(512 * MIB);
     let memory = memory(&pool, 256 * MIB, 2);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(
         memory.stats().populated_chunks,
         1,
@@ -100,7 +102,9 @@ fn discard_then_touch_gives_a_zeroed_frame_when_zeroing_on_free() {
 fn discard_then_touch(scrub: Scrub) {
     let pool = pool_scrubbed(128 * MIB, scrub);
     let memory = memory(&pool, 64 * MIB, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, chunks(1, 8, 0x1234_5678)), Ok(0));
     let used = pool.stats().used_bytes;
     // A device's core through its cache (the VMM's: a pool of two trees has two cores, and the
@@ -138,15 +142,17 @@ fn discard_then_touch(scrub: Scrub) {
 }
 
 /// A second VM over the same memory (a vCPU id can only be created once per VM).
-fn vm_again(memory: &GuestMemory) -> Vm {
-    Vm::new(memory).expect("KVM worked a moment ago")
+fn vm_again(memory: &GuestMemory) -> RegionVm {
+    RegionVm::new(memory).expect("KVM worked a moment ago")
 }
 
 #[test]
 fn given_away_pieces_accumulate_until_the_chunk_goes_back() {
     let pool = pool(128 * MIB);
     let memory = memory(&pool, 64 * MIB, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, chunks(3, 1, 7)), Ok(0));
     let mut core = pool.core_frames(pool.claim_cores(1));
     let base = GuestAddress(3 * CHUNK);
@@ -175,7 +181,9 @@ fn given_away_pieces_accumulate_until_the_chunk_goes_back() {
 fn a_chunk_taken_back_from_the_balloon_has_its_frame_before_the_guest_touches_it() {
     let pool = pool(128 * MIB);
     let memory = memory(&pool, 64 * MIB, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, chunks(3, 4, 0x5555_0001)), Ok(0));
     let faults = memory.stats().faults;
     let mut core = pool.core_frames(pool.claim_cores(1));
@@ -225,7 +233,7 @@ fn two_guests_share_one_pool() {
     let pool = pool(64 * MIB);
     let a = memory(&pool, 64 * MIB, 1);
     let b = memory(&pool, 64 * MIB, 1);
-    let (Some(vm_a), Some(vm_b)) = (Vm::new(&a), Vm::new(&b)) else {
+    let (Some(vm_a), Some(vm_b)) = (RegionVm::new(&a), RegionVm::new(&b)) else {
         return;
     };
     // 32 frames: A takes 1 + 24, B 1 + 6, leaving 0 after B wants 12 more unless A gives back.
@@ -265,7 +273,9 @@ fn wait_readable(event: &vmm_sys_util::eventfd::EventFd, timeout: Duration) -> b
 fn exhaustion_gives_the_vcpu_and_the_vmm_an_error() {
     let pool = pool(16 * MIB);
     let memory = memory(&pool, 64 * MIB, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     let result = std::thread::scope(|s| {
         let vcpu = s.spawn(|| vm.run(&memory, 0, chunks(1, 20, 1)));
         assert!(
@@ -298,7 +308,9 @@ fn a_blocked_vcpu_goes_on_when_another_guest_frees_memory() {
         .expect("populate");
     let given_back = hog.frame_at(GuestAddress(0)).expect("populated");
     let memory = memory(&pool, 64 * MIB, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     // 8 frames: the hog has 2, the program's chunk 1, the vCPU gets 5 and blocks on its 6th
     // chunk until the hog gives one back.
     let (report, finished) = mpsc::channel();
@@ -379,7 +391,9 @@ fn eager_memory_is_populated_up_front() {
         (16 * MIB / 4096) as usize,
         "every page is faulted in before the guest runs"
     );
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, chunks(1, 7, 3)), Ok(0));
     assert_eq!(memory.stats().faults, 0);
     drop(memory);
@@ -398,7 +412,9 @@ fn mapped_memory_has_every_frame_before_the_guest_runs_and_no_page_touched() {
         0,
         "the kernel fills the pages at the first touches"
     );
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     assert_eq!(vm.run(&memory, 0, chunks(1, 7, 3)), Ok(0));
     assert_eq!(memory.stats().faults, 0, "no fault through userfaultfd");
     assert_eq!(memory.read_obj::<u32>(GuestAddress(CHUNK + 8)).unwrap(), 3);
@@ -442,7 +458,9 @@ fn a_guest_writing_a_chunk_while_it_is_discarded_never_gets_memory_outside_the_p
 
     let pool = pool(64 * MIB);
     let memory = memory(&pool, 16 * MIB, 1);
-    let Some(vm) = Vm::new(&memory) else { return };
+    let Some(vm) = RegionVm::new(&memory) else {
+        return;
+    };
     let mut core = pool.core_frames(pool.claim_cores(1));
     let chunk = &memory.regions()[0];
     let chunk_addr = chunk.host_addr() + CHUNK as usize;

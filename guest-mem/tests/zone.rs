@@ -602,7 +602,7 @@ fn zones_live_on_tmpfs_and_hugetlbfs() {
 /// page size, with `pages` huge pages reserved; SKIP where they cannot be had.
 fn on_hugetlbfs(frame: FrameSize, pages: u64) {
     let kib = frame.bytes() >> 10;
-    let pages = match common::HugePages::reserve(kib, pages) {
+    let pages = match common::HugePageReservation::reserve(kib, pages) {
         Ok(pages) => pages,
         Err(why) => {
             let page = frame.name();

@@ -10,7 +10,7 @@ use crate::lower::Lower;
 use crate::meta::{Layout, Meta, PERSISTENT_SLOTS};
 use crate::region::{HeapRegion, MetaRegion, REGION_ALIGN};
 use crate::upper::local::Local;
-use crate::upper::trees::{Entry, Trees, ENTRY_SIZE, GIANT_TREES};
+use crate::upper::trees::{TreeEntry, Trees, ENTRY_SIZE, GIANT_TREES};
 use crate::upper::{Locals, Search};
 use crate::{
     Config, CoreId, Error, FrameId, Init, InitError, Order, Recovery, CHILD_FRAMES, GIANT_ORDER,
@@ -126,7 +126,7 @@ impl LLFree {
                 ),
                 std::slice::from_raw_parts(base.add(layout.fields).cast::<Bitfield>(), children),
                 std::slice::from_raw_parts(
-                    base.add(layout.trees).cast::<Entry>(),
+                    base.add(layout.trees).cast::<TreeEntry>(),
                     (layout.locals - layout.trees) / ENTRY_SIZE,
                 ),
                 std::slice::from_raw_parts(base.add(layout.locals).cast::<Local>(), layout.slots),

@@ -29,10 +29,10 @@ impl Schedule {
     }
 }
 
-type Shared = Arc<(Mutex<Schedule>, Condvar)>;
+type SharedSchedule = Arc<(Mutex<Schedule>, Condvar)>;
 
 thread_local! {
-    static CURRENT: RefCell<Option<(Shared, usize)>> = const { RefCell::new(None) };
+    static CURRENT: RefCell<Option<(SharedSchedule, usize)>> = const { RefCell::new(None) };
 }
 
 /// Waits until the schedule lets this thread pass. A thread that passed runs alone until its next
@@ -70,7 +70,7 @@ where
     F: Fn(usize) + Sync,
 {
     assert!(order.iter().all(|id| *id < threads));
-    let shared: Shared = Arc::new((
+    let shared: SharedSchedule = Arc::new((
         Mutex::new(Schedule {
             order: order.to_vec(),
             next: 0,

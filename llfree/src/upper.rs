@@ -124,8 +124,11 @@ pub(crate) mod tests {
 
     /// Unreserved trees with the `free` counts and the default thresholds, leaked for the test.
     pub(crate) fn trees(free: &[usize]) -> Trees {
-        let entries: &'static [trees::Entry] =
-            Box::leak((0..free.len()).map(|_| trees::Entry::default()).collect());
+        let entries: &'static [trees::TreeEntry] = Box::leak(
+            (0..free.len())
+                .map(|_| trees::TreeEntry::default())
+                .collect(),
+        );
         let trees = Trees::new(
             entries,
             free.len(),

@@ -7,7 +7,7 @@
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
 use crate::driver_memory::{read16, write16, write32, write64};
-use crate::failure::Failure;
+use crate::failure::{Failure, Outcome};
 use crate::virtio_mmio as reg;
 use test_guest::protocol::*;
 
@@ -39,34 +39,32 @@ const POLL_LIMIT: u64 = 1 << 24;
 const INFLATE: usize = 0;
 const DEFLATE: usize = 1;
 
-type Outcome = Result<u64, Failure>;
-
 #[derive(Clone, Copy)]
-struct Queue {
+struct DriverRings {
     size: u16,
     avail_idx: u16,
     used_seen: u16,
 }
 
-struct Driver {
+struct BalloonDriver {
     base: u64,
     ready: bool,
     /// The features the last probe asked for, and those negotiated.
     wanted: u64,
     features: u64,
-    queues: [Queue; 4],
+    queues: [DriverRings; 4],
     queue_count: usize,
     /// Top of the page area; the balloon holds `[top - pages * 4 KiB, top)`.
     top: u64,
     pages: u64,
 }
 
-static mut STATE: Driver = Driver {
+static mut STATE: BalloonDriver = BalloonDriver {
     base: 0,
     ready: false,
     wanted: 0,
     features: 0,
-    queues: [Queue {
+    queues: [DriverRings {
         size: 0,
         avail_idx: 0,
         used_seen: 0,
@@ -80,7 +78,7 @@ fn ring(queue: usize) -> u64 {
     BALLOON_AREA_START + queue as u64 * BALLOON_QUEUE_STRIDE
 }
 
-impl Driver {
+impl BalloonDriver {
     fn read(&self, offset: u64) -> u32 {
         // SAFETY: the device's MMIO window; the access exits to the VMM.
         unsafe { read_volatile((self.base + offset) as *const u32) }
@@ -184,7 +182,7 @@ impl Driver {
         // Fresh rings: flags and indices zero (the used ring too, for a re-probe).
         write32(desc + BALLOON_AVAIL_OFFSET, 0);
         write32(desc + BALLOON_USED_OFFSET, 0);
-        self.queues[index] = Queue {
+        self.queues[index] = DriverRings {
             size: size as u16,
             avail_idx: 0,
             used_seen: 0,

@@ -6,7 +6,7 @@
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
 
 use crate::driver_memory::{read16, write16, write32, write64};
-use crate::failure::Failure;
+use crate::failure::{Failure, Outcome};
 use crate::virtio_mmio as reg;
 use test_guest::protocol::*;
 
@@ -31,9 +31,7 @@ const CONFIG_ADDR: u64 = reg::CONFIG + 16;
 const CONFIG_PLUGGED_SIZE: u64 = reg::CONFIG + 40;
 const CONFIG_REQUESTED_SIZE: u64 = reg::CONFIG + 48;
 
-type Outcome = Result<u64, Failure>;
-
-struct Driver {
+struct MemDriver {
     base: u64,
     ready: bool,
     size: u16,
@@ -46,7 +44,7 @@ struct Driver {
     plugged: u64,
 }
 
-static mut STATE: Driver = Driver {
+static mut STATE: MemDriver = MemDriver {
     base: 0,
     ready: false,
     size: 0,
@@ -57,7 +55,7 @@ static mut STATE: Driver = Driver {
     plugged: 0,
 };
 
-impl Driver {
+impl MemDriver {
     fn read_at(base: u64, offset: u64) -> u32 {
         // SAFETY: a virtio-mmio window (or nothing there, which reads as the VMM says); the
         // access exits to the VMM.

@@ -221,10 +221,10 @@ fn run_device_step(step: &Step, vcpu: u32, tally: &mut Tally) {
     }
 }
 
-fn read_descriptor(descriptor: u64, vcpu: u32) -> (Header, u64) {
+fn read_descriptor(descriptor: u64, vcpu: u32) -> (DescriptorHeader, u64) {
     // SAFETY: the VMM wrote the descriptor at this address before starting the vCPUs.
     let header = unsafe {
-        Header {
+        DescriptorHeader {
             magic: read_volatile(descriptor as *const u64),
             vcpu_count: read_volatile((descriptor + 8) as *const u32),
             step_count: read_volatile((descriptor + 12) as *const u32),

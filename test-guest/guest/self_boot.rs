@@ -127,13 +127,13 @@ pub fn prepare(zero_page: u64) -> Result<u64, &'static str> {
             }
         }
     }
-    let header = Header {
+    let header = DescriptorHeader {
         magic: DESCRIPTOR_MAGIC,
         vcpu_count: 1,
         step_count: steps as u32,
     };
     // SAFETY: as for the steps.
-    unsafe { write_volatile(DESCRIPTOR_ADDR as *mut Header, header) };
+    unsafe { write_volatile(DESCRIPTOR_ADDR as *mut DescriptorHeader, header) };
     Ok(DESCRIPTOR_ADDR)
 }
 

@@ -12,9 +12,9 @@
 pub mod protocol;
 
 // The VMM writes the descriptor into guest memory with vm-memory.
-// SAFETY: `Header` is `repr(C)` with two u32 after a u64: no padding, and any bytes are valid.
+// SAFETY: `DescriptorHeader` is `repr(C)` with two u32 after a u64: no padding, and any bytes are valid.
 #[cfg(not(test_guest_build))]
-unsafe impl vm_memory::ByteValued for protocol::Header {}
+unsafe impl vm_memory::ByteValued for protocol::DescriptorHeader {}
 // SAFETY: `Step` is `repr(C)`, two u32, three u64, two u32: no padding, and any bytes are valid.
 #[cfg(not(test_guest_build))]
 unsafe impl vm_memory::ByteValued for protocol::Step {}

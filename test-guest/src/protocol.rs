@@ -22,7 +22,7 @@
 //!
 //! # Descriptor
 //!
-//! A [`Header`] followed by `step_count` [`Step`]s. The vCPUs run the steps in order with a
+//! A [`DescriptorHeader`] followed by `step_count` [`Step`]s. The vCPUs run the steps in order with a
 //! barrier after each, except after a step flagged [`step_flags::JOINED_WITH_NEXT`]: the vCPUs
 //! go on to the next step at once, so that steps on different vCPUs run at the same time. A step
 //! with `vcpu == ALL_VCPUS` is split into contiguous, page-aligned parts, one per vCPU,
@@ -51,9 +51,9 @@
 pub const DESCRIPTOR_ADDR: u64 = 0x1000;
 /// Size of the descriptor area.
 pub const DESCRIPTOR_SIZE: u64 = 0x1000;
-/// `Header::magic`: "LLFVMMWL".
+/// `DescriptorHeader::magic`: "LLFVMMWL".
 pub const DESCRIPTOR_MAGIC: u64 = u64::from_le_bytes(*b"LLFVMMWL");
-/// Size of [`Header`].
+/// Size of [`DescriptorHeader`].
 pub const HEADER_SIZE: u64 = 16;
 /// Size of [`Step`].
 pub const STEP_SIZE: u64 = 40;
@@ -135,7 +135,7 @@ pub const ALL_VCPUS: u32 = u32::MAX;
 /// Descriptor header.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Header {
+pub struct DescriptorHeader {
     /// [`DESCRIPTOR_MAGIC`].
     pub magic: u64,
     /// Number of vCPUs running the workload.

@@ -160,7 +160,7 @@ fn circles(src: &Path) -> Vec<Vec<String>> {
 
 /// Tarjan's strongly connected components of `edges`.
 fn strongly_connected(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
-    struct State<'a> {
+    struct TarjanState<'a> {
         edges: &'a BTreeMap<Module, BTreeSet<Module>>,
         index: BTreeMap<&'a Module, usize>,
         low: BTreeMap<&'a Module, usize>,
@@ -168,7 +168,7 @@ fn strongly_connected(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Mod
         on_stack: BTreeSet<&'a Module>,
         found: Vec<Vec<Module>>,
     }
-    fn visit<'a>(state: &mut State<'a>, node: &'a Module) {
+    fn visit<'a>(state: &mut TarjanState<'a>, node: &'a Module) {
         let next = state.index.len();
         state.index.insert(node, next);
         state.low.insert(node, next);
@@ -200,7 +200,7 @@ fn strongly_connected(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Mod
             state.found.push(component);
         }
     }
-    let mut state = State {
+    let mut state = TarjanState {
         edges,
         index: BTreeMap::new(),
         low: BTreeMap::new(),

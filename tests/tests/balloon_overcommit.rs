@@ -15,7 +15,7 @@ use e2e_tests::kvm_available;
 use guest_mem::{Backing, GuestMemory, MemoryConfig, Pool, PoolConfig};
 use vm_memory::GuestAddress;
 use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
-use vmm::testguest::{self, Report, RunOptions, Workload};
+use vmm::testguest::{self, GuestReport, RunOptions, Workload};
 
 const RAM: u64 = 192 * MIB;
 
@@ -25,7 +25,7 @@ fn memory(pool: &Arc<Pool>) -> Arc<GuestMemory> {
 }
 
 /// Runs `workload` on `memory` without devices, its vCPU registered with the memory.
-fn run_plain(memory: Arc<GuestMemory>, workload: Workload) -> Report {
+fn run_plain(memory: Arc<GuestMemory>, workload: Workload) -> GuestReport {
     let tid_memory = memory.clone();
     let options = RunOptions {
         timeout: Duration::from_secs(240),
@@ -55,7 +55,7 @@ fn a_guest_blocked_on_an_exhausted_pool_finishes_when_another_reports_memory() {
 
     // At the giver's checkpoint its RAM is populated: start the taker and wait until it is
     // blocked on the exhausted pool, then let the giver report.
-    let taker_report: Arc<Mutex<Option<std::thread::JoinHandle<Report>>>> = Arc::default();
+    let taker_report: Arc<Mutex<Option<std::thread::JoinHandle<GuestReport>>>> = Arc::default();
     let hook_report = taker_report.clone();
     let hook_taker = taker.clone();
     let blocked_for = Arc::new(Mutex::new(Duration::ZERO));

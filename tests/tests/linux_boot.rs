@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use e2e_tests::{
     elf_kernel, guest_reset_line, kvm_available, BY_A_TRIPLE_FAULT, THROUGH_THE_KEYBOARD,
 };
-use guest_mem::testing::HugePages;
+use guest_mem::testing::HugePageReservation;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
 use vmm::boot::DEFAULT_CMDLINE;
 use vmm_common::{client, Scratch, VmmRun};
@@ -200,7 +200,7 @@ fn linux_boots_to_init_with_every_cpu_online_and_reboot_ends_the_vmm() {
         return;
     };
     // 256 MiB of 2 MiB huge pages for the hugetlb-2m runs.
-    let _pages = match HugePages::reserve(2048, 128) {
+    let _pages = match HugePageReservation::reserve(2048, 128) {
         Ok(pages) => pages,
         Err(why) => return eprintln!("SKIP: {test}: {why}"),
     };
@@ -362,7 +362,7 @@ fn linux_boots_on_1g_frames() {
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
-    let _pages = match HugePages::reserve(1_048_576, 1) {
+    let _pages = match HugePageReservation::reserve(1_048_576, 1) {
         Ok(pages) => pages,
         Err(why) => return eprintln!("SKIP: {test}: {why}"),
     };

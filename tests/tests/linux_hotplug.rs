@@ -228,7 +228,7 @@ fn md5(line: &str) -> &str {
 /// A booted Linux VM in a new zone of 1 GiB, with 256 MiB of RAM (all its frames taken at the
 /// start) and 512 MiB of hot-pluggable memory, whose guest fills 320 MiB (more than its RAM) at
 /// the first Ctrl-Alt-Del.
-struct ZoneVm {
+struct HotplugZoneVm {
     scratch: Scratch,
     zone: String,
     socket: String,
@@ -242,7 +242,7 @@ struct ZoneVm {
     free_booted: u64,
 }
 
-impl ZoneVm {
+impl HotplugZoneVm {
     fn boot(guest: &LinuxGuest, vm: &str) -> Self {
         let scratch = Scratch::new(&format!("linux-hotplug-{vm}"));
         let zone = new_zone(&scratch, "1024M");
@@ -272,7 +272,7 @@ impl ZoneVm {
         run.wait_for_line("LLFREE-L2 memtotal", BOOT_TIMEOUT);
         let booted = memtotal_kib(&run);
         let free_booted = free_frames(&zone);
-        ZoneVm {
+        HotplugZoneVm {
             scratch,
             zone,
             socket,
@@ -303,7 +303,7 @@ fn a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_f
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
-    let ZoneVm {
+    let HotplugZoneVm {
         scratch: _scratch,
         zone,
         socket,
@@ -312,7 +312,7 @@ fn a_sigkilled_linux_vmm_leaves_its_plugged_frames_in_the_zone_and_its_restart_f
         api,
         booted,
         free_booted,
-    } = ZoneVm::boot(&guest, "restarted");
+    } = HotplugZoneVm::boot(&guest, "restarted");
     plug_and_fill(&mut run, &api, booted);
     let plugged = free_booted - 256;
     assert_eq!(free_frames(&zone), plugged);
@@ -361,7 +361,7 @@ fn a_linux_snapshot_in_its_zone_keeps_the_plugged_memory_and_what_is_in_it() {
     let Some(guest) = LinuxGuest::find(test) else {
         return;
     };
-    let ZoneVm {
+    let HotplugZoneVm {
         scratch,
         zone,
         socket,
@@ -370,7 +370,7 @@ fn a_linux_snapshot_in_its_zone_keeps_the_plugged_memory_and_what_is_in_it() {
         booted,
         free_booted,
         ..
-    } = ZoneVm::boot(&guest, "snapped");
+    } = HotplugZoneVm::boot(&guest, "snapped");
     let snapshot = scratch.path("vm.snap");
     let written = plug_and_fill(&mut run, &api, booted);
 

@@ -36,19 +36,19 @@ fn config(args: &[&str]) -> VmConfig {
 }
 
 /// A VM running on its own thread over `pool`, its console in a buffer.
-struct Guest {
+struct PoolGuest {
     console: SharedBuffer,
     thread: JoinHandle<Result<RunOutcome, String>>,
 }
 
-impl Guest {
+impl PoolGuest {
     fn start(pool: &Arc<Pool>, config: VmConfig) -> Self {
         let console = SharedBuffer::new();
         let (pool, output) = (pool.clone(), console.clone());
         let thread = std::thread::spawn(move || {
             run_on(config, pool, Box::new(output)).map_err(|e| e.to_string())
         });
-        Guest { console, thread }
+        PoolGuest { console, thread }
     }
 
     fn printed(&self, text: &str) -> bool {
@@ -85,7 +85,7 @@ fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
     let socket = std::env::temp_dir().join(format!("vmm-overcommit-{}.sock", std::process::id()));
     let socket = socket.to_str().unwrap().to_owned();
     let holder_cmdline = cmdline("llfree.test=fill llfree.mib=160 llfree.hold=cad");
-    let holder = Guest::start(
+    let holder = PoolGuest::start(
         &pool,
         config(&guest.args(&[
             "--memory",
@@ -101,7 +101,7 @@ fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
     holder.wait_for("LLFREE-L2 filled");
     let writer_cmdline = cmdline("llfree.test=rounds llfree.rounds=1 llfree.mib=160");
     let started = Instant::now();
-    let writer = Guest::start(
+    let writer = PoolGuest::start(
         &pool,
         config(&guest.args(&[
             "--memory",

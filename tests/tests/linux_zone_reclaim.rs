@@ -37,7 +37,7 @@ const GUEST: &str = "llfree.test=burst llfree.warm=64 llfree.mib=16";
 const BURSTS_MIB: u64 = 3 * 16 * 5 / 4;
 
 /// One guest of the three and its API.
-struct Vm {
+struct ZoneGuestVm {
     name: &'static str,
     run: VmmRun,
     api: vmm_cli::ApiClient,
@@ -54,7 +54,7 @@ fn start(
     zone: &str,
     name: &'static str,
     extra: &[&str],
-) -> Vm {
+) -> ZoneGuestVm {
     let socket = scratch.path(&format!("{name}.sock"));
     let guest_cmdline = cmdline(GUEST);
     let mut args = vec![
@@ -79,7 +79,7 @@ fn start(
     args.extend_from_slice(extra);
     let mut run = VmmRun::start(&guest.args(&args));
     let api = run.api(&socket);
-    Vm { name, run, api }
+    ZoneGuestVm { name, run, api }
 }
 
 /// The last 40 lines of `text`.
@@ -90,7 +90,7 @@ fn tail(text: &str) -> String {
 
 /// The policy's hinting runs in `vm` so far (its VMM logs each), and the frames they gave
 /// back.
-fn hinting_runs(vm: &Vm) -> (usize, u64) {
+fn hinting_runs(vm: &ZoneGuestVm) -> (usize, u64) {
     let log = vm.run.stderr_so_far();
     let freed: Vec<u64> = log
         .lines()
@@ -106,7 +106,7 @@ fn hinting_runs(vm: &Vm) -> (usize, u64) {
 /// Waits until `vm`'s guest has warmed up, or its VMM ended; meanwhile the largest balloon of
 /// `others` (MiB) is recorded in `peak`, and every 15 s the zone and the others' balloons are
 /// shown (a slow host shows as progress, a stuck policy as none).
-fn wait_warmed(vm: &mut Vm, others: &[Vm], zone: &str, peak: &mut u64) -> bool {
+fn wait_warmed(vm: &mut ZoneGuestVm, others: &[ZoneGuestVm], zone: &str, peak: &mut u64) -> bool {
     let deadline = Instant::now() + 2 * BOOT_TIMEOUT;
     let mut shown = Instant::now();
     loop {
@@ -168,7 +168,7 @@ fn wait_warmed(vm: &mut Vm, others: &[Vm], zone: &str, peak: &mut u64) -> bool {
 /// second one is harmless at every step of the guest's script.
 const SIGNAL_AGAIN_AFTER: Duration = Duration::from_secs(30);
 
-fn ctrl_alt_del(vm: &Vm) {
+fn ctrl_alt_del(vm: &ZoneGuestVm) {
     send(
         &vm.api,
         "PUT",
@@ -182,7 +182,7 @@ fn ctrl_alt_del(vm: &Vm) {
 /// ends while another writes: an ending VM gives its frames back at once, a surplus the others'
 /// policies would begin to deflate into. A VM that shows no sign of a signal (no "burst-go",
 /// or no end) gets it again after [`SIGNAL_AGAIN_AFTER`], and the test says so.
-fn burst(zone: &str, vms: Vec<Vm>) {
+fn burst(zone: &str, vms: Vec<ZoneGuestVm>) {
     vms.iter().for_each(ctrl_alt_del);
     let mut signalled = vec![Instant::now(); vms.len()];
     // What each VM does meanwhile, every 15 s: a slow host shows as progress, a hang as none.
@@ -275,7 +275,7 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
     let scratch = Scratch::new("linux-zone-reclaim");
     let zone = new_zone(&scratch);
     let started = Instant::now();
-    let mut vms: Vec<Vm> = Vec::new();
+    let mut vms: Vec<ZoneGuestVm> = Vec::new();
     let mut peak_balloon = 0;
     let mut warm_times = Vec::new();
     for name in VMS {
@@ -358,7 +358,7 @@ fn with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8() 
     };
     let scratch = Scratch::new("linux-zone-no-reclaim");
     let zone = new_zone(&scratch);
-    let mut vms: Vec<Vm> = Vec::new();
+    let mut vms: Vec<ZoneGuestVm> = Vec::new();
     for name in ["a", "b"] {
         let mut vm = start(&guest, &scratch, &zone, name, &["--reclaim-below", "0"]);
         assert!(wait_warmed(&mut vm, &[], &zone, &mut 0), "{name} ended");

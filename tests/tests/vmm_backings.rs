@@ -8,7 +8,7 @@
 mod vmm_common;
 
 use e2e_tests::kvm_available;
-use guest_mem::testing::HugePages;
+use guest_mem::testing::HugePageReservation;
 use vmm_common::{Scratch, VmmRun};
 
 /// Runs the workload with `--populate eager`, `lazy` and `mapped`: each must pass.
@@ -67,11 +67,11 @@ fn a_pool_file_and_its_reuse() {
 }
 
 /// Reserves `count` huge pages of `kib` KiB for the test, or prints SKIP.
-fn huge_pages(test: &str, kib: u64, count: u64) -> Option<HugePages> {
+fn huge_pages(test: &str, kib: u64, count: u64) -> Option<HugePageReservation> {
     if !kvm_available(test) {
         return None;
     }
-    match HugePages::reserve(kib, count) {
+    match HugePageReservation::reserve(kib, count) {
         Ok(pages) => Some(pages),
         Err(why) => {
             eprintln!("SKIP: {test}: {why}");

@@ -86,7 +86,7 @@ fn run_in_zone(zone: &str, workload: &str, balloon: bool) -> Vec<String> {
 
 /// What the kills found.
 #[derive(Debug, Default)]
-struct Tally {
+struct ZoneTally {
     creation_kills: u32,
     half_created: u32,
     run_kills: u32,
@@ -97,7 +97,7 @@ struct Tally {
 
 /// Kills `vmm zone create` at a random moment; the file then holds the complete zone or none
 /// (`inspect` refuses it and `create` lays it out again).
-fn crash_creation(rng: &mut Rng, scratch: &Scratch, tally: &mut Tally, window: Duration) {
+fn crash_creation(rng: &mut Rng, scratch: &Scratch, tally: &mut ZoneTally, window: Duration) {
     let zone = scratch.path("created");
     let _ = std::fs::remove_file(&zone);
     let mut child = Command::new(vmm_binary())
@@ -165,7 +165,7 @@ fn sigkill_at_random_moments_loses_and_leaks_no_frame() {
     eprintln!("a chaos run takes {window:?}, a zone creation {creation_window:?}");
     let verify = run_in_zone(&zone, &format!("verify:{STABLE}:{STABLE_PATTERN}"), false);
     let verify: Vec<&str> = verify.iter().map(String::as_str).collect();
-    let mut tally = Tally::default();
+    let mut tally = ZoneTally::default();
     for kill in 0..crashes {
         if kill % 10 == 9 {
             crash_creation(&mut rng, &scratch, &mut tally, creation_window);

@@ -124,7 +124,7 @@ pub struct BalloonCounters {
 
 /// A snapshot of the device for the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct BalloonInfo {
+pub struct BalloonReading {
     /// The target in 4 KiB pages (`num_pages`).
     pub target_pages: u32,
     /// The balloon size the driver last reported, in 4 KiB pages (`actual`).
@@ -186,7 +186,7 @@ struct Active<M> {
 }
 
 /// A virtio-balloon device over memory backend `B`, with queues in guest memory `M`.
-pub struct Balloon<M: GuestAddressSpace, B: BalloonBackend> {
+pub struct VirtioBalloon<M: GuestAddressSpace, B: BalloonBackend> {
     config: BalloonConfig,
     queue_max_sizes: Vec<u16>,
     backend: B,
@@ -196,11 +196,11 @@ pub struct Balloon<M: GuestAddressSpace, B: BalloonBackend> {
     hint_runs: HintRuns,
 }
 
-impl<M: GuestAddressSpace, B: BalloonBackend> std::fmt::Debug for Balloon<M, B> {
+impl<M: GuestAddressSpace, B: BalloonBackend> std::fmt::Debug for VirtioBalloon<M, B> {
     /// The options, the configuration space, whether a driver drives it and with which
     /// features, and what it has counted.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Balloon")
+        f.debug_struct("VirtioBalloon")
             .field("config", &self.config)
             .field("space", &self.space)
             .field(
@@ -212,7 +212,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> std::fmt::Debug for Balloon<M, B> 
     }
 }
 
-impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
+impl<M: GuestAddressSpace, B: BalloonBackend> VirtioBalloon<M, B> {
     /// Creates a device with `config`'s options over `backend`.
     pub fn new(config: BalloonConfig, backend: B) -> Result<Self, BalloonError> {
         config.validate()?;
@@ -252,7 +252,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
         &self.backend
     }
 
-    /// How often the VMM should call [`Balloon::request_stats`]; `None` without statistics.
+    /// How often the VMM should call [`VirtioBalloon::request_stats`]; `None` without statistics.
     pub fn stats_interval(&self) -> Option<Duration> {
         self.config.stats_interval
     }
@@ -367,8 +367,8 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
     }
 
     /// A snapshot for the API.
-    pub fn info(&self) -> BalloonInfo {
-        BalloonInfo {
+    pub fn info(&self) -> BalloonReading {
+        BalloonReading {
             target_pages: self.space.num_pages,
             actual_pages: self.space.actual,
             active: self.active.is_some(),
@@ -491,7 +491,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
     }
 
     /// Asks the guest for fresh statistics by returning the statistics buffer it holds; the VMM
-    /// calls this every [`Balloon::stats_interval`]. Returns whether a request went out (not
+    /// calls this every [`VirtioBalloon::stats_interval`]. Returns whether a request went out (not
     /// when the driver has not given a buffer back yet).
     pub fn request_stats(&mut self) -> Result<bool, BalloonError> {
         let Some(active) = self.active.as_mut().filter(|a| !a.needs_reset) else {

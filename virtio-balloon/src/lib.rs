@@ -17,9 +17,9 @@
 //!   record of given-away pages (bounded by guest RAM, e.g. per-chunk bitmaps).
 //! * Every descriptor of a reporting buffer is a free range that the backend discards; so is
 //!   every device-writable descriptor of a hinting buffer in the run the host started
-//!   ([`Balloon::start_hinting`]) and the guest joined (its command id buffer).
+//!   ([`VirtioBalloon::start_hinting`]) and the guest joined (its command id buffer).
 //! * The statistics buffer is parsed, kept ([`GuestStats`]) and held until the VMM's timer
-//!   calls [`Balloon::request_stats`].
+//!   calls [`VirtioBalloon::request_stats`].
 //! * Hostile drivers: bad page numbers, ranges and descriptors are ignored and counted
 //!   ([`Violations`]) with rate-limited warnings; chains are bounded
 //!   ([`MAX_CHAIN_DESCRIPTORS`], [`MAX_PFNS_PER_CHAIN`], [`MAX_STATS_BUFFER_BYTES`]); broken
@@ -32,7 +32,7 @@
 //! guest-mem's discard API:
 //!
 //! ```text
-//! struct BalloonDevice<M>(virtio_balloon::Balloon<M, GuestMemBackend>);
+//! struct BalloonDevice<M>(virtio_balloon::VirtioBalloon<M, GuestMemBackend>);
 //!
 //! impl<M: GuestAddressSpace + Send> VirtioDevice<M> for BalloonDevice<M> {
 //!     fn device_type(&self) -> u32 { self.0.device_type() }
@@ -67,9 +67,9 @@
 //! }
 //! ```
 //!
-//! The event loop calls `process_queue` on queue notifications and [`Balloon::request_stats`]
-//! on a timer of [`Balloon::stats_interval`]; the API thread calls [`Balloon::set_target_mib`]
-//! and [`Balloon::info`] through the same mutex the transport holds the device in.
+//! The event loop calls `process_queue` on queue notifications and [`VirtioBalloon::request_stats`]
+//! on a timer of [`VirtioBalloon::stats_interval`]; the API thread calls [`VirtioBalloon::set_target_mib`]
+//! and [`VirtioBalloon::info`] through the same mutex the transport holds the device in.
 
 // Every value here may come from a hostile guest: no silent truncation or sign change (the
 // tests build their inputs with casts on purpose).
@@ -101,8 +101,8 @@ pub use config::{
     MAX_TARGET_BYTES,
 };
 pub use device::{
-    ActiveState, Balloon, BalloonCounters, BalloonError, BalloonInfo, BalloonState, HintingStatus,
-    Reactivation,
+    ActiveState, BalloonCounters, BalloonError, BalloonReading, BalloonState, HintingStatus,
+    Reactivation, VirtioBalloon,
 };
 pub use pfn_list::MAX_PFNS_PER_CHAIN;
 pub use queues::{QueueLayout, QueueRole};

@@ -28,7 +28,7 @@ const QUEUES: u64 = 0x1_0000;
 
 /// A backend call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Call {
+pub enum BackendCall {
     /// `inflate(range)`.
     Inflate(GuestRange),
     /// `deflate(range)`.
@@ -41,7 +41,7 @@ pub enum Call {
 
 #[derive(Debug, Default)]
 struct BackendState {
-    calls: Vec<Call>,
+    calls: Vec<BackendCall>,
     given_away: BTreeSet<u64>,
 }
 
@@ -56,7 +56,7 @@ pub struct RecordingBackend {
 
 impl RecordingBackend {
     /// The calls so far.
-    pub fn calls(&self) -> Vec<Call> {
+    pub fn calls(&self) -> Vec<BackendCall> {
         self.state.lock().unwrap().calls.clone()
     }
 
@@ -100,7 +100,7 @@ impl BalloonBackend for RecordingBackend {
     fn inflate(&self, range: GuestRange) -> io::Result<Inflated> {
         self.check(range)?;
         let mut state = self.state.lock().unwrap();
-        state.calls.push(Call::Inflate(range));
+        state.calls.push(BackendCall::Inflate(range));
         let mut done = Inflated::default();
         for pfn in Self::pfns(range) {
             done.new_pages += u64::from(state.given_away.insert(pfn));
@@ -118,7 +118,7 @@ impl BalloonBackend for RecordingBackend {
     fn deflate(&self, range: GuestRange) -> io::Result<u64> {
         self.check(range)?;
         let mut state = self.state.lock().unwrap();
-        state.calls.push(Call::Deflate(range));
+        state.calls.push(BackendCall::Deflate(range));
         Ok(Self::pfns(range)
             .map(|pfn| u64::from(state.given_away.remove(&pfn)))
             .sum())
@@ -126,7 +126,11 @@ impl BalloonBackend for RecordingBackend {
 
     fn discard(&self, range: GuestRange) -> io::Result<u64> {
         self.check(range)?;
-        self.state.lock().unwrap().calls.push(Call::Discard(range));
+        self.state
+            .lock()
+            .unwrap()
+            .calls
+            .push(BackendCall::Discard(range));
         let first_whole = range.addr.0.div_ceil(CHUNK);
         let end_whole = range.end().unwrap() / CHUNK;
         Ok(end_whole.saturating_sub(first_whole))
@@ -134,7 +138,7 @@ impl BalloonBackend for RecordingBackend {
 
     fn deflate_all(&self) -> io::Result<u64> {
         let mut state = self.state.lock().unwrap();
-        state.calls.push(Call::DeflateAll);
+        state.calls.push(BackendCall::DeflateAll);
         let pages = state.given_away.len() as u64;
         state.given_away.clear();
         Ok(pages)

@@ -7,7 +7,7 @@ use thiserror::Error;
 use crate::spec::{
     config, VIRTIO_MEM_STATE_MIXED, VIRTIO_MEM_STATE_PLUGGED, VIRTIO_MEM_STATE_UNPLUGGED,
 };
-use crate::{Request, Response};
+use crate::{MemRequest, MemResponse};
 
 /// `value` as an index (saturating: an index that large finds nothing).
 fn index(value: u64) -> usize {
@@ -297,81 +297,81 @@ impl<B: MemBackend> Blocks<B> {
     }
 
     /// Answers one request, applying it to the backend (see the crate docs).
-    pub fn handle(&mut self, request: Request) -> Response {
+    pub fn handle(&mut self, request: MemRequest) -> MemResponse {
         let response = match request {
-            Request::Plug { addr, blocks } => self.plug(addr, blocks),
-            Request::Unplug { addr, blocks } => self.unplug(addr, blocks),
-            Request::UnplugAll => self.unplug_all(),
-            Request::State { addr, blocks } => match self.range(addr, blocks) {
-                Some(range) => Response::Ack(Some(self.state(range))),
-                None => Response::Error,
+            MemRequest::Plug { addr, blocks } => self.plug(addr, blocks),
+            MemRequest::Unplug { addr, blocks } => self.unplug(addr, blocks),
+            MemRequest::UnplugAll => self.unplug_all(),
+            MemRequest::State { addr, blocks } => match self.range(addr, blocks) {
+                Some(range) => MemResponse::Ack(Some(self.state(range))),
+                None => MemResponse::Error,
             },
-            Request::Unknown(_) => Response::Error,
+            MemRequest::Unknown(_) => MemResponse::Error,
         };
         let counters = &mut self.counters;
         match (response, request) {
-            (Response::Ack(_), Request::Plug { .. }) => counters.plugs += 1,
-            (Response::Ack(_), Request::Unplug { .. } | Request::UnplugAll) => {
+            (MemResponse::Ack(_), MemRequest::Plug { .. }) => counters.plugs += 1,
+            (MemResponse::Ack(_), MemRequest::Unplug { .. } | MemRequest::UnplugAll) => {
                 counters.unplugs += 1
             }
-            (Response::Ack(_), _) => {}
-            (Response::Nack, _) => counters.nacks += 1,
-            (Response::Busy, _) => counters.busy += 1,
-            (Response::Error, _) => counters.errors += 1,
+            (MemResponse::Ack(_), _) => {}
+            (MemResponse::Nack, _) => counters.nacks += 1,
+            (MemResponse::Busy, _) => counters.busy += 1,
+            (MemResponse::Error, _) => counters.errors += 1,
         }
         response
     }
 
-    fn plug(&mut self, addr: u64, count: u16) -> Response {
+    fn plug(&mut self, addr: u64, count: u16) -> MemResponse {
         let Some(range) = self.range(addr, count) else {
-            return Response::Error;
+            return MemResponse::Error;
         };
         if self.state(range.clone()) != BlockState::Unplugged {
-            return Response::Error;
+            return MemResponse::Error;
         }
         let (start, len) = self.span(&range);
         if self.plugged_size() + len > self.requested_size {
-            return Response::Nack;
+            return MemResponse::Nack;
         }
         match self.backend.plug(start, len) {
             Ok(()) => {
                 self.set(range, true);
-                Response::Ack(None)
+                MemResponse::Ack(None)
             }
-            Err(PlugError::NoMemory) => Response::Nack,
-            Err(PlugError::Failed(_)) => Response::Busy,
+            Err(PlugError::NoMemory) => MemResponse::Nack,
+            Err(PlugError::Failed(_)) => MemResponse::Busy,
         }
     }
 
-    fn unplug(&mut self, addr: u64, count: u16) -> Response {
+    fn unplug(&mut self, addr: u64, count: u16) -> MemResponse {
         let Some(range) = self.range(addr, count) else {
-            return Response::Error;
+            return MemResponse::Error;
         };
         if self.state(range.clone()) != BlockState::Plugged {
-            return Response::Error;
+            return MemResponse::Error;
         }
         let (start, len) = self.span(&range);
         match self.backend.unplug(start, len) {
             Ok(()) => {
                 self.set(range, false);
-                Response::Ack(None)
+                MemResponse::Ack(None)
             }
-            Err(_) => Response::Busy,
+            Err(_) => MemResponse::Busy,
         }
     }
 
-    fn unplug_all(&mut self) -> Response {
+    fn unplug_all(&mut self) -> MemResponse {
         for block in 0..self.layout.blocks() {
             if !self.is_plugged(block) {
                 continue;
             }
             let (start, len) = self.span(&(block..block + 1));
             if self.backend.unplug(start, len).is_err() {
-                return Response::Busy;
+                return MemResponse::Busy;
             }
             self.set(block..block + 1, false);
         }
-        Response::Ack(None)
+        MemResponse::Ack(None)
     }
 }
 

@@ -6,7 +6,7 @@
 //! at a time on the device's single queue. This crate holds what the device decides:
 //!
 //! * [`spec`]: the feature bits, request and response types and the configuration space.
-//! * [`Request`] and [`Response`]: the 24-byte request and 10-byte response on the wire, parsed
+//! * [`MemRequest`] and [`MemResponse`]: the 24-byte request and 10-byte response on the wire, parsed
 //!   and written in little endian.
 //! * [`Blocks`]: the block states and the requested size. [`Blocks::handle`] answers one
 //!   request as the specification says (ERROR for a range outside the usable region, not
@@ -33,4 +33,4 @@ mod request;
 pub mod spec;
 
 pub use blocks::{BlockState, Blocks, LayoutError, MemBackend, PlugError, RegionLayout};
-pub use request::{Request, Response};
+pub use request::{MemRequest, MemResponse};

@@ -9,7 +9,7 @@ use crate::BlockState;
 
 /// A driver's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
+pub enum MemRequest {
     /// Plug `blocks` blocks from guest address `addr`.
     Plug {
         /// The first block's guest address.
@@ -37,7 +37,7 @@ pub enum Request {
     Unknown(u16),
 }
 
-impl Request {
+impl MemRequest {
     /// Parses the request the driver wrote (padding ignored).
     pub fn parse(bytes: &[u8; REQUEST_SIZE]) -> Self {
         let le16 = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
@@ -73,7 +73,7 @@ impl Request {
 
 /// The device's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Response {
+pub enum MemResponse {
     /// Done; for a state request, with the range's state.
     Ack(Option<BlockState>),
     /// Refused for now; the driver may retry later.
@@ -84,7 +84,7 @@ pub enum Response {
     Error,
 }
 
-impl Response {
+impl MemResponse {
     /// The response as the device writes it.
     pub fn to_bytes(self) -> [u8; RESPONSE_SIZE] {
         let (kind, state) = match self {
@@ -108,28 +108,28 @@ mod tests {
     #[test]
     fn requests_round_trip_and_padding_is_ignored() {
         for request in [
-            Request::Plug {
+            MemRequest::Plug {
                 addr: 1 << 32,
                 blocks: 3,
             },
-            Request::Unplug {
+            MemRequest::Unplug {
                 addr: 0x4000_0000,
                 blocks: u16::MAX,
             },
-            Request::UnplugAll,
-            Request::State { addr: 0, blocks: 1 },
-            Request::Unknown(77),
+            MemRequest::UnplugAll,
+            MemRequest::State { addr: 0, blocks: 1 },
+            MemRequest::Unknown(77),
         ] {
             let mut bytes = request.to_bytes();
             bytes[2..8].fill(0xff);
             bytes[18..].fill(0xff);
-            assert_eq!(Request::parse(&bytes), request);
+            assert_eq!(MemRequest::parse(&bytes), request);
         }
     }
 
     #[test]
     fn responses_carry_their_type_and_state() {
-        let bytes = Response::Ack(Some(BlockState::Mixed)).to_bytes();
+        let bytes = MemResponse::Ack(Some(BlockState::Mixed)).to_bytes();
         assert_eq!(
             u16::from_le_bytes([bytes[0], bytes[1]]),
             VIRTIO_MEM_RESP_ACK
@@ -138,8 +138,8 @@ mod tests {
             u16::from_le_bytes([bytes[8], bytes[9]]),
             VIRTIO_MEM_STATE_MIXED
         );
-        assert_eq!(Response::Nack.to_bytes()[0], 1);
-        assert_eq!(Response::Busy.to_bytes()[0], 2);
-        assert_eq!(Response::Error.to_bytes()[0], 3);
+        assert_eq!(MemResponse::Nack.to_bytes()[0], 1);
+        assert_eq!(MemResponse::Busy.to_bytes()[0], 2);
+        assert_eq!(MemResponse::Error.to_bytes()[0], 3);
     }
 }

@@ -7,7 +7,7 @@ mod response;
 
 pub use request::is_token;
 pub use request::{
-    max_body_bytes, read_request, set_max_body_bytes, Method, Progress, Request, RequestError,
+    max_body_bytes, read_request, set_max_body_bytes, Method, ParseProgress, Request, RequestError,
     RequestReader, CONTINUE, MAX_BODY_BYTES, MAX_HEAD_BYTES,
 };
 pub use response::Response;

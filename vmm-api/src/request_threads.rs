@@ -21,18 +21,18 @@ pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// The request threads of one API server.
 pub struct RequestThreads {
-    shared: Arc<Shared>,
+    shared: Arc<PoolState>,
 }
 
 #[derive(Default)]
-struct Shared {
-    queue: Mutex<Queue>,
+struct PoolState {
+    queue: Mutex<WorkQueue>,
     /// Signalled when a job is queued for an idle thread, or the server stops.
     wake: Condvar,
 }
 
 #[derive(Default)]
-struct Queue {
+struct WorkQueue {
     /// Jobs handed to idle threads, not yet taken.
     jobs: VecDeque<Job>,
     /// Threads waiting for a job.
@@ -45,7 +45,7 @@ impl RequestThreads {
     /// No threads yet.
     pub fn new() -> Self {
         RequestThreads {
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(PoolState::default()),
         }
     }
 
@@ -76,8 +76,8 @@ impl Drop for RequestThreads {
     }
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
+impl PoolState {
+    fn lock(&self) -> MutexGuard<'_, WorkQueue> {
         // A job runs outside the lock: nothing can poison it but a bug here.
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -7,7 +7,7 @@
 //! it, so a slow request (a snapshot) holds up nobody else (a thread that answered waits a
 //! while for the next request, see `request_threads`); at most [`MAX_REQUESTS`] are
 //! answered at once; then the connection comes back to wait for the client's next request,
-//! unless the client closes it (`Connection: close`, HTTP/1.0). A client gets
+//! unless the client closes it (`ClientConnection: close`, HTTP/1.0). A client gets
 //! [`REQUEST_TIMEOUT`] to send a whole request, from its connection or from the first byte of a
 //! later request (a deadline, not a per-read timeout: one byte a second does not keep a
 //! connection open), and as long to take the response. A kept connection may wait idle for its
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::http::{Progress, Request, RequestError, RequestReader, Response, CONTINUE};
+use super::http::{ParseProgress, Request, RequestError, RequestReader, Response, CONTINUE};
 use super::request_threads::RequestThreads;
 use super::routes;
 use super::vmm_control::VmmControl;
@@ -231,7 +231,7 @@ impl Drop for ApiServer {
 }
 
 /// A connection whose next request is awaited or coming.
-struct Connection {
+struct ClientConnection {
     stream: UnixStream,
     reader: RequestReader,
     /// When its request must be complete: set when it is accepted (a new connection must send
@@ -271,7 +271,7 @@ impl KeptConnections {
 /// The open connections, by epoll token (tokens grow with each accept or return).
 struct Connections {
     epoll: Epoll,
-    open: BTreeMap<u64, Connection>,
+    open: BTreeMap<u64, ClientConnection>,
     next_token: u64,
     /// The deadlines of the connections that have one, earliest first.
     deadlines: BTreeSet<(Instant, u64)>,
@@ -401,7 +401,7 @@ impl Connections {
             Some(deadline) => self.deadlines.insert((deadline, token)),
             None => self.idle.insert(token),
         };
-        let connection = Connection {
+        let connection = ClientConnection {
             stream,
             reader: RequestReader::default(),
             deadline,
@@ -505,8 +505,8 @@ impl Connections {
                         started = true;
                     }
                     match connection.reader.feed(&chunk[..n]) {
-                        Ok(Progress::NeedMore) if n == chunk.len() => {}
-                        Ok(Progress::SendContinue) => {
+                        Ok(ParseProgress::NeedMore) if n == chunk.len() => {}
+                        Ok(ParseProgress::SendContinue) => {
                             // Its 25 bytes fit in any socket buffer; a peer that cannot take
                             // them times out.
                             let _ = connection.stream.write_all(CONTINUE);
@@ -514,7 +514,9 @@ impl Connections {
                         other => break other,
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(Progress::NeedMore),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    break Ok(ParseProgress::NeedMore)
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break Err(RequestError::Closed),
             }
@@ -523,8 +525,8 @@ impl Connections {
             self.idle.remove(&token);
         }
         match progress {
-            Ok(Progress::NeedMore | Progress::SendContinue) => {}
-            Ok(Progress::Complete(request)) => {
+            Ok(ParseProgress::NeedMore | ParseProgress::SendContinue) => {}
+            Ok(ParseProgress::Complete(request)) => {
                 let connection = self.close(token).expect("open");
                 self.answer(connection, request, control);
             }
@@ -538,7 +540,7 @@ impl Connections {
     }
 
     /// Stops watching connection `token` and hands it over.
-    fn close(&mut self, token: u64) -> Option<Connection> {
+    fn close(&mut self, token: u64) -> Option<ClientConnection> {
         let connection = self.open.remove(&token)?;
         if let Some(deadline) = connection.deadline {
             self.deadlines.remove(&(deadline, token));
@@ -554,7 +556,12 @@ impl Connections {
 
     /// Answers `request` of `stream` on a thread of its own, or with 503 when
     /// [`MAX_REQUESTS`] are being answered already.
-    fn answer(&self, connection: Connection, request: Request, control: &Arc<dyn VmmControl>) {
+    fn answer(
+        &self,
+        connection: ClientConnection,
+        request: Request,
+        control: &Arc<dyn VmmControl>,
+    ) {
         if self.answering.fetch_add(1, Ordering::AcqRel) >= MAX_REQUESTS {
             self.answering.fetch_sub(1, Ordering::AcqRel);
             refuse_now(

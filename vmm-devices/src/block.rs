@@ -113,9 +113,9 @@ impl BlockHandle {
 }
 
 /// Why a request fails; each is answered with [`VIRTIO_BLK_S_IOERR`] except
-/// [`RequestError::Unsupported`].
+/// [`BlockRequestError::Unsupported`].
 #[derive(Debug)]
-enum RequestError {
+enum BlockRequestError {
     /// A rule of the virtio spec is broken (logged as a guest warning).
     Malformed(&'static str),
     /// Writing to a read-only drive.
@@ -128,7 +128,7 @@ enum RequestError {
 
 /// A request's data buffers: where they are and how long, read from the chain.
 #[derive(Clone, Copy, Debug, Default)]
-struct Buffer {
+struct DataBuffer {
     addr: u64,
     len: u32,
 }
@@ -149,7 +149,7 @@ pub struct BlockDevice {
     warnings: GuestWarnings,
     counters: Arc<BlockCounters>,
     /// Scratch space for one request's data buffers, reused.
-    buffers: Box<[Buffer; MAX_DATA_BUFFERS]>,
+    buffers: Box<[DataBuffer; MAX_DATA_BUFFERS]>,
 }
 
 impl BlockDevice {
@@ -168,7 +168,7 @@ impl BlockDevice {
             sectors: size / SECTOR_SIZE,
             warnings: GuestWarnings::default(),
             counters: Arc::default(),
-            buffers: Box::new([Buffer::default(); MAX_DATA_BUFFERS]),
+            buffers: Box::new([DataBuffer::default(); MAX_DATA_BUFFERS]),
         })
     }
 
@@ -237,7 +237,7 @@ impl BlockDevice {
                     malformed = Some("a request of more than 256 data buffers");
                     break;
                 }
-                self.buffers[data] = Buffer {
+                self.buffers[data] = DataBuffer {
                     addr: previous.addr().0,
                     len: previous.len(),
                 };
@@ -277,31 +277,31 @@ impl BlockDevice {
             }
         }
         let result = header
-            .map_err(|_| RequestError::Malformed("the request header is not in guest memory"))
+            .map_err(|_| BlockRequestError::Malformed("the request header is not in guest memory"))
             .and_then(|(kind, sector)| self.execute(mem, kind, sector, data));
         let (result, written) = match result {
             Ok(written) => (VIRTIO_BLK_S_OK, written),
             Err(error) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
                 match error {
-                    RequestError::Malformed(why) => {
+                    BlockRequestError::Malformed(why) => {
                         self.warnings
                             .warn(format_args!("virtio-blk {}: {why}", self.config.id));
                     }
-                    RequestError::ReadOnly => {
+                    BlockRequestError::ReadOnly => {
                         self.warnings.warn(format_args!(
                             "virtio-blk {}: a write to a read-only drive",
                             self.config.id
                         ));
                     }
-                    RequestError::Unsupported(kind) => {
+                    BlockRequestError::Unsupported(kind) => {
                         self.warnings.warn(format_args!(
                             "virtio-blk {}: unsupported request type {kind}",
                             self.config.id
                         ));
                         return Some(self.answer(mem, status, VIRTIO_BLK_S_UNSUPP, 0));
                     }
-                    RequestError::Io(e) => {
+                    BlockRequestError::Io(e) => {
                         log::error!(
                             "virtio-blk {}: I/O on the image failed: {e}",
                             self.config.id
@@ -336,19 +336,19 @@ impl BlockDevice {
         kind: u32,
         sector: u64,
         data: usize,
-    ) -> Result<u32, RequestError> {
+    ) -> Result<u32, BlockRequestError> {
         let buffers = &self.buffers[..data];
         match kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
                 let writing = kind == VIRTIO_BLK_T_OUT;
                 if writing && self.config.read_only {
-                    return Err(RequestError::ReadOnly);
+                    return Err(BlockRequestError::ReadOnly);
                 }
                 let mut total = 0u64;
                 for buffer in buffers {
                     let len = u64::from(buffer.len);
                     if len % SECTOR_SIZE != 0 {
-                        return Err(RequestError::Malformed(
+                        return Err(BlockRequestError::Malformed(
                             "a data buffer is not a whole number of 512-byte sectors",
                         ));
                     }
@@ -357,12 +357,12 @@ impl BlockDevice {
                 sector
                     .checked_add(total / SECTOR_SIZE)
                     .filter(|&end| end <= self.sectors)
-                    .ok_or(RequestError::Malformed(
+                    .ok_or(BlockRequestError::Malformed(
                         "a request beyond the end of the disk",
                     ))?;
                 self.image
                     .seek(SeekFrom::Start(sector * SECTOR_SIZE))
-                    .map_err(RequestError::Io)?;
+                    .map_err(BlockRequestError::Io)?;
                 for buffer in buffers {
                     let addr = GuestAddress(buffer.addr);
                     let len = buffer.len as usize;
@@ -372,8 +372,8 @@ impl BlockDevice {
                         mem.read_exact_volatile_from(addr, &mut self.image, len)
                     };
                     moved.map_err(|e| match e {
-                        vm_memory::GuestMemoryError::IOError(e) => RequestError::Io(e),
-                        _ => RequestError::Malformed("a data buffer is not in guest memory"),
+                        vm_memory::GuestMemoryError::IOError(e) => BlockRequestError::Io(e),
+                        _ => BlockRequestError::Malformed("a data buffer is not in guest memory"),
                     })?;
                 }
                 let (requests, bytes) = if writing {
@@ -391,14 +391,14 @@ impl BlockDevice {
             }
             VIRTIO_BLK_T_FLUSH => {
                 if !self.config.read_only {
-                    self.image.flush().map_err(RequestError::Io)?;
-                    self.image.sync_data().map_err(RequestError::Io)?;
+                    self.image.flush().map_err(BlockRequestError::Io)?;
+                    self.image.sync_data().map_err(BlockRequestError::Io)?;
                 }
                 self.counters.flushes.fetch_add(1, Ordering::Relaxed);
                 Ok(0)
             }
             VIRTIO_BLK_T_GET_ID => {
-                let buffer = buffers.first().ok_or(RequestError::Malformed(
+                let buffer = buffers.first().ok_or(BlockRequestError::Malformed(
                     "a GET_ID request without a buffer for the id",
                 ))?;
                 let mut serial = [0u8; VIRTIO_BLK_ID_BYTES as usize];
@@ -407,10 +407,12 @@ impl BlockDevice {
                 serial[..len].copy_from_slice(&id[..len]);
                 let len = serial.len().min(buffer.len as usize);
                 mem.write_slice(&serial[..len], GuestAddress(buffer.addr))
-                    .map_err(|_| RequestError::Malformed("the id buffer is not in guest memory"))?;
+                    .map_err(|_| {
+                        BlockRequestError::Malformed("the id buffer is not in guest memory")
+                    })?;
                 Ok(u32::try_from(len).unwrap_or(0))
             }
-            other => Err(RequestError::Unsupported(other)),
+            other => Err(BlockRequestError::Unsupported(other)),
         }
     }
 }

@@ -62,7 +62,7 @@ impl EntropyHandle {
 
 /// A virtio-rng device.
 #[derive(Debug)]
-pub struct EntropyDevice {
+pub struct Entropy {
     queue: ThrottledQueue,
     warnings: GuestWarnings,
     handle: EntropyHandle,
@@ -89,7 +89,7 @@ pub fn host_random(buffer: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-impl EntropyDevice {
+impl Entropy {
     /// A device whose queue lives in `memory`, its bytes and requests capped by `limiter`.
     pub fn new(memory: DeviceMemory, limiter: RateLimiterConfig) -> std::io::Result<Self> {
         Ok(Self {
@@ -155,7 +155,7 @@ impl EntropyDevice {
     }
 }
 
-impl ThrottledDevice for EntropyDevice {
+impl ThrottledDevice for Entropy {
     const NAME: &'static str = "virtio-rng";
     const TYPE: u32 = VIRTIO_ID_RNG;
     const QUEUE_SIZES: &'static [u16] = &[256];

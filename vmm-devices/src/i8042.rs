@@ -102,7 +102,7 @@ enum DataTarget {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct State {
+struct ControllerState {
     command_byte: u8,
     output: VecDeque<u8>,
     /// The last byte read from the data port, read again when the queue is empty.
@@ -113,7 +113,7 @@ struct State {
 
 /// The controller's and keyboard's state, for snapshots.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct I8042Snapshot(State);
+pub struct I8042Snapshot(ControllerState);
 
 /// A saved state that cannot be restored.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +123,7 @@ pub struct I8042StateError(usize);
 /// The controller and its keyboard.
 #[derive(Debug)]
 pub struct I8042Device {
-    state: Mutex<State>,
+    state: Mutex<ControllerState>,
     irq: EventFd,
     reset: OnceLock<Arc<dyn ResetLine>>,
     /// The guest's accesses so far (see [`Self::raise_stalled_interrupt`]).
@@ -135,7 +135,7 @@ impl I8042Device {
     /// A controller raising `irq` (register it as the irqfd of [`I8042_IRQ`]).
     pub fn new(irq: EventFd) -> Self {
         I8042Device {
-            state: Mutex::new(State {
+            state: Mutex::new(ControllerState {
                 command_byte: CTR_KBD_INTERRUPT | CTR_SYSTEM,
                 output: VecDeque::with_capacity(OUTPUT_CAPACITY),
                 last_output: 0,
@@ -205,14 +205,14 @@ impl I8042Device {
         true
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, ControllerState> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Raises IRQ 1 if there is output and the guest enabled the keyboard interrupt.
-    fn interrupt(&self, state: &State) {
+    fn interrupt(&self, state: &ControllerState) {
         if !state.output.is_empty() && state.command_byte & CTR_KBD_INTERRUPT != 0 {
             if let Err(e) = self.irq.write(1) {
                 log::error!("i8042: cannot raise IRQ {I8042_IRQ}: {e}");
@@ -220,7 +220,7 @@ impl I8042Device {
         }
     }
 
-    fn status(state: &State) -> u8 {
+    fn status(state: &ControllerState) -> u8 {
         let mut status = STATUS_SYSTEM | STATUS_UNLOCKED;
         if !state.output.is_empty() {
             status |= STATUS_OUTPUT_FULL;
@@ -231,7 +231,7 @@ impl I8042Device {
         status
     }
 
-    fn read_data(&self, state: &mut State) -> u8 {
+    fn read_data(&self, state: &mut ControllerState) -> u8 {
         if let Some(byte) = state.output.pop_front() {
             state.last_output = byte;
         }
@@ -240,7 +240,7 @@ impl I8042Device {
         state.last_output
     }
 
-    fn push(state: &mut State, bytes: &[u8]) {
+    fn push(state: &mut ControllerState, bytes: &[u8]) {
         for &byte in bytes {
             if state.output.len() < OUTPUT_CAPACITY {
                 state.output.push_back(byte);
@@ -248,7 +248,7 @@ impl I8042Device {
         }
     }
 
-    fn command(&self, state: &mut State, command: u8) {
+    fn command(&self, state: &mut ControllerState, command: u8) {
         state.status_last_was_command = true;
         match command {
             CMD_READ_CTR => Self::push(state, &[state.command_byte]),
@@ -281,7 +281,7 @@ impl I8042Device {
         self.interrupt(state);
     }
 
-    fn data(&self, state: &mut State, byte: u8) {
+    fn data(&self, state: &mut ControllerState, byte: u8) {
         state.status_last_was_command = false;
         match std::mem::replace(&mut state.target, DataTarget::Keyboard) {
             DataTarget::CommandByte => state.command_byte = byte,
@@ -305,7 +305,7 @@ impl I8042Device {
         self.interrupt(state);
     }
 
-    fn keyboard_command(&self, state: &mut State, command: u8) {
+    fn keyboard_command(&self, state: &mut ControllerState, command: u8) {
         match command {
             KBD_SET_LEDS | KBD_SCANCODE_SET | KBD_SET_TYPEMATIC => {
                 state.target = DataTarget::KeyboardArgument(command);

@@ -20,7 +20,7 @@ use guest_mem::{CoreFrames, GuestMemory, MemoryError, RegionError as MemoryRegio
 use virtio_mem::spec::{
     REQUEST_SIZE, RESPONSE_SIZE, VIRTIO_ID_MEM, VIRTIO_MEM_F_UNPLUGGED_INACCESSIBLE,
 };
-use virtio_mem::{Blocks, MemBackend, PlugError, RegionLayout, Request};
+use virtio_mem::{Blocks, MemBackend, MemRequest, PlugError, RegionLayout};
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
@@ -253,7 +253,7 @@ impl MemDevice {
             ));
             return 0;
         }
-        let request = Request::parse(&bytes);
+        let request = MemRequest::parse(&bytes);
         // Timed only when it is logged: no clock read on the request path otherwise.
         let started = log::log_enabled!(log::Level::Debug).then(std::time::Instant::now);
         let answer = self.blocks.handle(request);

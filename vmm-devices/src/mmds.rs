@@ -60,8 +60,8 @@ impl Eq for Mmds {}
 
 impl Mmds {
     /// What an interface's stack serves.
-    pub fn shared(&self) -> stack::Shared {
-        stack::Shared {
+    pub fn shared(&self) -> stack::StackShared {
+        stack::StackShared {
             store: self.store.clone(),
             version: self.config.version,
             imds_compat: self.config.imds_compat,

@@ -157,7 +157,7 @@ impl NetHandle {
 
 /// The queues of an active device.
 #[derive(Debug)]
-struct Queues {
+struct NetQueues {
     rx: Queue,
     tx: Queue,
     interrupt: Arc<Interrupt>,
@@ -178,7 +178,7 @@ pub struct NetDevice {
     tap: Tap,
     mac: Option<MacAddr>,
     mtu: Option<u16>,
-    active: Option<Queues>,
+    active: Option<NetQueues>,
     rx_limiter: RateLimiter,
     tx_limiter: RateLimiter,
     /// The limiters' configurations, as the API last set them.
@@ -568,7 +568,7 @@ impl NetDevice {
         self.tap
             .set_offload(offloads)
             .map_err(|e| ActivateError::Device(Box::new(e)))?;
-        self.active = Some(Queues {
+        self.active = Some(NetQueues {
             rx: rx.ok_or(ActivateError::MissingQueue(RX))?,
             tx: tx.ok_or(ActivateError::MissingQueue(TX))?,
             interrupt: activation.interrupt,

@@ -18,15 +18,15 @@ pub const MAX_SOCKET_PATH: usize = 107;
 pub struct SocketFile {
     path: PathBuf,
     key: u64,
-    files: &'static Files,
+    files: &'static FileTable,
 }
 
 /// A registered file: its key, path and (device, inode).
-type Entry = (u64, PathBuf, (u64, u64));
+type FileEntry = (u64, PathBuf, (u64, u64));
 /// The files in charge.
-type Files = Mutex<Vec<Entry>>;
+type FileTable = Mutex<Vec<FileEntry>>;
 
-static FILES: Files = Mutex::new(Vec::new());
+static FILES: FileTable = Mutex::new(Vec::new());
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 /// The files in [`FILES`], readable without its lock (a signal handler asks).
 static IN_CHARGE: AtomicUsize = AtomicUsize::new(0);
@@ -56,7 +56,7 @@ impl SocketFile {
         Self::adopt_in(&FILES, path)
     }
 
-    fn adopt_in(files: &'static Files, path: &Path) -> Self {
+    fn adopt_in(files: &'static FileTable, path: &Path) -> Self {
         let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
         if let Some(id) = identity(path) {
             lock(files).push((key, path.to_owned(), id));
@@ -87,7 +87,7 @@ impl Drop for SocketFile {
     }
 }
 
-fn lock(files: &Files) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+fn lock(files: &FileTable) -> std::sync::MutexGuard<'_, Vec<FileEntry>> {
     files
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -100,7 +100,7 @@ pub fn remove_all() -> bool {
     remove_all_in(&FILES)
 }
 
-fn remove_all_in(files: &Files) -> bool {
+fn remove_all_in(files: &FileTable) -> bool {
     for _ in 0..1000 {
         let entries = match files.try_lock() {
             Ok(entries) => entries,
@@ -158,7 +158,7 @@ mod tests {
             .map(|p| UnixListener::bind(p).unwrap())
             .collect();
         // A list of their own: the process's holds other tests' sockets.
-        static TEST_FILES: Files = Mutex::new(Vec::new());
+        static TEST_FILES: FileTable = Mutex::new(Vec::new());
         let files: Vec<SocketFile> = paths
             .iter()
             .map(|p| SocketFile::adopt_in(&TEST_FILES, p))

@@ -55,8 +55,8 @@ use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, Activation, DeviceState, Interrupt, VirtioDevice, WakeSource};
 use crate::GuestWarnings;
 use config::VsockConfig;
-use connection::{Broken, Connection, State};
-use packet::{Header, HEADER_SIZE, HOST_CID, TYPE_STREAM};
+use connection::{Broken, Connection, ConnectionState};
+use packet::{PacketHeader, HEADER_SIZE, HOST_CID, TYPE_STREAM};
 
 /// Most payload bytes in one packet.
 pub const MAX_PAYLOAD: usize = 64 << 10;
@@ -131,7 +131,7 @@ pub struct VsockCounters {
 
 /// The queues of an active device.
 #[derive(Debug)]
-struct Queues {
+struct VsockQueues {
     rx: Queue,
     tx: Queue,
     event: Queue,
@@ -162,8 +162,8 @@ pub struct VsockDevice {
     /// Connections with something for the guest, in turn.
     ready: VecDeque<u64>,
     /// Refusals of packets of no connection.
-    stray: VecDeque<Header>,
-    active: Option<Queues>,
+    stray: VecDeque<PacketHeader>,
+    active: Option<VsockQueues>,
     /// The transport-reset event waits to be sent.
     reset_owed: bool,
     /// A packet's payload on its way from the guest to a socket.
@@ -288,7 +288,7 @@ impl VsockDevice {
             return None;
         }
         self.next_token += 1;
-        if conn.state != State::AwaitingConnect {
+        if conn.state != ConnectionState::AwaitingConnect {
             self.by_ports
                 .insert((conn.local_port, conn.peer_port), token);
         }
@@ -324,9 +324,9 @@ impl VsockDevice {
             conn.peer_port
         );
         let guest_heard = match conn.state {
-            State::AwaitingConnect => false,
-            State::Requested => !conn.owed.request,
-            State::Established => true,
+            ConnectionState::AwaitingConnect => false,
+            ConnectionState::Requested => !conn.owed.request,
+            ConnectionState::Established => true,
         };
         let reset = conn.header(cid, packet::OP_RST, 0, 0);
         self.remove(token);
@@ -338,7 +338,7 @@ impl VsockDevice {
     /// Keeps `header` (a reset) for the guest's next receive buffer, among at most
     /// [`MAX_STRAY_RSTS`]; past that it is dropped (the guest's next packet on that
     /// connection is refused with another).
-    fn owe_guest(&mut self, header: Header) {
+    fn owe_guest(&mut self, header: PacketHeader) {
         if self.stray.len() == MAX_STRAY_RSTS {
             self.warnings.warn(format_args!(
                 "vsock: too many refusals waiting for the guest"
@@ -359,11 +359,11 @@ impl VsockDevice {
     }
 
     /// Refuses a packet of no connection: an RST back, unless it was one.
-    fn refuse(&mut self, header: &Header) {
+    fn refuse(&mut self, header: &PacketHeader) {
         if header.op == packet::OP_RST {
             return;
         }
-        self.owe_guest(Header {
+        self.owe_guest(PacketHeader {
             src_cid: HOST_CID,
             dst_cid: self.cid,
             src_port: header.dst_port,
@@ -389,7 +389,7 @@ impl VsockDevice {
     }
 
     /// The guest asks to connect to the host's port `header.dst_port`.
-    fn connect_to_host(&mut self, header: &Header) {
+    fn connect_to_host(&mut self, header: &PacketHeader) {
         if self.conns.len() >= MAX_CONNECTIONS {
             self.warnings.warn(format_args!(
                 "vsock: {MAX_CONNECTIONS} connections: refused"
@@ -407,8 +407,12 @@ impl VsockDevice {
                 return;
             }
         };
-        let mut conn =
-            Connection::new(stream, State::Established, header.dst_port, header.src_port);
+        let mut conn = Connection::new(
+            stream,
+            ConnectionState::Established,
+            header.dst_port,
+            header.src_port,
+        );
         conn.take_credit(header);
         conn.owed.response = true;
         if let Some(token) = self.add(conn) {
@@ -419,7 +423,7 @@ impl VsockDevice {
     }
 
     /// Takes one packet the guest sent, its payload in `payload`.
-    fn take_packet(&mut self, header: &Header, payload: &Buffers) {
+    fn take_packet(&mut self, header: &PacketHeader, payload: &Buffers) {
         if header.src_cid != self.cid || header.dst_cid != HOST_CID {
             self.counters.malformed.fetch_add(1, Ordering::Relaxed);
             self.warnings.warn(format_args!(
@@ -445,13 +449,13 @@ impl VsockDevice {
         };
         conn.take_credit(header);
         let result = match header.op {
-            packet::OP_RESPONSE if conn.state == State::Requested => {
-                conn.state = State::Established;
+            packet::OP_RESPONSE if conn.state == ConnectionState::Requested => {
+                conn.state = ConnectionState::Established;
                 conn.deadline = None;
                 let line = format!("OK {}\n", conn.local_port);
                 conn.say(line.as_bytes())
             }
-            packet::OP_RW if conn.state == State::Established => {
+            packet::OP_RW if conn.state == ConnectionState::Established => {
                 let len = header.len as usize;
                 let scratch = &mut self.scratch[..len];
                 payload.read_at(0, scratch);
@@ -515,7 +519,7 @@ impl VsockDevice {
                 Ok(buffers) if buffers.len() >= HEADER_SIZE => {
                     let mut bytes = [0u8; HEADER_SIZE];
                     buffers.read_at(0, &mut bytes);
-                    let header = Header::parse(&bytes);
+                    let header = PacketHeader::parse(&bytes);
                     if header.len as usize > buffers.len() - HEADER_SIZE {
                         self.counters.malformed.fetch_add(1, Ordering::Relaxed);
                         self.warnings.warn(format_args!(
@@ -554,7 +558,7 @@ impl VsockDevice {
 
     /// Fills one receive buffer for connection `token`: the header and payload written, or
     /// `None` when it has nothing to send now.
-    fn packet_for(&mut self, token: u64, buffers: &Buffers) -> Option<(Header, usize)> {
+    fn packet_for(&mut self, token: u64, buffers: &Buffers) -> Option<(PacketHeader, usize)> {
         let cid = self.cid;
         let conn = self.conns.get_mut(&token)?;
         let (op, flags) = if conn.owed.rst {
@@ -779,7 +783,7 @@ impl VsockDevice {
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    let mut conn = Connection::new(stream, State::AwaitingConnect, 0, 0);
+                    let mut conn = Connection::new(stream, ConnectionState::AwaitingConnect, 0, 0);
                     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
                     conn.deadline = Some(deadline);
                     self.arm_deadline_timer(deadline);
@@ -884,8 +888,10 @@ impl VsockDevice {
         }
         for (token, state) in overdue {
             let why = match state {
-                State::Established => Broken::ShutdownTimeout,
-                State::AwaitingConnect | State::Requested => Broken::HandshakeTimeout,
+                ConnectionState::Established => Broken::ShutdownTimeout,
+                ConnectionState::AwaitingConnect | ConnectionState::Requested => {
+                    Broken::HandshakeTimeout
+                }
             };
             self.kill(token, &why);
         }
@@ -899,7 +905,7 @@ impl VsockDevice {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
-        if conn.state == State::AwaitingConnect {
+        if conn.state == ConnectionState::AwaitingConnect {
             match conn.read_connect_line() {
                 Ok(None) => {}
                 Ok(Some(port)) => {
@@ -907,7 +913,7 @@ impl VsockDevice {
                     let conn = self.conns.get_mut(&token).expect("the connection");
                     conn.local_port = local;
                     conn.peer_port = port;
-                    conn.state = State::Requested;
+                    conn.state = ConnectionState::Requested;
                     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
                     conn.deadline = Some(deadline);
                     conn.owed.request = true;
@@ -919,7 +925,9 @@ impl VsockDevice {
             }
             return;
         }
-        if conn.state == State::Requested && set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
+        if conn.state == ConnectionState::Requested
+            && set.intersects(EventSet::HANG_UP | EventSet::ERROR)
+        {
             // The client closed (both ways, not only its sending side) before the guest
             // answered.
             self.kill(token, &Broken::Host(io::ErrorKind::UnexpectedEof));
@@ -948,7 +956,7 @@ impl VsockDevice {
             }
         }
         let [rx, tx, event] = queues;
-        self.active = Some(Queues {
+        self.active = Some(VsockQueues {
             rx: rx.ok_or(ActivateError::MissingQueue(RX))?,
             tx: tx.ok_or(ActivateError::MissingQueue(TX))?,
             event: event.ok_or(ActivateError::MissingQueue(EVENT))?,

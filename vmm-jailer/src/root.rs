@@ -75,7 +75,7 @@ pub const DEVICES: [Device; 3] = [
 
 /// Who may own a directory that exists already.
 #[derive(Debug, Clone, Copy)]
-enum Owner {
+enum ExpectedOwner {
     /// The jailer's user alone (the directories above the root, those in it).
     Jailer,
     /// The jailer's user or the VMM's (the root itself and `run`, which the jailer gives it).
@@ -108,7 +108,7 @@ impl Dir {
     /// Opens directory `name` in this one, made first if missing (mode 0755), without
     /// following a link; one that exists must be owned as `owner` says and writable by its
     /// owner alone.
-    fn child(&self, name: &str, owner: Owner) -> Result<Dir, RootError> {
+    fn child(&self, name: &str, owner: ExpectedOwner) -> Result<Dir, RootError> {
         let path = self.path.join(name);
         match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o755)) {
             Ok(()) | Err(Errno::EEXIST) => {}
@@ -132,8 +132,8 @@ impl Dir {
         let stat = fstat(&fd).map_err(|e| RootError::Create(path.clone(), io_error(e)))?;
         let uid = Uid::from_raw(stat.st_uid);
         let allowed = match owner {
-            Owner::Jailer => uid == Uid::effective(),
-            Owner::JailerOrVmm(vmm) => uid == Uid::effective() || uid == vmm,
+            ExpectedOwner::Jailer => uid == Uid::effective(),
+            ExpectedOwner::JailerOrVmm(vmm) => uid == Uid::effective() || uid == vmm,
         };
         if !allowed {
             return Err(RootError::Unexpected(path, "belongs to another user"));
@@ -158,7 +158,7 @@ impl Dir {
             let Component::Normal(name) = component else {
                 continue;
             };
-            dir = dir.child(&name.to_string_lossy(), Owner::Jailer)?;
+            dir = dir.child(&name.to_string_lossy(), ExpectedOwner::Jailer)?;
         }
         Ok(dir)
     }
@@ -219,7 +219,7 @@ impl Root {
         let parts: Vec<String> = parts.iter().map(|&part| part.to_owned()).collect();
         let parent = Self::parent(base, &parts)?;
         Ok(Root {
-            dir: parent.child("root", Owner::JailerOrVmm(uid))?,
+            dir: parent.child("root", ExpectedOwner::JailerOrVmm(uid))?,
             base: base.to_owned(),
             parts,
             vmm: (uid, gid),
@@ -230,7 +230,7 @@ impl Root {
     fn parent(base: &Path, parts: &[String]) -> Result<Dir, RootError> {
         let mut parent = Dir::open_host(base)?;
         for part in parts {
-            parent = parent.child(part, Owner::Jailer)?;
+            parent = parent.child(part, ExpectedOwner::Jailer)?;
         }
         Ok(parent)
     }
@@ -275,7 +275,9 @@ impl Root {
     pub fn give_dir(&self, name: &str) -> Result<(), RootError> {
         let dir = match name {
             "" => &self.dir,
-            name => &self.dir.child(name, Owner::JailerOrVmm(self.vmm.0))?,
+            name => &self
+                .dir
+                .child(name, ExpectedOwner::JailerOrVmm(self.vmm.0))?,
         };
         let (uid, gid) = self.vmm;
         fchown(&dir.fd, Some(uid), Some(gid)).map_err(|e| RootError::Node(dir.path.clone(), e))
@@ -340,7 +342,7 @@ impl Root {
         )
         .map_err(fail("make the mounts private"))?;
         let parent = Self::parent(&self.base, &self.parts)?;
-        let dir = parent.child("root", Owner::JailerOrVmm(self.vmm.0))?;
+        let dir = parent.child("root", ExpectedOwner::JailerOrVmm(self.vmm.0))?;
         let named = PathBuf::from(format!("/proc/self/fd/{}", dir.fd.as_raw_fd()));
         mount(
             Some(&named),
@@ -350,7 +352,7 @@ impl Root {
             None::<&str>,
         )
         .map_err(fail("bind it onto itself"))?;
-        let bound = parent.child("root", Owner::JailerOrVmm(self.vmm.0))?;
+        let bound = parent.child("root", ExpectedOwner::JailerOrVmm(self.vmm.0))?;
         fchdir(bound.fd.as_fd()).map_err(fail("change into it"))?;
         match pivot_root(".", ".") {
             // The old root is stacked under the new one and detached from there.

@@ -341,19 +341,19 @@ fn run_checked(
         states
     });
     let guest = match &session.config().guest {
-        GuestConfig::TestGuest(workload) => Guest::Test(workload, console),
-        GuestConfig::Linux(linux) => Guest::Linux(
+        GuestConfig::TestGuest(workload) => GuestToRun::Test(workload, console),
+        GuestConfig::Linux(linux) => GuestToRun::Linux(
             Some(linux),
             console::Console::new(console).map_err(DeviceError::Serial)?,
         ),
-        GuestConfig::RestoredLinux => Guest::Linux(
+        GuestConfig::RestoredLinux => GuestToRun::Linux(
             None,
             console::Console::new(console).map_err(DeviceError::Serial)?,
         ),
     };
     let mut event_loop = events::EventLoop::new(&session, &signals).map_err(RunError::EventLoop)?;
     event_loop.add_all(devices.take_subscribers());
-    if let Guest::Linux(_, console) = &guest {
+    if let GuestToRun::Linux(_, console) = &guest {
         event_loop.add_all(console.input_subscriber().into_iter().collect());
     }
     let events = event_loop.start().map_err(RunError::EventLoop)?;
@@ -367,10 +367,10 @@ fn run_checked(
     };
     let kvm_vm = kvm_vm.and_then(EarlyKvmVm::take);
     let outcome = match guest {
-        Guest::Test(workload, console) => {
+        GuestToRun::Test(workload, console) => {
             test_guest::run(&session, workload, devices, console, resumption, kvm_vm)
         }
-        Guest::Linux(linux, console) => {
+        GuestToRun::Linux(linux, console) => {
             linux::run(&session, linux, devices, console, resumption, kvm_vm)
         }
     };
@@ -382,7 +382,7 @@ fn run_checked(
 }
 
 /// What the VM runs, with what it needs beyond the common parts.
-enum Guest<'a> {
+enum GuestToRun<'a> {
     /// The built-in test guest, its workload and where its console goes.
     Test(&'a Workload, SerialOutput),
     /// A Linux kernel (none when it is resumed from a snapshot) and the console on stdin and

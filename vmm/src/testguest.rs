@@ -1,6 +1,6 @@
 //! The host side of the built-in test guest (the test-guest crate: a tiny freestanding 64-bit
 //! program that runs memory workloads and reports the results, and its protocol): workloads
-//! ([`Workload`]), the report device ([`Report`]), and [`run`], which boots it in a fresh VM.
+//! ([`Workload`]), the report device ([`GuestReport`]), and [`run`], which boots it in a fresh VM.
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -21,8 +21,8 @@ pub mod workload;
 pub use test_guest::{protocol, IMAGE};
 
 pub use report::{
-    exit_code, CheckpointHook, HintingHook, Mismatch, Progress, Report, ReportSnapshot, StepReport,
-    VcpuReport,
+    exit_code, CheckpointHook, GuestProgress, GuestReport, HintingHook, Mismatch, ReportSnapshot,
+    StepReport, VcpuReport,
 };
 pub use spec::{WorkloadSpec, WorkloadSpecError, DEFAULT_PATTERN, DEFAULT_WORKLOAD};
 pub use workload::{Workload, WorkloadError};
@@ -56,7 +56,7 @@ use protocol::{
 pub use report::ReportDevice;
 use vmm_devices::serial::{SerialDevice, SerialOutput, SerialSnapshot, SharedBuffer};
 
-/// Errors of setting up a test guest run (the guest's own outcome is in the [`Report`]).
+/// Errors of setting up a test guest run (the guest's own outcome is in the [`GuestReport`]).
 #[derive(Debug, thiserror::Error)]
 pub enum TestGuestError {
     /// The workload is invalid for this memory and vCPU count.
@@ -109,7 +109,7 @@ pub type StartHook = Box<dyn FnOnce(&RunningVm) + Send>;
 pub type DevicesHook = Box<dyn FnOnce(&VmFd, &mut Buses) -> Result<(), String> + Send>;
 
 /// A progress hook: called about every [`PROGRESS_INTERVAL`] while the guest runs.
-pub type ProgressHook = Box<dyn FnMut(&Progress) + Send>;
+pub type ProgressHook = Box<dyn FnMut(&GuestProgress) + Send>;
 
 /// A devices-ready hook: sees the test guest's own devices once they exist (e.g. to save
 /// their state for a snapshot later).
@@ -156,7 +156,7 @@ pub struct RunOptions {
     /// Called about every [`PROGRESS_INTERVAL`] with how far the guest is.
     pub on_progress: Option<ProgressHook>,
     /// Where the guest's serial output goes as it is written; `None` collects it in
-    /// [`Report::serial_output`] (which stays empty otherwise).
+    /// [`GuestReport::serial_output`] (which stays empty otherwise).
     pub serial_output: Option<SerialOutput>,
     /// Called after the serial port and the report device are on the buses.
     pub add_devices: Option<DevicesHook>,
@@ -204,7 +204,11 @@ impl std::fmt::Debug for RunOptions {
 }
 
 /// Boots the test guest on `vcpus` vCPUs over `memory`, runs `workload` and reports.
-pub fn run<M>(memory: Arc<M>, vcpus: usize, workload: &Workload) -> Result<Report, TestGuestError>
+pub fn run<M>(
+    memory: Arc<M>,
+    vcpus: usize,
+    workload: &Workload,
+) -> Result<GuestReport, TestGuestError>
 where
     M: GuestMemoryBackend + Send + Sync + 'static,
 {
@@ -217,7 +221,7 @@ pub fn run_with<M>(
     vcpus: usize,
     workload: &Workload,
     options: RunOptions,
-) -> Result<Report, TestGuestError>
+) -> Result<GuestReport, TestGuestError>
 where
     M: GuestMemoryBackend + Send + Sync + 'static,
 {
@@ -329,7 +333,7 @@ where
     let (stop_reason, timed_out) = running.wait_timeout(left);
     let elapsed = started.elapsed();
     let (vcpu_reports, protocol_errors) = reports.reports();
-    Ok(Report {
+    Ok(GuestReport {
         stop_reason,
         timed_out,
         vcpus: vcpu_reports,

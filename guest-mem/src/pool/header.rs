@@ -47,7 +47,7 @@ pub enum HeaderError {
 
 /// Where the parts of a persistent pool lie in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Header {
+pub struct PoolHeader {
     /// 4 KiB frames in the pool.
     pub frames: u64,
     /// Bytes of allocator metadata at [`META_OFFSET`].
@@ -56,7 +56,7 @@ pub struct Header {
     pub data_offset: u64,
 }
 
-impl Header {
+impl PoolHeader {
     /// The layout for `frames` frames with `meta_len` bytes of allocator metadata.
     pub fn new(frames: u64, meta_len: u64) -> Self {
         Self {
@@ -127,13 +127,13 @@ mod tests {
         file.write_all_at(b"not a pool, just some user data......", 0)
             .expect("write");
         assert!(matches!(
-            Header::read(&file),
+            PoolHeader::read(&file),
             Err(HeaderError::BadMagic { .. })
         ));
-        let header = Header::new(1 << 18, 12345);
+        let header = PoolHeader::new(1 << 18, 12345);
         assert_eq!(header.data_offset, 2 << 20);
         header.write(&file).expect("write header");
-        assert_eq!(Header::read(&file).expect("read"), header);
+        assert_eq!(PoolHeader::read(&file).expect("read"), header);
         std::fs::remove_file(&path).expect("remove");
     }
 }

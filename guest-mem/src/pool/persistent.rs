@@ -7,7 +7,7 @@ use std::path::Path;
 use llfree::{Config, FileRegion, Init, LLFree, FRAME_SIZE};
 
 use super::backing::BackingFile;
-use super::header::{Header, HeaderError, META_OFFSET};
+use super::header::{HeaderError, PoolHeader, META_OFFSET};
 use super::{PoolConfig, PoolError, Scrub};
 
 /// A pool's allocator and backing, before the pool is put together.
@@ -32,7 +32,7 @@ pub(super) fn open_file(
     llfree_config: Config,
 ) -> Result<Opened, PoolError> {
     let meta_len = LLFree::metadata_size(llfree_config.frames) as u64;
-    let layout = Header::new(llfree_config.frames as u64, meta_len);
+    let layout = PoolHeader::new(llfree_config.frames as u64, meta_len);
     let file = BackingFile::open(path, true)?;
     if !file.can_punch && config.scrub == Scrub::PunchHole {
         return Err(PoolError::CannotPunch(path.to_owned()));
@@ -43,7 +43,7 @@ pub(super) fn open_file(
     };
     let mut fresh = format || !file.had_contents;
     if !fresh {
-        match Header::read(file.as_file()) {
+        match PoolHeader::read(file.as_file()) {
             Ok(found) if found.frames != layout.frames || found.meta_len != meta_len => {
                 return Err(PoolError::SizeMismatch {
                     path: path.to_owned(),
@@ -66,7 +66,7 @@ pub(super) fn open_file(
     if fresh {
         // From here until the header is written, a crash leaves a file that the next open
         // recognises as half-created and lays out again.
-        Header::write_creating(file.as_file()).map_err(|e| header_err(HeaderError::Io(e)))?;
+        PoolHeader::write_creating(file.as_file()).map_err(|e| header_err(HeaderError::Io(e)))?;
     }
     file.ensure_len(path, layout.data_offset + config.size, fresh)?;
     let region = FileRegion::map(file.as_file(), META_OFFSET, meta_len as usize)

@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn a_dropped_placeholder_page_faults_to_userfaultfd_again() {
-        use crate::sys::uffd::{Fault, Uffd};
+        use crate::sys::uffd::{Uffd, UffdFault};
         let m = Mapping::placeholder(2 * PAGE, PAGE).expect("placeholder");
         let page = m.addr() + PAGE;
         // A page that appeared before the registration (a guest writing the chunk meanwhile).
@@ -428,7 +428,7 @@ mod tests {
             // SAFETY: the page lies in `m`, which outlives the thread (joined below).
             unsafe { (page as *const u8).read_volatile() }
         });
-        let mut faults = [Fault {
+        let mut faults = [UffdFault {
             address: 0,
             tid: 0,
             write: false,

@@ -115,7 +115,7 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 
 /// One page fault read from the userfaultfd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fault {
+pub struct UffdFault {
     /// The faulting host virtual address (page aligned by the kernel).
     pub address: usize,
     /// The thread id of the faulting thread.
@@ -232,7 +232,7 @@ impl Uffd {
     /// Reads pending page faults into `out` without blocking; returns how many were read.
     ///
     /// Events other than page faults (none are enabled) are skipped.
-    pub fn read_faults(&self, out: &mut [Fault]) -> io::Result<usize> {
+    pub fn read_faults(&self, out: &mut [UffdFault]) -> io::Result<usize> {
         const BATCH: usize = 16;
         let mut msgs = [UffdMsg::default(); BATCH];
         let want = out.len().min(BATCH);
@@ -254,7 +254,7 @@ impl Uffd {
         let mut count = 0;
         for msg in &msgs[..n as usize / size_of::<UffdMsg>()] {
             if msg.event == UFFD_EVENT_PAGEFAULT {
-                out[count] = Fault {
+                out[count] = UffdFault {
                     address: msg.address as usize,
                     tid: msg.ptid,
                     write: msg.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0,
@@ -298,7 +298,7 @@ mod tests {
             // SAFETY: the page lies in `map`, which outlives the thread (joined below).
             unsafe { std::ptr::read_volatile((addr + 4096) as *const u8) }
         });
-        let mut faults = [Fault {
+        let mut faults = [UffdFault {
             address: 0,
             tid: 0,
             write: false,

@@ -24,7 +24,7 @@ static RAISED: [AtomicPtr<OldSetting>; 2] = [
 
 /// Huge pages reserved for a test or benchmark; the old `nr_hugepages` comes back on drop.
 #[derive(Debug)]
-pub struct HugePages {
+pub struct HugePageReservation {
     slot: usize,
     _guard: MutexGuard<'static, ()>,
 }
@@ -38,7 +38,7 @@ fn available(dir: &str) -> u64 {
     free.saturating_sub(read(&format!("{dir}/resv_hugepages")).unwrap_or(0))
 }
 
-impl HugePages {
+impl HugePageReservation {
     /// Makes sure `count` pages of `kb` KiB (2048 or 1048576) are free and unreserved, raising
     /// `nr_hugepages` if needed. `Err` says why not (the caller prints SKIP).
     pub fn reserve(kb: u64, count: u64) -> Result<Self, String> {
@@ -73,7 +73,7 @@ impl HugePages {
     }
 }
 
-impl Drop for HugePages {
+impl Drop for HugePageReservation {
     fn drop(&mut self) {
         let setting = RAISED[self.slot].swap(ptr::null_mut(), Ordering::SeqCst);
         if !setting.is_null() {
@@ -98,7 +98,7 @@ fn write_back(setting: &OldSetting) {
     }
 }
 
-/// Puts back every `nr_hugepages` raised by a live [`HugePages`], without allocating or taking
+/// Puts back every `nr_hugepages` raised by a live [`HugePageReservation`], without allocating or taking
 /// locks, so that a signal handler may call it just before the process exits.
 pub fn restore_huge_pages_now() {
     for slot in &RAISED {

@@ -8,7 +8,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use super::program::{Touch, PROGRAMS, RESULT_PORT, STEPPED, STEP_PORT};
 use crate::{FaultError, GuestMemory};
 
-/// Where [`Vm::new`] loads the programs in guest memory.
+/// Where [`TouchVm::new`] loads the programs in guest memory.
 pub const CODE: GuestAddress = GuestAddress(0x1000);
 
 /// Errors of setting up a VM.
@@ -46,13 +46,13 @@ fn call(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> KvmError {
 
 /// A VM whose vCPUs run the touch programs.
 #[derive(Debug)]
-pub struct Vm {
+pub struct TouchVm {
     fd: VmFd,
     code: u64,
     _kvm: Kvm,
 }
 
-impl Vm {
+impl TouchVm {
     /// A VM with no memory yet, whose programs the caller loads at guest address `code`
     /// (from [`PROGRAMS`]).
     pub fn empty(code: u64) -> Result<Self, KvmError> {

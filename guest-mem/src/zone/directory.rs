@@ -13,11 +13,11 @@
 //! layout, identity) has a checksum word; each word that changes later (owner, seal, flags,
 //! the balloon's spare bytes, the wait) holds a 48-bit value and a 16-bit check of it and of
 //! its place, in one store, so that a crash between two stores never looks like damage.
-//! [`Slot::damage`] says what does not check.
+//! [`DirectorySlot::damage`] says what does not check.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::layout::{Layout, PAGE};
+use super::layout::{ZoneLayout, PAGE};
 use crate::pool::FrameSize;
 
 const FREE: u64 = 0;
@@ -140,11 +140,11 @@ pub enum SlotState {
 
 /// One slot of the directory, seen through the zone mapping.
 #[derive(Debug, Clone, Copy)]
-pub struct Slot<'a> {
+pub struct DirectorySlot<'a> {
     words: &'a [AtomicU64],
 }
 
-impl<'a> Slot<'a> {
+impl<'a> DirectorySlot<'a> {
     /// The slot whose words are `words` (at least [`SLOT_WORDS`]).
     pub fn new(words: &'a [AtomicU64]) -> Self {
         debug_assert!(words.len() >= SLOT_WORDS && SLOT_WORDS * 8 <= PAGE as usize);
@@ -270,7 +270,7 @@ impl<'a> Slot<'a> {
     }
 
     /// The RAM layout; `None` if the recorded one is malformed or does not fit `zone`.
-    pub fn layout(&self, zone: &Layout) -> Option<VmLayout> {
+    pub fn layout(&self, zone: &ZoneLayout) -> Option<VmLayout> {
         if self.get(CHUNK_ORDER) != zone.frame_size.order().0 as u64 {
             return None;
         }
@@ -392,7 +392,7 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
 
 /// Checks that a RAM layout fits a zone: 1 to [`MAX_REGIONS`] sorted, non-overlapping regions
 /// of whole chunks of the zone's frame size, no more chunks than the zone has frames.
-pub fn check_layout(layout: &VmLayout, zone: &Layout) -> Result<(), String> {
+pub fn check_layout(layout: &VmLayout, zone: &ZoneLayout) -> Result<(), String> {
     let chunk = zone.frame_size.bytes();
     if layout.chunk_size != zone.frame_size {
         return Err(format!(
@@ -437,9 +437,9 @@ mod tests {
 
     #[test]
     fn a_written_slot_reads_back() {
-        let zone = Layout::new(FrameSize::Huge, 512 * 64, 4, 4096);
+        let zone = ZoneLayout::new(FrameSize::Huge, 512 * 64, 4, 4096);
         let words = slot_words();
-        let slot = Slot::new(&words);
+        let slot = DirectorySlot::new(&words);
         assert_eq!(slot.state(), SlotState::Free);
         let layout = VmLayout {
             chunk_size: FrameSize::Huge,
@@ -459,9 +459,9 @@ mod tests {
 
     #[test]
     fn hostile_slots_are_rejected() {
-        let zone = Layout::new(FrameSize::Huge, 512 * 64, 4, 4096);
+        let zone = ZoneLayout::new(FrameSize::Huge, 512 * 64, 4, 4096);
         let words = slot_words();
-        let slot = Slot::new(&words);
+        let slot = DirectorySlot::new(&words);
         slot.write(
             "a",
             &VmLayout {
@@ -486,9 +486,9 @@ mod tests {
 
     #[test]
     fn any_damaged_word_of_an_active_slot_is_found_and_accepting_it_resets_the_word() {
-        let zone = Layout::new(FrameSize::Huge, 512 * 64, 4, 4096);
+        let zone = ZoneLayout::new(FrameSize::Huge, 512 * 64, 4, 4096);
         let words = slot_words();
-        let slot = Slot::new(&words);
+        let slot = DirectorySlot::new(&words);
         let layout = VmLayout {
             chunk_size: FrameSize::Huge,
             regions: vec![(0, 32 << 20)],

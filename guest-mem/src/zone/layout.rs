@@ -41,7 +41,7 @@ pub const MAX_VMS: u64 = 1024;
 /// The zone's header, at offset 0 of the file, seen through a shared mapping.
 #[repr(C)]
 #[derive(Debug)]
-pub struct Header {
+pub struct ZoneHeader {
     pub magic: AtomicU64,
     pub version: AtomicU64,
     /// LLFree order of the frames (9 or 18).
@@ -80,7 +80,7 @@ pub struct Header {
 
 /// The offsets of a zone's parts, computed from its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub struct ZoneLayout {
     pub frame_size: FrameSize,
     /// 4 KiB frames.
     pub frames: u64,
@@ -95,7 +95,7 @@ pub struct Layout {
     pub data_off: u64,
 }
 
-impl Layout {
+impl ZoneLayout {
     /// The layout of a zone of `frames` 4 KiB frames of `frame_size` frames with `max_vms` slots,
     /// in a file whose pages are `page_size` bytes.
     pub fn new(frame_size: FrameSize, frames: u64, max_vms: u64, page_size: u64) -> Self {
@@ -140,7 +140,7 @@ impl Layout {
     }
 
     /// Writes every field but the magic into `header`.
-    pub fn write(&self, header: &Header) {
+    pub fn write(&self, header: &ZoneHeader) {
         let set = |field: &AtomicU64, value: u64| field.store(value, Ordering::Relaxed);
         set(&header.version, VERSION);
         set(&header.frame_order, self.frame_size.order().0 as u64);
@@ -169,7 +169,7 @@ impl Layout {
     }
 
     /// Reads the layout `header` records, checking that it is the one its parameters give.
-    pub fn read(header: &Header) -> Result<Self, &'static str> {
+    pub fn read(header: &ZoneHeader) -> Result<Self, &'static str> {
         let get = |field: &AtomicU64| field.load(Ordering::Relaxed);
         let frame_size = match get(&header.frame_order) {
             9 => FrameSize::Huge,
@@ -230,7 +230,7 @@ mod tests {
             (FrameSize::Huge, 1 << 22, 2 << 20),
             (FrameSize::Giant, 1 << 19, 1 << 30),
         ] {
-            let l = Layout::new(size, frames, 16, page);
+            let l = ZoneLayout::new(size, frames, 16, page);
             assert!(l.meta_off + l.meta_len <= l.dir_off);
             assert!(l.dir_off + 16 * PAGE <= l.owners_off);
             assert!(l.owners_off + l.vm_chunks() * 8 <= l.tables_off);

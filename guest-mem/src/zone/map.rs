@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use llfree::MetaRegion;
 
-use super::layout::{Header, Layout};
+use super::layout::{ZoneHeader, ZoneLayout};
 use crate::pool::BackingFile;
 use crate::sys::mmap::{self, Mapping};
 
@@ -45,10 +45,10 @@ impl ZoneMap {
     }
 
     /// The header at offset 0.
-    pub fn header(&self) -> &Header {
-        // SAFETY: the mapping is at least one page long and page-aligned; `Header` consists of
+    pub fn header(&self) -> &ZoneHeader {
+        // SAFETY: the mapping is at least one page long and page-aligned; `ZoneHeader` consists of
         // atomics (valid for any bits) and is smaller than a page.
-        unsafe { &*(self.map.addr() as *const Header) }
+        unsafe { &*(self.map.addr() as *const ZoneHeader) }
     }
 
     /// `count` words at byte offset `offset` (8-byte aligned, inside the mapping).
@@ -83,12 +83,12 @@ impl ZoneMap {
 #[derive(Debug)]
 pub struct ZoneMetaRegion {
     map: Arc<ZoneMap>,
-    layout: Layout,
+    layout: ZoneLayout,
 }
 
 impl ZoneMetaRegion {
     /// The region of `layout` in `map`.
-    pub fn new(map: Arc<ZoneMap>, layout: Layout) -> Self {
+    pub fn new(map: Arc<ZoneMap>, layout: ZoneLayout) -> Self {
         Self { map, layout }
     }
 }

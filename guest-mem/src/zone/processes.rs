@@ -119,7 +119,7 @@ impl Drop for OpenGuard {
 
 /// This process's entry in a zone's process table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
+pub struct ProcessEntry {
     /// Index in the table.
     pub index: usize,
     /// The token that names the process in the zone (non-zero).
@@ -195,7 +195,7 @@ impl<'a> Table<'a> {
 
     /// Takes a free entry for this process with a new `token` and locks its byte; `None` when
     /// the table is full. Called under the open byte.
-    pub fn join(&self, file: &File, token: u64) -> io::Result<Option<Entry>> {
+    pub fn join(&self, file: &File, token: u64) -> io::Result<Option<ProcessEntry>> {
         let Some(index) = (0..MAX_PROCESSES).find(|&i| self.token(i) == 0) else {
             return Ok(None);
         };
@@ -206,7 +206,7 @@ impl<'a> Table<'a> {
         }
         self.words[index * ENTRY_WORDS].store(u64::from(std::process::id()), Ordering::Release);
         self.words[index * ENTRY_WORDS + 1].store(token, Ordering::Release);
-        Ok(Some(Entry { index, token }))
+        Ok(Some(ProcessEntry { index, token }))
     }
 
     /// Empties `entry` and unlocks its byte (a process leaving, or a dead one's entry once its
@@ -256,7 +256,7 @@ mod tests {
         let entry = table.join(&file, 77).unwrap().unwrap();
         assert_eq!(
             entry,
-            Entry {
+            ProcessEntry {
                 index: 0,
                 token: 77
             }

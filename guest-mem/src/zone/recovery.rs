@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use llfree::{FrameId, FrameState, Recovery};
 
 use super::directory::SlotState;
-use super::layout::Header;
+use super::layout::ZoneHeader;
 use super::vm_table::{entry_frame, Owner, DAMAGED, EMPTY};
 use super::{corrupted, Zone, ZoneError};
 use crate::pool::Frame;
@@ -76,7 +76,7 @@ pub struct RecoveryReport {
 
 impl RecoveryReport {
     /// Records the report in the zone header.
-    pub(super) fn record(&self, header: &Header) {
+    pub(super) fn record(&self, header: &ZoneHeader) {
         header.opens.fetch_add(1, Ordering::Relaxed);
         header.last_kind.store(self.kind as u64, Ordering::Relaxed);
         header
@@ -129,7 +129,7 @@ pub(super) enum SlotUse {
     Unused,
     /// An active VM of this many chunks, its every word checked.
     Vm(u64),
-    /// A slot with damage (see `Slot::damage`): its frames, whichever its table or their
+    /// A slot with damage (see `DirectorySlot::damage`): its frames, whichever its table or their
     /// owners name, stay allocated and untouched until a person decides.
     Quarantined,
 }

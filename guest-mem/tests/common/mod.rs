@@ -9,7 +9,7 @@ use guest_mem::testing::{self, KvmError};
 use guest_mem::{GuestMemory, MemoryConfig};
 use vm_memory::GuestAddress;
 
-pub use guest_mem::testing::{touch, HugePages, Touch, TouchError};
+pub use guest_mem::testing::{touch, HugePageReservation, Touch, TouchError};
 
 /// 1 MiB.
 pub const MIB: u64 = 1 << 20;
@@ -34,7 +34,7 @@ pub fn memory_config(size: u64, vcpus: usize) -> MemoryConfig {
 }
 
 /// A VM whose memory slots are the regions of a guest memory, with the touch program loaded.
-pub struct Vm(testing::Vm);
+pub struct RegionVm(testing::TouchVm);
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
@@ -48,10 +48,10 @@ pub fn kick_signal() -> i32 {
     signal
 }
 
-impl Vm {
+impl RegionVm {
     /// A VM over `memory`; `None` (after a SKIP line) when KVM is not usable here.
     pub fn new(memory: &GuestMemory) -> Option<Self> {
-        match testing::Vm::new(memory) {
+        match testing::TouchVm::new(memory) {
             Ok(vm) => Some(Self(vm)),
             Err(e @ KvmError::Unavailable(_)) => {
                 eprintln!("SKIP: {e}");
@@ -67,7 +67,7 @@ impl Vm {
         self.0.run(memory, index, touch)
     }
 
-    /// Like [`Vm::run`], but the vCPU leaves fault errors to the caller, as a VMM's vCPU loop
+    /// Like [`RegionVm::run`], but the vCPU leaves fault errors to the caller, as a VMM's vCPU loop
     /// leaves them to its event loop: a KVM_RUN interrupted by a kick is entered again.
     pub fn run_leaving_faults_to_the_vmm(
         &self,

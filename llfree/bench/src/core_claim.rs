@@ -51,13 +51,13 @@ impl Claim {
 /// Per-core values that only the thread holding the core's claim may use.
 #[derive(Debug)]
 pub struct Claimed<T> {
-    slots: Box<[Slot<T>]>,
+    slots: Box<[CoreSlot<T>]>,
 }
 
 /// One core's claim and value, on its own cache line.
 #[derive(Debug)]
 #[repr(align(64))]
-struct Slot<T> {
+struct CoreSlot<T> {
     claim: Claim,
     /// The owner uses the value right now (so that a nested use finds it busy).
     in_use: Cell<bool>,
@@ -76,7 +76,7 @@ impl<T> Claimed<T> {
         Self {
             slots: values
                 .into_iter()
-                .map(|value| Slot {
+                .map(|value| CoreSlot {
                     claim: Claim::default(),
                     in_use: Cell::new(false),
                     value: UnsafeCell::new(value),
@@ -114,7 +114,7 @@ impl<T> Claimed<T> {
 
     /// The slot of `core`, without a division where the id is in range.
     #[inline]
-    fn slot(&self, core: usize) -> &Slot<T> {
+    fn slot(&self, core: usize) -> &CoreSlot<T> {
         match self.slots.get(core) {
             Some(slot) => slot,
             None => &self.slots[core % self.slots.len()],

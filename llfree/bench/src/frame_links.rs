@@ -9,14 +9,14 @@ pub const NIL: u32 = u32::MAX;
 
 #[repr(align(64))]
 #[derive(Default)]
-struct Link {
+struct FrameLink {
     next: AtomicU32,
     allocated: AtomicBool,
 }
 
 /// The link array of a zone.
 pub struct FrameLinks {
-    links: Box<[Link]>,
+    links: Box<[FrameLink]>,
 }
 
 impl std::fmt::Debug for FrameLinks {
@@ -39,7 +39,7 @@ impl FrameLinks {
                 reason: "list allocators manage 1 to 2^32 - 2 frames",
             });
         }
-        let links: Box<[Link]> = (0..frames).map(|_| Link::default()).collect();
+        let links: Box<[FrameLink]> = (0..frames).map(|_| FrameLink::default()).collect();
         for range in (0..lists).map(|list| share(frames, lists, list)) {
             for frame in range.clone() {
                 let next = if frame + 1 < range.end {

@@ -12,12 +12,12 @@ use std::sync::atomic::{
 
 #[derive(Debug)]
 #[repr(align(64))]
-struct Head(AtomicU64);
+struct TaggedHead(AtomicU64);
 
 /// A lock-free global free list of frames.
 #[derive(Debug)]
 pub struct ListCas {
-    head: Head,
+    head: TaggedHead,
     links: FrameLinks,
 }
 
@@ -30,7 +30,7 @@ impl ListCas {
     pub fn new(frames: usize) -> Result<Self, AllocError> {
         Ok(Self {
             links: FrameLinks::new(frames, 1)?,
-            head: Head(AtomicU64::new(pack(0, 0))),
+            head: TaggedHead(AtomicU64::new(pack(0, 0))),
         })
     }
 }

@@ -15,20 +15,20 @@ use std::time::Duration;
 /// Benchmarks LLFree against buddy and list-based page-frame allocators.
 #[derive(Parser)]
 #[command(version, about)]
-struct Cli {
+struct BenchCli {
     #[command(subcommand)]
-    command: Command,
+    command: BenchCommand,
 }
 
 #[derive(Subcommand)]
-enum Command {
+enum BenchCommand {
     /// Every thread allocates its share of half the zone, then frees it; repeated.
-    Bulk(RunArgs),
+    Bulk(BenchRunArgs),
     /// Every thread allocates its share of the zone; frees in random order are timed.
-    Rand(RunArgs),
+    Rand(BenchRunArgs),
     /// With half the zone allocated, every thread allocates and frees one frame in a loop
     /// (a get+put pair is timed).
-    Repeat(RunArgs),
+    Repeat(BenchRunArgs),
     /// Huge-frame fragmentation and compaction cost over reallocation rounds (paper §5.6).
     Frag(FragArgs),
     /// Recovery time of a persistent LLFree after a clean shutdown and after a crash (§5.7).
@@ -37,7 +37,7 @@ enum Command {
 
 /// Options of bulk, rand and repeat.
 #[derive(Args)]
-struct RunArgs {
+struct BenchRunArgs {
     /// Allocators to compare in this run.
     #[arg(
         long,
@@ -106,12 +106,12 @@ struct RecoverArgs {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
-        Command::Bulk(args) => run_harness(Bench::Bulk, &args),
-        Command::Rand(args) => run_harness(Bench::Rand, &args),
-        Command::Repeat(args) => run_harness(Bench::Repeat, &args),
-        Command::Frag(args) => run_frag(&args),
-        Command::Recover(args) => run_recover(&args),
+    let result = match BenchCli::parse().command {
+        BenchCommand::Bulk(args) => run_harness(Bench::Bulk, &args),
+        BenchCommand::Rand(args) => run_harness(Bench::Rand, &args),
+        BenchCommand::Repeat(args) => run_harness(Bench::Repeat, &args),
+        BenchCommand::Frag(args) => run_frag(&args),
+        BenchCommand::Recover(args) => run_recover(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -124,7 +124,7 @@ fn main() -> ExitCode {
 
 type BoxError = Box<dyn std::error::Error>;
 
-fn run_harness(bench: Bench, args: &RunArgs) -> Result<(), BoxError> {
+fn run_harness(bench: Bench, args: &BenchRunArgs) -> Result<(), BoxError> {
     let frames = args.zone / llfree_bench::units::FRAME_SIZE;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{CSV_HEADER}")?;

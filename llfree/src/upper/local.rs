@@ -29,12 +29,12 @@ pub fn after(frame: usize, frames: usize) -> usize {
 
 /// A snapshot of the per-core word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct State(u64);
+pub struct LocalState(u64);
 
-impl State {
+impl LocalState {
     /// A reservation of `tree` with `free` frames and the hint `hint` (inside the tree).
     fn reserved(hint: usize, free: usize) -> Self {
-        State(PRESENT | (free as u64) << FREE_SHIFT | hint as u64)
+        LocalState(PRESENT | (free as u64) << FREE_SHIFT | hint as u64)
     }
     /// Whether a tree is reserved.
     #[inline]
@@ -58,7 +58,7 @@ impl State {
     }
     #[inline]
     fn with_free(self, free: usize) -> Self {
-        State(self.0 & !(FREE_MASK << FREE_SHIFT) | (free as u64) << FREE_SHIFT)
+        LocalState(self.0 & !(FREE_MASK << FREE_SHIFT) | (free as u64) << FREE_SHIFT)
     }
     /// Whether `tree` is the reserved tree.
     #[inline]
@@ -85,21 +85,24 @@ pub struct Local {
 
 impl Local {
     #[inline]
-    fn update(&self, f: impl FnMut(State) -> Option<State>) -> Result<State, State> {
+    fn update(
+        &self,
+        f: impl FnMut(LocalState) -> Option<LocalState>,
+    ) -> Result<LocalState, LocalState> {
         let mut f = f;
         stop!();
         self.state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                f(State(v)).map(|s| s.0)
+                f(LocalState(v)).map(|s| s.0)
             })
-            .map(State)
-            .map_err(State)
+            .map(LocalState)
+            .map_err(LocalState)
     }
 
     /// The current state.
     #[inline]
-    pub fn load(&self) -> State {
-        State(self.state.load(Ordering::Acquire))
+    pub fn load(&self) -> LocalState {
+        LocalState(self.state.load(Ordering::Acquire))
     }
 
     /// Fast path: takes `frames` from the local counter. Returns the state before.
@@ -108,14 +111,14 @@ impl Local {
     /// atomic update, so that the next one is looked for where this one ends: the lower level
     /// finds a run of them one child entry each.
     #[inline]
-    pub fn take(&self, frames: usize) -> Option<State> {
+    pub fn take(&self, frames: usize) -> Option<LocalState> {
         self.update(|s| {
             (s.present() && s.free() >= frames).then(|| {
                 let taken = s.with_free(s.free() - frames);
                 if frames < CHILD_FRAMES {
                     return taken;
                 }
-                State(taken.0 & !HINT_MASK | after(s.hint(), frames) as u64)
+                LocalState(taken.0 & !HINT_MASK | after(s.hint(), frames) as u64)
             })
         })
         .ok()
@@ -124,7 +127,7 @@ impl Local {
     /// Takes at least `frames` and at most `batch.max(frames)` frames from the local counter, as
     /// many as it has, for a [`crate::CoreCache`]. Returns the state before and the frames taken.
     #[inline]
-    pub fn take_batch(&self, frames: usize, batch: usize) -> Option<(State, usize)> {
+    pub fn take_batch(&self, frames: usize, batch: usize) -> Option<(LocalState, usize)> {
         let want = batch.max(frames);
         self.update(|s| {
             (s.present() && s.free() >= frames).then(|| s.with_free(s.free() - s.free().min(want)))
@@ -152,13 +155,13 @@ impl Local {
         let tree = frame / TREE_FRAMES;
         let _ = self.update(|s| {
             s.owns(tree)
-                .then_some(State(s.0 & !HINT_MASK | frame as u64))
+                .then_some(LocalState(s.0 & !HINT_MASK | frame as u64))
         });
     }
 
     /// Starts a slow path. Fails if another thread of this core runs one.
-    pub fn begin_slow_path(&self) -> Option<State> {
-        self.update(|s| (s.0 & RESERVING == 0).then_some(State(s.0 | RESERVING)))
+    pub fn begin_slow_path(&self) -> Option<LocalState> {
+        self.update(|s| (s.0 & RESERVING == 0).then_some(LocalState(s.0 | RESERVING)))
             .ok()
     }
 
@@ -168,18 +171,18 @@ impl Local {
     }
 
     /// Installs a new reservation (ending the slow path); returns the previous state.
-    pub fn install(&self, hint: usize, free: usize) -> State {
+    pub fn install(&self, hint: usize, free: usize) -> LocalState {
         stop!();
-        State(
+        LocalState(
             self.state
-                .swap(State::reserved(hint, free).0, Ordering::AcqRel),
+                .swap(LocalState::reserved(hint, free).0, Ordering::AcqRel),
         )
     }
 
     /// Removes the reservation (ending the slow path); returns the previous state.
-    pub fn uninstall(&self) -> State {
+    pub fn uninstall(&self) -> LocalState {
         stop!();
-        State(self.state.swap(0, Ordering::AcqRel))
+        LocalState(self.state.swap(0, Ordering::AcqRel))
     }
 
     /// Records a free into a tree this core has not reserved. Returns how many consecutive frees

@@ -39,8 +39,8 @@ pub const GIANT_TREES: usize = (1 << GIANT_ORDER) / TREE_FRAMES;
 /// The entry of one tree, on a cache line of its own.
 #[repr(C, align(64))]
 #[derive(Default)]
-pub struct Entry(AtomicU16);
-const _: () = assert!(std::mem::size_of::<Entry>() == ENTRY_SIZE);
+pub struct TreeEntry(AtomicU16);
+const _: () = assert!(std::mem::size_of::<TreeEntry>() == ENTRY_SIZE);
 
 /// How full a tree is, for the reservation heuristic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub enum Class {
 
 /// The tree array, in the allocator's metadata region.
 pub struct Trees {
-    entries: &'static [Entry],
+    entries: &'static [TreeEntry],
     len: usize,
     /// Trees with fewer free frames are [`Class::Allocated`].
     almost_allocated: usize,
@@ -66,7 +66,7 @@ pub struct Trees {
 impl Trees {
     /// The array of `len` trees in `entries` (at least `len`), as they are.
     pub fn new(
-        entries: &'static [Entry],
+        entries: &'static [TreeEntry],
         len: usize,
         almost_allocated: usize,
         almost_free: usize,

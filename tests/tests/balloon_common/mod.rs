@@ -14,7 +14,7 @@ use vm_memory::GuestAddress;
 use vmm::layout::{virtio_mmio_base, BALLOON_SLOT};
 use vmm::runner::VirtioMmioDevices;
 use vmm::testguest::protocol::{BALLOON_DRIVER_FEATURES, WORKLOAD_MIN_ADDR};
-use vmm::testguest::{self, Report, RunOptions, Workload};
+use vmm::testguest::{self, GuestReport, RunOptions, Workload};
 use vmm_devices::balloon::testing::EventLoopThread;
 use vmm_devices::balloon::BalloonHandle;
 
@@ -56,7 +56,7 @@ pub type BalloonHook = Box<dyn Fn(u64, &BalloonHandle) + Send + Sync>;
 
 /// The outcome of a run with a balloon.
 pub struct BalloonRun {
-    pub report: Report,
+    pub report: GuestReport,
     pub balloon: BalloonHandle,
 }
 

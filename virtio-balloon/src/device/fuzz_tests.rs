@@ -58,7 +58,7 @@ fn pfn() -> impl Strategy<Value = u32> {
 }
 
 #[derive(Debug, Clone)]
-enum Action {
+enum FuzzAction {
     /// Write descriptors at table positions, make `heads` available on `queue` and maybe
     /// notify it.
     Post {
@@ -124,7 +124,7 @@ fn plausible_chain() -> impl Strategy<Value = (Vec<(u16, Descriptor)>, Vec<u16>)
     })
 }
 
-fn action() -> impl Strategy<Value = Action> {
+fn action() -> impl Strategy<Value = FuzzAction> {
     let queue = 0..5u16;
     let raw = (
         prop::collection::vec((0..QUEUE_SIZE, descriptor()), 0..12),
@@ -132,24 +132,24 @@ fn action() -> impl Strategy<Value = Action> {
     );
     prop_oneof![
         2 => (queue.clone(), raw, any::<bool>())
-            .prop_map(|(queue, (table, heads), kick)| Action::Post { queue, table, heads, kick }),
+            .prop_map(|(queue, (table, heads), kick)| FuzzAction::Post { queue, table, heads, kick }),
         6 => (queue.clone(), plausible_chain(), prop::bool::weighted(0.8))
-            .prop_map(|(queue, (table, heads), kick)| Action::Post { queue, table, heads, kick }),
+            .prop_map(|(queue, (table, heads), kick)| FuzzAction::Post { queue, table, heads, kick }),
         3 => ((0..0x400u64), pfn_list(0..4))
-            .prop_map(|(offset, pfns)| Action::Fill { offset: offset * 4, pfns }),
-        2 => (0..6u16).prop_map(Action::Notify),
-        1 => (queue, any::<u16>()).prop_map(|(queue, delta)| Action::BumpAvail { queue, delta }),
-        1 => Just(Action::RequestStats),
-        1 => any::<u64>().prop_map(|mib| Action::SetTarget(mib % (1 << 25))),
+            .prop_map(|(offset, pfns)| FuzzAction::Fill { offset: offset * 4, pfns }),
+        2 => (0..6u16).prop_map(FuzzAction::Notify),
+        1 => (queue, any::<u16>()).prop_map(|(queue, delta)| FuzzAction::BumpAvail { queue, delta }),
+        1 => Just(FuzzAction::RequestStats),
+        1 => any::<u64>().prop_map(|mib| FuzzAction::SetTarget(mib % (1 << 25))),
         1 => (0..24u64, prop::collection::vec(any::<u8>(), 0..8))
-            .prop_map(|(offset, data)| Action::WriteConfig { offset, data }),
-        1 => Just(Action::ResetAndReactivate),
+            .prop_map(|(offset, data)| FuzzAction::WriteConfig { offset, data }),
+        1 => Just(FuzzAction::ResetAndReactivate),
     ]
 }
 
 struct Harness<'a> {
     mem: &'a Arc<GuestMemoryMmap>,
-    balloon: Balloon<Arc<GuestMemoryMmap>, RecordingBackend>,
+    balloon: VirtioBalloon<Arc<GuestMemoryMmap>, RecordingBackend>,
     driver: Driver<'a>,
     acked: u64,
     queues: u16,
@@ -157,7 +157,7 @@ struct Harness<'a> {
 
 impl<'a> Harness<'a> {
     fn new(mem: &'a Arc<GuestMemoryMmap>, config: BalloonConfig, ack_mask: u64) -> Self {
-        let balloon = Balloon::new(config, RecordingBackend::default()).unwrap();
+        let balloon = VirtioBalloon::new(config, RecordingBackend::default()).unwrap();
         let acked = balloon.device_features() & ack_mask;
         let queues = QueueLayout::new(acked).len() as u16;
         let mut harness = Self {
@@ -180,9 +180,9 @@ impl<'a> Harness<'a> {
             .unwrap();
     }
 
-    fn run(&mut self, action: Action) {
+    fn run(&mut self, action: FuzzAction) {
         match action {
-            Action::Post {
+            FuzzAction::Post {
                 queue,
                 table,
                 heads,
@@ -192,28 +192,28 @@ impl<'a> Harness<'a> {
                     self.driver.add_raw(queue, &table, &heads);
                 }
                 if kick {
-                    self.run(Action::Notify(queue));
+                    self.run(FuzzAction::Notify(queue));
                 }
             }
-            Action::Fill { offset, pfns } => {
+            FuzzAction::Fill { offset, pfns } => {
                 self.driver.write_pfns(BUFFERS + offset, &pfns);
             }
-            Action::Notify(queue) => {
+            FuzzAction::Notify(queue) => {
                 // Broken rings are an expected outcome; panics are not.
                 let _ = self.balloon.process_queue(queue);
             }
-            Action::BumpAvail { queue, delta } if queue < self.queues => {
+            FuzzAction::BumpAvail { queue, delta } if queue < self.queues => {
                 self.driver.bump_avail_idx(queue, delta)
             }
-            Action::BumpAvail { .. } => {}
-            Action::RequestStats => {
+            FuzzAction::BumpAvail { .. } => {}
+            FuzzAction::RequestStats => {
                 let _ = self.balloon.request_stats();
             }
-            Action::SetTarget(mib) => {
+            FuzzAction::SetTarget(mib) => {
                 let _ = self.balloon.set_target_mib(mib);
             }
-            Action::WriteConfig { offset, data } => self.balloon.write_config(offset, &data),
-            Action::ResetAndReactivate => {
+            FuzzAction::WriteConfig { offset, data } => self.balloon.write_config(offset, &data),
+            FuzzAction::ResetAndReactivate => {
                 self.balloon.reset();
                 self.activate();
             }

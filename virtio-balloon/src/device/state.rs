@@ -1,7 +1,7 @@
 //! The device's state for a snapshot, and its restoration in another process: the
 //! configuration space, what the device counted, the guest's latest statistics and, while a
 //! driver drives it, the negotiated features, the statistics buffer it holds and whether it
-//! waits for a reset. The queues' positions are the transport's to save ([`Balloon::queue_states`]).
+//! waits for a reset. The queues' positions are the transport's to save ([`VirtioBalloon::queue_states`]).
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::GuestAddressSpace;
 
-use super::{Balloon, BalloonCounters, BalloonError};
+use super::{BalloonCounters, BalloonError, VirtioBalloon};
 use crate::backend::{BalloonBackend, GuestNotifier};
 use crate::queues::QueueRole;
 use crate::spec::FREE_PAGE_HINT_DONE;
@@ -53,7 +53,7 @@ pub struct ActiveState {
     pub needs_reset: bool,
 }
 
-/// What an active device needs on restoration: as for [`Balloon::activate`].
+/// What an active device needs on restoration: as for [`VirtioBalloon::activate`].
 pub struct Reactivation<M, Q> {
     /// Guest memory of the queues.
     pub memory: M,
@@ -69,7 +69,7 @@ impl<M, Q> std::fmt::Debug for Reactivation<M, Q> {
     }
 }
 
-impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
+impl<M: GuestAddressSpace, B: BalloonBackend> VirtioBalloon<M, B> {
     /// The state to save; the queues' positions come from [`Self::queue_states`].
     pub fn save_state(&self) -> BalloonState {
         BalloonState {
@@ -106,7 +106,7 @@ impl<M: GuestAddressSpace, B: BalloonBackend> Balloon<M, B> {
             .collect()
     }
 
-    /// Restores a saved state into a device fresh from [`Balloon::new`] with the same options;
+    /// Restores a saved state into a device fresh from [`VirtioBalloon::new`] with the same options;
     /// a device that was active gets its queues back through `reactivation`. Unlike
     /// [`Self::activate`] it processes nothing: buffers the driver made available wait for its
     /// next notification. Everything is checked as an activation is (the state may come from a

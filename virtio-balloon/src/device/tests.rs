@@ -10,11 +10,12 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use super::*;
 use crate::spec::{stat_tag, CONFIG_ACTUAL, CONFIG_NUM_PAGES};
 use crate::testing::{
-    guest_memory, Call, CountingNotifier, Driver, RecordingBackend, BUFFERS, CHUNK_PAGES, RAM,
+    guest_memory, BackendCall, CountingNotifier, Driver, RecordingBackend, BUFFERS, CHUNK_PAGES,
+    RAM,
 };
 use crate::{GuestRange, DEFAULT_QUEUE_SIZE};
 
-type TestBalloon = Balloon<Arc<GuestMemoryMmap>, RecordingBackend>;
+type TestBalloon = VirtioBalloon<Arc<GuestMemoryMmap>, RecordingBackend>;
 
 const QUEUE_SIZE: u16 = 64;
 const INFLATE: u16 = 0;
@@ -118,9 +119,9 @@ fn inflation_coalesces_pages_and_frees_full_chunks() {
     assert_eq!(
         s.balloon.backend().calls(),
         [
-            Call::Inflate(range(1024, 256)),
-            Call::Inflate(range(1280, 256)),
-            Call::Inflate(range(7, 3)),
+            BackendCall::Inflate(range(1024, 256)),
+            BackendCall::Inflate(range(1280, 256)),
+            BackendCall::Inflate(range(7, 3)),
         ]
     );
     let info = s.balloon.info();
@@ -144,10 +145,10 @@ fn invalid_and_duplicate_pages_are_ignored_and_counted() {
     assert_eq!(
         calls,
         [
-            Call::Inflate(range(5, 1)),
-            Call::Inflate(range(5, 1)),
-            Call::Inflate(range(u64::from(hole) - 1, 1)),
-            Call::Inflate(range(u64::from(ram2), 1)),
+            BackendCall::Inflate(range(5, 1)),
+            BackendCall::Inflate(range(5, 1)),
+            BackendCall::Inflate(range(u64::from(hole) - 1, 1)),
+            BackendCall::Inflate(range(u64::from(ram2), 1)),
         ]
     );
     let violations = s.balloon.info().violations;
@@ -198,11 +199,11 @@ fn reported_ranges_are_discarded_and_merged() {
     assert_eq!(
         s.balloon.backend().calls(),
         [
-            Call::Discard(GuestRange {
+            BackendCall::Discard(GuestRange {
                 addr: GuestAddress(4 * mb2),
                 len: 3 * mb2
             }),
-            Call::Discard(range(3, 1)),
+            BackendCall::Discard(range(3, 1)),
         ]
     );
     let info = s.balloon.info();
@@ -349,7 +350,10 @@ fn reporting_takes_index_2_without_statistics() {
         .unwrap();
     driver.add_chain(2, &[(0x20_0000, 0x20_0000, true)]);
     balloon.process_queue(2).unwrap();
-    assert_eq!(balloon.backend().calls(), [Call::Discard(range(512, 512))]);
+    assert_eq!(
+        balloon.backend().calls(),
+        [BackendCall::Discard(range(512, 512))]
+    );
     balloon.process_queue(3).unwrap();
     assert_eq!(balloon.info().violations.unknown_queue, 1);
 }
@@ -376,7 +380,10 @@ fn broken_rings_stop_the_device_until_reset() {
     let info = s.balloon.info();
     assert!(!info.active && !info.needs_reset);
     assert_eq!(info.counters.inflated_pages, 0);
-    assert_eq!(s.balloon.backend().calls().last(), Some(&Call::DeflateAll));
+    assert_eq!(
+        s.balloon.backend().calls().last(),
+        Some(&BackendCall::DeflateAll)
+    );
     assert!(!s.balloon.backend().is_given_away(10));
     s.balloon.process_queue(INFLATE).unwrap();
 }
@@ -557,8 +564,8 @@ fn free_page_hints_of_the_host_s_run_are_discarded_and_the_run_ends_as_asked() {
     assert_eq!(
         balloon.backend().calls(),
         [
-            Call::Discard(range(1024, CHUNK_PAGES)),
-            Call::Discard(range(8, 1))
+            BackendCall::Discard(range(1024, CHUNK_PAGES)),
+            BackendCall::Discard(range(8, 1))
         ]
     );
     let info = balloon.info();

@@ -73,43 +73,43 @@ fn at(block: u64) -> u64 {
 #[test]
 fn plugs_up_to_the_requested_size_and_unplugs_give_frames_back() {
     let (mut dev, pool) = device(32);
-    let plug = |addr, blocks| Request::Plug { addr, blocks };
+    let plug = |addr, blocks| MemRequest::Plug { addr, blocks };
     // Nothing requested yet: a plug is refused for now.
-    assert_eq!(dev.handle(plug(at(0), 1)), Response::Nack);
+    assert_eq!(dev.handle(plug(at(0), 1)), MemResponse::Nack);
     dev.set_requested_size(6 * MIB).unwrap();
-    assert_eq!(dev.handle(plug(at(0), 2)), Response::Ack(None));
+    assert_eq!(dev.handle(plug(at(0), 2)), MemResponse::Ack(None));
     assert_eq!(pool.stats().used_bytes, 4 * MIB);
     // Beyond the requested size: NACK; within it: ACK.
-    assert_eq!(dev.handle(plug(at(4), 2)), Response::Nack);
-    assert_eq!(dev.handle(plug(at(4), 1)), Response::Ack(None));
+    assert_eq!(dev.handle(plug(at(4), 2)), MemResponse::Nack);
+    assert_eq!(dev.handle(plug(at(4), 1)), MemResponse::Ack(None));
     assert_eq!(dev.plugged_size(), 6 * MIB);
     assert_eq!(plugged_in_memory(&dev), 6 * MIB);
     let state = |dev: &mut Blocks<Memory>, block, blocks| {
-        dev.handle(Request::State {
+        dev.handle(MemRequest::State {
             addr: at(block),
             blocks,
         })
     };
     assert_eq!(
         state(&mut dev, 0, 2),
-        Response::Ack(Some(BlockState::Plugged))
+        MemResponse::Ack(Some(BlockState::Plugged))
     );
     assert_eq!(
         state(&mut dev, 1, 4),
-        Response::Ack(Some(BlockState::Mixed))
+        MemResponse::Ack(Some(BlockState::Mixed))
     );
     assert_eq!(
         state(&mut dev, 5, 11),
-        Response::Ack(Some(BlockState::Unplugged))
+        MemResponse::Ack(Some(BlockState::Unplugged))
     );
 
     // Unplug one block: its frame goes back; unplugging it again is an error.
-    let unplug = |addr, blocks| Request::Unplug { addr, blocks };
-    assert_eq!(dev.handle(unplug(at(1), 1)), Response::Ack(None));
+    let unplug = |addr, blocks| MemRequest::Unplug { addr, blocks };
+    assert_eq!(dev.handle(unplug(at(1), 1)), MemResponse::Ack(None));
     assert_eq!(pool.stats().used_bytes, 4 * MIB);
-    assert_eq!(dev.handle(unplug(at(1), 1)), Response::Error);
-    assert_eq!(dev.handle(unplug(at(0), 2)), Response::Error, "mixed");
-    assert_eq!(dev.handle(Request::UnplugAll), Response::Ack(None));
+    assert_eq!(dev.handle(unplug(at(1), 1)), MemResponse::Error);
+    assert_eq!(dev.handle(unplug(at(0), 2)), MemResponse::Error, "mixed");
+    assert_eq!(dev.handle(MemRequest::UnplugAll), MemResponse::Ack(None));
     assert_eq!((dev.plugged_size(), pool.stats().used_bytes), (0, 0));
     assert_eq!(plugged_in_memory(&dev), 0);
     let counters = dev.counters();
@@ -129,58 +129,58 @@ fn invalid_requests_are_errors_and_change_nothing() {
     let (mut dev, pool) = device(32);
     dev.set_requested_size(BLOCKS * BLOCK).unwrap();
     assert_eq!(
-        dev.handle(Request::Plug {
+        dev.handle(MemRequest::Plug {
             addr: at(3),
             blocks: 1
         }),
-        Response::Ack(None)
+        MemResponse::Ack(None)
     );
     for request in [
-        Request::Plug {
+        MemRequest::Plug {
             addr: at(0) + 4096,
             blocks: 1,
         },
-        Request::Plug {
+        MemRequest::Plug {
             addr: at(0),
             blocks: 0,
         },
-        Request::Plug {
+        MemRequest::Plug {
             addr: REGION - BLOCK,
             blocks: 1,
         },
-        Request::Plug {
+        MemRequest::Plug {
             addr: at(15),
             blocks: 2,
         },
-        Request::Plug {
+        MemRequest::Plug {
             addr: at(2),
             blocks: 2,
         },
-        Request::Plug {
+        MemRequest::Plug {
             addr: u64::MAX - BLOCK + 1,
             blocks: u16::MAX,
         },
-        Request::Plug { addr: 0, blocks: 1 },
-        Request::Unplug {
+        MemRequest::Plug { addr: 0, blocks: 1 },
+        MemRequest::Unplug {
             addr: at(4),
             blocks: 1,
         },
-        Request::Unplug {
+        MemRequest::Unplug {
             addr: at(3),
             blocks: u16::MAX,
         },
-        Request::State {
+        MemRequest::State {
             addr: at(16),
             blocks: 1,
         },
-        Request::State {
+        MemRequest::State {
             addr: at(0) + 1,
             blocks: 1,
         },
-        Request::Unknown(4),
-        Request::Unknown(u16::MAX),
+        MemRequest::Unknown(4),
+        MemRequest::Unknown(u16::MAX),
     ] {
-        assert_eq!(dev.handle(request), Response::Error, "{request:?}");
+        assert_eq!(dev.handle(request), MemResponse::Error, "{request:?}");
     }
     assert_eq!(dev.plugged_size(), BLOCK);
     assert_eq!(pool.stats().used_bytes, BLOCK);
@@ -192,19 +192,19 @@ fn a_plug_the_host_has_no_memory_for_is_refused_for_now() {
     let (mut dev, pool) = device(4);
     dev.set_requested_size(8 * MIB).unwrap();
     assert_eq!(
-        dev.handle(Request::Plug {
+        dev.handle(MemRequest::Plug {
             addr: at(0),
             blocks: 3
         }),
-        Response::Nack
+        MemResponse::Nack
     );
     assert_eq!((dev.plugged_size(), pool.stats().used_bytes), (0, 0));
     assert_eq!(
-        dev.handle(Request::Plug {
+        dev.handle(MemRequest::Plug {
             addr: at(0),
             blocks: 2
         }),
-        Response::Ack(None)
+        MemResponse::Ack(None)
     );
 }
 
@@ -215,7 +215,7 @@ fn the_requested_size_is_whole_blocks_of_the_region_and_the_config_space_shows_i
         assert!(dev.set_requested_size(bad).is_err(), "{bad:#x}");
     }
     dev.set_requested_size(8 * MIB).unwrap();
-    dev.handle(Request::Plug {
+    dev.handle(MemRequest::Plug {
         addr: at(2),
         blocks: 1,
     });
@@ -303,18 +303,18 @@ fn a_hostile_driver_never_plugs_beyond_the_requested_size() {
         };
         let blocks = (next() % 5) as u16;
         let request = match next() % 5 {
-            0 => Request::Plug { addr, blocks },
-            1 => Request::Unplug { addr, blocks },
-            2 => Request::State { addr, blocks },
-            3 if next() % 10 == 0 => Request::UnplugAll,
-            _ => Request::Unknown((next() % 8) as u16),
+            0 => MemRequest::Plug { addr, blocks },
+            1 => MemRequest::Unplug { addr, blocks },
+            2 => MemRequest::State { addr, blocks },
+            3 if next() % 10 == 0 => MemRequest::UnplugAll,
+            _ => MemRequest::Unknown((next() % 8) as u16),
         };
         let before = dev.plugged_size();
         let response = dev.handle(request);
-        if matches!(request, Request::Plug { .. }) && response == Response::Ack(None) {
+        if matches!(request, MemRequest::Plug { .. }) && response == MemResponse::Ack(None) {
             assert!(dev.plugged_size() <= dev.requested_size(), "{request:?}");
         }
-        if response != Response::Ack(None) {
+        if response != MemResponse::Ack(None) {
             assert_eq!(dev.plugged_size(), before, "{request:?} -> {response:?}");
         }
         assert_eq!(plugged_in_memory(&dev), dev.plugged_size());

@@ -160,7 +160,7 @@ fn head_end(buf: &[u8], from: usize) -> Option<usize> {
 
 /// What the head says about the body.
 #[derive(Debug)]
-struct Head {
+struct RequestHead {
     method: Method,
     target: String,
     content_length: Option<u64>,
@@ -168,7 +168,7 @@ struct Head {
     keep_alive: bool,
 }
 
-fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
+fn parse_head(head: &[u8]) -> Result<RequestHead, RequestError> {
     let text = std::str::from_utf8(head).map_err(|_| malformed("the head is not ASCII"))?;
     let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
     let request_line = lines.next().unwrap_or_default();
@@ -232,7 +232,7 @@ fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
             }
         }
     }
-    Ok(Head {
+    Ok(RequestHead {
         method: Method::parse(method),
         target: target.to_owned(),
         content_length,
@@ -243,7 +243,7 @@ fn parse_head(head: &[u8]) -> Result<Head, RequestError> {
 
 /// What [`RequestReader::feed`] found.
 #[derive(Debug)]
-pub enum Progress {
+pub enum ParseProgress {
     /// The request is not complete yet.
     NeedMore,
     /// The head asks for `100 Continue` before the body: send it, then feed the body.
@@ -260,7 +260,7 @@ pub struct RequestReader {
     /// How far the search for the head's end got.
     scanned: usize,
     /// The parsed head and the body's length, once the head is complete.
-    head: Option<(Head, usize)>,
+    head: Option<(RequestHead, usize)>,
     continue_sent: bool,
 }
 
@@ -273,7 +273,7 @@ impl RequestReader {
     /// Takes `bytes`, the next ones of the request; an empty slice means the peer closed the
     /// connection. Bytes after the body (a pipelined request) are dropped, and the request
     /// then does not keep the connection: it is answered, and the connection closed.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Progress, RequestError> {
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<ParseProgress, RequestError> {
         if bytes.is_empty() {
             return Err(if self.buf.is_empty() {
                 RequestError::Closed
@@ -291,7 +291,7 @@ impl RequestReader {
                 if self.buf.len() >= MAX_HEAD_BYTES + 4 {
                     return Err(RequestError::HeadTooLarge);
                 }
-                return Ok(Progress::NeedMore);
+                return Ok(ParseProgress::NeedMore);
             };
             if end > MAX_HEAD_BYTES {
                 return Err(RequestError::HeadTooLarge);
@@ -315,16 +315,16 @@ impl RequestReader {
         if self.buf.len() < *length {
             if head.expect_continue && !self.continue_sent {
                 self.continue_sent = true;
-                return Ok(Progress::SendContinue);
+                return Ok(ParseProgress::SendContinue);
             }
-            return Ok(Progress::NeedMore);
+            return Ok(ParseProgress::NeedMore);
         }
         let (head, length) = self.head.take().expect("parsed above");
         let mut body = std::mem::take(&mut self.buf);
         let pipelined = body.len() > length;
         body.truncate(length);
         *self = RequestReader::default();
-        Ok(Progress::Complete(Request {
+        Ok(ParseProgress::Complete(Request {
             method: head.method,
             target: head.target,
             body,
@@ -347,9 +347,9 @@ pub fn read_request<S: Read + Write>(stream: &mut S) -> Result<Request, RequestE
             Err(e) => return Err(map_read_error(e)),
         };
         match reader.feed(&chunk[..n])? {
-            Progress::NeedMore => {}
-            Progress::SendContinue => stream.write_all(CONTINUE)?,
-            Progress::Complete(request) => return Ok(request),
+            ParseProgress::NeedMore => {}
+            ParseProgress::SendContinue => stream.write_all(CONTINUE)?,
+            ParseProgress::Complete(request) => return Ok(request),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The balloon as a [`VirtioDevice`]: the transport-independent `virtio_balloon::Balloon` over a
+//! The balloon as a [`VirtioDevice`]: the transport-independent `virtio_balloon::VirtioBalloon` over a
 //! [`GuestMemBackend`], with its interrupts raised through the transport's [`Interrupt`].
 
 use std::io;
@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use log::warn;
-use virtio_balloon::{Balloon, BalloonConfig, BalloonError, GuestNotifier, Reactivation};
+use virtio_balloon::{BalloonConfig, BalloonError, GuestNotifier, Reactivation, VirtioBalloon};
 use virtio_queue::QueueState;
 
 use super::backend::GuestMemBackend;
@@ -37,24 +37,24 @@ impl GuestNotifier for InterruptNotifier {
 /// A virtio-balloon device on guest-mem memory.
 #[derive(Debug)]
 pub struct BalloonDevice {
-    balloon: Balloon<DeviceMemory, GuestMemBackend>,
+    balloon: VirtioBalloon<DeviceMemory, GuestMemBackend>,
 }
 
 impl BalloonDevice {
     /// A balloon with `config`'s options over `memory`; it frees frames with a core id of its
     /// own.
     pub fn new(config: BalloonConfig, memory: Arc<GuestMemory>) -> Result<Self, BalloonError> {
-        let balloon = Balloon::new(config, GuestMemBackend::new(memory))?;
+        let balloon = VirtioBalloon::new(config, GuestMemBackend::new(memory))?;
         Ok(Self { balloon })
     }
 
     /// The device logic: target, statistics requests, information.
-    pub fn balloon(&self) -> &Balloon<DeviceMemory, GuestMemBackend> {
+    pub fn balloon(&self) -> &VirtioBalloon<DeviceMemory, GuestMemBackend> {
         &self.balloon
     }
 
     /// The device logic, mutably.
-    pub fn balloon_mut(&mut self) -> &mut Balloon<DeviceMemory, GuestMemBackend> {
+    pub fn balloon_mut(&mut self) -> &mut VirtioBalloon<DeviceMemory, GuestMemBackend> {
         &mut self.balloon
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use guest_mem::GuestMemory;
 use virtio_balloon::{
-    pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonInfo, HintingStatus,
+    pages_from_bytes, pages_from_mib, BalloonConfig, BalloonError, BalloonReading, HintingStatus,
     OptionsError,
 };
 
@@ -118,7 +118,7 @@ impl BalloonHandle {
     }
 
     /// Target, actual size, counters, the guest's statistics and its violations.
-    pub fn info(&self) -> BalloonInfo {
+    pub fn info(&self) -> BalloonReading {
         lock(&self.device).balloon().info()
     }
 

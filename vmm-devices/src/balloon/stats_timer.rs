@@ -1,5 +1,5 @@
 //! The statistics timer: a timerfd in the event loop that asks the guest for fresh memory
-//! statistics ([`virtio_balloon::Balloon::request_stats`]) at the configured interval, which
+//! statistics ([`virtio_balloon::VirtioBalloon::request_stats`]) at the configured interval, which
 //! the API may change while the guest runs.
 
 use std::io;

@@ -19,18 +19,15 @@ fn limited(
     memory: &DeviceMemory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     limiter: RateLimiterConfig,
-) -> (EntropyDevice, EventFd) {
-    let mut device = EntropyDevice::new(memory.clone(), limiter).unwrap();
+) -> (Entropy, EventFd) {
+    let mut device = Entropy::new(memory.clone(), limiter).unwrap();
     let (activation, irq) = activation(memory, mock);
     device.activate(activation).unwrap();
     (device, irq)
 }
 
 /// An unlimited device activated with the queue of `mock`.
-fn activated(
-    memory: &DeviceMemory,
-    mock: &MockSplitQueue<'_, GuestMemory>,
-) -> (EntropyDevice, EventFd) {
+fn activated(memory: &DeviceMemory, mock: &MockSplitQueue<'_, GuestMemory>) -> (Entropy, EventFd) {
     limited(memory, mock, RateLimiterConfig::default())
 }
 

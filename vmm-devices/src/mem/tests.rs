@@ -60,7 +60,7 @@ fn send(
     memory: &DeviceMemory,
     mock: &MockSplitQueue<'_, GuestMemory>,
     avail: u16,
-    request: Request,
+    request: MemRequest,
 ) -> u16 {
     memory
         .write_slice(&request.to_bytes(), GuestAddress(REQUEST))
@@ -109,7 +109,7 @@ fn plugs_take_frames_up_to_the_requested_size_and_unplugs_give_them_back() {
     let used = || pool.stats().used_bytes;
     assert_eq!(used(), RAM);
     handle.set_requested_size(8 * MIB).unwrap();
-    let plug = |blocks| Request::Plug {
+    let plug = |blocks| MemRequest::Plug {
         addr: REGION,
         blocks,
     };
@@ -124,7 +124,7 @@ fn plugs_take_frames_up_to_the_requested_size_and_unplugs_give_them_back() {
     assert_eq!(used(), RAM + 8 * MIB);
     assert_eq!(handle.status().plugged_size, 8 * MIB);
     memory.write_obj(7u64, GuestAddress(REGION)).unwrap();
-    let unplug = Request::Unplug {
+    let unplug = MemRequest::Unplug {
         addr: REGION + 2 * MIB,
         blocks: 3,
     };
@@ -137,7 +137,7 @@ fn plugs_take_frames_up_to_the_requested_size_and_unplugs_give_them_back() {
         .read_obj::<u64>(GuestAddress(REGION + 2 * MIB))
         .is_err());
     assert_eq!(memory.read_obj::<u64>(GuestAddress(REGION)).unwrap(), 7);
-    let hostile = Request::Plug {
+    let hostile = MemRequest::Plug {
         addr: REGION - 2 * MIB,
         blocks: 1,
     };
@@ -146,7 +146,7 @@ fn plugs_take_frames_up_to_the_requested_size_and_unplugs_give_them_back() {
         VIRTIO_MEM_RESP_ERROR
     );
     assert_eq!(
-        send(&handle, &memory, &mock, 4, Request::UnplugAll),
+        send(&handle, &memory, &mock, 4, MemRequest::UnplugAll),
         VIRTIO_MEM_RESP_ACK
     );
     assert_eq!(used(), RAM);
@@ -161,7 +161,7 @@ fn malformed_chains_are_used_unanswered_and_a_driver_without_the_feature_is_refu
     handle.set_requested_size(TOTAL).unwrap();
     memory
         .write_slice(
-            &Request::Plug {
+            &MemRequest::Plug {
                 addr: REGION,
                 blocks: 1,
             }

@@ -37,7 +37,7 @@ const MAX_CONNECTION_AGE: std::time::Duration = std::time::Duration::from_secs(3
 
 /// What MMDS serves, shared by the API and every interface that reaches it.
 #[derive(Debug, Clone)]
-pub struct Shared {
+pub struct StackShared {
     /// The document and tokens.
     pub store: Arc<Mutex<Store>>,
     /// V1 or V2.
@@ -48,7 +48,7 @@ pub struct Shared {
 
 /// The stack's link: frames in from the guest, frames out to it.
 #[derive(Debug, Default)]
-struct Link {
+struct GuestLink {
     from_guest: VecDeque<Vec<u8>>,
     to_guest: VecDeque<Vec<u8>>,
 }
@@ -75,7 +75,7 @@ impl smoltcp::phy::TxToken for Outgoing<'_> {
     }
 }
 
-impl Device for Link {
+impl Device for GuestLink {
     type RxToken<'a> = Incoming;
     type TxToken<'a> = Outgoing<'a>;
 
@@ -104,7 +104,7 @@ impl Device for Link {
 
 /// One connection's slot.
 #[derive(Debug)]
-struct Slot {
+struct TcpSlot {
     handle: SocketHandle,
     request: Vec<u8>,
     answered: bool,
@@ -112,7 +112,7 @@ struct Slot {
     since: Option<std::time::Instant>,
 }
 
-impl Slot {
+impl TcpSlot {
     /// Makes the slot's closed `socket` listen for the next connection.
     fn listen(&mut self, socket: &mut tcp::Socket<'_>) {
         self.request.clear();
@@ -129,10 +129,10 @@ impl Slot {
 pub struct Stack {
     ip: Ipv4Addr,
     iface: Interface,
-    link: Link,
+    link: GuestLink,
     sockets: SocketSet<'static>,
-    slots: Vec<Slot>,
-    shared: Shared,
+    slots: Vec<TcpSlot>,
+    shared: StackShared,
     started: std::time::Instant,
     /// [`MAX_CONNECTION_AGE`].
     max_age: std::time::Duration,
@@ -149,8 +149,8 @@ impl std::fmt::Debug for Stack {
 
 impl Stack {
     /// MMDS at `ip` serving `shared`.
-    pub fn new(ip: Ipv4Addr, shared: Shared) -> Self {
-        let mut link = Link::default();
+    pub fn new(ip: Ipv4Addr, shared: StackShared) -> Self {
+        let mut link = GuestLink::default();
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(MMDS_MAC)));
         let mut seed = [0u8; 8];
         let _ = crate::entropy::host_random(&mut seed);
@@ -169,7 +169,7 @@ impl Stack {
                     tcp::SocketBuffer::new(vec![0; MAX_REQUEST_BYTES]),
                     tcp::SocketBuffer::new(vec![0; 64 << 10]),
                 );
-                Slot {
+                TcpSlot {
                     handle: sockets.add(socket),
                     request: Vec::new(),
                     answered: false,

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
-use super::packet::{Header, HOST_CID, TYPE_STREAM};
+use super::packet::{PacketHeader, HOST_CID, TYPE_STREAM};
 
 /// The host side's receive buffer per connection.
 pub const BUF_ALLOC: u32 = 256 << 10;
@@ -21,7 +21,7 @@ pub const MAX_CONNECT_LINE: usize = 32;
 
 /// Where a connection is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
+pub enum ConnectionState {
     /// A host client connected to the device's socket; its `CONNECT <port>` line is not
     /// complete yet.
     AwaitingConnect,
@@ -50,7 +50,7 @@ pub struct Connection {
     /// The host side.
     pub stream: UnixStream,
     /// Where it is.
-    pub state: State,
+    pub state: ConnectionState,
     /// The host side's port.
     pub local_port: u32,
     /// The guest side's port.
@@ -109,7 +109,12 @@ pub enum Broken {
 impl Connection {
     /// A connection over `stream` in `state` between the host's `local_port` and the guest's
     /// `peer_port`.
-    pub fn new(stream: UnixStream, state: State, local_port: u32, peer_port: u32) -> Self {
+    pub fn new(
+        stream: UnixStream,
+        state: ConnectionState,
+        local_port: u32,
+        peer_port: u32,
+    ) -> Self {
         Connection {
             stream,
             state,
@@ -134,7 +139,7 @@ impl Connection {
     }
 
     /// Takes the guest's credit from a packet it sent.
-    pub fn take_credit(&mut self, header: &Header) {
+    pub fn take_credit(&mut self, header: &PacketHeader) {
         self.peer_buf_alloc = header.buf_alloc;
         self.peer_fwd_cnt = header.fwd_cnt;
     }
@@ -151,9 +156,9 @@ impl Connection {
     }
 
     /// A header from the host side of this connection to `guest_cid`, with its credit.
-    pub fn header(&mut self, guest_cid: u64, op: u16, len: u32, flags: u32) -> Header {
+    pub fn header(&mut self, guest_cid: u64, op: u16, len: u32, flags: u32) -> PacketHeader {
         self.fwd_cnt_told = self.fwd_cnt;
-        Header {
+        PacketHeader {
             src_cid: HOST_CID,
             dst_cid: guest_cid,
             src_port: self.local_port,
@@ -182,7 +187,7 @@ impl Connection {
     /// Whether data from the stream may go to the guest now: established, the stream not read
     /// to its end nor known empty, and credit left.
     pub fn can_send_data(&self) -> bool {
-        self.state == State::Established
+        self.state == ConnectionState::Established
             && self.readable
             && !self.host_done_sending
             && self.peer_credit() > 0
@@ -284,7 +289,7 @@ mod tests {
         let (ours, theirs) = UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         (
-            Connection::new(ours, State::Established, 1024, 2048),
+            Connection::new(ours, ConnectionState::Established, 1024, 2048),
             theirs,
         )
     }
@@ -293,18 +298,18 @@ mod tests {
     fn credit_is_what_the_guest_gave_less_what_is_in_flight() {
         let (mut conn, _peer) = pair();
         assert_eq!(conn.peer_credit(), 0);
-        conn.take_credit(&Header {
+        conn.take_credit(&PacketHeader {
             buf_alloc: 1000,
             fwd_cnt: 0,
-            ..Header::default()
+            ..PacketHeader::default()
         });
         conn.sent(600);
         assert_eq!(conn.peer_credit(), 400);
         // Counters wrap: a guest far into its stream.
-        conn.take_credit(&Header {
+        conn.take_credit(&PacketHeader {
             buf_alloc: 1000,
             fwd_cnt: u32::MAX - 10,
-            ..Header::default()
+            ..PacketHeader::default()
         });
         conn.rx_cnt = 89;
         assert_eq!(conn.peer_credit(), 900);

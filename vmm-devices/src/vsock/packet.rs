@@ -30,7 +30,7 @@ pub const SHUTDOWN_SEND: u32 = 2;
 
 /// A packet header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Header {
+pub struct PacketHeader {
     /// The sender's CID.
     pub src_cid: u64,
     /// The receiver's CID.
@@ -53,7 +53,7 @@ pub struct Header {
     pub fwd_cnt: u32,
 }
 
-impl Header {
+impl PacketHeader {
     /// The header in `bytes`.
     pub fn parse(bytes: &[u8; HEADER_SIZE]) -> Self {
         let u64_at = |at: usize| {
@@ -67,7 +67,7 @@ impl Header {
             u32::from_le_bytes(b)
         };
         let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
-        Header {
+        PacketHeader {
             src_cid: u64_at(0),
             dst_cid: u64_at(8),
             src_port: u32_at(16),
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_header_reads_back_as_written() {
-        let header = Header {
+        let header = PacketHeader {
             src_cid: 3,
             dst_cid: HOST_CID,
             src_port: 1024,
@@ -119,6 +119,6 @@ mod tests {
         let bytes = header.to_bytes();
         assert_eq!(&bytes[..8], &3u64.to_le_bytes());
         assert_eq!(&bytes[30..32], &OP_RW.to_le_bytes());
-        assert_eq!(Header::parse(&bytes), header);
+        assert_eq!(PacketHeader::parse(&bytes), header);
     }
 }

@@ -23,7 +23,7 @@ const RX_BUFFERS: u64 = 8 * MIB;
 const RX_BUFFER_SIZE: u32 = 4096 + HEADER_SIZE as u32;
 
 /// A guest driving a device: its three rings and where the next chains go.
-struct Guest<'a> {
+struct VsockDriver<'a> {
     memory: &'a DeviceMemory,
     rx: MockSplitQueue<'a, GuestMemory>,
     tx: MockSplitQueue<'a, GuestMemory>,
@@ -44,7 +44,7 @@ impl Drop for Scratch {
     }
 }
 
-impl<'a> Guest<'a> {
+impl<'a> VsockDriver<'a> {
     fn new(memory: &'a DeviceMemory, name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("vsock-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -70,7 +70,7 @@ impl<'a> Guest<'a> {
                 interrupt: Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap())),
             })
             .unwrap();
-        Guest {
+        VsockDriver {
             memory,
             rx,
             tx,
@@ -99,7 +99,7 @@ impl<'a> Guest<'a> {
     }
 
     /// Sends a packet with `header` (its len set) and `payload`.
-    fn send(&mut self, mut header: Header, payload: &[u8]) {
+    fn send(&mut self, mut header: PacketHeader, payload: &[u8]) {
         header.len = payload.len() as u32;
         let slot = self.tx_next;
         let addr = TX_BUFFERS + u64::from(slot) * 0x20000;
@@ -119,7 +119,7 @@ impl<'a> Guest<'a> {
     }
 
     /// The packets the device put in receive buffers since the last look.
-    fn received(&mut self) -> Vec<(Header, Vec<u8>)> {
+    fn received(&mut self) -> Vec<(PacketHeader, Vec<u8>)> {
         let mut packets = Vec::new();
         while self.rx_read < self.rx.used().idx().load() {
             let slot = self.rx_read;
@@ -129,7 +129,7 @@ impl<'a> Guest<'a> {
             self.memory
                 .read_slice(&mut bytes, GuestAddress(addr))
                 .unwrap();
-            let header = Header::parse(bytes[..HEADER_SIZE].try_into().unwrap());
+            let header = PacketHeader::parse(bytes[..HEADER_SIZE].try_into().unwrap());
             packets.push((header, bytes[HEADER_SIZE..].to_vec()));
             self.rx_read += 1;
         }
@@ -158,8 +158,8 @@ impl<'a> Guest<'a> {
 
 /// A stream packet from the guest's `port` to the host's `host_port`, with room for
 /// `buf_alloc` bytes.
-fn from_guest(port: u32, host_port: u32, op: u16, buf_alloc: u32) -> Header {
-    Header {
+fn from_guest(port: u32, host_port: u32, op: u16, buf_alloc: u32) -> PacketHeader {
+    PacketHeader {
         src_cid: GUEST_CID,
         dst_cid: HOST_CID,
         src_port: port,
@@ -176,7 +176,7 @@ fn from_guest(port: u32, host_port: u32, op: u16, buf_alloc: u32) -> Header {
 #[test]
 fn a_guest_connection_reaches_the_listener_at_the_port_s_socket_and_carries_data_both_ways() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "guest-initiated");
+    let mut guest = VsockDriver::new(&memory, "guest-initiated");
     assert_eq!(guest.device.device_type(), 19);
     let mut cid = [0u8; 8];
     guest.device.read_config(0, &mut cid);
@@ -232,7 +232,7 @@ fn a_guest_connection_reaches_the_listener_at_the_port_s_socket_and_carries_data
 #[test]
 fn a_host_client_connects_with_a_connect_line_and_hears_ok_once_the_guest_accepts() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "host-initiated");
+    let mut guest = VsockDriver::new(&memory, "host-initiated");
     guest.give_rx_buffers(8);
     let mut client = UnixStream::connect(guest.uds()).unwrap();
     client
@@ -273,7 +273,7 @@ fn a_host_client_connects_with_a_connect_line_and_hears_ok_once_the_guest_accept
 #[test]
 fn a_host_client_that_never_finishes_its_handshake_is_dropped() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "late-handshakes");
+    let mut guest = VsockDriver::new(&memory, "late-handshakes");
     guest.give_rx_buffers(8);
     // One says nothing; one asks for a port whose guest never answers.
     let mut silent = UnixStream::connect(guest.uds()).unwrap();
@@ -355,7 +355,7 @@ fn a_device_without_a_driver_drops_every_client_in_time_and_at_once_when_it_leav
 #[test]
 fn a_client_that_leaves_before_the_guest_answers_is_released_and_the_guest_reset() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "leaves");
+    let mut guest = VsockDriver::new(&memory, "leaves");
     guest.give_rx_buffers(8);
     let mut client = UnixStream::connect(guest.uds()).unwrap();
     client.write_all(b"CONNECT 81\n").unwrap();
@@ -370,7 +370,7 @@ fn a_client_that_leaves_before_the_guest_answers_is_released_and_the_guest_reset
 #[test]
 fn a_guest_that_does_not_close_after_the_host_side_ended_is_reset_in_time() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "shutdown-timeout");
+    let mut guest = VsockDriver::new(&memory, "shutdown-timeout");
     let mut port_path = guest.uds().into_os_string();
     port_path.push("_52");
     let listener = UnixListener::bind(&port_path).unwrap();
@@ -392,7 +392,7 @@ fn a_guest_that_does_not_close_after_the_host_side_ended_is_reset_in_time() {
 #[test]
 fn the_device_sends_no_more_than_the_guest_s_credit() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "credit");
+    let mut guest = VsockDriver::new(&memory, "credit");
     let mut port_path = guest.uds().into_os_string();
     port_path.push("_7");
     let listener = UnixListener::bind(&port_path).unwrap();
@@ -433,7 +433,7 @@ fn the_device_sends_no_more_than_the_guest_s_credit() {
 #[test]
 fn hostile_packets_are_refused_dropped_or_end_their_connection_and_never_the_device() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "hostile");
+    let mut guest = VsockDriver::new(&memory, "hostile");
     guest.give_rx_buffers(32);
     // No listener for the port: refused.
     guest.send(from_guest(1, 99, OP_REQUEST, 1 << 16), &[]);
@@ -503,7 +503,7 @@ fn hostile_packets_are_refused_dropped_or_end_their_connection_and_never_the_dev
 #[test]
 fn a_restored_device_tells_the_guest_its_connections_are_gone() {
     let memory = testing::memory(16 * MIB);
-    let mut guest = Guest::new(&memory, "reset");
+    let mut guest = VsockDriver::new(&memory, "reset");
     assert_eq!(guest.device.save_state(), DeviceState::Vsock);
     add_chain(&guest.event, 0, 0, &[(RX_BUFFERS, 8, true)]);
     let queue = |index, mock: &MockSplitQueue<'_, GuestMemory>| ActiveQueue {
@@ -546,7 +546,7 @@ fn a_restored_device_tells_the_guest_its_connections_are_gone() {
 #[test]
 fn the_socket_is_removed_at_the_end_and_a_taken_path_is_refused() {
     let memory = testing::memory(16 * MIB);
-    let guest = Guest::new(&memory, "socket");
+    let guest = VsockDriver::new(&memory, "socket");
     let path = guest.uds();
     assert!(path.exists());
     let again = VsockDevice::new(
@@ -595,7 +595,7 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
     // Guest's rings: 64 entries.
     const SIZE: u16 = 64;
     let memory = testing::memory(32 * MIB);
-    let mut guest = Guest::new(&memory, "bulk");
+    let mut guest = VsockDriver::new(&memory, "bulk");
     let (rx, tx) = (&guest.rx, &guest.tx);
     let device = &mut guest.device;
     // The host side: reads everything, answers with the count, closes.
@@ -616,25 +616,26 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
     let (mut sent, mut peer_alloc, mut peer_fwd) = (0usize, 0u32, 0u32);
     let mut answer = Vec::new();
     let mut shut = false;
-    let send = |device: &mut VsockDevice, header: Header, payload: &[u8], tx_count: &mut u16| {
-        let slot = u64::from(*tx_count % 8);
-        let addr = 8 * MIB + slot * 0x20000;
-        let mut header = header;
-        header.len = payload.len() as u32;
-        memory
-            .write_slice(&header.to_bytes(), GuestAddress(addr))
-            .unwrap();
-        memory
-            .write_slice(payload, GuestAddress(addr + 0x1000))
-            .unwrap();
-        let mut chain = vec![(addr, HEADER_SIZE as u32, false)];
-        if !payload.is_empty() {
-            chain.push((addr + 0x1000, payload.len() as u32, false));
-        }
-        post(tx, SIZE, (*tx_count % (SIZE / 2)) * 2, *tx_count, &chain);
-        *tx_count += 1;
-        device.process_queue(TX);
-    };
+    let send =
+        |device: &mut VsockDevice, header: PacketHeader, payload: &[u8], tx_count: &mut u16| {
+            let slot = u64::from(*tx_count % 8);
+            let addr = 8 * MIB + slot * 0x20000;
+            let mut header = header;
+            header.len = payload.len() as u32;
+            memory
+                .write_slice(&header.to_bytes(), GuestAddress(addr))
+                .unwrap();
+            memory
+                .write_slice(payload, GuestAddress(addr + 0x1000))
+                .unwrap();
+            let mut chain = vec![(addr, HEADER_SIZE as u32, false)];
+            if !payload.is_empty() {
+                chain.push((addr + 0x1000, payload.len() as u32, false));
+            }
+            post(tx, SIZE, (*tx_count % (SIZE / 2)) * 2, *tx_count, &chain);
+            *tx_count += 1;
+            device.process_queue(TX);
+        };
     let chunk = vec![0x5au8; CHUNK];
     send(
         &mut *device,
@@ -669,7 +670,7 @@ fn a_guest_sends_megabytes_as_its_credit_allows_and_hears_the_answer() {
                     GuestAddress(RX_BUFFERS + u64::from(slot) * 0x2000),
                 )
                 .unwrap();
-            let header = Header::parse(bytes[..HEADER_SIZE].try_into().unwrap());
+            let header = PacketHeader::parse(bytes[..HEADER_SIZE].try_into().unwrap());
             peer_alloc = header.buf_alloc;
             peer_fwd = header.fwd_cnt;
             match header.op {

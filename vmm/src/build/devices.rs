@@ -21,7 +21,7 @@ use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_
 use crate::vm::vcpu::Buses;
 use vmm_devices::balloon::{self, BalloonCreateError, BalloonHandle};
 use vmm_devices::block::{BlockDevice, BlockHandle};
-use vmm_devices::entropy::{EntropyDevice, EntropyHandle};
+use vmm_devices::entropy::{Entropy, EntropyHandle};
 use vmm_devices::event_loop::{QueueSubscriber, Subscriber};
 use vmm_devices::mem::{MemDevice, MemHandle, UnpluggedMemory};
 use vmm_devices::net::{NetDevice, NetError, NetHandle};
@@ -104,7 +104,7 @@ pub enum DeviceError {
 }
 
 /// One device in its slot.
-struct Slot {
+struct DeviceSlot {
     entry: VirtioMmioEntry,
     transport: Arc<dyn BusDevice>,
     /// The same transport, for snapshots.
@@ -116,7 +116,7 @@ struct Slot {
 /// The virtio-mmio devices of a VM, before they are attached to it.
 #[derive(Default)]
 pub struct VirtioMmioDevices {
-    slots: Vec<Slot>,
+    slots: Vec<DeviceSlot>,
     subscribers: Vec<Subscriber>,
     /// Bus devices over guest memory ranges that are not memory now (unplugged virtio-mem
     /// memory where KVM leaves accesses to the VMM): base, size, device.
@@ -168,7 +168,7 @@ impl VirtioMmioDevices {
         };
         self.subscribers.push(Box::new(subscriber));
         let transport = Arc::new(transport);
-        self.slots.push(Slot {
+        self.slots.push(DeviceSlot {
             entry,
             stateful: transport.clone(),
             transport,
@@ -343,8 +343,7 @@ pub(crate) fn create_devices(
     // back in this order.
     let entropy = match config.entropy {
         Some(limiter) => {
-            let device =
-                EntropyDevice::new(memory.clone(), limiter).map_err(DeviceError::Entropy)?;
+            let device = Entropy::new(memory.clone(), limiter).map_err(DeviceError::Entropy)?;
             let handle = device.handle();
             mmio.add(memory.clone(), Arc::new(Mutex::new(device)))?;
             Some(handle)

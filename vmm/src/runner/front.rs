@@ -36,7 +36,7 @@ use vmm_api::{ApiServer, ControlError, LogControl, PreBoot, VmmControl};
 use vmm_devices::serial::SerialOutput;
 
 /// What the API thread asks the main thread to do.
-enum Request {
+enum MainThreadCall {
     /// Boot this VM.
     Start(Box<VmConfig>),
     /// Load this snapshot.
@@ -45,7 +45,7 @@ enum Request {
 
 /// A request and where its answer goes (once the VM runs, or when it could not start).
 struct Pending {
-    request: Request,
+    request: MainThreadCall,
     answer: Sender<Result<(), ControlError>>,
 }
 
@@ -170,7 +170,7 @@ impl ApiFront {
     /// load takes (a client is never told a request failed while it is still under way, nor
     /// can a success follow a failure); only one is taken. Should the main thread drop the
     /// request unanswered, the VM did not start.
-    fn submit(&self, request: Request) -> Result<(), ControlError> {
+    fn submit(&self, request: MainThreadCall) -> Result<(), ControlError> {
         let (answer, answered) = mpsc::channel();
         let sent = lock(&self.requests)
             .take()
@@ -299,7 +299,7 @@ impl VmmControl for ApiFront {
     fn start_instance(&self) -> Result<(), ControlError> {
         self.check_not_started()?;
         let config = lock(&self.resources).vm_config(self.api_socket.as_deref())?;
-        self.submit(Request::Start(Box::new(config)))
+        self.submit(MainThreadCall::Start(Box::new(config)))
     }
 
     fn flush_metrics(&self) -> Result<(), ControlError> {
@@ -475,7 +475,7 @@ impl VmmControl for ApiFront {
         METRICS
             .latencies
             .time(Level::Vmm, Operation::LoadSnapshot, || {
-                self.submit(Request::Load(params.clone()))
+                self.submit(MainThreadCall::Load(params.clone()))
             })
     }
 }
@@ -592,7 +592,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
             }
         };
         let (config, frames, resumption) = match pending.request {
-            Request::Start(config) => {
+            MainThreadCall::Start(config) => {
                 match super::check_guest(&config).and_then(|()| super::frames_for(&config)) {
                     Ok(frames) => (*config, frames, None),
                     Err(e) => {
@@ -606,7 +606,7 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
                     }
                 }
             }
-            Request::Load(params) => {
+            MainThreadCall::Load(params) => {
                 let prepared = prepare(&params, options.api_socket.clone(), Instant::now());
                 match prepared {
                     Ok((config, frames, resumption)) => (config, frames, Some(resumption)),
@@ -687,9 +687,9 @@ mod tests {
         (ApiFront::new(&options, requests), incoming)
     }
 
-    fn load() -> Request {
+    fn load() -> MainThreadCall {
         let params = r#"{"snapshot_path": "/snap", "mem_file_path": "/mem"}"#;
-        Request::Load(serde_json::from_str(params).unwrap())
+        MainThreadCall::Load(serde_json::from_str(params).unwrap())
     }
 
     /// A load that takes longer than a minute (ten parallel loads on a loaded host did) is

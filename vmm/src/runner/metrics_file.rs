@@ -39,19 +39,19 @@ pub(super) struct MetricsSink {
 }
 
 /// One line being written: counters become what happened since the previous line.
-struct Line<'a> {
+struct MetricsLine<'a> {
     previous: &'a mut HashMap<String, u64>,
     object: Map<String, Value>,
 }
 
-/// One section of a [`Line`].
+/// One section of a [`MetricsLine`].
 struct Section<'l, 'a> {
-    line: &'l mut Line<'a>,
+    line: &'l mut MetricsLine<'a>,
     name: String,
     fields: Map<String, Value>,
 }
 
-impl<'a> Line<'a> {
+impl<'a> MetricsLine<'a> {
     fn section(&mut self, name: &str) -> Section<'_, 'a> {
         Section {
             line: self,
@@ -119,7 +119,7 @@ impl MetricsSink {
     /// Appends one line: the VM of `session` (if it has started) or a VM that has not.
     pub fn flush(&self, session: Option<&Session>) -> io::Result<()> {
         let mut previous = self.previous.lock().unwrap_or_else(|e| e.into_inner());
-        let mut line = Line {
+        let mut line = MetricsLine {
             previous: &mut previous,
             object: Map::new(),
         };
@@ -155,7 +155,7 @@ impl MetricsSink {
 }
 
 /// The process's own counters: the API, the vCPUs, the legacy devices, latencies.
-fn add_process(line: &mut Line<'_>) {
+fn add_process(line: &mut MetricsLine<'_>) {
     let (startup_us, startup_cpu_us) = METRICS.startup_us();
     line.section("api_server")
         .value("process_startup_time_us", startup_us)
@@ -228,7 +228,7 @@ fn add_process(line: &mut Line<'_>) {
 
 /// The counters of a legacy device, in a section the caller may add to and then ends.
 fn legacy<'l, 'a>(
-    line: &'l mut Line<'a>,
+    line: &'l mut MetricsLine<'a>,
     name: &str,
     metrics: &LegacyDeviceMetrics,
 ) -> Section<'l, 'a> {
@@ -243,7 +243,7 @@ fn legacy<'l, 'a>(
 }
 
 /// The VM's devices: its balloon, entropy device, drives and network interfaces.
-fn add_devices(line: &mut Line<'_>, session: Option<&Session>) {
+fn add_devices(line: &mut MetricsLine<'_>, session: Option<&Session>) {
     if let Some(balloon) = session.and_then(Session::balloon_handle) {
         let info = balloon.info();
         let counters = info.counters;
@@ -364,7 +364,7 @@ const DRIVE_FIELDS: [&str; 7] = [
 
 /// A section of counters named `fields`.
 fn add_counters<const N: usize>(
-    line: &mut Line<'_>,
+    line: &mut MetricsLine<'_>,
     name: &str,
     fields: &[&str; N],
     values: [u64; N],

@@ -14,7 +14,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::config::format_size_approx;
 use crate::testguest::protocol::{step_kind, PAGE_SIZE};
 use crate::testguest::workload::kind_name;
-use crate::testguest::{Progress, Workload, PROGRESS_INTERVAL};
+use crate::testguest::{GuestProgress, Workload, PROGRESS_INTERVAL};
 
 /// How far a piece of work got: `done` of `total` bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,7 +251,7 @@ impl StepProgress {
 
     /// The advances of `progress`: one per memory step that was running at the previous update
     /// too (so it has run for about a second) and has advanced since.
-    pub fn update(&mut self, progress: &Progress) -> Vec<Advance> {
+    pub fn update(&mut self, progress: &GuestProgress) -> Vec<Advance> {
         let now: Vec<(usize, u64)> = progress
             .running
             .iter()
@@ -294,10 +294,10 @@ mod tests {
             .checkpoint(1)
             .verify(2 * MIB, 1024 * MIB, 1);
         let mut steps = StepProgress::new(&workload);
-        let mut progress = |now: &Progress| -> Vec<String> {
+        let mut progress = |now: &GuestProgress| -> Vec<String> {
             steps.update(now).iter().map(Advance::line).collect()
         };
-        let at = |running: Vec<usize>, pages: Vec<u64>| Progress { pages, running };
+        let at = |running: Vec<usize>, pages: Vec<u64>| GuestProgress { pages, running };
         assert!(progress(&at(vec![0], vec![1000, 0, 0])).is_empty());
         assert_eq!(
             progress(&at(vec![0], vec![262_144, 0, 0])),

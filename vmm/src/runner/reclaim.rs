@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use guest_mem::GuestMemory;
 use virtio_balloon::spec::{FREE_PAGE_HINT_DONE, VIRTIO_BALLOON_F_FREE_PAGE_HINT};
-use virtio_balloon::BalloonInfo;
+use virtio_balloon::BalloonReading;
 
 use crate::vm::run_control::{RunState, VmControl};
 use vmm_devices::balloon::BalloonHandle;
@@ -203,16 +203,16 @@ impl Reclaim {
         }
         let room_mib = (self.ram_bytes / MIB).saturating_sub(self.base_mib + self.policy_mib);
         let change = match decide(zone, self.below_percent, spare, self.policy_mib, room_mib) {
-            Step::Inflate(_) if took_hinting => return,
-            Step::Inflate(mib) => {
+            PolicyStep::Inflate(_) if took_hinting => return,
+            PolicyStep::Inflate(mib) => {
                 self.policy_mib += mib;
                 format!("inflates the balloon by {mib} MiB")
             }
-            Step::Deflate(mib) => {
+            PolicyStep::Deflate(mib) => {
                 self.policy_mib -= mib;
                 format!("deflates the balloon by {mib} MiB")
             }
-            Step::Nothing => return,
+            PolicyStep::Nothing => return,
         };
         let target = self.base_mib + self.policy_mib;
         match self.balloon.set_target_mib(target) {
@@ -234,7 +234,7 @@ impl Reclaim {
     /// Free page hinting's part of one look: follows the run the policy started, or starts
     /// one when the zone is low and the guest `took_hinting`. Returns whether a run is under
     /// way (the balloon waits for its end: until then the guest holds what it hinted).
-    fn hint(&mut self, info: &BalloonInfo, zone: ZoneMemory, took_hinting: bool) -> bool {
+    fn hint(&mut self, info: &BalloonReading, zone: ZoneMemory, took_hinting: bool) -> bool {
         if let Some(run) = self.hint_run {
             let host_cmd = self.balloon.hinting_status().map(|status| status.host_cmd);
             if host_cmd.as_ref().is_ok_and(|&cmd| cmd == run.id) {
@@ -297,7 +297,7 @@ impl Reclaim {
 }
 
 /// Whether the guest's balloon driver took free page hinting.
-fn took_hinting(info: &BalloonInfo) -> bool {
+fn took_hinting(info: &BalloonReading) -> bool {
     info.acked_features & (1 << VIRTIO_BALLOON_F_FREE_PAGE_HINT) != 0
 }
 
@@ -321,7 +321,7 @@ impl ZoneMemory {
 
 /// What one look at the zone decides.
 #[derive(Debug, PartialEq, Eq)]
-enum Step {
+enum PolicyStep {
     /// Inflate the balloon by this many MiB.
     Inflate(u64),
     /// Deflate what the policy inflated by this many MiB.
@@ -338,12 +338,12 @@ fn decide(
     spare: u64,
     inflated_mib: u64,
     room_mib: u64,
-) -> Step {
+) -> PolicyStep {
     let low = zone.low(below_percent);
     let high = 2 * low;
     if zone.free < low {
         if zone.spare_total == 0 {
-            return Step::Nothing;
+            return PolicyStep::Nothing;
         }
         let deficit = high - zone.free;
         let share = u128::from(deficit) * u128::from(spare) / u128::from(zone.spare_total);
@@ -353,8 +353,8 @@ fn decide(
             .min(spare / MIB)
             .min(room_mib);
         return match mib {
-            0 => Step::Nothing,
-            mib => Step::Inflate(mib),
+            0 => PolicyStep::Nothing,
+            mib => PolicyStep::Inflate(mib),
         };
     }
     if zone.free > high && inflated_mib > 0 {
@@ -363,11 +363,11 @@ fn decide(
         // scattered 4 KiB pages of frames that were freed whole), so giving all of it back at
         // once could run the zone dry again.
         return match ((zone.free - high) / 4 / MIB).min(inflated_mib) {
-            0 => Step::Nothing,
-            mib => Step::Deflate(mib),
+            0 => PolicyStep::Nothing,
+            mib => PolicyStep::Deflate(mib),
         };
     }
-    Step::Nothing
+    PolicyStep::Nothing
 }
 
 #[cfg(test)]
@@ -398,34 +398,46 @@ mod tests {
         // 10 % of 1000 MiB: below 100 MiB free, inflate up to 200 MiB free.
         assert_eq!(
             decide(zone(40, 400), 10, 100 * MIB, 0, 1000),
-            Step::Inflate(40)
+            PolicyStep::Inflate(40)
         );
         assert_eq!(
             decide(zone(40, 400), 10, 300 * MIB, 0, 1000),
-            Step::Inflate(120)
+            PolicyStep::Inflate(120)
         );
         // Never more than the guest can spare, nor than its RAM allows.
         assert_eq!(
             decide(zone(0, 50), 10, 50 * MIB, 0, 1000),
-            Step::Inflate(50)
+            PolicyStep::Inflate(50)
         );
         assert_eq!(
             decide(zone(0, 400), 10, 400 * MIB, 0, 30),
-            Step::Inflate(30)
+            PolicyStep::Inflate(30)
         );
         // Nobody can spare anything: nothing to do.
-        assert_eq!(decide(zone(0, 0), 10, 0, 0, 1000), Step::Nothing);
+        assert_eq!(decide(zone(0, 0), 10, 0, 0, 1000), PolicyStep::Nothing);
     }
 
     #[test]
     fn above_twice_the_threshold_the_policy_deflates_what_it_inflated() {
         // A quarter of the surplus over twice the threshold (200 MiB) at a time.
-        assert_eq!(decide(zone(260, 400), 10, 0, 100, 0), Step::Deflate(15));
-        assert_eq!(decide(zone(900, 400), 10, 0, 100, 0), Step::Deflate(100));
-        assert_eq!(decide(zone(500, 400), 10, 0, 100, 0), Step::Deflate(75));
-        assert_eq!(decide(zone(900, 400), 10, 0, 0, 1000), Step::Nothing);
+        assert_eq!(
+            decide(zone(260, 400), 10, 0, 100, 0),
+            PolicyStep::Deflate(15)
+        );
+        assert_eq!(
+            decide(zone(900, 400), 10, 0, 100, 0),
+            PolicyStep::Deflate(100)
+        );
+        assert_eq!(
+            decide(zone(500, 400), 10, 0, 100, 0),
+            PolicyStep::Deflate(75)
+        );
+        assert_eq!(decide(zone(900, 400), 10, 0, 0, 1000), PolicyStep::Nothing);
         // Between the two: the balloon stays.
-        assert_eq!(decide(zone(150, 400), 10, 100 * MIB, 100, 0), Step::Nothing);
+        assert_eq!(
+            decide(zone(150, 400), 10, 100 * MIB, 100, 0),
+            PolicyStep::Nothing
+        );
     }
 
     const RAM: u64 = 16 * MIB;

@@ -13,7 +13,8 @@ use crate::build::devices::VirtioMmioDevices;
 use crate::testguest::protocol::{balloon_error, step_kind};
 use crate::testguest::workload::kind_name;
 use crate::testguest::{
-    self, exit_code, Mismatch, Report, RunOptions, TestGuestDevices, TestGuestResumption, Workload,
+    self, exit_code, GuestReport, Mismatch, RunOptions, TestGuestDevices, TestGuestResumption,
+    Workload,
 };
 use crate::vm::run_control::StopReason;
 use crate::vm::KvmVm;
@@ -110,7 +111,7 @@ pub(super) fn run(
 /// `vmm run`'s outcome of a test guest run of `workload` that ended with `report`, stopped by
 /// `stop_cause` if its owner asked for a stop.
 fn outcome(
-    report: &Report,
+    report: &GuestReport,
     workload: &Workload,
     stop_cause: Option<StopCause>,
 ) -> Result<RunOutcome, RunError> {
@@ -141,7 +142,7 @@ fn outcome(
 }
 
 /// Describes the first step whose verification (or balloon driver) failed.
-fn verify_failure(report: &Report, workload: &Workload) -> String {
+fn verify_failure(report: &GuestReport, workload: &Workload) -> String {
     let steps = report
         .vcpus
         .iter()
@@ -210,7 +211,7 @@ fn balloon_failure(report: Mismatch) -> String {
 }
 
 /// Describes a run that ended before every vCPU finished its steps.
-fn incomplete(report: &Report) -> String {
+fn incomplete(report: &GuestReport) -> String {
     if report.protocol_errors > 0 {
         return format!(
             "the guest sent {} malformed reports",
@@ -236,8 +237,8 @@ mod tests {
     use super::*;
     use crate::testguest::{Mismatch, StepReport, VcpuReport};
 
-    fn report(stop_reason: StopReason, steps: Vec<StepReport>) -> Report {
-        Report {
+    fn report(stop_reason: StopReason, steps: Vec<StepReport>) -> GuestReport {
+        GuestReport {
             stop_reason,
             timed_out: false,
             vcpus: vec![VcpuReport {

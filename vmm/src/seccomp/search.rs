@@ -56,7 +56,7 @@ pub fn in_front_of(
         .map(|&(call, rule)| (call as u32, rule))
         .collect();
     calls.sort_unstable_by_key(|&(call, _)| call);
-    let mut search = Search {
+    let mut search = SearchWriter {
         code: Vec::with_capacity(4 * calls.len() + program.len()),
         to_program: Vec::new(),
         otherwise,
@@ -78,7 +78,7 @@ pub fn in_front_of(
 }
 
 /// The search being written.
-struct Search {
+struct SearchWriter {
     code: Vec<sock_filter>,
     /// Jumps to the compiled program, whose offsets are known once the search is written.
     to_program: Vec<usize>,
@@ -86,7 +86,7 @@ struct Search {
     allow: u32,
 }
 
-impl Search {
+impl SearchWriter {
     fn statement(&mut self, code: u16, k: u32) {
         self.code.push(sock_filter {
             code,

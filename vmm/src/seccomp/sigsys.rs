@@ -121,7 +121,7 @@ extern "C" fn handle(
         unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
     }
     let name_len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    let mut line = Line::default();
+    let mut line = ReportLine::default();
     line.push(b"vmm: seccomp: thread '");
     line.push(&name[..name_len]);
     line.push(b"' made system call ");
@@ -146,12 +146,12 @@ extern "C" fn handle(
 }
 
 /// A line built without allocating.
-struct Line {
+struct ReportLine {
     bytes: [u8; 160],
     len: usize,
 }
 
-impl Default for Line {
+impl Default for ReportLine {
     fn default() -> Self {
         Self {
             bytes: [0; 160],
@@ -160,7 +160,7 @@ impl Default for Line {
     }
 }
 
-impl Line {
+impl ReportLine {
     fn push(&mut self, text: &[u8]) {
         let room = self.bytes.len() - self.len;
         let take = text.len().min(room);
@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_line_holds_numbers_and_stops_at_its_end() {
-        let mut line = Line::default();
+        let mut line = ReportLine::default();
         line.push(b"call ");
         line.push_number(0);
         line.push(b" ");

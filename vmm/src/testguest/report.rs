@@ -1,4 +1,4 @@
-//! The test guest's report device (the MMIO window of [`super::protocol`]) and the [`Report`]
+//! The test guest's report device (the MMIO window of [`super::protocol`]) and the [`GuestReport`]
 //! it assembles. Every value comes from the guest and is treated as hostile: unknown codes,
 //! bad sizes, out-of-range vCPUs or step indices are counted as protocol errors, never trusted.
 
@@ -44,7 +44,7 @@ pub struct StepReport {
 
 /// How far the guest is: what [`ReportDevice::progress`] returns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
+pub struct GuestProgress {
     /// Pages all vCPUs handled so far, per step.
     pub pages: Vec<u64>,
     /// The steps some vCPU is running, in order.
@@ -66,7 +66,7 @@ pub struct VcpuReport {
 
 /// The outcome of a test guest run.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
+pub struct GuestReport {
     /// Why the VM stopped.
     pub stop_reason: StopReason,
     /// The VM did not finish in time and was stopped.
@@ -95,7 +95,7 @@ pub mod exit_code {
     pub const TIMEOUT: i32 = 4;
 }
 
-impl Report {
+impl GuestReport {
     /// Whether every vCPU ran every step and exited with success.
     pub fn success(&self) -> bool {
         self.exit_code() == exit_code::SUCCESS
@@ -292,8 +292,8 @@ impl ReportDevice {
     }
 
     /// How far the vCPUs are: the pages of the steps they finished and of those they run.
-    pub fn progress(&self) -> Progress {
-        let mut progress = Progress {
+    pub fn progress(&self) -> GuestProgress {
+        let mut progress = GuestProgress {
             pages: vec![0; self.vcpus.first().map_or(0, |v| lock(v).report.steps.len())],
             running: Vec::new(),
         };
@@ -435,9 +435,9 @@ mod tests {
         device.write(REPORT_MMIO_BASE, offset, &value.to_le_bytes());
     }
 
-    fn report_of(device: &ReportDevice, stop_reason: StopReason) -> Report {
+    fn report_of(device: &ReportDevice, stop_reason: StopReason) -> GuestReport {
         let (vcpus, protocol_errors) = device.reports();
-        Report {
+        GuestReport {
             stop_reason,
             timed_out: false,
             vcpus,
@@ -456,7 +456,7 @@ mod tests {
         send(&device, 1, report_code::STEP_PROGRESS, 32768);
         assert_eq!(
             device.progress(),
-            Progress {
+            GuestProgress {
                 pages: vec![32868, 16384, 0],
                 running: vec![0, 1],
             }
@@ -574,7 +574,7 @@ mod tests {
         assert_eq!(crashed.exit_code(), exit_code::VM_ERROR);
         let bad = report_of(&device, StopReason::GuestExit(exit_status::BAD_DESCRIPTOR));
         assert_eq!(bad.exit_code(), exit_code::GUEST_ERROR);
-        let timed_out = Report {
+        let timed_out = GuestReport {
             timed_out: true,
             ..report_of(&device, StopReason::Requested)
         };

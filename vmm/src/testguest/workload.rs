@@ -4,8 +4,8 @@
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::protocol::{
-    self, balloon_raw, step_kind, Header, Step, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC, MAX_STEPS,
-    MAX_VCPUS, WORKLOAD_MIN_ADDR,
+    self, balloon_raw, step_kind, DescriptorHeader, Step, DESCRIPTOR_ADDR, DESCRIPTOR_MAGIC,
+    MAX_STEPS, MAX_VCPUS, WORKLOAD_MIN_ADDR,
 };
 
 /// Errors of workload validation and encoding.
@@ -329,7 +329,7 @@ impl Workload {
         vcpus: usize,
     ) -> Result<(), WorkloadError> {
         self.validate(memory, vcpus)?;
-        let header = Header {
+        let header = DescriptorHeader {
             magic: DESCRIPTOR_MAGIC,
             vcpu_count: vcpus as u32,
             step_count: self.steps.len() as u32,
@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn encodes_header_and_steps_as_the_guest_reads_them() {
-        assert_eq!(std::mem::size_of::<Header>() as u64, HEADER_SIZE);
+        assert_eq!(std::mem::size_of::<DescriptorHeader>() as u64, HEADER_SIZE);
         assert_eq!(std::mem::size_of::<Step>() as u64, STEP_SIZE);
         let mem = memory();
         let workload = Workload::new()
@@ -381,10 +381,10 @@ mod tests {
             .verify(2 * MIB, MIB, 0xabcd)
             .on_vcpu(1);
         workload.write_descriptor(&mem, 2).unwrap();
-        let header: Header = mem.read_obj(GuestAddress(DESCRIPTOR_ADDR)).unwrap();
+        let header: DescriptorHeader = mem.read_obj(GuestAddress(DESCRIPTOR_ADDR)).unwrap();
         assert_eq!(
             header,
-            Header {
+            DescriptorHeader {
                 magic: DESCRIPTOR_MAGIC,
                 vcpu_count: 2,
                 step_count: 3

@@ -115,7 +115,7 @@ impl StopReason {
     }
 }
 
-struct State {
+struct ControlState {
     requested: RunState,
     /// vCPUs waiting in `vcpu_checkpoint` while paused.
     parked: usize,
@@ -142,7 +142,7 @@ pub type StopHook = Arc<dyn Fn() + Send + Sync>;
 /// What [`VmControl::on_pause_count`] asks: whether vCPU `index` is held where it waits.
 pub type HeldProbe = Arc<dyn Fn(usize) -> bool + Send + Sync>;
 
-impl State {
+impl ControlState {
     fn exited(&self) -> usize {
         self.exits.iter().filter(|e| e.is_some()).count()
     }
@@ -161,7 +161,7 @@ impl State {
 pub struct VmControl {
     /// Set while the vCPUs must look at `state` (a pause or stop is pending).
     pending: AtomicBool,
-    state: Mutex<State>,
+    state: Mutex<ControlState>,
     changed: Condvar,
 }
 
@@ -179,7 +179,7 @@ impl VmControl {
     pub(crate) fn new(vcpu_count: usize) -> Self {
         VmControl {
             pending: AtomicBool::new(true),
-            state: Mutex::new(State {
+            state: Mutex::new(ControlState {
                 requested: RunState::Paused,
                 parked: 0,
                 parked_vcpus: vec![false; vcpu_count],
@@ -195,7 +195,7 @@ impl VmControl {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, ControlState> {
         // A panic while holding this lock leaves the state consistent: keep going.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -206,7 +206,7 @@ impl VmControl {
     }
 
     /// Kicks every vCPU thread that has not ended out of `KVM_RUN`.
-    fn kick_all(state: &State) {
+    fn kick_all(state: &ControlState) {
         for (thread, exit) in state.threads.iter().zip(&state.exits) {
             if exit.is_none() {
                 kick::kick_thread(*thread);
@@ -274,7 +274,7 @@ impl VmControl {
     }
 
     fn request_pause_locked(
-        state: &mut State,
+        state: &mut ControlState,
         pending: &AtomicBool,
     ) -> Result<(), RunControlError> {
         if state.requested == RunState::Stopped {
@@ -305,7 +305,10 @@ impl VmControl {
 
     /// Waits until the state changes; with vCPUs that may be held where they wait (see
     /// [`Self::on_pause_count`]), whose waits change without a notification, at most 1 ms.
-    fn wait_for_change<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn wait_for_change<'a>(
+        &self,
+        state: MutexGuard<'a, ControlState>,
+    ) -> MutexGuard<'a, ControlState> {
         match state.held {
             Some(_) => {
                 self.changed
@@ -386,7 +389,7 @@ impl VmControl {
     pub fn save_vcpus(&self) -> Result<Vec<KvmVcpuState>, RunControlError> {
         let mut state = self.lock();
         let count = state.exits.len();
-        let all_parked = |state: &State| state.parked + state.exited() == count;
+        let all_parked = |state: &ControlState| state.parked + state.exited() == count;
         if state.requested != RunState::Paused || !all_parked(&state) || state.exited() > 0 {
             return Err(RunControlError::NotPaused);
         }

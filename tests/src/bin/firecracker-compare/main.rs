@@ -81,7 +81,7 @@ struct Boot {
 }
 
 /// What one snapshot case measured.
-struct Snapshot {
+struct SnapshotCase {
     create: Duration,
     load: Duration,
     load_and_read_back: Duration,
@@ -168,7 +168,7 @@ fn snapshot(
     image: &Path,
     gib: u64,
     populate: &str,
-) -> Result<Snapshot, String> {
+) -> Result<SnapshotCase, String> {
     let zone = dir.join("zone");
     let memory = dir.join("memory");
     let state = dir.join("vm.snap");
@@ -224,7 +224,7 @@ fn snapshot(
         if loaded.wait_for("\n", TIMEOUT)? != "done\n" {
             return Err(format!("the loaded guest's verification failed: {steps}"));
         }
-        Ok(Snapshot {
+        Ok(SnapshotCase {
             create,
             load,
             load_and_read_back,
@@ -377,7 +377,7 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
     }
     // Snapshots: ours and Firecracker (the second VMM), where Firecracker was given.
     let snapshotted = if options.firecracker.is_some() { 2 } else { 0 };
-    let mut snapshots: Vec<Vec<(u64, Snapshot)>> = vec![Vec::new(), Vec::new()];
+    let mut snapshots: Vec<Vec<(u64, SnapshotCase)>> = vec![Vec::new(), Vec::new()];
     for (index, &gib) in sizes.iter().enumerate() {
         for offset in 0..snapshotted {
             let which = (index + offset) % snapshotted;
@@ -432,7 +432,7 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
             continue;
         }
         for (index, &gib) in sizes.iter().enumerate() {
-            let pick = |f: fn(&Snapshot) -> Duration| -> [Vec<Duration>; 2] {
+            let pick = |f: fn(&SnapshotCase) -> Duration| -> [Vec<Duration>; 2] {
                 [
                     vec![f(&snapshots[0][index].1)],
                     vec![f(&snapshots[other][index].1)],

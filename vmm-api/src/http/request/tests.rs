@@ -284,9 +284,9 @@ fn a_reader_fed_one_byte_at_a_time_completes_at_the_last_byte() {
     let mut continues = 0;
     for (i, byte) in bytes.iter().enumerate() {
         match reader.feed(std::slice::from_ref(byte)).unwrap() {
-            Progress::NeedMore => assert!(i + 1 < bytes.len()),
-            Progress::SendContinue => continues += 1,
-            Progress::Complete(request) => {
+            ParseProgress::NeedMore => assert!(i + 1 < bytes.len()),
+            ParseProgress::SendContinue => continues += 1,
+            ParseProgress::Complete(request) => {
                 assert_eq!(i + 1, bytes.len());
                 assert_eq!(request.method, Method::Put);
                 assert_eq!(request.body, b"{}");

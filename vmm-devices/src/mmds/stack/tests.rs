@@ -17,7 +17,7 @@ use crate::mmds::DEFAULT_IPV4;
 fn fetch(stack: &mut Stack, request: &[u8]) -> String {
     static PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(49152);
     let port = PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut link = Link::default();
+    let mut link = GuestLink::default();
     let mac = EthernetAddress([6, 0, 0, 0, 0, 2]);
     let mut iface = Interface::new(
         Config::new(HardwareAddress::Ethernet(mac)),
@@ -83,7 +83,7 @@ fn stack(version: Version) -> Stack {
         .unwrap();
     Stack::new(
         DEFAULT_IPV4,
-        Shared {
+        StackShared {
             store: Arc::new(Mutex::new(store)),
             version,
             imds_compat: false,
@@ -163,7 +163,7 @@ fn connections_that_say_nothing_are_reset_once_too_old_and_their_slots_listen_ag
     stack.max_age = std::time::Duration::from_millis(300);
     assert_eq!(stack.poll_delay(), None, "nothing to wait for");
     // A guest opens every slot's connection and says nothing.
-    let mut link = Link::default();
+    let mut link = GuestLink::default();
     let mut iface = Interface::new(
         Config::new(HardwareAddress::Ethernet(EthernetAddress([
             6, 0, 0, 0, 0, 2,

@@ -1,7 +1,7 @@
 use super::*;
 
-fn line(previous: &mut HashMap<String, u64>, build: impl FnOnce(&mut Line<'_>)) -> Value {
-    let mut line = Line {
+fn line(previous: &mut HashMap<String, u64>, build: impl FnOnce(&mut MetricsLine<'_>)) -> Value {
+    let mut line = MetricsLine {
         previous,
         object: Map::new(),
     };
@@ -15,7 +15,7 @@ fn counters_say_what_happened_since_the_previous_line_and_values_what_is() {
     let durations = Durations::default();
     durations.record(Duration::from_micros(5));
     let mut build = |reads: u64, durations: &Durations| {
-        let previous_line = |line: &mut Line<'_>| {
+        let previous_line = |line: &mut MetricsLine<'_>| {
             line.section("block_root")
                 .count("read_count", reads)
                 .value("latest_us", 7)

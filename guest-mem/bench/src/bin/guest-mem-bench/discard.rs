@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use guest_mem::{Populate, Scrub};
 use vm_memory::GuestAddress;
 
-use crate::guest::{Guest, Stride};
+use crate::guest::{BenchGuest, Stride};
 use crate::host;
 use crate::report::{Key, Report};
 use crate::subject::{memory, pool, reserve_or_skip, warm_pool, PoolKind, Ram, Subject};
@@ -29,7 +29,7 @@ fn cycle(
     strides: &[Stride],
     discard: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<Sample, String> {
-    let mut guest = Guest::new(ram)?;
+    let mut guest = BenchGuest::new(ram)?;
     let mut sample = Sample {
         discard: Duration::ZERO,
         repopulate: Vec::new(),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use guest_mem::{GuestMemory, LatencySummary, Populate, Scrub};
 use vm_memory::GuestAddress;
 
-use crate::guest::{Guest, Stride};
+use crate::guest::{BenchGuest, Stride};
 use crate::host;
 use crate::report::{quantile, Key, Report};
 use crate::subject::{memory, pool, reserve_or_skip, warm_pool, PoolKind, Ram};
@@ -61,7 +61,7 @@ fn once(
     warm_pool(kind, size)?;
     let ram = Ram::Pool(memory(&pool, size, Populate::Lazy)?);
     let lazy = ram.memory().expect("pool memory");
-    let mut guest = Guest::new(&ram)?;
+    let mut guest = BenchGuest::new(&ram)?;
     for cycle in 0..cycles {
         if cycle > 0 {
             lazy.discard(GuestAddress(0), size, &mut core)
@@ -85,7 +85,7 @@ fn once(
         let (_file, map) = host::mapped_memfd(kind.huge_page().map(|(_, shift)| shift), size)
             .map_err(|e| e.to_string())?;
         let ram = Ram::Plain(map);
-        let mut guest = Guest::new(&ram)?;
+        let mut guest = BenchGuest::new(&ram)?;
         touches.mapped.extend(guest.touch_each(stride, MARKER)?.0);
     }
     Ok((touches, latency, faults))

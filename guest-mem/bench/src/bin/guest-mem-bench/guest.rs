@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use guest_mem::testing::{touch, KvmError, TouchVcpu, Vm, PROGRAMS};
+use guest_mem::testing::{touch, KvmError, TouchVcpu, TouchVm, PROGRAMS};
 
 use crate::host::Mapping;
 use crate::subject::Ram;
@@ -57,10 +57,10 @@ impl Stride {
 }
 
 /// A VM over some guest RAM with one vCPU, run on the calling thread.
-pub struct Guest<'a> {
+pub struct BenchGuest<'a> {
     vcpu: TouchVcpu,
     ram: &'a Ram,
-    _vm: Vm,
+    _vm: TouchVm,
     _code: Mapping,
 }
 
@@ -68,7 +68,7 @@ fn kvm(e: KvmError) -> String {
     e.to_string()
 }
 
-impl<'a> Guest<'a> {
+impl<'a> BenchGuest<'a> {
     /// A VM over `ram`; the calling thread becomes vCPU 0 of its guest memory.
     pub fn new(ram: &'a Ram) -> Result<Self, String> {
         let code = Mapping::anonymous(2 * MIB as usize, 2 * MIB as usize)
@@ -77,8 +77,8 @@ impl<'a> Guest<'a> {
         unsafe {
             std::ptr::copy_nonoverlapping(PROGRAMS.as_ptr(), code.addr() as *mut u8, PROGRAMS.len())
         };
-        let vm = Vm::empty(CODE_GPA).map_err(kvm)?;
-        // SAFETY: `ram` outlives the VM (the borrow in `Guest`), and so does `code` (a field
+        let vm = TouchVm::empty(CODE_GPA).map_err(kvm)?;
+        // SAFETY: `ram` outlives the VM (the borrow in `BenchGuest`), and so does `code` (a field
         // dropped after the VM).
         unsafe {
             vm.add_memory(0, 0, ram.host_addr(), ram.size())
@@ -116,7 +116,7 @@ impl<'a> Guest<'a> {
         Ok((started.elapsed(), old))
     }
 
-    /// As [`Guest::touch_all`] with the stepped program; returns the time of every touch, as
+    /// As [`BenchGuest::touch_all`] with the stepped program; returns the time of every touch, as
     /// the VMM sees it (from one exit to the next), and the OR of the old values.
     pub fn touch_each(
         &mut self,

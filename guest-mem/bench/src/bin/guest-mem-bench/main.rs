@@ -26,7 +26,7 @@ mod steps;
 mod subject;
 
 use clap::{Parser, ValueEnum};
-use guest_mem::testing::{restore_huge_pages_now, KvmError, Vm};
+use guest_mem::testing::{restore_huge_pages_now, KvmError, TouchVm};
 
 use guest::Stride;
 use report::Report;
@@ -135,7 +135,7 @@ fn main() {
     if args.cold {
         subject::measure_cold();
     }
-    let kvm = Vm::empty(0).err().map(|e: KvmError| e.to_string());
+    let kvm = TouchVm::empty(0).err().map(|e: KvmError| e.to_string());
     let mut report = Report::new();
     for group in &args.groups {
         match (group, &kvm) {

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use crate::guest::{Guest, Stride};
+use crate::guest::{BenchGuest, Stride};
 use crate::report::{Key, Report};
-use guest_mem::testing::HugePages;
+use guest_mem::testing::HugePageReservation;
 
-use crate::subject::{reserve, Mode, PoolKind, Ram, Subject};
+use crate::subject::{reserve, PoolKind, PopulateMode, Ram, Subject};
 use crate::{Args, GIB, MIB};
 
 const GROUP: &str = "populate";
@@ -28,7 +28,7 @@ fn ms(d: Duration) -> f64 {
 /// Builds `size` bytes of `subject` and lets the guest touch all of it with `stride`.
 fn once(subject: Subject, size: u64, stride: Stride) -> Result<Sample, String> {
     let (ram, setup) = Ram::build(subject, size)?;
-    let mut guest = Guest::new(&ram)?;
+    let mut guest = BenchGuest::new(&ram)?;
     let (guest_time, old) = guest.touch_all(stride, MARKER)?;
     if old != 0 {
         return Err(format!("fresh memory read {old:#x}"));
@@ -85,7 +85,7 @@ fn measure(args: &Args, report: &mut Report, subjects: &[Subject], sizes: &[u64]
 }
 
 /// Pages reserved for the largest size that could be had, and that size.
-type Reserved = Option<(Option<HugePages>, u64)>;
+type Reserved = Option<(Option<HugePageReservation>, u64)>;
 
 /// Reserves the huge pages for the largest of `sizes` that can be had (for all runs of `kind`);
 /// returns them (if any) and why the larger sizes could not be had.
@@ -101,7 +101,7 @@ fn reserve_largest(kind: PoolKind, sizes: &[u64]) -> (Reserved, String) {
 }
 
 /// The modes measured for pools.
-const MODES: [Mode; 2] = [Mode::Eager, Mode::Lazy];
+const MODES: [PopulateMode; 2] = [PopulateMode::Eager, PopulateMode::Lazy];
 
 /// Runs the group.
 pub fn run(args: &Args, report: &mut Report) {

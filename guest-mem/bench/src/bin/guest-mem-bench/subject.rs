@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest_mem::testing::HugePages;
+use guest_mem::testing::HugePageReservation;
 use guest_mem::{Backing, FrameSize, GuestMemory, MemoryConfig, Pool, PoolConfig, Populate, Scrub};
 use vm_memory::GuestAddress;
 
@@ -81,15 +81,15 @@ pub fn measure_cold() {
 
 /// Reserves the huge pages for `bytes` of `kind` until dropped, and warms them (see [`warm_buddy`]);
 /// `Err` is the reason to skip.
-pub fn reserve(kind: PoolKind, bytes: u64) -> Result<Option<HugePages>, String> {
+pub fn reserve(kind: PoolKind, bytes: u64) -> Result<Option<HugePageReservation>, String> {
     let Some((kb, shift)) = kind.huge_page() else {
         return Ok(None);
     };
-    let pages = match HugePages::reserve(kb, bytes >> shift) {
+    let pages = match HugePageReservation::reserve(kb, bytes >> shift) {
         // 1 GiB pages need 1 GiB of contiguous memory: compact it and try once more.
         Err(_) if kind == PoolKind::Huge1G => {
             let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
-            HugePages::reserve(kb, bytes >> shift)?
+            HugePageReservation::reserve(kb, bytes >> shift)?
         }
         reserved => reserved?,
     };
@@ -128,7 +128,7 @@ pub fn warm_pool(kind: PoolKind, size: u64) -> Result<(), String> {
 
 /// Reserves the huge pages for `max` bytes of `kind` or, for 1 GiB pages, for as many whole
 /// pages below that as can be had; returns them and the bytes reserved.
-fn reserve_most(kind: PoolKind, max: u64) -> Result<(Option<HugePages>, u64), String> {
+fn reserve_most(kind: PoolKind, max: u64) -> Result<(Option<HugePageReservation>, u64), String> {
     let mut size = max;
     loop {
         match reserve(kind, size) {
@@ -146,7 +146,7 @@ pub fn reserve_or_skip(
     skipped: &Key,
     kind: PoolKind,
     max: u64,
-) -> Option<(Option<HugePages>, u64)> {
+) -> Option<(Option<HugePageReservation>, u64)> {
     reserve_most(kind, max)
         .inspect_err(|why| report.skip(skipped, why))
         .ok()
@@ -170,7 +170,7 @@ pub fn memory(pool: &Arc<Pool>, size: u64, populate: Populate) -> Result<GuestMe
 
 /// How pool memory is populated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub enum PopulateMode {
     /// Every chunk mapped and faulted in at creation (the kernel allocates and zeroes before
     /// the guest runs).
     Eager,
@@ -182,7 +182,7 @@ pub enum Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
     /// A guest-mem pool.
-    Pool(PoolKind, Mode),
+    Pool(PoolKind, PopulateMode),
     /// Plain private anonymous memory, with or without transparent huge pages.
     Plain {
         /// MADV_HUGEPAGE (else MADV_NOHUGEPAGE).
@@ -198,8 +198,8 @@ impl Subject {
         match self {
             Subject::Pool(kind, mode) => {
                 let mode = match mode {
-                    Mode::Eager => "eager",
-                    Mode::Lazy => "lazy",
+                    PopulateMode::Eager => "eager",
+                    PopulateMode::Lazy => "lazy",
                 };
                 format!("{}/{mode}", kind.name())
             }
@@ -230,8 +230,8 @@ impl Ram {
                 warm_pool(kind, size)?;
                 let pool = pool(kind, size, Scrub::PunchHole)?;
                 let populate = match mode {
-                    Mode::Lazy => Populate::Lazy,
-                    Mode::Eager => Populate::Eager,
+                    PopulateMode::Lazy => Populate::Lazy,
+                    PopulateMode::Eager => Populate::Eager,
                 };
                 let started = Instant::now();
                 let memory = memory(&pool, size, populate)?;

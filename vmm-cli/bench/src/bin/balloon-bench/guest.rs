@@ -16,7 +16,7 @@ use vmm_devices::virtio::mmio::MmioTransport;
 use vmm_devices::virtio::VirtioDevice;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::{Order, HUGE, MIB, PAGE};
+use crate::{PfnOrder, HUGE, MIB, PAGE};
 
 const BASE: u64 = 0xc000_0000;
 /// The driver's rings, below the page frame buffers; both in the first chunk.
@@ -40,13 +40,13 @@ pub fn pool_size(size: u64) -> u64 {
 }
 
 /// A balloon on `size` bytes of measured memory.
-pub struct Guest {
+pub struct MeasuredBalloon {
     memory: Arc<GuestMemory>,
     transport: Arc<BalloonTransport>,
     size: u64,
 }
 
-impl Guest {
+impl MeasuredBalloon {
     pub fn new(size: u64, backing: Backing) -> Result<Self, String> {
         let ram = pool_size(size);
         let pool = Pool::new(PoolConfig::new(backing, ram)).map_err(|e| e.to_string())?;
@@ -111,7 +111,7 @@ impl Guest {
     /// Inflates all measured memory in buffers of 256 page frame numbers (up to 1024 buffers
     /// at once, a queue's worth); returns the time the device spent and the bytes the pool got
     /// back.
-    pub fn inflate(&self, order: Order) -> (Duration, u64) {
+    pub fn inflate(&self, order: PfnOrder) -> (Duration, u64) {
         self.touch();
         let mut driver = self.driver();
         let free = self.free_bytes();
@@ -128,8 +128,8 @@ impl Guest {
                 let pfns = (first..first + count).map(|p| ((FIRST / PAGE) + p) as u32);
                 let buffer = BUFFERS + slot as u64 * PFNS_PER_BUFFER * 4;
                 let len = match order {
-                    Order::Ascending => driver.write_pfns(buffer, pfns),
-                    Order::Descending => driver.write_pfns(buffer, pfns.rev()),
+                    PfnOrder::Ascending => driver.write_pfns(buffer, pfns),
+                    PfnOrder::Descending => driver.write_pfns(buffer, pfns.rev()),
                 };
                 driver.add_chain(INFLATE, &[(buffer, len, false)]);
                 posted += 1;
@@ -143,16 +143,16 @@ impl Guest {
     /// Reports all measured memory free, 32 ranges per chain: ascending 4 MiB ranges (adjacent,
     /// which the device merges) or descending 2 MiB ones (which it cannot merge);
     /// returns the time the device spent and the bytes the pool got back.
-    pub fn report(&self, order: Order) -> (Duration, u64) {
+    pub fn report(&self, order: PfnOrder) -> (Duration, u64) {
         self.touch();
         let mut driver = self.driver();
         let free = self.free_bytes();
         let ranges: Vec<(u64, u32, bool)> = match order {
-            Order::Ascending => (FIRST..FIRST + self.size)
+            PfnOrder::Ascending => (FIRST..FIRST + self.size)
                 .step_by(RANGE as usize)
                 .map(|a| (a, RANGE.min(FIRST + self.size - a) as u32, true))
                 .collect(),
-            Order::Descending => (0..self.size / HUGE)
+            PfnOrder::Descending => (0..self.size / HUGE)
                 .rev()
                 .map(|chunk| (FIRST + chunk * HUGE, HUGE as u32, true))
                 .collect(),

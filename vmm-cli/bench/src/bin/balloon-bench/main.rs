@@ -19,11 +19,11 @@ mod guest;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use guest_mem::testing::{restore_huge_pages_now, HugePages};
+use guest_mem::testing::{restore_huge_pages_now, HugePageReservation};
 use guest_mem::Backing;
 
 use baseline::Anonymous;
-use guest::{pool_size, Guest};
+use guest::{pool_size, MeasuredBalloon};
 
 /// 4 KiB.
 pub const PAGE: u64 = 4096;
@@ -34,7 +34,7 @@ pub const HUGE: u64 = 2 * MIB;
 
 /// Order of the pages of a buffer or of the reported ranges.
 #[derive(Debug, Clone, Copy)]
-pub enum Order {
+pub enum PfnOrder {
     /// Consecutive, ascending.
     Ascending,
     /// Descending: inflate buffers are sorted by the device; reported ranges cannot merge.
@@ -143,33 +143,33 @@ fn measure_balloon(args: &Args, backing: PoolBacking) -> Result<(), String> {
     let (pool, _huge_pages) = match backing {
         PoolBacking::Anonymous => (Backing::Anonymous, None),
         PoolBacking::Hugetlb2m => {
-            let pages = HugePages::reserve(2048, pool_size(size) / HUGE)?;
+            let pages = HugePageReservation::reserve(2048, pool_size(size) / HUGE)?;
             (Backing::Hugetlb2M, Some(pages))
         }
     };
     println!("llfree-vmm balloon on a {backing:?} pool of 2 MiB frames:");
-    let guest = Guest::new(size, pool)?;
+    let guest = MeasuredBalloon::new(size, pool)?;
     let runs = args.runs.max(1);
     let repeat = |f: &dyn Fn() -> (Duration, u64)| (0..runs).map(|_| f()).collect::<Vec<_>>();
     throughput(
         "inflate, 256-page buffers, ascending (runs coalesced)",
         size,
-        repeat(&|| guest.inflate(Order::Ascending)),
+        repeat(&|| guest.inflate(PfnOrder::Ascending)),
     );
     throughput(
         "inflate, 256-page buffers, descending (sorted, coalesced)",
         size,
-        repeat(&|| guest.inflate(Order::Descending)),
+        repeat(&|| guest.inflate(PfnOrder::Descending)),
     );
     throughput(
         "report, 32 x 4 MiB ranges per chain, ascending (merged)",
         size,
-        repeat(&|| guest.report(Order::Ascending)),
+        repeat(&|| guest.report(PfnOrder::Ascending)),
     );
     throughput(
         "report, 32 x 2 MiB ranges per chain, descending",
         size,
-        repeat(&|| guest.report(Order::Descending)),
+        repeat(&|| guest.report(PfnOrder::Descending)),
     );
     let (through_loop, direct) = guest.report_latency(args.samples)?;
     latency(

@@ -115,7 +115,7 @@ fn ms_summary(values: &[f64]) -> String {
 }
 
 /// What one case measured, ms.
-struct Measured {
+struct SnapshotTimes {
     create_client: Vec<f64>,
     create_vmm: Vec<f64>,
     load_client: Vec<f64>,
@@ -230,7 +230,7 @@ fn every_page_workload(gib: u64) -> String {
 }
 
 /// Measures one zone of `gib` GiB in `directory`.
-fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> {
+fn measure(args: &Args, directory: &Path, gib: u64) -> Result<SnapshotTimes, String> {
     let memory = format!("{gib}G");
     let zone = directory.join(format!("vmm-bench-snapshot-{}.zone", std::process::id()));
     let zone_text = zone.to_string_lossy().into_owned();
@@ -294,7 +294,7 @@ fn measure(args: &Args, directory: &Path, gib: u64) -> Result<Measured, String> 
         // The guest verifies every page and finishes its workload in the last process.
         let verified = load_once(&args.vmm, &dir, &snapshot, &zone, true, Duration::ZERO)?;
         drop(paused);
-        Ok(Measured {
+        Ok(SnapshotTimes {
             create_client,
             create_vmm,
             load_client,
