@@ -735,11 +735,11 @@ fn a_config_file_boots_at_once() {
         r#"{"cpu-config": {"vcpu_features": [{"index": 0, "bitmap": "0b1"}]}}"#,
     )
     .unwrap();
-    let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
+    let run = VmmRun::start_command(&["--no-api", "--config-file", &file]).wait(TIMEOUT);
     assert!(run.stderr.contains("aarch64"), "{run:#?}");
     assert_ne!(run.code, Some(0));
     std::fs::write(&file, "{").unwrap();
-    let run = VmmRun::start_command(&["--config-file", &file]).wait(TIMEOUT);
+    let run = VmmRun::start_command(&["--no-api", "--config-file", &file]).wait(TIMEOUT);
     run.assert_fails(2, "--config-file");
 }
 

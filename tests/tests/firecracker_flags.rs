@@ -1,7 +1,9 @@
 //! End-to-end: Firecracker's command line. A VMM started with every flag of Firecracker's
 //! that a client library may pass serves the API, with what those flags set: the logger and
 //! the metrics from the start, the MMDS's document, the API's body limit and the MMDS store's; the snapshot format
-//! flags print versions as Firecracker's do; `--no-api` needs `--config-file`.
+//! flags print versions as Firecracker's do; `--no-api` needs `--config-file`. Without
+//! `--api-sock` the API is on Firecracker's default socket, and `--no-api` serves none even with
+//! `--api-sock`.
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -10,7 +12,7 @@ mod vmm_common;
 
 use std::time::{Duration, Instant};
 
-use e2e_tests::kvm_available;
+use e2e_tests::{ctrl_alt_del_guest_files, kvm_available};
 use vmm_common::{client, send, Scratch, VmmRun};
 
 /// Waits (at most 10 s) until `path` holds text that `accept` takes; returns it.
@@ -132,4 +134,42 @@ fn the_snapshot_format_flags_print_versions_and_no_api_needs_a_config_file() {
     let described = client(&["--describe-snapshot", &snapshot]);
     assert_eq!(described.code, Some(0), "{described:#?}");
     assert_eq!(described.stdout, version.stdout, "{described:#?}");
+}
+
+#[test]
+fn the_api_defaults_to_firecrackers_socket_and_no_api_serves_none() {
+    let test = "the_api_defaults_to_firecrackers_socket_and_no_api_serves_none";
+    if !kvm_available(test) {
+        return;
+    }
+    let default = vmm_cli::DEFAULT_API_SOCK;
+    if std::path::Path::new(default).exists() {
+        eprintln!("SKIP: {test}: {default} exists (another VMM of Firecracker's kind?)");
+        return;
+    }
+    // Any flag but a subcommand: the API is on Firecracker's default socket.
+    let mut vmm = VmmRun::start_command(&["--id", "default-socket"]);
+    let api = vmm.api(default);
+    assert_eq!(vmm_common::get(&api, "/")["id"], "default-socket");
+    drop(api);
+    vmm.kill();
+    let _ = std::fs::remove_file(default);
+
+    // --no-api: a configuration file boots the guest, and no socket is served, not even the
+    // one --api-sock names.
+    let scratch = Scratch::new("firecracker-flags-no-api");
+    let (kernel, ..) = ctrl_alt_del_guest_files(&scratch, "initrd\n");
+    let (socket, file) = (scratch.path("api.sock"), scratch.path("vm.json"));
+    let config = format!(
+        r#"{{"boot-source": {{"kernel_image_path": "{kernel}", "boot_args": "console=ttyS0"}},
+            "machine-config": {{"vcpu_count": 1, "mem_size_mib": 32}}}}"#
+    );
+    std::fs::write(&file, config).unwrap();
+    let mut vmm =
+        VmmRun::start_command(&["--no-api", "--api-sock", &socket, "--config-file", &file]);
+    vmm.wait_for_line("console=ttyS0", Duration::from_secs(60));
+    assert!(vmm.running(), "{}", vmm.stderr_so_far());
+    assert!(!std::path::Path::new(&socket).exists());
+    assert!(!std::path::Path::new(default).exists());
+    vmm.kill();
 }

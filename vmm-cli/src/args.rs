@@ -17,6 +17,9 @@ use crate::exit::EXIT_STATUS_HELP;
 use vmm::testguest::WorkloadSpec;
 use vmm_api::model::NetworkOverride;
 
+/// Where a VMM of Firecracker's kind serves its API without --api-sock: Firecracker's default.
+pub const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
+
 /// llfree-vmm: a KVM microVM monitor whose guest memory comes from an LLFree frame pool.
 ///
 /// `vmm run` boots a VM (the built-in test guest unless --kernel is given); the other
@@ -38,7 +41,9 @@ pub struct Cli {
 
     /// Serve Firecracker's API on this Unix socket without a VM, until a client configures and
     /// starts one (InstanceStart) or loads a snapshot (PUT /snapshot/load); the VM then runs as
-    /// with `vmm run`. Not with a subcommand.
+    /// with `vmm run`. Not with a subcommand. As Firecracker's, it defaults to
+    /// /run/firecracker.socket when any flag but a subcommand is given (--config-file, --id,
+    /// ...) and --no-api is not.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
 
@@ -75,8 +80,8 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub metadata: Option<PathBuf>,
 
-    /// Firecracker's: start without an API socket (needs --config-file, which then boots the
-    /// VM; without --api-sock no socket is served either way).
+    /// Firecracker's: start without an API socket, even with --api-sock (needs --config-file,
+    /// which then boots the VM).
     #[arg(long, requires = "config_file")]
     pub no_api: bool,
 

@@ -38,6 +38,7 @@ mod show;
 mod zone;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::error::ErrorKind;
 use clap::Parser;
@@ -46,7 +47,7 @@ pub use api_client::{ApiClient, ApiResponse, ClientError};
 pub use args::{
     ApiArgs, BalloonAction, BalloonArgs, Cli, Command, CtrlAltDelArgs, FrameSizeArg, InfoArgs,
     MemoryArgs, PauseArgs, PopulateArg, ResumeArgs, RunArgs, ShutdownArgs, SnapshotAction,
-    SnapshotArgs, SnapshotLoadArgs, SocketArgs, ZoneAction, ZoneArgs,
+    SnapshotArgs, SnapshotLoadArgs, SocketArgs, ZoneAction, ZoneArgs, DEFAULT_API_SOCK,
 };
 pub use exit::{run_error_status, zone_error_status, ExitStatus, EXIT_STATUS_HELP};
 pub use run_config::RunConfigError;
@@ -106,6 +107,10 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // Firecracker serves its API on its default socket unless told otherwise: so does a VMM of
+    // its kind here, started with any flag (bare `vmm` asks for a subcommand instead).
+    let flags_given = args.len() > 1;
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => return clap_error(err),
@@ -179,18 +184,24 @@ where
             return ExitStatus::Usage;
         }
         (Some(command), None, None) => command,
-        (None, socket, config_file) if socket.is_some() || config_file.is_some() => {
+        (None, socket, config_file) if flags_given => {
+            // As Firecracker's: --no-api serves nothing, even with --api-sock.
+            let socket = match (cli.no_api, socket) {
+                (true, _) => None,
+                (false, Some(socket)) => Some(socket),
+                (false, None) => Some(PathBuf::from(DEFAULT_API_SOCK)),
+            };
             return commands::serve(
                 socket,
                 &cli.id,
                 (config_file.as_deref(), cli.metadata.as_deref()),
                 command_line,
-            )
+            );
         }
         (None, _, _) => {
             eprintln!(
-                "error: 'vmm' requires a subcommand, --api-sock PATH or --config-file FILE; see \
-                 `vmm --help`"
+                "error: 'vmm' requires a subcommand or Firecracker's flags (--api-sock PATH, \
+                 --config-file FILE, ...); see `vmm --help`"
             );
             return ExitStatus::Usage;
         }
