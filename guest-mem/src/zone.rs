@@ -351,6 +351,19 @@ impl Member for Membership {
     }
 }
 
+/// A zone's frames and each VM's share ([`Zone::usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneUsage {
+    /// Bytes of frames.
+    pub frame_size: FrameSize,
+    /// Frames for VMs.
+    pub frames: u64,
+    /// Free frames.
+    pub free_frames: u64,
+    /// Its VMs, by name.
+    pub vms: Vec<VmInfo>,
+}
+
 /// One VM of a zone and its place in the directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmInfo {
@@ -1190,42 +1203,8 @@ impl Zone {
     pub fn info(&self) -> Result<ZoneInfo, ZoneError> {
         let processes = self.processes()?;
         let check = self.settled_check(processes.iter().any(|process| !process.this))?;
-        let pieces = self.layout.frame_size.base_frames();
         let uses = self.slot_uses();
-        let vms = (0..self.layout.max_vms)
-            .filter(|&i| matches!(uses[i as usize], recovery::SlotUse::Vm(_)))
-            .filter_map(|i| {
-                let slot = self.slot(i);
-                // Read again: another process may have deleted the VM, or made another in its
-                // slot, since its use was read.
-                let (Some(layout), Some(name)) = (slot.layout(&self.layout), slot.name()) else {
-                    return None;
-                };
-                let chunks = layout.chunks();
-                let table = &self.table(i)[..chunks as usize];
-                let bitmap = self.map.words(self.pieces_offset(i), chunks * pieces / 64);
-                Some(VmInfo {
-                    name,
-                    id: slot.id(),
-                    frames: table
-                        .iter()
-                        .filter(|e| !matches!(e.load(Ordering::Relaxed), EMPTY | DAMAGED))
-                        .count() as u64,
-                    damaged: self.damaged_ranges(i, &layout),
-                    given_away_pieces: bitmap
-                        .iter()
-                        .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
-                        .sum(),
-                    owner: self.live_pid(slot.owner()),
-                    waiting: slot
-                        .waiting()
-                        .filter(|_| self.live_pid(slot.owner()).is_some()),
-                    layout,
-                })
-            })
-            .collect();
-        let mut vms: Vec<VmInfo> = vms;
-        vms.sort_by(|a, b| a.name.cmp(&b.name));
+        let vms = self.vm_infos(&uses);
         let damaged_slots = (0..self.layout.max_vms)
             .filter(|&i| uses[i as usize] == recovery::SlotUse::Quarantined)
             .map(|i| DamagedSlot {
@@ -1258,6 +1237,56 @@ impl Zone {
             map_sync: self.pool.uses_map_sync(),
             processes,
         })
+    }
+
+    /// The VMs of the directory whose slots `uses` says hold one, by name.
+    fn vm_infos(&self, uses: &[recovery::SlotUse]) -> Vec<VmInfo> {
+        let pieces = self.layout.frame_size.base_frames();
+        let mut vms: Vec<VmInfo> = (0..self.layout.max_vms)
+            .filter(|&i| matches!(uses[i as usize], recovery::SlotUse::Vm(_)))
+            .filter_map(|i| {
+                let slot = self.slot(i);
+                // Read again: another process may have deleted the VM, or made another in its
+                // slot, since its use was read.
+                let (Some(layout), Some(name)) = (slot.layout(&self.layout), slot.name()) else {
+                    return None;
+                };
+                let chunks = layout.chunks();
+                let table = &self.table(i)[..chunks as usize];
+                let bitmap = self.map.words(self.pieces_offset(i), chunks * pieces / 64);
+                Some(VmInfo {
+                    name,
+                    id: slot.id(),
+                    frames: table
+                        .iter()
+                        .filter(|e| !matches!(e.load(Ordering::Relaxed), EMPTY | DAMAGED))
+                        .count() as u64,
+                    damaged: self.damaged_ranges(i, &layout),
+                    given_away_pieces: bitmap
+                        .iter()
+                        .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+                        .sum(),
+                    owner: self.live_pid(slot.owner()),
+                    waiting: slot
+                        .waiting()
+                        .filter(|_| self.live_pid(slot.owner()).is_some()),
+                    layout,
+                })
+            })
+            .collect();
+        vms.sort_by(|a, b| a.name.cmp(&b.name));
+        vms
+    }
+
+    /// The zone's frames and each VM's share, without the consistency check of [`Self::info`]:
+    /// cheap enough to sample often (`GET /memory`), and like it a view of a moving zone.
+    pub fn usage(&self) -> ZoneUsage {
+        ZoneUsage {
+            frame_size: self.layout.frame_size,
+            frames: self.layout.vm_chunks(),
+            free_frames: self.pool.free_frames() / self.layout.frame_size.base_frames(),
+            vms: self.vm_infos(&self.slot_uses()),
+        }
     }
 }
 

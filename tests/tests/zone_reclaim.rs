@@ -113,6 +113,24 @@ fn a_zone_running_low_inflates_the_balloons_of_vms_with_memory_to_spare() {
     assert!(hungry.stdout.contains("test guest: done"), "{hungry:#?}");
     let inflated = balloon_mib(&api);
     assert!(inflated >= 16, "the policy inflated {inflated} MiB");
+    // GET /memory shows the zone as a sampler needs it, every VM's share included: hungry
+    // keeps its frames in the zone after its run, idle runs in this VMM.
+    let memory = get(&api, "/memory");
+    let shares = &memory["zone"];
+    assert_eq!(shares["frames"], 48, "{memory:#}");
+    assert!(shares["free_frames"].as_u64().unwrap() < 48, "{memory:#}");
+    let vm = |name: &str| {
+        shares["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|vm| vm["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no VM {name}: {memory:#}"))
+    };
+    assert_eq!(vm("idle")["pid"], idle.pid(), "{memory:#}");
+    assert!(vm("hungry")["pid"].is_null(), "{memory:#}");
+    assert!(vm("hungry")["frames"].as_u64().unwrap() > 0, "{memory:#}");
 
     // The zone has memory again: the policy gives it back.
     let deleted = client(&["zone", "delete-vm", &zone, "hungry"]);

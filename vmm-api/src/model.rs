@@ -1,5 +1,6 @@
 //! The JSON bodies of the control API: what the VMM reports and what clients send.
 
+use guest_mem::zone::Zone;
 use guest_mem::{GuestMemory, Pool, Populate};
 use serde::{Deserialize, Serialize};
 use virtio_balloon::Violations;
@@ -275,6 +276,61 @@ pub struct MemoryInfo {
     /// The virtio-pmem device's memory, if the VM has one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pmem: Option<PmemInfo>,
+    /// The persistent zone the VM lives in, with every VM's share of it (a VM in a zone only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub zone: Option<ZoneMemoryInfo>,
+}
+
+/// A zone's frames in `GET /memory`: what a sampler of an overcommit experiment reads, without
+/// the consistency check of `vmm zone inspect`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneMemoryInfo {
+    /// The zone's frame size in KiB.
+    pub frame_size_kib: u64,
+    /// Frames for VMs.
+    pub frames: u64,
+    /// Free frames.
+    pub free_frames: u64,
+    /// Every VM of the zone, by name.
+    pub vms: Vec<ZoneVmMemoryInfo>,
+}
+
+/// One VM's share of its zone in `GET /memory`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneVmMemoryInfo {
+    /// Its name.
+    pub name: String,
+    /// Its frames (chunks backed by one).
+    pub frames: u64,
+    /// 4 KiB pages its balloon gave back.
+    pub given_away_4k_pages: u64,
+    /// The process running it, if any.
+    pub pid: Option<u32>,
+    /// The bytes it waits for, as its VMM recorded (none when it does not wait).
+    pub waiting_bytes: Option<u64>,
+}
+
+impl ZoneMemoryInfo {
+    /// Reads the usage of `zone`.
+    pub fn collect(zone: &Zone) -> Self {
+        let usage = zone.usage();
+        ZoneMemoryInfo {
+            frame_size_kib: usage.frame_size.bytes() >> 10,
+            frames: usage.frames,
+            free_frames: usage.free_frames,
+            vms: usage
+                .vms
+                .into_iter()
+                .map(|vm| ZoneVmMemoryInfo {
+                    name: vm.name,
+                    frames: vm.frames,
+                    given_away_4k_pages: vm.given_away_pieces,
+                    pid: vm.owner,
+                    waiting_bytes: vm.waiting.map(|(_, bytes)| bytes),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A virtio-pmem device's memory in `GET /memory`.
@@ -344,6 +400,9 @@ impl MemoryInfo {
                 size_mib: pmem.size >> 20,
                 flushes: pmem.flushes(),
             }),
+            zone: memory
+                .zone_vm()
+                .map(|vm| ZoneMemoryInfo::collect(vm.zone())),
         }
     }
 }

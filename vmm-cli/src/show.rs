@@ -192,6 +192,37 @@ pub fn memory(json: &Value) -> String {
         }
         rows.push((format!("vCPU {index}"), text));
     }
+    let zone = &json["zone"];
+    if let (Some(frames), Some(free), Some(frame_kib)) = (
+        u64_of(zone, "frames"),
+        u64_of(zone, "free_frames"),
+        u64_of(zone, "frame_size_kib"),
+    ) {
+        let frame = frame_kib << 10;
+        let vms: Vec<String> = zone["vms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|vm| {
+                let name = vm["name"].as_str().unwrap_or("?");
+                let held = mib(u64_of(vm, "frames").unwrap_or(0) * frame);
+                match u64_of(vm, "waiting_bytes") {
+                    Some(bytes) => format!("{name} {held} (waits for {})", mib(bytes)),
+                    None => format!("{name} {held}"),
+                }
+            })
+            .collect();
+        rows.push((
+            "zone".into(),
+            format!(
+                "{} free of {}; {}: {}",
+                mib(free * frame),
+                mib(frames * frame),
+                count(vms.len() as u64, "VM"),
+                vms.join(", ")
+            ),
+        ));
+    }
     if let Some(pmem) = json.get("pmem").filter(|p| !p.is_null()) {
         rows.push((
             "pmem".into(),

@@ -85,6 +85,7 @@ impl VmmControl for TestVmm {
         assert!(!self.panic_on_memory, "{PANIC_ON_PURPOSE}");
         Ok(MemoryInfo {
             pmem: None,
+            zone: None,
             guest: GuestMemoryInfo {
                 chunk_size_kib: 2048,
                 chunks: 128,

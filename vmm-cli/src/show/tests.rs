@@ -57,6 +57,21 @@ fn memory_is_a_few_lines_that_explain_the_fault_count() {
 }
 
 #[test]
+fn memory_of_a_zone_vm_shows_every_vm_s_share() {
+    let text = memory(&json!({
+        "zone": {"frame_size_kib": 2048, "frames": 80, "free_frames": 16,
+                 "vms": [{"name": "hungry", "frames": 32, "given_away_4k_pages": 0,
+                          "pid": 7, "waiting_bytes": 8388608},
+                         {"name": "idle", "frames": 32, "given_away_4k_pages": 512,
+                          "pid": null, "waiting_bytes": null}]}
+    }));
+    assert_eq!(
+        text,
+        "zone  32 MiB free of 160 MiB; 2 VMs: hungry 64 MiB (waits for 8 MiB), idle 64 MiB\n"
+    );
+}
+
+#[test]
 fn balloon_shows_only_violations_that_happened() {
     let mut get = json!({
         "actual_mib": 16, "amount_mib": 16, "deflate_on_oom": false,
