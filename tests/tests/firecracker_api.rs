@@ -804,6 +804,53 @@ fn metrics_go_to_a_pipe_without_waiting_and_are_written_every_minute() {
 }
 
 #[test]
+fn metrics_come_at_the_interval_asked_for() {
+    let test = "metrics_come_at_the_interval_asked_for";
+    if !kvm_available(test) {
+        return;
+    }
+    let scratch = Scratch::new("fc-metrics-interval");
+    let (socket, file) = (scratch.path("api.sock"), scratch.path("metrics.json"));
+    let mut vmm = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = vmm.api(&socket);
+    // Out of range: refused, and nothing is configured.
+    let refused = api
+        .request(
+            "PUT",
+            "/metrics",
+            Some(&json!({ "metrics_path": file, "flush_interval_ms": 10 }).to_string()),
+        )
+        .unwrap();
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.body.contains("flush_interval_ms 10"),
+        "{}",
+        refused.body
+    );
+    send(
+        &api,
+        "PUT",
+        "/metrics",
+        &json!({ "metrics_path": file, "flush_interval_ms": 200 }).to_string(),
+    );
+    // Lines come by themselves, long before Firecracker's minute.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let lines = loop {
+        let lines = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        if lines >= 3 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(lines >= 3, "{lines} lines in 30 s at 200 ms");
+    send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+    vmm.wait(TIMEOUT);
+}
+
+#[test]
 fn an_entropy_device_is_configured_as_firecracker_configures_one() {
     let test = "an_entropy_device_is_configured_as_firecracker_configures_one";
     if !kvm_available(test) {

@@ -16,7 +16,7 @@ pub use preboot::{
     LogLevel, Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig,
     MemoryHotplugSizeUpdate, MemoryHotplugStatus, Metrics, MmdsConfigRequest, NetworkInterface,
     PartialDrive, PartialNetworkInterface, PartialPmem, Pmem, SerialConfig, Vsock, ZoneAttachment,
-    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS,
+    DEFAULT_MEM_SIZE_MIB, DEFAULT_VCPUS, MAX_METRICS_INTERVAL_MS, MIN_METRICS_INTERVAL_MS,
 };
 
 /// Run state of the VM.

@@ -95,6 +95,7 @@ fn firecracker_settings(cli: &Cli) -> Vec<vmm_api::PreBoot> {
             metrics_path: path.clone(),
             emit_id: false,
             properties: None,
+            flush_interval_ms: None,
         }));
     }
     requests

@@ -549,7 +549,17 @@ pub struct Metrics {
     /// Put these pairs in each line as `properties`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub properties: Option<BTreeMap<String, String>>,
+    /// This VMM's: how often a line is written unasked, in milliseconds
+    /// ([`MIN_METRICS_INTERVAL_MS`] to an hour; Firecracker's minute without it), so that a
+    /// sampler of an experiment reads the series from the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_interval_ms: Option<u64>,
 }
+
+/// The shortest `flush_interval_ms` of [`Metrics`].
+pub const MIN_METRICS_INTERVAL_MS: u64 = 100;
+/// The longest `flush_interval_ms` of [`Metrics`]: an hour.
+pub const MAX_METRICS_INTERVAL_MS: u64 = 3_600_000;
 
 /// `GET /vm/config` and `--config-file`: Firecracker's `FullVmConfiguration`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

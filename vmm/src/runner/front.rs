@@ -657,7 +657,13 @@ fn spawn_metrics_flusher(front: Weak<ApiFront>) {
     let spawned = std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || loop {
-            std::thread::sleep(FLUSH_INTERVAL);
+            let interval = match front.upgrade() {
+                Some(front) => lock(&front.metrics)
+                    .as_ref()
+                    .map_or(FLUSH_INTERVAL, MetricsSink::interval),
+                None => return,
+            };
+            std::thread::sleep(interval);
             let Some(front) = front.upgrade() else {
                 return;
             };

@@ -19,14 +19,29 @@ use serde_json::{json, Map, Value};
 use super::session::Session;
 use crate::host_file::{self, HostFileError};
 use vmm_api::metrics::{Durations, Operation, GET_REQUESTS, METRICS, PATCH_REQUESTS, PUT_REQUESTS};
-use vmm_api::model::{InstanceState, Metrics};
+use vmm_api::model::{InstanceState, Metrics, MAX_METRICS_INTERVAL_MS, MIN_METRICS_INTERVAL_MS};
 use vmm_api::VmmControl;
 use vmm_devices::block::BlockCounters;
 use vmm_devices::metrics::{LegacyDeviceMetrics, I8042, UART};
 use vmm_devices::net::NetCounters;
 
-/// How often the metrics are written without being asked (Firecracker's interval).
+/// How often the metrics are written without being asked (Firecracker's interval), unless
+/// `flush_interval_ms` says otherwise.
 pub(super) const FLUSH_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Errors of opening the metrics' destination.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsFileError {
+    /// The file or pipe could not be opened.
+    #[error(transparent)]
+    Open(#[from] HostFileError),
+    /// The interval is out of range.
+    #[error(
+        "flush_interval_ms {0} is out of range: {MIN_METRICS_INTERVAL_MS} to \
+         {MAX_METRICS_INTERVAL_MS} (an hour)"
+    )]
+    Interval(u64),
+}
 
 /// Where metrics go, and what the previous line counted.
 #[derive(Debug)]
@@ -36,6 +51,8 @@ pub(super) struct MetricsSink {
     properties: Option<Value>,
     /// The counters' totals at the previous line, by their place in it.
     previous: Mutex<HashMap<String, u64>>,
+    /// How often a line is written unasked.
+    interval: Duration,
 }
 
 /// One line being written: counters become what happened since the previous line.
@@ -104,8 +121,16 @@ impl Section<'_, '_> {
 impl MetricsSink {
     /// Opens the file (created if missing, appended to) or named pipe (without waiting for a
     /// reader) of `metrics`; lines name instance `id` if `emit_id` asks.
-    pub fn open(metrics: &Metrics, id: &str) -> Result<Self, HostFileError> {
+    pub fn open(metrics: &Metrics, id: &str) -> Result<Self, MetricsFileError> {
+        let interval = match metrics.flush_interval_ms {
+            None => FLUSH_INTERVAL,
+            Some(ms) if (MIN_METRICS_INTERVAL_MS..=MAX_METRICS_INTERVAL_MS).contains(&ms) => {
+                Duration::from_millis(ms)
+            }
+            Some(ms) => return Err(MetricsFileError::Interval(ms)),
+        };
         Ok(MetricsSink {
+            interval,
             file: Mutex::new(host_file::open_appending(
                 "metrics_path",
                 &metrics.metrics_path,
@@ -114,6 +139,11 @@ impl MetricsSink {
             properties: metrics.properties.as_ref().map(|p| json!(p)),
             previous: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// How often a line is written unasked.
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 
     /// Appends one line: the VM of `session` (if it has started) or a VM that has not.
@@ -399,6 +429,21 @@ fn ours(session: Option<&Session>) -> Value {
                 "pool_used_bytes": memory.pool.used_bytes,
             }),
         );
+        if let Some(zone) = &memory.zone {
+            ours.insert(
+                "zone".into(),
+                json!({
+                    "frame_size_kib": zone.frame_size_kib,
+                    "frames": zone.frames,
+                    "free_frames": zone.free_frames,
+                    "vms": zone.vms.iter().map(|vm| json!({
+                        "name": vm.name,
+                        "frames": vm.frames,
+                        "waiting_bytes": vm.waiting_bytes,
+                    })).collect::<Vec<_>>(),
+                }),
+            );
+        }
     }
     if let Ok(balloon) = session.balloon() {
         ours.insert(
