@@ -1252,6 +1252,7 @@ impl Zone {
                     return None;
                 };
                 let chunks = layout.chunks();
+                let owner = self.live_pid(slot.owner());
                 let table = &self.table(i)[..chunks as usize];
                 let bitmap = self.map.words(self.pieces_offset(i), chunks * pieces / 64);
                 Some(VmInfo {
@@ -1266,10 +1267,8 @@ impl Zone {
                         .iter()
                         .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
                         .sum(),
-                    owner: self.live_pid(slot.owner()),
-                    waiting: slot
-                        .waiting()
-                        .filter(|_| self.live_pid(slot.owner()).is_some()),
+                    owner,
+                    waiting: slot.waiting().filter(|_| owner.is_some()),
                     layout,
                 })
             })

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::console::SerialFile;
-use super::metrics_file::{MetricsSink, FLUSH_INTERVAL};
+use super::metrics_file::MetricsSink;
 use super::restore::{prepare, SnapshotError};
 use super::session::Session;
 use super::session_api::update_store;
@@ -634,7 +634,9 @@ pub fn serve(options: ServeOptions) -> Result<RunOutcome, RunError> {
     }
 }
 
-/// The thread that writes the metrics every [`FLUSH_INTERVAL`], as Firecracker does: started by
+/// The thread that writes the metrics at their interval (Firecracker's minute,
+/// [`super::metrics_file::FLUSH_INTERVAL`], unless
+/// `flush_interval_ms` says otherwise): started by
 /// the main thread once `PUT /metrics` or the configuration file configured them (before the
 /// VM starts; they cannot be configured later), so that a VMM without metrics has no such
 /// thread and none competes with the API thread's start for the CPU.
@@ -645,24 +647,19 @@ struct MetricsFlusher {
 
 impl MetricsFlusher {
     fn start_once_configured(&mut self, front: &Arc<ApiFront>) {
-        if !self.started && lock(&front.metrics).is_some() {
+        let interval = lock(&front.metrics).as_ref().map(MetricsSink::interval);
+        if let (false, Some(interval)) = (self.started, interval) {
             self.started = true;
-            spawn_metrics_flusher(Arc::downgrade(front));
+            spawn_metrics_flusher(Arc::downgrade(front), interval);
         }
     }
 }
 
-/// Writes the metrics every [`FLUSH_INTERVAL`] for as long as the front lives.
-fn spawn_metrics_flusher(front: Weak<ApiFront>) {
+/// Writes the metrics every `interval` for as long as the front lives.
+fn spawn_metrics_flusher(front: Weak<ApiFront>, interval: Duration) {
     let spawned = std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || loop {
-            let interval = match front.upgrade() {
-                Some(front) => lock(&front.metrics)
-                    .as_ref()
-                    .map_or(FLUSH_INTERVAL, MetricsSink::interval),
-                None => return,
-            };
             std::thread::sleep(interval);
             let Some(front) = front.upgrade() else {
                 return;
@@ -672,7 +669,7 @@ fn spawn_metrics_flusher(front: Weak<ApiFront>) {
             }
         });
     if let Err(e) = spawned {
-        log::warn!("cannot start writing the metrics every minute: {e}");
+        log::warn!("cannot start writing the metrics at their interval: {e}");
     }
 }
 

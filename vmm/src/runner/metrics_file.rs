@@ -430,19 +430,7 @@ fn ours(session: Option<&Session>) -> Value {
             }),
         );
         if let Some(zone) = &memory.zone {
-            ours.insert(
-                "zone".into(),
-                json!({
-                    "frame_size_kib": zone.frame_size_kib,
-                    "frames": zone.frames,
-                    "free_frames": zone.free_frames,
-                    "vms": zone.vms.iter().map(|vm| json!({
-                        "name": vm.name,
-                        "frames": vm.frames,
-                        "waiting_bytes": vm.waiting_bytes,
-                    })).collect::<Vec<_>>(),
-                }),
-            );
+            ours.insert("zone".into(), json!(zone));
         }
     }
     if let Ok(balloon) = session.balloon() {
