@@ -26,7 +26,7 @@ mod vmm_common;
 use std::time::{Duration, Instant};
 
 use linux_common::{cmdline, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, get, send, zone_consistent, Scratch, VmmRun};
+use vmm_common::{client, get, zone_consistent, Scratch, VmmRun};
 
 const VMS: [&str; 3] = ["a", "b", "c"];
 /// A guest touches about 44 MiB booting (the L2 kernel with its network stack) and 64 MiB
@@ -82,6 +82,21 @@ fn start(
     ZoneGuestVm { name, run, api }
 }
 
+/// How the VMM of `run` stands, on one line (the first of a failure, all CI shows): its exit
+/// status and last log line once it ended, else what its threads do.
+fn process_state(run: &mut VmmRun) -> String {
+    match run.exit_status() {
+        Some(status) => format!(
+            "its VMM ended, {status}: {}",
+            run.stderr_so_far().lines().last().unwrap_or_default()
+        ),
+        None => format!(
+            "its VMM runs; its threads:\n{}",
+            vmm_common::threads_report(run.pid())
+        ),
+    }
+}
+
 /// The last 40 lines of `text`.
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
@@ -106,14 +121,19 @@ fn hinting_runs(vm: &ZoneGuestVm) -> (usize, u64) {
 /// Waits until `vm`'s guest has warmed up, or its VMM ended; meanwhile the largest balloon of
 /// `others` (MiB) is recorded in `peak`, and every 15 s the zone and the others' balloons are
 /// shown (a slow host shows as progress, a stuck policy as none).
-fn wait_warmed(vm: &mut ZoneGuestVm, others: &[ZoneGuestVm], zone: &str, peak: &mut u64) -> bool {
+fn wait_warmed(
+    vm: &mut ZoneGuestVm,
+    others: &mut [ZoneGuestVm],
+    zone: &str,
+    peak: &mut u64,
+) -> bool {
     let deadline = Instant::now() + 2 * BOOT_TIMEOUT;
     let mut shown = Instant::now();
     loop {
         if shown.elapsed() >= Duration::from_secs(15) {
             shown = Instant::now();
             eprintln!("  {} warming; zone: {} MiB free", vm.name, free_mib(zone));
-            for other in others {
+            for other in others.iter() {
                 // A VMM that ended (its bounded wait over) shows nothing.
                 let answer = |path| {
                     let body = other.api.request("GET", path, None).ok()?.body;
@@ -140,15 +160,17 @@ fn wait_warmed(vm: &mut ZoneGuestVm, others: &[ZoneGuestVm], zone: &str, peak: &
         if !vm.run.running() {
             return false;
         }
-        for other in others {
-            let Ok(answer) = other.api.request("GET", "/balloon", None) else {
-                panic!(
-                    "{} ended while {} warmed up: {}\n{}",
+        for other in others.iter_mut() {
+            let answer = match other.api.request("GET", "/balloon", None) {
+                Ok(answer) => answer,
+                Err(e) => panic!(
+                    "{} did not answer GET /balloon while {} warmed up ({e}; {})\n{}\n{}",
                     other.name,
                     vm.name,
+                    process_state(&mut other.run),
                     tail(&other.run.stdout_so_far()),
                     tail(&other.run.stderr_so_far())
-                );
+                ),
             };
             let balloon: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
             *peak = (*peak).max(balloon["actual_mib"].as_u64().unwrap_or(0));
@@ -168,13 +190,46 @@ fn wait_warmed(vm: &mut ZoneGuestVm, others: &[ZoneGuestVm], zone: &str, peak: &
 /// second one is harmless at every step of the guest's script.
 const SIGNAL_AGAIN_AFTER: Duration = Duration::from_secs(30);
 
-fn ctrl_alt_del(vm: &ZoneGuestVm) {
-    send(
-        &vm.api,
-        "PUT",
-        "/actions",
-        r#"{"action_type":"SendCtrlAltDel"}"#,
-    );
+/// Presses Ctrl-Alt-Del in `vm`. A first press must be taken; one sent `again` may be refused
+/// while the guest has not read the last (its queue is full) or, once it ends, has disabled its
+/// keyboard: the test goes on waiting, and says so.
+fn ctrl_alt_del(vm: &mut ZoneGuestVm, again: bool) {
+    let body = r#"{"action_type":"SendCtrlAltDel"}"#;
+    let response = vm
+        .api
+        .request("PUT", "/actions", Some(body))
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: PUT /actions: {e} ({})",
+                vm.name,
+                process_state(&mut vm.run)
+            )
+        });
+    match response.status {
+        204 => {}
+        400 if again => eprintln!(
+            "  {}: the press sent again was refused: {}",
+            vm.name, response.body
+        ),
+        status => panic!(
+            "{}: Ctrl-Alt-Del answered {status} {} ({}); the guest's keyboard: {}; its last \
+             line: {}",
+            vm.name,
+            response.body,
+            process_state(&mut vm.run),
+            keyboard_lines(&vm.run.stdout_so_far()),
+            vm.run.stdout_so_far().lines().last().unwrap_or_default()
+        ),
+    }
+}
+
+/// The guest's kernel lines about its keyboard controller, on one line.
+fn keyboard_lines(stdout: &str) -> String {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.contains("i8042") || line.contains("atkbd") || line.contains("input:"))
+        .collect();
+    lines.join(" | ")
 }
 
 /// Sends every VM its go (Ctrl-Alt-Del) and waits until each has written its burst; then
@@ -182,12 +237,11 @@ fn ctrl_alt_del(vm: &ZoneGuestVm) {
 /// ends while another writes: an ending VM gives its frames back at once, a surplus the others'
 /// policies would begin to deflate into. A VM that shows no sign of a signal (no "burst-go",
 /// or no end) gets it again after [`SIGNAL_AGAIN_AFTER`], and the test says so.
-fn burst(zone: &str, vms: Vec<ZoneGuestVm>) {
-    vms.iter().for_each(ctrl_alt_del);
+fn burst(zone: &str, mut vms: Vec<ZoneGuestVm>) {
+    vms.iter_mut().for_each(|vm| ctrl_alt_del(vm, false));
     let mut signalled = vec![Instant::now(); vms.len()];
     // What each VM does meanwhile, every 15 s: a slow host shows as progress, a hang as none.
     let deadline = Instant::now() + 4 * BOOT_TIMEOUT;
-    let mut vms = vms;
     let mut shown = Instant::now();
     let mut ending = false;
     while vms.iter_mut().any(|vm| vm.run.running()) {
@@ -197,7 +251,7 @@ fn burst(zone: &str, vms: Vec<ZoneGuestVm>) {
                 .all(|vm| vm.run.stdout_so_far().contains("LLFREE-L2 burst-done"))
         {
             ending = true;
-            vms.iter().for_each(ctrl_alt_del);
+            vms.iter_mut().for_each(|vm| ctrl_alt_del(vm, false));
             signalled.fill(Instant::now());
         }
         for (vm, signalled) in vms.iter_mut().zip(&mut signalled) {
@@ -209,7 +263,7 @@ fn burst(zone: &str, vms: Vec<ZoneGuestVm>) {
                     "  {}: no sign of its Ctrl-Alt-Del after {SIGNAL_AGAIN_AFTER:?}: sent again",
                     vm.name
                 );
-                ctrl_alt_del(vm);
+                ctrl_alt_del(vm, true);
                 *signalled = Instant::now();
             }
         }
@@ -286,7 +340,7 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
         let args = ["--wait-for-memory=300s", "--reclaim-below", "25"];
         let mut vm = start(&guest, &scratch, &zone, name, &args);
         assert!(
-            wait_warmed(&mut vm, &vms, &zone, &mut peak_balloon),
+            wait_warmed(&mut vm, &mut vms, &zone, &mut peak_balloon),
             "{name} ended: {}",
             vm.run.stderr_so_far()
         );
@@ -340,7 +394,7 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
     let started = Instant::now();
     for name in VMS {
         let mut vm = start(&guest, &scratch, &zone, name, &["--wait-for-memory=300s"]);
-        assert!(wait_warmed(&mut vm, &[], &zone, &mut 0), "{name} ended");
+        assert!(wait_warmed(&mut vm, &mut [], &zone, &mut 0), "{name} ended");
         burst(&zone, vec![vm]);
     }
     eprintln!(
@@ -361,7 +415,7 @@ fn with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8() 
     let mut vms: Vec<ZoneGuestVm> = Vec::new();
     for name in ["a", "b"] {
         let mut vm = start(&guest, &scratch, &zone, name, &["--reclaim-below", "0"]);
-        assert!(wait_warmed(&mut vm, &[], &zone, &mut 0), "{name} ended");
+        assert!(wait_warmed(&mut vm, &mut [], &zone, &mut 0), "{name} ended");
         vms.push(vm);
     }
     let started = Instant::now();
@@ -373,7 +427,7 @@ fn with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8() 
         &["--reclaim-below", "0", "--wait-for-memory=20s"],
     );
     assert!(
-        !wait_warmed(&mut c, &vms, &zone, &mut 0),
+        !wait_warmed(&mut c, &mut vms, &zone, &mut 0),
         "c warmed up: nothing was short"
     );
     let ended = c.run.wait(Duration::from_secs(60));

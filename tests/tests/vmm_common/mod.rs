@@ -209,6 +209,11 @@ impl VmmRun {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// How the process ended, or `None` while it runs.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Sends `signal` (a name such as "INT") to the process.
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
