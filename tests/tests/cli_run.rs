@@ -78,10 +78,13 @@ fn usage_errors_are_one_line_with_status_2() {
     let cases: [(&[&str], &str); 13] = [
         (&[], "requires a subcommand"),
         (&["run", "--memory", "lots"], "'lots' is not a size"),
-        (&["run", "--memory", "5M"], "must be a multiple of 2 MiB"),
         (
-            &["run", "--memory", "1536M", "--backing", "hugetlb-1g"],
-            "multiple of 1 GiB",
+            &["run", "--memory", "5000K"],
+            "must be a whole number of MiB",
+        ),
+        (
+            &["run", "--memory", "3M"],
+            "must be between 4 MiB and 1 TiB",
         ),
         (&["run", "--backing", "tmpfs"], "unknown backing 'tmpfs'"),
         (&["run", "--populate", "later"], "invalid value 'later'"),

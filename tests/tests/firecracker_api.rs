@@ -121,7 +121,8 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
     );
     put(
         "/machine-config",
-        json!({"vcpu_count": 2, "mem_size_mib": 64}),
+        // Any number of MiB, as Firecracker takes it.
+        json!({"vcpu_count": 2, "mem_size_mib": 65}),
     );
     put("/metrics", json!({"metrics_path": metrics}));
     put("/actions", json!({"action_type": "InstanceStart"}));
@@ -149,7 +150,7 @@ fn the_getting_started_curl_sequence_boots_the_guest_and_ctrl_alt_del_ends_it() 
     assert_eq!(config["boot-source"]["initrd_path"], json!(initrd));
     assert_eq!(config["logger"]["level"], "Debug");
     assert_eq!(config["metrics"]["metrics_path"], json!(metrics));
-    assert_eq!(get(&api, "/machine-config")["mem_size_mib"], 64);
+    assert_eq!(get(&api, "/machine-config")["mem_size_mib"], 65);
     // FlushMetrics writes a line in Firecracker's schema: what happened since the last line
     // (here: since the start), with the drive's counters, ours under "llfree".
     put("/actions", json!({"action_type": "FlushMetrics"}));
@@ -313,6 +314,12 @@ fn bad_input_before_and_after_the_start_gets_firecrackers_answers() {
             "/machine-config",
             Some(r#"{"vcpu_count":1,"mem_size_mib":0}"#),
             "memory 0 bytes",
+        ),
+        (
+            "PUT",
+            "/machine-config",
+            Some(r#"{"vcpu_count":1,"mem_size_mib":65,"huge_pages":"2M"}"#),
+            "The memory size (MiB) is either 0, or not a multiple of the configured page size.",
         ),
         (
             "PUT",

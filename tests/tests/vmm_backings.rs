@@ -41,6 +41,18 @@ fn plain_memory_above_the_mmio_gap() {
 }
 
 #[test]
+fn ram_of_any_number_of_mib_ends_where_asked() {
+    if !kvm_available("ram_of_any_number_of_mib_ends_where_asked") {
+        return;
+    }
+    // 129 MiB in 65 frames of 2 MiB, the last half used: the guest writes and verifies all of
+    // it, and has no RAM past it.
+    every_population(&["--memory", "129M", "--backing", "anon"]);
+    let beyond = VmmRun::run(&["--memory", "129M", "--workload", "write:128M+2M"]);
+    assert_eq!(beyond.code, Some(2), "{beyond:#?}");
+}
+
+#[test]
 fn a_pool_file_and_its_reuse() {
     if !kvm_available("a_pool_file_and_its_reuse") {
         return;
@@ -95,6 +107,16 @@ fn hugetlb_with_1g_pages() {
     };
     // One 1 GiB chunk: touch a part of it (every page would take the emulator long).
     let workload = "write:2M+62M:3,verify:2M+62M:3,verify-zero:960M+64M";
+    // RAM of 65 MiB in the one frame, which the VMM warns about.
+    let partial = VmmRun::run(&["--memory", "65M", "--backing", "hugetlb-1g"]);
+    assert!(
+        partial.code == Some(0)
+            && partial.stdout.contains("test guest: done")
+            && partial
+                .stderr
+                .contains("its last 1 GiB frame is partly used"),
+        "{partial:#?}"
+    );
     every_population(&[
         "--memory",
         "1G",

@@ -445,8 +445,10 @@ pub enum PopulateArg {
 pub struct RunArgs {
     /// Guest RAM size: a number with an optional K, M, G or T suffix (binary units).
     ///
-    /// It must be a multiple of the backing's frame size (2 MiB; 1 GiB for hugetlb-1g), at least
-    /// 4 MiB and at most 1 TiB. RAM above 3 GiB continues at 4 GiB (the MMIO gap lies between).
+    /// A whole number of MiB, at least 4 MiB and at most 1 TiB. The host backs it in whole
+    /// frames of the backing (2 MiB; 1 GiB for hugetlb-1g): the last is partly used (129M takes
+    /// 130 MiB on 2 MiB frames, 1 GiB on hugetlb-1g), the guest sees what was asked for. RAM
+    /// above 3 GiB continues at 4 GiB (the MMIO gap lies between).
     /// The built-in test guest maps all of RAM: where KVM offers no 1 GiB pages (PVM) it takes
     /// at most 116 GiB.
     #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]

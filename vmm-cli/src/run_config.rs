@@ -32,7 +32,7 @@ impl TryFrom<RunArgs> for VmConfig {
     fn try_from(args: RunArgs) -> Result<Self, Self::Error> {
         check_vcpus(args.vcpus, args.kernel.is_none())?;
         check_smt(args.vcpus, args.smt)?;
-        check_memory(args.memory, &args.backing)?;
+        check_memory(args.memory)?;
         let scrub = check_backing(&args.backing, args.format_pool)?;
         let zone = match (args.zone, args.vm) {
             (Some(path), Some(vm)) => Some(ZoneTarget {

@@ -225,7 +225,7 @@ fn vcpu_counts_are_bounded() {
 }
 
 #[test]
-fn memory_is_bounded_and_aligned_to_the_frame_size() {
+fn memory_is_bounded_and_any_number_of_mib() {
     assert_eq!(
         config_err(&["--memory=2M"]),
         "--memory 2 MiB: must be between 4 MiB and 1 TiB"
@@ -235,15 +235,22 @@ fn memory_is_bounded_and_aligned_to_the_frame_size() {
         "--memory 2 TiB: must be between 4 MiB and 1 TiB"
     );
     assert_eq!(
-        config_err(&["--memory=5M"]),
-        "--memory 5 MiB: must be a multiple of 2 MiB with backing anon"
+        config_err(&["--memory=5000K"]),
+        "--memory 5000 KiB: must be a whole number of MiB"
     );
+    // The last frame partly used: 5 MiB in three 2 MiB frames, 1536 MiB in two 1 GiB frames.
+    let small = config(&["--memory=5M"]).unwrap();
     assert_eq!(
-        config_err(&["--memory=1536M", "--backing=hugetlb-1g"]),
-        "--memory 1536 MiB: must be a multiple of 1 GiB with backing hugetlb-1g"
+        small.backed_memory_size(guest_mem::FrameSize::Huge),
+        6 << 20
     );
-    let config = config(&["--memory=2G", "--backing=hugetlb-1g"]).unwrap();
-    assert_eq!(config.backing.frame_size(), guest_mem::FrameSize::Giant);
+    assert_eq!(small.ram_regions()[0].size, 5 << 20);
+    let giant = config(&["--memory=1536M", "--backing=hugetlb-1g"]).unwrap();
+    assert_eq!(giant.backing.frame_size(), guest_mem::FrameSize::Giant);
+    assert_eq!(
+        giant.backed_memory_size(guest_mem::FrameSize::Giant),
+        2 << 30
+    );
 }
 
 #[test]
@@ -394,7 +401,7 @@ fn zones_need_a_vm_name_and_an_existing_file() {
     assert_eq!(config.pmem_size, Some(64 << 20));
     let pmem = config.pmem_region().unwrap();
     assert_eq!((pmem.start, pmem.size), (1 << 32, 64 << 20));
-    assert_eq!(config.memory_regions().len(), 2);
+    assert_eq!(config.memory_regions(guest_mem::FrameSize::Huge).len(), 2);
     assert_eq!(
         usage_err(&["--zone", zone]).0,
         ErrorKind::MissingRequiredArgument

@@ -27,7 +27,7 @@ use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use guest_mem::{Populate, Scrub};
+use guest_mem::{FrameSize, Populate, Scrub};
 
 use crate::boot::cmdline::DEFAULT_CMDLINE;
 use crate::layout::{ram_regions, RamRegion, CMDLINE_MAX_SIZE};
@@ -53,16 +53,9 @@ pub enum ConfigError {
     /// The memory size is outside [`MIN_MEMORY`, `MAX_MEMORY`].
     #[error("memory {}: must be between 4 MiB and 1 TiB", format_size(*.0))]
     MemoryRange(u64),
-    /// The memory size is not a multiple of the backing's frame size.
-    #[error("memory {}: must be a multiple of {frame} with backing {backing}", format_size(*.size))]
-    MemoryMisaligned {
-        /// The size.
-        size: u64,
-        /// The frame size.
-        frame: &'static str,
-        /// The backing.
-        backing: BackingKind,
-    },
+    /// The memory size is not a whole number of MiB.
+    #[error("memory {}: must be a whole number of MiB", format_size(*.0))]
+    MemoryNotWholeMib(u64),
     /// A file the VM needs is missing or unusable.
     #[error("{setting}{}: {why}", .path.display())]
     Path {
@@ -208,7 +201,7 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Guest RAM regions around the MMIO gap.
+    /// Guest RAM regions around the MMIO gap, as the guest's memory map gives them.
     pub fn ram_regions(&self) -> Vec<RamRegion> {
         ram_regions(self.memory_size)
     }
@@ -219,10 +212,17 @@ impl VmConfig {
             .map(|size| crate::layout::pmem_region(self.memory_size, size))
     }
 
-    /// Every region of guest memory but the hot-pluggable one: RAM, then the virtio-pmem
-    /// memory.
-    pub fn memory_regions(&self) -> Vec<RamRegion> {
-        let mut regions = self.ram_regions();
+    /// Bytes of RAM the host backs in frames of `frame`: the guest's RAM rounded up to a whole
+    /// frame.
+    pub fn backed_memory_size(&self, frame: FrameSize) -> u64 {
+        self.memory_size.next_multiple_of(frame.bytes())
+    }
+
+    /// Every region of guest memory but the hot-pluggable one, as the host backs it in frames
+    /// of `frame`: RAM in whole frames ([`crate::layout::backed_ram_regions`]), then the
+    /// virtio-pmem memory.
+    pub fn memory_regions(&self, frame: FrameSize) -> Vec<RamRegion> {
+        let mut regions = crate::layout::backed_ram_regions(self.memory_size, frame.bytes());
         regions.extend(self.pmem_region());
         regions
     }
@@ -294,19 +294,15 @@ pub fn check_smt(vcpus: usize, smt: bool) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Checks a guest RAM size: within [`MIN_MEMORY`, `MAX_MEMORY`] and a whole number of the
-/// backing's frames.
-pub fn check_memory(size: u64, backing: &BackingKind) -> Result<(), ConfigError> {
+/// Checks a guest RAM size: within [`MIN_MEMORY`, `MAX_MEMORY`] and a whole number of MiB, as
+/// Firecracker's `mem_size_mib`. Any backing takes it: the host backs RAM in whole frames, the
+/// last one partly used ([`crate::layout::backed_ram_regions`]).
+pub fn check_memory(size: u64) -> Result<(), ConfigError> {
     if !(MIN_MEMORY..=MAX_MEMORY).contains(&size) {
         return Err(ConfigError::MemoryRange(size));
     }
-    let frame = backing.frame_size();
-    if !size.is_multiple_of(frame.bytes()) {
-        return Err(ConfigError::MemoryMisaligned {
-            size,
-            frame: frame.name(),
-            backing: backing.clone(),
-        });
+    if !size.is_multiple_of(1 << 20) {
+        return Err(ConfigError::MemoryNotWholeMib(size));
     }
     Ok(())
 }

@@ -133,6 +133,19 @@ pub fn ram_regions(ram_size: u64) -> Vec<RamRegion> {
     regions
 }
 
+/// Guest RAM of `ram_size` bytes as the host backs it in frames of `frame` bytes: the regions
+/// of the size rounded up to a whole frame. The guest's memory map says `ram_size`: the rest of
+/// the last frame is never used (as in Firecracker, whose RAM is any number of MiB).
+pub fn backed_ram_regions(ram_size: u64, frame: u64) -> Vec<RamRegion> {
+    ram_regions(ram_size.next_multiple_of(frame))
+}
+
+/// What a snapshot's memory file keeps of guest RAM of `ram_size` bytes, whatever frames backed
+/// it: the RAM rounded up to 2 MiB, the smallest frame, so that it loads on any backing.
+pub fn saved_ram_regions(ram_size: u64) -> Vec<RamRegion> {
+    backed_ram_regions(ram_size, 2 << 20)
+}
+
 /// Where the virtio-pmem device's memory of `pmem_size` bytes lies for `ram_size` bytes of RAM:
 /// above RAM and the MMIO gap, at a 1 GiB boundary (Linux maps it with ZONE_DEVICE pages, which
 /// want it aligned to its memory sections).

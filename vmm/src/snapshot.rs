@@ -167,7 +167,7 @@ impl VmSnapshot {
         let machine = &self.machine;
         let memory = machine.memory_size;
         if !(crate::layout::MIN_MEMORY..=crate::layout::MAX_MEMORY).contains(&memory)
-            || !memory.is_multiple_of(2 << 20)
+            || !memory.is_multiple_of(1 << 20)
             || machine.pmem_size.is_some_and(|size| {
                 size == 0 || size > crate::layout::MAX_MEMORY || !size.is_multiple_of(2 << 20)
             })
@@ -227,7 +227,7 @@ impl VmSnapshot {
             let hotplug = machine.hotplug.as_ref().map(|h| {
                 crate::layout::hotplug_region(machine.memory_size, None, h.config.total_size)
             });
-            let expected: Vec<(u64, u64)> = crate::layout::ram_regions(machine.memory_size)
+            let expected: Vec<(u64, u64)> = crate::layout::saved_ram_regions(machine.memory_size)
                 .iter()
                 .chain(&hotplug)
                 .map(|r| (r.start, r.size))

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use guest_mem::zone::{VmLayout, Zone, ZoneError, ZoneVm};
-use guest_mem::{GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError, Population};
+use guest_mem::{
+    FrameSize, GuestMemory, MemoryConfig, MemoryError, Pool, PoolConfig, PoolError, Population,
+};
 use vm_memory::GuestAddress;
 
 use crate::config::{format_size, VmConfig, ZoneTarget};
@@ -106,8 +108,9 @@ pub(crate) fn attach_vm(
         }
     }
     let frame = zone.frame_size();
+    // RAM is any number of MiB (its last frame partly used); the devices' memory is whole
+    // frames.
     for (setting, size) in [
-        ("memory", Some(config.memory_size)),
         ("pmem", config.pmem_size),
         ("hotplug", config.hotplug.map(|h| h.total_size)),
     ] {
@@ -122,7 +125,7 @@ pub(crate) fn attach_vm(
     let layout = VmLayout {
         chunk_size: frame,
         regions: config
-            .memory_regions()
+            .memory_regions(frame)
             .iter()
             .chain(&config.hotplug_region())
             .map(|region| (region.start, region.size))
@@ -153,9 +156,11 @@ const MAX_FAULT_THREADS: usize = 4;
 /// backing, one core per vCPU plus [`SPARE_CORES`].
 pub(crate) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
     let hotplug = config.hotplug.map_or(0, |h| h.total_size);
+    let frame = config.backing.frame_size();
+    note_partial_frame(config, frame);
     let pool = Pool::new(PoolConfig {
         backing: config.backing.pool_backing(config.format_pool),
-        size: config.memory_size + hotplug,
+        size: config.backed_memory_size(frame) + hotplug,
         cores: config.vcpus + SPARE_CORES,
         scrub: config.scrub,
     })?;
@@ -169,6 +174,26 @@ pub(crate) fn create_pool(config: &VmConfig) -> Result<Arc<Pool>, PoolError> {
     Ok(pool)
 }
 
+/// Says when guest RAM ends inside a frame: the host backs the whole frame, the guest sees its
+/// RAM (a debug note on 2 MiB frames, a warning on 1 GiB ones, where most of it may lie unused).
+fn note_partial_frame(config: &VmConfig, frame: FrameSize) {
+    let backed = config.backed_memory_size(frame);
+    if backed == config.memory_size {
+        return;
+    }
+    let level = match frame {
+        FrameSize::Huge => log::Level::Debug,
+        FrameSize::Giant => log::Level::Warn,
+    };
+    log::log!(
+        level,
+        "memory {}: its last {} frame is partly used; the host backs {}",
+        format_size(config.memory_size),
+        frame.name(),
+        format_size(backed)
+    );
+}
+
 /// Creates guest memory over the RAM regions of the layout, in chunks of the pool's frame size,
 /// populated eagerly or lazily. Faults that cannot be served kick the vCPU out of `KVM_RUN`.
 /// Eager population counts its progress in `population` and stops once it is cancelled. A VM in
@@ -180,7 +205,11 @@ pub(crate) fn create_memory(
     population: &Population,
     boot: bool,
 ) -> Result<GuestMemory, MemoryError> {
-    let regions = config.memory_regions();
+    let frame = match &frames {
+        Frames::Pool(pool) => pool.frame_size(),
+        Frames::Zone(vm) => vm.layout().chunk_size,
+    };
+    let regions = config.memory_regions(frame);
     let fault_threads = config.vcpus.clamp(1, MAX_FAULT_THREADS);
     log::debug!(
         "guest memory: {} in {} region(s), populated {}, {fault_threads} fault thread(s)",
@@ -209,12 +238,9 @@ pub(crate) fn create_memory(
         confine_handler: Some(crate::seccomp::confine_fault_handler),
     };
     match frames {
-        Frames::Pool(pool) => {
-            GuestMemory::new_watched(pool, memory_config(config.backing.frame_size()), population)
-        }
+        Frames::Pool(pool) => GuestMemory::new_watched(pool, memory_config(frame), population),
         Frames::Zone(vm) => {
-            let chunk_size = vm.layout().chunk_size;
-            let memory = GuestMemory::new_in_zone(vm, memory_config(chunk_size), population)?;
+            let memory = GuestMemory::new_in_zone(vm, memory_config(frame), population)?;
             if !boot {
                 return Ok(memory);
             }

@@ -95,7 +95,16 @@ fn check_machine(
         .mem_size_mib
         .checked_mul(MIB)
         .ok_or_else(|| refuse("The memory size (MiB) is invalid."))?;
-    check_memory(size, &backing(machine.huge_pages)?).map_err(invalid)?;
+    // Firecracker takes any number of MiB on 4 KiB pages and whole huge pages on hugetlbfs; here
+    // RAM is backed in 2 MiB frames (None) or hugetlbfs pages (2M, 1G), and refused as it is
+    // there.
+    let page = backing(machine.huge_pages)?.frame_size().bytes();
+    if machine.huge_pages != HugePages::None && !size.is_multiple_of(page) {
+        return Err(refuse(
+            "The memory size (MiB) is either 0, or not a multiple of the configured page size.",
+        ));
+    }
+    check_memory(size).map_err(invalid)?;
     if let Some(zone) = &machine.zone {
         check_zone(&zone_target(zone)).map_err(invalid)?;
     }

@@ -31,6 +31,7 @@ use crate::build::early_vm::EarlyKvmVm;
 use crate::build::memory::{self, Frames, ZoneSetupError};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
 use crate::host_file::{self, HostFileError};
+use crate::layout::saved_ram_regions;
 use crate::snapshot::file::{self, SnapshotFileError};
 use crate::snapshot::memory_file::{self, MemoryChecksum};
 use crate::snapshot::{
@@ -162,34 +163,54 @@ fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// Copies every populated chunk of `memory` into a new file at `path`, regions one after the
-/// other; chunks never touched stay holes. A trailer with a new identity follows
+/// Copies every populated chunk of `memory`, a VM's with `ram_size` bytes of RAM, into a new
+/// file at `path`, regions one after the other; chunks never touched stay holes. RAM is kept
+/// as [`saved_ram_regions`] gives it (the part of a last 1 GiB frame past the guest's RAM
+/// is left out), so that the file loads on any backing. A trailer with a new identity follows
 /// ([`memory_file`]); the checksum covers the memory. Returns where the snapshot's memory is.
-fn copy_memory_out(memory: &GuestMemory, path: &Path) -> Result<MemorySource, SnapshotError> {
+fn copy_memory_out(
+    memory: &GuestMemory,
+    ram_size: u64,
+    path: &Path,
+) -> Result<MemorySource, SnapshotError> {
     check_copy_target(path)?;
     let file = host_file::create_output("mem_file_path", path)?;
+    let saved_ram = saved_ram_regions(ram_size);
+    let saved: Vec<(u64, u64)> = memory
+        .regions()
+        .iter()
+        .map(|region| {
+            let start = region.start().0;
+            let size = saved_ram
+                .iter()
+                .find(|ram| ram.start == start)
+                .map_or(region.size(), |ram| ram.size.min(region.size()));
+            (start, size)
+        })
+        .collect();
     let mut regions = Vec::new();
     let mut checksum = MemoryChecksum::default();
     let mut offset = 0;
-    let total = memory.regions().iter().map(|r| r.size()).sum();
+    let total = saved.iter().map(|&(_, size)| size).sum();
     let mut progress = LoopProgress::new(
         format!("copying guest memory into {}", path.display()),
         total,
     );
-    for region in memory.regions() {
-        let (start, size) = (region.start().0, region.size());
+    for (region, &(start, size)) in memory.regions().iter().zip(&saved) {
         let chunk = region.chunk_size().bytes();
         let mut buffer = vec![0u8; chunk as usize];
         for at in (start..start + size).step_by(chunk as usize) {
+            // The last chunk of RAM may be kept in part.
+            let part = &mut buffer[..(start + size - at).min(chunk) as usize];
             if !memory.holds_data(GuestAddress(at)) {
-                checksum.add_zero_chunk(buffer.len());
+                checksum.add_zero_chunk(part.len());
                 continue;
             }
             memory
-                .read_slice(&mut buffer, GuestAddress(at))
+                .read_slice(part, GuestAddress(at))
                 .map_err(guest_memory_error(path, "cannot read guest memory"))?;
-            checksum.add(&buffer);
-            file.write_all_at(&buffer, offset + at - start)
+            checksum.add(part);
+            file.write_all_at(part, offset + at - start)
                 .map_err(memory_file_error(path, "cannot write"))?;
             progress.at(offset + at - start);
         }
@@ -394,7 +415,12 @@ impl Session {
                         .into(),
                 ))
             }
-            _ => copy_memory_out(self.memory(), &params.mem_file_path).inspect_err(|_| {
+            _ => copy_memory_out(
+                self.memory(),
+                self.config().memory_size,
+                &params.mem_file_path,
+            )
+            .inspect_err(|_| {
                 // What a failed copy wrote goes.
                 let _ = std::fs::remove_file(&params.mem_file_path);
             })?,

@@ -71,12 +71,21 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
         resources.put_machine(smt.clone()).unwrap();
         assert_eq!(resources.machine(), &smt);
     }
+    // Any number of MiB, as in Firecracker without huge pages.
+    resources.put_machine(machine(1, 129)).unwrap();
+    assert_eq!(resources.machine(), &machine(1, 129));
     resources.put_machine(machine(2, 256)).unwrap();
     for (bad, expected) in [
         (machine(0, 128), "vcpus 0"),
         (machine(255, 128), "vcpus 255"),
         (machine(1, 0), "memory 0 bytes"),
-        (machine(1, 5), "must be a multiple of 2 MiB"),
+        (
+            MachineConfiguration {
+                huge_pages: HugePages::Huge2M,
+                ..machine(1, 129)
+            },
+            "not a multiple of the configured page size",
+        ),
         (
             MachineConfiguration {
                 smt: true,
@@ -110,7 +119,7 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
                 huge_pages: HugePages::Giant1G,
                 ..machine(2, 1536)
             },
-            "multiple of 1 GiB",
+            "not a multiple of the configured page size",
         ),
     ] {
         let text = message(resources.put_machine(bad).unwrap_err());
