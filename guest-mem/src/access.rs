@@ -9,7 +9,7 @@ use std::io;
 use std::mem::size_of;
 use std::sync::atomic::Ordering;
 
-use vm_memory::bitmap::BS;
+use vm_memory::bitmap::{AtomicBitmap, Bitmap, BS};
 use vm_memory::{
     AtomicAccess, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryRegion,
     GuestUsize, MemoryRegionAddress, ReadVolatile, VolatileSlice, WriteVolatile,
@@ -52,7 +52,8 @@ impl GuestRegion {
 }
 
 impl GuestMemoryRegion for GuestRegion {
-    type B = ();
+    /// What the VMM writes is marked here when dirty pages are tracked.
+    type B = Option<AtomicBitmap>;
 
     fn len(&self) -> GuestUsize {
         self.size()
@@ -62,7 +63,9 @@ impl GuestMemoryRegion for GuestRegion {
         self.start()
     }
 
-    fn bitmap(&self) -> BS<'_, Self::B> {}
+    fn bitmap(&self) -> BS<'_, Self::B> {
+        self.dirty.slice_at(0)
+    }
 
     /// The host address, without populating (for memslots; touching it populates through the
     /// fault handler).
@@ -78,9 +81,17 @@ impl GuestMemoryRegion for GuestRegion {
         count: usize,
     ) -> Result<VolatileSlice<'_, BS<'_, Self::B>>> {
         self.prepare(offset, count)?;
+        let dirty = self.dirty.slice_at(offset.0 as usize);
         // SAFETY: the range lies inside the region's mapping, which lives as long as `self`;
         // its chunks are populated, and a concurrent discard only swaps the memory behind it.
-        Ok(unsafe { VolatileSlice::new((self.host_addr() + offset.0 as usize) as *mut u8, count) })
+        Ok(unsafe {
+            VolatileSlice::with_bitmap(
+                (self.host_addr() + offset.0 as usize) as *mut u8,
+                count,
+                dirty,
+                None,
+            )
+        })
     }
 
     fn is_hugetlbfs(&self) -> Option<bool> {

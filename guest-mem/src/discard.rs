@@ -100,7 +100,16 @@ impl GuestMemory {
         let mut stats = DiscardStats::default();
         let discarded = &self.inner.shared.counters.discarded_chunks;
         self.for_each_part(addr, len, |part| {
-            match decide(&part, &mut stats) {
+            let decision = decide(&part, &mut stats);
+            if !matches!(decision, GiveBack::Nothing) {
+                // What the guest reads there changes (to zeros): a diff snapshot keeps it.
+                part.region.mark_dirty(
+                    part.chunk as u64 * part.region.chunk_size().bytes()
+                        + (part.first * FRAME_SIZE) as u64,
+                    (part.pieces * FRAME_SIZE) as u64,
+                );
+            }
+            match decision {
                 GiveBack::Chunk => {
                     if part.region.discard_chunk(part.chunk, core)? {
                         stats.freed_chunks += 1;

@@ -15,6 +15,7 @@
 //!   VM in a zone ([`GuestMemory::new_in_zone`]) outlives the process, crashes included.
 
 mod access;
+mod dirty;
 mod discard;
 mod fault;
 mod frame_table;

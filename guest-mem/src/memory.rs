@@ -80,6 +80,9 @@ pub struct MemoryConfig {
     /// where the VMM confines the thread (e.g. stacks a seccomp filter of its own once the
     /// process is locked down). It must be cheap once it has nothing left to do.
     pub confine_handler: Option<fn()>,
+    /// Tracks the 4 KiB pages the VMM writes or gives back, for diff snapshots
+    /// ([`GuestMemory::take_dirty_pages`]); the guest's own writes are KVM's to log.
+    pub track_dirty_pages: bool,
 }
 
 impl MemoryConfig {
@@ -94,6 +97,7 @@ impl MemoryConfig {
             fault_threads: 1,
             kick_signal: None,
             confine_handler: None,
+            track_dirty_pages: false,
         }
     }
 }
@@ -324,7 +328,15 @@ impl GuestMemory {
                     .as_ref()
                     .map(|vm| (vm.table(i), vm.piece_words(i)));
                 let hotplug = i == config.ranges.len();
-                GuestRegion::new(start, size, chunk, Arc::clone(&shared), persistent, hotplug)
+                GuestRegion::new(
+                    start,
+                    size,
+                    chunk,
+                    Arc::clone(&shared),
+                    persistent,
+                    hotplug,
+                    config.track_dirty_pages,
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let inner = Arc::new(Inner { regions, shared });
@@ -474,6 +486,7 @@ impl GuestMemory {
         if let Some(chunk) = chunks.clone().find(|&c| !region.is_plugged(c)) {
             return Err(RegionError::Unplugged { chunk }.into());
         }
+        region.mark_dirty(addr.0 - region.start().0, len);
         Ok(region.unplug(chunks, core)?)
     }
 

@@ -5,11 +5,13 @@
 //! (PROT_NONE) reservation that nothing populates until it is plugged.
 
 use std::io;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
 use llfree::FRAME_SIZE;
 use thiserror::Error;
+use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::GuestAddress;
 
 use crate::frame_table::{ChunkState, FrameTable};
@@ -141,6 +143,9 @@ pub struct GuestRegion {
     pieces: PieceMap,
     /// Hot-pluggable memory: its chunks are plugged and unplugged one by one.
     hotplug: bool,
+    /// The 4 KiB pages the VMM wrote or gave back since the last look, when dirty pages are
+    /// tracked (see [`crate::dirty`]).
+    pub(crate) dirty: Option<AtomicBitmap>,
     pub(crate) shared: Arc<SharedState>,
 }
 
@@ -157,6 +162,7 @@ impl GuestRegion {
         shared: Arc<SharedState>,
         persistent: Option<(VmTable, ZoneWords)>,
         hotplug: bool,
+        track_dirty_pages: bool,
     ) -> Result<Self, RegionError> {
         let reserve_err = |source| RegionError::Reserve { len, source };
         let host =
@@ -172,6 +178,9 @@ impl GuestRegion {
             table: FrameTable::new(chunks, table, hotplug),
             pieces: PieceMap::new(chunks, pieces, piece_words),
             hotplug,
+            dirty: track_dirty_pages.then(|| {
+                AtomicBitmap::new(len as usize, NonZeroUsize::new(FRAME_SIZE).expect("4 KiB"))
+            }),
             shared,
         };
         let unplugged = |chunk| region.table.state(chunk) == ChunkState::Unplugged;

@@ -560,6 +560,18 @@ fn requests_firecracker_routes_on_their_first_segment_are_taken_with_any_path_af
     );
     // The deprecated vsock_id is answered with Firecracker's Deprecation header.
     assert!(response.contains("\r\nDeprecation: true\r\n"), "{response}");
+    // So are snapshot loads with the deprecated mem_file_path or enable_diff_snapshots.
+    for load in [
+        r#"{"snapshot_path":"/s","mem_file_path":"/m"}"#,
+        r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"File","backend_path":"/m"},"enable_diff_snapshots":true}"#,
+    ] {
+        let request = format!(
+            "PUT /snapshot/load HTTP/1.1\r\nContent-Length: {}\r\n\r\n{load}",
+            load.len()
+        );
+        let response = raw(socket, request.as_bytes());
+        assert!(response.contains("\r\nDeprecation: true\r\n"), "{response}");
+    }
     // Routes that take an id still refuse a longer path.
     let (status, fault) = raw_fault(socket, b"GET /drives/a/b HTTP/1.1\r\n\r\n");
     assert_eq!(status, 400, "{fault}");

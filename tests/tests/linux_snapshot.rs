@@ -3,8 +3,10 @@
 //! it); the VM, in a zone with a balloon, is paused, snapshotted into its zone, and its VMM
 //! killed; a fresh `vmm --api-sock` loads the snapshot and resumes it. The count goes on from
 //! where it stood, the guest's clock goes on from where it stood (no jump, still running), its
-//! syncs still reach the pmem device, and its balloon driver still follows a new target. (See
-//! linux_common for the guest and where this runs.)
+//! syncs still reach the pmem device, and its balloon driver still follows a new target. A VM
+//! that tracks dirty pages takes a full snapshot, counts on, takes a diff; merged onto the full
+//! one's memory file, the diff loads (its memory verified) and the count goes on from the diff.
+//! (See linux_common for the guest and where this runs.)
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -12,6 +14,7 @@
 mod linux_common;
 mod vmm_common;
 
+use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
@@ -141,5 +144,86 @@ fn a_linux_guest_counts_on_across_a_snapshot_into_a_new_vmm_process() {
     assert!(
         free_after + (TARGET_MIB - 8) * 1024 <= free_before,
         "free {free_before} KiB before, {free_after} KiB with the balloon at {TARGET_MIB} MiB"
+    );
+}
+
+/// The last count in `stdout`.
+fn last_count(stdout: &str) -> u64 {
+    counts(stdout).last().expect("counts").0
+}
+
+#[test]
+fn a_linux_guest_counts_on_from_a_diff_snapshot_merged_onto_its_full_one() {
+    let name = "a_linux_guest_counts_on_from_a_diff_snapshot_merged_onto_its_full_one";
+    let Some(guest) = LinuxGuest::find(name) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-snapshot-diff");
+    let socket = scratch.path("api.sock");
+    let (base, base_memory) = (scratch.path("base.snap"), scratch.path("base.mem"));
+    let (diff, diff_memory) = (scratch.path("diff.snap"), scratch.path("diff.mem"));
+    let line = cmdline("llfree.test=counter llfree.pmem=off");
+    let args = [
+        "--memory",
+        "256M",
+        "--track-dirty-pages",
+        "--cmdline",
+        &line,
+        "--api-socket",
+        &socket,
+    ];
+    let mut vmm = VmmRun::start(&guest.args(&args));
+    vmm.wait_for_line("LLFREE-L2 count n=3 ", BOOT_TIMEOUT);
+    let api = vmm.api(&socket);
+    let snapshot = |kind: &str, path: &str, memory: &str| {
+        send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+        let body = format!(
+            r#"{{"snapshot_type":"{kind}","snapshot_path":"{path}","mem_file_path":"{memory}"}}"#
+        );
+        let started = Instant::now();
+        send(&api, "PUT", "/snapshot/create", &body);
+        let took = started.elapsed();
+        let data = std::fs::metadata(memory).unwrap().blocks() * 512;
+        eprintln!(
+            "{name}: {kind} snapshot in {took:.1?}, {} KiB of data",
+            data >> 10
+        );
+        data
+    };
+    let full = snapshot("Full", &base, &base_memory);
+    send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    let at_full = last_count(&vmm.stdout_so_far());
+    vmm.wait_for_line(&format!("LLFREE-L2 count n={} ", at_full + 3), BOOT_TIMEOUT);
+    let dirty = snapshot("Diff", &diff, &diff_memory);
+    let at_diff = last_count(&vmm.kill().stdout);
+    assert!(
+        dirty * 4 < full,
+        "the diff holds {dirty} bytes, the full snapshot {full}"
+    );
+    let merged = client(&[
+        "snapshot",
+        "rebase",
+        "--base-file",
+        &base_memory,
+        "--diff-file",
+        &diff_memory,
+    ]);
+    assert_eq!(merged.code, Some(0), "{merged:#?}");
+    let mut loaded = VmmRun::start_command(&[
+        "snapshot",
+        "load",
+        "--snapshot-path",
+        &diff,
+        "--mem-file-path",
+        &base_memory,
+        "--resume",
+        "--verify-memory",
+    ]);
+    loaded.wait_for_line(&format!("LLFREE-L2 count n={} ", at_diff + 3), BOOT_TIMEOUT);
+    let after = counts(&loaded.kill().stdout);
+    let first = after.first().expect("counts after the load").0;
+    assert!(
+        first == at_diff || first == at_diff + 1,
+        "counted {at_diff} at the diff, {first} first after its load"
     );
 }

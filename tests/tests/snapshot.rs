@@ -497,7 +497,7 @@ fn devices_come_back_as_the_api_last_set_them_on_the_tap_network_overrides_name(
     let (waiting, api) = waiting_vmm(&socket);
     let load = |overrides: &str| {
         format!(
-            r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}","network_overrides":{overrides}}}"#
+            r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"File","backend_path":"{zone}"}},"network_overrides":{overrides}}}"#
         )
     };
     // An interface the VM does not have is refused, and the snapshot stays loadable.

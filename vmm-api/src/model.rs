@@ -712,11 +712,20 @@ impl SnapshotLoadParams {
         }
     }
 
+    /// Whether the loaded VM tracks dirty pages for diff snapshots (`track_dirty_pages`, or
+    /// its deprecated name `enable_diff_snapshots`).
+    pub fn tracks_dirty_pages(&self) -> bool {
+        self.track_dirty_pages || self.enable_diff_snapshots
+    }
+
+    /// Whether the request uses a field Firecracker deprecates (`mem_file_path`,
+    /// `enable_diff_snapshots`).
+    pub fn uses_deprecated_fields(&self) -> bool {
+        self.mem_file_path.is_some() || self.enable_diff_snapshots
+    }
+
     /// Refuses the options this VMM does not have.
     pub fn check_supported(&self) -> Result<(), String> {
-        if self.enable_diff_snapshots || self.track_dirty_pages {
-            return Err("dirty page tracking (diff snapshots) is not supported".into());
-        }
         if self.clock_realtime {
             return Err("clock_realtime is not supported: kvmclock resumes where it stood".into());
         }

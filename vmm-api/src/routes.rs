@@ -312,9 +312,20 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         }
         (Method::Put, "snapshot", Some("load"), _) => {
             body::<SnapshotLoadParams>(request).map(|params| {
-                done(timed(Operation::LoadSnapshot, || {
+                let answer = done(timed(Operation::LoadSnapshot, || {
                     control.load_snapshot(&params)
-                }))
+                }));
+                // Firecracker's deprecation: the fields still work, the answer says so.
+                match params.uses_deprecated_fields() {
+                    true => {
+                        log::warn!(
+                            "PUT /snapshot/load: mem_file_path and enable_diff_snapshots fields \
+                             are deprecated."
+                        );
+                        answer.deprecated()
+                    }
+                    false => answer,
+                }
             })
         }
         _ => Err(invalid_path(method, path)),

@@ -299,9 +299,26 @@ pub enum SnapshotAction {
         /// The VM's zone (no copy), or a file for a copy of guest memory.
         #[arg(long, value_name = "PATH")]
         mem_file_path: PathBuf,
+        /// A diff snapshot (Firecracker's `Diff`; the VM tracks dirty pages): only the pages
+        /// written since the last snapshot go into the memory file, at their places. Naming the
+        /// last snapshot's memory file updates it in place; a new file gets the pages alone, to
+        /// merge onto the last one with `vmm snapshot rebase`.
+        #[arg(long)]
+        diff: bool,
     },
     /// Load a snapshot in this process and run its VM until it ends, as `vmm run` does.
     Load(SnapshotLoadArgs),
+    /// Merge a diff snapshot's memory file onto its base's (Firecracker's rebase-snap): every
+    /// part of the diff that holds data is written over the base at the same offset. The diff's
+    /// snapshot then loads with the base's file.
+    Rebase {
+        /// The memory file of the snapshot the diff was taken after; it is changed in place.
+        #[arg(long, value_name = "PATH")]
+        base_file: PathBuf,
+        /// The diff snapshot's memory file.
+        #[arg(long, value_name = "PATH")]
+        diff_file: PathBuf,
+    },
 }
 
 /// Options of `vmm snapshot load`.
@@ -337,6 +354,10 @@ pub struct SnapshotLoadArgs {
     /// Let the loaded VM's vsock device listen on PATH instead (Firecracker's vsock_override).
     #[arg(long, value_name = "PATH")]
     pub vsock_override: Option<std::path::PathBuf>,
+    /// Track the pages the loaded VM writes, for diff snapshots (Firecracker's
+    /// track_dirty_pages).
+    #[arg(long)]
+    pub track_dirty_pages: bool,
 }
 
 /// Create, inspect and clean up persistent zones: files that keep VMs' memory across VMM
@@ -571,6 +592,12 @@ pub struct RunArgs {
     /// (lazy), or all at start and mapped untouched (mapped).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]
     pub populate: PopulateArg,
+
+    /// Track the pages the guest and the VMM write, for diff snapshots (Firecracker's
+    /// track_dirty_pages; `vmm snapshot create --diff`). KVM then maps guest memory in 4 KiB
+    /// pages.
+    #[arg(long)]
+    pub track_dirty_pages: bool,
 
     /// Number of vCPUs, 1 to 254 (1 to 64 for the built-in test guest); a core each.
     #[arg(long, value_name = "N", default_value_t = 1)]

@@ -51,7 +51,7 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         }),
         resume_vm: args.resume,
         enable_diff_snapshots: false,
-        track_dirty_pages: false,
+        track_dirty_pages: args.track_dirty_pages,
         network_overrides: args.network_overrides,
         vsock_override: args
             .vsock_override
@@ -76,11 +76,12 @@ pub(super) fn create_snapshot(
     socket: &Path,
     snapshot_path: &Path,
     mem_file_path: &Path,
+    diff: bool,
 ) -> ExitStatus {
     let body = serde_json::json!({
         "snapshot_path": snapshot_path,
         "mem_file_path": mem_file_path,
-        "snapshot_type": "Full",
+        "snapshot_type": if diff { "Diff" } else { "Full" },
     })
     .to_string();
     let zone = vm_zone(socket);
@@ -334,4 +335,25 @@ pub(super) fn guest_image(out: &Path) -> ExitStatus {
         vmm::testguest::IMAGE.len().div_ceil(1024)
     );
     ExitStatus::Success
+}
+
+/// `vmm snapshot rebase`: merges the diff memory file at `diff_file` onto `base_file`.
+pub(super) fn rebase_snapshot(base_file: &Path, diff_file: &Path) -> ExitStatus {
+    use vmm::snapshot::rebase::{rebase, RebaseError};
+    match rebase(base_file, diff_file) {
+        Ok(done) => {
+            println!(
+                "merged {} of {} onto {} ({} runs of data); load the diff snapshot with it",
+                format_size(done.bytes),
+                diff_file.display(),
+                base_file.display(),
+                done.runs
+            );
+            ExitStatus::Success
+        }
+        Err(e @ (RebaseError::Path(_) | RebaseError::NotMemoryFile { .. })) => {
+            fail(ExitStatus::Usage, e)
+        }
+        Err(e @ RebaseError::Io { .. }) => fail(ExitStatus::Runtime, e),
+    }
 }

@@ -267,8 +267,13 @@ where
                 socket,
                 snapshot_path,
                 mem_file_path,
-            } => commands::create_snapshot(&socket.socket, &snapshot_path, &mem_file_path),
+                diff,
+            } => commands::create_snapshot(&socket.socket, &snapshot_path, &mem_file_path, diff),
             SnapshotAction::Load(args) => commands::load_snapshot(args),
+            SnapshotAction::Rebase {
+                base_file,
+                diff_file,
+            } => commands::rebase_snapshot(&base_file, &diff_file),
         },
         Command::GuestImage(args) => commands::guest_image(&args.out),
     };

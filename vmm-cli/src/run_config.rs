@@ -114,6 +114,7 @@ impl TryFrom<RunArgs> for VmConfig {
                 PopulateArg::Lazy => guest_mem::Populate::Lazy,
                 PopulateArg::Mapped => guest_mem::Populate::Mapped,
             },
+            track_dirty_pages: args.track_dirty_pages,
             vcpus: args.vcpus,
             smt: args.smt,
             guest,

@@ -176,6 +176,9 @@ pub struct VmConfig {
     pub scrub: Scrub,
     /// Eager, lazy or mapped-ahead population.
     pub populate: Populate,
+    /// Track the pages the guest and the VMM write, for diff snapshots (Firecracker's
+    /// `track_dirty_pages`): KVM logs the guest's, guest memory the VMM's.
+    pub track_dirty_pages: bool,
     /// Number of vCPUs.
     pub vcpus: usize,
     /// SMT: the vCPUs are the two threads of each core (Firecracker's `smt`), not a core each.
@@ -251,6 +254,7 @@ impl VmConfig {
             reclaim_below_percent: DEFAULT_RECLAIM_BELOW_PERCENT,
             scrub: Scrub::PunchHole,
             populate: Populate::Lazy,
+            track_dirty_pages: false,
             vcpus,
             smt: false,
             guest: GuestConfig::TestGuest(Workload::new()),

@@ -184,6 +184,28 @@ pub fn create_output(what: &'static str, path: &Path) -> Result<File, HostFileEr
     Ok(file)
 }
 
+/// Opens the output at `path` (`what` it is for, in errors) as [`create_output`] does, but keeps
+/// what it holds: a memory file that a diff snapshot updates in place, or the base a diff is
+/// merged onto.
+pub fn open_output_keeping(what: &'static str, path: &Path) -> Result<File, HostFileError> {
+    check_output(what, path)?;
+    let io_error = |source| HostFileError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_error)?;
+    check_regular(what, path, file.metadata().map_err(io_error)?.file_type())?;
+    Ok(file)
+}
+
 /// Opens the log or metrics output at `path` (`what` it is for, in errors), as Firecracker
 /// takes them: a named pipe, opened without waiting for a reader (writes to a full pipe fail
 /// with `WouldBlock` instead of blocking), or a regular file, created if missing and appended

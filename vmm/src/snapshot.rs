@@ -11,6 +11,7 @@
 
 pub mod file;
 pub mod memory_file;
+pub mod rebase;
 
 use serde::{Deserialize, Serialize};
 use vmm_devices::rate_limiter::RateLimiterConfig;

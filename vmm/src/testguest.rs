@@ -173,6 +173,8 @@ pub struct RunOptions {
     /// Leave the vCPUs paused after `on_start`: the caller lets them run through the control it
     /// kept (a VMM whose API must be able to pause the guest from its first instruction on).
     pub start_paused: bool,
+    /// KVM logs the pages the guest writes (for diff snapshots, [`crate::vm::dirty_pages`]).
+    pub log_dirty_pages: bool,
 }
 
 impl Default for RunOptions {
@@ -191,6 +193,7 @@ impl Default for RunOptions {
             smt: false,
             cpu_template: None,
             start_paused: false,
+            log_dirty_pages: false,
         }
     }
 }
@@ -236,7 +239,7 @@ where
         Some(kvm_vm) => kvm_vm,
         None => KvmVm::new()?,
     };
-    let mut vm = Vm::with_kvm_vm(kvm_vm, memory.clone(), vcpus)?;
+    let mut vm = Vm::with_kvm_vm(kvm_vm, memory.clone(), vcpus, options.log_dirty_pages)?;
     match &options.resumption {
         None => {
             let entry = load_image(memory.as_ref())?;

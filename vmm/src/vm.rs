@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use kvm_bindings::{
     kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_CAP_PMU_CAPABILITY,
-    KVM_CAP_X86_USER_SPACE_MSR, KVM_MSR_EXIT_REASON_FILTER, KVM_PIT_SPEAKER_DUMMY,
+    KVM_CAP_X86_USER_SPACE_MSR, KVM_MEM_LOG_DIRTY_PAGES, KVM_MSR_EXIT_REASON_FILTER,
+    KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
@@ -192,11 +193,17 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
     /// Creates a VM over `memory` (one memslot per region) with `vcpu_count` vCPUs, an in-kernel
     /// irqchip (PIC, IOAPIC, LAPICs) and PIT.
     pub fn new(memory: Arc<M>, vcpu_count: usize) -> Result<Self, VmError> {
-        Self::with_kvm_vm(KvmVm::new()?, memory, vcpu_count)
+        Self::with_kvm_vm(KvmVm::new()?, memory, vcpu_count, false)
     }
 
-    /// [`Self::new`] on a KVM VM made earlier (see [`KvmVm`]).
-    pub fn with_kvm_vm(vm: KvmVm, memory: Arc<M>, vcpu_count: usize) -> Result<Self, VmError> {
+    /// [`Self::new`] on a KVM VM made earlier (see [`KvmVm`]); with `log_dirty_pages`, KVM
+    /// logs the pages the guest writes in every memslot ([`dirty_pages`]).
+    pub fn with_kvm_vm(
+        vm: KvmVm,
+        memory: Arc<M>,
+        vcpu_count: usize,
+        log_dirty_pages: bool,
+    ) -> Result<Self, VmError> {
         let KvmVm { kvm, fd } = vm;
         let max = kvm.get_max_vcpus().min(MAX_VCPUS);
         if vcpu_count == 0 || vcpu_count > max {
@@ -210,7 +217,7 @@ impl<M: GuestMemoryBackend + Send + Sync + 'static> Vm<M> {
         if needs_pmu_filter(&kvm) {
             filter_pmu_msrs(&fd)?;
         }
-        register_memslots(&kvm, &fd, memory.as_ref())?;
+        register_memslots(&kvm, &fd, memory.as_ref(), log_dirty_pages)?;
         // After the slots: made before them, the irqchip would have the first slot wait for a
         // grace period (see [`KvmVm`]).
         create_irqchip_and_pit(&fd)?;
@@ -356,11 +363,27 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-/// Registers every region of `memory` as a memslot.
+/// The pages the guest wrote in each region of `memory` since the last call (KVM's dirty log
+/// of its memslot, which the call clears): a bitmap per region, a bit per 4 KiB page from the
+/// region's start, 64 to a word. The VM's memslots log dirty pages ([`Vm::with_kvm_vm`]).
+pub fn dirty_pages<M: GuestMemoryBackend>(fd: &VmFd, memory: &M) -> Result<Vec<Vec<u64>>, VmError> {
+    memory
+        .iter()
+        .enumerate()
+        .map(|(slot, region)| {
+            fd.get_dirty_log(slot as u32, region.len() as usize)
+                .map_err(kvm_err("KVM_GET_DIRTY_LOG"))
+        })
+        .collect()
+}
+
+/// Registers every region of `memory` as a memslot (slot `n` for region `n`), logging the
+/// guest's writes with `log_dirty_pages`.
 fn register_memslots<M: GuestMemoryBackend>(
     kvm: &Kvm,
     fd: &VmFd,
     memory: &M,
+    log_dirty_pages: bool,
 ) -> Result<(), VmError> {
     let max = kvm.get_nr_memslots();
     if memory.num_regions() > max {
@@ -383,7 +406,11 @@ fn register_memslots<M: GuestMemoryBackend>(
         }
         let slot_region = kvm_userspace_memory_region {
             slot: slot as u32,
-            flags: 0,
+            flags: if log_dirty_pages {
+                KVM_MEM_LOG_DIRTY_PAGES
+            } else {
+                0
+            },
             guest_phys_addr: guest_addr,
             memory_size: region.len(),
             userspace_addr: host,

@@ -77,6 +77,16 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
     let deprecated = load(r#"{"snapshot_path":"/s","mem_file_path":"/z"}"#);
     assert_eq!(deprecated.memory_path(), Ok(std::path::Path::new("/z")));
     assert!(!deprecated.resume_vm);
+    assert!(deprecated.uses_deprecated_fields() && !file.uses_deprecated_fields());
+    // Dirty page tracking for diff snapshots, by its name or its deprecated one.
+    for body in [
+        r#"{"snapshot_path":"/s","mem_file_path":"/z","track_dirty_pages":true}"#,
+        r#"{"snapshot_path":"/s","mem_file_path":"/z","enable_diff_snapshots":true}"#,
+    ] {
+        let tracking = load(body);
+        assert!(tracking.tracks_dirty_pages() && tracking.check_supported().is_ok());
+    }
+    assert!(!file.tracks_dirty_pages());
     for (body, why) in [
         (
             r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"Uffd","backend_path":"/u"}}"#,
@@ -88,10 +98,6 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
             "not both",
         ),
         (r#"{"snapshot_path":"/s"}"#, "missing"),
-        (
-            r#"{"snapshot_path":"/s","mem_file_path":"/z","track_dirty_pages":true}"#,
-            "dirty page",
-        ),
         (
             r#"{"snapshot_path":"/s","mem_file_path":"/z","clock_realtime":true}"#,
             "clock_realtime",

@@ -5,6 +5,7 @@
 
 use guest_mem::GuestMemory;
 use virtio_queue::DescriptorChain;
+use vm_memory::bitmap::Bitmap;
 use vm_memory::GuestMemoryBackend;
 
 /// The host side of a guest buffer: where, how long.
@@ -77,6 +78,11 @@ impl Buffers {
             }
             for slice in mem.get_slices(desc.addr(), want) {
                 let slice = slice.map_err(|_| BufferError::NotInMemory)?;
+                if writable {
+                    // The host writes it behind vm-memory's back: dirty from now on (for diff
+                    // snapshots; nothing where no dirty pages are tracked).
+                    slice.bitmap().mark_dirty(0, slice.len());
+                }
                 let iovec = buffers
                     .iovecs
                     .get_mut(buffers.count)

@@ -236,6 +236,7 @@ pub(crate) fn create_memory(
         fault_threads,
         kick_signal: Some(kick_signal()),
         confine_handler: Some(crate::seccomp::confine_fault_handler),
+        track_dirty_pages: config.track_dirty_pages,
     };
     match frames {
         Frames::Pool(pool) => GuestMemory::new_watched(pool, memory_config(frame), population),

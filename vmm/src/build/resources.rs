@@ -68,12 +68,6 @@ fn check_machine(
              hyperthreading is enabled.",
         )
     })?;
-    if machine.track_dirty_pages {
-        return Err(refuse(
-            "track_dirty_pages is not supported: diff snapshots are not needed, a VM in a zone \
-             is snapshotted without copying its memory",
-        ));
-    }
     if let Some(template) = machine.cpu_template.as_deref() {
         match template {
             "None" | "T2A" => {}
@@ -514,6 +508,7 @@ impl VmResources {
             reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
             scrub: Scrub::PunchHole,
             populate: machine.populate.map(Populate::from).unwrap_or_default(),
+            track_dirty_pages: machine.track_dirty_pages,
             vcpus: usize::try_from(machine.vcpu_count).unwrap_or(usize::MAX),
             smt: machine.smt,
             // The test guest's image (`vmm guest-image`) runs as the test guest.
@@ -596,6 +591,7 @@ pub fn machine_configuration(config: &VmConfig) -> MachineConfiguration {
         populate: Some(config.populate.into()),
         wait_for_memory: config.wait_for_memory,
         wait_for_memory_limit_s: config.memory_wait_limit.map(|limit| limit.as_secs()),
+        track_dirty_pages: config.track_dirty_pages,
         ..MachineConfiguration::default()
     }
 }

@@ -50,7 +50,12 @@ pub(super) fn run(
         Some(kvm_vm) => kvm_vm,
         None => KvmVm::new()?,
     };
-    let mut vm = Vm::with_kvm_vm(kvm_vm, memory.clone(), session.config().vcpus)?;
+    let mut vm = Vm::with_kvm_vm(
+        kvm_vm,
+        memory.clone(),
+        session.config().vcpus,
+        memory.tracks_dirty_pages(),
+    )?;
     match (linux, &resumed) {
         (_, Some(resumed)) => vm.restore(&resumed.vcpus, &resumed.vm)?,
         (Some(linux), None) => boot(session, &vm, linux, &devices)?,

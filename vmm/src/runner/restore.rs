@@ -31,7 +31,6 @@ use crate::build::early_vm::EarlyKvmVm;
 use crate::build::memory::{self, Frames, ZoneSetupError};
 use crate::config::{BackingKind, GuestConfig, VmConfig, ZoneTarget};
 use crate::host_file::{self, HostFileError};
-use crate::layout::saved_ram_regions;
 use crate::snapshot::file::{self, SnapshotFileError};
 use crate::snapshot::memory_file::{self, MemoryChecksum};
 use crate::snapshot::{
@@ -39,12 +38,15 @@ use crate::snapshot::{
 };
 use crate::testguest::ReportSnapshot;
 use crate::vm::run_control;
+use copy_out::{copy_memory_out, MemoryCopy};
 use vmm_api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
 use vmm_api::ControlError;
 use vmm_devices::block::BlockHandle;
 use vmm_devices::i8042::I8042Snapshot;
 use vmm_devices::pmem::PmemHandle;
 use vmm_devices::serial::SerialSnapshot;
+
+mod copy_out;
 
 /// Errors of taking or loading a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -163,72 +165,6 @@ fn check_copy_target(path: &Path) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// Copies every populated chunk of `memory`, a VM's with `ram_size` bytes of RAM, into a new
-/// file at `path`, regions one after the other; chunks never touched stay holes. RAM is kept
-/// as [`saved_ram_regions`] gives it (the part of a last 1 GiB frame past the guest's RAM
-/// is left out), so that the file loads on any backing. A trailer with a new identity follows
-/// ([`memory_file`]); the checksum covers the memory. Returns where the snapshot's memory is.
-fn copy_memory_out(
-    memory: &GuestMemory,
-    ram_size: u64,
-    path: &Path,
-) -> Result<MemorySource, SnapshotError> {
-    check_copy_target(path)?;
-    let file = host_file::create_output("mem_file_path", path)?;
-    let saved_ram = saved_ram_regions(ram_size);
-    let saved: Vec<(u64, u64)> = memory
-        .regions()
-        .iter()
-        .map(|region| {
-            let start = region.start().0;
-            let size = saved_ram
-                .iter()
-                .find(|ram| ram.start == start)
-                .map_or(region.size(), |ram| ram.size.min(region.size()));
-            (start, size)
-        })
-        .collect();
-    let mut regions = Vec::new();
-    let mut checksum = MemoryChecksum::default();
-    let mut offset = 0;
-    let total = saved.iter().map(|&(_, size)| size).sum();
-    let mut progress = LoopProgress::new(
-        format!("copying guest memory into {}", path.display()),
-        total,
-    );
-    for (region, &(start, size)) in memory.regions().iter().zip(&saved) {
-        let chunk = region.chunk_size().bytes();
-        let mut buffer = vec![0u8; chunk as usize];
-        for at in (start..start + size).step_by(chunk as usize) {
-            // The last chunk of RAM may be kept in part.
-            let part = &mut buffer[..(start + size - at).min(chunk) as usize];
-            if !memory.holds_data(GuestAddress(at)) {
-                checksum.add_zero_chunk(part.len());
-                continue;
-            }
-            memory
-                .read_slice(part, GuestAddress(at))
-                .map_err(guest_memory_error(path, "cannot read guest memory"))?;
-            checksum.add(part);
-            file.write_all_at(part, offset + at - start)
-                .map_err(memory_file_error(path, "cannot write"))?;
-            progress.at(offset + at - start);
-        }
-        offset += size;
-        regions.push((start, size));
-    }
-    let identity =
-        guest_mem::random_u64().map_err(memory_file_error(path, "cannot draw an identity"))?;
-    memory_file::write_trailer(&file, offset, identity)
-        .and_then(|()| file.sync_all())
-        .map_err(memory_file_error(path, "cannot write"))?;
-    Ok(MemorySource::File {
-        regions,
-        identity,
-        checksum: checksum.value(),
-    })
-}
-
 /// Plugs the blocks of `saved` that `memory`'s hot-pluggable region does not have plugged.
 fn plug_saved(memory: &GuestMemory, saved: &SavedHotplug) -> Result<(), SnapshotError> {
     let region = memory.hotplug_region().ok_or_else(|| {
@@ -331,10 +267,11 @@ impl Session {
     /// Snapshots the paused VM: its state into `snapshot_path`; its memory stays in its zone
     /// when `mem_file_path` is the zone (which is sealed), or is copied into `mem_file_path`.
     pub fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), SnapshotError> {
-        if params.snapshot_type == SnapshotType::Diff {
+        let diff = params.snapshot_type == SnapshotType::Diff;
+        if diff && !self.config().track_dirty_pages {
+            // Firecracker's answer.
             return Err(SnapshotError::Unsupported(
-                "diff snapshots are not supported: a snapshot of a VM in a zone copies nothing"
-                    .into(),
+                "Diff snapshots are not allowed on uVMs with dirty page tracking disabled.".into(),
             ));
         }
         let started = Instant::now();
@@ -395,6 +332,12 @@ impl Session {
             virtio: self.transports().iter().map(|t| t.save_state()).collect(),
         };
         let devices_done = Instant::now();
+        // What was dirtied since the last snapshot, now cleared: this snapshot is the next
+        // diff's base, whatever its kind.
+        let dirty = match self.config().track_dirty_pages {
+            true => Some(self.take_dirty_pages(vm_fd)?),
+            false => None,
+        };
         let memory = match (self.memory().zone_vm(), &self.config().zone) {
             (Some(vm), Some(zone)) if into_zone => {
                 let seal = vm.seal_memory().map_err(|source| SnapshotError::Zone {
@@ -415,15 +358,25 @@ impl Session {
                         .into(),
                 ))
             }
-            _ => copy_memory_out(
-                self.memory(),
-                self.config().memory_size,
-                &params.mem_file_path,
-            )
-            .inspect_err(|_| {
-                // What a failed copy wrote goes.
-                let _ = std::fs::remove_file(&params.mem_file_path);
-            })?,
+            _ => {
+                let copy = match (&dirty, diff) {
+                    (Some(dirty), true) => MemoryCopy::Diff(dirty),
+                    _ => MemoryCopy::Full,
+                };
+                let full = matches!(copy, MemoryCopy::Full);
+                copy_memory_out(
+                    self.memory(),
+                    self.config().memory_size,
+                    &params.mem_file_path,
+                    copy,
+                )
+                .inspect_err(|_| {
+                    // What a failed copy wrote goes (a diff's file may hold its base: kept).
+                    if full {
+                        let _ = std::fs::remove_file(&params.mem_file_path);
+                    }
+                })?
+            }
         };
         let memory_done = Instant::now();
         let kind = match memory {
@@ -656,6 +609,7 @@ pub(super) fn prepare(
         reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
         scrub: Scrub::PunchHole,
         populate: Populate::Lazy,
+        track_dirty_pages: params.tracks_dirty_pages(),
         vcpus: machine.vcpus,
         smt: machine.smt,
         guest: match machine.guest {

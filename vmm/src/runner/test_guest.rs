@@ -94,6 +94,7 @@ pub(super) fn run(
             devices.attach(vm, buses).map_err(|e| e.to_string())
         })),
         start_paused: true,
+        log_dirty_pages: session.memory().tracks_dirty_pages(),
         smt: session.config().smt,
         cpu_template: session
             .config()

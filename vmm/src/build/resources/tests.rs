@@ -95,13 +95,6 @@ fn machine_settings_are_checked_as_firecracker_and_vmm_run_check_them() {
         ),
         (
             MachineConfiguration {
-                track_dirty_pages: true,
-                ..machine(2, 128)
-            },
-            "track_dirty_pages",
-        ),
-        (
-            MachineConfiguration {
                 cpu_template: Some("T2".into()),
                 ..machine(2, 128)
             },

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] [startup] [overhead] [restart]
-//!           [snapshot] [api] [seccomp] [jailer]
+//!           [snapshot] [diff-snapshot] [api] [seccomp] [jailer]
 //! ```
 //!
 //! * startup: per backing and population, `--runs` runs of the test guest with a trivial
@@ -25,6 +25,9 @@
 //! * snapshot: see [`snapshot`]: create and load times of a VM in a zone (/dev/shm, hugetlbfs)
 //!   for `--snapshot-sizes` GiB of touched RAM.
 //!
+//! * diff-snapshot: see [`diff_snapshot`]: a full snapshot against a diff of the same VM, and
+//!   the diff's merge (`--snapshot-sizes`, `--dirty-mib`).
+//!
 //! * seccomp: see [`seccomp`]: what the built-in filters add to one system call.
 //!
 //! * api: see [`api_requests`]: `--runs` rounds of API requests on one kept connection and
@@ -45,13 +48,15 @@ use std::time::{Duration, Instant};
 use vmm_cli::ApiClient;
 
 mod api_requests;
+mod diff_snapshot;
 mod jailer;
 mod seccomp;
 mod snapshot;
 
 const USAGE: &str = "usage: vmm-bench [--vmm PATH] [--runs N] [--memory SIZE] \
-                     [--restart-sizes GIB,...] [--snapshot-sizes GIB,...] [startup] [overhead] \
-                     [restart] [snapshot] [api] [seccomp] [jailer]";
+                     [--restart-sizes GIB,...] [--snapshot-sizes GIB,...] [--dirty-mib MIB] \
+                     [startup] [overhead] [restart] [snapshot] [diff-snapshot] [api] [seccomp] \
+                     [jailer]";
 
 /// The command line.
 struct Args {
@@ -75,6 +80,10 @@ struct Args {
     snapshot: bool,
     /// Guest RAM of the snapshot cases, GiB.
     snapshot_sizes: Vec<u64>,
+    /// Measure a diff snapshot against a full one.
+    diff_snapshot: bool,
+    /// MiB the guest writes between the full snapshot and the diff.
+    dirty_mib: u64,
     /// Measure API requests on kept and new connections.
     api: bool,
     /// Measure what the seccomp filters add to a system call.
@@ -97,6 +106,8 @@ fn parse_args() -> Result<Args, String> {
         restart_sizes: vec![1, 4, 8, 16],
         snapshot: false,
         snapshot_sizes: vec![1, 4, 8, 16],
+        diff_snapshot: false,
+        dirty_mib: 64,
         api: false,
         seccomp: false,
         jailer: false,
@@ -115,6 +126,10 @@ fn parse_args() -> Result<Args, String> {
             "overhead" => args.overhead = true,
             "restart" => args.restart = true,
             "snapshot" => args.snapshot = true,
+            "diff-snapshot" => args.diff_snapshot = true,
+            "--dirty-mib" => {
+                args.dirty_mib = value()?.parse().map_err(|e| format!("--dirty-mib: {e}"))?
+            }
             "api" => args.api = true,
             "seccomp" => args.seccomp = true,
             "jailer" => args.jailer = true,
@@ -130,6 +145,7 @@ fn parse_args() -> Result<Args, String> {
         && !args.overhead
         && !args.restart
         && !args.snapshot
+        && !args.diff_snapshot
         && !args.api
         && !args.seccomp
         && !args.jailer
@@ -609,6 +625,9 @@ fn main() {
         }
         if args.snapshot {
             snapshot::snapshot(&args)?;
+        }
+        if args.diff_snapshot {
+            diff_snapshot::diff_snapshot(&args)?;
         }
         if args.api {
             api_requests::api_requests(&args)?;
