@@ -18,7 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, get, send, Scratch, VmmRun};
+use vmm_common::{client, get, rebase_snapshot, send, start_snapshot_load, Scratch, VmmRun};
 
 /// The balloon target set after the restore, in MiB.
 const TARGET_MIB: u64 = 64;
@@ -200,25 +200,8 @@ fn a_linux_guest_counts_on_from_a_diff_snapshot_merged_onto_its_full_one() {
         dirty * 4 < full,
         "the diff holds {dirty} bytes, the full snapshot {full}"
     );
-    let merged = client(&[
-        "snapshot",
-        "rebase",
-        "--base-file",
-        &base_memory,
-        "--diff-file",
-        &diff_memory,
-    ]);
-    assert_eq!(merged.code, Some(0), "{merged:#?}");
-    let mut loaded = VmmRun::start_command(&[
-        "snapshot",
-        "load",
-        "--snapshot-path",
-        &diff,
-        "--mem-file-path",
-        &base_memory,
-        "--resume",
-        "--verify-memory",
-    ]);
+    rebase_snapshot(&base_memory, &diff_memory);
+    let mut loaded = start_snapshot_load(&diff, &base_memory, &["--verify-memory"]);
     loaded.wait_for_line(&format!("LLFREE-L2 count n={} ", at_diff + 3), BOOT_TIMEOUT);
     let after = counts(&loaded.kill().stdout);
     let first = after.first().expect("counts after the load").0;

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::{kvm_available, private_network};
 use vmm_cli::ApiClient;
-use vmm_common::{client, get, send, wait_for_state, Finished, Scratch, VmmRun};
+use vmm_common::{
+    client, get, send, start_snapshot_load, wait_for_state, Finished, Scratch, VmmRun,
+};
 
 /// Writes all of RAM, stops at checkpoint 1, then verifies it.
 const WORKLOAD: &str = "write:all:0x5ea1ed,checkpoint:1,verify:all:0x5ea1ed";
@@ -57,24 +59,9 @@ fn waiting_vmm(socket: &str) -> (VmmRun, ApiClient) {
     (vmm, api)
 }
 
-/// Starts `vmm snapshot load ... --resume` with `extra` arguments.
-fn start_load(snapshot: &str, memory: &str, extra: &[&str]) -> VmmRun {
-    let mut args = vec![
-        "snapshot",
-        "load",
-        "--snapshot-path",
-        snapshot,
-        "--mem-file-path",
-        memory,
-        "--resume",
-    ];
-    args.extend_from_slice(extra);
-    VmmRun::start_command(&args)
-}
-
 /// `vmm snapshot load ... --resume` to its end.
 fn load_and_run(snapshot: &str, memory: &str) -> Finished {
-    start_load(snapshot, memory, &[]).wait(TIMEOUT)
+    start_snapshot_load(snapshot, memory, &[]).wait(TIMEOUT)
 }
 
 /// Asserts that the workload's steps after checkpoint 1 ran in this process and passed.
@@ -365,7 +352,7 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_many_times_at_onc
     // that their guests share its pages until they write, and the file never changes.
     let before = std::fs::read(&memory).unwrap();
     let clones: Vec<VmmRun> = (0..4)
-        .map(|_| start_load(&snapshot, &memory, &[]))
+        .map(|_| start_snapshot_load(&snapshot, &memory, &[]))
         .collect();
     for clone in clones {
         assert_finished_after_the_checkpoint(&clone.wait(TIMEOUT), 3);
@@ -395,7 +382,7 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_many_times_at_onc
     let mut bytes = std::fs::read(&memory).unwrap();
     bytes[5 << 20] ^= 0x40;
     std::fs::write(&memory, &bytes).unwrap();
-    let damaged = start_load(&snapshot, &memory, &["--verify-memory"]).wait(TIMEOUT);
+    let damaged = start_snapshot_load(&snapshot, &memory, &["--verify-memory"]).wait(TIMEOUT);
     assert_eq!(damaged.code, Some(2), "{damaged:#?}");
     assert!(
         damaged.stderr.contains("the memory's checksum is"),
@@ -437,7 +424,7 @@ fn ram_of_an_odd_number_of_mib_is_snapshotted_and_loads_from_a_copy_and_from_its
             (34 << 20) + 4096,
             "{backing}: RAM rounded up to 2 MiB, then the trailer"
         );
-        let loaded = start_load(&snapshot, &memory, &["--verify-memory"]).wait(TIMEOUT);
+        let loaded = start_snapshot_load(&snapshot, &memory, &["--verify-memory"]).wait(TIMEOUT);
         assert_finished_after_the_checkpoint(&loaded, 3);
     }
     let zone = zone(&scratch, "zone", "64M");

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use e2e_tests::kvm_available;
 use vmm_cli::ApiClient;
-use vmm_common::{client, get, send, wait_for_state, Scratch, VmmRun};
+use vmm_common::{
+    client, get, rebase_snapshot, send, start_snapshot_load, wait_for_state, Scratch, VmmRun,
+};
 
 /// All of RAM, a checkpoint (the base), 4 MiB more, a checkpoint (the diff), then every page
 /// verified.
@@ -59,17 +61,7 @@ fn base_and_diff(scratch: &Scratch, name: &str, base_memory: &str, diff_memory: 
 /// Loads `snapshot` with `memory`, verified, and checks that the guest finished after its
 /// second checkpoint.
 fn load_and_finish(snapshot: &str, memory: &str) {
-    let run = VmmRun::start_command(&[
-        "snapshot",
-        "load",
-        "--snapshot-path",
-        snapshot,
-        "--mem-file-path",
-        memory,
-        "--resume",
-        "--verify-memory",
-    ])
-    .wait(TIMEOUT);
+    let run = start_snapshot_load(snapshot, memory, &["--verify-memory"]).wait(TIMEOUT);
     run.assert_success();
     assert!(
         run.stdout.contains("step 7: ok") && !run.stdout.contains("step 3: ok"),
@@ -102,16 +94,7 @@ fn a_diff_holds_the_pages_written_since_the_base_and_loads_merged_onto_it() {
         base_meta.blocks() / 2,
         data >> 10
     );
-    let merged = client(&[
-        "snapshot",
-        "rebase",
-        "--base-file",
-        &base_memory,
-        "--diff-file",
-        &diff_memory,
-    ]);
-    assert_eq!(merged.code, Some(0), "{merged:#?}");
-    assert!(merged.stdout.contains("merged"), "{merged:#?}");
+    rebase_snapshot(&base_memory, &diff_memory);
     load_and_finish(&diff, &base_memory);
     // A diff onto a file that is not a snapshot's memory is refused, and changes nothing.
     let other = scratch.path("other.mem");

@@ -165,22 +165,12 @@ pub fn check_output(what: &'static str, path: &Path) -> Result<(), HostFileError
 /// opened without blocking and without following a final symbolic link, and truncated only
 /// once it is known to be a regular file.
 pub fn create_output(what: &'static str, path: &Path) -> Result<File, HostFileError> {
-    check_output(what, path)?;
-    let io_error = |source| HostFileError::Io {
+    let file = open_output_keeping(what, path)?;
+    file.set_len(0).map_err(|source| HostFileError::Io {
         what,
         path: path.to_owned(),
         source,
-    };
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(io_error)?;
-    // Put there since the check: left alone.
-    check_regular(what, path, file.metadata().map_err(io_error)?.file_type())?;
-    file.set_len(0).map_err(io_error)?;
+    })?;
     Ok(file)
 }
 

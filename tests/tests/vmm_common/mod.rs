@@ -295,6 +295,36 @@ impl Drop for VmmRun {
     }
 }
 
+/// Starts `vmm snapshot load --snapshot-path SNAPSHOT --mem-file-path MEMORY --resume` with
+/// `extra` arguments.
+pub fn start_snapshot_load(snapshot: &str, memory: &str, extra: &[&str]) -> VmmRun {
+    let mut args = vec![
+        "snapshot",
+        "load",
+        "--snapshot-path",
+        snapshot,
+        "--mem-file-path",
+        memory,
+        "--resume",
+    ];
+    args.extend_from_slice(extra);
+    VmmRun::start_command(&args)
+}
+
+/// `vmm snapshot rebase`: merges the diff memory file `diff` onto `base`, which must succeed.
+pub fn rebase_snapshot(base: &str, diff: &str) {
+    let merged = client(&[
+        "snapshot",
+        "rebase",
+        "--base-file",
+        base,
+        "--diff-file",
+        diff,
+    ]);
+    assert_eq!(merged.code, Some(0), "{merged:#?}");
+    assert!(merged.stdout.contains("merged"), "{merged:#?}");
+}
+
 /// `GET path`, which must answer 200 with JSON.
 pub fn get(client: &ApiClient, path: &str) -> serde_json::Value {
     let response = client.request("GET", path, None).unwrap();
