@@ -253,16 +253,14 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
         (Method::Get, "mmds", None, _) => Ok(reply(control.mmds())),
         (Method::Put, "cpu-config", None, _) => configure(body(request).map(PreBoot::CpuConfig)),
         (Method::Put, "vsock", None, _) => body::<Vsock>(request).map(|vsock| {
-            // Firecracker's deprecation: the field is ignored, the answer says so.
+            // The field is ignored.
             let deprecated = vsock.vsock_id.is_some();
             let answer = done(control.configure(PreBoot::Vsock(vsock)));
-            match deprecated {
-                true => {
-                    log::warn!("PUT /vsock: vsock_id field is deprecated.");
-                    answer.deprecated()
-                }
-                false => answer,
-            }
+            deprecation(
+                answer,
+                deprecated,
+                "PUT /vsock: vsock_id field is deprecated.",
+            )
         }),
         (Method::Put, "logger", None, _) => configure(body(request).map(PreBoot::Logger)),
         (Method::Put, "metrics", None, _) => configure(body(request).map(PreBoot::Metrics)),
@@ -315,22 +313,28 @@ pub fn handle(control: &dyn VmmControl, request: &Request) -> Response {
                 let answer = done(timed(Operation::LoadSnapshot, || {
                     control.load_snapshot(&params)
                 }));
-                // Firecracker's deprecation: the fields still work, the answer says so.
-                match params.uses_deprecated_fields() {
-                    true => {
-                        log::warn!(
-                            "PUT /snapshot/load: mem_file_path and enable_diff_snapshots fields \
-                             are deprecated."
-                        );
-                        answer.deprecated()
-                    }
-                    false => answer,
-                }
+                // The fields still work.
+                deprecation(
+                    answer,
+                    params.uses_deprecated_fields(),
+                    "PUT /snapshot/load: mem_file_path and enable_diff_snapshots fields are \
+                     deprecated.",
+                )
             })
         }
         _ => Err(invalid_path(method, path)),
     };
     result.unwrap_or_else(|response| response)
+}
+
+/// Firecracker's deprecation: where a request used a deprecated field (`deprecated`), `message`
+/// is logged as a warning and the answer carries the Deprecation header.
+fn deprecation(answer: Response, deprecated: bool, message: &str) -> Response {
+    if !deprecated {
+        return answer;
+    }
+    log::warn!("{message}");
+    answer.deprecated()
 }
 
 /// Firecracker's answer to an unknown path or a method a resource does not take.

@@ -92,10 +92,7 @@ pub(super) fn copy_memory_out(
                         .map_err(guest_memory_error(path, "cannot read guest memory"))?;
                     checksum.add(part);
                 }
-                false => {
-                    part.fill(0);
-                    checksum.add_zero_chunk(part.len());
-                }
+                false => checksum.add_zero_chunk(part.len()),
             }
             let file_at = offset + at - start;
             match copy {
@@ -107,7 +104,14 @@ pub(super) fn copy_memory_out(
                     let first = (at - start) / PAGE_SIZE;
                     let pages = part.len() as u64 / PAGE_SIZE;
                     let bits = dirty.get(index).map_or(&[][..], Vec::as_slice);
+                    // A chunk without data reads zeros: the buffer is cleared for it only
+                    // where it has dirty pages to write.
+                    let mut filled = data;
                     for (from, to) in dirty_runs(bits, first, pages) {
+                        if !filled {
+                            part.fill(0);
+                            filled = true;
+                        }
                         let bytes = &part[((from - first) * PAGE_SIZE) as usize
                             ..((to - first) * PAGE_SIZE) as usize];
                         file.write_all_at(bytes, offset + from * PAGE_SIZE)
