@@ -32,7 +32,14 @@ const VMS: [&str; 3] = ["a", "b", "c"];
 /// A guest touches about 44 MiB booting (the L2 kernel with its network stack) and 64 MiB
 /// warming up: three need more than the zone, and two leave the third too little unless they
 /// give back what they hold free.
-const GUEST: &str = "llfree.test=burst llfree.warm=64 llfree.mib=16";
+///
+/// `no-kvmapf`: the guests do not take KVM's async page faults (KVM then halts a vCPU whose
+/// fault waits, instead of telling the guest to schedule around it). With them, this scenario
+/// met crashes of the nested environment below the VMM (L1's KVM under QEMU's emulated SVM):
+/// idle guests triple-faulted without a message while another ran the zone low, and once L1's
+/// own kernel overflowed its stack in a vCPU thread after a VM whose fault KVM's worker
+/// resolved was stopped. What the test asserts does not depend on how KVM waits.
+const GUEST: &str = "llfree.test=burst llfree.warm=64 llfree.mib=16 no-kvmapf";
 /// What the three bursts need of the zone, with a margin of a quarter.
 const BURSTS_MIB: u64 = 3 * 16 * 5 / 4;
 
@@ -83,17 +90,42 @@ fn start(
 }
 
 /// How the VMM of `run` stands, on one line (the first of a failure, all CI shows): its exit
-/// status and last log line once it ended, else what its threads do.
+/// status once it ended, else its threads in short; then its last warnings and log line and
+/// the guest's last console line. The full thread report follows on later lines.
 fn process_state(run: &mut VmmRun) -> String {
+    let stderr = run.stderr_so_far();
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("warn") || line.contains("error"))
+        .collect();
+    let last_warnings = warnings[warnings.len().saturating_sub(3)..].join(" | ");
+    let lines: Vec<&str> = stderr.lines().collect();
+    let last_log = lines[lines.len().saturating_sub(3)..].join(" | ");
+    let stdout = run.stdout_so_far();
+    let console = stdout.lines().last().unwrap_or_default();
+    let said = format!(
+        "last warnings [{last_warnings}]; last log lines [{last_log}]; the guest's last line \
+         [{console}]"
+    );
     match run.exit_status() {
-        Some(status) => format!(
-            "its VMM ended, {status}: {}",
-            run.stderr_so_far().lines().last().unwrap_or_default()
-        ),
-        None => format!(
-            "its VMM runs; its threads:\n{}",
-            vmm_common::threads_report(run.pid())
-        ),
+        Some(status) => format!("its VMM ended, {status}; {said}"),
+        None => {
+            let threads = vmm_common::threads_report(run.pid());
+            let short: Vec<String> = threads
+                .lines()
+                .map(|line| {
+                    line.split(", kernel stack")
+                        .next()
+                        .unwrap_or(line)
+                        .trim()
+                        .to_owned()
+                })
+                .collect();
+            format!(
+                "its VMM runs, threads [{}]; {said}\n{threads}",
+                short.join(" | ")
+            )
+        }
     }
 }
 
@@ -339,11 +371,13 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
         // more time.
         let args = ["--wait-for-memory=300s", "--reclaim-below", "25"];
         let mut vm = start(&guest, &scratch, &zone, name, &args);
-        assert!(
-            wait_warmed(&mut vm, &mut vms, &zone, &mut peak_balloon),
-            "{name} ended: {}",
-            vm.run.stderr_so_far()
-        );
+        if !wait_warmed(&mut vm, &mut vms, &zone, &mut peak_balloon) {
+            panic!(
+                "{name} ended before it warmed up: {}\n{}",
+                process_state(&mut vm.run),
+                vm.run.stderr_so_far()
+            );
+        }
         warm_times.push(vm_started.elapsed());
         eprintln!(
             "{test}: {name} warmed up after {:.1?}; zone {} MiB free",
@@ -394,7 +428,12 @@ fn three_linux_vms_on_a_short_zone_all_finish_because_the_policy_reclaims_in_tim
     let started = Instant::now();
     for name in VMS {
         let mut vm = start(&guest, &scratch, &zone, name, &["--wait-for-memory=300s"]);
-        assert!(wait_warmed(&mut vm, &mut [], &zone, &mut 0), "{name} ended");
+        if !wait_warmed(&mut vm, &mut [], &zone, &mut 0) {
+            panic!(
+                "{name} ended before it warmed up alone: {}",
+                process_state(&mut vm.run)
+            );
+        }
         burst(&zone, vec![vm]);
     }
     eprintln!(
@@ -414,8 +453,16 @@ fn with_the_policy_off_the_linux_vm_that_runs_the_zone_dry_ends_with_status_8() 
     let zone = new_zone(&scratch);
     let mut vms: Vec<ZoneGuestVm> = Vec::new();
     for name in ["a", "b"] {
-        let mut vm = start(&guest, &scratch, &zone, name, &["--reclaim-below", "0"]);
-        assert!(wait_warmed(&mut vm, &mut [], &zone, &mut 0), "{name} ended");
+        // A guest touches memory now and then while idle, and c runs the zone dry: a touch of
+        // a new frame then waits until c has ended and its frames are back.
+        let args = ["--reclaim-below", "0", "--wait-for-memory"];
+        let mut vm = start(&guest, &scratch, &zone, name, &args);
+        if !wait_warmed(&mut vm, &mut [], &zone, &mut 0) {
+            panic!(
+                "{name} ended before it warmed up alone: {}",
+                process_state(&mut vm.run)
+            );
+        }
         vms.push(vm);
     }
     let started = Instant::now();

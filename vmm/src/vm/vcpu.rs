@@ -67,6 +67,7 @@ impl Vcpu {
         log::debug!("vCPU {}: ended: {reason:?}", self.index);
         match &reason {
             VcpuExitReason::Shutdown => {
+                log::info!("vCPU {}: shut down, {}", self.index, self.registers());
                 control.request_stop(StopReason::GuestShutdown { vcpu: self.index })
             }
             VcpuExitReason::Failed(message) => {
@@ -79,6 +80,29 @@ impl Vcpu {
             VcpuExitReason::Stopped | VcpuExitReason::Halted => {}
         }
         reason
+    }
+
+    /// Where the vCPU stands, on one line (a triple fault's trace: the instruction, the stack,
+    /// the last page fault's address and the paging registers).
+    fn registers(&self) -> String {
+        match (self.fd.get_regs(), self.fd.get_sregs()) {
+            (Ok(regs), Ok(sregs)) => format!(
+                "rip {:#x} rsp {:#x} rflags {:#x} cr0 {:#x} cr2 {:#x} cr3 {:#x} cr4 {:#x} efer \
+                 {:#x} cs {:#x} idt {:#x}+{:#x}",
+                regs.rip,
+                regs.rsp,
+                regs.rflags,
+                sregs.cr0,
+                sregs.cr2,
+                sregs.cr3,
+                sregs.cr4,
+                sregs.efer,
+                sregs.cs.selector,
+                sregs.idt.base,
+                sregs.idt.limit
+            ),
+            (Err(e), _) | (_, Err(e)) => format!("its registers unreadable: {e}"),
+        }
     }
 
     /// Waits at the control's checkpoint while paused, reading the vCPU's state when asked to.
