@@ -213,6 +213,33 @@ fn a_kernel_on_a_host_without_hardware_virtualization_is_warned_about() {
 }
 
 #[test]
+fn a_triple_fault_logs_where_the_vcpu_stood() {
+    if !kvm_available("a_triple_fault_logs_where_the_vcpu_stood") {
+        return;
+    }
+    let scratch = Scratch::new("triple-fault-registers");
+    let kernel = scratch.path("vmlinux");
+    std::fs::write(&kernel, elf_kernel(UD2)).unwrap();
+    let run = VmmRun::run(&[
+        "--memory",
+        "64M",
+        "--kernel",
+        &kernel,
+        "--log-level",
+        "info",
+    ]);
+    assert_eq!(run.code, Some(7), "{run:#?}");
+    let line = run
+        .stderr
+        .lines()
+        .find(|line| line.contains("vCPU 0: shut down, rip "))
+        .unwrap_or_else(|| panic!("no register line: {run:#?}"));
+    for register in ["rsp ", "cr0 ", "cr3 ", "idt "] {
+        assert!(line.contains(register), "{line}");
+    }
+}
+
+#[test]
 fn a_pool_with_no_free_frame_at_start_says_so() {
     if !kvm_available("a_pool_with_no_free_frame_at_start_says_so") {
         return;
