@@ -94,13 +94,11 @@ fn start(
 /// the guest's last console line. The full thread report follows on later lines.
 fn process_state(run: &mut VmmRun) -> String {
     let stderr = run.stderr_so_far();
-    let warnings: Vec<&str> = stderr
+    let warnings = stderr
         .lines()
-        .filter(|line| line.contains("warn") || line.contains("error"))
-        .collect();
-    let last_warnings = warnings[warnings.len().saturating_sub(3)..].join(" | ");
-    let lines: Vec<&str> = stderr.lines().collect();
-    let last_log = lines[lines.len().saturating_sub(3)..].join(" | ");
+        .filter(|line| line.contains("warn") || line.contains("error"));
+    let last_warnings = last_lines(warnings, 3, " | ");
+    let last_log = last_lines(stderr.lines(), 3, " | ");
     let stdout = run.stdout_so_far();
     let console = stdout.lines().last().unwrap_or_default();
     let said = format!(
@@ -129,10 +127,10 @@ fn process_state(run: &mut VmmRun) -> String {
     }
 }
 
-/// The last 40 lines of `text`.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+/// The last `n` of `lines`, joined by `separator`.
+fn last_lines<'a>(lines: impl Iterator<Item = &'a str>, n: usize, separator: &str) -> String {
+    let lines: Vec<&str> = lines.collect();
+    lines[lines.len().saturating_sub(n)..].join(separator)
 }
 
 /// The policy's hinting runs in `vm` so far (its VMM logs each), and the frames they gave
@@ -200,8 +198,8 @@ fn wait_warmed(
                     other.name,
                     vm.name,
                     process_state(&mut other.run),
-                    tail(&other.run.stdout_so_far()),
-                    tail(&other.run.stderr_so_far())
+                    last_lines(other.run.stdout_so_far().lines(), 40, "\n"),
+                    last_lines(other.run.stderr_so_far().lines(), 40, "\n")
                 ),
             };
             let balloon: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
