@@ -8,8 +8,8 @@ Every row sets ours beside a baseline or a peer measured in the same run, interl
     (`llfree-bench`, 8 GiB, orders 0 and 9, one and two threads);
   * our VMM against Firecracker (`firecracker-compare`: boot of the built-in guest's image,
     snapshot create and load of a guest with every page written, `--clones` VMs loaded at once
-    from one copy snapshot with their memory use), where `--firecracker` names
-    a Firecracker binary (tests/firecracker-compare/run.sh says how the one of the report was
+    from one snapshot with their memory use, ours from a copy and from a zone snapshot), where
+    `--firecracker` names a Firecracker binary (tests/firecracker-compare/run.sh says how the one of the report was
     built); without it those rows say that they were not measured.
 
 Usage: scripts/benchmark-report.py [--firecracker PATH] [--runs N] [--sizes GIB,...]
@@ -138,7 +138,7 @@ def main():
     parser.add_argument("--sizes", default="1", help="snapshot sizes in GiB, comma-separated")
     parser.add_argument("--iterations", type=int, default=5, help="allocator iterations")
     parser.add_argument("--clones", type=int, default=10,
-                        help="VMs loaded at once from one copy snapshot of a 128 MiB guest")
+                        help="VMs loaded at once from one snapshot of a 128 MiB guest")
     parser.add_argument("--print", action="store_true", help="print instead of writing")
     args = parser.parse_args()
     run(["cargo", "build", "--release", "-q", "-p", "llfree-bench", "-p", "vmm-cli",

@@ -3,8 +3,8 @@
 //! Every change is one atomic store or compare-and-swap of one entry. An entry is `EMPTY`
 //! (unpopulated), `BUSY` (one thread is mapping or unmapping the chunk), `UNPLUGGED` (a chunk
 //! of hot-pluggable memory the guest may not use: inaccessible), `FILE` (mapped privately from
-//! a snapshot's memory file: no pool frame) or `frame index + 1` (mapped onto that frame) in
-//! this process.
+//! a snapshot's memory file, or from a clone's base's frames: no frame of its own) or
+//! `frame index + 1` (mapped onto that frame) in this process.
 //!
 //! The memory of a VM in a zone also has a **persistent** table in the zone file (see
 //! `zone::vm_table`), changed only by the thread that holds the chunk `BUSY` here: a frame is
@@ -32,9 +32,10 @@ pub enum ChunkState {
     Mapped(u64),
     /// Hot-pluggable memory that is not plugged: inaccessible, never populated.
     Unplugged,
-    /// Mapped privately from a snapshot's memory file (a copy snapshot loaded by mapping): the
-    /// page cache, shared with every VM loaded from the file, holds what the guest has not
-    /// written; what it wrote is this process's own. No pool frame.
+    /// Mapped privately from a snapshot's memory file (a copy snapshot loaded by mapping) or,
+    /// in a clone, from its base's frame in the zone: the file's pages, shared with every VM
+    /// that maps them, hold what the guest has not written; what it wrote is this process's
+    /// own. No pool frame of its own.
     File,
 }
 

@@ -278,8 +278,34 @@ impl GuestMemory {
         }
         let pool = Arc::clone(vm.zone().pool());
         let memory = Self::build_with(pool, &config, Some(vm))?;
+        memory.map_clone_base()?;
         memory.populate_ahead(config.populate, population)?;
         Ok(memory)
+    }
+
+    /// A clone's RAM (not its hot-pluggable memory) mapped privately from its base's frames
+    /// (see [`crate::zone::CloneBase`]); nothing for a VM that is no clone.
+    fn map_clone_base(&self) -> Result<(), MemoryError> {
+        let Some(vm) = self.zone_vm() else {
+            return Ok(());
+        };
+        let mut mapped = 0;
+        for (i, region) in self.inner.regions.iter().enumerate() {
+            if region.is_hotplug() {
+                continue;
+            }
+            if let Some(base) = vm.base_table(i) {
+                mapped += region.map_base(&base)?;
+            }
+        }
+        if let Some(base) = vm.base() {
+            log::debug!(
+                "zone VM '{}': {mapped} chunks mapped from its base '{}'",
+                vm.name(),
+                base.name()
+            );
+        }
+        Ok(())
     }
 
     fn build(pool: Arc<Pool>, config: &MemoryConfig) -> Result<Self, MemoryError> {

@@ -400,6 +400,25 @@ impl Pool {
         }
     }
 
+    /// Maps `count` consecutive frames from `first`, privately, over `[addr, addr + count
+    /// frames)` in one call: reads share the frames, a write copies the page into memory of
+    /// this process's own and the frames never change (a clone's view of its base). On
+    /// hugetlbfs the copies' huge pages are reserved by the mapping.
+    ///
+    /// # Safety
+    /// As for [`Pool::map_frame`].
+    pub(crate) unsafe fn map_frames_private(
+        &self,
+        first: Frame,
+        count: u64,
+        addr: usize,
+    ) -> io::Result<()> {
+        let offset = self.data_offset + first.index * FRAME_SIZE as u64;
+        let len = (first.size.bytes() * count) as usize;
+        // SAFETY: forwarded from the caller.
+        unsafe { mmap::map_private_fixed(addr, len, self.file.raw_fd(), offset, self.is_hugetlb()) }
+    }
+
     /// Releases the memory of 4 KiB frames `[first, first + count)` to the host (their
     /// contents read as zero afterwards).
     pub(crate) fn punch(&self, first: u64, count: u64) -> io::Result<()> {

@@ -23,6 +23,7 @@ use crate::sys::uffd::UffdError;
 use crate::zone::{VmTable, ZoneWords};
 
 mod ahead;
+mod clone_base;
 mod hotplug;
 mod recorded;
 mod repopulate;
@@ -411,8 +412,9 @@ impl GuestRegion {
         // SAFETY: the range is this region's, every chunk claimed by us and unpopulated: the
         // placeholder holds nothing anyone relies on. The new mapping is not registered with
         // userfaultfd: the kernel serves its faults from the file.
-        let mapped =
-            unsafe { mmap::map_private_fixed(self.host.addr(), self.host.len(), fd, offset) };
+        let mapped = unsafe {
+            mmap::map_private_fixed(self.host.addr(), self.host.len(), fd, offset, false)
+        };
         match mapped {
             Ok(()) => {
                 (0..chunks).for_each(|chunk| self.table.publish_file(chunk));
@@ -577,9 +579,10 @@ impl GuestRegion {
         first: usize,
         count: usize,
     ) -> Result<(), RegionError> {
-        if self.table.claim_file(chunk) {
+        if !self.shared.pool.is_hugetlb() && self.table.claim_file(chunk) {
             // The guest gave these pages away: their private copies go back to the host (they
-            // read as the file again, which is as good as any content for a free page).
+            // read as the file again, which is as good as any content for a free page). A
+            // huge page's private copy goes only with the whole chunk.
             let (addr, _) = self.chunk_range(chunk);
             let piece = FRAME_SIZE;
             // SAFETY: the pieces lie in this claimed file-backed chunk, and the guest gave

@@ -284,6 +284,43 @@ pub enum ZoneError {
         /// The owner.
         pid: u32,
     },
+    /// The VM is the base of clones whose processes live.
+    #[error(
+        "VM '{name}' in zone {path} is the base of running clones ({clones}): it loads or goes \
+         only once they have ended"
+    )]
+    BaseInUse {
+        /// The VM.
+        name: String,
+        /// The zone.
+        path: PathBuf,
+        /// The clones and their processes.
+        clones: String,
+    },
+    /// The VM is a clone: it lives only while its process does, and bases no clone.
+    #[error(
+        "VM '{name}' in zone {path} is a clone of '{base}': it lives only while its process \
+         does (load a clone of '{base}' instead)"
+    )]
+    IsClone {
+        /// The VM.
+        name: String,
+        /// The zone.
+        path: PathBuf,
+        /// Its base.
+        base: String,
+    },
+    /// The zone lies on a device DAX, which maps only shared: no clone maps it privately.
+    #[error("zone {0} is a device DAX, which maps only shared: it bases no clones")]
+    NoPrivateMappings(PathBuf),
+    /// A clone was asked for under a name the zone has already.
+    #[error("zone {path} holds a VM named '{name}' already: each clone needs a name of its own")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// The zone.
+        path: PathBuf,
+    },
 }
 
 /// Parameters of a new zone.
@@ -385,6 +422,8 @@ pub struct VmInfo {
     /// Guest-physical ranges (address, size) whose memory recovery lost (see
     /// [`ZoneError::Damaged`]).
     pub damaged: Vec<(u64, u64)>,
+    /// The VM whose frames this one maps, where it is a clone (its `frames` are its own).
+    pub clone_of: Option<String>,
 }
 
 /// A directory slot with damage, as `vmm zone inspect` shows it.
@@ -863,6 +902,29 @@ impl Zone {
         }
     }
 
+    /// The persistent frame table of region `region` of the VM in slot `index`, of `layout`.
+    fn vm_table(&self, index: u64, layout: &VmLayout, region: usize) -> VmTable {
+        let chunks = layout.regions[region].1 / layout.chunk_size.bytes();
+        let first = first_chunk(layout, region);
+        VmTable::new(
+            ZoneWords::new(
+                Arc::clone(&self.map),
+                self.table_offset(index) + first * 8,
+                chunks,
+            ),
+            ZoneWords::new(
+                Arc::clone(&self.map),
+                self.layout.owners_off,
+                self.layout.vm_chunks(),
+            ),
+            Owner {
+                slot: index,
+                chunk: first,
+            },
+            self.layout.frame_size.base_frames(),
+        )
+    }
+
     fn io_err(&self, what: &'static str) -> impl FnOnce(io::Error) -> ZoneError + '_ {
         io_error(&self.path, what)
     }
@@ -914,13 +976,14 @@ impl Zone {
                         });
                     }
                 }
+                self.check_no_clone_ties(index, name)?;
                 index
             }
             // A VM of a damaged slot would start anew in another: no VM is created while one
             // is there.
             None => match self.quarantined(name).first() {
                 Some(&index) => return Err(self.slot_damaged(index)),
-                None => self.create_vm(name, layout)?,
+                None => self.create_vm(name, layout, None)?,
             },
         };
         self.slot(index).set_owner(self.token);
@@ -929,12 +992,120 @@ impl Zone {
             index,
             name: name.to_owned(),
             layout: layout.clone(),
+            base: None,
+        })
+    }
+
+    /// Attaches this process to a new clone of VM `base`, called `name`: an ephemeral VM of
+    /// the base's layout whose guest memory maps the base's frames privately (see
+    /// [`CloneBase`]) and takes frames of its own only for what the base did not populate or
+    /// its guest gave back. The base stays as it is: while a clone's process lives, the base
+    /// is neither attached nor deleted ([`ZoneError::BaseInUse`]); a clone that ends or dies is
+    /// deleted with its own frames, never the base's. The base must have no live process.
+    pub fn attach_clone(self: &Arc<Self>, base: &str, name: &str) -> Result<ZoneVm, ZoneError> {
+        check_name(name).map_err(|why| ZoneError::BadName {
+            name: name.to_owned(),
+            why,
+        })?;
+        // Only a device DAX cannot punch holes, and it maps only shared.
+        if !self.pool.backing_file().can_punch {
+            return Err(ZoneError::NoPrivateMappings(self.path.clone()));
+        }
+        let _guard = OpenGuard::lock(self.pool.backing_file().as_file())
+            .map_err(self.io_err("cannot lock"))?;
+        let base_index = self.find(base).ok_or_else(|| ZoneError::NoSuchVm {
+            path: self.path.clone(),
+            name: base.to_owned(),
+        })?;
+        let base_slot = self.slot(base_index);
+        let layout = base_slot.layout(&self.layout).expect("checked when opened");
+        if let Some(of) = base_slot.clone_base() {
+            return Err(ZoneError::IsClone {
+                name: base.to_owned(),
+                path: self.path.clone(),
+                base: self.slot(of).name().unwrap_or_else(|| format!("#{of}")),
+            });
+        }
+        let damaged = self.damaged_ranges(base_index, &layout);
+        if !damaged.is_empty() {
+            return Err(ZoneError::Damaged {
+                name: base.to_owned(),
+                path: self.path.clone(),
+                ranges: format_ranges(&damaged),
+            });
+        }
+        if let Some(pid) = self.live_pid(base_slot.owner()) {
+            return Err(ZoneError::VmInUse {
+                name: base.to_owned(),
+                path: self.path.clone(),
+                pid,
+            });
+        }
+        if self.find(name).is_some() || !self.quarantined(name).is_empty() {
+            return Err(ZoneError::NameTaken {
+                name: name.to_owned(),
+                path: self.path.clone(),
+            });
+        }
+        let index = self.create_vm(name, &layout, Some(base_index))?;
+        Ok(ZoneVm {
+            zone: Arc::clone(self),
+            index,
+            name: name.to_owned(),
+            base: Some(CloneBase {
+                index: base_index,
+                name: base.to_owned(),
+                id: base_slot.id(),
+                seal: base_slot.seal(),
+                layout: layout.clone(),
+            }),
+            layout,
+        })
+    }
+
+    /// Refuses to attach or delete the VM of slot `index` where it is a clone, or the base
+    /// of clones whose processes live.
+    fn check_no_clone_ties(&self, index: u64, name: &str) -> Result<(), ZoneError> {
+        if let Some(base) = self.slot(index).clone_base() {
+            return Err(ZoneError::IsClone {
+                name: name.to_owned(),
+                path: self.path.clone(),
+                base: self.slot(base).name().unwrap_or_else(|| format!("#{base}")),
+            });
+        }
+        let clones: Vec<String> = (0..self.layout.max_vms)
+            .filter(|&i| {
+                matches!(self.slot_use(i), recovery::SlotUse::Vm(_))
+                    && self.slot(i).clone_base() == Some(index)
+            })
+            .filter_map(|i| {
+                let pid = self.live_pid(self.slot(i).owner())?;
+                let clone = self.slot(i).name().unwrap_or_else(|| format!("#{i}"));
+                Some(format!("'{clone}' in process {pid}"))
+            })
+            .collect();
+        const NAMED: usize = 4;
+        let named = match clones.len() {
+            0 => return Ok(()),
+            n if n > NAMED => format!("{} and {} more", clones[..NAMED].join(", "), n - NAMED),
+            _ => clones.join(", "),
+        };
+        Err(ZoneError::BaseInUse {
+            name: name.to_owned(),
+            path: self.path.clone(),
+            clones: named,
         })
     }
 
     /// Puts a new VM into a free slot: its tables are zeroed and its fields written (and
-    /// synced) before it is published.
-    fn create_vm(&self, name: &str, layout: &VmLayout) -> Result<u64, ZoneError> {
+    /// synced) before it is published. A clone of the VM in slot `clone_of` is published
+    /// ephemeral and owned by this process, so that it never outlives its process.
+    fn create_vm(
+        &self,
+        name: &str,
+        layout: &VmLayout,
+        clone_of: Option<u64>,
+    ) -> Result<u64, ZoneError> {
         let index = (0..self.layout.max_vms)
             .find(|&i| self.slot(i).state() == SlotState::Free && self.slot(i).damage().is_none())
             .ok_or(ZoneError::Full {
@@ -947,6 +1118,10 @@ impl Zone {
         self.map.zero(tables, self.layout.slot_tables);
         let id = sys::random_u64().map_err(self.io_err("cannot draw the VM's identity"))?;
         slot.write(name, layout, id);
+        if let Some(base) = clone_of {
+            slot.set_clone_of(base);
+            slot.set_owner(self.token);
+        }
         let sync = self.io_err("cannot sync the directory");
         self.map
             .sync(tables, self.layout.slot_tables)
@@ -1011,6 +1186,9 @@ impl Zone {
                 path: self.path.clone(),
                 pid,
             });
+        }
+        if slot.clone_base().is_none() {
+            self.check_no_clone_ties(index, name)?;
         }
         let quarantined = self.slot_use(index) == recovery::SlotUse::Quarantined;
         slot.mark_deleting();
@@ -1269,6 +1447,9 @@ impl Zone {
                         .sum(),
                     owner,
                     waiting: slot.waiting().filter(|_| owner.is_some()),
+                    clone_of: slot
+                        .clone_base()
+                        .map(|base| self.slot(base).name().unwrap_or_else(|| format!("#{base}"))),
                     layout,
                 })
             })
@@ -1296,6 +1477,38 @@ pub struct ZoneVm {
     index: u64,
     name: String,
     layout: VmLayout,
+    base: Option<CloneBase>,
+}
+
+/// The base of a clone ([`Zone::attach_clone`]): a VM of the zone, attached to no process,
+/// whose frames the clone's guest memory maps privately. Reads share the base's frames with
+/// the base and every other clone; a write copies the page into memory of the clone's process
+/// (the kernel's copy-on-write of a private mapping, 4 KiB on a file or tmpfs zone, the frame
+/// on hugetlbfs), so the base's frames never change.
+#[derive(Debug, Clone)]
+pub struct CloneBase {
+    index: u64,
+    name: String,
+    id: u64,
+    seal: u64,
+    layout: VmLayout,
+}
+
+impl CloneBase {
+    /// The base's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The base's identity.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The base's seal when the clone was made (0: none).
+    pub fn seal(&self) -> u64 {
+        self.seal
+    }
 }
 
 impl ZoneVm {
@@ -1358,37 +1571,20 @@ impl ZoneVm {
             .map_err(self.zone.io_err("cannot sync the directory"))
     }
 
-    /// The first chunk of region `region` in the VM's tables.
-    fn first_chunk(&self, region: usize) -> u64 {
-        let chunk = self.layout.chunk_size.bytes();
-        self.layout.regions[..region]
-            .iter()
-            .map(|(_, size)| size / chunk)
-            .sum()
-    }
-
     /// The persistent frame table of region `region`.
     pub(crate) fn table(&self, region: usize) -> VmTable {
-        let chunks = self.layout.regions[region].1 / self.layout.chunk_size.bytes();
-        let first = self.first_chunk(region);
-        let zone = &self.zone;
-        VmTable::new(
-            ZoneWords::new(
-                Arc::clone(&zone.map),
-                zone.table_offset(self.index) + first * 8,
-                chunks,
-            ),
-            ZoneWords::new(
-                Arc::clone(&zone.map),
-                zone.layout.owners_off,
-                zone.layout.vm_chunks(),
-            ),
-            Owner {
-                slot: self.index,
-                chunk: first,
-            },
-            zone.layout.frame_size.base_frames(),
-        )
+        self.zone.vm_table(self.index, &self.layout, region)
+    }
+
+    /// The base whose frames this VM maps, if it is a clone.
+    pub fn base(&self) -> Option<&CloneBase> {
+        self.base.as_ref()
+    }
+
+    /// The base's frame table of region `region`, read only, if this VM is a clone.
+    pub(crate) fn base_table(&self, region: usize) -> Option<VmTable> {
+        let base = self.base.as_ref()?;
+        Some(self.zone.vm_table(base.index, &base.layout, region))
     }
 
     /// The balloon piece bitmaps of region `region` (one bit per 4 KiB piece).
@@ -1397,7 +1593,7 @@ impl ZoneVm {
         let chunks = self.layout.regions[region].1 / self.layout.chunk_size.bytes();
         ZoneWords::new(
             Arc::clone(&self.zone.map),
-            self.zone.pieces_offset(self.index) + self.first_chunk(region) * pieces / 8,
+            self.zone.pieces_offset(self.index) + first_chunk(&self.layout, region) * pieces / 8,
             chunks * pieces / 64,
         )
     }
@@ -1461,6 +1657,15 @@ impl Drop for ZoneVm {
             Err(e) => log::warn!("zone: cannot delete ephemeral VM '{}' now: {e}", self.name),
         }
     }
+}
+
+/// The first chunk of region `region` in the tables of a VM of `layout`.
+fn first_chunk(layout: &VmLayout, region: usize) -> u64 {
+    let chunk = layout.chunk_size.bytes();
+    layout.regions[..region]
+        .iter()
+        .map(|(_, size)| size / chunk)
+        .sum()
 }
 
 /// `bytes` as a person reads it: "3 MiB", "1 GiB", else "3145729 bytes".

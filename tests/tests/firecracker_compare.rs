@@ -19,6 +19,7 @@ fn the_harness_measures_every_row_with_a_vmm_in_firecracker_s_place() {
     let scratch = Scratch::new("firecracker-compare");
     let output = Command::new(env!("CARGO_BIN_EXE_firecracker-compare"))
         .args(["--firecracker", vmm_binary(), "--runs", "2", "--sizes", "1"])
+        .args(["--clones", "3", "--clone-mib", "32"])
         .args(["--dir", &scratch.path("")])
         .env("LLFREE_VMM_BIN", vmm_binary())
         .output()
@@ -32,6 +33,9 @@ fn the_harness_measures_every_row_with_a_vmm_in_firecracker_s_place() {
         "| 1 GiB, every page written: snapshot create (paused) |",
         "| 1 GiB: load to running |",
         "| 1 GiB: load and read every page back (verified) |",
+        "| 3 clones of a 32 MiB guest, every page written; ours from a copy snapshot |",
+        "| 3 clones of a 32 MiB guest, every page written; ours from a zone snapshot |",
+        "| PSS per idle clone, MiB (median) |",
     ] {
         assert!(stdout.contains(row), "no row {row}: {stdout}");
     }

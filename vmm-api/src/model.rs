@@ -103,8 +103,12 @@ pub struct GuestMemoryInfo {
     /// Bytes backed by pool frames now.
     pub populated_bytes: u64,
     /// Chunks mapped privately from a copy snapshot's memory file (no pool frame: the file's
-    /// page cache, shared with every VM loaded from it, until the guest writes).
+    /// page cache, shared with every VM loaded from it, until the guest writes), or, in a
+    /// clone, from its base's frames in the zone (shared with the base and its other clones).
     pub file_backed_chunks: usize,
+    /// The zone VM whose frames this VM maps, where it is a clone.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub clone_of: Option<String>,
     /// userfaultfd faults resolved with a new frame.
     pub faults: u64,
     /// Faults that found the pool exhausted.
@@ -308,6 +312,9 @@ pub struct ZoneVmMemoryInfo {
     pub pid: Option<u32>,
     /// The bytes it waits for, as its VMM recorded (none when it does not wait).
     pub waiting_bytes: Option<u64>,
+    /// The VM whose frames it maps, where it is a clone (its `frames` are its own).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub clone_of: Option<String>,
 }
 
 impl ZoneMemoryInfo {
@@ -327,6 +334,7 @@ impl ZoneMemoryInfo {
                     given_away_4k_pages: vm.given_away_pieces,
                     pid: vm.owner,
                     waiting_bytes: vm.waiting.map(|(_, bytes)| bytes),
+                    clone_of: vm.clone_of,
                 })
                 .collect(),
         }
@@ -360,6 +368,10 @@ impl MemoryInfo {
                 populated_chunks: stats.populated_chunks,
                 populated_bytes: stats.populated_bytes,
                 file_backed_chunks: stats.file_backed_chunks,
+                clone_of: memory
+                    .zone_vm()
+                    .and_then(|vm| vm.base())
+                    .map(|base| base.name().to_owned()),
                 faults: stats.faults,
                 exhausted_faults: stats.exhausted,
                 waiting_vcpus: stats.waiting_vcpus,
@@ -690,6 +702,10 @@ pub struct SnapshotLoadParams {
     /// VM runs (which reads all of it; a load maps the file and reads nothing otherwise).
     #[serde(default)]
     pub verify_memory: bool,
+    /// This VMM's: load a zone snapshot as a new clone of this name, an ephemeral VM of the
+    /// zone that maps the snapshot's frames privately and leaves them as they are.
+    #[serde(default)]
+    pub clone_name: Option<String>,
 }
 
 impl SnapshotLoadParams {

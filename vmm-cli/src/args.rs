@@ -345,6 +345,11 @@ pub struct SnapshotLoadArgs {
     /// (reads all of it; the load maps the file and reads nothing otherwise).
     #[arg(long)]
     pub verify_memory: bool,
+    /// Load a zone snapshot as a new clone called NAME: an ephemeral VM of the zone that maps
+    /// the snapshot's frames privately, leaving them (and the snapshot) as they are, so that
+    /// any number of clones load one snapshot.
+    #[arg(long = "clone", value_name = "NAME")]
+    pub clone_name: Option<String>,
 
     /// Give the loaded VM's network interface ID the host's tap TAP instead of the one it had
     /// (Firecracker's network_overrides; repeatable).

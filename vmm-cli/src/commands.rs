@@ -59,6 +59,7 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         clock_realtime: false,
         accept_damaged: args.accept_damaged,
         verify_memory: args.verify_memory,
+        clone_name: args.clone_name,
     };
     if let (false, Some(socket)) = (args.resume, &args.api_socket) {
         say(format!(

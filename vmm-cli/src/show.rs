@@ -101,15 +101,26 @@ pub fn memory(json: &Value) -> String {
             ),
         ));
         if let Some(file) = u64_of(guest, "file_backed_chunks").filter(|&n| n > 0) {
-            rows.push((
-                "memory file".into(),
-                format!(
-                    "{} mapped from the snapshot's memory file ({}; shared with every VM loaded \
-                     from it until written)",
-                    count(file, "chunk"),
-                    mib(file * chunk)
+            rows.push(match str_of(guest, "clone_of") {
+                Some(base) => (
+                    "base".into(),
+                    format!(
+                        "{} mapped from the frames of zone VM '{base}' ({}; shared with it and \
+                         its other clones until written)",
+                        count(file, "chunk"),
+                        mib(file * chunk)
+                    ),
                 ),
-            ));
+                None => (
+                    "memory file".into(),
+                    format!(
+                        "{} mapped from the snapshot's memory file ({}; shared with every VM \
+                         loaded from it until written)",
+                        count(file, "chunk"),
+                        mib(file * chunk)
+                    ),
+                ),
+            });
         }
         if let Some(faults) = u64_of(guest, "faults") {
             // Faults count what vCPUs populated; the VMM populates the rest itself.
@@ -205,7 +216,10 @@ pub fn memory(json: &Value) -> String {
             .flatten()
             .map(|vm| {
                 let name = vm["name"].as_str().unwrap_or("?");
-                let held = mib(u64_of(vm, "frames").unwrap_or(0) * frame);
+                let mut held = mib(u64_of(vm, "frames").unwrap_or(0) * frame);
+                if let Some(base) = vm["clone_of"].as_str() {
+                    held.push_str(&format!(" (a clone of {base})"));
+                }
                 match u64_of(vm, "waiting_bytes") {
                     Some(bytes) => format!("{name} {held} (waits for {})", mib(bytes)),
                     None => format!("{name} {held}"),

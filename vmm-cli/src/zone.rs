@@ -160,6 +160,7 @@ fn to_json(info: &ZoneInfo) -> serde_json::Value {
                 "bytes": bytes,
             })),
             "damaged": !vm.damaged.is_empty(),
+            "clone_of": vm.clone_of,
         })).collect::<Vec<_>>(),
     })
 }
@@ -282,14 +283,30 @@ fn print_text(path: &Path, info: &ZoneInfo) {
         let owner = vm
             .owner
             .map_or(String::new(), |pid| format!(", in use by {pid}"));
+        let own = match vm.clone_of {
+            Some(_) => " of its own",
+            None => "",
+        };
         println!(
-            "    {}: {} of guest memory, {} ({}), {} KiB given to the balloon{owner}",
+            "    {}: {} of guest memory, {} ({}){own}, {} KiB given to the balloon{owner}",
             vm.name,
             format_size(vm.layout.bytes()),
             count(vm.frames, "frame", "frames"),
             format_size(vm.frames * frame),
             vm.given_away_pieces * 4
         );
+        if let Some(base) = &vm.clone_of {
+            let shared = info
+                .vms
+                .iter()
+                .find(|other| other.name == *base)
+                .map_or(0, |base| base.frames);
+            println!(
+                "      a clone of '{base}': it maps the base's {} privately (shared until \
+                 written; ephemeral: it goes with its process)",
+                count(shared, "frame", "frames")
+            );
+        }
         if let Some((since, bytes)) = vm.waiting {
             println!(
                 "      WAITING for {} of memory for {:.1} s (the zone is exhausted)",

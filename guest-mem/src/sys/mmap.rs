@@ -224,12 +224,23 @@ pub unsafe fn map_shared_fixed(
 
 /// Maps `len` bytes of `fd` at `offset` over `[addr, addr + len)`, private, read/write: reads
 /// share the file's page cache with every other private mapping of it, a write copies the page
-/// into memory of this process's own (the file never changes).
+/// into memory of this process's own (the file never changes). With `reserve`, the memory for
+/// those copies is reserved now (a hugetlbfs file: the mapping fails while the huge page pool
+/// cannot hold them all, where a later copy without a page would kill the process).
 ///
 /// # Safety
 /// As for [`map_placeholder`].
-pub unsafe fn map_private_fixed(addr: usize, len: usize, fd: RawFd, offset: u64) -> io::Result<()> {
-    let flags = libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE;
+pub unsafe fn map_private_fixed(
+    addr: usize,
+    len: usize,
+    fd: RawFd,
+    offset: u64,
+    reserve: bool,
+) -> io::Result<()> {
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_FIXED;
+    if !reserve {
+        flags |= libc::MAP_NORESERVE;
+    }
     // SAFETY: the caller owns the range; MAP_FIXED replaces only that range.
     unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, fd, offset) }.map(drop)
 }

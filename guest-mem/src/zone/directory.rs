@@ -98,6 +98,9 @@ fn record_checksum(words: impl Iterator<Item = u64>) -> u64 {
 
 /// Slot flag: the VM is deleted when its process leaves or dies.
 const EPHEMERAL: u64 = 1;
+/// Where the flags word keeps a clone's base: its slot + 1 in the bits from here (0: the VM
+/// is no clone).
+const CLONE_BASE_SHIFT: u32 = 16;
 
 /// A VM's RAM: its chunk size and its regions as (guest address, size).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -366,6 +369,16 @@ impl<'a> DirectorySlot<'a> {
         self.set_checked(FLAGS, self.get_checked(FLAGS) | EPHEMERAL);
     }
 
+    /// The slot of the VM whose frames this VM (a clone) maps, if it is a clone.
+    pub fn clone_base(&self) -> Option<u64> {
+        (self.get_checked(FLAGS) >> CLONE_BASE_SHIFT).checked_sub(1)
+    }
+
+    /// Makes the VM an ephemeral clone of the VM in slot `base`.
+    pub fn set_clone_of(&self, base: u64) {
+        self.set_checked(FLAGS, EPHEMERAL | (base + 1) << CLONE_BASE_SHIFT);
+    }
+
     /// Sets (or, with 0, clears) the seal (at most [`MAX_CHECKED_VALUE`]).
     pub fn set_seal(&self, seal: u64) {
         self.set_checked(SEAL, seal);
@@ -455,6 +468,24 @@ mod tests {
         assert_eq!(slot.state(), SlotState::Deleting);
         words[STATE].store(7, Ordering::Relaxed);
         assert_eq!(slot.state(), SlotState::Corrupted(7));
+    }
+
+    #[test]
+    fn a_clone_s_slot_names_its_base_and_is_ephemeral() {
+        let words = slot_words();
+        let slot = DirectorySlot::new(&words);
+        let layout = VmLayout {
+            chunk_size: FrameSize::Huge,
+            regions: vec![(0, 2 << 20)],
+        };
+        slot.write("c", &layout, 1);
+        slot.activate();
+        assert_eq!((slot.clone_base(), slot.ephemeral()), (None, false));
+        slot.set_clone_of(0);
+        assert_eq!((slot.clone_base(), slot.ephemeral()), (Some(0), true));
+        slot.set_clone_of(1023);
+        assert_eq!(slot.clone_base(), Some(1023));
+        assert_eq!(slot.damage(), None);
     }
 
     #[test]

@@ -92,6 +92,7 @@ impl VmmControl for TestVmm {
                 populated_chunks: 3,
                 populated_bytes: 3 << 21,
                 file_backed_chunks: 0,
+                clone_of: None,
                 faults: 3,
                 exhausted_faults: 0,
                 waiting_vcpus: 0,

@@ -285,6 +285,15 @@ impl Session {
         if !into_zone {
             check_copy_target(&params.mem_file_path)?;
         }
+        if let Some(base) = self.memory().zone_vm().and_then(|vm| vm.base()) {
+            if into_zone {
+                return Err(SnapshotError::Unsupported(format!(
+                    "this VM is a clone of '{}' and maps its frames: it is snapshotted by \
+                     copying its memory (mem_file_path: another file), not into the zone",
+                    base.name()
+                )));
+            }
+        }
         if params.snapshot_path == params.mem_file_path
             || host_file::same_file(&params.snapshot_path, &params.mem_file_path)
         {
@@ -673,10 +682,16 @@ pub(super) fn prepare(
             vm_id,
             seal,
         } => {
+            if params.clone_name.is_some() && machine.hotplug.is_some() {
+                return Err(SnapshotError::Unsupported(
+                    "clone_name: a VM with hot-pluggable memory (virtio-mem) cannot base clones"
+                        .into(),
+                ));
+            }
             let target = ZoneTarget {
                 path: memory_path.clone(),
-                vm: vm.clone(),
-                ephemeral: false,
+                vm: params.clone_name.clone().unwrap_or_else(|| vm.clone()),
+                ephemeral: params.clone_name.is_some(),
                 accept_damaged: params.accept_damaged,
             };
             config.zone = Some(target.clone());
@@ -688,14 +703,24 @@ pub(super) fn prepare(
                     zone.id()
                 )));
             }
-            let attached = memory::attach_vm(&zone, &config, &target)?;
-            if attached.id() != vm_id {
+            let attached = match &params.clone_name {
+                Some(clone) => zone
+                    .attach_clone(&vm, clone)
+                    .map_err(ZoneSetupError::Zone)?,
+                None => memory::attach_vm(&zone, &config, &target)?,
+            };
+            // A clone is checked against its base: the snapshot's VM.
+            let (found_id, found_seal) = match attached.base() {
+                Some(base) => (base.id(), base.seal()),
+                None => (attached.id(), attached.seal()),
+            };
+            if found_id != vm_id {
                 return Err(wrong(format!(
                     "VM '{vm}' of this zone is another VM than the snapshot's (it was deleted \
                      and created again since)"
                 )));
             }
-            if attached.seal() != seal {
+            if found_seal != seal {
                 return Err(wrong(format!(
                     "the memory of VM '{vm}' changed since the snapshot was taken (the VM ran \
                      again, or a later snapshot was taken): this snapshot no longer matches it"
@@ -730,6 +755,11 @@ pub(super) fn prepare(
                      the snapshot's)"
                         .into(),
                 ));
+            }
+            if let Some(clone) = &params.clone_name {
+                log::debug!(
+                    "clone '{clone}': a copy snapshot's loads are clones whatever their names"
+                );
             }
             let pool = memory::create_pool(&config)
                 .map_err(|e| SnapshotError::State(format!("cannot create the frame pool: {e}")))?;

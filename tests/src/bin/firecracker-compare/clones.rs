@@ -1,9 +1,10 @@
-//! Many VMs loaded at once from one copy snapshot (a memory file), as code sandboxes restore
-//! one warmed VM: each VMM's guest writes every page of its RAM, is snapshotted into a memory
-//! file (ours a copy snapshot, Firecracker a Full one), and `clones` new processes load it at
-//! the same moment (`mem_backend` File, `resume_vm`). Measured: each load's time, the time
-//! until all run, each clone's proportional set size (PSS) idle, and again after its guest read
-//! all its memory back and verified it.
+//! Many VMs loaded at once from one snapshot, as code sandboxes restore one warmed VM: each
+//! VMM's guest writes every page of its RAM, is snapshotted (ours a copy snapshot into a
+//! memory file, or a zone snapshot that bases clones; Firecracker a Full one), and `clones`
+//! new processes load it at the same moment (`mem_backend` File, `resume_vm`; each of our zone
+//! clones with a `clone_name`). Measured: each load's time, the time until all run, each
+//! clone's proportional set size (PSS) idle, and again after its guest read all its memory
+//! back and verified it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -35,23 +36,46 @@ fn pss_kib(pid: u32) -> Result<u64, String> {
         .ok_or_else(|| format!("no Pss line in /proc/{pid}/smaps_rollup"))
 }
 
+/// Creates a zone at `path` for a `mib` MiB base and `clones` clones of it, with `vmm zone
+/// create` of our `binary`.
+fn create_zone(binary: &Path, path: &Path, mib: u64, clones: usize) -> Result<(), String> {
+    // The base's RAM in 2 MiB frames and a margin; the clones map its frames.
+    let size = format!("{}M", mib.div_ceil(2) * 2 + 64);
+    let created = std::process::Command::new(binary)
+        .args(["zone", "create"])
+        .arg(path)
+        .args(["--size", &size, "--max-vms", &(clones + 1).to_string()])
+        .output()
+        .map_err(|e| e.to_string())?;
+    match created.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&created.stderr).into_owned()),
+    }
+}
+
 /// Snapshots a `mib` MiB guest of `vmm` whose every page was written, then loads `count`
-/// clones of it at once, with scratch files in `dir`.
+/// clones of it at once, with scratch files in `dir`; ours from a zone snapshot with `zone`,
+/// else from a copy snapshot.
 pub fn measure(
     vmm: &Vmm,
     dir: &Path,
     image: &Path,
     mib: u64,
     count: usize,
+    zone: bool,
 ) -> Result<Clones, String> {
-    let memory = dir.join("clones.mem");
+    let memory = dir.join(if zone { "clones.zone" } else { "clones.mem" });
     let state = dir.join("clones.snap");
     for file in [&memory, &state] {
         let _ = std::fs::remove_file(file);
     }
+    if zone {
+        create_zone(&vmm.binary, &memory, mib, count)?;
+    }
     // The second checkpoint holds each clone after its read-back, for its PSS.
     let workload = "write:all,checkpoint:1,verify:all,checkpoint:2";
-    let (process, _) = configured(vmm, dir, image, mib, workload, None)?;
+    let in_zone = zone.then_some((memory.as_path(), "lazy"));
+    let (process, _) = configured(vmm, dir, image, mib, workload, in_zone)?;
     process.call("PUT", "/actions", r#"{"action_type":"InstanceStart"}"#)?;
     process.wait_for(CHECKPOINT, MEMORY_TIMEOUT)?;
     process.call("PATCH", "/vm", r#"{"state":"Paused"}"#)?;
@@ -73,12 +97,19 @@ pub fn measure(
         clone.wait_for_socket(TIMEOUT)?;
         clones.push(clone);
     }
-    let load = serde_json::json!({
-        "snapshot_path": state,
-        "mem_backend": {"backend_type": "File", "backend_path": memory},
-        "resume_vm": true,
-    })
-    .to_string();
+    let loads: Vec<String> = (0..count)
+        .map(|index| {
+            let mut load = serde_json::json!({
+                "snapshot_path": state,
+                "mem_backend": {"backend_type": "File", "backend_path": memory},
+                "resume_vm": true,
+            });
+            if zone {
+                load["clone_name"] = serde_json::json!(format!("clone-{index}"));
+            }
+            load.to_string()
+        })
+        .collect();
     let sockets: Vec<_> = dirs
         .iter()
         .map(|clone_dir| clone_dir.join("api.sock"))
@@ -87,8 +118,8 @@ pub fn measure(
     let loads: Vec<Result<Duration, String>> = std::thread::scope(|scope| {
         let threads: Vec<_> = sockets
             .iter()
-            .map(|socket| {
-                let load = &load;
+            .zip(&loads)
+            .map(|(socket, load)| {
                 scope.spawn(move || {
                     let api = vmm_cli::ApiClient::new(socket);
                     let asked = Instant::now();
@@ -158,9 +189,9 @@ fn median_mib(values: &[u64]) -> f64 {
     sorted[sorted.len() / 2] as f64 / 1024.0
 }
 
-/// Prints the clone rows of ours beside `theirs` (named `name`).
-pub fn print(name: &str, count: usize, mib: u64, ours: &Clones, theirs: &Clones) {
-    println!("\n| {count} clones of a {mib} MiB guest, every page written | llfree-vmm | {name} | ratio (ours / {name}) |");
+/// Prints the clone rows of ours (loaded from `what`) beside `theirs` (named `name`).
+pub fn print(name: &str, what: &str, count: usize, mib: u64, ours: &Clones, theirs: &Clones) {
+    println!("\n| {count} clones of a {mib} MiB guest, every page written; ours from {what} | llfree-vmm | {name} | ratio (ours / {name}) |");
     println!("|---|---|---|---|");
     let ratio = ms(median(&ours.loads)) / ms(median(&theirs.loads));
     println!(

@@ -25,8 +25,8 @@
 //!   client's time of that request; the guest is then let go at its checkpoint, verifies every
 //!   page and prints its result — "load and read back" is the time from the load request to
 //!   that line, which must say the verification passed;
-//! * clones (`--clones N`, with Firecracker): N VMs loaded at once from one copy snapshot of a
-//!   `--clone-mib` guest (see `clones`).
+//! * clones (`--clones N`, with Firecracker): N VMs loaded at once from one snapshot of a
+//!   `--clone-mib` guest, ours from a copy snapshot and from a zone snapshot (see `clones`).
 //!
 //! Cloud Hypervisor (through its own API: `vm.create`, then `vm.boot` in `InstanceStart`'s
 //! place) takes the boot rows only: its snapshot fails on this host's PVM `/dev/kvm`
@@ -244,7 +244,7 @@ struct Options {
     sizes: Vec<u64>,
     dir: PathBuf,
     populate: String,
-    /// Clones loaded at once from one copy snapshot (0: none), of a guest of `clone_mib`.
+    /// Clones loaded at once from one snapshot (0: none), of a guest of `clone_mib`.
     clones: usize,
     clone_mib: u64,
 }
@@ -392,11 +392,14 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
     let cloned = match (options.clones, snapshotted) {
         (0, _) | (_, 0) => None,
         (count, _) => {
-            let theirs = clones::measure(&vmms[1], dir, &image, options.clone_mib, count)
+            let mib = options.clone_mib;
+            let theirs = clones::measure(&vmms[1], dir, &image, mib, count, false)
                 .map_err(|e| format!("{}: clones: {e}", vmms[1].name))?;
-            let ours = clones::measure(&vmms[0], dir, &image, options.clone_mib, count)
+            let ours = clones::measure(&vmms[0], dir, &image, mib, count, false)
                 .map_err(|e| format!("{}: clones: {e}", vmms[0].name))?;
-            Some((ours, theirs))
+            let zone = clones::measure(&vmms[0], dir, &image, mib, count, true)
+                .map_err(|e| format!("{}: zone clones: {e}", vmms[0].name))?;
+            Some((ours, zone, theirs))
         }
     };
     for (other, theirs) in vmms.iter().enumerate().skip(1) {
@@ -454,14 +457,11 @@ fn measure_and_print(options: &Options, dir: &Path) -> Result<(), String> {
             );
         }
     }
-    if let Some((ours, theirs)) = &cloned {
-        clones::print(
-            vmms[1].name,
-            options.clones,
-            options.clone_mib,
-            ours,
-            theirs,
-        );
+    if let Some((ours, zone, theirs)) = &cloned {
+        for (what, ours) in [("a copy snapshot", ours), ("a zone snapshot", zone)] {
+            let (count, mib) = (options.clones, options.clone_mib);
+            clones::print(vmms[1].name, what, count, mib, ours, theirs);
+        }
     }
     Ok(())
 }
