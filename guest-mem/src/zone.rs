@@ -1344,9 +1344,9 @@ impl Zone {
         Ok(released)
     }
 
-    /// The bytes that the guests of the VMs attached to a live VMM could give back, as their
-    /// VMMs last recorded them ([`ZoneVm::set_spare`]): what a reclaim policy shares a deficit
-    /// by.
+    /// The spare bytes of the VMs attached to a live VMM, as their VMMs last recorded them
+    /// ([`ZoneVm::set_spare`], each weighted as its VMM weighs it): what a reclaim policy
+    /// shares a deficit by.
     pub fn spare_total(&self) -> u64 {
         (0..self.layout.max_vms)
             .filter(|&index| matches!(self.slot_use(index), recovery::SlotUse::Vm(_)))
@@ -1607,7 +1607,8 @@ impl ZoneVm {
     }
 
     /// Records the bytes the VM's guest could give back (its free memory as its balloon
-    /// statistics tell, less a margin), for the reclaim policies of every VMM on the zone.
+    /// statistics tell, less a margin), weighted as its VMM weighs it against the other VMs,
+    /// for the reclaim policies of every VMM on the zone.
     pub fn set_spare(&self, bytes: u64) {
         self.zone.slot(self.index).set_spare(bytes);
     }

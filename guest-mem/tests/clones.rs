@@ -38,11 +38,11 @@ fn frames_of(zone: &Zone, name: &str) -> Option<u64> {
         .map(|vm| vm.frames)
 }
 
-/// A zone with VM `base`, which wrote `base` at the start of its first two chunks and was
-/// detached.
-fn zone_with_base(path: &TempFile) -> Arc<Zone> {
+/// A zone at `path` with VM `base`, which wrote `base` at the start of its first two chunks and
+/// was detached.
+fn zone_with_base(path: &std::path::Path) -> Arc<Zone> {
     Zone::create(
-        &path.0,
+        path,
         &ZoneConfig {
             size: 64 * MIB,
             frame_size: FrameSize::Huge,
@@ -50,7 +50,7 @@ fn zone_with_base(path: &TempFile) -> Arc<Zone> {
         },
     )
     .expect("create");
-    let zone = Zone::open(&path.0, 8).expect("open");
+    let zone = Zone::open(path, 8).expect("open");
     let base = memory_of(zone.attach("base", &layout()).expect("attach"));
     for chunk in 0..2 {
         base.write_slice(b"base", GuestAddress(chunk * 2 * MIB))
@@ -70,7 +70,7 @@ fn read4(memory: &GuestMemory, addr: u64) -> [u8; 4] {
 #[test]
 fn clones_read_the_base_keep_their_own_writes_and_leave_the_base_as_it_was() {
     let path = TempFile::new("zone-clones");
-    let zone = zone_with_base(&path);
+    let zone = zone_with_base(&path.0);
     let one = memory_of(zone.attach_clone("base", "one").expect("clone one"));
     let two = memory_of(zone.attach_clone("base", "two").expect("clone two"));
     assert_eq!(one.stats().file_backed_chunks, 2);
@@ -121,9 +121,33 @@ fn clones_read_the_base_keep_their_own_writes_and_leave_the_base_as_it_was() {
 #[test]
 fn a_base_attached_to_a_process_bases_no_clone() {
     let path = TempFile::new("zone-clones-attached");
-    let zone = zone_with_base(&path);
+    let zone = zone_with_base(&path.0);
     let _base = zone.attach("base", &layout()).expect("attach");
     let other = Zone::open(&path.0, 4).expect("a second open");
     let err = other.attach_clone("base", "one").unwrap_err();
     assert!(matches!(err, ZoneError::VmInUse { .. }), "{err}");
+}
+
+#[test]
+fn clones_on_hugetlbfs_copy_whole_huge_pages_reserved_when_they_map_the_base() {
+    let hugetlbfs = match common::HugetlbfsMount::new(2048, 48) {
+        Ok(mount) => mount,
+        Err(why) => {
+            return eprintln!("SKIP: clones_on_hugetlbfs_copy_whole_huge_pages: {why}");
+        }
+    };
+    let path = hugetlbfs.path.join("zone");
+    let zone = zone_with_base(&path);
+    assert!(zone.pool().is_hugetlb());
+    let one = memory_of(zone.attach_clone("base", "one").expect("clone"));
+    assert_eq!(one.stats().file_backed_chunks, 2);
+    assert_eq!(&read4(&one, 2 * MIB), b"base");
+    one.write_slice(b"one!", GuestAddress(2 * MIB))
+        .expect("write");
+    assert_eq!(&read4(&one, 2 * MIB), b"one!");
+    drop(one);
+    let base = memory_of(zone.attach("base", &layout()).expect("the base again"));
+    assert_eq!(&read4(&base, 2 * MIB), b"base");
+    drop((base, zone));
+    let _ = std::fs::remove_file(&path);
 }

@@ -602,26 +602,14 @@ fn zones_live_on_tmpfs_and_hugetlbfs() {
 /// page size, with `pages` huge pages reserved; SKIP where they cannot be had.
 fn on_hugetlbfs(frame: FrameSize, pages: u64) {
     let kib = frame.bytes() >> 10;
-    let pages = match common::HugePageReservation::reserve(kib, pages) {
-        Ok(pages) => pages,
+    let hugetlbfs = match common::HugetlbfsMount::new(kib, pages) {
+        Ok(mount) => mount,
         Err(why) => {
             let page = frame.name();
             return eprintln!("SKIP: zones_live_on_tmpfs_and_hugetlbfs: {page} pages: {why}");
         }
     };
-    let mount =
-        std::env::temp_dir().join(format!("guest-mem-hugetlbfs-{kib}-{}", std::process::id()));
-    std::fs::create_dir_all(&mount).expect("mount point");
-    let status = Command::new("mount")
-        .args(["-t", "hugetlbfs", "-o", &format!("pagesize={kib}K"), "none"])
-        .arg(&mount)
-        .status();
-    if !status.is_ok_and(|s| s.success()) {
-        let _ = std::fs::remove_dir(&mount);
-        return eprintln!(
-            "SKIP: zones_live_on_tmpfs_and_hugetlbfs: cannot mount hugetlbfs (not root?)"
-        );
-    }
+    let mount = &hugetlbfs.path;
     let result = std::panic::catch_unwind(|| {
         let path = mount.join("zone");
         let config = ZoneConfig {
@@ -660,9 +648,7 @@ fn on_hugetlbfs(frame: FrameSize, pages: u64) {
             assert!(!path.exists());
         }
     });
-    let _ = Command::new("umount").arg(&mount).status();
-    let _ = std::fs::remove_dir(&mount);
-    drop(pages);
+    drop(hugetlbfs);
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }

@@ -20,29 +20,39 @@ use vmm_common::{client, get, Scratch, VmmRun};
 /// statistics requests, until it is shut down.
 const IDLE: &str = "write:all,balloon-target*50000000";
 
-fn start_idle(zone: &str, socket: &str, reclaim: &str) -> (VmmRun, vmm_cli::ApiClient) {
-    let mut idle = VmmRun::start(&[
+/// Starts VM `name` of `memory` (e.g. "64M") in `zone` with the idle workload, a balloon with
+/// statistics and the reclaim flags `policy`, its API on `socket`; returns once its guest wrote
+/// all its memory.
+fn start_idle(
+    zone: &str,
+    socket: &str,
+    name: &str,
+    memory: &str,
+    policy: &[&str],
+) -> (VmmRun, vmm_cli::ApiClient) {
+    let mut args = vec![
         "--zone",
         zone,
         "--vm",
-        "idle",
+        name,
         "--memory",
-        "64M",
+        memory,
         "--balloon",
         "size=0,stats_polling_interval_s=1",
-        "--reclaim-below",
-        reclaim,
         "--workload",
         IDLE,
         "--api-socket",
         socket,
-    ]);
+    ];
+    args.extend_from_slice(policy);
+    let mut idle = VmmRun::start(&args);
     let api = idle.api(socket);
+    let bytes = vmm::config::parse_size(memory).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while get(&api, "/memory")["pool"]["free_bytes"] != 32 << 20 {
+    while get(&api, "/memory")["guest"]["populated_bytes"] != bytes {
         assert!(
             Instant::now() < deadline,
-            "the idle guest never wrote its memory"
+            "the idle guest {name} never wrote its memory"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -58,7 +68,7 @@ fn zone_with_idle(name: &str, reclaim: &str) -> (Scratch, String, VmmRun, vmm_cl
     let created = client(&["zone", "create", &zone, "--size", "96M"]);
     assert_eq!(created.code, Some(0), "{created:#?}");
     let socket = scratch.path("idle.sock");
-    let (idle, api) = start_idle(&zone, &socket, reclaim);
+    let (idle, api) = start_idle(&zone, &socket, "idle", "64M", &["--reclaim-below", reclaim]);
     (scratch, zone, idle, api)
 }
 
@@ -187,6 +197,56 @@ fn with_the_policy_off_a_vm_that_waits_too_long_ends_with_status_8() {
     assert_eq!(balloon_mib(&api), 0, "a VM that opted out was left alone");
     vmm_common::send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
     idle.wait(Duration::from_secs(30));
+}
+
+/// Three idle 48 MiB VMs and a hungry one on a 160 MiB zone: "heavy" (weight 300) gives more
+/// of the deficit than "plain" (weight 100), and "floored" (weight 1000, but a floor of 44
+/// MiB) never more than its 4 MiB above its floor; the hungry VM finishes.
+#[test]
+fn weights_share_the_deficit_and_a_floor_bounds_what_a_vm_gives() {
+    if !kvm_available("weights_share_the_deficit_and_a_floor_bounds_what_a_vm_gives") {
+        return;
+    }
+    let scratch = Scratch::new("zone-reclaim-weights");
+    let zone = scratch.path("zone");
+    let created = client(&["zone", "create", &zone, "--size", "160M"]);
+    assert_eq!(created.code, Some(0), "{created:#?}");
+    let idle: Vec<(VmmRun, vmm_cli::ApiClient)> = [
+        ("heavy", &["--reclaim-weight", "300"][..]),
+        ("plain", &[][..]),
+        (
+            "floored",
+            &["--reclaim-weight", "1000", "--reclaim-floor", "44M"][..],
+        ),
+    ]
+    .into_iter()
+    .map(|(name, policy)| {
+        let socket = scratch.path(&format!("{name}.sock"));
+        start_idle(&zone, &socket, name, "48M", policy)
+    })
+    .collect();
+
+    let (hungry, took) = run_hungry(&zone);
+    eprintln!("hungry (48 MiB into a zone with 16 MiB free) finished in {took:?}");
+    assert_eq!(hungry.code, Some(0), "{hungry:#?}");
+    let [heavy, plain, floored] = [0, 1, 2].map(|i| balloon_mib(&idle[i].1));
+    eprintln!("balloons: heavy {heavy} MiB, plain {plain} MiB, floored {floored} MiB");
+    assert!(heavy > plain, "heavy {heavy} MiB, plain {plain} MiB");
+    assert!(floored <= 4, "floored gave {floored} MiB");
+    for (vmm, api) in idle {
+        vmm_common::send(&api, "PUT", "/actions", r#"{"action_type":"Shutdown"}"#);
+        vmm.wait(Duration::from_secs(30));
+    }
+    inspect_consistent(&zone);
+}
+
+#[test]
+fn a_floor_above_the_vm_s_memory_is_refused() {
+    let run = VmmRun::run(&["--memory", "32M", "--reclaim-floor", "64M"]);
+    run.assert_fails(
+        2,
+        "--reclaim-floor 64 MiB: more than the VM's memory (32 MiB)",
+    );
 }
 
 /// Chunks of 2 MiB in a test VM's workload area (2 MiB to 64 MiB).

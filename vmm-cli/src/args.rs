@@ -593,6 +593,17 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u8).range(0..=50))]
     pub reclaim_below: u8,
 
+    /// This VM's weight in the zone's reclaim policy: its share of a deficit is in proportion
+    /// to what its guest can spare times its weight (1 to 1000).
+    #[arg(long, value_name = "N", default_value_t = vmm::config::DEFAULT_RECLAIM_WEIGHT,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub reclaim_weight: u16,
+
+    /// Guest RAM the zone's reclaim policy always leaves this VM (K, M, G suffixes): it never
+    /// inflates the balloon beyond the RAM less this.
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
+    pub reclaim_floor: u64,
+
     /// When guest memory gets its host frames: all at start and touched (eager), on first touch
     /// (lazy), or all at start and mapped untouched (mapped).
     #[arg(long, value_enum, value_name = "MODE", default_value = "lazy")]

@@ -2,8 +2,8 @@
 
 use vmm::config::{
     check_api_socket, check_backing, check_drives, check_memory, check_network_interfaces,
-    check_pmem, check_smt, check_vcpus, check_zone, ConfigError, GuestConfig, HotplugConfig,
-    LinuxConfig, NetConfig, VmConfig, ZoneTarget,
+    check_pmem, check_reclaim, check_smt, check_vcpus, check_zone, ConfigError, GuestConfig,
+    HotplugConfig, LinuxConfig, NetConfig, VmConfig, ZoneTarget,
 };
 
 use crate::args::{PopulateArg, RunArgs};
@@ -33,6 +33,12 @@ impl TryFrom<RunArgs> for VmConfig {
         check_vcpus(args.vcpus, args.kernel.is_none())?;
         check_smt(args.vcpus, args.smt)?;
         check_memory(args.memory)?;
+        let reclaim = vmm::config::ReclaimSettings {
+            below_percent: args.reclaim_below,
+            weight: args.reclaim_weight,
+            floor: args.reclaim_floor,
+        };
+        check_reclaim(&reclaim, args.memory)?;
         let scrub = check_backing(&args.backing, args.format_pool)?;
         let zone = match (args.zone, args.vm) {
             (Some(path), Some(vm)) => Some(ZoneTarget {
@@ -107,7 +113,7 @@ impl TryFrom<RunArgs> for VmConfig {
             format_pool: args.format_pool,
             wait_for_memory: args.wait_for_memory.is_some(),
             memory_wait_limit: args.wait_for_memory.flatten(),
-            reclaim_below_percent: args.reclaim_below,
+            reclaim,
             scrub,
             populate: match args.populate {
                 PopulateArg::Eager => guest_mem::Populate::Eager,

@@ -56,6 +56,14 @@ pub enum ConfigError {
     /// The memory size is not a whole number of MiB.
     #[error("memory {}: must be a whole number of MiB", format_size(*.0))]
     MemoryNotWholeMib(u64),
+    /// The reclaim policy's floor is more than the VM's RAM.
+    #[error("reclaim-floor {}: more than the VM's memory ({})", format_size(*floor), format_size(*memory))]
+    ReclaimFloor {
+        /// The floor.
+        floor: u64,
+        /// The VM's RAM.
+        memory: u64,
+    },
     /// A file the VM needs is missing or unusable.
     #[error("{setting}{}: {why}", .path.display())]
     Path {
@@ -145,6 +153,33 @@ pub struct ZoneTarget {
 /// The zone's free memory, in percent of the zone, below which a VMM reclaims memory from its
 /// guest by default.
 pub const DEFAULT_RECLAIM_BELOW_PERCENT: u8 = 10;
+/// A VM's weight in the zone's reclaim policy by default.
+pub const DEFAULT_RECLAIM_WEIGHT: u16 = 100;
+
+/// A VM's part in its zone's reclaim policy (see `runner::reclaim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReclaimSettings {
+    /// Below this percentage of the zone free, the VMM inflates its balloon by its share of
+    /// the deficit; 0: never.
+    pub below_percent: u8,
+    /// The VM's weight in sharing a deficit: its share is in proportion to what its guest can
+    /// spare times its weight (1 to 1000; of two VMs that can spare as much, one of weight 300
+    /// gives three times what one of weight 100 gives).
+    pub weight: u16,
+    /// Bytes of RAM the policy always leaves the guest: it never inflates the balloon beyond
+    /// RAM less this.
+    pub floor: u64,
+}
+
+impl Default for ReclaimSettings {
+    fn default() -> Self {
+        Self {
+            below_percent: DEFAULT_RECLAIM_BELOW_PERCENT,
+            weight: DEFAULT_RECLAIM_WEIGHT,
+            floor: 0,
+        }
+    }
+}
 
 /// The validated configuration of one VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,9 +203,9 @@ pub struct VmConfig {
     /// With `wait_for_memory`: how long a fault may wait before the VM is stopped (`None`:
     /// for as long as it takes).
     pub memory_wait_limit: Option<std::time::Duration>,
-    /// A VM in a zone with a balloon that reports statistics: below this percentage of the
-    /// zone free, its VMM inflates the balloon by its share (see `runner::reclaim`); 0: never.
-    pub reclaim_below_percent: u8,
+    /// A VM in a zone with a balloon that reports statistics: its part in the zone's reclaim
+    /// policy (see `runner::reclaim`).
+    pub reclaim: ReclaimSettings,
     /// How freed frames are cleaned: zeroing for device DAX (which cannot punch holes), hole
     /// punching otherwise.
     pub scrub: Scrub,
@@ -251,7 +286,7 @@ impl VmConfig {
             format_pool: false,
             wait_for_memory: false,
             memory_wait_limit: None,
-            reclaim_below_percent: DEFAULT_RECLAIM_BELOW_PERCENT,
+            reclaim: ReclaimSettings::default(),
             scrub: Scrub::PunchHole,
             populate: Populate::Lazy,
             track_dirty_pages: false,
@@ -309,6 +344,18 @@ pub fn check_memory(size: u64) -> Result<(), ConfigError> {
         return Err(ConfigError::MemoryNotWholeMib(size));
     }
     Ok(())
+}
+
+/// Checks a VM's reclaim settings against its RAM of `memory` bytes: the floor is at most the
+/// RAM (the weight's range is its flag's).
+pub fn check_reclaim(settings: &ReclaimSettings, memory: u64) -> Result<(), ConfigError> {
+    match settings.floor > memory {
+        true => Err(ConfigError::ReclaimFloor {
+            floor: settings.floor,
+            memory,
+        }),
+        false => Ok(()),
+    }
 }
 
 pub(crate) fn path_error(

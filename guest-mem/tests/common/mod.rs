@@ -123,3 +123,43 @@ impl Drop for TempFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// A hugetlbfs mount of one page size in the temporary directory, with huge pages reserved
+/// for it: unmounted, removed and the reservation put back when dropped.
+pub struct HugetlbfsMount {
+    /// The mount point.
+    pub path: PathBuf,
+    _pages: HugePageReservation,
+}
+
+impl HugetlbfsMount {
+    /// Mounts hugetlbfs with pages of `kib` KiB, `pages` of them reserved; the error says why
+    /// it cannot be had (for a SKIP line).
+    pub fn new(kib: u64, pages: u64) -> Result<Self, String> {
+        let pages = HugePageReservation::reserve(kib, pages)?;
+        let path =
+            std::env::temp_dir().join(format!("guest-mem-hugetlbfs-{kib}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).map_err(|e| format!("mount point: {e}"))?;
+        let status = std::process::Command::new("mount")
+            .args(["-t", "hugetlbfs", "-o", &format!("pagesize={kib}K"), "none"])
+            .arg(&path)
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            let _ = std::fs::remove_dir(&path);
+            return Err("cannot mount hugetlbfs (not root?)".into());
+        }
+        Ok(Self {
+            path,
+            _pages: pages,
+        })
+    }
+}
+
+impl Drop for HugetlbfsMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.path)
+            .status();
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}

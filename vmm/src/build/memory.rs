@@ -45,16 +45,14 @@ pub(crate) fn attach_zone(
     config: &VmConfig,
     target: &ZoneTarget,
 ) -> Result<ZoneVm, ZoneSetupError> {
-    attach_vm(&open_zone(config, target)?, config, target)
+    let cores = config.vcpus + SPARE_CORES;
+    attach_vm(&open_zone(target, cores)?, config, target)
 }
 
-/// Opens the zone of `target` for a VM of `config` (recovering it after a crash), and says
-/// what its recovery did.
-pub(crate) fn open_zone(
-    config: &VmConfig,
-    target: &ZoneTarget,
-) -> Result<Arc<Zone>, ZoneSetupError> {
-    let zone = Zone::open(&target.path, config.vcpus + SPARE_CORES)?;
+/// Opens the zone of `target` for a process that allocates with `cores` of the zone's
+/// allocator slots (recovering it after a crash), and says what its recovery did.
+pub(crate) fn open_zone(target: &ZoneTarget, cores: usize) -> Result<Arc<Zone>, ZoneSetupError> {
+    let zone = Zone::open(&target.path, cores)?;
     let recovery = zone.recovery();
     log::debug!(
         "zone {}: opened ({} recovery in {} µs: {} leaked and {} lost frames, {} dead processes, \
@@ -149,6 +147,10 @@ pub(crate) fn attach_vm(
 /// Pool cores besides one per vCPU: the VMM's own (eager population, loaders, device
 /// accesses) and one for each device that allocates or frees frames (the balloon, virtio-mem).
 pub const SPARE_CORES: usize = 3;
+/// The zone's allocator slots a clone takes: one, which its threads share (they allocate only
+/// what the base had not populated), so that a zone's 256 slots serve as many clones as it
+/// takes processes.
+pub const CLONE_CORES: usize = 1;
 /// Most userfaultfd handler threads; a VM gets one per vCPU up to this.
 const MAX_FAULT_THREADS: usize = 4;
 

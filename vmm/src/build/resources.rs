@@ -505,7 +505,7 @@ impl VmResources {
             memory_wait_limit: machine
                 .wait_for_memory_limit_s
                 .map(std::time::Duration::from_secs),
-            reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
+            reclaim: crate::config::ReclaimSettings::default(),
             scrub: Scrub::PunchHole,
             populate: machine.populate.map(Populate::from).unwrap_or_default(),
             track_dirty_pages: machine.track_dirty_pages,

@@ -4,12 +4,14 @@
 //! policy, and they share the deficit through the zone itself.
 //!
 //! Every [`TICK`], a VM with a balloon whose guest reports statistics:
-//! * records its *spare* in its zone slot: the guest's available (else free) memory as its
-//!   latest statistics tell, less a margin of a sixteenth of its RAM that it keeps;
+//! * records its *claim* in its zone slot: its *spare* (the guest's available, else free,
+//!   memory as its latest statistics tell, less a margin of a sixteenth of its RAM that it
+//!   keeps) times its weight (`--reclaim-weight`, 100 by default);
 //! * when the zone's free memory is below the threshold (`low`, a percentage of the zone),
 //!   inflates its balloon by its share of the deficit up to twice the threshold, in proportion
-//!   to its spare against the spare of every VM on the zone (so every VM gives the same
-//!   fraction of what it can spare), and never by more than its spare;
+//!   to its claim against the claims of every VM on the zone (so VMs of one weight give the
+//!   same fraction of what they can spare), never by more than its spare, and never so far
+//!   that the guest keeps less than its floor (`--reclaim-floor`);
 //! * when the zone's free memory is above twice the threshold, deflates what the policy
 //!   inflated by a quarter of the surplus at a time (every VMM sees the same surplus, and each
 //!   deflated page the guest touches again may cost a whole frame).
@@ -34,6 +36,7 @@ use guest_mem::GuestMemory;
 use virtio_balloon::spec::{FREE_PAGE_HINT_DONE, VIRTIO_BALLOON_F_FREE_PAGE_HINT};
 use virtio_balloon::BalloonReading;
 
+use crate::config::ReclaimSettings;
 use crate::vm::run_control::{RunState, VmControl};
 use vmm_devices::balloon::BalloonHandle;
 
@@ -72,6 +75,10 @@ pub(super) struct Reclaim {
     control: Weak<VmControl>,
     /// The threshold, in percent of the zone.
     below_percent: u8,
+    /// The VM's weight in sharing a deficit, in hundredths.
+    weight: u16,
+    /// MiB of RAM the policy always leaves the guest.
+    floor_mib: u64,
     ram_bytes: u64,
     /// MiB the policy inflated on top of `base_mib`, the target a person set.
     policy_mib: u64,
@@ -98,12 +105,12 @@ struct HintRun {
 
 impl Reclaim {
     /// The policy of the VM whose guest memory is `memory` (in a zone) and whose balloon is
-    /// `balloon`, with the threshold `below_percent` of the zone.
+    /// `balloon`, with its `settings`.
     pub fn new(
         balloon: BalloonHandle,
         memory: &Arc<GuestMemory>,
         control: &Arc<VmControl>,
-        below_percent: u8,
+        settings: ReclaimSettings,
         ram_bytes: u64,
     ) -> Self {
         let base_mib = u64::from(balloon.info().target_pages) / PAGES_PER_MIB;
@@ -111,7 +118,9 @@ impl Reclaim {
             balloon,
             memory: Arc::downgrade(memory),
             control: Arc::downgrade(control),
-            below_percent,
+            below_percent: settings.below_percent,
+            weight: settings.weight,
+            floor_mib: settings.floor.div_ceil(MIB),
             ram_bytes,
             policy_mib: 0,
             base_mib,
@@ -178,12 +187,13 @@ impl Reclaim {
         // A guest's figures are its own word: never more than its RAM, so that one claiming
         // more cannot shrink the other VMs' shares.
         let spare = free.min(self.ram_bytes).saturating_sub(self.ram_bytes / 16);
-        vm.set_spare(spare);
+        let claim = claim_of(spare, self.weight);
+        vm.set_spare(claim);
         let pool = memory.pool().stats();
         let zone = ZoneMemory {
             free: pool.free_bytes,
             total: pool.total_bytes,
-            spare_total: vm.zone().spare_total().max(spare),
+            claim_total: vm.zone().spare_total().max(claim),
         };
         let took_hinting = took_hinting(&info);
         if self.hint(&info, zone, took_hinting) {
@@ -201,8 +211,16 @@ impl Reclaim {
                 _ => return,
             }
         }
-        let room_mib = (self.ram_bytes / MIB).saturating_sub(self.base_mib + self.policy_mib);
-        let change = match decide(zone, self.below_percent, spare, self.policy_mib, room_mib) {
+        let room_mib = (self.ram_bytes / MIB)
+            .saturating_sub(self.floor_mib)
+            .saturating_sub(self.base_mib + self.policy_mib);
+        let vm_share = VmShare {
+            spare,
+            claim,
+            inflated_mib: self.policy_mib,
+            room_mib,
+        };
+        let change = match decide(zone, self.below_percent, vm_share) {
             PolicyStep::Inflate(_) if took_hinting => return,
             PolicyStep::Inflate(mib) => {
                 self.policy_mib += mib;
@@ -308,8 +326,27 @@ struct ZoneMemory {
     free: u64,
     /// Bytes.
     total: u64,
-    /// What the guests of all VMs on the zone can spare, this one's included.
-    spare_total: u64,
+    /// The claims of all VMs on the zone (what their guests can spare times their weights),
+    /// this one's included.
+    claim_total: u64,
+}
+
+/// One VM as its policy weighs it.
+#[derive(Debug, Clone, Copy)]
+struct VmShare {
+    /// Bytes its guest can spare.
+    spare: u64,
+    /// Its spare times its weight (see [`claim_of`]).
+    claim: u64,
+    /// MiB the policy inflated its balloon by.
+    inflated_mib: u64,
+    /// MiB the policy may inflate its balloon by more (its RAM less its floor and balloon).
+    room_mib: u64,
+}
+
+/// The claim of a VM whose guest can spare `spare` bytes, of weight `weight` (100: its spare).
+fn claim_of(spare: u64, weight: u16) -> u64 {
+    u64::try_from(u128::from(spare) * u128::from(weight) / 100).unwrap_or(u64::MAX)
 }
 
 impl ZoneMemory {
@@ -330,23 +367,22 @@ enum PolicyStep {
     Nothing,
 }
 
-/// The policy (see the module docs) for a VM whose guest can spare `spare` bytes, whose
-/// balloon the policy inflated by `inflated_mib` and can inflate by `room_mib` more.
-fn decide(
-    zone: ZoneMemory,
-    below_percent: u8,
-    spare: u64,
-    inflated_mib: u64,
-    room_mib: u64,
-) -> PolicyStep {
+/// The policy (see the module docs) for VM `vm`.
+fn decide(zone: ZoneMemory, below_percent: u8, vm: VmShare) -> PolicyStep {
+    let VmShare {
+        spare,
+        claim,
+        inflated_mib,
+        room_mib,
+    } = vm;
     let low = zone.low(below_percent);
     let high = 2 * low;
     if zone.free < low {
-        if zone.spare_total == 0 {
+        if zone.claim_total == 0 {
             return PolicyStep::Nothing;
         }
         let deficit = high - zone.free;
-        let share = u128::from(deficit) * u128::from(spare) / u128::from(zone.spare_total);
+        let share = u128::from(deficit) * u128::from(claim) / u128::from(zone.claim_total);
         let mib = u64::try_from(share)
             .unwrap_or(u64::MAX)
             .div_ceil(MIB)
@@ -389,53 +425,92 @@ mod tests {
         ZoneMemory {
             free: free_mib * MIB,
             total: 1000 * MIB,
-            spare_total: spare_total_mib * MIB,
+            claim_total: spare_total_mib * MIB,
         }
+    }
+
+    /// A VM of weight 100 that can spare `spare` bytes, inflated by `inflated_mib` with room
+    /// for `room_mib` more.
+    fn vm(spare: u64, inflated_mib: u64, room_mib: u64) -> VmShare {
+        VmShare {
+            spare,
+            claim: spare,
+            inflated_mib,
+            room_mib,
+        }
+    }
+
+    #[test]
+    fn a_heavier_vm_gives_more_of_the_deficit_and_none_gives_more_than_it_can_spare() {
+        // Two VMs that can spare 200 MiB each, of weights 300 and 100: claims 600 and 200.
+        let heavy = VmShare {
+            claim: claim_of(200 * MIB, 300),
+            ..vm(200 * MIB, 0, 1000)
+        };
+        let light = VmShare {
+            claim: claim_of(200 * MIB, 100),
+            ..vm(200 * MIB, 0, 1000)
+        };
+        assert_eq!(decide(zone(40, 800), 10, heavy), PolicyStep::Inflate(120));
+        assert_eq!(decide(zone(40, 800), 10, light), PolicyStep::Inflate(40));
+        // A heavy weight never takes more than the guest can spare.
+        let spare_little = VmShare {
+            claim: claim_of(10 * MIB, 1000),
+            ..vm(10 * MIB, 0, 1000)
+        };
+        assert_eq!(
+            decide(zone(0, 100), 10, spare_little),
+            PolicyStep::Inflate(10)
+        );
+        assert_eq!(claim_of(u64::MAX, 1000), u64::MAX);
     }
 
     #[test]
     fn below_the_threshold_each_vm_gives_its_share_of_the_deficit_up_to_twice_the_threshold() {
         // 10 % of 1000 MiB: below 100 MiB free, inflate up to 200 MiB free.
         assert_eq!(
-            decide(zone(40, 400), 10, 100 * MIB, 0, 1000),
+            decide(zone(40, 400), 10, vm(100 * MIB, 0, 1000)),
             PolicyStep::Inflate(40)
         );
         assert_eq!(
-            decide(zone(40, 400), 10, 300 * MIB, 0, 1000),
+            decide(zone(40, 400), 10, vm(300 * MIB, 0, 1000)),
             PolicyStep::Inflate(120)
         );
         // Never more than the guest can spare, nor than its RAM allows.
         assert_eq!(
-            decide(zone(0, 50), 10, 50 * MIB, 0, 1000),
+            decide(zone(0, 50), 10, vm(50 * MIB, 0, 1000)),
             PolicyStep::Inflate(50)
         );
         assert_eq!(
-            decide(zone(0, 400), 10, 400 * MIB, 0, 30),
+            decide(zone(0, 400), 10, vm(400 * MIB, 0, 30)),
             PolicyStep::Inflate(30)
         );
         // Nobody can spare anything: nothing to do.
-        assert_eq!(decide(zone(0, 0), 10, 0, 0, 1000), PolicyStep::Nothing);
+        assert_eq!(decide(zone(0, 0), 10, vm(0, 0, 1000)), PolicyStep::Nothing);
     }
 
     #[test]
     fn above_twice_the_threshold_the_policy_deflates_what_it_inflated() {
         // A quarter of the surplus over twice the threshold (200 MiB) at a time.
         assert_eq!(
-            decide(zone(260, 400), 10, 0, 100, 0),
+            decide(zone(260, 400), 10, vm(0, 100, 0)),
             PolicyStep::Deflate(15)
         );
         assert_eq!(
-            decide(zone(900, 400), 10, 0, 100, 0),
+            decide(zone(900, 400), 10, vm(0, 100, 0)),
             PolicyStep::Deflate(100)
         );
         assert_eq!(
-            decide(zone(500, 400), 10, 0, 100, 0),
+            decide(zone(500, 400), 10, vm(0, 100, 0)),
             PolicyStep::Deflate(75)
         );
-        assert_eq!(decide(zone(900, 400), 10, 0, 0, 1000), PolicyStep::Nothing);
+        assert_eq!(
+            decide(zone(900, 400), 10, vm(0, 0, 1000)),
+            PolicyStep::Nothing
+        );
         // Between the two: the balloon stays.
         assert_eq!(
-            decide(zone(150, 400), 10, 100 * MIB, 100, 0),
+            decide(zone(150, 400), 10, vm(100 * MIB, 100, 0)),
             PolicyStep::Nothing
         );
     }
@@ -463,7 +538,16 @@ mod tests {
         let irq = EventFd::new(EFD_NONBLOCK).unwrap();
         let transport = MmioTransport::new(memory.clone(), balloon.device, irq).unwrap();
         let control = Arc::new(VmControl::new(1));
-        let policy = Reclaim::new(balloon.handle, &memory, &control, 10, RAM);
+        let policy = Reclaim::new(
+            balloon.handle,
+            &memory,
+            &control,
+            ReclaimSettings {
+                below_percent: 10,
+                ..ReclaimSettings::default()
+            },
+            RAM,
+        );
         (memory, transport, policy)
     }
 

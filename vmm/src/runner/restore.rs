@@ -615,7 +615,7 @@ pub(super) fn prepare(
         memory_wait_limit: machine
             .memory_wait_limit_ms
             .map(std::time::Duration::from_millis),
-        reclaim_below_percent: crate::config::DEFAULT_RECLAIM_BELOW_PERCENT,
+        reclaim: crate::config::ReclaimSettings::default(),
         scrub: Scrub::PunchHole,
         populate: Populate::Lazy,
         track_dirty_pages: params.tracks_dirty_pages(),
@@ -696,7 +696,11 @@ pub(super) fn prepare(
             };
             config.zone = Some(target.clone());
             // Opened once: its identity checked, then the snapshot's VM attached.
-            let zone = memory::open_zone(&config, &target)?;
+            let cores = match params.clone_name {
+                Some(_) => memory::CLONE_CORES,
+                None => config.vcpus + memory::SPARE_CORES,
+            };
+            let zone = memory::open_zone(&target, cores)?;
             if zone.id() != zone_id {
                 return Err(wrong(format!(
                     "the snapshot's memory is in zone {zone_id:032x}, this is zone {:032x}",

@@ -488,14 +488,14 @@ impl Session {
         let (Some(balloon), Some(_)) = (stats, self.memory.zone_vm()) else {
             return;
         };
-        if self.config.reclaim_below_percent == 0 {
+        if self.config.reclaim.below_percent == 0 {
             return;
         }
         let policy = Reclaim::new(
             balloon.clone(),
             &self.memory,
             control,
-            self.config.reclaim_below_percent,
+            self.config.reclaim,
             self.config.memory_size,
         );
         match policy.spawn() {
