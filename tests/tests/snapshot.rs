@@ -394,6 +394,46 @@ fn a_snapshot_into_a_memory_file_copies_guest_memory_and_loads_many_times_at_onc
     );
 }
 
+/// Firecracker's `clock_realtime`: where the snapshot's host gave the real time with its
+/// kvmclock, the load advances the clock by the time since and the guest runs on; where it gave
+/// none (this project's PVM host), the load is refused with the reason, as Firecracker refuses
+/// it, and a load without it runs.
+#[test]
+fn clock_realtime_advances_the_clock_or_is_refused_where_the_host_gives_no_real_time() {
+    if !kvm_available("snapshot_clock_realtime") {
+        return;
+    }
+    let scratch = Scratch::new("snapshot-clock-realtime");
+    let (snapshot, memory, socket) = (
+        scratch.path("vm.snap"),
+        scratch.path("vm.mem"),
+        scratch.path("api.sock"),
+    );
+    let (vmm, api) = VmmRun::start_paused(&["--memory", "32M", "--workload", WORKLOAD], &socket);
+    create_snapshot(&api, &snapshot, &memory);
+    vmm.kill();
+    let (mut waiting, api) = waiting_vmm(&scratch.path("load.sock"));
+    let body = format!(
+        r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"File","backend_path":"{memory}"}},"resume_vm":true,"clock_realtime":true}}"#
+    );
+    let answer = api.request("PUT", "/snapshot/load", Some(&body)).unwrap();
+    match answer.status {
+        204 => assert_finished_after_the_checkpoint(&waiting.wait(TIMEOUT), 3),
+        400 => {
+            assert!(
+                answer
+                    .body
+                    .contains("clock_realtime: the snapshot's kvmclock holds no real time"),
+                "{}",
+                answer.body
+            );
+            assert!(waiting.running(), "a refused load ends nothing");
+            assert_finished_after_the_checkpoint(&load_and_run(&snapshot, &memory), 3);
+        }
+        status => panic!("{status}: {}", answer.body),
+    }
+}
+
 #[test]
 fn ram_of_an_odd_number_of_mib_is_snapshotted_and_loads_from_a_copy_and_from_its_zone() {
     if !kvm_available("snapshot_odd_memory_size") {

@@ -691,7 +691,8 @@ pub struct SnapshotLoadParams {
     /// A new socket path for the VM's vsock device.
     #[serde(default)]
     pub vsock_override: Option<VsockOverride>,
-    /// Advance kvmclock by the time the snapshot lay (refused when true).
+    /// Advance kvmclock by the real time since the snapshot was taken (Firecracker's; refused
+    /// where the snapshot's host gave no real time with its clock).
     #[serde(default)]
     pub clock_realtime: bool,
     /// This VMM's: load a VM whose zone memory recovery found damaged, accepting that the lost
@@ -742,9 +743,6 @@ impl SnapshotLoadParams {
 
     /// Refuses the options this VMM does not have.
     pub fn check_supported(&self) -> Result<(), String> {
-        if self.clock_realtime {
-            return Err("clock_realtime is not supported: kvmclock resumes where it stood".into());
-        }
         self.memory_path().map(|_| ())
     }
 }

@@ -98,10 +98,6 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
             "not both",
         ),
         (r#"{"snapshot_path":"/s"}"#, "missing"),
-        (
-            r#"{"snapshot_path":"/s","mem_file_path":"/z","clock_realtime":true}"#,
-            "clock_realtime",
-        ),
     ] {
         let refused = load(body).check_supported().unwrap_err();
         assert!(refused.contains(why), "{body}: {refused}");

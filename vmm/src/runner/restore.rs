@@ -600,9 +600,13 @@ pub(super) fn prepare(
         machine,
         memory,
         vcpus,
-        vm,
+        mut vm,
         devices,
     } = snapshot;
+    if params.clock_realtime {
+        vm.advance_clock_by_real_time()
+            .map_err(|e| SnapshotError::Unsupported(e.to_string()))?;
+    }
     let mut config = VmConfig {
         memory_size: machine.memory_size,
         backing: BackingKind::Anonymous,

@@ -76,6 +76,7 @@ fn snapshot() -> VmSnapshot {
             irqchips: vec![Default::default(); 3],
             pit: Default::default(),
             clock: Default::default(),
+            clock_realtime: false,
         },
         devices: DeviceStates {
             serial: SerialSnapshot {

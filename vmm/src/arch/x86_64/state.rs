@@ -9,8 +9,8 @@
 use kvm_bindings::{
     kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
     kvm_msr_entry, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
-    CpuId, Msrs, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
-    KVM_MAX_CPUID_ENTRIES,
+    CpuId, Msrs, KVM_CLOCK_REALTIME, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,12 @@ pub enum StateError {
         /// The first MSR not handled.
         stopped: u32,
     },
+    /// `clock_realtime` was asked for, and the saved kvmclock holds no real time.
+    #[error(
+        "clock_realtime: the snapshot's kvmclock holds no real time (its host's KVM gave none: \
+         KVM_CLOCK_REALTIME needs a TSC clocksource)"
+    )]
+    NoRealTime,
     /// A saved table does not fit KVM's array types.
     #[error("{0}: too many entries")]
     TooMany(&'static str),
@@ -162,6 +168,10 @@ pub struct KvmVmState {
     pub pit: kvm_pit_state2,
     /// The kvmclock.
     pub clock: kvm_clock_data,
+    /// Restore the kvmclock advanced by the real time since it was saved (Firecracker's
+    /// `clock_realtime`; see [`Self::advance_clock_by_real_time`]); not part of a snapshot.
+    #[serde(skip)]
+    pub clock_realtime: bool,
 }
 
 const IRQCHIPS: [u32; 3] = [
@@ -189,7 +199,20 @@ impl KvmVmState {
             irqchips,
             pit: vm.get_pit2().map_err(kvm_err("KVM_GET_PIT2"))?,
             clock: vm.get_clock().map_err(kvm_err("KVM_GET_CLOCK"))?,
+            clock_realtime: false,
         })
+    }
+
+    /// Has the restore advance the kvmclock by the host's real time since the state was
+    /// saved, as Firecracker's `clock_realtime` does: the guest sees the time the VM spent as
+    /// a snapshot. Refused when the saved clock holds no real time (KVM gives it where the
+    /// host's clocksource allows, `KVM_CLOCK_REALTIME`).
+    pub fn advance_clock_by_real_time(&mut self) -> Result<(), StateError> {
+        if self.clock.flags & KVM_CLOCK_REALTIME == 0 {
+            return Err(StateError::NoRealTime);
+        }
+        self.clock_realtime = true;
+        Ok(())
     }
 
     /// Writes the state to `vm`, a fresh VM with its irqchip and PIT, before its vCPUs run.
@@ -198,11 +221,19 @@ impl KvmVmState {
             vm.set_irqchip(chip).map_err(kvm_err("KVM_SET_IRQCHIP"))?;
         }
         vm.set_pit2(&self.pit).map_err(kvm_err("KVM_SET_PIT2"))?;
-        // The clock goes on from where it stood: the guest does not see the time the VM spent
-        // as a snapshot. KVM only takes the flags it knows for setting (none are needed).
-        let clock = kvm_clock_data {
-            clock: self.clock.clock,
-            ..Default::default()
+        // The clock goes on from where it stood, or (clock_realtime) from there advanced by the
+        // real time since: KVM adds what its host's real time moved since `realtime`.
+        let clock = match self.clock_realtime {
+            true => kvm_clock_data {
+                clock: self.clock.clock,
+                flags: KVM_CLOCK_REALTIME,
+                realtime: self.clock.realtime,
+                ..Default::default()
+            },
+            false => kvm_clock_data {
+                clock: self.clock.clock,
+                ..Default::default()
+            },
         };
         vm.set_clock(&clock).map_err(kvm_err("KVM_SET_CLOCK"))
     }
@@ -247,5 +278,44 @@ mod tests {
         let restored = other.get_regs().unwrap();
         assert_eq!((restored.rax, restored.rip), (0x1234_5678, 0x10_0000));
         assert_eq!(other.get_sregs().unwrap().apic_base, state.sregs.apic_base);
+    }
+
+    #[test]
+    fn a_clock_restored_with_real_time_advances_by_the_time_the_state_lay() {
+        let Ok(kvm) = Kvm::new() else {
+            eprintln!("SKIP: a_clock_restored_with_real_time: /dev/kvm is not available");
+            return;
+        };
+        let new_vm = || {
+            let vm = kvm.create_vm().unwrap();
+            vm.create_irq_chip().unwrap();
+            vm.create_pit2(Default::default()).unwrap();
+            vm
+        };
+        let mut state = KvmVmState::save(&new_vm()).unwrap();
+        // A state whose host gave no real time is refused, and restores as it stood.
+        let mut without = state.clone();
+        without.clock.flags &= !KVM_CLOCK_REALTIME;
+        assert!(matches!(
+            without.advance_clock_by_real_time(),
+            Err(StateError::NoRealTime)
+        ));
+        if state.clock.flags & KVM_CLOCK_REALTIME == 0 {
+            eprintln!("SKIP: a_clock_restored_with_real_time: this host's KVM gives no real time");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let still = new_vm();
+        state.restore(&still).unwrap();
+        let stood = still.get_clock().unwrap().clock - state.clock.clock;
+        state.advance_clock_by_real_time().unwrap();
+        let advanced = new_vm();
+        state.restore(&advanced).unwrap();
+        let moved = advanced.get_clock().unwrap().clock - state.clock.clock;
+        assert!(stood < 200_000_000, "the clock moved {stood} ns unasked");
+        assert!(
+            moved >= 300_000_000,
+            "the clock moved {moved} ns, not the 300 ms it lay"
+        );
     }
 }
