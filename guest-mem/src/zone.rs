@@ -23,6 +23,7 @@
 //!   guest's virtio-pmem flushes msync its memory; on DAX with MAP_SYNC every store is durable
 //!   once it leaves the CPU caches (eADR platforms; LLFree's `clwb` mode is not used here).
 
+mod copy;
 mod directory;
 mod layout;
 mod map;
@@ -313,6 +314,14 @@ pub enum ZoneError {
     /// The zone lies on a device DAX, which maps only shared: no clone maps it privately.
     #[error("zone {0} is a device DAX, which maps only shared: it bases no clones")]
     NoPrivateMappings(PathBuf),
+    /// The zone ran out of frames while a kept clone was copied (the copy is deleted).
+    #[error("zone {path} has no free frame left for the copy '{name}' of its base")]
+    NoFrameForCopy {
+        /// The zone.
+        path: PathBuf,
+        /// The copy.
+        name: String,
+    },
     /// A clone was asked for under a name the zone has already.
     #[error("zone {path} holds a VM named '{name}' already: each clone needs a name of its own")]
     NameTaken {

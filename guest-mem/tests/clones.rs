@@ -151,3 +151,30 @@ fn clones_on_hugetlbfs_copy_whole_huge_pages_reserved_when_they_map_the_base() {
     drop((base, zone));
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn a_kept_clone_owns_copies_of_the_base_s_frames_and_outlives_its_process() {
+    let path = TempFile::new("zone-kept-clone");
+    let zone = zone_with_base(&path.0);
+    let clone = zone.attach_clone("base", "kept").expect("clone");
+    assert_eq!(zone.copy_vm(clone).expect("copy"), 2);
+    let info = zone.info().expect("info");
+    let kept = info.vms.iter().find(|vm| vm.name == "kept").unwrap();
+    assert_eq!((kept.frames, kept.clone_of.as_deref()), (2, None));
+    assert_eq!(info.free_frames, info.frames - 4);
+    // A VM of its own: attached, written and attached again, as any; the base as it was.
+    let layout = layout();
+    let kept = memory_of(zone.attach("kept", &layout).expect("attach the copy"));
+    assert_eq!(&read4(&kept, 2 * MIB), b"base");
+    kept.write_slice(b"kept", GuestAddress(2 * MIB))
+        .expect("write");
+    drop(kept);
+    let kept = memory_of(zone.attach("kept", &layout).expect("again"));
+    assert_eq!(&read4(&kept, 2 * MIB), b"kept");
+    drop(kept);
+    let base = memory_of(zone.attach("base", &layout).expect("the base"));
+    assert_eq!(&read4(&base, 2 * MIB), b"base");
+    drop(base);
+    assert_eq!(zone.delete_vm("kept").expect("delete"), 2);
+    assert_eq!(frames_of(&zone, "base"), Some(2));
+}

@@ -229,3 +229,45 @@ fn clones_killed_at_random_leave_no_frame_lost_or_leaked_and_the_base_intact() {
     let run = start_snapshot_load(&snapshot, &zone, &[]).wait(TIMEOUT);
     assert_finished_after_the_checkpoint(&run);
 }
+
+#[test]
+fn a_kept_clone_is_a_vm_of_its_own_that_survives_a_crash_of_its_vmm() {
+    if !kvm_available("zone_clones") {
+        return;
+    }
+    let scratch = Scratch::new("zone-clones-kept");
+    let (zone, snapshot, base_frames) = zone_snapshot(&scratch, WORKLOAD);
+    let kept = start_snapshot_load(&snapshot, &zone, &["--clone", "kept", "--keep-clone"]);
+    assert_finished_after_the_checkpoint(&kept.wait(TIMEOUT));
+    let info = zone_consistent(&zone);
+    let vm = info["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|vm| vm["name"] == "kept")
+        .cloned()
+        .unwrap_or_else(|| panic!("the kept clone went: {info:#}"));
+    assert!(vm["clone_of"].is_null(), "{info:#}");
+    // The base's frames copied, and the rest of RAM written by the clone.
+    assert_eq!(vm["frames"].as_u64(), Some(16), "{info:#}");
+    assert_eq!(vm_frames(&info, "base"), Some(base_frames), "{info:#}");
+
+    // Its VMM SIGKILLed while the guest runs, the kept clone stays with its memory.
+    let args = [
+        "--zone",
+        &zone,
+        "--vm",
+        "kept",
+        "--memory",
+        "32M",
+        "--workload",
+        "verify:all:0xc10e,write:all:0x77*30",
+    ];
+    let mut again = VmmRun::start(&args);
+    again.wait_for_line("step 1: ok", TIMEOUT);
+    assert_eq!(again.kill().code, None);
+    let info = zone_consistent(&zone);
+    assert_eq!(vm_frames(&info, "kept"), Some(16), "{info:#}");
+    let run = start_snapshot_load(&snapshot, &zone, &[]).wait(TIMEOUT);
+    assert_finished_after_the_checkpoint(&run);
+}

@@ -707,6 +707,10 @@ pub struct SnapshotLoadParams {
     /// zone that maps the snapshot's frames privately and leaves them as they are.
     #[serde(default)]
     pub clone_name: Option<String>,
+    /// This VMM's: with `clone_name`, keep the clone: its frames copied from the base's into
+    /// its own, a VM of the zone that outlives its VMM (and a crash) like any other.
+    #[serde(default)]
+    pub keep_clone: bool,
 }
 
 impl SnapshotLoadParams {

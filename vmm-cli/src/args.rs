@@ -350,6 +350,10 @@ pub struct SnapshotLoadArgs {
     /// any number of clones load one snapshot.
     #[arg(long = "clone", value_name = "NAME")]
     pub clone_name: Option<String>,
+    /// With --clone: keep the clone, its frames copied from the snapshot's into its own, a VM
+    /// of the zone that outlives its VMM (and a crash) like any other.
+    #[arg(long, requires = "clone_name")]
+    pub keep_clone: bool,
 
     /// Give the loaded VM's network interface ID the host's tap TAP instead of the one it had
     /// (Firecracker's network_overrides; repeatable).

@@ -60,6 +60,7 @@ pub(super) fn load_snapshot(args: SnapshotLoadArgs) -> ExitStatus {
         accept_damaged: args.accept_damaged,
         verify_memory: args.verify_memory,
         clone_name: args.clone_name,
+        keep_clone: args.keep_clone,
     };
     if let (false, Some(socket)) = (args.resume, &args.api_socket) {
         say(format!(

@@ -374,6 +374,12 @@ impl<'a> DirectorySlot<'a> {
         (self.get_checked(FLAGS) >> CLONE_BASE_SHIFT).checked_sub(1)
     }
 
+    /// Makes a clone a VM of its own: neither ephemeral nor tied to a base (a kept clone whose
+    /// frames are all copied).
+    pub fn make_own_vm(&self) {
+        self.set_checked(FLAGS, 0);
+    }
+
     /// Makes the VM an ephemeral clone of the VM in slot `base`.
     pub fn set_clone_of(&self, base: u64) {
         self.set_checked(FLAGS, EPHEMERAL | (base + 1) << CLONE_BASE_SHIFT);

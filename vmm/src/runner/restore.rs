@@ -692,17 +692,22 @@ pub(super) fn prepare(
                         .into(),
                 ));
             }
+            if params.keep_clone && params.clone_name.is_none() {
+                return Err(SnapshotError::Unsupported(
+                    "keep_clone: needs clone_name, the name of the kept clone".into(),
+                ));
+            }
             let target = ZoneTarget {
                 path: memory_path.clone(),
                 vm: params.clone_name.clone().unwrap_or_else(|| vm.clone()),
-                ephemeral: params.clone_name.is_some(),
+                ephemeral: params.clone_name.is_some() && !params.keep_clone,
                 accept_damaged: params.accept_damaged,
             };
             config.zone = Some(target.clone());
             // Opened once: its identity checked, then the snapshot's VM attached.
-            let cores = match params.clone_name {
-                Some(_) => memory::CLONE_CORES,
-                None => config.vcpus + memory::SPARE_CORES,
+            let cores = match (&params.clone_name, params.keep_clone) {
+                (Some(_), false) => memory::CLONE_CORES,
+                _ => config.vcpus + memory::SPARE_CORES,
             };
             let zone = memory::open_zone(&target, cores)?;
             if zone.id() != zone_id {
@@ -734,6 +739,19 @@ pub(super) fn prepare(
                      again, or a later snapshot was taken): this snapshot no longer matches it"
                 )));
             }
+            let attached = match params.keep_clone {
+                // Its frames copied, the kept clone is a VM of the zone, attached as any.
+                true => {
+                    let copied = zone.copy_vm(attached).map_err(ZoneSetupError::Zone)?;
+                    log::info!(
+                        "zone {}: kept clone '{}' of '{vm}': {copied} frames copied",
+                        target.path.display(),
+                        target.vm
+                    );
+                    memory::attach_vm(&zone, &config, &target)?
+                }
+                false => attached,
+            };
             (Frames::Zone(attached), None)
         }
         MemorySource::File {
