@@ -66,7 +66,7 @@ L1_RESTARTS=${LLFREE_NESTED_L1_RESTARTS:-3}
 SILENCE=${LLFREE_NESTED_SILENCE:-900}
 [[ $SILENCE =~ ^[1-9][0-9]*$ ]] || { echo "error: LLFREE_NESTED_SILENCE must be a number of seconds, not '$SILENCE'" >&2; exit 2; }
 # The test binaries with real-Linux tests.
-TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_zone_shared
+TESTS=(linux_boot linux_balloon linux_overcommit linux_pmem linux_snapshot linux_clones linux_zone_shared
     linux_firecracker linux_exhaustion linux_zone_reclaim linux_net linux_vsock linux_drive
     linux_hotplug)
 if [ -n "${LLFREE_NESTED_BINARIES:-}" ]; then read -ra TESTS <<<"$LLFREE_NESTED_BINARIES"; fi
