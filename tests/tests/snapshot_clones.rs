@@ -12,8 +12,7 @@ mod vmm_common;
 use std::time::Duration;
 
 use e2e_tests::kvm_available;
-use vmm_cli::ApiClient;
-use vmm_common::{send, Finished, Scratch, VmmRun};
+use vmm_common::{load_all_at_once, send, Finished, Scratch, VmmRun};
 
 /// The snapshot is taken at checkpoint 1: a clone then verifies the snapshot's pattern,
 /// writes its own over all of RAM and verifies that.
@@ -32,14 +31,6 @@ fn assert_clone_finished(run: &Finished) {
         "{run:#?}"
     );
     assert!(!run.stdout.contains("step 1: ok"), "step 1 ran: {run:#?}");
-}
-
-/// A `vmm --api-sock` at `socket` that loaded the snapshot, paused.
-fn loaded_clone(socket: &str, load: &str) -> (VmmRun, ApiClient) {
-    let mut vmm = VmmRun::start_command(&["--api-sock", socket]);
-    let api = vmm.api(socket);
-    send(&api, "PUT", "/snapshot/load", load);
-    (vmm, api)
 }
 
 #[test]
@@ -66,20 +57,10 @@ fn twenty_clones_of_one_copy_snapshot_each_keep_their_own_writes() {
     };
 
     // All loaded at once, each by its own client.
-    let sockets: Vec<String> = (0..CLONES)
-        .map(|index| scratch.path(&format!("clone-{index}.sock")))
+    let loads: Vec<(String, String)> = (0..CLONES)
+        .map(|index| (scratch.path(&format!("clone-{index}.sock")), load(false)))
         .collect();
-    let paused = load(false);
-    let clones: Vec<(VmmRun, ApiClient)> = std::thread::scope(|scope| {
-        let threads: Vec<_> = sockets
-            .iter()
-            .map(|socket| {
-                let paused = &paused;
-                scope.spawn(move || loaded_clone(socket, paused))
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    });
+    let clones = load_all_at_once(&loads);
     for (_, api) in &clones[..CLONES / 2] {
         send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     }
@@ -99,7 +80,7 @@ fn twenty_clones_of_one_copy_snapshot_each_keep_their_own_writes() {
     );
 
     // The base loads once more, as it was.
-    let again = scratch.path("again.sock");
-    let (vmm, _api) = loaded_clone(&again, &load(true));
+    let again = [(scratch.path("again.sock"), load(true))];
+    let (vmm, _api) = load_all_at_once(&again).pop().unwrap();
     assert_clone_finished(&vmm.wait(TIMEOUT));
 }

@@ -15,8 +15,9 @@ mod vmm_common;
 use std::time::{Duration, Instant};
 
 use e2e_tests::{kvm_available, Scratch};
-use vmm_cli::ApiClient;
-use vmm_common::{client, get, send, start_snapshot_load, zone_consistent, Finished, VmmRun};
+use vmm_common::{
+    client, get, load_all_at_once, send, start_snapshot_load, zone_consistent, Finished, VmmRun,
+};
 
 /// The base writes the first 14 MiB of its workload area and is snapshotted at checkpoint 1;
 /// a clone then verifies them, writes its own pattern over all of RAM (the chunks the base
@@ -75,14 +76,6 @@ fn load_body(snapshot: &str, zone: &str, clone: Option<&str>, resume: bool) -> S
     )
 }
 
-/// A `vmm --api-sock` at `socket` that loaded `body`'s snapshot.
-fn loaded(socket: &str, body: &str) -> (VmmRun, ApiClient) {
-    let mut vmm = VmmRun::start_command(&["--api-sock", socket]);
-    let api = vmm.api(socket);
-    send(&api, "PUT", "/snapshot/load", body);
-    (vmm, api)
-}
-
 /// Asserts that a clone (or the base) ran the workload's steps after the checkpoint, and
 /// they passed.
 fn assert_finished_after_the_checkpoint(run: &Finished) {
@@ -105,6 +98,17 @@ fn assert_load_refused(socket: &str, body: &str, text: &str) {
     assert!(response.body.contains(text), "{}", response.body);
 }
 
+/// Asserts that `zone` holds the base alone, with its `base_frames` and nothing lost or
+/// leaked, and that the base loads as itself from `snapshot` and verifies its memory.
+fn assert_the_base_alone_as_it_was(zone: &str, snapshot: &str, base_frames: u64) {
+    let info = zone_consistent(zone);
+    assert_eq!(info["vms"].as_array().unwrap().len(), 1, "{info:#}");
+    assert_eq!(vm_frames(&info, "base"), Some(base_frames), "{info:#}");
+    assert_eq!(info["used_frames"].as_u64(), Some(base_frames), "{info:#}");
+    let run = start_snapshot_load(snapshot, zone, &[]).wait(TIMEOUT);
+    assert_finished_after_the_checkpoint(&run);
+}
+
 #[test]
 fn twenty_clones_of_a_zone_snapshot_share_its_frames_and_keep_their_own_writes() {
     if !kvm_available("zone_clones") {
@@ -113,20 +117,14 @@ fn twenty_clones_of_a_zone_snapshot_share_its_frames_and_keep_their_own_writes()
     let scratch = Scratch::new("zone-clones");
     let (zone, snapshot, base_frames) = zone_snapshot(&scratch, WORKLOAD);
 
-    let sockets: Vec<String> = (0..CLONES)
-        .map(|index| scratch.path(&format!("clone-{index}.sock")))
+    let loads: Vec<(String, String)> = (0..CLONES)
+        .map(|index| {
+            let clone = format!("clone-{index}");
+            let body = load_body(&snapshot, &zone, Some(&clone), false);
+            (scratch.path(&format!("{clone}.sock")), body)
+        })
         .collect();
-    let clones: Vec<(VmmRun, ApiClient)> = std::thread::scope(|scope| {
-        let threads: Vec<_> = sockets
-            .iter()
-            .enumerate()
-            .map(|(index, socket)| {
-                let body = load_body(&snapshot, &zone, Some(&format!("clone-{index}")), false);
-                scope.spawn(move || loaded(socket, &body))
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    });
+    let clones = load_all_at_once(&loads);
 
     // Each clone maps the base's frames and has none of its own yet.
     let memory = get(&clones[0].1, "/memory");
@@ -174,12 +172,7 @@ fn twenty_clones_of_a_zone_snapshot_share_its_frames_and_keep_their_own_writes()
     }
 
     // The clones went with their frames; the base is as it was, and loads as itself.
-    let info = zone_consistent(&zone);
-    assert_eq!(info["vms"].as_array().unwrap().len(), 1, "{info:#}");
-    assert_eq!(vm_frames(&info, "base"), Some(base_frames), "{info:#}");
-    assert_eq!(info["used_frames"].as_u64(), Some(base_frames), "{info:#}");
-    let run = start_snapshot_load(&snapshot, &zone, &[]).wait(TIMEOUT);
-    assert_finished_after_the_checkpoint(&run);
+    assert_the_base_alone_as_it_was(&zone, &snapshot, base_frames);
 }
 
 #[test]
@@ -222,12 +215,7 @@ fn clones_killed_at_random_leave_no_frame_lost_or_leaked_and_the_base_intact() {
     }
 
     // Opening the zone deletes the killed clones with their own frames; the base keeps all.
-    let info = zone_consistent(&zone);
-    assert_eq!(info["vms"].as_array().unwrap().len(), 1, "{info:#}");
-    assert_eq!(vm_frames(&info, "base"), Some(base_frames), "{info:#}");
-    assert_eq!(info["used_frames"].as_u64(), Some(base_frames), "{info:#}");
-    let run = start_snapshot_load(&snapshot, &zone, &[]).wait(TIMEOUT);
-    assert_finished_after_the_checkpoint(&run);
+    assert_the_base_alone_as_it_was(&zone, &snapshot, base_frames);
 }
 
 #[test]

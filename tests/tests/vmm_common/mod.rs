@@ -311,6 +311,26 @@ pub fn start_snapshot_load(snapshot: &str, memory: &str, extra: &[&str]) -> VmmR
     VmmRun::start_command(&args)
 }
 
+/// Starts one `vmm --api-sock SOCKET` per (socket, load body) and has each load its snapshot
+/// (`PUT /snapshot/load` with that body, which must answer 204), all at once, each from a
+/// thread of its own; returns the VMMs and their clients, in order.
+pub fn load_all_at_once(loads: &[(String, String)]) -> Vec<(VmmRun, ApiClient)> {
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = loads
+            .iter()
+            .map(|(socket, body)| {
+                scope.spawn(move || {
+                    let mut vmm = VmmRun::start_command(&["--api-sock", socket]);
+                    let api = vmm.api(socket);
+                    send(&api, "PUT", "/snapshot/load", body);
+                    (vmm, api)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
 /// `vmm snapshot rebase`: merges the diff memory file `diff` onto `base`, which must succeed.
 pub fn rebase_snapshot(base: &str, diff: &str) {
     let merged = client(&[
