@@ -12,7 +12,7 @@ mod vmm_common;
 use std::time::Duration;
 
 use e2e_tests::kvm_available;
-use vmm_common::{load_all_at_once, send, Finished, Scratch, VmmRun};
+use vmm_common::{load_all_at_once, run_in_two_halves, send, Finished, Scratch, VmmRun};
 
 /// The snapshot is taken at checkpoint 1: a clone then verifies the snapshot's pattern,
 /// writes its own over all of RAM and verifies that.
@@ -60,20 +60,8 @@ fn twenty_clones_of_one_copy_snapshot_each_keep_their_own_writes() {
     let loads: Vec<(String, String)> = (0..CLONES)
         .map(|index| (scratch.path(&format!("clone-{index}.sock")), load(false)))
         .collect();
-    let clones = load_all_at_once(&loads);
-    for (_, api) in &clones[..CLONES / 2] {
-        send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-    }
-    let mut clones = clones.into_iter();
     // The first half runs to its end while the second waits, paused at the checkpoint.
-    for _ in 0..CLONES / 2 {
-        let (vmm, _) = clones.next().unwrap();
-        assert_clone_finished(&vmm.wait(TIMEOUT));
-    }
-    for (vmm, api) in clones {
-        send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-        assert_clone_finished(&vmm.wait(TIMEOUT));
-    }
+    run_in_two_halves(load_all_at_once(&loads), TIMEOUT, assert_clone_finished);
     assert!(
         std::fs::read(&memory).unwrap() == file,
         "a clone changed the memory file"

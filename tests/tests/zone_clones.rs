@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::{kvm_available, Scratch};
 use vmm_common::{
-    client, get, load_all_at_once, send, start_snapshot_load, zone_consistent, Finished, VmmRun,
+    client, get, load_all_at_once, run_in_two_halves, send, start_snapshot_load, zone_consistent,
+    Finished, VmmRun,
 };
 
 /// The base writes the first 14 MiB of its workload area and is snapshotted at checkpoint 1;
@@ -156,20 +157,9 @@ fn twenty_clones_of_a_zone_snapshot_share_its_frames_and_keep_their_own_writes()
     let deleted = client(&["zone", "delete-vm", &zone, "base"]);
     deleted.assert_fails(2, "base of running clones");
 
-    // The first half overwrites all its memory while the second waits, paused.
-    for (_, api) in &clones[..CLONES / 2] {
-        send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-    }
-    let mut clones = clones.into_iter();
-    for _ in 0..CLONES / 2 {
-        let (vmm, _) = clones.next().unwrap();
-        assert_finished_after_the_checkpoint(&vmm.wait(TIMEOUT));
-    }
-    // The second half still finds the base's memory.
-    for (vmm, api) in clones {
-        send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
-        assert_finished_after_the_checkpoint(&vmm.wait(TIMEOUT));
-    }
+    // The first half overwrites all its memory while the second waits, paused; the second
+    // half still finds the base's memory.
+    run_in_two_halves(clones, TIMEOUT, assert_finished_after_the_checkpoint);
 
     // The clones went with their frames; the base is as it was, and loads as itself.
     assert_the_base_alone_as_it_was(&zone, &snapshot, base_frames);

@@ -331,6 +331,28 @@ pub fn load_all_at_once(loads: &[(String, String)]) -> Vec<(VmmRun, ApiClient)> 
     })
 }
 
+/// Resumes the first half of `clones` (loaded paused) and has each run to its end while the
+/// second half waits, then resumes the second half: each end is checked with `check`. What a
+/// clone of the first half writes must not reach one of the second.
+pub fn run_in_two_halves(
+    clones: Vec<(VmmRun, ApiClient)>,
+    timeout: Duration,
+    check: fn(&Finished),
+) {
+    let half = clones.len() / 2;
+    for (_, api) in &clones[..half] {
+        send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    }
+    let mut clones = clones.into_iter();
+    for (vmm, _) in clones.by_ref().take(half) {
+        check(&vmm.wait(timeout));
+    }
+    for (vmm, api) in clones {
+        send(&api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+        check(&vmm.wait(timeout));
+    }
+}
+
 /// `vmm snapshot rebase`: merges the diff memory file `diff` onto `base`, which must succeed.
 pub fn rebase_snapshot(base: &str, diff: &str) {
     let merged = client(&[
