@@ -22,6 +22,20 @@ fn free_frames(zone: &str) -> u64 {
     zone_consistent(zone)["free_frames"].as_u64().unwrap()
 }
 
+/// Waits until `zone` has `frames` free frames (a plug's frames are populated while the guest
+/// onlines its memory, and may still be on their way when its MemTotal shows the plug).
+fn wait_free_frames(zone: &str, frames: u64, what: &str) {
+    let since = Instant::now();
+    while free_frames(zone) != frames {
+        assert!(
+            since.elapsed() < BOOT_TIMEOUT,
+            "{what}: {} free frames, not {frames}",
+            free_frames(zone)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The last MemTotal the guest reported.
 fn memtotal_kib(run: &VmmRun) -> u64 {
     let out = run.stdout_so_far();
@@ -136,11 +150,11 @@ fn two_linux_vms_on_one_zone_hand_512_mib_back_and_forth() {
             let asked = Instant::now();
             request_plugged(api, 512);
             let plugged = wait_memtotal(run, booted + half, asked);
-            assert_eq!(free_frames(&zone), free - 256, "round {round}");
+            wait_free_frames(&zone, free - 256, &format!("round {round}, plugged"));
             let asked = Instant::now();
             request_plugged(api, 0);
             let unplugged = wait_unplugged(api, asked);
-            assert_eq!(free_frames(&zone), free, "round {round}");
+            wait_free_frames(&zone, free, &format!("round {round}, unplugged"));
             times.push((plugged, unplugged));
         }
     }
