@@ -367,6 +367,11 @@ impl Pool {
                 .is_free(FrameId(frame.index as usize), frame.size.order())
     }
 
+    /// Where 4 KiB frame `index` lies in the backing file.
+    pub(crate) fn file_offset(&self, index: u64) -> u64 {
+        self.data_offset + index * FRAME_SIZE as u64
+    }
+
     /// Maps all of `frame`, shared, over `[addr, addr + frame size)`.
     ///
     /// # Safety
@@ -387,7 +392,7 @@ impl Pool {
         count: u64,
         addr: usize,
     ) -> io::Result<()> {
-        let offset = self.data_offset + first.index * FRAME_SIZE as u64;
+        let offset = self.file_offset(first.index);
         // SAFETY: forwarded from the caller.
         unsafe {
             mmap::map_shared_fixed(
@@ -413,7 +418,7 @@ impl Pool {
         count: u64,
         addr: usize,
     ) -> io::Result<()> {
-        let offset = self.data_offset + first.index * FRAME_SIZE as u64;
+        let offset = self.file_offset(first.index);
         let len = (first.size.bytes() * count) as usize;
         // SAFETY: forwarded from the caller.
         unsafe { mmap::map_private_fixed(addr, len, self.file.raw_fd(), offset, self.is_hugetlb()) }
@@ -422,7 +427,7 @@ impl Pool {
     /// Releases the memory of 4 KiB frames `[first, first + count)` to the host (their
     /// contents read as zero afterwards).
     pub(crate) fn punch(&self, first: u64, count: u64) -> io::Result<()> {
-        let offset = self.data_offset + first * FRAME_SIZE as u64;
+        let offset = self.file_offset(first);
         sys::punch_hole(self.file.as_file(), offset, count * FRAME_SIZE as u64)
     }
 
@@ -451,7 +456,7 @@ impl Pool {
     /// Whether every byte of `frame` is zero, read through a temporary mapping. The caller makes
     /// sure that nobody writes the frame meanwhile.
     pub(crate) fn holds_only_zeroes(&self, frame: Frame) -> io::Result<bool> {
-        let offset = self.data_offset + frame.index * FRAME_SIZE as u64;
+        let offset = self.file_offset(frame.index);
         let len = frame.size.bytes() as usize;
         let view = mmap::Mapping::shared_file(self.file.raw_fd(), offset, len)?;
         // SAFETY: `view` is a fresh mapping of `len` readable bytes, page-aligned; nobody writes
@@ -464,7 +469,7 @@ impl Pool {
     /// Where the backing has 4 KiB pages, the mmap call populates the mapping: faulting it page
     /// by page took 6× the time of the zeroing itself. A hugetlb frame faults once.
     fn zero(&self, first: u64, count: u64) -> io::Result<()> {
-        let offset = self.data_offset + first * FRAME_SIZE as u64;
+        let offset = self.file_offset(first);
         let len = (count * FRAME_SIZE as u64) as usize;
         let fd = self.file.raw_fd();
         let view = match self.file.hugetlb {

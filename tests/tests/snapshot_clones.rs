@@ -12,7 +12,9 @@ mod vmm_common;
 use std::time::Duration;
 
 use e2e_tests::kvm_available;
-use vmm_common::{load_all_at_once, run_in_two_halves, send, Finished, Scratch, VmmRun};
+use vmm_common::{
+    assert_clone_finished, load_all_at_once, run_in_two_halves, send, Scratch, VmmRun,
+};
 
 /// The snapshot is taken at checkpoint 1: a clone then verifies the snapshot's pattern,
 /// writes its own over all of RAM and verifies that.
@@ -20,18 +22,6 @@ const WORKLOAD: &str =
     "write:all:0x5ea1ed,checkpoint:1,verify:all:0x5ea1ed,write:all:0xc10e,verify:all:0xc10e";
 const CLONES: usize = 20;
 const TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Asserts that a clone ran the workload's steps after the checkpoint, and they passed.
-fn assert_clone_finished(run: &Finished) {
-    run.assert_success();
-    assert!(
-        run.stdout.contains("step 3: ok")
-            && run.stdout.contains("step 5: ok")
-            && run.stdout.contains("test guest: done"),
-        "{run:#?}"
-    );
-    assert!(!run.stdout.contains("step 1: ok"), "step 1 ran: {run:#?}");
-}
 
 #[test]
 fn twenty_clones_of_one_copy_snapshot_each_keep_their_own_writes() {

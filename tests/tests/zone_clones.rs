@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::{kvm_available, Scratch};
 use vmm_common::{
-    client, get, load_all_at_once, run_in_two_halves, send, start_snapshot_load, zone_consistent,
-    Finished, VmmRun,
+    assert_clone_finished, client, get, load_all_at_once, run_in_two_halves, send,
+    start_snapshot_load, zone_consistent, VmmRun,
 };
 
 /// The base writes the first 14 MiB of its workload area and is snapshotted at checkpoint 1;
@@ -77,19 +77,6 @@ fn load_body(snapshot: &str, zone: &str, clone: Option<&str>, resume: bool) -> S
     )
 }
 
-/// Asserts that a clone (or the base) ran the workload's steps after the checkpoint, and
-/// they passed.
-fn assert_finished_after_the_checkpoint(run: &Finished) {
-    run.assert_success();
-    assert!(
-        run.stdout.contains("step 3: ok")
-            && run.stdout.contains("step 5: ok")
-            && run.stdout.contains("test guest: done"),
-        "{run:#?}"
-    );
-    assert!(!run.stdout.contains("step 1: ok"), "step 1 ran: {run:#?}");
-}
-
 /// Asserts that `PUT /snapshot/load` with `body` in a fresh VMM is answered 400 with `text`.
 fn assert_load_refused(socket: &str, body: &str, text: &str) {
     let mut vmm = VmmRun::start_command(&["--api-sock", socket]);
@@ -107,7 +94,7 @@ fn assert_the_base_alone_as_it_was(zone: &str, snapshot: &str, base_frames: u64)
     assert_eq!(vm_frames(&info, "base"), Some(base_frames), "{info:#}");
     assert_eq!(info["used_frames"].as_u64(), Some(base_frames), "{info:#}");
     let run = start_snapshot_load(snapshot, zone, &[]).wait(TIMEOUT);
-    assert_finished_after_the_checkpoint(&run);
+    assert_clone_finished(&run);
 }
 
 #[test]
@@ -159,7 +146,7 @@ fn twenty_clones_of_a_zone_snapshot_share_its_frames_and_keep_their_own_writes()
 
     // The first half overwrites all its memory while the second waits, paused; the second
     // half still finds the base's memory.
-    run_in_two_halves(clones, TIMEOUT, assert_finished_after_the_checkpoint);
+    run_in_two_halves(clones, TIMEOUT, assert_clone_finished);
 
     // The clones went with their frames; the base is as it was, and loads as itself.
     assert_the_base_alone_as_it_was(&zone, &snapshot, base_frames);
@@ -201,7 +188,7 @@ fn clones_killed_at_random_leave_no_frame_lost_or_leaked_and_the_base_intact() {
         );
     }
     for clone in clones.into_iter().flatten() {
-        assert_finished_after_the_checkpoint(&clone.wait(TIMEOUT));
+        assert_clone_finished(&clone.wait(TIMEOUT));
     }
 
     // Opening the zone deletes the killed clones with their own frames; the base keeps all.
@@ -216,7 +203,7 @@ fn a_kept_clone_is_a_vm_of_its_own_that_survives_a_crash_of_its_vmm() {
     let scratch = Scratch::new("zone-clones-kept");
     let (zone, snapshot, base_frames) = zone_snapshot(&scratch, WORKLOAD);
     let kept = start_snapshot_load(&snapshot, &zone, &["--clone", "kept", "--keep-clone"]);
-    assert_finished_after_the_checkpoint(&kept.wait(TIMEOUT));
+    assert_clone_finished(&kept.wait(TIMEOUT));
     let info = zone_consistent(&zone);
     let vm = info["vms"]
         .as_array()
@@ -247,5 +234,5 @@ fn a_kept_clone_is_a_vm_of_its_own_that_survives_a_crash_of_its_vmm() {
     let info = zone_consistent(&zone);
     assert_eq!(vm_frames(&info, "kept"), Some(16), "{info:#}");
     let run = start_snapshot_load(&snapshot, &zone, &[]).wait(TIMEOUT);
-    assert_finished_after_the_checkpoint(&run);
+    assert_clone_finished(&run);
 }

@@ -12,8 +12,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use llfree::FRAME_SIZE;
-
 use super::vm_table::{self, Owner};
 use super::{Zone, ZoneError, ZoneVm, PAGE};
 use crate::pool::Frame;
@@ -92,10 +90,9 @@ impl Zone {
     /// any zone's file or device maps shared).
     fn copy_frame(&self, from: Frame, to: Frame) -> std::io::Result<()> {
         let file = self.pool.backing_file();
-        let offset = |frame: Frame| self.layout.data_off + frame.index * FRAME_SIZE as u64;
         let len = from.size.bytes() as usize;
-        let source = Mapping::shared_file(file.raw_fd(), offset(from), len)?;
-        let target = Mapping::shared_file(file.raw_fd(), offset(to), len)?;
+        let source = Mapping::shared_file(file.raw_fd(), self.pool.file_offset(from.index), len)?;
+        let target = Mapping::shared_file(file.raw_fd(), self.pool.file_offset(to.index), len)?;
         // SAFETY: both are fresh mappings of `len` bytes of distinct frames: the source is the
         // base's (no process runs it), the target this copy's, which nobody maps yet.
         unsafe {

@@ -331,6 +331,19 @@ pub fn load_all_at_once(loads: &[(String, String)]) -> Vec<(VmmRun, ApiClient)> 
     })
 }
 
+/// Asserts that a clone of a snapshot taken at checkpoint 1 of a five-step workload ran the
+/// steps after it (3 and 5 among them) in its own process, and they passed.
+pub fn assert_clone_finished(run: &Finished) {
+    run.assert_success();
+    assert!(
+        run.stdout.contains("step 3: ok")
+            && run.stdout.contains("step 5: ok")
+            && run.stdout.contains("test guest: done"),
+        "{run:#?}"
+    );
+    assert!(!run.stdout.contains("step 1: ok"), "step 1 ran: {run:#?}");
+}
+
 /// Resumes the first half of `clones` (loaded paused) and has each run to its end while the
 /// second half waits, then resumes the second half: each end is checked with `check`. What a
 /// clone of the first half writes must not reach one of the second.
