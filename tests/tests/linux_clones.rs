@@ -1,10 +1,13 @@
-//! End-to-end: one snapshot of a real Linux in a zone bases clones that run at once. The guest's
-//! init counts in userspace; paused, it is snapshotted into its zone and its VMM killed. Three
-//! VMMs load the snapshot at once, each as a clone of its own name (mapping the base's frames
-//! privately): each kernel goes on counting from where the base stood, side by side. Once the
-//! clones are gone, the zone has lost and leaked nothing and holds the base alone, and the base
-//! loads as itself and counts on from its own count: no clone's run reached its memory. (See
-//! linux_common for the guest and where this runs.)
+//! End-to-end: one snapshot of a real Linux in a zone bases clones that run at once, each a new
+//! machine to its kernel. The guest's init counts in userspace; paused, it is snapshotted into
+//! its zone and its VMM killed. Four VMMs load the snapshot at once, each as a clone of its own
+//! name (mapping the base's frames privately): each kernel goes on counting from where the base
+//! stood, side by side. Each finds a VM generation id of its own, different from the base's
+//! and every other clone's, and its vmgenid driver, bound since the base booted, reseeds the
+//! random pool for the VM fork. Once the clones are gone, the zone has lost and leaked nothing
+//! and holds the base alone, and the base loads as itself, counts on from its own count (no
+//! clone's run reached its memory) and gets a new id too. (See linux_common for the guest and
+//! where this runs.)
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -15,7 +18,19 @@ mod vmm_common;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{client, send, start_snapshot_load, zone_consistent, Scratch, VmmRun};
 
-const CLONES: usize = 3;
+const CLONES: usize = 4;
+
+/// What a count line says of the VM's identity: its generation id and how often its kernel
+/// reseeded for a VM fork.
+fn identity(line: &str) -> (String, u32) {
+    let genid = field(line, "genid").unwrap_or_else(|| panic!("no genid in {line:?}"));
+    assert_eq!(genid.len(), 32, "a 16-byte id: {line:?}");
+    let forks = field(line, "forks").and_then(|n| n.parse().ok());
+    (
+        genid.to_owned(),
+        forks.unwrap_or_else(|| panic!("no forks in {line:?}")),
+    )
+}
 
 /// Every whole count in `stdout`.
 fn counts(stdout: &str) -> Vec<u64> {
@@ -51,7 +66,10 @@ fn clones_of_one_linux_snapshot_count_on_side_by_side_and_leave_the_base_as_it_w
     let created = client(&["zone", "create", &zone, "--size", "512M", "--max-vms", "8"]);
     assert_eq!(created.code, Some(0), "{created:#?}");
     let (socket, snapshot) = (scratch.path("api.sock"), scratch.path("vm.snap"));
-    let line = cmdline("llfree.test=counter llfree.pmem=off");
+    let line = cmdline(&format!(
+        "llfree.test=counter llfree.pmem=off llfree.vmgenid={:#x}",
+        vmm::layout::VMGENID_START
+    ));
     let args = [
         "--zone",
         &zone,
@@ -65,7 +83,10 @@ fn clones_of_one_linux_snapshot_count_on_side_by_side_and_leave_the_base_as_it_w
         &socket,
     ];
     let mut base = VmmRun::start(&guest.args(&args));
-    base.wait_for_line("LLFREE-L2 count n=3 ", BOOT_TIMEOUT);
+    let bound = base.wait_for_line("LLFREE-L2 vmgenid ", BOOT_TIMEOUT);
+    assert_eq!(field(&bound, "bound"), Some("1"), "{bound:?}");
+    let (base_id, base_forks) = identity(&base.wait_for_line("LLFREE-L2 count n=3 ", BOOT_TIMEOUT));
+    assert_eq!(base_forks, 0, "a booted VM is no fork");
     let api = base.api(&socket);
     send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
     let body = format!(r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{zone}"}}"#);
@@ -78,7 +99,14 @@ fn clones_of_one_linux_snapshot_count_on_side_by_side_and_leave_the_base_as_it_w
             start_snapshot_load(&snapshot, &zone, &["--clone", &clone])
         })
         .collect();
-    for clone in &mut clones {
+    let mut ids = vec![base_id.clone()];
+    for (index, clone) in clones.iter_mut().enumerate() {
+        // The notification reaches the driver from a work queue: soon after the resume.
+        let line = clone.wait_for_line(" forks=1 ", BOOT_TIMEOUT);
+        let (id, _) = identity(&line);
+        assert!(!ids.contains(&id), "clone-{index} has id {id}, as {ids:?}");
+        println!("clone-{index}: generation id {id} (the base's {base_id}), reseeded for the fork");
+        ids.push(id);
         clone.wait_for_line(&format!("LLFREE-L2 count n={} ", last + 3), BOOT_TIMEOUT);
     }
     for (index, clone) in clones.into_iter().enumerate() {
@@ -96,6 +124,11 @@ fn clones_of_one_linux_snapshot_count_on_side_by_side_and_leave_the_base_as_it_w
         .collect();
     assert_eq!(vms, ["counter"], "{info:#}");
     let mut again = start_snapshot_load(&snapshot, &zone, &[]);
+    let (id, _) = identity(&again.wait_for_line(" forks=1 ", BOOT_TIMEOUT));
+    assert!(
+        !ids.contains(&id),
+        "the base loaded again has id {id}, as {ids:?}"
+    );
     again.wait_for_line(&format!("LLFREE-L2 count n={} ", last + 2), BOOT_TIMEOUT);
     assert_counts_on("the base", last, &counts(&again.kill().stdout));
 }

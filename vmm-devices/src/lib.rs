@@ -1,9 +1,10 @@
 //! The VMM's emulated devices: the I/O and MMIO bus, the 16550 serial console, the i8042
 //! keyboard controller, virtio over MMIO, the virtio-balloon, virtio-blk, virtio-net,
-//! virtio-pmem, virtio-rng and virtio-vsock, and MMDS (the metadata service behind a
-//! virtio-net interface). Each device's configuration lives beside it (`<device>::config`,
-//! with its own error), for the VMM's `VmConfig` to gather; the devices know nothing of the
-//! VM, its runner or its API. Their counters for Firecracker's metrics are in [`metrics`].
+//! virtio-pmem, virtio-rng and virtio-vsock, MMDS (the metadata service behind a virtio-net
+//! interface) and the VM generation id. Each device's configuration lives beside it
+//! (`<device>::config`, with its own error), for the VMM's `VmConfig` to gather; the devices
+//! know nothing of the VM, its runner or its API. Their counters for Firecracker's metrics are
+//! in [`metrics`].
 
 // Devices take values from a hostile guest: no silent truncation or sign change (the tests
 // build their inputs with casts on purpose).
@@ -34,6 +35,7 @@ pub mod serial;
 pub mod size;
 pub mod socket_files;
 pub mod virtio;
+pub mod vmgenid;
 pub mod vsock;
 
 pub use bus::{Bus, BusDevice, BusError, BusRange};

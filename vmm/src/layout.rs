@@ -8,7 +8,8 @@
 //! 0x0000_0000 .. 0x0009_fc00   low RAM: GDT 0x500, zero page 0x7000, stack 0x8ff0,
 //!                              page tables 0x9000.., command line 0x2_0000
 //! 0x0009_fc00 .. 0x0010_0000   EBDA / VGA / BIOS hole (not RAM in the e820 map);
-//!                              MP table 0x9_fc00 .. 0xa_1c00
+//!                              MP table 0x9_fc00 .. 0xa_1c00, ACPI tables (Linux guests)
+//!                              0xe_0000 .. 0xf_f000, VM generation id 0xf_f000
 //! 0x0010_0000 .. MMIO_GAP_START  RAM (kernel at 1 MiB, initrd at the top)
 //! 0xc000_0000 .. 0x1_0000_0000   MMIO gap: virtio-mmio slots, 0x1000 apart
 //! 0x1_0000_0000 ..               RAM above 4 GiB
@@ -55,6 +56,16 @@ pub const EBDA_START: u64 = 0x9_fc00;
 pub const MPTABLE_START: u64 = EBDA_START;
 /// Bytes reserved for the MP table at [`MPTABLE_START`]: room for 254 processor entries.
 pub const MPTABLE_MAX_SIZE: u64 = 0x2000;
+/// Address of the ACPI tables of a Linux guest: the RSDP first, at the start of the BIOS area
+/// Linux scans for it (as Firecracker puts it), then the XSDT, FADT and DSDT. Like the MP
+/// table it lies in the legacy hole.
+pub const ACPI_START: u64 = 0xe_0000;
+/// Address of the VM generation id (16 bytes), in the last page of the BIOS area: the ACPI
+/// tables end below it.
+pub const VMGENID_START: u64 = 0xf_f000;
+/// GSI of the ACPI event device that announces a new VM generation id: the IOAPIC's last pin,
+/// the virtio-mmio slots end below it.
+pub const VMGENID_GSI: u32 = IRQ_MAX;
 /// Start of "high" memory (1 MiB): kernels are loaded at or above it.
 pub const HIGH_MEMORY_START: u64 = 0x10_0000;
 
@@ -69,8 +80,9 @@ pub const MMIO_GAP_SIZE: u64 = MMIO_GAP_END - MMIO_GAP_START;
 pub const VIRTIO_MMIO_START: u64 = MMIO_GAP_START;
 /// Size of (and distance between) virtio-mmio device slots.
 pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
-/// Number of virtio-mmio slots; bounded by the legacy IRQ lines available to them.
-pub const VIRTIO_MMIO_SLOTS: u64 = (IRQ_MAX - VIRTIO_IRQ_BASE + 1) as u64;
+/// Number of virtio-mmio slots; bounded by the legacy IRQ lines available to them (those from
+/// [`VIRTIO_IRQ_BASE`] up to the generation id's).
+pub const VIRTIO_MMIO_SLOTS: u64 = (VMGENID_GSI - VIRTIO_IRQ_BASE) as u64;
 
 /// The virtio-mmio slot of `vmm run`'s balloon: the runner adds it before any other device.
 pub const BALLOON_SLOT: u64 = 0;
@@ -237,7 +249,8 @@ mod tests {
         assert_eq!(virtio_mmio_base(1), Some(MMIO_GAP_START + 0x1000));
         let last = VIRTIO_MMIO_SLOTS - 1;
         assert!(virtio_mmio_base(last).unwrap() + VIRTIO_MMIO_SIZE <= MMIO_GAP_END);
-        assert_eq!(virtio_mmio_irq(last), Some(IRQ_MAX));
+        assert_eq!(virtio_mmio_irq(last), Some(IRQ_MAX - 1));
+        assert!(virtio_mmio_irq(last) < Some(VMGENID_GSI));
         assert_eq!(virtio_mmio_base(VIRTIO_MMIO_SLOTS), None);
         assert_eq!(virtio_mmio_irq(VIRTIO_MMIO_SLOTS), None);
         assert_ne!(virtio_mmio_irq(0), Some(SERIAL_IRQ));
@@ -263,7 +276,9 @@ mod tests {
             assert!(BOOT_STACK_POINTER < PML4_START);
             assert!(BOOT_STACK_POINTER > ZERO_PAGE_START + 0x1000);
             assert!(MPTABLE_START >= EBDA_START);
-            assert!(MPTABLE_START + MPTABLE_MAX_SIZE <= HIGH_MEMORY_START);
+            assert!(MPTABLE_START + MPTABLE_MAX_SIZE <= ACPI_START);
+            assert!(ACPI_START < VMGENID_START);
+            assert!(VMGENID_START + 16 <= HIGH_MEMORY_START);
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::testguest::{ReportSnapshot, Workload};
 use vmm_devices::i8042::I8042Snapshot;
 use vmm_devices::serial::SerialSnapshot;
 use vmm_devices::virtio::state::MmioSnapshot;
+use vmm_devices::vmgenid::VmGenIdSnapshot;
 
 /// Errors of a snapshot's contents, checked after it was read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -139,6 +140,8 @@ pub struct DeviceStates {
     pub serial: SerialSnapshot,
     /// The i8042 (Linux guests).
     pub keyboard: Option<I8042Snapshot>,
+    /// The VM generation id (Linux guests).
+    pub vmgenid: Option<VmGenIdSnapshot>,
     /// The test guest's report device.
     pub report: Option<ReportSnapshot>,
     /// The virtio-mmio devices, by slot.
@@ -205,8 +208,20 @@ impl VmSnapshot {
             SavedGuest::TestGuest(_) => (true, false),
             SavedGuest::Linux => (false, true),
         };
-        if self.devices.report.is_some() != test_guest || self.devices.keyboard.is_some() != linux {
+        if self.devices.report.is_some() != test_guest
+            || self.devices.keyboard.is_some() != linux
+            || self.devices.vmgenid.is_some() != linux
+        {
             return bad("the devices do not fit the guest".into());
+        }
+        if let Some(vmgenid) = &self.devices.vmgenid {
+            if vmgenid.gsi > crate::layout::IRQ_MAX
+                || !vmgenid
+                    .address
+                    .is_multiple_of(vmm_devices::vmgenid::VMGENID_ALIGN)
+            {
+                return bad(format!("the VM generation id {vmgenid:?}"));
+            }
         }
         if let Some(hotplug) = &machine.hotplug {
             let blocks = hotplug.config.total_size / hotplug.config.block_size.max(1);

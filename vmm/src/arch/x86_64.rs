@@ -1,5 +1,6 @@
 //! x86_64 boot set-up: GDT, identity page tables and the register state for 64-bit entry (and
-//! for the 32-bit entry of the PVH boot protocol).
+//! for the 32-bit entry of the PVH boot protocol); the MP table and ACPI tables are in their
+//! own modules.
 //!
 //! # What this host's KVM (PVM) supports
 //!
@@ -11,6 +12,7 @@
 //! runs emulated (about 2 M instructions/s). Hence the identity map uses 2 MiB pages unless the
 //! vCPU's CPUID offers 1 GiB pages.
 
+pub mod acpi;
 pub mod cpu_template;
 pub mod cpuid;
 pub mod gdt;

@@ -101,6 +101,9 @@ pub enum DeviceError {
     /// A device could not take the state a snapshot saved.
     #[error("cannot restore a device: {0}")]
     Restore(String),
+    /// The VM generation id device could not be made or renewed.
+    #[error(transparent)]
+    VmGenId(#[from] vmm_devices::vmgenid::VmGenIdError),
 }
 
 /// One device in its slot.

@@ -4,6 +4,9 @@
 //!
 //! vCPU 0 enters the kernel in long mode (RIP = entry, RSI = zero page); the others wait for
 //! INIT/SIPI in their in-kernel LAPICs, as on real hardware.
+//!
+//! Every Linux guest has a VM generation id, described in its ACPI tables: a new id before it
+//! boots and on every load of a snapshot, the loaded guest notified of it once it runs again.
 
 use std::sync::Arc;
 
@@ -14,6 +17,7 @@ use super::console::Console;
 use super::restore::ResumedStates;
 use super::session::Session;
 use super::{DeviceError, ResetCause, RunError, RunOutcome, StopCause};
+use crate::arch::x86_64::acpi::{write_acpi_tables, AcpiDevices};
 use crate::arch::x86_64::cpu_template::CpuTemplate;
 use crate::arch::x86_64::cpuid::threads_per_core;
 use crate::arch::x86_64::cpuid::{set_vcpu_cpuid, supported_cpuid, VcpuTopology};
@@ -28,11 +32,14 @@ use crate::arch::x86_64::{
 use crate::boot::{add_kernel_arg, load_linux, BootEntry, LinuxBoot, LinuxBootConfig};
 use crate::build::devices::VirtioMmioDevices;
 use crate::config::LinuxConfig;
-use crate::layout::{BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE};
+use crate::layout::{
+    BOOT_STACK_POINTER, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_SIZE, VMGENID_GSI, VMGENID_START,
+};
 use crate::vm::run_control::StopReason;
 use crate::vm::vcpu::Buses;
 use crate::vm::{KvmVm, Vm};
 use vmm_devices::i8042::{I8042Device, I8042_IRQ, I8042_PORT_BASE, I8042_PORT_SIZE};
+use vmm_devices::vmgenid::VmGenId;
 use vmm_devices::BusDevice;
 
 /// Boots `linux` over the session's memory (or, with no kernel, resumes the guest of a
@@ -56,6 +63,17 @@ pub(super) fn run(
         session.config().vcpus,
         memory.tracks_dirty_pages(),
     )?;
+    // A loaded Linux guest's snapshot names its generation id (the snapshot's check sees to
+    // it): the same place gets a new id.
+    let vmgenid = match &resumed {
+        Some(resumed) => resumed
+            .vmgenid
+            .as_ref()
+            .map(VmGenId::restore)
+            .transpose()
+            .map_err(DeviceError::from)?,
+        None => Some(VmGenId::new(VMGENID_START, VMGENID_GSI).map_err(DeviceError::from)?),
+    };
     match (linux, &resumed) {
         (_, Some(resumed)) => vm.restore(&resumed.vcpus, &resumed.vm)?,
         (Some(linux), None) => boot(session, &vm, linux, &devices)?,
@@ -110,10 +128,31 @@ pub(super) fn run(
         I8042_IRQ,
     )?;
     devices.attach(vm.fd(), &mut buses)?;
+    let vmgenid = vmgenid.map(Arc::new);
+    if let Some(vmgenid) = &vmgenid {
+        vmgenid
+            .new_generation(vm.memory().as_ref())
+            .map_err(DeviceError::from)?;
+        vm.fd()
+            .register_irqfd(vmgenid.irq_evt(), vmgenid.gsi())
+            .map_err(|source| DeviceError::Kvm {
+                what: "KVM_IRQFD",
+                source,
+            })?;
+    }
 
     let running = vm.start(Arc::new(buses))?;
     keyboard.connect_reset(running.control().clone());
     session.attach_keyboard(keyboard);
+    if let Some(vmgenid) = vmgenid {
+        // A loaded guest learns of its new id through the event device's interrupt (it waits
+        // in the IOAPIC while the VM stays paused); a booting one reads it when its driver
+        // binds.
+        if resumed.is_some() {
+            vmgenid.notify_guest().map_err(DeviceError::from)?;
+        }
+        session.attach_vmgenid(vmgenid);
+    }
     session.start_guest(&running, resumed.is_some_and(|r| r.paused));
     match running.wait() {
         StopReason::Requested => Ok(RunOutcome::Stopped(
@@ -209,8 +248,9 @@ fn attach_pio(
         .map_err(DeviceError::Bus)
 }
 
-/// The MP table listing the vCPUs; CPUID, MSRs and LAPIC for every vCPU; long mode (or the
-/// 32-bit protected mode of a PVH entry) at the kernel's entry for vCPU 0.
+/// The MP table and the ACPI tables (the vCPUs, the VM generation id); CPUID,
+/// MSRs and LAPIC for every vCPU; long mode (or the 32-bit protected mode of a PVH entry) at
+/// the kernel's entry for vCPU 0.
 fn setup_vcpus(
     vm: &Vm<GuestMemory>,
     boot: &LinuxBoot,
@@ -219,6 +259,12 @@ fn setup_vcpus(
 ) -> Result<(), RunError> {
     let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
     write_mptable(vm.memory().as_ref(), vm.vcpus().len()).map_err(|e| setup(&e))?;
+    let acpi_devices = AcpiDevices {
+        vmgenid_address: VMGENID_START,
+        ged_gsi: VMGENID_GSI,
+    };
+    write_acpi_tables(vm.memory().as_ref(), vm.vcpus().len(), &acpi_devices)
+        .map_err(|e| setup(&e))?;
     let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup(&e))?;
     // Linux builds its own page tables: the boot map covers the low 4 GiB with 2 MiB pages. A
     // PVH entry starts without paging.

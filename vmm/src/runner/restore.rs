@@ -45,6 +45,7 @@ use vmm_devices::block::BlockHandle;
 use vmm_devices::i8042::I8042Snapshot;
 use vmm_devices::pmem::PmemHandle;
 use vmm_devices::serial::SerialSnapshot;
+use vmm_devices::vmgenid::VmGenIdSnapshot;
 
 mod copy_out;
 
@@ -337,6 +338,7 @@ impl Session {
         let devices = DeviceStates {
             serial: serial.save_state(),
             keyboard: self.keyboard().map(|k| k.save_state()),
+            vmgenid: self.vmgenid().map(|v| v.save_state()),
             report: self.report().map(|r| r.save_state()),
             virtio: self.transports().iter().map(|t| t.save_state()).collect(),
         };
@@ -468,6 +470,8 @@ pub(super) struct ResumedStates {
     pub serial: SerialSnapshot,
     /// The i8042's (Linux).
     pub keyboard: Option<I8042Snapshot>,
+    /// The VM generation id's (Linux): where a new id goes.
+    pub vmgenid: Option<VmGenIdSnapshot>,
     /// The report device's (test guest).
     pub report: Option<ReportSnapshot>,
     /// Stay paused once loaded.
@@ -802,6 +806,7 @@ pub(super) fn prepare(
             vm,
             serial: devices.serial,
             keyboard: devices.keyboard,
+            vmgenid: devices.vmgenid,
             report: devices.report,
             paused: !params.resume_vm,
         },

@@ -24,6 +24,7 @@ use vmm_devices::net::NetHandle;
 use vmm_devices::pmem::PmemHandle;
 use vmm_devices::serial::SerialDevice;
 use vmm_devices::virtio::mmio::StatefulTransport;
+use vmm_devices::vmgenid::VmGenId;
 use vmm_devices::vsock::VsockCounters;
 use vmm_devices::GuestWarnings;
 
@@ -110,6 +111,8 @@ pub(super) struct Session {
     control: OnceLock<Arc<VmControl>>,
     /// The keyboard controller of a Linux guest, once it is on the bus.
     keyboard: OnceLock<Arc<I8042Device>>,
+    /// The VM generation id of a Linux guest, once its interrupt is wired (for snapshots).
+    vmgenid: OnceLock<Arc<VmGenId>>,
     /// The KVM VM, once it has started (for snapshots).
     vm_fd: OnceLock<Arc<VmFd>>,
     /// The serial port, once it exists (for snapshots).
@@ -173,6 +176,7 @@ impl Session {
             vsock: devices.vsock.clone(),
             control: OnceLock::new(),
             keyboard: OnceLock::new(),
+            vmgenid: OnceLock::new(),
             vm_fd: OnceLock::new(),
             serial: OnceLock::new(),
             report: OnceLock::new(),
@@ -262,6 +266,16 @@ impl Session {
     /// The keyboard controller, if the VM has one.
     pub fn keyboard(&self) -> Option<&Arc<I8042Device>> {
         self.keyboard.get()
+    }
+
+    /// Makes `vmgenid` the VM's generation id device (for snapshots); the first one stays.
+    pub fn attach_vmgenid(&self, vmgenid: Arc<VmGenId>) {
+        let _ = self.vmgenid.set(vmgenid);
+    }
+
+    /// The generation id device, if the VM has one.
+    pub fn vmgenid(&self) -> Option<&Arc<VmGenId>> {
+        self.vmgenid.get()
     }
 
     /// Makes `serial` the VM's serial port (for snapshots); the first one stays.

@@ -91,6 +91,7 @@ fn snapshot() -> VmSnapshot {
                 in_buffer: Vec::new(),
             },
             keyboard: None,
+            vmgenid: None,
             report: Some(ReportSnapshot {
                 vcpus: vec![Default::default(); 2],
                 exited: 0,
