@@ -6,8 +6,13 @@
 //! and every other clone's, and its vmgenid driver, bound since the base booted, reseeds the
 //! random pool for the VM fork. Once the clones are gone, the zone has lost and leaked nothing
 //! and holds the base alone, and the base loads as itself, counts on from its own count (no
-//! clone's run reached its memory) and gets a new id too. (See linux_common for the guest and
-//! where this runs.)
+//! clone's run reached its memory) and gets a new id too.
+//!
+//! And as a code sandbox restores one snapshot many times: four clones of one copy snapshot of
+//! a Linux with a network interface and MMDS, loaded at once through Firecracker's API, each
+//! on a tap of its own (`network_overrides`) with MMDS contents of its own set before it
+//! resumes; each guest, told of the fork by its new generation id, takes its MAC and address
+//! from MMDS and answers on its tap. (See linux_common for the guest and where this runs.)
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]
@@ -15,8 +20,11 @@
 mod linux_common;
 mod vmm_common;
 
-use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
-use vmm_common::{client, send, start_snapshot_load, zone_consistent, Scratch, VmmRun};
+use linux_common::{add_tap, cmdline, field, private_network, run_tool, LinuxGuest, BOOT_TIMEOUT};
+use serde_json::json;
+use vmm_common::{
+    client, load_all_at_once, send, start_snapshot_load, zone_consistent, Scratch, VmmRun,
+};
 
 const CLONES: usize = 4;
 
@@ -131,4 +139,132 @@ fn clones_of_one_linux_snapshot_count_on_side_by_side_and_leave_the_base_as_it_w
     );
     again.wait_for_line(&format!("LLFREE-L2 count n={} ", last + 2), BOOT_TIMEOUT);
     assert_counts_on("the base", last, &counts(&again.kill().stdout));
+}
+
+/// The MAC and address of clone `index` (its tap's host side is `.1` of the same /24).
+fn clone_network(index: usize) -> (String, String) {
+    (
+        format!("06:00:0a:00:{:02x}:02", 20 + index),
+        format!("10.0.{}.2", 20 + index),
+    )
+}
+
+#[test]
+fn clones_of_one_snapshot_each_take_their_tap_and_mmds_identity_and_answer_on_their_own_address() {
+    let name = "clones_of_one_snapshot_each_take_their_tap_and_mmds_identity_and_answer";
+    let Some(guest) = LinuxGuest::find(name) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-clones-net");
+    private_network();
+    add_tap("tap-base", "10.0.10.1/24");
+    for index in 0..CLONES {
+        add_tap(
+            &format!("tap-clone{index}"),
+            &format!("10.0.{}.1/24", 20 + index),
+        );
+    }
+    let (socket, snapshot, memory) = (
+        scratch.path("base.sock"),
+        scratch.path("vm.snap"),
+        scratch.path("vm.mem"),
+    );
+    let mut base = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = base.api(&socket);
+    let boot_args = cmdline(&format!(
+        "llfree.test=clone-net llfree.ip=10.0.10.2 llfree.vmgenid={:#x}",
+        vmm::layout::VMGENID_START
+    ));
+    let identity = |mac: &str, ip: &str| json!({"latest": {"meta-data": {"mac": mac, "ip": ip}}});
+    let requests = [
+        (
+            "/machine-config",
+            json!({"vcpu_count": 1, "mem_size_mib": 128}),
+        ),
+        (
+            "/boot-source",
+            json!({"kernel_image_path": guest.kernel, "initrd_path": guest.initrd,
+                   "boot_args": boot_args}),
+        ),
+        (
+            "/network-interfaces/eth0",
+            json!({"iface_id": "eth0", "host_dev_name": "tap-base",
+                   "guest_mac": "06:00:0a:00:0a:02"}),
+        ),
+        (
+            "/mmds/config",
+            json!({"version": "V1", "network_interfaces": ["eth0"]}),
+        ),
+        ("/mmds", identity("06:00:0a:00:0a:02", "10.0.10.2")),
+        ("/actions", json!({"action_type": "InstanceStart"})),
+    ];
+    for (path, body) in requests {
+        send(&api, "PUT", path, &body.to_string());
+    }
+    base.wait_for_line("LLFREE-L2 clone-net-ready", BOOT_TIMEOUT);
+    run_tool("ping", "-c 1 -W 30 10.0.10.2");
+    send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    let body = format!(r#"{{"snapshot_path":"{snapshot}","mem_file_path":"{memory}"}}"#);
+    send(&api, "PUT", "/snapshot/create", &body);
+    let base_run = base.kill();
+    let base_id = base_run
+        .stdout
+        .lines()
+        .find_map(|line| field(line, "genid"))
+        .map(str::to_owned);
+    assert_eq!(base_id, None, "the base was never told of a fork");
+
+    let loads: Vec<(String, String)> = (0..CLONES)
+        .map(|index| {
+            let body = json!({
+                "snapshot_path": snapshot,
+                "mem_backend": {"backend_type": "File", "backend_path": memory},
+                "network_overrides": [{"iface_id": "eth0", "host_dev_name": format!("tap-clone{index}")}],
+                "resume_vm": false,
+            });
+            (scratch.path(&format!("clone{index}.sock")), body.to_string())
+        })
+        .collect();
+    let mut clones = load_all_at_once(&loads);
+    for (index, (_, api)) in clones.iter().enumerate() {
+        let (mac, ip) = clone_network(index);
+        send(api, "PUT", "/mmds", &identity(&mac, &ip).to_string());
+        send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
+    }
+    let mut ids = Vec::new();
+    for (index, (clone, _)) in clones.iter_mut().enumerate() {
+        let (mac, ip) = clone_network(index);
+        let line = clone.wait_for_line("LLFREE-L2 clone-net forks=1 ", BOOT_TIMEOUT);
+        assert_eq!(
+            field(&line, "mac"),
+            Some(mac.as_str()),
+            "clone {index}: {line:?}"
+        );
+        assert_eq!(
+            field(&line, "ip"),
+            Some(ip.as_str()),
+            "clone {index}: {line:?}"
+        );
+        let id = field(&line, "genid").unwrap_or_default().to_owned();
+        assert!(
+            id.len() == 32 && !ids.contains(&id),
+            "clone {index}: {id} among {ids:?}"
+        );
+        ids.push(id);
+        // It answers on its own tap, from its own MAC.
+        run_tool("ping", &format!("-c 1 -W 30 {ip}"));
+        let neighbour = std::process::Command::new("ip")
+            .args(["neigh", "show", &ip])
+            .output()
+            .expect("ip neigh");
+        let neighbour = String::from_utf8_lossy(&neighbour.stdout);
+        assert!(
+            neighbour.contains(&mac),
+            "clone {index} at {ip}: {neighbour:?}"
+        );
+        println!("clone {index}: {line}");
+    }
+    for (clone, _) in clones {
+        clone.kill();
+    }
 }

@@ -19,10 +19,11 @@ mod vmm_common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
 use std::time::Duration;
 
-use linux_common::{cmdline, field, md5_of_file, pattern, LinuxGuest, BOOT_TIMEOUT};
+use linux_common::{
+    add_tap, cmdline, field, md5_of_file, pattern, private_network, LinuxGuest, BOOT_TIMEOUT,
+};
 use serde_json::json;
 use vmm_cli::ApiClient;
 use vmm_common::{send, Scratch, VmmRun};
@@ -38,24 +39,11 @@ const LIMIT_BYTES_PER_S: usize = 512 << 10;
 /// How long a transfer may take under QEMU/TCG.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Runs a busybox applet (L1's /bin) with `args` in the calling thread's network namespace.
-fn run(program: &str, args: &str) {
-    let status = Command::new(program)
-        .args(args.split(' '))
-        .status()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(status.success(), "{program} {args}");
-}
-
 /// Moves the calling test thread into a network namespace of its own with a tap at
 /// 10.0.2.1/24, up.
 fn private_tap() {
-    // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
-    let done = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    assert_eq!(done, 0, "unshare: {}", std::io::Error::last_os_error());
-    run("tunctl", &format!("-t {TAP}"));
-    run("ip", &format!("link set {TAP} up"));
-    run("ip", &format!("addr add {HOST}/24 dev {TAP}"));
+    private_network();
+    add_tap(TAP, &format!("{HOST}/24"));
 }
 
 /// The MD5 of `bytes`, by busybox's md5sum (the guest's own tool).

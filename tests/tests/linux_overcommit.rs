@@ -1,5 +1,6 @@
 //! End-to-end overcommit with real Linux: two Linux guests of 256 MiB each share one pool of
-//! 288 MiB (`vmm::runner::run_on`, both in this process). The first writes 160 MiB into tmpfs
+//! 344 MiB (`vmm::runner::run_on`, both in this process): room for all of the writer's RAM
+//! beside what the first keeps once it has reported its file, not beside the file as well. The first writes 160 MiB into tmpfs
 //! and holds it; the second (`--wait-for-memory`) then writes 160 MiB too: the two need more
 //! than the pool, which runs dry, and the writer waits. Only then is the first told to delete
 //! its file (Ctrl-Alt-Del through its API), and Linux's free page reporting gives the frames
@@ -77,7 +78,7 @@ fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
     };
     let pool = Pool::new(PoolConfig {
         backing: Backing::Anonymous,
-        size: 288 * MIB,
+        size: 344 * MIB,
         cores: 2 * (1 + SPARE_CORES),
         scrub: Scrub::PunchHole,
     })
@@ -135,7 +136,11 @@ fn two_linux_guests_overcommit_one_pool_and_finish_because_one_reports() {
     assert_eq!(response.status, 204, "{}", response.body);
     holder.wait_for("LLFREE-L2 freed");
     while !writer.thread.is_finished() {
-        assert!(Instant::now() < deadline, "the writer never finished");
+        assert!(
+            Instant::now() < deadline,
+            "the writer never finished: {}",
+            String::from_utf8_lossy(&writer.console.contents())
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(

@@ -10,6 +10,7 @@
 #![allow(dead_code)] // Each test file uses its own part.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use e2e_tests::{hardware_virtualization, kvm_available};
@@ -103,4 +104,30 @@ pub fn md5_of_file(path: &str) -> String {
 pub fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     line.split_whitespace()
         .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// Runs a tool of L1 (busybox's `ip`, `tunctl`, `ping`) with `args` in the calling thread's
+/// network namespace; panics unless it succeeds.
+pub fn run_tool(program: &str, args: &str) {
+    let status = Command::new(program)
+        .args(args.split(' '))
+        .status()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(status.success(), "{program} {args}");
+}
+
+/// Moves the calling test thread into a network namespace of its own: every packet of its
+/// taps stays there.
+pub fn private_network() {
+    // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
+    let done = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(done, 0, "unshare: {}", std::io::Error::last_os_error());
+}
+
+/// Makes tap `name` in the calling thread's network namespace, up, with the host's address
+/// `cidr` (address/prefix) on it.
+pub fn add_tap(name: &str, cidr: &str) {
+    run_tool("tunctl", &format!("-t {name}"));
+    run_tool("ip", &format!("link set {name} up"));
+    run_tool("ip", &format!("addr add {cidr} dev {name}"));
 }
