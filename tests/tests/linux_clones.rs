@@ -20,7 +20,10 @@
 mod linux_common;
 mod vmm_common;
 
-use linux_common::{add_tap, cmdline, field, private_network, run_tool, LinuxGuest, BOOT_TIMEOUT};
+use linux_common::{
+    add_tap, cmdline, field, private_network, run_tool, start_networked, LinuxGuest, NetworkedVm,
+    BOOT_TIMEOUT,
+};
 use serde_json::json;
 use vmm_common::{
     client, load_all_at_once, send, start_snapshot_load, zone_consistent, Scratch, VmmRun,
@@ -176,31 +179,14 @@ fn clones_of_one_snapshot_each_take_their_tap_and_mmds_identity_and_answer_on_th
         vmm::layout::VMGENID_START
     ));
     let identity = |mac: &str, ip: &str| json!({"latest": {"meta-data": {"mac": mac, "ip": ip}}});
-    let requests = [
-        (
-            "/machine-config",
-            json!({"vcpu_count": 1, "mem_size_mib": 128}),
-        ),
-        (
-            "/boot-source",
-            json!({"kernel_image_path": guest.kernel, "initrd_path": guest.initrd,
-                   "boot_args": boot_args}),
-        ),
-        (
-            "/network-interfaces/eth0",
-            json!({"iface_id": "eth0", "host_dev_name": "tap-base",
-                   "guest_mac": "06:00:0a:00:0a:02"}),
-        ),
-        (
-            "/mmds/config",
-            json!({"version": "V1", "network_interfaces": ["eth0"]}),
-        ),
-        ("/mmds", identity("06:00:0a:00:0a:02", "10.0.10.2")),
-        ("/actions", json!({"action_type": "InstanceStart"})),
-    ];
-    for (path, body) in requests {
-        send(&api, "PUT", path, &body.to_string());
-    }
+    let vm = NetworkedVm {
+        cmdline: &boot_args,
+        tap: "tap-base",
+        mac: "06:00:0a:00:0a:02",
+        mmds_version: "V1",
+        mmds: identity("06:00:0a:00:0a:02", "10.0.10.2"),
+    };
+    start_networked(&api, &guest, vm);
     base.wait_for_line("LLFREE-L2 clone-net-ready", BOOT_TIMEOUT);
     run_tool("ping", "-c 1 -W 30 10.0.10.2");
     send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);

@@ -22,7 +22,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use linux_common::{
-    add_tap, cmdline, field, md5_of_file, pattern, private_network, LinuxGuest, BOOT_TIMEOUT,
+    add_tap, cmdline, field, md5_of_file, pattern, private_network, start_networked, LinuxGuest,
+    NetworkedVm, BOOT_TIMEOUT,
 };
 use serde_json::json;
 use vmm_cli::ApiClient;
@@ -102,37 +103,17 @@ fn fetch_from_guest(path: &str) -> Vec<u8> {
 /// The MMDS document's instance id.
 const INSTANCE_ID: &str = "i-0llfree";
 
-/// Configures the VM of `guest` with `cmdline` through `api` as Firecracker's users do: the
-/// machine, the boot source, eth0 on the tap, MMDS `version` on eth0 and its document; then
-/// starts it.
+/// Configures the VM of `guest` with `cmdline` through `api` as Firecracker's users do: eth0
+/// on the tap, MMDS `version` holding the instance id; then starts it.
 fn configure(api: &ApiClient, guest: &LinuxGuest, cmdline: &str, version: &str) {
-    let requests = [
-        (
-            "/machine-config",
-            json!({"vcpu_count": 1, "mem_size_mib": 128}),
-        ),
-        (
-            "/boot-source",
-            json!({"kernel_image_path": guest.kernel, "initrd_path": guest.initrd,
-                   "boot_args": cmdline}),
-        ),
-        (
-            "/network-interfaces/eth0",
-            json!({"iface_id": "eth0", "host_dev_name": TAP, "guest_mac": "06:00:0a:00:02:02"}),
-        ),
-        (
-            "/mmds/config",
-            json!({"version": version, "network_interfaces": ["eth0"]}),
-        ),
-        (
-            "/mmds",
-            json!({"latest": {"meta-data": {"instance-id": INSTANCE_ID}}}),
-        ),
-        ("/actions", json!({"action_type": "InstanceStart"})),
-    ];
-    for (path, body) in requests {
-        send(api, "PUT", path, &body.to_string());
-    }
+    let vm = NetworkedVm {
+        cmdline,
+        tap: TAP,
+        mac: "06:00:0a:00:02:02",
+        mmds_version: version,
+        mmds: json!({"latest": {"meta-data": {"instance-id": INSTANCE_ID}}}),
+    };
+    start_networked(api, guest, vm);
 }
 
 #[test]

@@ -14,7 +14,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e_tests::{hardware_virtualization, kvm_available};
+use serde_json::json;
 use vmm::boot::DEFAULT_CMDLINE;
+use vmm_cli::ApiClient;
 
 /// How long a boot to init may take: under QEMU/TCG (nested) a boot takes 5 to 20 s.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
@@ -130,4 +132,48 @@ pub fn add_tap(name: &str, cidr: &str) {
     run_tool("tunctl", &format!("-t {name}"));
     run_tool("ip", &format!("link set {name} up"));
     run_tool("ip", &format!("addr add {cidr} dev {name}"));
+}
+
+/// A Linux VM with a network interface and MMDS, as Firecracker's users configure one.
+pub struct NetworkedVm<'a> {
+    /// Its kernel command line.
+    pub cmdline: &'a str,
+    /// The host's tap of its eth0.
+    pub tap: &'a str,
+    /// The MAC of its eth0.
+    pub mac: &'a str,
+    /// MMDS's version on eth0 (`V1`, `V2`).
+    pub mmds_version: &'a str,
+    /// MMDS's document.
+    pub mmds: serde_json::Value,
+}
+
+/// Configures `vm` of `guest` through `api` (1 vCPU and 128 MiB, the boot source, eth0 on its
+/// tap, MMDS on eth0 and its document) and starts it; each request must answer 204.
+pub fn start_networked(api: &ApiClient, guest: &LinuxGuest, vm: NetworkedVm) {
+    let requests = [
+        (
+            "/machine-config",
+            json!({"vcpu_count": 1, "mem_size_mib": 128}),
+        ),
+        (
+            "/boot-source",
+            json!({"kernel_image_path": guest.kernel, "initrd_path": guest.initrd,
+                   "boot_args": vm.cmdline}),
+        ),
+        (
+            "/network-interfaces/eth0",
+            json!({"iface_id": "eth0", "host_dev_name": vm.tap, "guest_mac": vm.mac}),
+        ),
+        (
+            "/mmds/config",
+            json!({"version": vm.mmds_version, "network_interfaces": ["eth0"]}),
+        ),
+        ("/mmds", vm.mmds),
+        ("/actions", json!({"action_type": "InstanceStart"})),
+    ];
+    for (path, body) in requests {
+        let response = api.request("PUT", path, Some(&body.to_string())).unwrap();
+        assert_eq!(response.status, 204, "PUT {path}: {}", response.body);
+    }
 }
