@@ -178,13 +178,14 @@ fn clones_of_one_snapshot_each_take_their_tap_and_mmds_identity_and_answer_on_th
         "llfree.test=clone-net llfree.ip=10.0.10.2 llfree.vmgenid={:#x}",
         vmm::layout::VMGENID_START
     ));
-    let identity = |mac: &str, ip: &str| json!({"latest": {"meta-data": {"mac": mac, "ip": ip}}});
+    let mmds_identity =
+        |mac: &str, ip: &str| json!({"latest": {"meta-data": {"mac": mac, "ip": ip}}});
     let vm = NetworkedVm {
         cmdline: &boot_args,
         tap: "tap-base",
         mac: "06:00:0a:00:0a:02",
         mmds_version: "V1",
-        mmds: identity("06:00:0a:00:0a:02", "10.0.10.2"),
+        mmds: mmds_identity("06:00:0a:00:0a:02", "10.0.10.2"),
     };
     start_networked(&api, &guest, vm);
     base.wait_for_line("LLFREE-L2 clone-net-ready", BOOT_TIMEOUT);
@@ -214,7 +215,7 @@ fn clones_of_one_snapshot_each_take_their_tap_and_mmds_identity_and_answer_on_th
     let mut clones = load_all_at_once(&loads);
     for (index, (_, api)) in clones.iter().enumerate() {
         let (mac, ip) = clone_network(index);
-        send(api, "PUT", "/mmds", &identity(&mac, &ip).to_string());
+        send(api, "PUT", "/mmds", &mmds_identity(&mac, &ip).to_string());
         send(api, "PATCH", "/vm", r#"{"state":"Resumed"}"#);
     }
     let mut ids = Vec::new();

@@ -1,12 +1,13 @@
 //! End-to-end overcommit with real Linux: two Linux guests of 256 MiB each share one pool of
 //! 344 MiB (`vmm::runner::run_on`, both in this process): room for all of the writer's RAM
-//! beside what the first keeps once it has reported its file, not beside the file as well. The first writes 160 MiB into tmpfs
-//! and holds it; the second (`--wait-for-memory`) then writes 160 MiB too: the two need more
-//! than the pool, which runs dry, and the writer waits. Only then is the first told to delete
-//! its file (Ctrl-Alt-Del through its API), and Linux's free page reporting gives the frames
-//! back: both finish their workload, by construction whatever the host's speed. (Through KVM's asynchronous page faults, the writer's
-//! faults also come from kernel worker threads, which wait for frames like its vCPU.) (The guest is `linux_common`'s; SKIP where it cannot boot, run for
-//! real by tests/linux-nested/run.sh.)
+//! beside what the first keeps once it has reported its file, not beside the file as well. The
+//! first writes 160 MiB into tmpfs and holds it; the second (`--wait-for-memory`) then writes
+//! 160 MiB too: the two need more than the pool, which runs dry, and the writer waits. Only
+//! then is the first told to delete its file (Ctrl-Alt-Del through its API), and Linux's free
+//! page reporting gives the frames back: both finish their workload, by construction whatever
+//! the host's speed. (Through KVM's asynchronous page faults, the writer's faults also come from
+//! kernel worker threads, which wait for frames like its vCPU.) (The guest is `linux_common`'s;
+//! SKIP where it cannot boot, run for real by tests/linux-nested/run.sh.)
 
 // An integration test crate: its tests are the crate.
 #![allow(clippy::tests_outside_test_module)]

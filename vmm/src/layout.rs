@@ -57,7 +57,7 @@ pub const MPTABLE_START: u64 = EBDA_START;
 /// Bytes reserved for the MP table at [`MPTABLE_START`]: room for 254 processor entries.
 pub const MPTABLE_MAX_SIZE: u64 = 0x2000;
 /// Address of the ACPI tables of a Linux guest: the RSDP first, at the start of the BIOS area
-/// Linux scans for it (as Firecracker puts it), then the XSDT, FADT and DSDT. Like the MP
+/// Linux scans for it (as Firecracker puts it), then the XSDT, FADT, MADT and DSDT. Like the MP
 /// table it lies in the legacy hole.
 pub const ACPI_START: u64 = 0xe_0000;
 /// Address of the VM generation id (16 bytes), in the last page of the BIOS area: the ACPI

@@ -63,20 +63,21 @@ pub(super) fn run(
         session.config().vcpus,
         memory.tracks_dirty_pages(),
     )?;
-    // A loaded Linux guest's snapshot names its generation id (the snapshot's check sees to
-    // it): the same place gets a new id.
+    // A loaded guest's id goes where its snapshot's tables say (the snapshot's check makes a
+    // Linux guest's snapshot name it); a booting one's where the layout puts it.
     let vmgenid = match &resumed {
-        Some(resumed) => resumed
-            .vmgenid
-            .as_ref()
-            .map(VmGenId::restore)
-            .transpose()
-            .map_err(DeviceError::from)?,
-        None => Some(VmGenId::new(VMGENID_START, VMGENID_GSI).map_err(DeviceError::from)?),
-    };
+        Some(resumed) => {
+            let saved = resumed.vmgenid.as_ref().ok_or_else(|| {
+                DeviceError::Restore("the snapshot has no VM generation id".into())
+            })?;
+            VmGenId::restore(saved)
+        }
+        None => VmGenId::new(VMGENID_START, VMGENID_GSI),
+    }
+    .map_err(DeviceError::from)?;
     match (linux, &resumed) {
         (_, Some(resumed)) => vm.restore(&resumed.vcpus, &resumed.vm)?,
-        (Some(linux), None) => boot(session, &vm, linux, &devices)?,
+        (Some(linux), None) => boot(session, &vm, linux, &devices, &vmgenid)?,
         (None, None) => {
             return Err(RunError::VcpuSetup(
                 "a Linux guest needs a kernel or a snapshot".into(),
@@ -128,31 +129,20 @@ pub(super) fn run(
         I8042_IRQ,
     )?;
     devices.attach(vm.fd(), &mut buses)?;
-    let vmgenid = vmgenid.map(Arc::new);
-    if let Some(vmgenid) = &vmgenid {
-        vmgenid
-            .new_generation(vm.memory().as_ref())
-            .map_err(DeviceError::from)?;
-        vm.fd()
-            .register_irqfd(vmgenid.irq_evt(), vmgenid.gsi())
-            .map_err(|source| DeviceError::Kvm {
-                what: "KVM_IRQFD",
-                source,
-            })?;
-    }
+    vmgenid
+        .new_generation(vm.memory().as_ref())
+        .map_err(DeviceError::from)?;
+    register_irq(&vm, vmgenid.irq_evt(), vmgenid.gsi())?;
 
     let running = vm.start(Arc::new(buses))?;
     keyboard.connect_reset(running.control().clone());
     session.attach_keyboard(keyboard);
-    if let Some(vmgenid) = vmgenid {
-        // A loaded guest learns of its new id through the event device's interrupt (it waits
-        // in the IOAPIC while the VM stays paused); a booting one reads it when its driver
-        // binds.
-        if resumed.is_some() {
-            vmgenid.notify_guest().map_err(DeviceError::from)?;
-        }
-        session.attach_vmgenid(vmgenid);
+    // A loaded guest learns of its new id through the event device's interrupt (it waits in
+    // the IOAPIC while the VM stays paused); a booting one reads it when its driver binds.
+    if resumed.is_some() {
+        vmgenid.notify_guest().map_err(DeviceError::from)?;
     }
+    session.attach_vmgenid(Arc::new(vmgenid));
     session.start_guest(&running, resumed.is_some_and(|r| r.paused));
     match running.wait() {
         StopReason::Requested => Ok(RunOutcome::Stopped(
@@ -179,6 +169,7 @@ fn boot(
     vm: &Vm<GuestMemory>,
     linux: &LinuxConfig,
     devices: &VirtioMmioDevices,
+    vmgenid: &VmGenId,
 ) -> Result<(), RunError> {
     let entries = devices.entries();
     // A root drive is the first virtio-blk disk, or its partition by PARTUUID.
@@ -218,9 +209,14 @@ fn boot(
             .check_capabilities(vm.kvm())
             .map_err(|e| RunError::VcpuSetup(e.to_string()))?;
     }
+    let acpi_devices = AcpiDevices {
+        vmgenid_address: vmgenid.address(),
+        ged_gsi: vmgenid.gsi(),
+    };
     setup_vcpus(
         vm,
         &boot,
+        &acpi_devices,
         threads_per_core(session.config().smt),
         template.as_ref(),
     )
@@ -236,34 +232,36 @@ fn attach_pio(
     irq_evt: &EventFd,
     irq: u32,
 ) -> Result<(), DeviceError> {
-    vm.fd()
-        .register_irqfd(irq_evt, irq)
-        .map_err(|source| DeviceError::Kvm {
-            what: "KVM_IRQFD",
-            source,
-        })?;
+    register_irq(vm, irq_evt, irq)?;
     buses
         .pio
         .insert(device, base, size)
         .map_err(DeviceError::Bus)
 }
 
-/// The MP table and the ACPI tables (the vCPUs, the VM generation id); CPUID,
-/// MSRs and LAPIC for every vCPU; long mode (or the 32-bit protected mode of a PVH entry) at
+/// Has KVM raise GSI `irq` whenever `irq_evt` is written.
+fn register_irq(vm: &Vm<GuestMemory>, irq_evt: &EventFd, irq: u32) -> Result<(), DeviceError> {
+    vm.fd()
+        .register_irqfd(irq_evt, irq)
+        .map_err(|source| DeviceError::Kvm {
+            what: "KVM_IRQFD",
+            source,
+        })
+}
+
+/// The MP table and the ACPI tables (the vCPUs, `acpi_devices`); CPUID, MSRs and LAPIC for
+/// every vCPU; long mode (or the 32-bit protected mode of a PVH entry) at
 /// the kernel's entry for vCPU 0.
 fn setup_vcpus(
     vm: &Vm<GuestMemory>,
     boot: &LinuxBoot,
+    acpi_devices: &AcpiDevices,
     threads_per_core: u32,
     template: Option<&CpuTemplate>,
 ) -> Result<(), RunError> {
     let setup = |e: &dyn std::fmt::Display| RunError::VcpuSetup(e.to_string());
     write_mptable(vm.memory().as_ref(), vm.vcpus().len()).map_err(|e| setup(&e))?;
-    let acpi_devices = AcpiDevices {
-        vmgenid_address: VMGENID_START,
-        ged_gsi: VMGENID_GSI,
-    };
-    write_acpi_tables(vm.memory().as_ref(), vm.vcpus().len(), &acpi_devices)
+    write_acpi_tables(vm.memory().as_ref(), vm.vcpus().len(), acpi_devices)
         .map_err(|e| setup(&e))?;
     let cpuid = supported_cpuid(vm.kvm()).map_err(|e| setup(&e))?;
     // Linux builds its own page tables: the boot map covers the low 4 GiB with 2 MiB pages. A
