@@ -609,7 +609,7 @@ fn a_config_file_boots_at_once() {
         "boot-source": {"kernel_image_path": kernel, "initrd_path": initrd,
                         "boot_args": "console=ttyS0 -- init"},
         "drives": [{"drive_id": "data", "path_on_host": rootfs, "is_root_device": false,
-                    "is_read_only": true,
+                    "is_read_only": true, "io_engine": "Async",
                     "rate_limiter": {"ops": {"size": 1000, "refill_time": 1000}}}],
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 32, "huge_pages": "None"},
         "balloon": {"amount_mib": 4, "deflate_on_oom": false, "stats_polling_interval_s": 1,
@@ -632,6 +632,8 @@ fn a_config_file_boots_at_once() {
     let shown = get(&api, "/vm/config");
     assert_eq!(shown["balloon"]["amount_mib"], 4);
     assert_eq!(shown["drives"][0]["is_read_only"], true);
+    // Its io_uring was set up under the VMM's seccomp filter.
+    assert_eq!(shown["drives"][0]["io_engine"], "Async");
     assert_eq!(
         shown["drives"][0]["rate_limiter"]["ops"]["size"], 1000,
         "{shown:#}"

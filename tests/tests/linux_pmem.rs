@@ -188,7 +188,7 @@ fn inspect(zone: &str) -> serde_json::Value {
 fn pmem_survives_a_kill(guest: &LinuxGuest, zone: &str, scratch: &Scratch) {
     let socket = scratch.path("api.sock");
     let vm = |extra: &str| {
-        let line = cmdline(&format!("llfree.test=pmem {extra}"));
+        let line = cmdline(&format!("llfree.test=fs {extra}"));
         let args = [
             "--zone",
             zone,

@@ -698,11 +698,13 @@ pub struct RunArgs {
     pub workload: WorkloadSpec,
 
     /// Add a virtio-blk drive over a raw image (repeatable):
-    /// id=ID,path=PATH[,ro=on][,root=on][,partuuid=UUID].
+    /// id=ID,path=PATH[,ro=on][,root=on][,partuuid=UUID][,io_engine=async].
     ///
     /// IDs are letters, digits and '_' (the guest reads them as the disk's serial). The root
     /// drive becomes /dev/vda and adds `root=/dev/vda rw` (ro with ro=on; root=PARTUUID=... with
-    /// partuuid) to the kernel command line. Needs --kernel.
+    /// partuuid) to the kernel command line. io_engine=async serves the drive through an
+    /// io_uring (Firecracker's Async engine; sync, the default, on the event loop's thread).
+    /// Needs --kernel.
     #[arg(long = "drive", value_name = "OPTIONS", requires = "kernel")]
     pub drives: Vec<DriveConfig>,
 

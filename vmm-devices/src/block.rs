@@ -1,6 +1,8 @@
 //! The virtio-blk device (virtio 1.2 §5.2) over a raw image: a regular file or a block device,
-//! read-only or read-write. Requests are served synchronously on the event loop's thread,
-//! straight between the image and guest memory (no bounce buffer, no allocation).
+//! read-only or read-write. Requests go straight between the image and guest memory (no bounce
+//! buffer, no allocation), by one of Firecracker's two engines: `Sync` serves each on the event
+//! loop's thread before it looks at the next; `Async` hands reads, writes and flushes to an
+//! io_uring ([`async_engine`]) and answers them when they finish, many in flight at once.
 //!
 //! Everything the guest writes is checked: a request needs a 16-byte header in device-readable
 //! buffers and a device-writable status byte at its end; data must be whole 512-byte sectors
@@ -12,12 +14,15 @@
 //! and written and the requests: a request the buckets cannot pay for stays in the queue until
 //! the limiter's timer says they can. Once the VM runs, the API may give the drive another
 //! limiter or another image ([`BlockHandle::update`]); the guest is told the new image's size
-//! by a configuration change interrupt.
+//! by a configuration change interrupt. Requests in flight finish before the image changes,
+//! before a snapshot saves the queue and before a reset.
 
+pub mod async_engine;
 pub mod config;
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,14 +36,16 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
-use crate::virtio::request_queue::read_config;
+use crate::virtio::request_queue::{read_config, RequestQueue, Served};
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
-use crate::virtio::DeviceMemory;
+use crate::virtio::{DeviceMemory, VirtioDevice};
 use crate::GuestWarnings;
-use config::{open_image, DriveConfig, DriveError};
+use async_engine::AsyncEngine;
+use config::{open_image, DriveConfig, DriveError, IoEngine};
 
 /// Bytes of a sector, the unit of the disk's capacity and of request offsets.
 pub const SECTOR_SIZE: u64 = 512;
@@ -64,6 +71,8 @@ pub struct BlockCounters {
     pub failed: AtomicU64,
     /// Times the rate limiter made a request wait.
     pub rate_limiter_throttled: AtomicU64,
+    /// Times a request waited for room in the asynchronous engine.
+    pub io_engine_throttled: AtomicU64,
 }
 
 /// What the control API and the metrics keep of a drive.
@@ -112,6 +121,17 @@ impl BlockHandle {
     }
 }
 
+/// Why a drive's device cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    /// The rate limiter's timer could not be made.
+    #[error("a rate limiter's timer: {0}")]
+    Timer(#[source] io::Error),
+    /// The `Async` engine could not be set up.
+    #[error("io_engine Async: {0}")]
+    Engine(#[from] async_engine::AsyncEngineError),
+}
+
 /// Why a request fails; each is answered with [`VIRTIO_BLK_S_IOERR`] except
 /// [`BlockRequestError::Unsupported`].
 #[derive(Debug)]
@@ -133,9 +153,46 @@ struct DataBuffer {
     len: u32,
 }
 
-/// Most data buffers of one request (Linux sends at most its `seg_max`, 126 here, plus header
-/// and status; a longer chain is malformed).
+/// Most data buffers of one request (the descriptor table's size; a longer chain is malformed).
 const MAX_DATA_BUFFERS: usize = QUEUE_SIZE as usize;
+
+/// Most operations in the asynchronous engine at once: one per descriptor, and room for
+/// buffers that cross a boundary between memory regions.
+const ENGINE_OPERATIONS: u16 = 2 * QUEUE_SIZE;
+
+/// A request in the asynchronous engine, by its descriptor head.
+#[derive(Clone, Copy, Debug, Default)]
+struct InFlight {
+    /// Its operations not finished yet (0: no request at this head).
+    operations: u16,
+    /// Its type.
+    kind: u32,
+    /// Its data bytes.
+    bytes: u64,
+    /// Where its status byte goes.
+    status: GuestAddress,
+    /// One of its operations failed.
+    failed: bool,
+}
+
+/// A piece of a request's data in the VMM's mapping of guest memory.
+#[derive(Clone, Copy, Debug, Default)]
+struct HostPiece {
+    addr: usize,
+    len: u32,
+}
+
+/// The asynchronous engine and what it holds of the requests in flight.
+#[derive(Debug)]
+struct AsyncRequests {
+    engine: AsyncEngine,
+    /// The requests in flight, by descriptor head.
+    in_flight: Box<[InFlight]>,
+    /// Scratch space for one request's pieces, reused.
+    pieces: Box<[HostPiece]>,
+    /// A request waits in the queue for room in the engine.
+    stalled: bool,
+}
 
 /// A virtio-blk device over `image`.
 #[derive(Debug)]
@@ -150,6 +207,8 @@ pub struct BlockDevice {
     counters: Arc<BlockCounters>,
     /// Scratch space for one request's data buffers, reused.
     buffers: Box<[DataBuffer; MAX_DATA_BUFFERS]>,
+    /// The asynchronous engine, for a drive whose `io_engine` is `Async`.
+    engine: Option<AsyncRequests>,
 }
 
 impl BlockDevice {
@@ -160,9 +219,23 @@ impl BlockDevice {
         config: DriveConfig,
         image: File,
         size: u64,
-    ) -> io::Result<Self> {
+    ) -> Result<Self, BlockError> {
+        let engine = match config.io_engine {
+            IoEngine::Sync => None,
+            IoEngine::Async => Some(AsyncRequests {
+                engine: AsyncEngine::new(ENGINE_OPERATIONS)?,
+                in_flight: vec![InFlight::default(); usize::from(QUEUE_SIZE)].into_boxed_slice(),
+                pieces: vec![HostPiece::default(); usize::from(ENGINE_OPERATIONS)]
+                    .into_boxed_slice(),
+                stalled: false,
+            }),
+        };
         Ok(Self {
-            queue: ThrottledQueue::new(memory, Throttle::new(config.rate_limiter, "virtio-blk")?),
+            engine,
+            queue: ThrottledQueue::new(
+                memory,
+                Throttle::new(config.rate_limiter, "virtio-blk").map_err(BlockError::Timer)?,
+            ),
             config,
             image,
             sectors: size / SECTOR_SIZE,
@@ -188,6 +261,8 @@ impl BlockDevice {
     /// Serves the requests from `image` of `size` bytes at `path` from now on, and tells the
     /// driver the disk's new capacity.
     fn change_image(&mut self, image: File, size: u64, path: &Path) {
+        // The requests in flight read and write the old image: they finish first.
+        self.quiesce();
         self.image = image;
         self.sectors = size / SECTOR_SIZE;
         self.config.path = path.to_owned();
@@ -211,13 +286,10 @@ impl BlockDevice {
         self.queue.throttle().set(config);
     }
 
-    /// Serves one request chain; returns the bytes written into the guest's buffers, or
-    /// `None` when the rate limiter says to wait (the chain stays in the queue).
-    fn serve_request(
-        &mut self,
-        mem: &GuestMemory,
-        chain: DescriptorChain<&GuestMemory>,
-    ) -> Option<u32> {
+    /// Serves one request chain: answered, in the asynchronous engine, or left in the queue
+    /// when the rate limiter or the engine's room says to wait.
+    fn serve_request(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Served {
+        let head_index = chain.head_index();
         let mut header: Option<Descriptor> = None;
         let mut status: Option<Descriptor> = None;
         let mut data = 0usize;
@@ -252,80 +324,255 @@ impl BlockDevice {
                 self.config.id,
                 malformed.unwrap_or("a request without a device-writable status byte at its end")
             ));
-            return Some(0);
+            return Served::Answered(0);
         };
+        let status = status.addr();
         // `le32 type; le32 reserved; le64 sector`.
         let mut bytes = [0u8; HEADER_SIZE as usize];
-        let header = mem.read_slice(&mut bytes, header.addr()).map(|()| {
+        let Ok((kind, sector)) = mem.read_slice(&mut bytes, header.addr()).map(|()| {
             let [t0, t1, t2, t3, _, _, _, _, s @ ..] = bytes;
             (u32::from_le_bytes([t0, t1, t2, t3]), u64::from_le_bytes(s))
-        });
-        if let Ok(&(kind, _)) = header.as_ref() {
-            // Data moves for reads and writes only; every request is an operation.
-            let buffers = &self.buffers[..data];
-            let moved = || match kind {
-                VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
-                    buffers.iter().map(|buffer| u64::from(buffer.len)).sum()
+        }) else {
+            let error = BlockRequestError::Malformed("the request header is not in guest memory");
+            return Served::Answered(self.fail(mem, status, error));
+        };
+        let transfer = matches!(
+            kind,
+            VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_FLUSH
+        );
+        if transfer && self.engine.is_some() {
+            return self.submit(mem, head_index, status, kind, sector, data);
+        }
+        if !self.admit(kind, data) {
+            return Served::Deferred;
+        }
+        Served::Answered(match self.execute(mem, kind, sector, data) {
+            Ok(written) => self.answer(mem, status, VIRTIO_BLK_S_OK, written),
+            Err(error) => self.fail(mem, status, error),
+        })
+    }
+
+    /// Whether the rate limiter lets a request of type `kind` with the first `data` buffers
+    /// through (data moves for reads and writes only; every request is an operation); counts
+    /// a wait.
+    fn admit(&mut self, kind: u32, data: usize) -> bool {
+        let buffers = &self.buffers[..data];
+        let moved = || match kind {
+            VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
+                buffers.iter().map(|buffer| u64::from(buffer.len)).sum()
+            }
+            _ => 0,
+        };
+        if self.queue.throttle().admit(moved) {
+            return true;
+        }
+        self.counters
+            .rate_limiter_throttled
+            .fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Hands a read, write or flush with the first `data` buffers to the asynchronous engine;
+    /// a request that cannot be carried out is answered at once.
+    fn submit(
+        &mut self,
+        mem: &GuestMemory,
+        head: u16,
+        status: GuestAddress,
+        kind: u32,
+        sector: u64,
+        data: usize,
+    ) -> Served {
+        let (pieces, bytes) = match self.translate(mem, head, kind, sector, data) {
+            Ok(Some(translated)) => translated,
+            // Nothing to hand over: a flush of a read-only drive, a transfer of no bytes.
+            Ok(None) => {
+                if !self.admit(kind, data) {
+                    return Served::Deferred;
                 }
-                _ => 0,
-            };
-            if !self.queue.throttle().admit(moved) {
-                self.counters
-                    .rate_limiter_throttled
-                    .fetch_add(1, Ordering::Relaxed);
-                return None;
+                return Served::Answered(match self.execute(mem, kind, sector, data) {
+                    Ok(written) => self.answer(mem, status, VIRTIO_BLK_S_OK, written),
+                    Err(error) => self.fail(mem, status, error),
+                });
+            }
+            Err(error) => return Served::Answered(self.fail(mem, status, error)),
+        };
+        let operations = pieces.max(1);
+        if self
+            .engine
+            .as_ref()
+            .is_none_or(|requests| requests.engine.room() < operations)
+        {
+            if let Some(requests) = self.engine.as_mut() {
+                requests.stalled = true;
+            }
+            self.counters
+                .io_engine_throttled
+                .fetch_add(1, Ordering::Relaxed);
+            return Served::Deferred;
+        }
+        if !self.admit(kind, data) {
+            return Served::Deferred;
+        }
+        let fd = self.image.as_raw_fd();
+        let Some(requests) = self.engine.as_mut() else {
+            return Served::Deferred;
+        };
+        if kind == VIRTIO_BLK_T_FLUSH {
+            requests.engine.sync(head, fd);
+        } else {
+            let mut offset = sector * SECTOR_SIZE;
+            for piece in &requests.pieces[..pieces] {
+                if kind == VIRTIO_BLK_T_IN {
+                    requests
+                        .engine
+                        .read(head, fd, piece.addr, piece.len, offset);
+                } else {
+                    requests
+                        .engine
+                        .write(head, fd, piece.addr, piece.len, offset);
+                }
+                offset += u64::from(piece.len);
             }
         }
-        let result = header
-            .map_err(|_| BlockRequestError::Malformed("the request header is not in guest memory"))
-            .and_then(|(kind, sector)| self.execute(mem, kind, sector, data));
-        let (result, written) = match result {
-            Ok(written) => (VIRTIO_BLK_S_OK, written),
-            Err(error) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                match error {
-                    BlockRequestError::Malformed(why) => {
-                        self.warnings
-                            .warn(format_args!("virtio-blk {}: {why}", self.config.id));
-                    }
-                    BlockRequestError::ReadOnly => {
-                        self.warnings.warn(format_args!(
-                            "virtio-blk {}: a write to a read-only drive",
-                            self.config.id
-                        ));
-                    }
-                    BlockRequestError::Unsupported(kind) => {
-                        self.warnings.warn(format_args!(
-                            "virtio-blk {}: unsupported request type {kind}",
-                            self.config.id
-                        ));
-                        return Some(self.answer(mem, status, VIRTIO_BLK_S_UNSUPP, 0));
-                    }
-                    BlockRequestError::Io(e) => {
-                        log::error!(
-                            "virtio-blk {}: I/O on the image failed: {e}",
-                            self.config.id
-                        );
-                    }
-                }
-                (VIRTIO_BLK_S_IOERR, 0)
-            }
+        requests.in_flight[usize::from(head)] = InFlight {
+            operations: u16::try_from(operations).unwrap_or(u16::MAX),
+            kind,
+            bytes,
+            status,
+            failed: false,
         };
-        Some(self.answer(mem, status, result, written))
+        // A failed submission leaves the operations queued: the next one hands them over.
+        if let Err(e) = requests.engine.submit() {
+            log::error!(
+                "virtio-blk {}: cannot submit to the io_uring: {e}",
+                self.config.id
+            );
+        }
+        Served::InFlight
+    }
+
+    /// Checks a request for the asynchronous engine and finds its data in the VMM's mapping of
+    /// guest memory (marked dirty when the engine writes it): the number of pieces and bytes,
+    /// or `None` when there is nothing to hand over.
+    fn translate(
+        &mut self,
+        mem: &GuestMemory,
+        head: u16,
+        kind: u32,
+        sector: u64,
+        data: usize,
+    ) -> Result<Option<(usize, u64)>, BlockRequestError> {
+        let free = self
+            .engine
+            .as_ref()
+            .and_then(|requests| requests.in_flight.get(usize::from(head)))
+            .is_some_and(|request| request.operations == 0);
+        if !free {
+            return Err(BlockRequestError::Malformed(
+                "a request at a descriptor that is still in flight",
+            ));
+        }
+        if kind == VIRTIO_BLK_T_FLUSH {
+            return Ok((!self.config.read_only).then_some((0, 0)));
+        }
+        let bytes = self.check_transfer(kind, sector, data)?;
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let Some(requests) = self.engine.as_mut() else {
+            return Ok(None);
+        };
+        let mut count = 0;
+        for buffer in &self.buffers[..data] {
+            for slice in mem.get_slices(GuestAddress(buffer.addr), buffer.len as usize) {
+                let slice = slice.map_err(|_| {
+                    BlockRequestError::Malformed("a data buffer is not in guest memory")
+                })?;
+                let piece = requests
+                    .pieces
+                    .get_mut(count)
+                    .ok_or(BlockRequestError::Malformed(
+                        "a request whose buffers cross too many memory regions",
+                    ))?;
+                if kind == VIRTIO_BLK_T_IN {
+                    slice.bitmap().mark_dirty(0, slice.len());
+                }
+                *piece = HostPiece {
+                    addr: slice.ptr_guard_mut().as_ptr() as usize,
+                    len: u32::try_from(slice.len()).unwrap_or(u32::MAX),
+                };
+                count += 1;
+            }
+        }
+        Ok(Some((count, bytes)))
+    }
+
+    /// Answers a request that failed with `error`, reported as its kind says; returns the
+    /// bytes written into the guest's buffers.
+    fn fail(&self, mem: &GuestMemory, status: GuestAddress, error: BlockRequestError) -> u32 {
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        match error {
+            BlockRequestError::Malformed(why) => {
+                self.warnings
+                    .warn(format_args!("virtio-blk {}: {why}", self.config.id));
+            }
+            BlockRequestError::ReadOnly => {
+                self.warnings.warn(format_args!(
+                    "virtio-blk {}: a write to a read-only drive",
+                    self.config.id
+                ));
+            }
+            BlockRequestError::Unsupported(kind) => {
+                self.warnings.warn(format_args!(
+                    "virtio-blk {}: unsupported request type {kind}",
+                    self.config.id
+                ));
+                return self.answer(mem, status, VIRTIO_BLK_S_UNSUPP, 0);
+            }
+            BlockRequestError::Io(e) => {
+                log::error!(
+                    "virtio-blk {}: I/O on the image failed: {e}",
+                    self.config.id
+                );
+            }
+        }
+        self.answer(mem, status, VIRTIO_BLK_S_IOERR, 0)
     }
 
     /// Writes the status byte; returns the bytes written into the guest's buffers in all.
-    fn answer(&self, mem: &GuestMemory, status: Descriptor, result: u32, data: u32) -> u32 {
-        // The status constants are single bytes.
-        let byte = u8::try_from(result).unwrap_or(u8::MAX);
-        if mem.write_obj(byte, status.addr()).is_err() {
-            self.warnings.warn(format_args!(
-                "virtio-blk {}: the status byte is not in guest memory",
-                self.config.id
-            ));
-            return data;
+    fn answer(&self, mem: &GuestMemory, status: GuestAddress, result: u32, data: u32) -> u32 {
+        write_status(&self.warnings, &self.config.id, mem, status, result, data)
+    }
+
+    /// Checks a read or write at `sector` with the first `data` buffers: whole sectors, inside
+    /// the disk, and no write to a read-only drive; returns its bytes.
+    fn check_transfer(
+        &self,
+        kind: u32,
+        sector: u64,
+        data: usize,
+    ) -> Result<u64, BlockRequestError> {
+        if kind == VIRTIO_BLK_T_OUT && self.config.read_only {
+            return Err(BlockRequestError::ReadOnly);
         }
-        data.saturating_add(1)
+        let mut total = 0u64;
+        for buffer in &self.buffers[..data] {
+            let len = u64::from(buffer.len);
+            if len % SECTOR_SIZE != 0 {
+                return Err(BlockRequestError::Malformed(
+                    "a data buffer is not a whole number of 512-byte sectors",
+                ));
+            }
+            total += len;
+        }
+        sector
+            .checked_add(total / SECTOR_SIZE)
+            .filter(|&end| end <= self.sectors)
+            .ok_or(BlockRequestError::Malformed(
+                "a request beyond the end of the disk",
+            ))?;
+        Ok(total)
     }
 
     /// Carries out a request of type `kind` at `sector` with the first `data` buffers of
@@ -337,33 +584,14 @@ impl BlockDevice {
         sector: u64,
         data: usize,
     ) -> Result<u32, BlockRequestError> {
-        let buffers = &self.buffers[..data];
         match kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
                 let writing = kind == VIRTIO_BLK_T_OUT;
-                if writing && self.config.read_only {
-                    return Err(BlockRequestError::ReadOnly);
-                }
-                let mut total = 0u64;
-                for buffer in buffers {
-                    let len = u64::from(buffer.len);
-                    if len % SECTOR_SIZE != 0 {
-                        return Err(BlockRequestError::Malformed(
-                            "a data buffer is not a whole number of 512-byte sectors",
-                        ));
-                    }
-                    total += len;
-                }
-                sector
-                    .checked_add(total / SECTOR_SIZE)
-                    .filter(|&end| end <= self.sectors)
-                    .ok_or(BlockRequestError::Malformed(
-                        "a request beyond the end of the disk",
-                    ))?;
+                let total = self.check_transfer(kind, sector, data)?;
                 self.image
                     .seek(SeekFrom::Start(sector * SECTOR_SIZE))
                     .map_err(BlockRequestError::Io)?;
-                for buffer in buffers {
+                for buffer in &self.buffers[..data] {
                     let addr = GuestAddress(buffer.addr);
                     let len = buffer.len as usize;
                     let moved = if writing {
@@ -398,9 +626,11 @@ impl BlockDevice {
                 Ok(0)
             }
             VIRTIO_BLK_T_GET_ID => {
-                let buffer = buffers.first().ok_or(BlockRequestError::Malformed(
-                    "a GET_ID request without a buffer for the id",
-                ))?;
+                let buffer = self.buffers[..data]
+                    .first()
+                    .ok_or(BlockRequestError::Malformed(
+                        "a GET_ID request without a buffer for the id",
+                    ))?;
                 let mut serial = [0u8; VIRTIO_BLK_ID_BYTES as usize];
                 let id = self.config.id.as_bytes();
                 let len = id.len().min(serial.len());
@@ -455,9 +685,118 @@ impl ThrottledDevice for BlockDevice {
         &self.warnings
     }
 
-    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Served {
         self.serve_request(mem, chain)
     }
+
+    fn completion_source(&self) -> Option<RawFd> {
+        self.engine
+            .as_ref()
+            .map(|requests| requests.engine.completion_fd())
+    }
+
+    fn complete_in_flight(
+        &mut self,
+        mem: &GuestMemory,
+        queue: &mut RequestQueue,
+        wait: bool,
+    ) -> bool {
+        let Self {
+            engine,
+            counters,
+            warnings,
+            config,
+            ..
+        } = self;
+        let Some(AsyncRequests {
+            engine,
+            in_flight,
+            stalled,
+            ..
+        }) = engine.as_mut()
+        else {
+            return false;
+        };
+        let mut answered = false;
+        let collected = engine.collect(wait, |(head, result)| {
+            let Some(request) = in_flight.get_mut(usize::from(head)) else {
+                return;
+            };
+            if let Err(e) = result {
+                if !request.failed {
+                    log::error!("virtio-blk {}: I/O on the image failed: {e}", config.id);
+                }
+                request.failed = true;
+            }
+            request.operations = request.operations.saturating_sub(1);
+            if request.operations > 0 {
+                return;
+            }
+            let written = finish_request(counters, warnings, &config.id, mem, request);
+            if queue.complete(mem, head, written).is_err() {
+                warnings.warn(format_args!(
+                    "virtio-blk {}: the used ring is not in guest memory",
+                    config.id
+                ));
+            }
+            answered = true;
+        });
+        if let Err(e) = collected {
+            log::error!("virtio-blk {}: the io_uring failed: {e}", config.id);
+        }
+        if answered {
+            queue.signal_used(Self::NAME);
+        }
+        std::mem::take(stalled)
+    }
+}
+
+/// Counts and answers `request`, whose last operation finished; returns the bytes written
+/// into the guest's buffers.
+fn finish_request(
+    counters: &BlockCounters,
+    warnings: &GuestWarnings,
+    id: &str,
+    mem: &GuestMemory,
+    request: &InFlight,
+) -> u32 {
+    if request.failed {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        return write_status(warnings, id, mem, request.status, VIRTIO_BLK_S_IOERR, 0);
+    }
+    let (requests, bytes, data) = match request.kind {
+        VIRTIO_BLK_T_IN => (&counters.reads, Some(&counters.read_bytes), request.bytes),
+        VIRTIO_BLK_T_OUT => (&counters.writes, Some(&counters.written_bytes), 0),
+        _ => (&counters.flushes, None, 0),
+    };
+    requests.fetch_add(1, Ordering::Relaxed);
+    if let Some(bytes) = bytes {
+        bytes.fetch_add(request.bytes, Ordering::Relaxed);
+    }
+    let data = u32::try_from(data).unwrap_or(u32::MAX);
+    write_status(warnings, id, mem, request.status, VIRTIO_BLK_S_OK, data)
+}
+
+/// Writes a request's status byte `result` at `status`; returns the bytes written into the
+/// guest's buffers in all (`data` and the status byte), warning of drive `id` if the byte is
+/// not in guest memory.
+fn write_status(
+    warnings: &GuestWarnings,
+    id: &str,
+    mem: &GuestMemory,
+    status: GuestAddress,
+    result: u32,
+    data: u32,
+) -> u32 {
+    // The status constants are single bytes.
+    let byte = u8::try_from(result).unwrap_or(u8::MAX);
+    if mem.write_obj(byte, status).is_err() {
+        warnings.warn(format_args!(
+            "virtio-blk {id}: the status byte is not in guest memory"
+        ));
+        return data;
+    }
+    data.saturating_add(1)
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use virtio_queue::DescriptorChain;
 use vm_memory::Bytes;
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
+use crate::virtio::request_queue::Served;
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
 use crate::virtio::DeviceMemory;
 use crate::GuestWarnings;
@@ -184,16 +185,16 @@ impl ThrottledDevice for Entropy {
     }
 
     /// Fills the request's buffers if the rate limiter lets it through.
-    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Served {
         if !self
             .queue
             .throttle()
             .admit(|| u64::from(Self::asked(&chain)))
         {
             self.handle.throttled.fetch_add(1, Ordering::Relaxed);
-            return None;
+            return Served::Deferred;
         }
-        Some(self.fill(mem, chain))
+        Served::Answered(self.fill(mem, chain))
     }
 }
 

@@ -22,7 +22,7 @@ use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
-use crate::virtio::request_queue::{read_config, request_and_answer};
+use crate::virtio::request_queue::{read_config, request_and_answer, Served};
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
 use crate::virtio::DeviceMemory;
 use crate::virtio::{ActivateError, DeviceState};
@@ -200,12 +200,12 @@ impl ThrottledDevice for PmemDevice {
 
     /// Answers the request if the rate limiter lets it through (each is an operation of no
     /// bytes).
-    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32> {
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Served {
         if !self.queue.throttle().admit(|| 0) {
             self.throttled.fetch_add(1, Ordering::Relaxed);
-            return None;
+            return Served::Deferred;
         }
-        Some(self.flush(mem, chain))
+        Served::Answered(self.flush(mem, chain))
     }
 
     fn saved_state(&self) -> DeviceState {

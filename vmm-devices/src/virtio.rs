@@ -119,6 +119,9 @@ pub trait VirtioDevice<M: GuestAddressSpace>: Send {
     /// The positions of the queues an active device holds, by queue index (the transport's
     /// copies stop at the activation); empty while inactive.
     fn queue_states(&self) -> Vec<(u16, QueueState)>;
+    /// Finishes what the device has in flight (requests an asynchronous engine still works
+    /// on), answering it, before a snapshot saves the queues; called with the VM paused.
+    fn quiesce(&mut self) {}
     /// The device's own state, for a snapshot.
     fn save_state(&self) -> DeviceState;
     /// File descriptors the device wants the event loop to watch besides its queues (a rate

@@ -189,14 +189,8 @@ pub enum CacheType {
     Writeback,
 }
 
-/// A drive's I/O engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum IoEngine {
-    /// Synchronous I/O on the event loop (this VMM's only engine).
-    Sync,
-    /// io_uring (refused).
-    Async,
-}
+/// A drive's I/O engine: `Sync` or `Async` (io_uring), as the device names them.
+pub use vmm_devices::block::config::IoEngine;
 
 /// `PUT /drives/{drive_id}`: Firecracker's `Drive`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

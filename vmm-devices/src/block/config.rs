@@ -49,20 +49,34 @@ pub struct DriveConfig {
     /// Caps the guest's requests (bytes read or written, and requests).
     #[serde(default)]
     pub rate_limiter: RateLimiterConfig,
+    /// How requests reach the image.
+    #[serde(default)]
+    pub io_engine: IoEngine,
+}
+
+/// How a drive's requests reach its image (Firecracker's `io_engine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum IoEngine {
+    /// One request after the other on the event loop's thread.
+    #[default]
+    Sync,
+    /// Through an io_uring: many requests in flight, the event loop free meanwhile.
+    Async,
 }
 
 /// The keys `--drive` takes, for messages.
-const KEYS: &str = "id, path, ro, root, partuuid";
+const KEYS: &str = "id, path, ro, root, partuuid, io_engine";
 
 impl FromStr for DriveConfig {
     type Err = DriveError;
 
-    /// `id=ID,path=PATH[,ro=on|off][,root=on|off][,partuuid=UUID]` (`vmm run --drive`); the
-    /// result is not checked yet ([`DriveConfig::check`]).
+    /// `id=ID,path=PATH[,ro=on|off][,root=on|off][,partuuid=UUID][,io_engine=sync|async]`
+    /// (`vmm run --drive`); the result is not checked yet ([`DriveConfig::check`]).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let bad = |why: String| DriveError::Invalid(why);
         let (mut id, mut path) = (None, None);
         let (mut read_only, mut root, mut partuuid) = (false, false, None);
+        let mut io_engine = IoEngine::Sync;
         for item in text.split(',') {
             let (key, value) = item
                 .split_once('=')
@@ -78,6 +92,13 @@ impl FromStr for DriveConfig {
                 "ro" => read_only = on_off()?,
                 "root" => root = on_off()?,
                 "partuuid" => partuuid = Some(value.to_owned()),
+                "io_engine" => {
+                    io_engine = match value {
+                        "sync" | "Sync" => IoEngine::Sync,
+                        "async" | "Async" => IoEngine::Async,
+                        _ => return Err(bad(format!("io_engine={value}: expected sync or async"))),
+                    }
+                }
                 _ => return Err(bad(format!("unknown key '{key}' (keys: {KEYS})"))),
             }
         }
@@ -88,6 +109,7 @@ impl FromStr for DriveConfig {
             root,
             partuuid,
             rate_limiter: RateLimiterConfig::default(),
+            io_engine,
         })
     }
 }
@@ -215,12 +237,13 @@ mod tests {
             root: false,
             partuuid: None,
             rate_limiter: RateLimiterConfig::default(),
+            io_engine: IoEngine::Sync,
         }
     }
 
     #[test]
     fn the_command_line_form_names_every_field() {
-        let drive: DriveConfig = "id=rootfs,path=/img,ro=on,root=on,partuuid=ab-1"
+        let drive: DriveConfig = "id=rootfs,path=/img,ro=on,root=on,partuuid=ab-1,io_engine=async"
             .parse()
             .unwrap();
         assert_eq!(
@@ -232,9 +255,13 @@ mod tests {
                 root: true,
                 partuuid: Some("ab-1".into()),
                 rate_limiter: RateLimiterConfig::default(),
+                io_engine: IoEngine::Async,
             }
         );
+        let plain: DriveConfig = "id=a,path=/i".parse().unwrap();
+        assert_eq!(plain.io_engine, IoEngine::Sync);
         for bad in [
+            "id=a,path=/i,io_engine=uring",
             "path=/img",
             "id=a",
             "id=a,path=/i,ro=yes",

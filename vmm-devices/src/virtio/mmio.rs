@@ -369,7 +369,8 @@ impl<M: GuestAddressSpace, D: VirtioDevice<M>> MmioTransport<M, D> {
     /// The transport's and the device's state, for a snapshot of a paused VM.
     pub fn save_state(&self) -> MmioSnapshot {
         let state = lock(&self.state);
-        let device = lock(&self.device);
+        let mut device = lock(&self.device);
+        device.quiesce();
         let mut queues: Vec<QueueSnapshot> =
             state.queues.iter().map(|q| q.state().into()).collect();
         for (index, queue) in device.queue_states() {

@@ -1,6 +1,7 @@
 //! [`RequestQueue`]: the one queue of a device that answers the driver's requests (virtio-blk,
-//! virtio-pmem): taken from the activation, drained chain by chain, its interrupt raised once per
-//! batch; and [`read_config`], a config space read that stays inside the config.
+//! virtio-pmem): taken from the activation, drained chain by chain (each answered at once, left
+//! in flight to be answered later, or left in the queue), its interrupt raised once per batch;
+//! and [`read_config`], a config space read that stays inside the config.
 
 use std::sync::Arc;
 
@@ -15,6 +16,17 @@ use super::{ActivateError, Activation, Interrupt};
 pub struct RequestQueue {
     queue: Queue,
     interrupt: Arc<Interrupt>,
+}
+
+/// What a device did with one request chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Answered, with this many bytes written into its buffers: it goes in the used ring now.
+    Answered(u32),
+    /// Taken and in flight (an asynchronous engine's): [`RequestQueue::complete`] answers it.
+    InFlight,
+    /// Left in the queue (a rate limiter or a full engine said to wait); draining stops.
+    Deferred,
 }
 
 /// The used ring could not be written: the driver put it outside guest memory.
@@ -56,35 +68,62 @@ impl RequestQueue {
         device: &str,
         mut answer: impl FnMut(DescriptorChain<&GuestMemory>) -> u32,
     ) -> Result<(), UsedRingError> {
-        self.drain_until(mem, device, |chain| Some(answer(chain)))
+        self.drain_until(mem, device, |chain| Served::Answered(answer(chain)))
     }
 
-    /// As [`Self::drain`], but `answer` may leave a chain for later (`None`, e.g. a rate limiter
-    /// said to wait): it goes back to the queue, and draining stops there.
+    /// As [`Self::drain`], but `answer` may leave a chain in flight ([`Served::InFlight`]) or
+    /// in the queue ([`Served::Deferred`], e.g. a rate limiter said to wait): then it goes back
+    /// to the queue, and draining stops there.
     pub fn drain_until(
         &mut self,
         mem: &GuestMemory,
         device: &str,
-        mut answer: impl FnMut(DescriptorChain<&GuestMemory>) -> Option<u32>,
+        mut answer: impl FnMut(DescriptorChain<&GuestMemory>) -> Served,
     ) -> Result<(), UsedRingError> {
         let mut used = false;
         let mut result = Ok(());
         while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();
-            let Some(written) = answer(chain) else {
-                self.queue.go_to_previous_position();
-                break;
-            };
-            if self.queue.add_used(mem, head, written).is_err() {
-                result = Err(UsedRingError);
-                break;
+            match answer(chain) {
+                Served::Answered(written) => {
+                    if self.queue.add_used(mem, head, written).is_err() {
+                        result = Err(UsedRingError);
+                        break;
+                    }
+                    used = true;
+                }
+                Served::InFlight => {}
+                Served::Deferred => {
+                    self.queue.go_to_previous_position();
+                    break;
+                }
             }
-            used = true;
         }
-        if used && self.interrupt.signal_used_queue().is_err() {
-            log::error!("{device}: cannot raise the used-buffer interrupt");
+        if used {
+            self.signal_used(device);
         }
         result
+    }
+
+    /// Answers the chain at `head`, which was left in flight, with `written` bytes written into
+    /// its buffers; the interrupt waits for [`Self::signal_used`].
+    pub fn complete(
+        &mut self,
+        mem: &GuestMemory,
+        head: u16,
+        written: u32,
+    ) -> Result<(), UsedRingError> {
+        self.queue
+            .add_used(mem, head, written)
+            .map_err(|_| UsedRingError)
+    }
+
+    /// Raises the used-buffer interrupt (if the driver wants it); `device` names the device in
+    /// the log.
+    pub fn signal_used(&self, device: &str) {
+        if self.interrupt.signal_used_queue().is_err() {
+            log::error!("{device}: cannot raise the used-buffer interrupt");
+        }
     }
 }
 

@@ -3,16 +3,18 @@
 //! between activation and reset beside the limiter, and a device that implements
 //! [`ThrottledDevice`] (what it is, its config space, how it answers one request, its saved
 //! state) is a [`VirtioDevice`]: activated, drained until the limiter says to wait, woken by the
-//! limiter's timer, reset and restored the same way as every other such device.
+//! limiter's timer, reset and restored the same way as every other such device. A device may
+//! leave requests in flight (virtio-blk's asynchronous engine): it is woken when they finish,
+//! and they are finished before a snapshot or a reset.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use guest_mem::GuestMemory;
 use virtio_queue::{DescriptorChain, QueueState};
 use vm_memory::GuestAddressSpace;
 
-use super::request_queue::RequestQueue;
+use super::request_queue::{RequestQueue, Served};
 use super::DeviceMemory;
 use super::{ActivateError, Activation, DeviceState, VirtioDevice, WakeSource};
 use crate::rate_limiter::Throttle;
@@ -87,12 +89,31 @@ pub trait ThrottledDevice: Send {
     /// Its guest-triggered warnings.
     fn warnings(&self) -> &GuestWarnings;
 
-    /// Answers one request: the bytes written into its buffers, or `None` when the limiter
-    /// says to wait (the request stays in the queue, and the limiter's timer wakes the device).
-    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Option<u32>;
+    /// Serves one request: answered, in flight, or left in the queue when the limiter says to
+    /// wait (its timer wakes the device) or the device has no room (a finished request in
+    /// flight wakes it).
+    fn serve(&mut self, mem: &GuestMemory, chain: DescriptorChain<&GuestMemory>) -> Served;
 
-    /// Its state for a snapshot (requests are answered to the end before the device yields:
-    /// nothing is in flight; one that waits for the limiter is still in the queue).
+    /// The descriptor that becomes readable when requests in flight finish, for a device that
+    /// leaves requests in flight.
+    fn completion_source(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// Answers the requests in flight that finished (all of them, waiting for each, when
+    /// `wait`) in `queue`; returns whether a request left in the queue for want of room may be
+    /// served now.
+    fn complete_in_flight(
+        &mut self,
+        _mem: &GuestMemory,
+        _queue: &mut RequestQueue,
+        _wait: bool,
+    ) -> bool {
+        false
+    }
+
+    /// Its state for a snapshot (taken once nothing is in flight; a request that waits for the
+    /// limiter is still in the queue).
     fn saved_state(&self) -> DeviceState {
         DeviceState::Plain
     }
@@ -107,6 +128,23 @@ pub trait ThrottledDevice: Send {
         }
     }
 }
+
+/// Answers `device`'s requests in flight that finished (all of them when `wait`); returns
+/// whether the queue may be looked at again.
+fn finish_in_flight<D: ThrottledDevice>(device: &mut D, wait: bool) -> bool {
+    let queue = device.queue_mut();
+    let Some(mut active) = queue.active.take() else {
+        return false;
+    };
+    let memory = Arc::clone(queue.memory());
+    let mem = memory.memory();
+    let more = device.complete_in_flight(&mem, &mut active, wait);
+    device.queue_mut().active = Some(active);
+    more
+}
+
+/// The index of the completion source among a device's wake sources (after the limiter's).
+const COMPLETION_SOURCE: usize = 1;
 
 impl<D: ThrottledDevice> VirtioDevice<DeviceMemory> for D {
     fn device_type(&self) -> u32 {
@@ -152,6 +190,7 @@ impl<D: ThrottledDevice> VirtioDevice<DeviceMemory> for D {
     }
 
     fn reset(&mut self) {
+        finish_in_flight(self, true);
         let queue = self.queue_mut();
         queue.active = None;
         queue.throttle.reset();
@@ -165,15 +204,28 @@ impl<D: ThrottledDevice> VirtioDevice<DeviceMemory> for D {
             .collect()
     }
 
+    fn quiesce(&mut self) {
+        finish_in_flight(self, true);
+    }
+
     fn save_state(&self) -> DeviceState {
         self.saved_state()
     }
 
     fn wake_sources(&self) -> Vec<WakeSource> {
-        vec![WakeSource::level(self.queue().throttle.as_raw_fd())]
+        let timer = WakeSource::level(self.queue().throttle.as_raw_fd());
+        std::iter::once(timer)
+            .chain(self.completion_source().map(WakeSource::level))
+            .collect()
     }
 
-    fn wake(&mut self, _source: usize) {
+    fn wake(&mut self, source: usize) {
+        if source == COMPLETION_SOURCE {
+            if finish_in_flight(self, false) {
+                self.process_queue(0);
+            }
+            return;
+        }
         self.queue_mut().throttle.fired();
         self.process_queue(0);
     }

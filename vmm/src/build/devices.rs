@@ -20,7 +20,7 @@ use crate::config::{open_image, ConfigError, DriveConfig, VmConfig};
 use crate::layout::{virtio_mmio_base, virtio_mmio_irq, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS};
 use crate::vm::vcpu::Buses;
 use vmm_devices::balloon::{self, BalloonCreateError, BalloonHandle};
-use vmm_devices::block::{BlockDevice, BlockHandle};
+use vmm_devices::block::{BlockDevice, BlockError, BlockHandle};
 use vmm_devices::entropy::{Entropy, EntropyHandle};
 use vmm_devices::event_loop::{QueueSubscriber, Subscriber};
 use vmm_devices::mem::{MemDevice, MemHandle, UnpluggedMemory};
@@ -90,7 +90,15 @@ pub enum DeviceError {
         /// The error.
         source: ConfigError,
     },
-    /// A drive's or the virtio-pmem device's rate limiter timer could not be made.
+    /// A drive's device could not be made (its rate limiter's timer, its io_uring).
+    #[error("drive {id}: {source}")]
+    Block {
+        /// The drive's id.
+        id: String,
+        /// The error.
+        source: BlockError,
+    },
+    /// The virtio-pmem device's rate limiter timer could not be made.
     #[error("{device}: a rate limiter's timer: {source}")]
     Timer {
         /// The device.
@@ -297,8 +305,8 @@ fn create_drive(
             source: source.into(),
         })?;
     BlockDevice::new(memory.clone(), drive.clone(), image, size).map_err(|source| {
-        DeviceError::Timer {
-            device: format!("drive {}", drive.id),
+        DeviceError::Block {
+            id: drive.id.clone(),
             source,
         }
     })

@@ -15,8 +15,8 @@ use crate::testguest::image::guest_for_kernel;
 use crate::testguest::WorkloadSpec;
 use vmm_api::model::CustomCpuTemplate;
 use vmm_api::model::{
-    Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, IoEngine,
-    Logger, MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
+    Balloon, BootSource, CacheType, Drive, EntropyDevice, FullVmConfiguration, HugePages, Logger,
+    MachineConfiguration, MachineConfigurationUpdate, MemoryHotplugConfig, Metrics,
     MmdsConfigRequest, NetworkInterface, Pmem, Vsock, ZoneAttachment,
 };
 use vmm_api::vmm_control::ControlError;
@@ -145,9 +145,6 @@ fn drive_config(drive: &Drive) -> Result<DriveConfig, ControlError> {
             "vhost-user-block drives (socket) are not supported: give path_on_host",
         ));
     }
-    if drive.io_engine == Some(IoEngine::Async) {
-        return Err(refuse("io_engine Async is not supported (only Sync)"));
-    }
     let path = drive
         .path_on_host
         .clone()
@@ -162,6 +159,7 @@ fn drive_config(drive: &Drive) -> Result<DriveConfig, ControlError> {
         root: drive.is_root_device,
         partuuid: drive.partuuid.clone().filter(|_| drive.is_root_device),
         rate_limiter: drive.rate_limiter.unwrap_or_default(),
+        io_engine: drive.io_engine.unwrap_or_default(),
     };
     config.check().map_err(invalid)?;
     Ok(config)
@@ -618,7 +616,7 @@ pub fn full_configuration(config: &VmConfig) -> FullVmConfiguration {
                 path_on_host: Some(d.path.clone()),
                 rate_limiter: (d.rate_limiter != RateLimiterConfig::default())
                     .then_some(d.rate_limiter),
-                io_engine: Some(IoEngine::Sync),
+                io_engine: Some(d.io_engine),
                 socket: None,
             })
             .collect(),

@@ -378,11 +378,12 @@ fn drive_values(counters: &BlockCounters) -> [u64; DRIVE_FIELDS.len()] {
         load(&counters.written_bytes),
         load(&counters.failed),
         load(&counters.rate_limiter_throttled),
+        load(&counters.io_engine_throttled),
     ]
 }
 
 /// Firecracker's names of a drive's counters.
-const DRIVE_FIELDS: [&str; 7] = [
+const DRIVE_FIELDS: [&str; 8] = [
     "read_count",
     "write_count",
     "flush_count",
@@ -390,6 +391,7 @@ const DRIVE_FIELDS: [&str; 7] = [
     "write_bytes",
     "execute_fails",
     "rate_limiter_throttled_events",
+    "io_engine_throttled_events",
 ];
 
 /// A section of counters named `fields`.

@@ -124,6 +124,12 @@ const DEVICES: &[i64] = &[
     libc::SYS_msync,
 ];
 
+/// What a thread does with an asynchronous drive's io_uring (restricted to reads, writes and
+/// syncs of the drive's image): the event loop submits and collects; an API request thread waits
+/// for what is in flight before a snapshot or a media change, a vCPU thread before its driver's
+/// reset of the drive.
+const RINGS: &[i64] = &[libc::SYS_io_uring_enter];
+
 /// What only the rest of the process does: set the VM up, open, map and create (zones, pools,
 /// userfaultfd, timers, devices' host sides: taps, vsock's Unix sockets).
 const VMM_ONLY: &[i64] = &[
@@ -140,6 +146,9 @@ const VMM_ONLY: &[i64] = &[
     libc::SYS_fchmod,
     libc::SYS_memfd_create,
     libc::SYS_userfaultfd,
+    // An asynchronous drive's io_uring and its completion eventfd.
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_register,
     libc::SYS_signalfd4,
     libc::SYS_bind,
     libc::SYS_listen,
@@ -312,11 +321,11 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, BackendError> {
 /// The rules of `kind`: per call, none where it is allowed whatever its arguments.
 fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, BackendError> {
     let lists: &[&[i64]] = match kind {
-        ThreadKind::Vmm => &[COMMON, ANONYMOUS, API, VMM_ONLY],
-        ThreadKind::Api => &[COMMON, ANONYMOUS, API],
-        ThreadKind::Vcpu => &[COMMON, ANONYMOUS],
+        ThreadKind::Vmm => &[COMMON, ANONYMOUS, API, RINGS, VMM_ONLY],
+        ThreadKind::Api => &[COMMON, ANONYMOUS, API, RINGS],
+        ThreadKind::Vcpu => &[COMMON, ANONYMOUS, RINGS],
         ThreadKind::Fault => &[COMMON],
-        ThreadKind::Devices => &[COMMON, ANONYMOUS, DEVICES],
+        ThreadKind::Devices => &[COMMON, ANONYMOUS, RINGS, DEVICES],
     };
     let mut rules = lists
         .iter()
@@ -591,7 +600,7 @@ mod tests {
 
     #[test]
     fn the_lists_do_not_repeat_a_call() {
-        let mut all: Vec<i64> = [COMMON, ANONYMOUS, API, VMM_ONLY].concat();
+        let mut all: Vec<i64> = [COMMON, ANONYMOUS, API, RINGS, VMM_ONLY].concat();
         let count = all.len();
         all.sort_unstable();
         all.dedup();

@@ -25,7 +25,7 @@ use crate::host_file::{self, HostFileError};
 /// The file's first bytes.
 pub const MAGIC: [u8; 8] = *b"LLFVSNAP";
 /// The format version this VMM writes and reads.
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// The largest payload accepted (a VM of 254 vCPUs needs a few MiB).
