@@ -42,7 +42,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use crate::rate_limiter::{RateLimiterConfig, Throttle};
 use crate::virtio::request_queue::{read_config, RequestQueue, Served};
 use crate::virtio::throttled::{ThrottledDevice, ThrottledQueue};
-use crate::virtio::{DeviceMemory, VirtioDevice};
+use crate::virtio::{DeviceMemory, VirtioDevice, VIRTIO_RING_F_EVENT_IDX};
 use crate::GuestWarnings;
 use async_engine::AsyncEngine;
 use config::{open_image, DriveConfig, DriveError, IoEngine};
@@ -658,7 +658,9 @@ impl ThrottledDevice for BlockDevice {
         } else {
             0
         };
-        read_only | 1 << VIRTIO_BLK_F_FLUSH
+        // EVENT_IDX as Firecracker's: the driver notifies once the device has caught up, and
+        // wants an interrupt once the requests it waits for are answered.
+        read_only | 1 << VIRTIO_BLK_F_FLUSH | 1 << VIRTIO_RING_F_EVENT_IDX
     }
 
     fn config_read(&self, offset: u64, data: &mut [u8]) {
@@ -745,7 +747,7 @@ impl ThrottledDevice for BlockDevice {
             log::error!("virtio-blk {}: the io_uring failed: {e}", config.id);
         }
         if answered {
-            queue.signal_used(Self::NAME);
+            queue.signal_used(mem, Self::NAME);
         }
         std::mem::take(stalled)
     }

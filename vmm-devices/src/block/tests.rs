@@ -1,6 +1,7 @@
 use std::io::{Read, Write};
 
 use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::QueueT;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempfile::TempFile;
 
@@ -476,4 +477,60 @@ fn a_descriptor_made_available_twice_while_in_flight_is_refused_and_a_reset_wait
     assert!(contents[8 * 512..16 * 512].iter().all(|&b| b == 0xcd));
     assert_eq!(device.counters.writes.load(Ordering::Relaxed), 1);
     assert_eq!(device.counters.failed.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn with_event_idx_the_driver_is_told_where_to_notify_and_interrupted_only_when_it_waits() {
+    for engine in ENGINES {
+        let memory = testing::memory(16 * MIB);
+        let size = 16u16;
+        let mock = MockSplitQueue::create(&*memory, GuestAddress(RING), size);
+        let image = image();
+        let config = drive(&image, false, Default::default(), engine);
+        let (file, image_size) = open_image(&config.path, false).unwrap();
+        let mut device = BlockDevice::new(memory.clone(), config, file, image_size).unwrap();
+        assert_ne!(device.device_features() & 1 << VIRTIO_RING_F_EVENT_IDX, 0);
+        let (mut activation, irq) = activation(&memory, &mock);
+        activation.queues[0].queue.set_event_idx(true);
+        device.activate(activation).unwrap();
+        // `used_event` after the available ring, `avail_event` after the used ring.
+        let used_event = GuestAddress(mock.avail_addr().0 + 4 + 2 * u64::from(size));
+        let avail_event = GuestAddress(mock.used_addr().0 + 4 + 8 * u64::from(size));
+        // The driver waits for an interrupt only after its fifth request.
+        memory.write_obj(4u16, used_event).unwrap();
+        for n in 0..2u16 {
+            header(&memory, VIRTIO_BLK_T_IN, u64::from(n));
+            add_chain(
+                &mock,
+                n * 3,
+                n,
+                &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+            );
+        }
+        serve(&mut device);
+        assert_eq!(mock.used().idx().load(), 2, "{engine:?}");
+        assert!(irq.read().is_err(), "{engine:?}: no interrupt yet");
+        // Told to notify again at the next chain it makes available.
+        assert_eq!(
+            memory.read_obj::<u16>(avail_event).unwrap(),
+            2,
+            "{engine:?}"
+        );
+        // Now it waits for the third: interrupted.
+        memory.write_obj(2u16, used_event).unwrap();
+        header(&memory, VIRTIO_BLK_T_IN, 2);
+        add_chain(
+            &mock,
+            6,
+            2,
+            &[(HEADER, 16, false), (DATA, 512, true), (STATUS, 1, true)],
+        );
+        serve(&mut device);
+        assert_eq!(irq.read().unwrap(), 1, "{engine:?}");
+        assert_eq!(
+            memory.read_obj::<u16>(avail_event).unwrap(),
+            3,
+            "{engine:?}"
+        );
+    }
 }

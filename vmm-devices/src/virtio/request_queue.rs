@@ -29,9 +29,10 @@ pub enum Served {
     Deferred,
 }
 
-/// The used ring could not be written: the driver put it outside guest memory.
+/// The used ring could not be written, or the available ring read: the driver put them
+/// outside guest memory.
 #[derive(Debug, thiserror::Error)]
-#[error("the used ring is not in guest memory")]
+#[error("the used or available ring is not in guest memory")]
 pub struct UsedRingError;
 
 impl RequestQueue {
@@ -81,26 +82,42 @@ impl RequestQueue {
         mut answer: impl FnMut(DescriptorChain<&GuestMemory>) -> Served,
     ) -> Result<(), UsedRingError> {
         let mut used = false;
-        let mut result = Ok(());
-        while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
-            let head = chain.head_index();
-            match answer(chain) {
-                Served::Answered(written) => {
-                    if self.queue.add_used(mem, head, written).is_err() {
-                        result = Err(UsedRingError);
-                        break;
+        let result = 'drain: loop {
+            // No notifications while the queue drains (with EVENT_IDX the driver is told where
+            // to notify next once it is empty).
+            if self.queue.disable_notification(mem).is_err() {
+                break Err(UsedRingError);
+            }
+            while let Some(chain) = self.queue.pop_descriptor_chain(mem) {
+                let head = chain.head_index();
+                match answer(chain) {
+                    Served::Answered(written) => {
+                        if self.queue.add_used(mem, head, written).is_err() {
+                            break 'drain Err(UsedRingError);
+                        }
+                        used = true;
                     }
-                    used = true;
-                }
-                Served::InFlight => {}
-                Served::Deferred => {
-                    self.queue.go_to_previous_position();
-                    break;
+                    Served::InFlight => {}
+                    Served::Deferred => {
+                        self.queue.go_to_previous_position();
+                        // Whatever wakes the device later, the driver's next chain notifies.
+                        break 'drain self
+                            .queue
+                            .enable_notification(mem)
+                            .map(drop)
+                            .map_err(|_| UsedRingError);
+                    }
                 }
             }
-        }
+            // A chain made available between the last pop and here is drained, not missed.
+            match self.queue.enable_notification(mem) {
+                Ok(true) => continue,
+                Ok(false) => break Ok(()),
+                Err(_) => break Err(UsedRingError),
+            }
+        };
         if used {
-            self.signal_used(device);
+            self.signal_used(mem, device);
         }
         result
     }
@@ -118,9 +135,14 @@ impl RequestQueue {
             .map_err(|_| UsedRingError)
     }
 
-    /// Raises the used-buffer interrupt (if the driver wants it); `device` names the device in
-    /// the log.
-    pub fn signal_used(&self, device: &str) {
+    /// Raises the used-buffer interrupt if the driver wants it (always, unless EVENT_IDX was
+    /// negotiated and the driver's used event says it does not wait yet); `device` names the
+    /// device in the log.
+    pub fn signal_used(&mut self, mem: &GuestMemory, device: &str) {
+        // A used event outside guest memory: signal, as without EVENT_IDX.
+        if matches!(self.queue.needs_notification(mem), Ok(false)) {
+            return;
+        }
         if self.interrupt.signal_used_queue().is_err() {
             log::error!("{device}: cannot raise the used-buffer interrupt");
         }
