@@ -34,7 +34,10 @@ pub mod zone;
 
 pub use discard::{DiscardStats, Reclaimed};
 pub use latency::LatencySummary;
-pub use memory::{GuestMemory, MemoryConfig, MemoryError, Populate, Population, Snapshot};
+pub use memory::{
+    GuestMemory, HandlerMemory, HandlerRegion, MemoryConfig, MemoryError, Populate, Population,
+    Snapshot,
+};
 pub use pool::{
     Backing, CoreFrames, Frame, FrameSize, Pool, PoolConfig, PoolError, PoolStats, Scrub, TreeUsage,
 };

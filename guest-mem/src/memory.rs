@@ -102,6 +102,42 @@ impl MemoryConfig {
     }
 }
 
+/// Guest RAM handed to a page-fault handler of another process (Firecracker's Uffd backend):
+/// the userfaultfd its faults arrive on, and where each region lies in this process and in the
+/// memory file the handler serves it from.
+#[derive(Debug)]
+pub struct HandlerMemory {
+    uffd: Uffd,
+    regions: Vec<HandlerRegion>,
+}
+
+/// One region of [`HandlerMemory`], as Firecracker's `GuestRegionUffdMapping` describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandlerRegion {
+    /// Where the region starts in this process.
+    pub host_addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// Where its contents start in the memory file (the regions one after the other).
+    pub offset: u64,
+    /// The page size the handler resolves faults in.
+    pub page_size: u64,
+}
+
+impl HandlerMemory {
+    /// The userfaultfd the handler reads the faults from (the VMM keeps its own copy open for
+    /// as long as the memory lives).
+    pub fn uffd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.uffd.as_raw_fd()
+    }
+
+    /// The regions, in guest address order.
+    pub fn regions(&self) -> &[HandlerRegion] {
+        &self.regions
+    }
+}
+
 /// Errors of creating and changing guest memory.
 #[derive(Debug, Error)]
 pub enum MemoryError {
@@ -437,6 +473,36 @@ impl GuestMemory {
             offset += region.size();
         }
         Ok(offset)
+    }
+
+    /// Hands the RAM regions to a page-fault handler of another process (Firecracker's Uffd
+    /// backend): each becomes fresh private anonymous memory registered with a new
+    /// userfaultfd, whose faults (the guest's and the VMM's alike) the handler resolves, e.g.
+    /// from a memory file that holds the regions one after the other. The regions must be
+    /// unpopulated, and there must be no hot-pluggable memory (its chunks are pool frames).
+    pub fn map_for_handler(&self) -> Result<HandlerMemory, MemoryError> {
+        if self.hotplug_region().is_some() {
+            return Err(MemoryError::Region(RegionError::MapForHandler {
+                source: io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "hot-pluggable memory cannot be served by a page-fault handler",
+                ),
+            }));
+        }
+        let uffd = Uffd::for_handler()?;
+        let mut regions = Vec::with_capacity(self.inner.regions.len());
+        let mut offset = 0;
+        for region in self.inner.regions.iter() {
+            let page_size = region.map_for_handler(&uffd)?;
+            regions.push(HandlerRegion {
+                host_addr: region.host_addr() as u64,
+                size: region.size(),
+                offset,
+                page_size,
+            });
+            offset += region.size();
+        }
+        Ok(HandlerMemory { uffd, regions })
     }
 
     /// The regions, in guest address order.

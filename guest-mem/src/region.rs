@@ -19,7 +19,7 @@ use crate::pieces::PieceMap;
 use crate::pool::{CoreFrames, Frame, FrameSize};
 use crate::shared::SharedState;
 use crate::sys::mmap::{self, Mapping};
-use crate::sys::uffd::UffdError;
+use crate::sys::uffd::{Uffd, UffdError};
 use crate::zone::{VmTable, ZoneWords};
 
 mod ahead;
@@ -117,6 +117,13 @@ pub enum RegionError {
     #[error("cannot map the memory file over guest memory: {source}")]
     MapFile {
         /// The mmap error.
+        #[source]
+        source: io::Error,
+    },
+    /// Mapping guest memory for a page-fault handler of another process failed.
+    #[error("cannot map guest memory for the page-fault handler: {source}")]
+    MapForHandler {
+        /// The mmap, register or check error.
         #[source]
         source: io::Error,
     },
@@ -400,8 +407,45 @@ impl GuestRegion {
     /// memory, shared with every VM loaded from it, until the guest writes a page. Every chunk
     /// must be unpopulated; they are then file-backed ([`ChunkState::File`]).
     pub(crate) fn map_file(&self, fd: std::os::fd::RawFd, offset: u64) -> Result<(), RegionError> {
-        let chunks = self.table.len();
-        for chunk in 0..chunks {
+        self.claim_all_empty()?;
+        // SAFETY: the range is this region's, every chunk claimed by us and unpopulated: the
+        // placeholder holds nothing anyone relies on. The new mapping is not registered with
+        // userfaultfd: the kernel serves its faults from the file.
+        let mapped = unsafe {
+            mmap::map_private_fixed(self.host.addr(), self.host.len(), fd, offset, false)
+        };
+        self.publish_kernel_served(mapped.map_err(|source| RegionError::MapFile { source }))
+    }
+
+    /// Maps the whole region as fresh private anonymous memory (of 2 MiB huge pages on a
+    /// hugetlbfs pool) registered with `uffd`, whose faults a handler of another process serves
+    /// (Firecracker's Uffd backend); returns the page size the handler copies in. Every chunk
+    /// must be unpopulated; they are then the kernel's and the handler's
+    /// ([`ChunkState::File`]), never a pool frame.
+    pub(crate) fn map_for_handler(&self, uffd: &Uffd) -> Result<u64, RegionError> {
+        let huge = self.shared.pool.is_hugetlb();
+        let page_size = if huge { 2 << 20 } else { 4096 };
+        if huge && self.chunk_size().bytes() != page_size {
+            return Err(RegionError::MapForHandler {
+                source: io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a page-fault handler serves 4 KiB pages or 2 MiB huge pages only",
+                ),
+            });
+        }
+        self.claim_all_empty()?;
+        let (addr, len) = (self.host.addr(), self.host.len());
+        // SAFETY: as in `map_file`; the new mapping is registered with the handler's
+        // userfaultfd only, not with this process's.
+        let mapped = unsafe { mmap::map_anonymous_fixed(addr, len, huge) }
+            .and_then(|()| uffd.register(addr, len).map_err(io::Error::other));
+        self.publish_kernel_served(mapped.map_err(|source| RegionError::MapForHandler { source }))?;
+        Ok(page_size)
+    }
+
+    /// Claims every chunk, which must all be unpopulated (none is claimed otherwise).
+    fn claim_all_empty(&self) -> Result<(), RegionError> {
+        for chunk in 0..self.table.len() {
             if !self.table.claim_empty(chunk) {
                 for claimed in 0..chunk {
                     self.table.publish_empty(claimed);
@@ -409,20 +453,21 @@ impl GuestRegion {
                 return Err(RegionError::NotEmpty { chunk });
             }
         }
-        // SAFETY: the range is this region's, every chunk claimed by us and unpopulated: the
-        // placeholder holds nothing anyone relies on. The new mapping is not registered with
-        // userfaultfd: the kernel serves its faults from the file.
-        let mapped = unsafe {
-            mmap::map_private_fixed(self.host.addr(), self.host.len(), fd, offset, false)
-        };
+        Ok(())
+    }
+
+    /// Publishes every chunk, all claimed, as the kernel's ([`ChunkState::File`]) once
+    /// `mapped` says the region's new mapping is in place, or unpopulated again if not.
+    fn publish_kernel_served(&self, mapped: Result<(), RegionError>) -> Result<(), RegionError> {
+        let chunks = self.table.len();
         match mapped {
             Ok(()) => {
                 (0..chunks).for_each(|chunk| self.table.publish_file(chunk));
                 Ok(())
             }
-            Err(source) => {
+            Err(error) => {
                 (0..chunks).for_each(|chunk| self.publish_empty_behind_placeholder(chunk));
-                Err(RegionError::MapFile { source })
+                Err(error)
             }
         }
     }

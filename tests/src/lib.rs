@@ -1,6 +1,7 @@
 //! End-to-end tests of llfree-vmm (under `tests/`) and the helpers they share.
 
 pub mod api_process;
+pub mod page_fault_handler;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -6,6 +6,8 @@
 //! syncs still reach the pmem device, and its balloon driver still follows a new target. A VM
 //! that tracks dirty pages takes a full snapshot, counts on, takes a diff; merged onto the full
 //! one's memory file, the diff loads (its memory verified) and the count goes on from the diff.
+//! A copy snapshot loaded through Firecracker's Uffd backend counts on, every page it touches
+//! served by a page-fault handler of the test's (`e2e_tests::page_fault_handler`).
 //! (See linux_common for the guest and where this runs.)
 
 // An integration test crate: its tests are the crate.
@@ -17,6 +19,7 @@ mod vmm_common;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
+use e2e_tests::page_fault_handler::PageFaultHandler;
 use linux_common::{cmdline, field, LinuxGuest, BOOT_TIMEOUT};
 use vmm_common::{client, get, rebase_snapshot, send, start_snapshot_load, Scratch, VmmRun};
 
@@ -209,4 +212,60 @@ fn a_linux_guest_counts_on_from_a_diff_snapshot_merged_onto_its_full_one() {
         first == at_diff || first == at_diff + 1,
         "counted {at_diff} at the diff, {first} first after its load"
     );
+}
+
+#[test]
+fn a_linux_guest_counts_on_with_its_memory_served_by_a_page_fault_handler() {
+    let name = "a_linux_guest_counts_on_with_its_memory_served_by_a_page_fault_handler";
+    let Some(guest) = LinuxGuest::find(name) else {
+        return;
+    };
+    let scratch = Scratch::new("linux-uffd");
+    let (socket, snapshot, memory) = (
+        scratch.path("api.sock"),
+        scratch.path("vm.snap"),
+        scratch.path("vm.mem"),
+    );
+    let line = cmdline("llfree.test=counter llfree.pmem=off");
+    let args = [
+        "--memory",
+        "256M",
+        "--cmdline",
+        &line,
+        "--api-socket",
+        &socket,
+    ];
+    let mut first = VmmRun::start(&guest.args(&args));
+    first.wait_for_line("LLFREE-L2 count n=3 ", BOOT_TIMEOUT);
+    let api = first.api(&socket);
+    send(&api, "PATCH", "/vm", r#"{"state":"Paused"}"#);
+    let body = format!(
+        r#"{{"snapshot_type":"Full","snapshot_path":"{snapshot}","mem_file_path":"{memory}"}}"#
+    );
+    send(&api, "PUT", "/snapshot/create", &body);
+    let last = last_count(&first.kill().stdout);
+    let _ = std::fs::remove_file(&socket);
+
+    let uffd_socket = scratch.path("uffd.sock");
+    let handler = PageFaultHandler::listen(&uffd_socket, &memory);
+    let mut loaded = VmmRun::start_command(&["--api-sock", &socket]);
+    let api = loaded.api(&socket);
+    let load = format!(
+        r#"{{"snapshot_path":"{snapshot}","mem_backend":{{"backend_type":"Uffd","backend_path":"{uffd_socket}"}},"resume_vm":true}}"#
+    );
+    send(&api, "PUT", "/snapshot/load", &load);
+    loaded.wait_for_line(&format!("LLFREE-L2 count n={} ", last + 3), BOOT_TIMEOUT);
+    let run = loaded.kill();
+    let served = handler.finish();
+    eprintln!("{name}: counted to {last} before, served {served:?}");
+    let after = counts(&run.stdout);
+    let &(first_after, _, _) = after.first().expect("counts after");
+    assert!(
+        first_after == last || first_after == last + 1,
+        "counted {last} before, {first_after} first after"
+    );
+    assert!(after.windows(2).all(|w| w[1].0 == w[0].0 + 1), "{after:?}");
+    // The kernel, its page tables and the counting program ran on pages the handler copied in.
+    assert_eq!(served.page_size, 4096);
+    assert!(served.faults >= 100, "{served:?}");
 }

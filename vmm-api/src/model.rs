@@ -632,7 +632,8 @@ pub struct SnapshotCreateParams {
 pub enum MemoryBackendType {
     /// From a file: the VM's zone, or a memory file.
     File,
-    /// Through a userfaultfd handler process (refused: not supported).
+    /// Through a page-fault handler process listening on a Unix socket (a copy snapshot's
+    /// memory, which the handler reads from the memory file itself).
     Uffd,
 }
 
@@ -714,20 +715,12 @@ pub struct SnapshotLoadParams {
 }
 
 impl SnapshotLoadParams {
-    /// The memory file, or why the request cannot be served.
-    pub fn memory_path(&self) -> Result<&std::path::Path, String> {
+    /// Where the memory comes from: a file (the VM's zone, or a copy snapshot's memory file)
+    /// or a page-fault handler's socket; or why the request cannot be served.
+    pub fn memory_backend(&self) -> Result<(MemoryBackendType, &std::path::Path), String> {
         match (&self.mem_file_path, &self.mem_backend) {
-            (Some(path), None) => Ok(path),
-            (
-                None,
-                Some(MemoryBackend {
-                    backend_type: MemoryBackendType::File,
-                    backend_path,
-                }),
-            ) => Ok(backend_path),
-            (None, Some(MemoryBackend { .. })) => Err(
-                "mem_backend Uffd is not supported: memory comes from the VM's zone (File)".into(),
-            ),
+            (Some(path), None) => Ok((MemoryBackendType::File, path)),
+            (None, Some(backend)) => Ok((backend.backend_type, &backend.backend_path)),
             (Some(_), Some(_)) => Err("give either mem_backend or mem_file_path, not both".into()),
             (None, None) => Err("mem_backend (or mem_file_path) is missing".into()),
         }
@@ -747,7 +740,15 @@ impl SnapshotLoadParams {
 
     /// Refuses the options this VMM does not have.
     pub fn check_supported(&self) -> Result<(), String> {
-        self.memory_path().map(|_| ())
+        let (backend, _) = self.memory_backend()?;
+        if backend == MemoryBackendType::Uffd && self.verify_memory {
+            return Err(
+                "verify_memory: a page-fault handler (mem_backend Uffd) serves the \
+                        memory, which this VMM does not read before the VM runs"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 }
 

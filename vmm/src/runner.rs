@@ -324,8 +324,10 @@ fn run_checked(
         return Ok(RunOutcome::Stopped(StopCause::Signal(signal)));
     }
     let guest_memory = Arc::new(created?);
+    // A page-fault handler's link lives as long as the VM.
+    let mut _handler = None;
     if let Some(resumption) = &resumption {
-        resumption.fill_memory(&guest_memory)?;
+        _handler = resumption.fill_memory(&guest_memory)?;
         resumption.timing().mark("memory");
     }
     let devices = crate::build::devices::create_devices(&config, &guest_memory)?;

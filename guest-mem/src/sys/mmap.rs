@@ -245,6 +245,20 @@ pub unsafe fn map_private_fixed(
     unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, fd, offset) }.map(drop)
 }
 
+/// Maps fresh private anonymous memory (no swap reservation; of 2 MiB huge pages with `huge`)
+/// over `[addr, addr + len)`.
+///
+/// # Safety
+/// As for [`map_placeholder`].
+pub unsafe fn map_anonymous_fixed(addr: usize, len: usize, huge: bool) -> io::Result<()> {
+    let mut flags = ANONYMOUS | libc::MAP_FIXED;
+    if huge {
+        flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_2MB;
+    }
+    // SAFETY: the caller owns the range; MAP_FIXED replaces only that range.
+    unsafe { mmap(addr as *mut _, len, READ_WRITE, flags, -1, 0) }.map(drop)
+}
+
 /// Drops the private copies of `[addr, addr + len)` of a private file mapping (MADV_DONTNEED):
 /// the range reads as the file again, and its written pages' memory goes back to the host.
 ///

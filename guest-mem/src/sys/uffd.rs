@@ -25,6 +25,9 @@ pub enum UffdError {
     /// The kernel does not report the faulting thread id.
     #[error("the kernel's userfaultfd lacks UFFD_FEATURE_THREAD_ID")]
     NoThreadId,
+    /// The kernel does not report ranges the process removed (a handler's `remove` events).
+    #[error("the kernel's userfaultfd lacks UFFD_FEATURE_EVENT_REMOVE")]
+    NoEventRemove,
     /// Registering a range failed.
     #[error("cannot register {len:#x} bytes at {start:#x} with userfaultfd: {source}")]
     Register {
@@ -40,6 +43,7 @@ pub enum UffdError {
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1;
@@ -171,17 +175,29 @@ impl Uffd {
 
     /// Creates a non-blocking userfaultfd that also sees faults taken inside the kernel (KVM).
     pub fn new() -> Result<Self, UffdError> {
+        Self::with_feature(UFFD_FEATURE_THREAD_ID, UffdError::NoThreadId)
+    }
+
+    /// Creates a userfaultfd for a page-fault handler of another process (Firecracker's Uffd
+    /// backend): non-blocking, seeing faults taken inside the kernel, and telling the handler
+    /// of ranges the VMM removed (`remove` events, as Firecracker's asks).
+    pub fn for_handler() -> Result<Self, UffdError> {
+        Self::with_feature(UFFD_FEATURE_EVENT_REMOVE, UffdError::NoEventRemove)
+    }
+
+    /// A new userfaultfd with `feature`, or `missing` where the kernel lacks it.
+    fn with_feature(feature: u64, missing: UffdError) -> Result<Self, UffdError> {
         let fd = Self::create().map_err(UffdError::Create)?;
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: UFFD_FEATURE_THREAD_ID,
+            features: feature,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`, which `api` is.
         check(unsafe { ioctl_with_mut_ref(&fd, UFFDIO_API(), &mut api) })
             .map_err(UffdError::Api)?;
-        if api.features & UFFD_FEATURE_THREAD_ID == 0 {
-            return Err(UffdError::NoThreadId);
+        if api.features & feature == 0 {
+            return Err(missing);
         }
         Ok(Self { fd })
     }

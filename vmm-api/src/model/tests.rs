@@ -72,10 +72,19 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
         r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"File","backend_path":"/z"},
             "resume_vm":true}"#,
     );
-    assert_eq!(file.memory_path(), Ok(std::path::Path::new("/z")));
+    let path = std::path::Path::new("/z");
+    assert_eq!(file.memory_backend(), Ok((MemoryBackendType::File, path)));
     assert!(file.resume_vm && file.check_supported().is_ok());
     let deprecated = load(r#"{"snapshot_path":"/s","mem_file_path":"/z"}"#);
-    assert_eq!(deprecated.memory_path(), Ok(std::path::Path::new("/z")));
+    assert_eq!(
+        deprecated.memory_backend(),
+        Ok((MemoryBackendType::File, path))
+    );
+    let uffd =
+        load(r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"Uffd","backend_path":"/u"}}"#);
+    let socket = std::path::Path::new("/u");
+    assert_eq!(uffd.memory_backend(), Ok((MemoryBackendType::Uffd, socket)));
+    assert!(uffd.check_supported().is_ok());
     assert!(!deprecated.resume_vm);
     assert!(deprecated.uses_deprecated_fields() && !file.uses_deprecated_fields());
     // Dirty page tracking for diff snapshots, by its name or its deprecated one.
@@ -89,8 +98,9 @@ fn snapshot_bodies_take_firecracker_s_fields_and_refuse_what_is_not_supported() 
     assert!(!file.tracks_dirty_pages());
     for (body, why) in [
         (
-            r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"Uffd","backend_path":"/u"}}"#,
-            "Uffd",
+            r#"{"snapshot_path":"/s","mem_backend":{"backend_type":"Uffd","backend_path":"/u"},
+                "verify_memory":true}"#,
+            "page-fault handler",
         ),
         (
             r#"{"snapshot_path":"/s","mem_file_path":"/z",

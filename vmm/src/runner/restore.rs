@@ -39,7 +39,7 @@ use crate::snapshot::{
 use crate::testguest::ReportSnapshot;
 use crate::vm::run_control;
 use copy_out::{copy_memory_out, MemoryCopy};
-use vmm_api::model::{SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
+use vmm_api::model::{MemoryBackendType, SnapshotCreateParams, SnapshotLoadParams, SnapshotType};
 use vmm_api::ControlError;
 use vmm_devices::block::BlockHandle;
 use vmm_devices::i8042::I8042Snapshot;
@@ -48,6 +48,7 @@ use vmm_devices::serial::SerialSnapshot;
 use vmm_devices::vmgenid::VmGenIdSnapshot;
 
 mod copy_out;
+mod page_fault_handler;
 
 /// Errors of taking or loading a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +98,9 @@ pub enum SnapshotError {
     /// A memory file path is empty, or names something that is not a regular file.
     #[error(transparent)]
     Path(#[from] HostFileError),
+    /// The memory could not be handed to a page-fault handler (the Uffd backend).
+    #[error(transparent)]
+    Handler(#[from] page_fault_handler::PageFaultHandlerError),
     /// The memory file could not be written or read.
     #[error("memory file {}: {what}: {source}", .path.display())]
     MemoryFile {
@@ -520,15 +524,25 @@ impl LoadTiming {
     }
 }
 
+/// Where a copy snapshot's memory comes from on its load.
+#[derive(Debug)]
+enum MemoryFill {
+    /// Its memory file (mapped), and the checksum the memory must have where the load
+    /// verifies it.
+    File(PathBuf, Option<u32>),
+    /// A page-fault handler listening on this socket, which serves it from the memory file
+    /// (Firecracker's Uffd backend).
+    Handler(PathBuf),
+}
+
 /// A loaded snapshot on its way into a VM.
 #[derive(Debug)]
 pub(super) struct Resumption {
     states: ResumedStates,
     virtio: Vec<vmm_devices::virtio::state::MmioSnapshot>,
     balloon_stats_interval_s: u32,
-    /// The memory file guest memory is loaded from (a snapshot that copied it), and the
-    /// checksum its memory must have where the load verifies it.
-    memory_file: Option<(PathBuf, Option<u32>)>,
+    /// Where fresh guest memory's contents come from (a snapshot that copied them).
+    memory_file: Option<MemoryFill>,
     /// The hot-pluggable memory's plugged blocks.
     hotplug: Option<SavedHotplug>,
     /// When the load's phases ended.
@@ -538,16 +552,24 @@ pub(super) struct Resumption {
 impl Resumption {
     /// Plugs the hot-pluggable blocks the snapshot says were plugged (a chunk with a frame of
     /// the zone is plugged already), then loads fresh guest memory from the memory file the
-    /// snapshot copied it into, if it did (by mapping it).
-    pub fn fill_memory(&self, memory: &GuestMemory) -> Result<(), RunError> {
+    /// snapshot copied it into, if it did (by mapping it), or hands it to the page-fault
+    /// handler that serves it; the handler's link must live as long as the VM.
+    pub fn fill_memory(
+        &self,
+        memory: &GuestMemory,
+    ) -> Result<Option<page_fault_handler::HandlerLink>, RunError> {
         if let Some(hotplug) = &self.hotplug {
             plug_saved(memory, hotplug).map_err(RunError::Snapshot)?;
         }
         match &self.memory_file {
-            Some((path, verify)) => {
-                map_memory_file(memory, path, *verify).map_err(RunError::Snapshot)
+            Some(MemoryFill::File(path, verify)) => {
+                map_memory_file(memory, path, *verify).map_err(RunError::Snapshot)?;
+                Ok(None)
             }
-            None => Ok(()),
+            Some(MemoryFill::Handler(socket)) => page_fault_handler::hand_over(memory, socket)
+                .map(Some)
+                .map_err(|e| RunError::Snapshot(e.into())),
+            None => Ok(None),
         }
     }
 
@@ -588,10 +610,10 @@ pub(super) fn prepare(
     params
         .check_supported()
         .map_err(SnapshotError::Unsupported)?;
-    let memory_path = params
-        .memory_path()
-        .map_err(SnapshotError::Unsupported)?
-        .to_owned();
+    let (backend, memory_path) = params
+        .memory_backend()
+        .map_err(SnapshotError::Unsupported)?;
+    let memory_path = memory_path.to_owned();
     let snapshot = file::read(&params.snapshot_path)?;
     snapshot
         .check()
@@ -684,6 +706,29 @@ pub(super) fn prepare(
         why,
     };
     let (frames, copy_from) = match memory {
+        MemorySource::Zone { .. } if backend == MemoryBackendType::Uffd => {
+            return Err(SnapshotError::Unsupported(
+                "mem_backend Uffd: this snapshot's memory is its VM's frames in a zone, which \
+                 no page-fault handler serves: load it with File, naming the zone"
+                    .into(),
+            ));
+        }
+        MemorySource::File { .. } if backend == MemoryBackendType::Uffd => {
+            if machine.hotplug.is_some() {
+                return Err(SnapshotError::Unsupported(
+                    "mem_backend Uffd: a VM with hot-pluggable memory (virtio-mem) loads with File"
+                        .into(),
+                ));
+            }
+            let pool = memory::create_pool(&config)
+                .map_err(|e| SnapshotError::State(format!("cannot create the frame pool: {e}")))?;
+            // The handler's copies populate RAM: no pool frame is ever mapped into it.
+            config.populate = Populate::Lazy;
+            (
+                Frames::Pool(pool),
+                Some(MemoryFill::Handler(memory_path.clone())),
+            )
+        }
         MemorySource::Zone {
             zone_id,
             vm,
@@ -797,7 +842,10 @@ pub(super) fn prepare(
             // chunk back and touches it again.
             config.populate = Populate::Lazy;
             let verify = params.verify_memory.then_some(checksum);
-            (Frames::Pool(pool), Some((memory_path.clone(), verify)))
+            (
+                Frames::Pool(pool),
+                Some(MemoryFill::File(memory_path.clone(), verify)),
+            )
         }
     };
     let resumption = Resumption {
